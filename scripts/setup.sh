@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One-time set-up on Debian 12: installs the build dependencies (Debian packages only), builds
+# posttrainllm in Release and runs `posttrainllm sample` on the model shipped in models/kjv-tiny.
+# Idempotent: run it again at any time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(build-essential cmake pkg-config
+  nlohmann-json3-dev libpcre2-dev libssl-dev libxxhash-dev libcli11-dev
+  libgtest-dev libgmock-dev libbenchmark-dev)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  echo "installing: ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
+cmake --build build -j"$(nproc)"
+
+./build/posttrainllm sample --prompt "In the beginning" --tokens 48 --temperature 0

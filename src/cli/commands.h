@@ -1,0 +1,16 @@
+#pragma once
+// Each command registers a CLI11 subcommand and returns how to run it once parsed.
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace ptllm::cli {
+
+struct Command {
+  CLI::App* app = nullptr;
+  std::function<int()> run;  // returns the process exit code
+};
+
+Command add_sample_command(CLI::App& root);
+Command add_tokenize_command(CLI::App& root);
+
+}  // namespace ptllm::cli

@@ -1,0 +1,65 @@
+#include "engine/session.h"
+
+#include <algorithm>
+#include <string>
+
+#include "core/error.h"
+
+namespace ptllm {
+
+int default_ctx_size(const ModelConfig& cfg) { return std::min(cfg.max_position_embeddings, 4096); }
+
+Session::Session(const Model& model, const SessionOptions& opts, ThreadPool& pool)
+    : model_(model), opts_(opts), pool_(pool) {
+  opts_.kv.validate();
+  if (!opts_.use_cache && (opts_.kv.streaming() || opts_.kv.precision != KVPrecision::F32))
+    throw UsageError("--no-cache recomputes everything without a KV cache: it cannot be combined with "
+                     "StreamingLLM or --kv-quantize");
+  if (opts_.use_cache) cache_ = std::make_unique<KVCache>(model.kv_shape(), opts_.kv);
+}
+
+bool Session::fits(int64_t more) const {
+  return cache_ ? cache_->fits(more) : position() + more <= opts_.kv.ctx_size;
+}
+
+std::span<float> Session::feed(std::span<const int32_t> tokens) { return run(tokens, false); }
+std::span<float> Session::feed_all(std::span<const int32_t> tokens) { return run(tokens, true); }
+
+std::span<float> Session::run(std::span<const int32_t> tokens, bool all_logits) {
+  PTLLM_CHECK(!tokens.empty());
+  const size_t T = tokens.size();
+  const size_t vocab = size_t(model_.config().vocab_size);
+  if (!fits(int64_t(T)))
+    throw Error("context full: " + std::to_string(position() + int64_t(T)) + " tokens would exceed --ctx-size " +
+                std::to_string(opts_.kv.ctx_size));
+  const size_t rows = all_logits ? T : 1;
+  if (logits_.size() < rows * vocab) logits_.resize(rows * vocab);
+
+  if (opts_.use_cache) {
+    // In chunks the cache can take at once (StreamingLLM and KIVI bound their full-precision blocks).
+    for (size_t done = 0; done < T;) {
+      const size_t n = std::min(T - done, size_t(cache_->max_append()));
+      const bool last = done + n == T;
+      float* dst = all_logits ? logits_.data() + done * vocab : logits_.data();
+      if (all_logits || last)
+        model_.forward(tokens.subspan(done, n), position(), *cache_, state_, dst, all_logits, pool_);
+      else
+        model_.forward(tokens.subspan(done, n), position(), *cache_, state_, nullptr, false, pool_);
+      history_.insert(history_.end(), tokens.begin() + std::ptrdiff_t(done), tokens.begin() + std::ptrdiff_t(done + n));
+      done += n;
+    }
+    return {logits_.data(), rows * vocab};
+  }
+  // Reference path: forget everything and run the whole sequence again in one pass.
+  const size_t n_prev = history_.size();
+  history_.insert(history_.end(), tokens.begin(), tokens.end());
+  KVCacheConfig scratch;
+  scratch.ctx_size = int(history_.size());
+  KVCache fresh(model_.kv_shape(), scratch);
+  std::vector<float> all(history_.size() * vocab);
+  model_.forward(history_, 0, fresh, state_, all.data(), true, pool_);
+  std::copy(all.begin() + std::ptrdiff_t(all_logits ? n_prev * vocab : all.size() - vocab), all.end(), logits_.begin());
+  return {logits_.data(), rows * vocab};
+}
+
+}  // namespace ptllm

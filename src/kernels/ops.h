@@ -1,0 +1,54 @@
+#pragma once
+// Math kernels. They know nothing of the model: plain arrays in, plain arrays out, float32 math.
+// Weights are read in their stored dtype (F32, F16 or BF16), never copied to float32 as a whole.
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace ptllm {
+
+class ThreadPool;
+
+// A row-major weight matrix as stored in the checkpoint: [rows][cols].
+struct WeightMatrix {
+  DType dtype = DType::F32;
+  const void* data = nullptr;
+  int rows = 0;
+  int cols = 0;
+  size_t nbytes() const { return size_t(rows) * size_t(cols) * dtype_size(dtype); }
+};
+
+// y[t][r] = sum_k x[t][k] * W[r][k] + bias[r]      x: [T][cols], y: [T][rows], bias: [rows] or null
+void matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool);
+// Scalar reference twin of matmul (one thread, plain loops), for tests.
+void matmul_ref(const float* x, int T, const WeightMatrix& w, const float* bias, float* y);
+
+// Row `r` of w converted to float32: out [cols].
+void weight_row(const WeightMatrix& w, int r, float* out);
+
+float dot(const float* a, const float* b, int n);
+// y += a * x
+void axpy(float a, const float* x, float* y, int n);
+
+// The same over a row stored as F32, F16 or BF16 (dense KV storage), converted on the fly.
+float dot_stored(const float* a, const void* b, DType t, int n);
+void axpy_stored(float a, const void* x, DType t, float* y, int n);
+// dst (stored as t) = src
+void store_as(const float* src, void* dst, DType t, int n);
+void load_from(const void* src, DType t, float* dst, int n);
+
+// out = x / sqrt(mean(x^2) + eps) * w     (transformers' LlamaRMSNorm, float32)
+void rmsnorm(const float* x, const float* w, float* out, int n, float eps);
+// gate = silu(gate) * up
+void silu_mul(float* gate, const float* up, int n);
+// In place, numerically stable.
+void softmax(float* x, int n);
+
+// RoPE tables for one position: cos/sin [head_dim/2], angle = pos * inv_freq[i] (float32, as transformers).
+void rope_cos_sin(const float* inv_freq, int half, int64_t pos, float* cos, float* sin);
+// Rotates one vector x [head_dim] (rotate_half convention) into out.
+void rope_rotate_one(const float* x, int head_dim, const float* cos, const float* sin, float* out);
+// Rotates every head of x [n_heads][head_dim] (rotate_half convention: pairs (i, i + head_dim/2)).
+void rope_rotate(float* x, int n_heads, int head_dim, const float* cos, const float* sin);
+
+}  // namespace ptllm

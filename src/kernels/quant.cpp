@@ -1,0 +1,151 @@
+#include "kernels/quant.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace ptllm {
+
+const QuantRange& quant_range(int bits) {
+  static const QuantRange table[] = {{8, -128, 127}, {4, -8, 7}, {2, -2, 1}};
+  for (const auto& r : table)
+    if (r.bits == bits) return r;
+  PTLLM_CHECK(!"quant_range: bits must be 8, 4 or 2");
+  return table[0];
+}
+
+namespace {
+
+// Scale and zero as they will be read back (rounded to f16), so codes are computed against them.
+void affine_params(float lo, float hi, int bits, uint16_t* scale_h, uint16_t* zero_h, float* scale, float* zero) {
+  const float s = std::max(kMinScale, (hi - lo) / float(quant_range(bits).levels()));
+  *scale_h = f32_to_f16(s);
+  *zero_h = f32_to_f16(lo);
+  *scale = std::max(kMinScale, f16_to_f32(*scale_h));
+  *zero = f16_to_f32(*zero_h);
+}
+
+int to_code(float x, float scale, float zero, int levels) {
+  const float c = std::nearbyint((x - zero) / scale);
+  return int(std::clamp(c, 0.f, float(levels)));
+}
+
+void pack_row(const int* c, int D, int bits, uint8_t* out) {
+  std::fill_n(out, packed_bytes(D, bits), uint8_t(0));
+  for (int i = 0; i < D; ++i) {
+    switch (bits) {
+      case 8: out[i] = uint8_t(c[i]); break;
+      case 4: out[i >> 1] |= uint8_t(c[i] << ((i & 1) * 4)); break;
+      default: out[i >> 2] |= uint8_t(c[i] << ((i & 3) * 2)); break;
+    }
+  }
+}
+
+}  // namespace
+
+void quantize_k_group(const float* x, size_t x_stride, int G, int D, int bits, uint8_t* codes, uint16_t* scale,
+                      uint16_t* zero) {
+  const int levels = quant_range(bits).levels();
+  int c[1024];
+  PTLLM_CHECK(D <= 1024);
+  float s[1024], z[1024];
+  for (int d = 0; d < D; ++d) {
+    float lo = x[d], hi = x[d];
+    for (int t = 1; t < G; ++t) {
+      lo = std::min(lo, x[size_t(t) * x_stride + size_t(d)]);
+      hi = std::max(hi, x[size_t(t) * x_stride + size_t(d)]);
+    }
+    affine_params(lo, hi, bits, &scale[d], &zero[d], &s[d], &z[d]);
+  }
+  const size_t row = packed_bytes(D, bits);
+  for (int t = 0; t < G; ++t) {
+    const float* xt = x + size_t(t) * x_stride;
+    for (int d = 0; d < D; ++d) c[d] = to_code(xt[d], s[d], z[d], levels);
+    pack_row(c, D, bits, codes + size_t(t) * row);
+  }
+}
+
+void quantize_v_token(const float* x, int D, int bits, uint8_t* codes, uint16_t* scale, uint16_t* zero) {
+  const int levels = quant_range(bits).levels();
+  const auto [lo, hi] = std::minmax_element(x, x + D);
+  float s, z;
+  affine_params(*lo, *hi, bits, scale, zero, &s, &z);
+  int c[1024];
+  PTLLM_CHECK(D <= 1024);
+  for (int d = 0; d < D; ++d) c[d] = to_code(x[d], s, z, levels);
+  pack_row(c, D, bits, codes);
+}
+
+float dot_codes(const float* a, const uint8_t* codes, int D, int bits) {
+  float sum = 0.f;
+  switch (bits) {
+    case 8:
+#pragma omp simd reduction(+ : sum)
+      for (int i = 0; i < D; ++i) sum += a[i] * float(codes[i]);
+      break;
+    case 4:
+#pragma omp simd reduction(+ : sum)
+      for (int i = 0; i < D / 2; ++i)
+        sum += a[2 * i] * float(codes[i] & 0xf) + a[2 * i + 1] * float(codes[i] >> 4);
+      break;
+    default:
+#pragma omp simd reduction(+ : sum)
+      for (int i = 0; i < D / 4; ++i) {
+        const uint8_t b = codes[i];
+        sum += a[4 * i] * float(b & 3) + a[4 * i + 1] * float((b >> 2) & 3) + a[4 * i + 2] * float((b >> 4) & 3) +
+               a[4 * i + 3] * float(b >> 6);
+      }
+      break;
+  }
+  // Tail when D is not a multiple of the codes per byte.
+  const int per_byte = 8 / bits, done = D / per_byte * per_byte;
+  for (int i = done; i < D; ++i) sum += a[i] * float(code_at(codes, i, bits));
+  return sum;
+}
+
+void axpy_codes(float w, const uint8_t* codes, int D, int bits, float* acc) {
+  switch (bits) {
+    case 8:
+#pragma omp simd
+      for (int i = 0; i < D; ++i) acc[i] += w * float(codes[i]);
+      break;
+    case 4:
+#pragma omp simd
+      for (int i = 0; i < D / 2; ++i) {
+        acc[2 * i] += w * float(codes[i] & 0xf);
+        acc[2 * i + 1] += w * float(codes[i] >> 4);
+      }
+      break;
+    default:
+#pragma omp simd
+      for (int i = 0; i < D / 4; ++i) {
+        const uint8_t b = codes[i];
+        acc[4 * i] += w * float(b & 3);
+        acc[4 * i + 1] += w * float((b >> 2) & 3);
+        acc[4 * i + 2] += w * float((b >> 4) & 3);
+        acc[4 * i + 3] += w * float(b >> 6);
+      }
+      break;
+  }
+  const int per_byte = 8 / bits, done = D / per_byte * per_byte;
+  for (int i = done; i < D; ++i) acc[i] += w * float(code_at(codes, i, bits));
+}
+
+void dequantize_k_group(const uint8_t* codes, const uint16_t* scale, const uint16_t* zero, int G, int D, int bits,
+                        float* out) {
+  const size_t row = packed_bytes(D, bits);
+  for (int t = 0; t < G; ++t)
+    for (int d = 0; d < D; ++d)
+      out[size_t(t) * size_t(D) + size_t(d)] =
+          float(code_at(codes + size_t(t) * row, d, bits)) * std::max(kMinScale, f16_to_f32(scale[d])) +
+          f16_to_f32(zero[d]);
+}
+
+void dequantize_v_token(const uint8_t* codes, uint16_t scale, uint16_t zero, int D, int bits, float* out) {
+  const float s = std::max(kMinScale, f16_to_f32(scale)), z = f16_to_f32(zero);
+  for (int d = 0; d < D; ++d) out[d] = float(code_at(codes, d, bits)) * s + z;
+}
+
+}  // namespace ptllm

@@ -1,0 +1,53 @@
+#pragma once
+// KIVI affine quantization (Liu et al., 2024): codes c in [0, 2^bits - 1], x ~= c * scale + zero.
+// (The seed's signed form q = c + qmin with qmin from the table below is the same code shifted.)
+// K is quantized per channel over a group of tokens, V per token over its channels. Codes are
+// packed along head_dim: int8 one a byte, int4 two (low nibble first), int2 four (low bits first).
+// Scales and zeros are stored as float16 and used as float32 (the seed's bug class 2).
+#include <cstddef>
+#include <cstdint>
+
+namespace ptllm {
+
+struct QuantRange {
+  int bits;
+  int qmin;  // signed range of the seed's formula, from one table (bug class 3)
+  int qmax;
+  int levels() const { return qmax - qmin; }  // 2^bits - 1
+};
+// bits must be 8, 4 or 2.
+const QuantRange& quant_range(int bits);
+
+// Smallest scale stored: float16's smallest normal, so a scale never underflows to 0 or loses bits
+// as a subnormal (the seed's bug classes 1 and 2: constant channels, f16 underflow).
+constexpr float kMinScale = 0x1p-14f;
+
+inline size_t packed_bytes(int n, int bits) { return (size_t(n) * size_t(bits) + 7) / 8; }
+
+// K group: x [G][D] (row stride x_stride floats) -> codes [G][packed_bytes(D)], scale/zero [D] f16 bits.
+void quantize_k_group(const float* x, size_t x_stride, int G, int D, int bits, uint8_t* codes, uint16_t* scale,
+                      uint16_t* zero);
+// V token: x [D] -> codes [packed_bytes(D)], one scale and zero.
+void quantize_v_token(const float* x, int D, int bits, uint8_t* codes, uint16_t* scale, uint16_t* zero);
+
+// Unpacked code i of a packed row.
+inline int code_at(const uint8_t* codes, int i, int bits) {
+  switch (bits) {
+    case 8: return codes[i];
+    case 4: return (codes[i >> 1] >> ((i & 1) * 4)) & 0xf;
+    default: return (codes[i >> 2] >> ((i & 3) * 2)) & 0x3;
+  }
+}
+
+// Fused attention pieces (never a dequantized copy):
+// sum_i a[i] * c[i] over a packed code row of length D.
+float dot_codes(const float* a, const uint8_t* codes, int D, int bits);
+// acc[i] += w * c[i]
+void axpy_codes(float w, const uint8_t* codes, int D, int bits, float* acc);
+
+// Reference twins (tests): dequantize a K group or a V token to float32.
+void dequantize_k_group(const uint8_t* codes, const uint16_t* scale, const uint16_t* zero, int G, int D, int bits,
+                        float* out);
+void dequantize_v_token(const uint8_t* codes, uint16_t scale, uint16_t zero, int D, int bits, float* out);
+
+}  // namespace ptllm

@@ -1,0 +1,589 @@
+#include "kv/kv_cache.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "kernels/ops.h"
+#include "kernels/quant.h"
+
+namespace ptllm {
+
+std::string_view kv_precision_name(KVPrecision p) {
+  switch (p) {
+    case KVPrecision::F32: return "fp32";
+    case KVPrecision::F16: return "fp16";
+    case KVPrecision::BF16: return "bf16";
+    case KVPrecision::Int8: return "int8";
+    case KVPrecision::Int4: return "int4";
+    case KVPrecision::Int2: return "int2";
+  }
+  return "?";
+}
+
+std::optional<KVPrecision> parse_kv_precision(std::string_view s) {
+  for (KVPrecision p : {KVPrecision::F32, KVPrecision::F16, KVPrecision::BF16, KVPrecision::Int8, KVPrecision::Int4,
+                        KVPrecision::Int2})
+    if (s == kv_precision_name(p)) return p;
+  return std::nullopt;
+}
+
+int kivi_bits(KVPrecision p) {
+  switch (p) {
+    case KVPrecision::Int8: return 8;
+    case KVPrecision::Int4: return 4;
+    case KVPrecision::Int2: return 2;
+    default: return 0;
+  }
+}
+
+DType dense_dtype(KVPrecision p) {
+  switch (p) {
+    case KVPrecision::F16: return DType::F16;
+    case KVPrecision::BF16: return DType::BF16;
+    default: return DType::F32;
+  }
+}
+
+std::string_view position_mode_name(PositionMode m) { return m == PositionMode::Cache ? "cache" : "absolute"; }
+
+void KVCacheConfig::validate() const {
+  auto need = [](bool ok, const std::string& msg) {
+    if (!ok) throw UsageError(msg);
+  };
+  need(group_size >= 1 && group_size <= 4096, "--kv-group-size must be between 1 and 4096");
+  need(!is_kivi(precision) || (residual >= 0 && residual % group_size == 0),
+       "--kv-residual (" + std::to_string(residual) + ") must be a non-negative multiple of --kv-group-size (" +
+           std::to_string(group_size) + ")");
+  need(sink >= 0, "--streaming-llm-sink must not be negative");
+  need(window >= 0, "--streaming-llm-window must not be negative");
+  need(sink == 0 || window > 0, "--streaming-llm-sink needs --streaming-llm-window M > 0");
+  need(ctx_size > 0, "--ctx-size must be positive");
+  need(!streaming() || sink < ctx_size,
+       "--streaming-llm-sink (" + std::to_string(sink) + ") must be smaller than --ctx-size (" +
+           std::to_string(ctx_size) + ")");
+}
+
+std::string KVCacheConfig::describe() const {
+  std::string s(kv_precision_name(precision));
+  if (is_kivi(precision)) s += " g" + std::to_string(group_size) + " r" + std::to_string(residual);
+  if (streaming()) s += " sink" + std::to_string(sink) + " w" + std::to_string(window);
+  if (positions == PositionMode::Cache) s += " pos=cache";
+  return s;
+}
+
+size_t kivi_block_bytes_per_head(int G, int D, int bits) {
+  return 2 * size_t(G) * packed_bytes(D, bits) + 2 * sizeof(uint16_t) * size_t(D) + 2 * sizeof(uint16_t) * size_t(G);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+// A fixed-capacity ring of block entries, oldest first (no allocation after construction).
+struct Entry {
+  int32_t id = -1;
+  bool quantized = false;
+};
+
+class Ring {
+ public:
+  explicit Ring(size_t cap = 0) : buf_(cap) {}
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  Entry& operator[](size_t i) { return buf_[(head_ + i) % buf_.size()]; }
+  const Entry& operator[](size_t i) const { return buf_[(head_ + i) % buf_.size()]; }
+  void push_back(Entry e) {
+    PTLLM_CHECK(size_ < buf_.size());
+    buf_[(head_ + size_) % buf_.size()] = e;
+    ++size_;
+  }
+  void pop_front() {
+    PTLLM_CHECK(size_ > 0);
+    head_ = (head_ + 1) % buf_.size();
+    --size_;
+  }
+  void pop_back() {
+    PTLLM_CHECK(size_ > 0);
+    --size_;
+  }
+
+ private:
+  std::vector<Entry> buf_;
+  size_t head_ = 0, size_ = 0;
+};
+
+size_t ceil_div(int64_t a, int64_t b) { return size_t((a + b - 1) / b); }
+
+// Prefill chunk under StreamingLLM or KIVI: bounds the full-precision blocks a batched pass needs.
+constexpr int kChunk = 64;
+
+}  // namespace
+
+struct KVCache::Layer {
+  std::vector<int32_t> sinks;  // dense blocks holding the first n_sink tokens
+  int n_sink = 0;
+  Ring stream;                 // blocks of the tokens after the sinks, oldest first
+  size_t n_quant = 0;          // the first n_quant entries of `stream` are quantized
+  int64_t begin = 0;           // stream index of the first slot of stream[0] (a multiple of B)
+  int64_t end = 0;             // stream tokens appended
+};
+
+// Where one stored token lives.
+struct KVCache::Located {
+  const uint8_t* block;
+  bool quantized;
+  int slot;
+};
+
+namespace {
+
+struct Bounds {
+  size_t sink_blocks, dense_stream_blocks, quant_blocks;
+};
+
+Bounds block_bounds(const KVCacheConfig& c, int chunk) {
+  const int B = c.group_size;
+  Bounds b{};
+  b.sink_blocks = c.streaming() ? ceil_div(c.sink, B) : 0;
+  // Stream tokens held while a chunk attends: its window (M - 1 before the first query), the chunk,
+  // up to B - 1 masked tokens of a partly evicted block, and one block of alignment slack.
+  const size_t window_blocks = c.streaming() ? ceil_div(int64_t(c.window) + chunk + B - 2, B) + 1 : ceil_div(c.ctx_size, B);
+  if (is_kivi(c.precision)) {
+    b.dense_stream_blocks = std::min(window_blocks, ceil_div(int64_t(c.residual) + B - 1 + chunk, B) + 1);
+    b.quant_blocks = window_blocks;
+  } else {
+    b.dense_stream_blocks = window_blocks;
+    b.quant_blocks = 0;
+  }
+  return b;
+}
+
+}  // namespace
+
+KVCache::KVCache(const KVShape& shape, const KVCacheConfig& cfg)
+    : shape_(shape),
+      cfg_(cfg),
+      dense_(dense_dtype(cfg.precision)),
+      bits_(kivi_bits(cfg.precision)),
+      dense_token_bytes_(2 * size_t(shape.kv_dim()) * dtype_size(dense_dtype(cfg.precision))),
+      dense_pool_(0, 0, false),
+      quant_pool_(0, 0, false) {
+  cfg_.validate();
+  PTLLM_CHECK(shape.n_layers > 0 && shape.n_kv_heads > 0 && shape.head_dim > 0 && shape.head_dim % 2 == 0);
+  chunk_ = (cfg_.streaming() || bits_ > 0) ? kChunk : cfg_.ctx_size;
+  const int B = cfg_.group_size;
+  const Bounds b = block_bounds(cfg_, chunk_);
+  const size_t L = size_t(shape.n_layers);
+  dense_pool_ = BlockPool(size_t(B) * dense_token_bytes_, L * (b.sink_blocks + b.dense_stream_blocks), cfg_.preallocate);
+  if (bits_ > 0)
+    quant_pool_ = BlockPool(size_t(shape.n_kv_heads) * kivi_block_bytes_per_head(B, shape.head_dim, bits_),
+                            L * b.quant_blocks, cfg_.preallocate);
+  layers_.resize(L);
+  for (auto& layer : layers_) {
+    layer.sinks.reserve(b.sink_blocks);
+    layer.stream = Ring(b.dense_stream_blocks + b.quant_blocks);
+  }
+  if (rotates_at_read()) {
+    // Distances a query can have to a key: within the window (or the context), or to a sink.
+    max_delta_ = cfg_.streaming() ? cfg_.sink + cfg_.window + chunk_ : cfg_.ctx_size;
+    const int half = shape.head_dim / 2;
+    PTLLM_CHECK(int(shape.rope_inv_freq.size()) == half);
+    rope_cos_.resize(size_t(max_delta_) * size_t(half));
+    rope_sin_.resize(rope_cos_.size());
+    for (int d = 0; d < max_delta_; ++d)
+      rope_cos_sin(shape.rope_inv_freq.data(), half, d, rope_cos_.data() + size_t(d) * size_t(half),
+                   rope_sin_.data() + size_t(d) * size_t(half));
+  }
+}
+
+KVCache::~KVCache() = default;
+
+int KVCache::max_append() const {
+  if (cfg_.streaming() || bits_ > 0) return chunk_;
+  return int(std::max<int64_t>(0, int64_t(cfg_.ctx_size) - n_tokens()));
+}
+
+bool KVCache::fits(int64_t more) const { return cfg_.streaming() || n_tokens() + more <= cfg_.ctx_size; }
+
+int64_t KVCache::n_tokens() const {
+  const Layer& L = layers_.back();
+  return L.n_sink + L.end;
+}
+
+int KVCache::n_stored() const {
+  const Layer& L = layers_.back();
+  const int64_t stream = cfg_.streaming() ? std::min<int64_t>(L.end, cfg_.window) : L.end;
+  return int(L.n_sink + stream);
+}
+
+void KVCache::append(int layer, const float* k, const float* v, int T) {
+  Layer& L = layers_[size_t(layer)];
+  PTLLM_CHECK(T <= max_append());  // max_append() reads the last layer, which appends last
+  const int B = cfg_.group_size, D = shape_.head_dim, H = shape_.n_kv_heads;
+  const size_t elem = dtype_size(dense_);
+  for (int t = 0; t < T; ++t) {
+    uint8_t* block;
+    int slot;
+    if (cfg_.streaming() && L.n_sink < cfg_.sink) {
+      if (L.n_sink % B == 0) {
+        const int32_t id = dense_pool_.acquire();
+        PTLLM_CHECK(id >= 0);
+        L.sinks.push_back(id);
+      }
+      block = dense_pool_.data(L.sinks[size_t(L.n_sink / B)]);
+      slot = L.n_sink % B;
+      ++L.n_sink;
+    } else {
+      const size_t entry = size_t((L.end - L.begin) / B);
+      if (L.end % B == 0) {
+        PTLLM_CHECK(entry == L.stream.size());
+        const int32_t id = dense_pool_.acquire();
+        PTLLM_CHECK(id >= 0);  // the pool is sized for the worst case (block_bounds)
+        L.stream.push_back({id, false});
+      }
+      PTLLM_CHECK(!L.stream[entry].quantized);
+      block = dense_pool_.data(L.stream[entry].id);
+      slot = int(L.end % B);
+      ++L.end;
+    }
+    const size_t half_bytes = size_t(B) * size_t(shape_.kv_dim()) * elem;
+    for (int g = 0; g < H; ++g) {
+      const size_t dst = (size_t(g) * size_t(B) + size_t(slot)) * size_t(D) * elem;
+      const size_t src = size_t(t) * size_t(shape_.kv_dim()) + size_t(g) * size_t(D);
+      store_as(k + src, block + dst, dense_, D);
+      store_as(v + src, block + half_bytes + dst, dense_, D);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention.
+
+namespace {
+
+// Online softmax state of one (query, head): running max m, sum l, V accumulator acc [D] and the
+// accumulated V zero-point term zacc (added to every channel at the end).
+struct Softmax {
+  float m = -std::numeric_limits<float>::infinity();
+  float l = 0.f;
+  float zacc = 0.f;
+  float* acc;
+  int D;
+
+  // Rescales for a block whose largest score is bm; returns the new max.
+  float rescale(float bm) {
+    const float new_m = std::max(m, bm);
+    const float corr = std::exp(m - new_m);
+    if (corr != 1.f) {
+      l *= corr;
+      zacc *= corr;
+      for (int d = 0; d < D; ++d) acc[d] *= corr;
+    }
+    m = new_m;
+    return new_m;
+  }
+};
+
+}  // namespace
+
+void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, ThreadPool& pool) {
+  const Layer& L = layers_[size_t(layer)];
+  const int B = cfg_.group_size, D = shape_.head_dim, H = shape_.n_kv_heads, half = D / 2;
+  const int N = cfg_.sink, M = cfg_.window;
+  const bool stream_mode = cfg_.streaming();
+  const bool rotate = rotates_at_read();
+  const int group = n_heads / H;
+  const float scale = 1.0f / std::sqrt(float(D));
+  const int64_t n_total = L.n_sink + L.end;
+  const int64_t n_before = n_total - T;
+  const size_t elem = dtype_size(dense_);
+  const size_t dense_half = size_t(B) * size_t(shape_.kv_dim()) * elem;
+  const size_t pk = bits_ ? packed_bytes(D, bits_) : 0;
+  PTLLM_CHECK(n_before >= 0 && n_heads % H == 0);
+
+  pool.parallel_for(size_t(T) * size_t(n_heads), [&](size_t begin, size_t end) {
+    thread_local std::vector<float> scratch;
+    if (scratch.size() < size_t(B + 4 * D)) scratch.resize(size_t(B + 4 * D));
+    float* scores = scratch.data();
+    float* acc = scores + B;
+    float* qs = acc + D;   // the query scaled per channel (KIVI K group)
+    float* qr = qs + D;    // the query rotated for one key distance (PositionMode::Cache)
+    float* qz = qr + D;
+    for (size_t item = begin; item < end; ++item) {
+      const int t = int(item / size_t(n_heads)), h = int(item % size_t(n_heads));
+      const int g = h / group;
+      const float* qv = q + (size_t(t) * size_t(n_heads) + size_t(h)) * size_t(D);
+      const int64_t i = n_before + t;  // global index of the query
+      std::fill_n(acc, D, 0.f);
+      Softmax sm{.acc = acc, .D = D};
+
+      // The query rotated for a key at distance delta (cache positions only).
+      auto rotated = [&](int64_t delta) -> const float* {
+        PTLLM_CHECK(delta >= 0 && delta < max_delta_);
+        rope_rotate_one(qv, D, rope_cos_.data() + size_t(delta) * size_t(half),
+                        rope_sin_.data() + size_t(delta) * size_t(half), qr);
+        return qr;
+      };
+      // A dense block: keys at slots [a, b), key slot j at distance delta0 - j from the query.
+      auto dense_block = [&](const uint8_t* blk, int a, int b, int64_t delta0) {
+        const uint8_t* kb = blk + size_t(g) * size_t(B) * size_t(D) * elem;
+        const uint8_t* vb = kb + dense_half;
+        float bm = -std::numeric_limits<float>::infinity();
+        for (int j = a; j < b; ++j) {
+          const float* qq = rotate ? rotated(delta0 - j) : qv;
+          scores[j] = dot_stored(qq, kb + size_t(j) * size_t(D) * elem, dense_, D) * scale;
+          bm = std::max(bm, scores[j]);
+        }
+        const float mm = sm.rescale(bm);
+        for (int j = a; j < b; ++j) {
+          const float p = std::exp(scores[j] - mm);
+          sm.l += p;
+          axpy_stored(p, vb + size_t(j) * size_t(D) * elem, dense_, acc, D);
+        }
+      };
+      // A quantized block: q.k_j = (q * s) . c_j + q . z with per-channel (s, z) of the group;
+      // sum p_j v_j = sum (p_j s_j) c_j + (sum p_j z_j) 1 with per-token (s_j, z_j).
+      auto quant_block = [&](const uint8_t* blk, int a, int b, int64_t delta0) {
+        const uint8_t* kc = blk + size_t(g) * size_t(B) * pk;
+        const uint8_t* vc = blk + (size_t(H) + size_t(g)) * size_t(B) * pk;
+        const uint16_t* ks = reinterpret_cast<const uint16_t*>(blk + 2 * size_t(H) * size_t(B) * pk) + size_t(g) * size_t(D);
+        const uint16_t* kz = ks + size_t(H) * size_t(D);
+        const uint16_t* vs = kz + size_t(H) * size_t(D) - size_t(g) * size_t(D) + size_t(g) * size_t(B);
+        const uint16_t* vz = vs + size_t(H) * size_t(B);
+        for (int d = 0; d < D; ++d) qz[d] = f16_to_f32(kz[d]);
+        float bm = -std::numeric_limits<float>::infinity();
+        if (!rotate) {
+          for (int d = 0; d < D; ++d) qs[d] = qv[d] * std::max(kMinScale, f16_to_f32(ks[d]));
+          const float zterm = dot(qv, qz, D);
+          for (int j = a; j < b; ++j) {
+            scores[j] = (dot_codes(qs, kc + size_t(j) * pk, D, bits_) + zterm) * scale;
+            bm = std::max(bm, scores[j]);
+          }
+        } else {
+          for (int j = a; j < b; ++j) {
+            const float* qq = rotated(delta0 - j);
+            for (int d = 0; d < D; ++d) qs[d] = qq[d] * std::max(kMinScale, f16_to_f32(ks[d]));
+            scores[j] = (dot_codes(qs, kc + size_t(j) * pk, D, bits_) + dot(qq, qz, D)) * scale;
+            bm = std::max(bm, scores[j]);
+          }
+        }
+        const float mm = sm.rescale(bm);
+        for (int j = a; j < b; ++j) {
+          const float p = std::exp(scores[j] - mm);
+          sm.l += p;
+          axpy_codes(p * std::max(kMinScale, f16_to_f32(vs[j])), vc + size_t(j) * pk, D, bits_, acc);
+          sm.zacc += p * f16_to_f32(vz[j]);
+        }
+      };
+
+      // Sinks: global indices [0, min(n_sink, i + 1)), cache slot = index.
+      const int64_t n_sink_vis = std::min<int64_t>(L.n_sink, i + 1);
+      // The query's slot in the cache: its index, capped once the window is full.
+      const int64_t q_slot = stream_mode ? std::min<int64_t>(i, int64_t(N) + M - 1) : i;
+      for (int64_t s0 = 0; s0 < n_sink_vis; s0 += B) {
+        const int b = int(std::min<int64_t>(B, n_sink_vis - s0));
+        dense_block(dense_pool_.data(L.sinks[size_t(s0 / B)]), 0, b, q_slot - s0);
+      }
+      // Stream: stream indices [lo, si] where si is the query's own stream index.
+      if (i >= L.n_sink) {
+        const int64_t si = i - L.n_sink;
+        const int64_t lo = stream_mode ? std::max<int64_t>(0, si - M + 1) : 0;
+        PTLLM_CHECK(lo >= L.begin);
+        for (size_t e = size_t((lo - L.begin) / B); e < L.stream.size(); ++e) {
+          const int64_t first = L.begin + int64_t(e) * B;
+          if (first > si) break;
+          const int a = int(std::max<int64_t>(lo, first) - first);
+          const int b = int(std::min<int64_t>(si + 1, first + B) - first);
+          // Distances of window keys equal their index distances in both position schemes.
+          const int64_t delta0 = si - first;
+          const Entry& en = L.stream[e];
+          if (en.quantized)
+            quant_block(quant_pool_.data(en.id), a, b, delta0);
+          else
+            dense_block(dense_pool_.data(en.id), a, b, delta0);
+        }
+      }
+      float* o = out + (size_t(t) * size_t(n_heads) + size_t(h)) * size_t(D);
+      const float inv = 1.0f / sm.l;
+      for (int d = 0; d < D; ++d) o[d] = (acc[d] + sm.zacc) * inv;
+    }
+  });
+  commit(layer);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Policy: eviction and quantization, after each attention call.
+
+void KVCache::release_front(Layer& L) {
+  const Entry e = L.stream[0];
+  if (e.quantized) {
+    quant_pool_.release(e.id);
+    --L.n_quant;
+  } else {
+    dense_pool_.release(e.id);
+  }
+  L.stream.pop_front();
+  L.begin += cfg_.group_size;
+}
+
+void KVCache::quantize_block(Layer& L, size_t entry) {
+  Entry& e = L.stream[entry];
+  PTLLM_CHECK(!e.quantized && dense_ == DType::F32);
+  const int B = cfg_.group_size, D = shape_.head_dim, H = shape_.n_kv_heads;
+  const size_t pk = packed_bytes(D, bits_);
+  const int32_t qid = quant_pool_.acquire();
+  PTLLM_CHECK(qid >= 0);
+  const float* src = reinterpret_cast<const float*>(dense_pool_.data(e.id));
+  const float* vsrc = src + size_t(B) * size_t(shape_.kv_dim());
+  uint8_t* blk = quant_pool_.data(qid);
+  uint16_t* ks = reinterpret_cast<uint16_t*>(blk + 2 * size_t(H) * size_t(B) * pk);
+  uint16_t* kz = ks + size_t(H) * size_t(D);
+  uint16_t* vs = kz + size_t(H) * size_t(D);
+  uint16_t* vz = vs + size_t(H) * size_t(B);
+  for (int g = 0; g < H; ++g) {
+    // K: one (scale, zero) per channel over the group, computed once, never again.
+    quantize_k_group(src + size_t(g) * size_t(B) * size_t(D), size_t(D), B, D, bits_, blk + size_t(g) * size_t(B) * pk,
+                     ks + size_t(g) * size_t(D), kz + size_t(g) * size_t(D));
+    // V: one (scale, zero) per token.
+    for (int j = 0; j < B; ++j)
+      quantize_v_token(vsrc + (size_t(g) * size_t(B) + size_t(j)) * size_t(D), D, bits_,
+                       blk + ((size_t(H) + size_t(g)) * size_t(B) + size_t(j)) * pk, vs + size_t(g) * size_t(B) + size_t(j),
+                       vz + size_t(g) * size_t(B) + size_t(j));
+  }
+  dense_pool_.release(e.id);
+  e = {qid, true};
+}
+
+void KVCache::commit(int layer) {
+  Layer& L = layers_[size_t(layer)];
+  const int B = cfg_.group_size;
+  // StreamingLLM: give back blocks whose every token is out of the last query's window.
+  if (cfg_.streaming()) {
+    const int64_t lo = L.end - cfg_.window;
+    while (!L.stream.empty() && L.begin + B <= lo) release_front(L);
+  }
+  // KIVI: the residual keeps at least R recent tokens; each full group beyond them is quantized.
+  if (bits_ > 0) {
+    while (L.n_quant < L.stream.size()) {
+      const int64_t residual_start = L.begin + int64_t(L.n_quant) * B;
+      if (L.end - residual_start < int64_t(cfg_.residual) + B) break;
+      quantize_block(L, L.n_quant);
+      ++L.n_quant;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+int64_t KVCache::rewind_floor() const {
+  int64_t floor = 0;
+  for (const Layer& L : layers_) {
+    if (L.begin == 0 && L.n_quant == 0) continue;
+    // Not into quantized or evicted tokens, and the next query's window must still be stored.
+    int64_t f = L.n_sink + L.begin + int64_t(L.n_quant) * cfg_.group_size;
+    if (cfg_.streaming() && L.begin > 0) f = std::max<int64_t>(f, L.n_sink + L.begin + cfg_.window - 1);
+    floor = std::max(floor, f);
+  }
+  return floor;
+}
+
+void KVCache::truncate(int64_t n) {
+  if (n < 0 || n > n_tokens())
+    throw Error("cannot rewind to " + std::to_string(n) + " tokens: the cache holds " + std::to_string(n_tokens()));
+  if (n < rewind_floor())
+    throw Error("cannot rewind to " + std::to_string(n) + " tokens: tokens before " + std::to_string(rewind_floor()) +
+                " have been evicted or quantized");
+  const int B = cfg_.group_size;
+  for (Layer& L : layers_) {
+    L.n_sink = int(std::min<int64_t>(L.n_sink, n));
+    L.end = std::min<int64_t>(L.end, std::max<int64_t>(0, n - L.n_sink));
+    while (L.sinks.size() > ceil_div(L.n_sink, B)) {
+      dense_pool_.release(L.sinks.back());
+      L.sinks.pop_back();
+    }
+    while (L.stream.size() > ceil_div(L.end - L.begin, B)) {
+      const Entry e = L.stream[L.stream.size() - 1];
+      PTLLM_CHECK(!e.quantized);
+      dense_pool_.release(e.id);
+      L.stream.pop_back();
+    }
+  }
+}
+
+void KVCache::clear() {
+  for (Layer& L : layers_) {
+    for (int32_t id : L.sinks) dense_pool_.release(id);
+    L.sinks.clear();
+    while (!L.stream.empty()) release_front(L);
+    L.n_sink = 0;
+    L.begin = L.end = 0;
+  }
+}
+
+size_t KVCache::logical_bytes() const {
+  const int B = cfg_.group_size, D = shape_.head_dim, H = shape_.n_kv_heads;
+  size_t total = 0;
+  for (const Layer& L : layers_) {
+    total += size_t(L.n_sink) * dense_token_bytes_;
+    const int64_t lo = cfg_.streaming() ? std::max<int64_t>(0, L.end - cfg_.window) : 0;
+    for (size_t e = 0; e < L.stream.size(); ++e) {
+      const int64_t first = L.begin + int64_t(e) * B;
+      const int64_t visible = std::max<int64_t>(0, std::min<int64_t>(first + B, L.end) - std::max(first, lo));
+      if (visible == 0) continue;
+      if (L.stream[e].quantized) {
+        // codes for K and V, V scale+zero per token; K scale+zero per channel for the group
+        total += size_t(H) * (size_t(visible) * (2 * packed_bytes(D, bits_) + 2 * sizeof(uint16_t)) +
+                              2 * sizeof(uint16_t) * size_t(D));
+      } else {
+        total += size_t(visible) * dense_token_bytes_;
+      }
+    }
+  }
+  return total;
+}
+
+size_t KVCache::physical_bytes() const { return dense_pool_.physical_bytes() + quant_pool_.physical_bytes(); }
+
+KVCache::Located KVCache::locate(int layer, int64_t index) const {
+  const Layer& L = layers_[size_t(layer)];
+  const int B = cfg_.group_size;
+  if (index < L.n_sink) return {dense_pool_.data(L.sinks[size_t(index / B)]), false, int(index % B)};
+  const int64_t s = index - L.n_sink;
+  PTLLM_CHECK(s >= L.begin && s < L.end);
+  const Entry& e = L.stream[size_t((s - L.begin) / B)];
+  return {e.quantized ? quant_pool_.data(e.id) : dense_pool_.data(e.id), e.quantized, int(s % B)};
+}
+
+void KVCache::read_key(int layer, int64_t index, int g, float* out) const {
+  const Located at = locate(layer, index);
+  const int B = cfg_.group_size, D = shape_.head_dim, H = shape_.n_kv_heads;
+  if (!at.quantized) {
+    load_from(at.block + (size_t(g) * size_t(B) + size_t(at.slot)) * size_t(D) * dtype_size(dense_), dense_, out, D);
+    return;
+  }
+  const size_t pk = packed_bytes(D, bits_);
+  const uint16_t* ks = reinterpret_cast<const uint16_t*>(at.block + 2 * size_t(H) * size_t(B) * pk) + size_t(g) * size_t(D);
+  const uint16_t* kz = ks + size_t(H) * size_t(D);
+  dequantize_k_group(at.block + (size_t(g) * size_t(B) + size_t(at.slot)) * pk, ks, kz, 1, D, bits_, out);
+}
+
+void KVCache::read_value(int layer, int64_t index, int g, float* out) const {
+  const Located at = locate(layer, index);
+  const int B = cfg_.group_size, D = shape_.head_dim, H = shape_.n_kv_heads;
+  if (!at.quantized) {
+    const size_t half = size_t(B) * size_t(shape_.kv_dim()) * dtype_size(dense_);
+    load_from(at.block + half + (size_t(g) * size_t(B) + size_t(at.slot)) * size_t(D) * dtype_size(dense_), dense_, out, D);
+    return;
+  }
+  const size_t pk = packed_bytes(D, bits_);
+  const uint16_t* vs = reinterpret_cast<const uint16_t*>(at.block + 2 * size_t(H) * size_t(B) * pk) + 2 * size_t(H) * size_t(D);
+  const uint16_t* vz = vs + size_t(H) * size_t(B);
+  const size_t j = size_t(g) * size_t(B) + size_t(at.slot);
+  dequantize_v_token(at.block + (size_t(H) * size_t(B) + j) * pk, vs[j], vz[j], D, bits_, out);
+}
+
+}  // namespace ptllm

@@ -1,0 +1,135 @@
+#pragma once
+// The KV-cache engine (DESIGN.md "The KV cache").
+//
+// Storage: blocks of B tokens (B = the KIVI group size) taken from pools; a block holds one layer's
+// K and V for B tokens of every KV head. Each layer keeps, oldest first:
+//   [ sink blocks: the first N tokens, full precision, never evicted, never quantized ]
+//   [ quantized blocks: KIVI codes + scales, G = B tokens each ]                  (KIVI only)
+//   [ residual blocks: the most recent tokens, full precision ]
+// Dense block layout: K [kv_head][token][head_dim], then V the same.
+// Policy: after each attention call, blocks entirely out of the StreamingLLM window are given back
+// and the residual's oldest full groups beyond R tokens are quantized (K per channel with scales
+// computed once, V per token). Nothing stored is ever moved to make room.
+// Attention is computed here, over the blocks, with an online softmax; quantized blocks are read
+// directly (the query is scaled per group, codes enter dot products), never dequantized to a copy.
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/dtype.h"
+#include "kv/block_pool.h"
+
+namespace ptllm {
+
+class ThreadPool;
+
+enum class KVPrecision : uint8_t { F32, F16, BF16, Int8, Int4, Int2 };
+std::string_view kv_precision_name(KVPrecision p);
+std::optional<KVPrecision> parse_kv_precision(std::string_view s);
+inline bool is_kivi(KVPrecision p) { return p == KVPrecision::Int8 || p == KVPrecision::Int4 || p == KVPrecision::Int2; }
+int kivi_bits(KVPrecision p);
+// Storage dtype of full-precision tokens: the precision itself when dense, float32 under KIVI.
+DType dense_dtype(KVPrecision p);
+
+// absolute: K stored after RoPE at its absolute position, the query rotated at its absolute position
+// (the seed's "vanilla" StreamingLLM). cache: K stored before RoPE; a key in cache slot s is rotated
+// by s and the query by its own slot (the StreamingLLM paper's scheme).
+enum class PositionMode : uint8_t { Absolute, Cache };
+std::string_view position_mode_name(PositionMode m);
+
+struct KVCacheConfig {
+  KVPrecision precision = KVPrecision::F32;
+  int group_size = 32;      // B: tokens per block, and the KIVI group G
+  int residual = 128;       // KIVI: recent tokens kept full precision (a multiple of group_size)
+  int sink = 0;             // StreamingLLM: first tokens kept forever
+  int window = 0;           // StreamingLLM: recent tokens kept; 0 = no eviction
+  PositionMode positions = PositionMode::Absolute;
+  int ctx_size = 4096;      // capacity in tokens without StreamingLLM
+  bool preallocate = true;  // reserve the whole capacity at construction
+
+  bool streaming() const { return window > 0; }
+  // Throws UsageError naming the flag.
+  void validate() const;
+  // "int4 g32 r128 sink4 w508 pos=cache": every setting that changes what is stored.
+  std::string describe() const;
+};
+
+struct KVShape {
+  int n_layers = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  std::vector<float> rope_inv_freq;  // [head_dim/2], needed by PositionMode::Cache
+  int kv_dim() const { return n_kv_heads * head_dim; }
+};
+
+class KVCache {
+ public:
+  // Throws ptllm::Error when the capacity cannot be allocated, UsageError for a bad config.
+  KVCache(const KVShape& shape, const KVCacheConfig& cfg);
+  ~KVCache();
+  KVCache(const KVCache&) = delete;
+  KVCache& operator=(const KVCache&) = delete;
+
+  const KVShape& shape() const { return shape_; }
+  const KVCacheConfig& config() const { return cfg_; }
+  // Whether the model must leave q and k unrotated (the cache applies RoPE at read).
+  bool rotates_at_read() const { return cfg_.positions == PositionMode::Cache; }
+
+  // Stores T new tokens of `layer`: k, v [T][n_kv_heads * head_dim]. T <= max_append().
+  void append(int layer, const float* k, const float* v, int T);
+  // Causal attention of the T tokens just appended to `layer`: query t (global index n_before + t)
+  // sees the sinks and its own window. q, out: [T][n_heads][head_dim]. Then applies the policy
+  // (eviction, quantization) for this layer.
+  void attend(int layer, const float* q, int T, int n_heads, float* out, ThreadPool& pool);
+
+  // Largest T one append may take (prefill is fed in chunks of at most this).
+  int max_append() const;
+  // Whether `more` tokens fit (always, under StreamingLLM).
+  bool fits(int64_t more) const;
+  // Tokens appended so far (the position counter), and tokens attention sees now.
+  int64_t n_tokens() const;
+  int n_stored() const;
+
+  // Rewinds to the first n tokens. Possible down to rewind_floor(): tokens already evicted or
+  // quantized cannot be restored; below it, throws ptllm::Error and changes nothing.
+  void truncate(int64_t n);
+  int64_t rewind_floor() const;
+  void clear();
+
+  size_t logical_bytes() const;   // what attention reads for the stored tokens, scales included
+  size_t physical_bytes() const;  // what the pools hold allocated
+
+  // One stored token's K or V for KV head g as float32 (dequantized when needed; tests and
+  // persistence). `index` is the global token index; it must still be stored.
+  void read_key(int layer, int64_t index, int g, float* out) const;
+  void read_value(int layer, int64_t index, int g, float* out) const;
+
+ private:
+  struct Layer;
+  struct Located;
+  Located locate(int layer, int64_t index) const;
+  void commit(int layer);
+  void quantize_block(Layer& L, size_t entry);
+  void release_front(Layer& L);
+
+  KVShape shape_;
+  KVCacheConfig cfg_;
+  DType dense_;            // storage dtype of full-precision blocks
+  int bits_ = 0;           // KIVI code bits (0: dense)
+  size_t dense_token_bytes_;  // one token of one layer, K and V, all heads
+  BlockPool dense_pool_;
+  BlockPool quant_pool_;
+  std::vector<Layer> layers_;
+  std::vector<float> rope_cos_, rope_sin_;  // [delta][head_dim/2], PositionMode::Cache
+  int max_delta_ = 0;
+  int chunk_ = 0;
+};
+
+// Bytes a quantized block of G tokens takes for one KV head: codes for K and V, f16 scale and zero
+// per K channel and per V token.
+size_t kivi_block_bytes_per_head(int G, int head_dim, int bits);
+
+}  // namespace ptllm

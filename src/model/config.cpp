@@ -1,0 +1,169 @@
+#include "model/config.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace ptllm {
+
+using nlohmann::json;
+
+std::string_view architecture_name(Architecture a) {
+  switch (a) {
+    case Architecture::Llama: return "llama";
+    case Architecture::Mistral: return "mistral";
+    case Architecture::Qwen2: return "qwen2";
+  }
+  return "?";
+}
+
+namespace {
+
+struct Reader {
+  const json& j;
+  const std::string& file;
+
+  [[noreturn]] void bad(const std::string& key, const std::string& what) const {
+    throw Error(file + ": field '" + key + "' " + what);
+  }
+  bool has(const std::string& key) const { return j.contains(key) && !j[key].is_null(); }
+  int positive_int(const std::string& key) const {
+    if (!has(key)) bad(key, "is missing");
+    const json& v = j[key];
+    if (!v.is_number_integer() || v.get<long long>() <= 0 || v.get<long long>() > (1LL << 31) - 1)
+      bad(key, "must be a positive integer, got " + v.dump());
+    return v.get<int>();
+  }
+  double positive_number(const json& obj, const std::string& key) const {
+    if (!obj.contains(key) || !obj[key].is_number() || !(obj[key].get<double>() > 0))
+      bad(key, "must be a positive number" + (obj.contains(key) ? ", got " + obj[key].dump() : std::string(" (missing)")));
+    return obj[key].get<double>();
+  }
+  bool boolean(const std::string& key, bool dflt) const {
+    if (!has(key)) return dflt;
+    if (!j[key].is_boolean()) bad(key, "must be true or false, got " + j[key].dump());
+    return j[key].get<bool>();
+  }
+};
+
+void parse_rope(const Reader& r, ModelConfig& c) {
+  const json& j = r.j;
+  // 5.x: rope_parameters {rope_theta, rope_type, ...}; 4.x: rope_theta + rope_scaling {rope_type|type, ...}.
+  const json* params = nullptr;
+  if (r.has("rope_parameters")) {
+    params = &j["rope_parameters"];
+    if (!params->is_object()) r.bad("rope_parameters", "must be an object");
+  } else if (r.has("rope_scaling")) {
+    params = &j["rope_scaling"];
+    if (!params->is_object()) r.bad("rope_scaling", "must be an object or null");
+  }
+  if (params && params->contains("rope_theta"))
+    c.rope.theta = r.positive_number(*params, "rope_theta");
+  else if (r.has("rope_theta"))
+    c.rope.theta = r.positive_number(j, "rope_theta");
+  if (!params) return;
+  std::string type = "default";
+  if (params->contains("rope_type") && (*params)["rope_type"].is_string())
+    type = (*params)["rope_type"].get<std::string>();
+  else if (params->contains("type") && (*params)["type"].is_string())
+    type = (*params)["type"].get<std::string>();
+  if (type == "default") {
+    c.rope.type = RopeType::Default;
+  } else if (type == "llama3") {
+    c.rope.type = RopeType::Llama3;
+    c.rope.factor = r.positive_number(*params, "factor");
+    c.rope.low_freq_factor = r.positive_number(*params, "low_freq_factor");
+    c.rope.high_freq_factor = r.positive_number(*params, "high_freq_factor");
+    c.rope.original_max_position = int(r.positive_number(*params, "original_max_position_embeddings"));
+    if (c.rope.high_freq_factor <= c.rope.low_freq_factor)
+      r.bad("high_freq_factor", "must be larger than low_freq_factor");
+  } else {
+    r.bad(r.has("rope_parameters") ? "rope_parameters.rope_type" : "rope_scaling.rope_type",
+          "'" + type + "' is not supported (supported: default, llama3)");
+  }
+}
+
+}  // namespace
+
+ModelConfig ModelConfig::from_json(const json& j, const std::string& file) {
+  if (!j.is_object()) throw Error(file + ": not a JSON object");
+  Reader r{j, file};
+  ModelConfig c;
+  if (!r.has("architectures") || !j["architectures"].is_array() || j["architectures"].empty() ||
+      !j["architectures"][0].is_string())
+    r.bad("architectures", "is missing (expected e.g. [\"LlamaForCausalLM\"])");
+  c.arch_name = j["architectures"][0].get<std::string>();
+  if (c.arch_name == "LlamaForCausalLM")
+    c.arch = Architecture::Llama;
+  else if (c.arch_name == "MistralForCausalLM")
+    c.arch = Architecture::Mistral;
+  else if (c.arch_name == "Qwen2ForCausalLM")
+    c.arch = Architecture::Qwen2;
+  else
+    throw Error(file + ": architecture '" + c.arch_name +
+                "' is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)");
+
+  c.vocab_size = r.positive_int("vocab_size");
+  c.hidden_size = r.positive_int("hidden_size");
+  c.intermediate_size = r.positive_int("intermediate_size");
+  c.n_layers = r.positive_int("num_hidden_layers");
+  c.n_heads = r.positive_int("num_attention_heads");
+  c.n_kv_heads = r.has("num_key_value_heads") ? r.positive_int("num_key_value_heads") : c.n_heads;
+  if (c.n_heads % c.n_kv_heads != 0)
+    r.bad("num_key_value_heads", "(" + std::to_string(c.n_kv_heads) + ") must divide num_attention_heads (" +
+                                     std::to_string(c.n_heads) + ")");
+  if (r.has("head_dim")) {
+    c.head_dim = r.positive_int("head_dim");
+  } else {
+    if (c.hidden_size % c.n_heads != 0)
+      r.bad("head_dim", "is missing and hidden_size is not a multiple of num_attention_heads");
+    c.head_dim = c.hidden_size / c.n_heads;
+  }
+  if (c.head_dim % 2 != 0) r.bad("head_dim", "must be even for RoPE");
+  c.max_position_embeddings = r.has("max_position_embeddings") ? r.positive_int("max_position_embeddings") : 4096;
+  if (r.has("rms_norm_eps")) c.rms_norm_eps = float(r.positive_number(j, "rms_norm_eps"));
+  c.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
+  if (r.has("hidden_act") && j["hidden_act"] != "silu")
+    r.bad("hidden_act", "'" + j["hidden_act"].dump() + "' is not supported (supported: silu)");
+  switch (c.arch) {
+    case Architecture::Qwen2:
+      c.qkv_bias = true;
+      break;
+    case Architecture::Llama:
+      c.qkv_bias = c.o_bias = r.boolean("attention_bias", false);
+      c.mlp_bias = r.boolean("mlp_bias", false);
+      break;
+    case Architecture::Mistral:
+      break;
+  }
+  parse_rope(r, c);
+  if (r.has("dtype") && j["dtype"].is_string())
+    c.dtype = j["dtype"].get<std::string>();
+  else if (r.has("torch_dtype") && j["torch_dtype"].is_string())
+    c.dtype = j["torch_dtype"].get<std::string>();
+  if (r.has("bos_token_id") && j["bos_token_id"].is_number_integer()) c.bos_token_id = j["bos_token_id"].get<int>();
+  if (r.has("eos_token_id")) {
+    const json& e = j["eos_token_id"];
+    if (e.is_number_integer()) {
+      c.eos_token_ids.push_back(e.get<int>());
+    } else if (e.is_array()) {
+      for (const auto& x : e)
+        if (x.is_number_integer()) c.eos_token_ids.push_back(x.get<int>());
+    }
+  }
+  return c;
+}
+
+ModelConfig ModelConfig::load(const std::filesystem::path& config_json) {
+  std::ifstream in(config_json);
+  if (!in) throw Error(config_json.string() + ": cannot open (is this a Hugging Face model directory?)");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  json j = json::parse(ss.str(), nullptr, false);
+  if (j.is_discarded()) throw Error(config_json.string() + ": not valid JSON");
+  return from_json(j, config_json.string());
+}
+
+}  // namespace ptllm

@@ -1,0 +1,57 @@
+#pragma once
+// config.json -> ModelConfig, for Llama, Mistral and Qwen2 checkpoints in both transformers
+// spellings (4.x: rope_theta / rope_scaling / torch_dtype; 5.x: rope_parameters / dtype).
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace ptllm {
+
+enum class Architecture { Llama, Mistral, Qwen2 };
+enum class RopeType { Default, Llama3 };
+
+struct RopeConfig {
+  RopeType type = RopeType::Default;
+  double theta = 10000.0;
+  // llama3 scaling (transformers' _compute_llama3_parameters)
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int original_max_position = 8192;
+};
+
+struct ModelConfig {
+  Architecture arch = Architecture::Llama;
+  std::string arch_name;  // as written in config.json, e.g. "LlamaForCausalLM"
+  int vocab_size = 0;
+  int hidden_size = 0;
+  int intermediate_size = 0;
+  int n_layers = 0;
+  int n_heads = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  int max_position_embeddings = 0;
+  float rms_norm_eps = 1e-6f;
+  bool tie_word_embeddings = false;
+  bool qkv_bias = false;  // Qwen2 always; Llama with attention_bias
+  bool o_bias = false;    // Llama with attention_bias
+  bool mlp_bias = false;  // Llama with mlp_bias
+  RopeConfig rope;
+  std::string dtype;  // torch_dtype / dtype, informational
+  std::optional<int> bos_token_id;
+  std::vector<int> eos_token_ids;
+
+  int q_dim() const { return n_heads * head_dim; }
+  int kv_dim() const { return n_kv_heads * head_dim; }
+
+  // Throws ptllm::Error naming the file and the field.
+  static ModelConfig from_json(const nlohmann::json& j, const std::string& file);
+  static ModelConfig load(const std::filesystem::path& config_json);
+};
+
+std::string_view architecture_name(Architecture a);
+
+}  // namespace ptllm

@@ -1,0 +1,75 @@
+#pragma once
+// A Llama-family decoder (Llama, Mistral, Qwen2): weights mapped from safetensors and used in their
+// file dtype, and the forward pass. Attention over past tokens is delegated to the KV cache.
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "model/config.h"
+#include "model/safetensors.h"
+
+namespace ptllm {
+
+class KVCache;
+struct KVShape;
+
+struct LayerWeights {
+  std::vector<float> attn_norm;         // [hidden]
+  WeightMatrix wq, wk, wv, wo;          // [q_dim][hidden], [kv_dim][hidden] x2, [hidden][q_dim]
+  std::vector<float> bq, bk, bv, bo;    // biases (empty when the architecture has none)
+  std::vector<float> mlp_norm;          // [hidden]
+  WeightMatrix w_gate, w_up, w_down;    // [inter][hidden] x2, [hidden][inter]
+  std::vector<float> b_gate, b_up, b_down;
+};
+
+// Activations of one forward call, sized for the largest T seen; reused so that decode
+// (T = 1) allocates nothing once warmed up.
+struct ForwardState {
+  int capacity = 0;
+  std::vector<float> x;      // [T][hidden] residual stream
+  std::vector<float> xn;     // [T][hidden] normalized
+  std::vector<float> q;      // [T][q_dim]
+  std::vector<float> k, v;   // [T][kv_dim]
+  std::vector<float> att;    // [T][q_dim]
+  std::vector<float> gate, up;  // [T][inter]
+  std::vector<float> cos, sin;  // [T][head_dim/2]
+};
+
+class Model {
+ public:
+  // Reads config.json and the safetensors weights of a model directory; checks every tensor
+  // against the config. Throws ptllm::Error naming the file and the tensor.
+  static std::unique_ptr<Model> load(const std::filesystem::path& dir);
+
+  const ModelConfig& config() const { return cfg_; }
+  const std::filesystem::path& dir() const { return dir_; }
+  KVShape kv_shape() const;
+  size_t weight_bytes() const;
+  const WeightFiles& files() const { return files_; }
+
+  // Runs tokens at positions pos0, pos0+1, ... through the model, appending their K/V to `cache`.
+  // logits: [T][vocab] when all_logits, else [vocab] for the last token only; null: not computed.
+  void forward(std::span<const int32_t> tokens, int64_t pos0, KVCache& cache, ForwardState& st, float* logits,
+               bool all_logits, ThreadPool& pool) const;
+
+ private:
+  Model() = default;
+
+  std::filesystem::path dir_;
+  ModelConfig cfg_;
+  WeightFiles files_;
+  WeightMatrix embed_;    // [vocab][hidden]
+  WeightMatrix lm_head_;  // [vocab][hidden] (the embedding when tied)
+  std::vector<float> final_norm_;  // [hidden]
+  std::vector<LayerWeights> layers_;
+  std::vector<float> inv_freq_;  // [head_dim/2] RoPE frequencies
+  std::vector<std::unique_ptr<float[]>> aligned_copies_;  // misaligned tensors, copied (rare)
+};
+
+// RoPE inverse frequencies for a config (default and llama3 scaling), as transformers computes them.
+std::vector<float> rope_inv_freq(const RopeConfig& rope, int head_dim);
+
+}  // namespace ptllm

@@ -1,0 +1,48 @@
+#pragma once
+// tokenizer.json "decoder": ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip and
+// Sequence, run as a stream. decode() pushes every token and then finishes; the streaming
+// detokenizer pushes as tokens arrive. Both take the same path, so they cannot disagree.
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tokenizer/json_util.h"
+
+namespace ptllm::tok {
+
+class DecodeStream;
+
+class DecoderPlan {
+ public:
+  // j may be null: no decoder, and tokens are joined with spaces as tokenizers does.
+  DecoderPlan(const json& j, const JsonPath& at);
+  ~DecoderPlan();
+  DecoderPlan(DecoderPlan&&) noexcept;
+
+  std::unique_ptr<DecodeStream> start() const;
+
+  struct Step;
+
+ private:
+  std::vector<std::unique_ptr<Step>> steps_;  // Sequence flattened
+};
+
+class Stage;
+
+class DecodeStream {
+ public:
+  explicit DecodeStream(const std::vector<std::unique_ptr<DecoderPlan::Step>>& steps);
+  ~DecodeStream();
+
+  void push(std::string_view token);
+  void finish();
+  // Text produced so far and not yet taken: always whole UTF-8 characters.
+  std::string take();
+
+ private:
+  std::string out_;
+  std::vector<std::unique_ptr<Stage>> stages_;  // stages_.back() collects into out_
+};
+
+}  // namespace ptllm::tok

@@ -1,0 +1,87 @@
+// `posttrainllm sample` end to end, as a user runs it: text out, stats on stderr, exit codes.
+#include <gtest/gtest.h>
+
+#include "test_util.h"
+
+namespace ptllm {
+namespace {
+
+std::string sample_cmd(const std::string& args) { return test::binary() + " sample " + args; }
+
+// The greedy golden text of kjv-tiny's first prompt, produced from the text prompt (tokenizer included).
+TEST(CliSampleTest, GreedyTextMatchesGolden) {
+  auto golden = test::read_json(test::repo_model("kjv-tiny") / "golden.json");
+  const auto& p = golden["prompts"][0];
+  auto r = test::run_command(sample_cmd("--prompt '" + p["text"].get<std::string>() +
+                                        "' --tokens 48 --temperature 0 --ignore-eos --threads 2"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, p["greedy_text"].get<std::string>() + "\n");
+  EXPECT_NE(r.err.find("prompt: 4 tokens"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("kv cache: fp32, stored 51 tokens"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("time to first token"), std::string::npos);
+}
+
+TEST(CliSampleTest, NoCacheAndOnDemandBlocksGiveTheSameText) {
+  const std::string base = sample_cmd(test::repo_model("qwen2-tiny").string() +
+                                      " --prompt 'And God said' --tokens 30 --temperature 0 --ignore-eos");
+  auto a = test::run_command(base);
+  auto b = test::run_command(base + " --no-cache");
+  auto c = test::run_command(base + " --no-kv-preallocate");
+  ASSERT_EQ(a.code, 0) << a.err;
+  ASSERT_EQ(b.code, 0) << b.err;
+  ASSERT_EQ(c.code, 0) << c.err;
+  EXPECT_FALSE(a.out.empty());
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_EQ(a.out, c.out);
+  EXPECT_NE(c.err.find("on demand"), std::string::npos) << c.err;
+}
+
+TEST(CliSampleTest, SeedMakesSamplingReproducible) {
+  const std::string base = sample_cmd("--prompt 'In the beginning' --tokens 40 --temperature 1.0 --top-k 0 --top-p 1");
+  auto a = test::run_command(base + " --seed 11");
+  auto b = test::run_command(base + " --seed 11");
+  auto c = test::run_command(base + " --seed 12");
+  ASSERT_EQ(a.code, 0) << a.err;
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_NE(a.out, c.out);
+}
+
+TEST(CliSampleTest, BadFlagValuesExitWithCode2) {
+  EXPECT_EQ(test::run_command(sample_cmd("--prompt x --tokens abc")).code, 2);
+  EXPECT_EQ(test::run_command(sample_cmd("--prompt x --temperature -1")).code, 2);
+  EXPECT_EQ(test::run_command(sample_cmd("--prompt x --top-p 1.5")).code, 2);
+  EXPECT_EQ(test::run_command(sample_cmd("--prompt x --ctx-size 0")).code, 2);
+  EXPECT_EQ(test::run_command(sample_cmd("--prompt x --no-such-flag")).code, 2);
+  EXPECT_EQ(test::run_command(sample_cmd("--tokens 3")).code, 2);  // --prompt is required
+  EXPECT_EQ(test::run_command(sample_cmd("--prompt x --kv-preallocate --no-kv-preallocate")).code, 2);
+  auto help = test::run_command(sample_cmd("--help"));
+  EXPECT_EQ(help.code, 0);
+  EXPECT_NE(help.out.find("--ctx-size"), std::string::npos);
+}
+
+TEST(CliSampleTest, BadModelExitsWithCode1AndNamesTheFile) {
+  auto r = test::run_command(sample_cmd("/nonexistent/dir --prompt x"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("error: /nonexistent/dir: not a model directory"), std::string::npos) << r.err;
+
+  test::TempDir tmp;
+  std::filesystem::copy(test::repo_model("kjv-tiny"), tmp.path, std::filesystem::copy_options::recursive);
+  std::filesystem::resize_file(tmp.path / "model.safetensors", 4096);
+  r = test::run_command(sample_cmd(tmp.path.string() + " --prompt x"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("model.safetensors: tensor '"), std::string::npos) << r.err;
+}
+
+TEST(CliSampleTest, PromptLongerThanContextIsAClearError) {
+  auto r = test::run_command(sample_cmd("--prompt 'In the beginning God created the heaven and the earth' --ctx-size 4"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("more than --ctx-size 4"), std::string::npos) << r.err;
+  // Generation that reaches the capacity stops with a note instead of failing.
+  r = test::run_command(sample_cmd("--prompt 'In the beginning' --ctx-size 10 --tokens 50 --temperature 0 --ignore-eos"));
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("stopped: the context is full (10 tokens"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("stored 10 tokens"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace ptllm

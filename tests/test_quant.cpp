@@ -1,0 +1,132 @@
+// KIVI quantization kernels: ranges from one table, round-trip error bounds, packing, and the seed's
+// failure modes (constant channels, float16 scale underflow, codes never reaching attention unscaled).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "core/dtype.h"
+#include "kernels/quant.h"
+
+namespace ptllm {
+namespace {
+
+TEST(QuantTest, RangesComeFromOneTable) {
+  EXPECT_EQ(quant_range(8).qmin, -128);
+  EXPECT_EQ(quant_range(8).qmax, 127);
+  EXPECT_EQ(quant_range(4).qmin, -8);
+  EXPECT_EQ(quant_range(4).qmax, 7);
+  EXPECT_EQ(quant_range(2).qmin, -2);
+  EXPECT_EQ(quant_range(2).qmax, 1);
+  for (int bits : {8, 4, 2}) EXPECT_EQ(quant_range(bits).levels(), (1 << bits) - 1);
+}
+
+// Every code in [0, 2^bits - 1] is reachable, the extremes included (no off-by-one clamp).
+TEST(QuantTest, CodesSpanTheFullRange) {
+  for (int bits : {8, 4, 2}) {
+    const int D = 37;  // not a multiple of the codes per byte
+    std::vector<float> x(D);
+    for (int d = 0; d < D; ++d) x[size_t(d)] = -3.f + 6.f * float(d) / float(D - 1);
+    std::vector<uint8_t> codes(packed_bytes(D, bits));
+    uint16_t s, z;
+    quantize_v_token(x.data(), D, bits, codes.data(), &s, &z);
+    int lo = 1 << 30, hi = -1;
+    for (int d = 0; d < D; ++d) {
+      lo = std::min(lo, code_at(codes.data(), d, bits));
+      hi = std::max(hi, code_at(codes.data(), d, bits));
+    }
+    EXPECT_EQ(lo, 0) << bits;
+    EXPECT_EQ(hi, quant_range(bits).levels()) << bits;
+  }
+}
+
+TEST(QuantTest, RoundTripErrorIsBoundedByHalfAStep) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.f, 2.f);
+  for (int bits : {8, 4, 2}) {
+    const int G = 32, D = 24;
+    std::vector<float> x(size_t(G) * D);
+    for (auto& v : x) v = nd(rng);
+    std::vector<uint8_t> codes(size_t(G) * packed_bytes(D, bits));
+    std::vector<uint16_t> s(D), z(D);
+    quantize_k_group(x.data(), D, G, D, bits, codes.data(), s.data(), z.data());
+    std::vector<float> y(x.size());
+    dequantize_k_group(codes.data(), s.data(), z.data(), G, D, bits, y.data());
+    for (int d = 0; d < D; ++d) {
+      const float step = f16_to_f32(s[size_t(d)]);
+      for (int t = 0; t < G; ++t) {
+        const size_t i = size_t(t) * D + size_t(d);
+        // half a step, plus the f16 rounding of the zero point
+        EXPECT_LE(std::fabs(x[i] - y[i]), 0.5f * step + 2e-3f * std::fabs(f16_to_f32(z[size_t(d)])) + 1e-6f)
+            << "bits " << bits << " t " << t << " d " << d;
+      }
+    }
+  }
+}
+
+// Seed bug class 1: a constant channel has max == min; the scale floor keeps it finite and exact.
+TEST(QuantTest, ConstantChannelsStayFiniteAndExact) {
+  const int G = 8, D = 4;
+  std::vector<float> x(size_t(G) * D, 0.f);
+  for (int t = 0; t < G; ++t) x[size_t(t) * D + 1] = 0.75f;  // constant non-zero channel
+  for (int bits : {8, 4, 2}) {
+    std::vector<uint8_t> codes(size_t(G) * packed_bytes(D, bits));
+    std::vector<uint16_t> s(D), z(D);
+    quantize_k_group(x.data(), D, G, D, bits, codes.data(), s.data(), z.data());
+    std::vector<float> y(x.size());
+    dequantize_k_group(codes.data(), s.data(), z.data(), G, D, bits, y.data());
+    for (size_t i = 0; i < x.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(y[i]));
+      EXPECT_EQ(y[i], x[i]);
+    }
+    for (int d = 0; d < D; ++d) EXPECT_GE(f16_to_f32(s[size_t(d)]), kMinScale);
+  }
+}
+
+// Seed bug class 2: a tiny range would give a scale that underflows in float16 (1e-9 -> 0).
+TEST(QuantTest, TinyScalesDoNotUnderflowInFloat16) {
+  const int D = 8;
+  std::vector<float> x(D);
+  for (int d = 0; d < D; ++d) x[size_t(d)] = 1.0f + 1e-9f * float(d);
+  std::vector<uint8_t> codes(D);
+  uint16_t s, z;
+  quantize_v_token(x.data(), D, 8, codes.data(), &s, &z);
+  EXPECT_GT(f16_to_f32(s), 0.f);
+  EXPECT_EQ(f16_to_f32(s), kMinScale);
+  std::vector<float> y(D);
+  dequantize_v_token(codes.data(), s, z, D, 8, y.data());
+  for (int d = 0; d < D; ++d) EXPECT_NEAR(y[size_t(d)], x[size_t(d)], 1e-3f);
+}
+
+// The fused kernels equal the dequantize-then-compute twin (bug class 4: codes are always scaled).
+TEST(QuantTest, FusedDotAndAxpyMatchDequantized) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (int bits : {8, 4, 2}) {
+    for (int D : {64, 37}) {
+      std::vector<float> v(D), a(D);
+      for (auto& x : v) x = nd(rng);
+      for (auto& x : a) x = nd(rng);
+      std::vector<uint8_t> codes(packed_bytes(D, bits));
+      uint16_t s, z;
+      quantize_v_token(v.data(), D, bits, codes.data(), &s, &z);
+      double want = 0;
+      for (int d = 0; d < D; ++d) want += double(a[size_t(d)]) * code_at(codes.data(), d, bits);
+      EXPECT_NEAR(dot_codes(a.data(), codes.data(), D, bits), want, 1e-3 * (1 + std::fabs(want)));
+      std::vector<float> acc(D, 1.f);
+      axpy_codes(0.5f, codes.data(), D, bits, acc.data());
+      for (int d = 0; d < D; ++d) EXPECT_FLOAT_EQ(acc[size_t(d)], 1.f + 0.5f * float(code_at(codes.data(), d, bits)));
+    }
+  }
+}
+
+TEST(QuantTest, PackedSizesAreHonest) {
+  EXPECT_EQ(packed_bytes(64, 8), 64u);
+  EXPECT_EQ(packed_bytes(64, 4), 32u);
+  EXPECT_EQ(packed_bytes(64, 2), 16u);
+  EXPECT_EQ(packed_bytes(37, 4), 19u);
+  EXPECT_EQ(packed_bytes(37, 2), 10u);
+}
+
+}  // namespace
+}  // namespace ptllm

@@ -1,0 +1,117 @@
+// Samplers: greedy, seeded reproducibility, the cuts (top-k, top-p, min-p), temperature and the
+// repetition penalty, checked on outcomes and on empirical frequencies.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+#include "sample/sampler.h"
+
+namespace ptllm {
+namespace {
+
+std::vector<float> logits_of(std::vector<double> probs) {
+  std::vector<float> l;
+  for (double p : probs) l.push_back(float(std::log(p)));
+  return l;
+}
+
+std::map<int32_t, int> histogram(const SamplingConfig& cfg, const std::vector<float>& logits, int n,
+                                 const std::vector<int32_t>& history = {}) {
+  Sampler s(cfg);
+  std::map<int32_t, int> h;
+  for (int i = 0; i < n; ++i) {
+    std::vector<float> l = logits;
+    ++h[s.sample(l, history)];
+  }
+  return h;
+}
+
+SamplingConfig plain(float temperature, uint64_t seed = 1) {
+  SamplingConfig c;
+  c.temperature = temperature;
+  c.top_k = 0;
+  c.top_p = 1.f;
+  c.min_p = 0.f;
+  c.seed = seed;
+  return c;
+}
+
+const std::vector<float> kLogits = logits_of({0.5, 0.25, 0.15, 0.07, 0.03});
+
+TEST(SamplerTest, TemperatureZeroIsArgmax) {
+  std::vector<float> l = {0.1f, 2.f, 2.f, -1.f};
+  Sampler s(plain(0.f));
+  EXPECT_EQ(s.sample(l, {}), 1);  // first of equal maxima, as torch.argmax
+}
+
+TEST(SamplerTest, FrequenciesFollowTheDistribution) {
+  auto h = histogram(plain(1.f), kLogits, 40000);
+  const double want[] = {0.5, 0.25, 0.15, 0.07, 0.03};
+  for (int i = 0; i < 5; ++i) EXPECT_NEAR(h[i] / 40000.0, want[i], 0.01) << i;
+}
+
+TEST(SamplerTest, TemperatureSharpensAndFlattens) {
+  auto cold = histogram(plain(0.5f), kLogits, 20000);
+  auto hot = histogram(plain(2.f), kLogits, 20000);
+  // p^(1/T) normalized: T=0.5 gives 0.25/(0.25+0.0625+0.0225+0.0049+0.0009) = 0.734 for the top token
+  EXPECT_NEAR(cold[0] / 20000.0, 0.734, 0.015);
+  EXPECT_LT(hot[0] / 20000.0, 0.40);
+  EXPECT_GT(hot[4], cold[4]);
+}
+
+TEST(SamplerTest, SameSeedSameStreamOtherSeedOtherStream) {
+  auto draw = [](uint64_t seed) {
+    Sampler s(plain(1.f, seed));
+    std::vector<int32_t> out;
+    for (int i = 0; i < 64; ++i) {
+      std::vector<float> l = kLogits;
+      out.push_back(s.sample(l, {}));
+    }
+    return out;
+  };
+  EXPECT_EQ(draw(42), draw(42));
+  EXPECT_NE(draw(42), draw(43));
+}
+
+TEST(SamplerTest, TopKKeepsOnlyTheKMostLikely) {
+  SamplingConfig c = plain(1.f);
+  c.top_k = 2;
+  auto h = histogram(c, kLogits, 6000);
+  EXPECT_EQ(h.size(), 2u);
+  EXPECT_NEAR(h[0] / 6000.0, 0.5 / 0.75, 0.03);
+}
+
+TEST(SamplerTest, TopPKeepsTheSmallestNucleus) {
+  SamplingConfig c = plain(1.f);
+  c.top_p = 0.8f;  // 0.5 + 0.25 = 0.75 < 0.8, so the third token is needed
+  auto h = histogram(c, kLogits, 6000);
+  EXPECT_EQ(h.size(), 3u);
+  EXPECT_EQ(h.count(3), 0u);
+}
+
+TEST(SamplerTest, MinPDropsTokensBelowAFractionOfTheTop) {
+  SamplingConfig c = plain(1.f);
+  c.min_p = 0.2f;  // threshold 0.1: tokens 0, 1, 2 stay
+  auto h = histogram(c, kLogits, 6000);
+  EXPECT_EQ(h.size(), 3u);
+  EXPECT_EQ(h.count(4), 0u);
+}
+
+TEST(SamplerTest, RepetitionPenaltySteersAwayFromRecentTokens) {
+  SamplingConfig c = plain(0.f);
+  c.repeat_penalty = 1.5f;
+  std::vector<float> l = {2.0f, 1.8f, -1.f};
+  Sampler s(c);
+  std::vector<float> a = l;
+  EXPECT_EQ(s.sample(a, std::vector<int32_t>{7}), 0);  // token 0 not recent: unchanged
+  std::vector<float> b = l;
+  EXPECT_EQ(s.sample(b, std::vector<int32_t>{0}), 1);  // 2.0 / 1.5 < 1.8
+  EXPECT_FLOAT_EQ(b[0], 2.0f / 1.5f);
+  std::vector<float> d = l;
+  s.sample(d, std::vector<int32_t>{2});
+  EXPECT_FLOAT_EQ(d[2], -1.5f);  // negative logits are multiplied
+}
+
+}  // namespace
+}  // namespace ptllm

@@ -1,0 +1,118 @@
+#pragma once
+// Paths and small helpers shared by the tests.
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "model/safetensors.h"
+
+namespace ptllm::test {
+
+inline std::filesystem::path repo_dir() { return PTLLM_SOURCE_DIR; }
+inline std::filesystem::path repo_model(const std::string& name) { return repo_dir() / "models" / name; }
+// ../shared beside the repository (kjv-small and the corpus live only there); PTLLM_SHARED overrides.
+inline std::filesystem::path shared_dir() {
+  if (const char* env = std::getenv("PTLLM_SHARED")) return env;
+  return repo_dir().parent_path() / "shared";
+}
+inline std::filesystem::path shared_model(const std::string& name) { return shared_dir() / "models" / name; }
+
+inline nlohmann::json read_json(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return nlohmann::json::parse(ss.str());
+}
+
+template <typename T>
+std::vector<T> tensor_values(const SafetensorsFile& f, const std::string& name) {
+  const TensorView& t = f.tensors().at(name);
+  std::vector<T> out(t.nbytes / sizeof(T));
+  std::memcpy(out.data(), t.data, t.nbytes);
+  return out;
+}
+
+// A fresh empty directory under the system temp dir, removed by the destructor.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "ptllm-test-XXXXXX").string();
+    path = mkdtemp(tmpl.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+}  // namespace ptllm::test
+
+namespace ptllm::test {
+
+struct RawTensor {
+  std::string name;
+  std::string dtype;  // "F32", "BF16", ...
+  std::vector<int64_t> shape;
+  std::string bytes;
+};
+
+// Writes a safetensors file; `header_override` replaces the computed JSON header when non-empty.
+inline void write_safetensors(const std::filesystem::path& path, const std::vector<RawTensor>& tensors,
+                              const std::string& header_override = "") {
+  nlohmann::json h = nlohmann::json::object();
+  size_t off = 0;
+  for (const auto& t : tensors) {
+    h[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {off, off + t.bytes.size()}}};
+    off += t.bytes.size();
+  }
+  std::string header = header_override.empty() ? h.dump() : header_override;
+  if (header_override.empty()) header.append((8 - header.size() % 8) % 8, ' ');  // as the reference writer pads
+  std::ofstream out(path, std::ios::binary);
+  uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) out.put(char((n >> (8 * i)) & 0xff));
+  out << header;
+  for (const auto& t : tensors) out << t.bytes;
+}
+
+// Every tensor of a safetensors file, as RawTensor (to rewrite a model with one thing changed).
+inline std::vector<RawTensor> read_raw(const std::filesystem::path& path) {
+  SafetensorsFile f(path);
+  std::vector<RawTensor> out;
+  for (const auto& [name, t] : f.tensors())
+    out.push_back({name, std::string(dtype_name(t.dtype)), t.shape,
+                   std::string(reinterpret_cast<const char*>(t.data), t.nbytes)});
+  return out;
+}
+
+// Runs a shell command; returns the exit code and fills stdout / stderr.
+struct RunResult {
+  int code = -1;
+  std::string out, err;
+};
+inline RunResult run_command(const std::string& cmd) {
+  TempDir tmp;
+  const auto out_path = tmp.path / "out", err_path = tmp.path / "err";
+  int status = std::system((cmd + " >" + out_path.string() + " 2>" + err_path.string() + " </dev/null").c_str());
+  RunResult r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  auto slurp = [](const std::filesystem::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  r.out = slurp(out_path);
+  r.err = slurp(err_path);
+  return r;
+}
+
+inline std::string binary() { return PTLLM_BINARY; }
+
+}  // namespace ptllm::test
