@@ -314,3 +314,74 @@ TEST(StreamingEquivalenceTest, LargeWindowAndCachePositionsEqualThePlainCache) {
 
 }  // namespace
 }  // namespace ptllm
+
+namespace ptllm {
+namespace {
+
+// serialize -> deserialize into a fresh cache -> continue == continuing the original, for every
+// kind of block (sinks, quantized groups, residual, a partly evicted window).
+TEST(KVCacheStateTest, SerializeDeserializeContinuesIdentically) {
+  for (KVPrecision p : {KVPrecision::F32, KVPrecision::BF16, KVPrecision::Int4, KVPrecision::Int2}) {
+    Harness h;
+    h.cfg.precision = p;
+    h.cfg.group_size = 8;
+    h.cfg.residual = 16;
+    h.cfg.sink = 3;
+    h.cfg.window = 50;
+    KVCache a(h.shape(), h.cfg), b(h.shape(), h.cfg);
+    ThreadPool pool(1);
+    h.run(a, chunks_of(90, {5, 1, 9}), pool, 2e-4f);
+    std::string state;
+    a.serialize(state);
+    b.deserialize(state);
+    EXPECT_EQ(b.n_tokens(), a.n_tokens());
+    EXPECT_EQ(b.logical_bytes(), a.logical_bytes());
+    std::string again;
+    b.serialize(again);
+    EXPECT_EQ(again, state);
+    // Same random stream for both continuations.
+    Harness h2 = h;
+    h.run(a, std::vector<int>(20, 1), pool, 2e-4f);
+    h2.run(b, std::vector<int>(20, 1), pool, 2e-4f);
+    std::string sa, sb;
+    a.serialize(sa);
+    b.serialize(sb);
+    EXPECT_EQ(sa, sb) << kv_precision_name(p);
+  }
+}
+
+TEST(KVCacheStateTest, CorruptStateIsRejectedAndLeavesTheCacheEmpty) {
+  Harness h;
+  h.cfg.precision = KVPrecision::Int4;
+  h.cfg.group_size = 8;
+  h.cfg.residual = 8;
+  KVCache a(h.shape(), h.cfg);
+  ThreadPool pool(1);
+  h.run(a, chunks_of(40, {7}), pool, 2e-4f);
+  std::string state;
+  a.serialize(state);
+  auto rejects = [&](std::string s) {
+    KVCache b(h.shape(), h.cfg);
+    try {
+      b.deserialize(s);
+    } catch (const Error&) {
+      EXPECT_EQ(b.n_tokens(), 0);
+      EXPECT_EQ(b.physical_bytes(), a.physical_bytes());  // preallocated pools unchanged, blocks returned
+      return true;
+    }
+    return false;
+  };
+  EXPECT_TRUE(rejects(state.substr(0, state.size() - 1)));
+  EXPECT_TRUE(rejects(state + "x"));
+  std::string bad = state;
+  bad[4] = char(0x7f);  // begin no longer a multiple of the group size
+  EXPECT_TRUE(rejects(bad));
+  EXPECT_TRUE(rejects(""));
+  KVCacheConfig other = h.cfg;
+  other.precision = KVPrecision::Int8;
+  KVCache c(h.shape(), other);
+  EXPECT_THROW(c.deserialize(state), Error);
+}
+
+}  // namespace
+}  // namespace ptllm

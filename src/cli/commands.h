@@ -12,5 +12,6 @@ struct Command {
 
 Command add_sample_command(CLI::App& root);
 Command add_tokenize_command(CLI::App& root);
+Command add_eval_command(CLI::App& root);
 
 }  // namespace ptllm::cli

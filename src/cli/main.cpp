@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   std::vector<ptllm::cli::Command> commands = {
       ptllm::cli::add_sample_command(app),
       ptllm::cli::add_tokenize_command(app),
+      ptllm::cli::add_eval_command(app),
   };
   try {
     app.parse(argc, argv);

@@ -18,6 +18,28 @@ Session::Session(const Model& model, const SessionOptions& opts, ThreadPool& poo
   if (opts_.use_cache) cache_ = std::make_unique<KVCache>(model.kv_shape(), opts_.kv);
 }
 
+std::span<const float> Session::last_logits() const {
+  if (history_.empty()) return {};
+  const size_t vocab = size_t(model_.config().vocab_size);
+  return {logits_.data() + last_row_ * vocab, vocab};
+}
+
+void Session::restore(std::span<const int32_t> history, std::string_view kv_state, std::span<const float> last_logits) {
+  PTLLM_CHECK(history_.empty() && cache_);
+  const size_t vocab = size_t(model_.config().vocab_size);
+  if (last_logits.size() != vocab) throw Error("saved state has " + std::to_string(last_logits.size()) + " logits, the model has a vocabulary of " + std::to_string(vocab));
+  if (history.empty()) throw Error("saved state has no tokens");
+  cache_->deserialize(kv_state);
+  if (cache_->n_tokens() != int64_t(history.size())) {
+    cache_->clear();
+    throw Error("saved state holds " + std::to_string(history.size()) + " token ids but a cache of " + std::to_string(cache_->n_tokens()) + " tokens");
+  }
+  history_.assign(history.begin(), history.end());
+  if (logits_.size() < vocab) logits_.resize(vocab);
+  std::copy(last_logits.begin(), last_logits.end(), logits_.begin());
+  last_row_ = 0;
+}
+
 bool Session::fits(int64_t more) const {
   return cache_ ? cache_->fits(more) : position() + more <= opts_.kv.ctx_size;
 }
@@ -34,6 +56,7 @@ std::span<float> Session::run(std::span<const int32_t> tokens, bool all_logits) 
                 std::to_string(opts_.kv.ctx_size));
   const size_t rows = all_logits ? T : 1;
   if (logits_.size() < rows * vocab) logits_.resize(rows * vocab);
+  last_row_ = rows - 1;
 
   if (opts_.use_cache) {
     // In chunks the cache can take at once (StreamingLLM and KIVI bound their full-precision blocks).

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "kv/kv_cache.h"
@@ -32,6 +33,12 @@ class Session {
   // Whether `more` tokens can still be fed (always, under StreamingLLM).
   bool fits(int64_t more) const;
   const std::vector<int32_t>& history() const { return history_; }
+  // Logits of the last token fed [vocab] (empty before the first feed).
+  std::span<const float> last_logits() const;
+  // Restores a saved state (prompt cache): the token history, the KV cache's serialized state and
+  // the logits of the last token. Needs a fresh session (nothing fed) with the same options;
+  // throws ptllm::Error and stays empty if the state does not fit them.
+  void restore(std::span<const int32_t> history, std::string_view kv_state, std::span<const float> last_logits);
   int64_t position() const { return int64_t(history_.size()); }
   // The KV cache (not available with use_cache = false).
   const KVCache& cache() const { return *cache_; }
@@ -48,6 +55,7 @@ class Session {
   std::unique_ptr<KVCache> cache_;
   ForwardState state_;
   std::vector<float> logits_;  // [T][vocab]
+  size_t last_row_ = 0;        // row of logits_ holding the last token's logits
   std::vector<int32_t> history_;
 };
 

@@ -85,6 +85,10 @@ class KVCache {
   // (eviction, quantization) for this layer.
   void attend(int layer, const float* q, int T, int n_heads, float* out, ThreadPool& pool);
 
+  // Gives back blocks out of the window and quantizes full groups beyond the residual for `layer`
+  // (attend() does this after attention; exposed for benchmarks).
+  void apply_policy(int layer);
+
   // Largest T one append may take (prefill is fed in chunks of at most this).
   int max_append() const;
   // Whether `more` tokens fit (always, under StreamingLLM).
@@ -102,6 +106,12 @@ class KVCache {
   size_t logical_bytes() const;   // what attention reads for the stored tokens, scales included
   size_t physical_bytes() const;  // what the pools hold allocated
 
+  // The stored state (every layer's bookkeeping and the bytes of every block in use), for the
+  // prompt cache. deserialize() needs a fresh cache built with the same shape and config; it checks
+  // every count against them and throws ptllm::Error (leaving the cache empty) on any inconsistency.
+  void serialize(std::string& out) const;
+  void deserialize(std::string_view in);
+
   // One stored token's K or V for KV head g as float32 (dequantized when needed; tests and
   // persistence). `index` is the global token index; it must still be stored.
   void read_key(int layer, int64_t index, int g, float* out) const;
@@ -111,7 +121,6 @@ class KVCache {
   struct Layer;
   struct Located;
   Located locate(int layer, int64_t index) const;
-  void commit(int layer);
   void quantize_block(Layer& L, size_t entry);
   void release_front(Layer& L);
 

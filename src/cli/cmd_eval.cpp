@@ -1,0 +1,437 @@
+// posttrainllm eval: what a cache configuration costs in quality (perplexity, KL divergence, top-1
+// agreement, greedy prefix match) against the fp32 full cache, measured through the cached path.
+// Results go to stdout (a table, or one JSON object with --json); progress and timing to stderr.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "cli/commands.h"
+#include "cli/options.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "engine/eval.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+namespace ptllm::cli {
+
+namespace {
+
+struct EvalArgs {
+  std::string model_dir;
+  std::string text_file;
+  std::string configs;
+  bool documents = false;
+  int max_tokens = 0;
+  FeedPlan plan;
+  int ppl_chunks = 0;
+  int max_chunks = 0;
+  std::string greedy_prompts;
+  int greedy_tokens = 60;
+  bool json = false;
+  std::string plot;
+  RuntimeOptions runtime;
+};
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::string read_text(const std::filesystem::path& p, const char* flag) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw Error(p.string() + ": cannot read the file given to " + flag);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+template <typename... A>
+std::string fmt(const char* f, A... a) {
+  char buf[128];
+  std::snprintf(buf, sizeof buf, f, a...);
+  return buf;
+}
+
+// Display width of UTF-8 text: one column per character.
+size_t columns(const std::string& s) {
+  size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+// Columns padded to their widest cell: the first left-aligned, the others right-aligned.
+std::string format_table(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width;
+  for (const auto& r : rows)
+    for (size_t c = 0; c < r.size(); ++c) {
+      if (width.size() <= c) width.push_back(0);
+      width[c] = std::max(width[c], columns(r[c]));
+    }
+  std::string out;
+  for (const auto& r : rows) {
+    std::string line;
+    for (size_t c = 0; c < r.size(); ++c) {
+      const std::string pad(width[c] - columns(r[c]), ' ');
+      line += c == 0 ? r[c] + pad : "  " + pad + r[c];
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out += line + "\n";
+  }
+  return out;
+}
+
+std::string bucket_label(const NllBucket& b) { return std::to_string(b.start) + "-" + std::to_string(b.end); }
+
+nlohmann::json buckets_json(const std::vector<NllBucket>& buckets) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& b : buckets)
+    out.push_back({{"start", b.start}, {"end", b.end}, {"count", b.count}, {"mean_nll", b.mean_nll}});
+  return out;
+}
+
+// Greedy prefix match of every prompt: pct[config][prompt].
+struct GreedyResult {
+  std::vector<std::string> prompts;
+  std::vector<std::vector<double>> pct;
+};
+
+GreedyResult run_greedy(const EvalArgs& a, const Model& model, const Tokenizer& tok,
+                        const std::vector<CacheSpec>& specs, ThreadPool& pool) {
+  GreedyResult g;
+  std::istringstream in(read_text(a.greedy_prompts, "--greedy-prompts"));
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (!line.empty()) g.prompts.push_back(line);
+  }
+  if (g.prompts.empty()) throw UsageError(a.greedy_prompts + ": no prompt (one per line) for --greedy-prompts");
+  g.pct.assign(specs.size(), {});
+  for (const auto& prompt : g.prompts) {
+    const std::vector<int32_t> ids = tok.encode(prompt, {.add_special = true, .parse_special = false});
+    KVCacheConfig full;
+    full.ctx_size = 0;  // the prompt and its continuation
+    const std::vector<int32_t> want = greedy_tokens(model, full, ids, a.greedy_tokens, pool);
+    for (size_t k = 0; k < specs.size(); ++k) {
+      try {
+        g.pct[k].push_back(prefix_match_pct(want, greedy_tokens(model, specs[k].kv, ids, a.greedy_tokens, pool)));
+      } catch (const Error& e) {
+        throw Error("configuration '" + specs[k].name + "': " + e.what());
+      }
+    }
+    std::fprintf(stderr, "greedy: %zu/%zu prompts\n", g.pct[0].size(), g.prompts.size());
+  }
+  return g;
+}
+
+std::string xml_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+// A round tick step (1, 2 or 5 times a power of ten) giving about `ticks` ticks over `span`.
+double tick_step(double span, int ticks) {
+  const double raw = std::max(span, 1e-9) / ticks;
+  const double p = std::pow(10.0, std::floor(std::log10(raw)));
+  for (double m : {1.0, 2.0, 5.0})
+    if (m * p >= raw) return m * p;
+  return 10 * p;
+}
+
+// NLL against position for the baseline and every configuration, averaged over bins of a power-of-two
+// width (at most 64 bins): per-position NLL is too noisy to read.
+void write_plot(const std::string& path, const Evaluator& ev, const std::string& title) {
+  const auto& pos = ev.positions();
+  const auto [lo, hi] = std::minmax_element(pos.begin(), pos.end());
+  int width = 1;
+  while ((*hi - *lo + 1) / width > 64) width *= 2;
+  struct Series {
+    std::string name;
+    std::vector<NllBucket> points;
+  };
+  std::vector<Series> series{{"fp32 full cache (baseline)", nll_bins(pos, ev.baseline_nll(), width)}};
+  for (const auto& c : ev.configs()) series.push_back({c.spec.name, nll_bins(pos, c.nll, width)});
+
+  double ymin = INFINITY, ymax = -INFINITY;
+  for (const auto& s : series)
+    for (const auto& p : s.points) ymin = std::min(ymin, p.mean_nll), ymax = std::max(ymax, p.mean_nll);
+  const double ystep = tick_step(ymax - ymin, 6);
+  ymin = std::floor(ymin / ystep) * ystep;
+  ymax = std::max(std::ceil(ymax / ystep) * ystep, ymin + ystep);
+  const double xmin = *lo, xmax = std::max(*hi, *lo + 1);
+  const double W = 960, H = 520, L = 70, R = 230, T = 50, B = 60;  // canvas and margins
+  auto X = [&](double x) { return L + (x - xmin) / (xmax - xmin) * (W - L - R); };
+  auto Y = [&](double y) { return H - B - (y - ymin) / (ymax - ymin) * (H - T - B); };
+  static const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
+                                  "#8c564b", "#e377c2", "#17becf", "#bcbd22"};
+
+  std::ostringstream o;
+  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H << "\" viewBox=\"0 0 " << W
+    << " " << H << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
+    << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+    << "<text x=\"" << L << "\" y=\"24\" font-size=\"14\">" << xml_escape(title) << "</text>\n";
+  const double xstep = tick_step(xmax - xmin, 8);
+  for (double x = std::ceil(xmin / xstep) * xstep; x <= xmax; x += xstep)
+    o << "<line x1=\"" << X(x) << "\" y1=\"" << T << "\" x2=\"" << X(x) << "\" y2=\"" << H - B
+      << "\" stroke=\"#e5e5e5\"/><text x=\"" << X(x) << "\" y=\"" << H - B + 16 << "\" text-anchor=\"middle\">" << x
+      << "</text>\n";
+  for (double y = ymin; y <= ymax + ystep / 2; y += ystep)
+    o << "<line x1=\"" << L << "\" y1=\"" << Y(y) << "\" x2=\"" << W - R << "\" y2=\"" << Y(y)
+      << "\" stroke=\"#e5e5e5\"/><text x=\"" << L - 6 << "\" y=\"" << Y(y) + 4 << "\" text-anchor=\"end\">"
+      << fmt("%g", y) << "</text>\n";
+  o << "<rect x=\"" << L << "\" y=\"" << T << "\" width=\"" << W - L - R << "\" height=\"" << H - T - B
+    << "\" fill=\"none\" stroke=\"#444\"/>\n"
+    << "<text x=\"" << (L + W - R) / 2 << "\" y=\"" << H - 18 << "\" text-anchor=\"middle\">position of the "
+    << "predicted token (bins of " << width << ")</text>\n"
+    << "<text transform=\"translate(18," << (T + H - B) / 2 << ") rotate(-90)\" text-anchor=\"middle\">"
+    << "mean NLL (nats)</text>\n";
+  for (size_t s = series.size(); s-- > 0;) {  // the dashed baseline last, on top: visible where a line matches it
+    const bool base = s == 0;
+    const std::string color = base ? "#777777" : kColors[(s - 1) % std::size(kColors)];
+    o << "<polyline fill=\"none\" stroke=\"" << color << "\" stroke-width=\"1.5\""
+      << (base ? " stroke-dasharray=\"5,3\"" : "") << " points=\"";
+    for (const auto& p : series[s].points)
+      o << X(std::min(double(p.end), xmax) / 2 + std::max(double(p.start), xmin) / 2) << "," << Y(p.mean_nll) << " ";
+    o << "\"/>\n";
+    const double ly = T + 10 + 18 * double(s);
+    o << "<line x1=\"" << W - R + 12 << "\" y1=\"" << ly << "\" x2=\"" << W - R + 36 << "\" y2=\"" << ly
+      << "\" stroke=\"" << color << "\" stroke-width=\"2\"" << (base ? " stroke-dasharray=\"5,3\"" : "")
+      << "/><text x=\"" << W - R + 42 << "\" y=\"" << ly + 4 << "\">" << xml_escape(series[s].name) << "</text>\n";
+  }
+  o << "</svg>\n";
+  std::ofstream out(path, std::ios::binary);
+  out << o.str();
+  if (!out.flush()) throw Error(path + ": cannot write the plot (--plot)");
+}
+
+int run_eval(EvalArgs& a) {
+  const auto t_start = Clock::now();
+  if (a.runtime.no_cache)
+    throw UsageError("--no-cache has no cache to evaluate: eval scores cache configurations against the fp32 cache");
+  const std::filesystem::path dir = a.model_dir.empty() ? default_model_dir() : std::filesystem::path(a.model_dir);
+  const std::string text = read_text(a.text_file, "--text");
+  auto model = Model::load(dir);
+  Tokenizer tok = Tokenizer::load(dir);
+  const ModelConfig& cfg = model->config();
+
+  KVCacheConfig base = make_session_options(a.runtime, cfg).kv;
+  if (a.runtime.ctx_size == 0) base.ctx_size = 0;  // no --ctx-size: every stream fits (quality, not capacity)
+  const std::vector<CacheSpec> specs =
+      a.configs.empty() ? std::vector<CacheSpec>{{base.describe(), base}} : parse_cache_specs(a.configs, base);
+  ThreadPool pool(resolve_threads(a.runtime));
+  Evaluator ev(*model, specs, pool);
+
+  // The token streams: the text, its documents, or llama.cpp-style chunks of the whole text.
+  const EncodeOptions enc{.add_special = true, .parse_special = false};  // the text is data, not markup
+  const std::string mode = a.ppl_chunks > 0 ? "ppl-chunks" : a.documents ? "documents" : "text";
+  std::vector<std::string> docs;
+  if (a.documents) {
+    docs = split_documents(text);
+    if (docs.empty()) throw UsageError(a.text_file + ": no document (--documents splits on lines holding \\x1e)");
+  }
+  size_t fed = 0, longest = 0;
+  auto last_report = Clock::now();
+  auto score = [&](std::span<const int32_t> ids, const FeedPlan& plan, int first_scored, size_t index, size_t count) {
+    ev.score_stream(ids, plan, first_scored);
+    fed += ids.size();
+    longest = std::max(longest, ids.size());
+    if (seconds_since(last_report) > 2 || index + 1 == count) {
+      std::fprintf(stderr, "eval: %zu predictions scored, %s %zu/%zu, %.1f s\n", ev.positions().size(),
+                   mode == "ppl-chunks" ? "chunk" : mode == "documents" ? "document" : "stream", index + 1, count,
+                   seconds_since(t_start));
+      last_report = Clock::now();
+    }
+  };
+  if (a.ppl_chunks > 0) {
+    std::string joined;
+    for (const auto& d : docs) joined += d;
+    const std::vector<int32_t> ids = tok.encode(a.documents ? joined : text, enc);
+    size_t n_chunks = ids.size() / size_t(a.ppl_chunks);
+    if (n_chunks == 0)
+      throw UsageError(a.text_file + ": " + std::to_string(ids.size()) + " tokens, fewer than one chunk of " +
+                       std::to_string(a.ppl_chunks) + " (--ppl-chunks)");
+    if (a.max_chunks > 0) n_chunks = std::min(n_chunks, size_t(a.max_chunks));
+    // As llama.cpp's perplexity: every chunk starts with BOS (replacing its first token), is prefilled
+    // whole, and only its second half is scored, so each prediction has at least N/2 tokens of context.
+    const FeedPlan whole{.prefill = a.ppl_chunks, .chunk = 1};
+    for (size_t c = 0; c < n_chunks; ++c) {
+      std::vector<int32_t> chunk(ids.begin() + std::ptrdiff_t(c * size_t(a.ppl_chunks)),
+                                 ids.begin() + std::ptrdiff_t((c + 1) * size_t(a.ppl_chunks)));
+      if (tok.bos_id()) chunk[0] = *tok.bos_id();
+      score(chunk, whole, a.ppl_chunks / 2, c, n_chunks);
+    }
+  } else {
+    const size_t count = a.documents ? docs.size() : 1;
+    for (size_t d = 0; d < count; ++d) {
+      const size_t scored = ev.positions().size();
+      if (a.max_tokens > 0 && scored >= size_t(a.max_tokens)) break;
+      std::vector<int32_t> ids = tok.encode(a.documents ? docs[d] : text, enc);
+      if (a.max_tokens > 0)  // n tokens make n - 1 predictions
+        ids.resize(std::min(ids.size(), size_t(a.max_tokens) - scored + 1));
+      if (ids.size() >= 2) score(ids, a.plan, 0, d, count);
+    }
+  }
+  if (ev.positions().empty()) throw UsageError(a.text_file + ": no token to score (the text needs two tokens or more)");
+  if (longest > size_t(cfg.max_position_embeddings))
+    std::fprintf(stderr, "warning: a stream of %zu tokens is longer than the model's max_position_embeddings (%d)\n",
+                 longest, cfg.max_position_embeddings);
+
+  GreedyResult greedy;
+  if (!a.greedy_prompts.empty()) greedy = run_greedy(a, *model, tok, specs, pool);
+
+  std::vector<ConfigSummary> sums;
+  for (const auto& c : ev.configs()) sums.push_back(summarize(c, ev));
+  const double base_nll = mean(ev.baseline_nll());
+  const std::vector<NllBucket> base_buckets = nll_buckets(ev.positions(), ev.baseline_nll());
+  auto greedy_mean = [&](size_t k) { return mean(greedy.pct[k]); };
+
+  if (a.json) {
+    nlohmann::json j;
+    j["model"] = dir.string();
+    j["text"] = a.text_file;
+    j["mode"] = mode;
+    j["streams"] = ev.streams();
+    j["tokens"] = ev.positions().size();
+    j["tokens_fed"] = fed;
+    if (a.ppl_chunks > 0)
+      j["ppl_chunk_tokens"] = a.ppl_chunks;
+    else
+      j["feed"] = {{"prefill", a.plan.prefill}, {"chunk", a.plan.chunk}};
+    j["threads"] = pool.size();
+    j["baseline"] = {{"name", "fp32 full cache"}, {"mean_nll", base_nll}, {"ppl", std::exp(base_nll)},
+                     {"buckets", buckets_json(base_buckets)}, {"seconds", ev.baseline_seconds()}};
+    j["configs"] = nlohmann::json::array();
+    for (size_t k = 0; k < sums.size(); ++k) {
+      const ConfigRecord& c = ev.configs()[k];
+      const ConfigSummary& s = sums[k];
+      nlohmann::json o = {{"name", c.spec.name},
+                          {"mean_nll", s.mean_nll},
+                          {"ppl", s.ppl},
+                          {"delta_nll", s.delta_nll},
+                          {"delta_ppl_pct", s.delta_ppl_pct},
+                          {"kl_mean", s.kl_mean},
+                          {"kl_median", s.kl_median},
+                          {"kl_p99", s.kl_p99},
+                          {"kl_max", s.kl_max},
+                          {"top1_agreement", s.top1_agreement},
+                          {"buckets", buckets_json(s.buckets)},
+                          {"kv_logical_bytes", c.kv_logical_bytes},
+                          {"kv_physical_bytes", c.kv_physical_bytes},
+                          {"stored_tokens", c.stored_tokens},
+                          {"seconds", c.seconds}};
+      if (!greedy.prompts.empty()) {
+        o["greedy_match_pct"] = greedy_mean(k);
+        o["greedy_match_pct_per_prompt"] = greedy.pct[k];
+      }
+      j["configs"].push_back(std::move(o));
+    }
+    if (!greedy.prompts.empty()) {
+      j["greedy_prompts"] = greedy.prompts;
+      j["greedy_tokens"] = a.greedy_tokens;
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::string out = fmt("baseline (fp32, full cache): PPL %.4f, mean NLL %.4f over %zu predictions in %zu %s\n\n",
+                          std::exp(base_nll), base_nll, ev.positions().size(), ev.streams(),
+                          mode == "ppl-chunks" ? "chunks" : mode == "documents" ? "documents" : "stream");
+    std::vector<std::vector<std::string>> rows = {{"config", "PPL", "mean NLL", "ΔPPL", "KL mean", "KL median",
+                                                   "KL p99", "KL max", "top-1", "stored", "KV logical",
+                                                   "KV physical", "tok/s"}};
+    for (size_t k = 0; k < sums.size(); ++k) {
+      const ConfigRecord& c = ev.configs()[k];
+      const ConfigSummary& s = sums[k];
+      rows.push_back({c.spec.name, fmt("%.4f", s.ppl), fmt("%.4f", s.mean_nll), fmt("%+.3f%%", s.delta_ppl_pct),
+                      fmt("%.6f", s.kl_mean), fmt("%.6f", s.kl_median), fmt("%.6f", s.kl_p99), fmt("%.6f", s.kl_max),
+                      fmt("%.2f%%", 100 * s.top1_agreement), std::to_string(c.stored_tokens),
+                      format_bytes(c.kv_logical_bytes), format_bytes(c.kv_physical_bytes),
+                      fmt("%.1f", double(fed) / c.seconds)});
+    }
+    out += format_table(rows) + "\nmean NLL by position\n";
+    rows = {{"config"}};
+    for (const auto& b : base_buckets) rows[0].push_back(bucket_label(b));
+    rows.push_back({"baseline"});
+    for (const auto& b : base_buckets) rows.back().push_back(fmt("%.4f", b.mean_nll));
+    for (size_t k = 0; k < sums.size(); ++k) {
+      rows.push_back({ev.configs()[k].spec.name});
+      for (const auto& b : sums[k].buckets) rows.back().push_back(fmt("%.4f", b.mean_nll));
+    }
+    out += format_table(rows);
+    if (!greedy.prompts.empty()) {
+      out += fmt("\ngreedy prefix match vs the baseline, %d tokens per prompt\n", a.greedy_tokens);
+      rows = {{"prompt"}};
+      for (const auto& c : ev.configs()) rows[0].push_back(c.spec.name);
+      for (size_t p = 0; p < greedy.prompts.size(); ++p) {
+        rows.push_back({greedy.prompts[p]});
+        for (const auto& pct : greedy.pct) rows.back().push_back(fmt("%.1f%%", pct[p]));
+      }
+      rows.push_back({"mean"});
+      for (size_t k = 0; k < greedy.pct.size(); ++k) rows.back().push_back(fmt("%.1f%%", greedy_mean(k)));
+      out += format_table(rows);
+    }
+    std::fwrite(out.data(), 1, out.size(), stdout);
+  }
+  std::fflush(stdout);
+
+  if (!a.plot.empty())
+    write_plot(a.plot, ev,
+               "mean NLL by position: " + dir.filename().string() + ", " +
+                   std::filesystem::path(a.text_file).filename().string());
+  std::fprintf(stderr, "model: %s (%s weights), %d threads; %zu tokens fed per configuration; baseline %.1f s",
+               dir.string().c_str(), format_bytes(model->weight_bytes()).c_str(), pool.size(), fed,
+               ev.baseline_seconds());
+  for (const auto& c : ev.configs()) std::fprintf(stderr, ", %s %.1f s", c.spec.name.c_str(), c.seconds);
+  std::fprintf(stderr, "; total %.1f s\n", seconds_since(t_start));
+  return 0;
+}
+
+}  // namespace
+
+Command add_eval_command(CLI::App& root) {
+  auto a = std::make_shared<EvalArgs>();
+  CLI::App* app = root.add_subcommand(
+      "eval", "Perplexity, KL divergence and greedy match of cache configurations against the fp32 full cache");
+  app->add_option("model_dir", a->model_dir, "Hugging Face model directory (default: the shipped models/kjv-tiny)");
+  app->add_option("--text", a->text_file, "Text to score, teacher-forced through the cached path")->required();
+  app->add_option("--configs", a->configs,
+                  "Cache configurations separated by ';', e.g. \"fp32; int4 g32 r128; sink4 w508\" "
+                  "(default: the one the cache flags give)");
+  app->add_flag("--documents", a->documents, "Score every document of the text (split on lines holding \\x1e)");
+  auto* max_tokens = app->add_option("--max-tokens", a->max_tokens, "Stop after N predictions (0 = the whole text)")
+                         ->check(CLI::NonNegativeNumber);
+  auto* prefill = app->add_option("--prefill", a->plan.prefill,
+                                  "Feed the first N tokens of each stream in one batched pass (default 0)")
+                      ->check(CLI::NonNegativeNumber);
+  auto* chunk = app->add_option("--chunk", a->plan.chunk, "Then feed N tokens per step (default 1, as decode)")
+                    ->check(CLI::PositiveNumber);
+  auto* ppl = app->add_option("--ppl-chunks", a->ppl_chunks,
+                              "llama.cpp's perplexity protocol: chunks of N tokens, each starting with BOS, "
+                              "prefilled whole, second half scored")
+                  ->check(CLI::Range(4, 1 << 30))
+                  ->excludes(max_tokens)
+                  ->excludes(prefill)
+                  ->excludes(chunk);
+  app->add_option("--max-chunks", a->max_chunks, "Score at most K chunks (0 = all)")
+      ->check(CLI::NonNegativeNumber)
+      ->needs(ppl);
+  auto* greedy = app->add_option("--greedy-prompts", a->greedy_prompts,
+                                 "File of prompts, one per line: greedy prefix match against the baseline");
+  app->add_option("--greedy-tokens", a->greedy_tokens, "Tokens generated per greedy prompt (default 60)")
+      ->check(CLI::PositiveNumber)
+      ->needs(greedy);
+  app->add_flag("--json", a->json, "Print one JSON object instead of the tables");
+  app->add_option("--plot", a->plot, "Write an SVG of mean NLL against position for every configuration");
+  add_runtime_options(*app, a->runtime);
+  return {app, [a] { return run_eval(*a); }};
+}
+
+}  // namespace ptllm::cli
