@@ -1,13 +1,13 @@
 // posttrainllm tokenize: encode text to ids or decode ids to text with a model's tokenizer, for
 // checking a tokenizer from the shell (llama.cpp's tokenize tool) and for data preparation.
-#include <nlohmann/json.hpp>
-
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include "cli/commands.h"
 #include "core/error.h"
@@ -84,13 +84,17 @@ int run_tokenize(const TokenizeArgs& a) {
   const int modes = (a.text_opt->count() > 0) + (a.file_opt->count() > 0) +
                     (a.jsonl_opt->count() > 0) + (a.decode_opt->count() > 0);
   if (modes != 1) throw UsageError("give exactly one of --text, --file, --jsonl, --decode");
+  const bool decoding = a.decode_opt->count() > 0;
+  if (decoding && (a.no_special || a.no_parse_special))
+    throw UsageError("--no-special and --no-parse-special are for encoding, not --decode");
+  if (!decoding && a.keep_special) throw UsageError("--keep-special goes with --decode");
 
   const Tokenizer tok = Tokenizer::load(a.path);
   EncodeOptions opts;
   opts.add_special = !a.no_special;
   opts.parse_special = !a.no_parse_special;
 
-  if (a.decode_opt->count()) {
+  if (decoding) {
     const std::vector<int32_t> ids = parse_ids(a.decode);
     for (int32_t id : ids)
       if (id >= tok.vocab_size())
@@ -105,12 +109,9 @@ int run_tokenize(const TokenizeArgs& a) {
     std::istringstream in(read_all(a.jsonl));
     std::string line, out;
     for (size_t n = 1; std::getline(in, line); ++n) {
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(line);
-      } catch (const nlohmann::json::parse_error&) {
-      }
-      if (!j.is_string()) throw Error(a.jsonl + ":" + std::to_string(n) + ": expected a JSON string");
+      const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (!j.is_string())
+        throw Error(a.jsonl + ":" + std::to_string(n) + ": expected a JSON string");
       out += ids_line(tok.encode(j.get<std::string>(), opts), true);
       if (out.size() > (1 << 20)) write_out(std::exchange(out, {}));
     }
@@ -130,11 +131,13 @@ Command add_tokenize_command(CLI::App& root) {
       "tokenize", "Encode text to token ids (or decode ids to text) with a model's tokenizer");
   app->add_option("path", args->path, "model directory or tokenizer.json")->required();
   args->text_opt = app->add_option("--text", args->text, "text to encode");
-  args->file_opt = app->add_option("--file", args->file, "encode the contents of this file (- for stdin)");
+  args->file_opt =
+      app->add_option("--file", args->file, "encode the contents of this file (- for stdin)");
   args->jsonl_opt = app->add_option(
       "--jsonl", args->jsonl,
       "encode many texts: each line of this file is a JSON string; prints one JSON array per line");
-  args->decode_opt = app->add_option("--decode", args->decode, "print the text of these ids (\"1 2 3\")");
+  args->decode_opt =
+      app->add_option("--decode", args->decode, "print the text of these ids (\"1 2 3\")");
   app->add_flag("--no-special", args->no_special,
                 "no special tokens from the post-processor (add_special_tokens=False)");
   app->add_flag("--no-parse-special", args->no_parse_special,

@@ -31,7 +31,8 @@ void add_runtime_options(CLI::App& app, RuntimeOptions& o) {
   app.add_option("--streaming-llm-window", o.window, "StreamingLLM: recent tokens kept beyond the sinks")
       ->check(CLI::PositiveNumber);
   app.add_option("--streaming-positions", o.positions,
-                 "RoPE under StreamingLLM: absolute (K rotated at its absolute position) or cache (by its slot)")
+                 "RoPE under StreamingLLM: cache (K rotated by its cache slot; the default with a window) or "
+                 "absolute (K rotated at its absolute position; the default without)")
       ->check(CLI::IsMember({"absolute", "cache"}));
 }
 
@@ -44,7 +45,9 @@ SessionOptions make_session_options(const RuntimeOptions& o, const ModelConfig& 
   s.kv.residual = o.residual;
   s.kv.sink = o.sink;
   s.kv.window = std::max(0, o.window);
-  s.kv.positions = o.positions == "cache" ? PositionMode::Cache : PositionMode::Absolute;
+  s.kv.positions = o.positions.empty()     ? default_positions(s.kv)
+                   : o.positions == "cache" ? PositionMode::Cache
+                                            : PositionMode::Absolute;
   s.use_cache = !o.no_cache;
   s.kv.validate();
   return s;

@@ -18,7 +18,7 @@ struct RuntimeOptions {
   int residual = 128;
   int sink = 0;
   int window = -1;          // -1 = not given
-  std::string positions = "absolute";
+  std::string positions;    // empty = default_positions()
 };
 
 void add_runtime_options(CLI::App& app, RuntimeOptions& o);

@@ -159,6 +159,9 @@ CacheSpec parse_cache_spec(std::string_view spec, const KVCacheConfig& base) {
     (out.name += out.name.empty() ? "" : " ") += tok;
   }
   if (out.name.empty()) throw UsageError("empty cache spec (known tokens: " + known_tokens() + ")");
+  // A spec is self-contained: without pos=, the default for its window applies.
+  if (std::none_of(set.begin(), set.end(), [](const auto& s) { return s.first == "positions"; }))
+    out.kv.positions = default_positions(out.kv);
   try {
     sized_for(out.kv, 1).validate();
   } catch (const UsageError& e) {

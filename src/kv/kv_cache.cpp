@@ -51,6 +51,10 @@ DType dense_dtype(KVPrecision p) {
 
 std::string_view position_mode_name(PositionMode m) { return m == PositionMode::Cache ? "cache" : "absolute"; }
 
+PositionMode default_positions(const KVCacheConfig& c) {
+  return c.streaming() ? PositionMode::Cache : PositionMode::Absolute;
+}
+
 void KVCacheConfig::validate() const {
   auto need = [](bool ok, const std::string& msg) {
     if (!ok) throw UsageError(msg);

@@ -40,6 +40,11 @@ DType dense_dtype(KVPrecision p);
 enum class PositionMode : uint8_t { Absolute, Cache };
 std::string_view position_mode_name(PositionMode m);
 
+struct KVCacheConfig;
+// The default scheme: `cache` under StreamingLLM (measured better on kjv-small: docs/kv-cache.md),
+// `absolute` otherwise (the same attention, without rotating the query per key).
+PositionMode default_positions(const KVCacheConfig& c);
+
 struct KVCacheConfig {
   KVPrecision precision = KVPrecision::F32;
   int group_size = 32;      // B: tokens per block, and the KIVI group G

@@ -1,6 +1,7 @@
 #include "tokenizer/added_vocab.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include "tokenizer/normalizer.h"
 #include "tokenizer/regex.h"

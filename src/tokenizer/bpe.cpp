@@ -2,35 +2,88 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 
 #include "tokenizer/byte_level.h"
 #include "tokenizer/utf8.h"
 
 namespace ptllm::tok {
 
+WordCache::WordCache() : slots_(kSets * kWays) {}
+
 bool WordCache::lookup(std::string_view word, std::vector<int32_t>& out) {
+  if (word.size() > kMaxWord) return false;
+  const uint64_t h = hash_of(word);
   std::lock_guard lock(mu_);
-  if (auto it = young_.find(word); it != young_.end()) {
-    out.insert(out.end(), it->second.begin(), it->second.end());
-    return true;
+  const Slot* set = set_of(h);
+  for (size_t w = 0; w < kWays; ++w) {
+    const Slot& s = set[w];
+    if (s.hash == h && s.len == word.size() && std::memcmp(s.word, word.data(), s.len) == 0) {
+      out.insert(out.end(), s.ids, s.ids + s.nids);
+      return true;
+    }
   }
-  auto it = old_.find(word);
-  if (it == old_.end()) return false;
-  out.insert(out.end(), it->second.begin(), it->second.end());
-  young_.insert(old_.extract(it));
-  if (young_.size() >= kCapacity) old_ = std::exchange(young_, {});
-  return true;
+  return false;
 }
 
 void WordCache::insert(std::string_view word, const int32_t* ids, size_t n) {
+  if (word.size() > kMaxWord || n > kMaxIds) return;
+  Slot slot;
+  slot.hash = hash_of(word);
+  slot.len = static_cast<uint8_t>(word.size());
+  slot.nids = static_cast<uint8_t>(n);
+  std::memcpy(slot.word, word.data(), word.size());
+  std::copy(ids, ids + n, slot.ids);
   std::lock_guard lock(mu_);
-  young_.try_emplace(std::string(word), ids, ids + n);
-  if (young_.size() >= kCapacity) old_ = std::exchange(young_, {});
+  Slot* set = set_of(slot.hash);
+  std::move_backward(set, set + kWays - 1, set + kWays);
+  set[0] = slot;
 }
 
 namespace {
 
-std::optional<std::string> optional_string(const json& j, std::string_view key, const JsonPath& at) {
+uint64_t pair_key(int32_t a, int32_t b) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
+}
+
+}  // namespace
+
+void BpeModel::MergeTable::reserve(size_t n) {
+  size_t cap = 16;
+  int bits = 4;
+  while (cap < 2 * n) {
+    cap *= 2;
+    ++bits;
+  }
+  entries_.assign(cap, Entry{});
+  shift_ = 64 - bits;
+}
+
+void BpeModel::MergeTable::set(int32_t a, int32_t b, Merge m) {
+  const uint64_t key = pair_key(a, b);
+  const size_t mask = entries_.size() - 1;
+  for (size_t i = index(key);; i = (i + 1) & mask) {
+    if (entries_[i].key == key || entries_[i].key == kEmpty) {
+      entries_[i] = {key, m};
+      return;
+    }
+  }
+}
+
+const BpeModel::Merge* BpeModel::MergeTable::find(int32_t a, int32_t b) const {
+  if (entries_.empty()) return nullptr;
+  const uint64_t key = pair_key(a, b);
+  const size_t mask = entries_.size() - 1;
+  for (size_t i = index(key);; i = (i + 1) & mask) {
+    if (entries_[i].key == key) return &entries_[i].merge;
+    if (entries_[i].key == kEmpty) return nullptr;
+  }
+}
+
+namespace {
+
+std::optional<std::string> optional_string(const json& j, std::string_view key,
+                                           const JsonPath& at) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return std::nullopt;
   if (!it->is_string()) (at / key).fail("expected a string or null");
@@ -89,9 +142,10 @@ BpeModel::BpeModel(const json& m, const JsonPath& at) {
       return it->second;
     };
     if (right.size() < prefix_.size()) mat.fail("right token is shorter than the subword prefix");
+    const int32_t a = id_of(left), b = id_of(right);
+    const int32_t merged = id_of(left + right.substr(prefix_.size()));
     // Later rules overwrite earlier ones for the same pair, as in tokenizers.
-    merges_[pair_key(id_of(left), id_of(right))] = {
-        static_cast<uint32_t>(i), id_of(left + right.substr(prefix_.size()))};
+    merges_.set(a, b, {static_cast<uint32_t>(i), merged});
   }
 
   const auto& stand_in = byte_to_unicode();
@@ -119,8 +173,7 @@ void BpeModel::encode_word(std::string_view word, bool raw_bytes, std::vector<in
   if (cache_.lookup(word, out)) return;
   const size_t before = out.size();
   encode_uncached(word, raw_bytes, out);
-  // Long words (a run of 10k x's) are rare and would crowd out the rest.
-  if (word.size() < 256) cache_.insert(word, out.data() + before, out.size() - before);
+  cache_.insert(word, out.data() + before, out.size() - before);
 }
 
 void BpeModel::encode_uncached(std::string_view word, bool raw_bytes,
@@ -133,8 +186,9 @@ void BpeModel::encode_uncached(std::string_view word, bool raw_bytes,
     }
   }
 
-  std::vector<Symbol> symbols;
-  symbols.reserve(word.size());
+  // Scratch kept per thread: a miss in the word cache then allocates nothing.
+  thread_local std::vector<Symbol> symbols;
+  symbols.clear();
   auto add = [&](int32_t id, uint32_t len) {
     const auto n = static_cast<int32_t>(symbols.size());
     if (n > 0) symbols.back().next = n;
@@ -210,8 +264,8 @@ void BpeModel::merge_all(std::vector<Symbol>& sym) const {
   auto later = [](const Candidate& a, const Candidate& b) {
     return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos;
   };
-  std::vector<Candidate> heap;
-  heap.reserve(sym.size());
+  thread_local std::vector<Candidate> heap;
+  heap.clear();
   auto push = [&](int32_t pos, int32_t left, int32_t right) {
     if (const Merge* m = find_merge(left, right)) {
       heap.push_back({m->rank, pos, m->new_id});

@@ -2,6 +2,7 @@
 
 #include <optional>
 
+#include "core/error.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/utf8.h"
 
@@ -36,7 +37,8 @@ using Step = DecoderPlan::Step;
 // no decoder at all (tokenizers' fallback).
 class Sink final : public Stage {
  public:
-  Sink(std::string& out, bool join_with_space) : Stage(nullptr), out_(out), join_(join_with_space) {}
+  Sink(std::string& out, bool join_with_space)
+      : Stage(nullptr), out_(out), join_(join_with_space) {}
   void push(std::string_view s) override {
     if (join_ && !first_) out_ += ' ';
     first_ = false;
@@ -160,19 +162,17 @@ class ReplaceStage final : public TokenStage {
       TokenStage::fragment(s);
       return;
     }
-    const std::string& lit = pattern_.literal_text();
+    const std::string& lit = pattern_.literal_text();  // never empty
     held_ += s;
     std::string out;
     size_t prev = 0;
-    if (!lit.empty()) {
-      for (size_t p = held_.find(lit); p != std::string::npos; p = held_.find(lit, prev)) {
-        out.append(held_, prev, p - prev);
-        out += content_;
-        prev = p + lit.size();
-      }
+    for (size_t p = held_.find(lit); p != std::string::npos; p = held_.find(lit, prev)) {
+      out.append(held_, prev, p - prev);
+      out += content_;
+      prev = p + lit.size();
     }
     size_t keep = 0;
-    for (size_t k = std::min(lit.empty() ? 0 : lit.size() - 1, held_.size() - prev); k > 0; --k) {
+    for (size_t k = std::min(lit.size() - 1, held_.size() - prev); k > 0; --k) {
       if (held_.compare(held_.size() - k, k, lit, 0, k) == 0) {
         keep = k;
         break;
@@ -257,7 +257,11 @@ class FuseStage final : public TokenStage {
 class StripStage final : public TokenStage {
  public:
   StripStage(Stage* next, bool fused_in, const Step& s)
-      : TokenStage(next, fused_in), content_(s.text), start_(s.start), stop_(s.stop), left_(s.start) {}
+      : TokenStage(next, fused_in),
+        content_(s.text),
+        start_(s.start),
+        stop_(s.stop),
+        left_(s.start) {}
 
  protected:
   void token(std::string_view t) override {
@@ -334,24 +338,26 @@ void parse_into(const json& j, const JsonPath& at, std::vector<std::unique_ptr<S
     for (size_t i = 0; i < list.size(); ++i) parse_into(list[i], (at / "decoders")[i], steps);
     return;
   } else {
-    unsupported(at, "decoder", type, "ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip, Sequence");
+    unsupported(at, "decoder", type,
+                "ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip, Sequence");
   }
   steps.push_back(std::move(step));
 }
 
 }  // namespace
 
-DecoderPlan::DecoderPlan(const json& j, const JsonPath& at) {
+DecoderPlan::DecoderPlan(const json& j, const JsonPath& at) : join_with_space_(j.is_null()) {
   if (!j.is_null()) parse_into(j, at, steps_);
 }
 DecoderPlan::~DecoderPlan() = default;
 DecoderPlan::DecoderPlan(DecoderPlan&&) noexcept = default;
 
 std::unique_ptr<DecodeStream> DecoderPlan::start() const {
-  return std::make_unique<DecodeStream>(steps_);
+  return std::make_unique<DecodeStream>(steps_, join_with_space_);
 }
 
-DecodeStream::DecodeStream(const std::vector<std::unique_ptr<DecoderPlan::Step>>& steps) {
+DecodeStream::DecodeStream(const std::vector<std::unique_ptr<DecoderPlan::Step>>& steps,
+                           bool join_with_space) {
   std::vector<bool> fused_in(steps.size());
   bool fused = false;
   for (size_t i = 0; i < steps.size(); ++i) {
@@ -359,15 +365,22 @@ DecodeStream::DecodeStream(const std::vector<std::unique_ptr<DecoderPlan::Step>>
     fused = fused || steps[i]->kind == Step::ByteLevel || steps[i]->kind == Step::Fuse;
   }
   stages_.resize(steps.size() + 1);
-  stages_.back() = std::make_unique<Sink>(out_, steps.empty());
+  stages_.back() = std::make_unique<Sink>(out_, join_with_space);
   for (size_t i = steps.size(); i-- > 0;)
     stages_[i] = make_stage(*steps[i], stages_[i + 1].get(), fused_in[i]);
 }
 
 DecodeStream::~DecodeStream() = default;
 
-void DecodeStream::push(std::string_view token) { stages_.front()->push(token); }
-void DecodeStream::finish() { stages_.front()->finish(); }
+void DecodeStream::push(std::string_view token) {
+  PTLLM_CHECK(!finished_);
+  stages_.front()->push(token);
+}
+
+void DecodeStream::finish() {
+  if (!finished_) stages_.front()->finish();
+  finished_ = true;
+}
 std::string DecodeStream::take() { return std::exchange(out_, {}); }
 
 }  // namespace ptllm::tok

@@ -26,23 +26,25 @@ class DecoderPlan {
 
  private:
   std::vector<std::unique_ptr<Step>> steps_;  // Sequence flattened
+  bool join_with_space_ = false;              // no decoder at all
 };
 
 class Stage;
 
 class DecodeStream {
  public:
-  explicit DecodeStream(const std::vector<std::unique_ptr<DecoderPlan::Step>>& steps);
+  DecodeStream(const std::vector<std::unique_ptr<DecoderPlan::Step>>& steps, bool join_with_space);
   ~DecodeStream();
 
-  void push(std::string_view token);
-  void finish();
+  void push(std::string_view token);  // not after finish()
+  void finish();                      // a second call does nothing
   // Text produced so far and not yet taken: always whole UTF-8 characters.
   std::string take();
 
  private:
   std::string out_;
   std::vector<std::unique_ptr<Stage>> stages_;  // stages_.back() collects into out_
+  bool finished_ = false;
 };
 
 }  // namespace ptllm::tok

@@ -1,7 +1,6 @@
 #pragma once
 // Reading tokenizer.json with errors that name the file and the field ("<file>: a.b[2]: ...").
 #include <nlohmann/json.hpp>
-
 #include <string>
 #include <string_view>
 
@@ -49,20 +48,25 @@ inline bool get_bool(const json& obj, std::string_view key, const JsonPath& at, 
 
 inline size_t get_size(const json& obj, std::string_view key, const JsonPath& at) {
   const json& v = need(obj, key, at);
-  if (!v.is_number_unsigned()) (at / key).fail("expected a non-negative integer");
+  if (!v.is_number_integer() || v.get<int64_t>() < 0)
+    (at / key).fail("expected a non-negative integer");
   return v.get<size_t>();
 }
 
-// A token id: a non-negative integer that fits int32.
+// A token id. Tables are indexed by id, so a corrupt file must not ask for billions of entries;
+// real vocabularies stay far below 2^24.
 inline int32_t to_id(const json& v, const JsonPath& at) {
-  if (!v.is_number_unsigned() || v.get<uint64_t>() > 0x7FFFFFFF) at.fail("expected a token id");
-  return static_cast<int32_t>(v.get<uint64_t>());
+  constexpr int64_t kMaxId = (1 << 24) - 1;
+  if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > kMaxId)
+    at.fail("expected a token id from 0 to " + std::to_string(kMaxId));
+  return static_cast<int32_t>(v.get<int64_t>());
 }
 
 // A single character ("▁", " "), as Metaspace and Strip take.
 inline std::string get_char(const json& obj, std::string_view key, const JsonPath& at) {
   std::string s = get_string(obj, key, at);
-  if (s.empty() || s.size() > 4 || utf8_char_count(s) != 1) (at / key).fail("expected one character");
+  if (s.empty() || s.size() > 4 || utf8_char_count(s) != 1)
+    (at / key).fail("expected one character");
   return s;
 }
 
@@ -94,10 +98,10 @@ inline PrependScheme get_prepend_scheme(const json& j, const JsonPath& at) {
   (at / "prepend_scheme").fail("expected \"always\", \"first\" or \"never\"");
 }
 
-[[noreturn]] inline void unsupported(const JsonPath& at, std::string_view kind, const std::string& type,
-                                     std::string_view supported) {
-  at.fail("unsupported " + std::string(kind) + " type '" + type + "' (supported: " +
-          std::string(supported) + ")");
+[[noreturn]] inline void unsupported(const JsonPath& at, std::string_view kind,
+                                     const std::string& type, std::string_view supported) {
+  at.fail("unsupported " + std::string(kind) + " type '" + type +
+          "' (supported: " + std::string(supported) + ")");
 }
 
 }  // namespace ptllm::tok

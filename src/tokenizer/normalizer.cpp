@@ -51,7 +51,8 @@ class Sequence final : public Normalizer {
 std::unique_ptr<Normalizer> parse_normalizer(const json& j, const JsonPath& at) {
   const std::string type = get_string(j, "type", at);
   if (type == "NFC") return std::make_unique<Nfc>();
-  if (type == "Replace") return std::make_unique<Replace>(get_pattern(j, at), get_string(j, "content", at));
+  if (type == "Replace")
+    return std::make_unique<Replace>(get_pattern(j, at), get_string(j, "content", at));
   if (type == "Prepend") return std::make_unique<Prepend>(get_string(j, "prepend", at));
   if (type == "Sequence") {
     const json& list = need(j, "normalizers", at);

@@ -21,9 +21,7 @@ class Splitter {
   void segment(size_t start, size_t end, bool is_match) {
     const bool m = is_match != invert_;
     switch (behavior_) {
-      case Behavior::Isolated:
-        out(start, end);
-        break;
+      case Behavior::Isolated: out(start, end); break;
       case Behavior::Removed:
         if (!m) out(start, end);
         break;
@@ -242,14 +240,15 @@ std::unique_ptr<PreTokenizer> parse(const json& j, const JsonPath& at, bool last
   if (type == "Metaspace")
     return std::make_unique<Metaspace>(get_char(j, "replacement", at), get_prepend_scheme(j, at),
                                        get_bool(j, "split", at, true));
-  if (type == "Digits") return std::make_unique<Digits>(get_bool(j, "individual_digits", at, false));
+  if (type == "Digits")
+    return std::make_unique<Digits>(get_bool(j, "individual_digits", at, false));
   if (type == "Sequence") {
     const json& list = need(j, "pretokenizers", at);
     if (!list.is_array()) (at / "pretokenizers").fail("expected an array");
     std::vector<std::unique_ptr<PreTokenizer>> steps;
     for (size_t i = 0; i < list.size(); ++i)
-      steps.push_back(parse(list[i], (at / "pretokenizers")[i], last && i + 1 == list.size(), defer,
-                            deferred));
+      steps.push_back(
+          parse(list[i], (at / "pretokenizers")[i], last && i + 1 == list.size(), defer, deferred));
     return std::make_unique<Sequence>(std::move(steps));
   }
   unsupported(at, "pre_tokenizer", type, "ByteLevel, Split, Metaspace, Digits, Sequence");

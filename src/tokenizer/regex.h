@@ -21,12 +21,12 @@ class Pattern {
   Pattern& operator=(Pattern&&) noexcept;
 
   // Every match in order, with the iteration rule of Rust's find_iter (which tokenizers' onig
-  // wrapper shares): an empty match right where the previous match ended is skipped.
-  // `subject` must be valid UTF-8.
+  // wrapper shares): an empty match right where the previous match ended is skipped. No match
+  // at all in an empty subject. `subject` must be valid UTF-8.
   void for_each_match(std::string_view subject, FunctionRef<void(size_t, size_t)> fn) const;
 
-  // subject with every match replaced by `content`; for a regex, $N, ${N}, ${name} and $$ in
-  // content are expanded (Rust regex replacement syntax, as tokenizers' Replace does).
+  // subject with every match replaced by `content`, taken literally as tokenizers 0.23 does
+  // (no $1 group expansion).
   std::string replace_all(std::string_view subject, std::string_view content) const;
 
   bool is_literal() const { return !code_; }

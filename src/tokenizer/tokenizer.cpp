@@ -22,8 +22,8 @@ using tok::JsonPath;
 
 namespace {
 
-// One template of a TemplateProcessing post-processor, for a single sequence: the ids of its
-// special tokens, and where the sequence itself goes.
+// TemplateProcessing's template for a single sequence: special tokens' ids, and the place of
+// the sequence itself.
 struct TemplateItem {
   bool is_sequence = false;
   std::vector<int32_t> ids;
@@ -100,7 +100,8 @@ Template parse_template(const json& j, const JsonPath& at) {
       t.push_back({true, {}});
       continue;
     }
-    if (!piece.contains("SpecialToken")) sat[i].fail("expected {\"SpecialToken\": ...} or {\"Sequence\": ...}");
+    if (!piece.contains("SpecialToken"))
+      sat[i].fail("expected {\"SpecialToken\": ...} or {\"Sequence\": ...}");
     const std::string name = tok::get_string(piece["SpecialToken"], "id", sat[i] / "SpecialToken");
     const JsonPath spat = at / "special_tokens" / name;
     auto sp = specials.find(name);
@@ -108,7 +109,8 @@ Template parse_template(const json& j, const JsonPath& at) {
     const json& ids = tok::need(*sp, "ids", spat);
     if (!ids.is_array()) (spat / "ids").fail("expected an array");
     TemplateItem item;
-    for (size_t k = 0; k < ids.size(); ++k) item.ids.push_back(tok::to_id(ids[k], (spat / "ids")[k]));
+    for (size_t k = 0; k < ids.size(); ++k)
+      item.ids.push_back(tok::to_id(ids[k], (spat / "ids")[k]));
     t.push_back(std::move(item));
   }
   return t;
@@ -124,7 +126,8 @@ void parse_post_processor(const json& j, const JsonPath& at, std::vector<Templat
   } else if (type == "Sequence") {
     const json& list = tok::need(j, "processors", at);
     if (!list.is_array()) (at / "processors").fail("expected an array");
-    for (size_t i = 0; i < list.size(); ++i) parse_post_processor(list[i], (at / "processors")[i], out);
+    for (size_t i = 0; i < list.size(); ++i)
+      parse_post_processor(list[i], (at / "processors")[i], out);
   } else {
     tok::unsupported(at, "post_processor", type, "TemplateProcessing, ByteLevel, Sequence");
   }
@@ -250,12 +253,13 @@ Tokenizer Tokenizer::load(const std::filesystem::path& path) {
     if (const json& n = component("normalizer"); !n.is_null())
       impl->normalizer = tok::parse_normalizer(n, at / "normalizer");
     if (const json& p = component("pre_tokenizer"); !p.is_null())
-      impl->pre_tokenizer = tok::parse_pre_tokenizer(p, at / "pre_tokenizer",
-                                                     impl->model->accepts_raw_bytes(), &impl->raw_bytes);
+      impl->pre_tokenizer = tok::parse_pre_tokenizer(
+          p, at / "pre_tokenizer", impl->model->accepts_raw_bytes(), &impl->raw_bytes);
     if (const json& p = component("post_processor"); !p.is_null())
       parse_post_processor(p, at / "post_processor", impl->post);
     impl->decoder = std::make_unique<tok::DecoderPlan>(component("decoder"), at / "decoder");
-    impl->added = std::make_unique<tok::AddedVocab>(parse_added_tokens(root, at), impl->normalizer.get());
+    impl->added =
+        std::make_unique<tok::AddedVocab>(parse_added_tokens(root, at), impl->normalizer.get());
   } catch (const json::exception& e) {
     throw Error(file + ": " + e.what());
   }
@@ -267,9 +271,11 @@ Tokenizer Tokenizer::load(const std::filesystem::path& path) {
   if (config.contains("add_bos_token") || config.contains("add_eos_token")) {
     const JsonPath cat{config_path.string(), ""};
     Template t;
-    if (tok::get_bool(config, "add_bos_token", cat, false) && impl->bos) t.push_back({false, {*impl->bos}});
+    if (tok::get_bool(config, "add_bos_token", cat, false) && impl->bos)
+      t.push_back({false, {*impl->bos}});
     t.push_back({true, {}});
-    if (tok::get_bool(config, "add_eos_token", cat, false) && impl->eos) t.push_back({false, {*impl->eos}});
+    if (tok::get_bool(config, "add_eos_token", cat, false) && impl->eos)
+      t.push_back({false, {*impl->eos}});
     impl->post = {std::move(t)};
   }
   return Tokenizer(std::move(impl));
@@ -325,7 +331,8 @@ struct StreamingDetokenizer::State {
 };
 
 StreamingDetokenizer::StreamingDetokenizer(const Tokenizer& tok, bool skip_special)
-    : state_(std::make_unique<State>(State{tok.impl_, skip_special, tok.impl_->decoder->start()})) {}
+    : state_(std::make_unique<State>(State{tok.impl_, skip_special, tok.impl_->decoder->start()})) {
+}
 StreamingDetokenizer::~StreamingDetokenizer() = default;
 StreamingDetokenizer::StreamingDetokenizer(StreamingDetokenizer&&) noexcept = default;
 StreamingDetokenizer& StreamingDetokenizer::operator=(StreamingDetokenizer&&) noexcept = default;

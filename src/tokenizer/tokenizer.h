@@ -14,10 +14,11 @@
 namespace ptllm {
 
 struct EncodeOptions {
-  bool add_special = true;    // post-processor special tokens (BOS ...); false = add_special_tokens=False
-  bool parse_special = true;  // match special added tokens in the text; false = treat them as plain
-                              // text (tokenizers' encode_special_tokens=True; non-special added
-                              // tokens are still matched, as there)
+  // Post-processor special tokens (BOS ...); false = add_special_tokens=False.
+  bool add_special = true;
+  // Match special added tokens in the text; false = treat them as plain text (tokenizers'
+  // encode_special_tokens=True: added tokens that are not special are still matched).
+  bool parse_special = true;
 };
 
 class Tokenizer {
@@ -61,8 +62,10 @@ class StreamingDetokenizer {
   StreamingDetokenizer(StreamingDetokenizer&&) noexcept;
   StreamingDetokenizer& operator=(StreamingDetokenizer&&) noexcept;
 
-  std::string push(int32_t id);  // text newly completed by this token: only whole UTF-8 characters
-  std::string finish();          // the rest at end of generation (incomplete bytes become U+FFFD)
+  // Text newly completed by this token: only whole UTF-8 characters. Not after finish().
+  std::string push(int32_t id);
+  // The rest at end of generation (incomplete bytes become U+FFFD); later calls return "".
+  std::string finish();
 
  private:
   struct State;

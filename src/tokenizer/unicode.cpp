@@ -59,10 +59,11 @@ char32_t compose(char32_t a, char32_t b) {
       b < kTBase + kTCount)
     return a + (b - kTBase);
   const auto& t = nfc_data::kCompose;
-  auto it = std::lower_bound(std::begin(t), std::end(t), std::pair{a, b},
-                             [](const nfc_data::Composition& x, const std::pair<char32_t, char32_t>& k) {
-                               return x.first != k.first ? x.first < k.first : x.second < k.second;
-                             });
+  auto it =
+      std::lower_bound(std::begin(t), std::end(t), std::pair{a, b},
+                       [](const nfc_data::Composition& x, const std::pair<char32_t, char32_t>& k) {
+                         return x.first != k.first ? x.first < k.first : x.second < k.second;
+                       });
   return it != std::end(t) && it->first == a && it->second == b ? it->composite : 0;
 }
 
@@ -128,11 +129,15 @@ std::string nfc(std::string_view s) {
 bool is_white_space(char32_t c) {
   if (c <= 0x20) return c == 0x20 || (c >= 0x09 && c <= 0x0D);
   switch (c) {
-    case 0x85: case 0xA0: case 0x1680: case 0x2028: case 0x2029: case 0x202F: case 0x205F:
-    case 0x3000:
-      return true;
-    default:
-      return c >= 0x2000 && c <= 0x200A;
+    case 0x85:
+    case 0xA0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202F:
+    case 0x205F:
+    case 0x3000: return true;
+    default: return c >= 0x2000 && c <= 0x200A;
   }
 }
 

@@ -10,9 +10,7 @@ namespace ptllm::tok {
 inline constexpr std::string_view kReplacementChar = "\xEF\xBF\xBD";  // U+FFFD
 
 // Length of the UTF-8 sequence that starts with lead byte b (1 for a stray byte).
-inline size_t utf8_len(unsigned char b) {
-  return b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
-}
+inline size_t utf8_len(unsigned char b) { return b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4; }
 
 inline size_t utf8_char_count(std::string_view s) {
   size_t n = 0;
