@@ -59,6 +59,34 @@ TEST(CliSampleTest, BadFlagValuesExitWithCode2) {
   EXPECT_NE(help.out.find("--ctx-size"), std::string::npos);
 }
 
+TEST(CliSampleTest, StreamingAndKiviFlagErrors) {
+  auto r = test::run_command(sample_cmd("--prompt x --streaming-llm-sink 4 --streaming-llm-window 0"));
+  EXPECT_EQ(r.code, 2);
+  r = test::run_command(sample_cmd("--prompt x --streaming-llm-sink 4"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--streaming-llm-sink needs --streaming-llm-window"), std::string::npos) << r.err;
+  r = test::run_command(sample_cmd("--prompt x --streaming-llm-sink 5000 --streaming-llm-window 8 --ctx-size 64"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("must be smaller than --ctx-size"), std::string::npos) << r.err;
+  r = test::run_command(sample_cmd("--prompt x --streaming-llm-sink 4 --streaming-llm-window 16 --no-cache"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--no-cache"), std::string::npos) << r.err;
+  r = test::run_command(sample_cmd("--prompt x --kv-quantize int4 --kv-residual 100"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(test::run_command(sample_cmd("--prompt x --kv-quantize int3")).code, 2);
+  EXPECT_EQ(test::run_command(sample_cmd("--prompt x --streaming-positions relative")).code, 2);
+}
+
+// Past the cap the footer reports stored tokens against the position counter.
+TEST(CliSampleTest, StreamingFooterReportsTheCap) {
+  auto r = test::run_command(sample_cmd("--prompt 'In the beginning' --tokens 100 --temperature 0 --ignore-eos "
+                                        "--streaming-llm-sink 4 --streaming-llm-window 24 --kv-quantize int4 "
+                                        "--kv-group-size 8 --kv-residual 8"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("stored 28 of 103 (StreamingLLM cap)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("int4 g8 r8 sink4 w24 pos=cache"), std::string::npos) << r.err;
+}
+
 TEST(CliSampleTest, BadModelExitsWithCode1AndNamesTheFile) {
   auto r = test::run_command(sample_cmd("/nonexistent/dir --prompt x"));
   EXPECT_EQ(r.code, 1);

@@ -195,6 +195,10 @@ TEST(EvalLongTest, KjvSmallLongDenseBuckets) {
   EXPECT_NEAR(b[0].mean_nll, dense["mean_nll_first_512"].get<double>(), 1e-2);
   EXPECT_NEAR(b[1].mean_nll, dense["mean_nll_512_1024"].get<double>(), 1e-2);
   EXPECT_NEAR(b[2].mean_nll, dense["mean_nll_1024_2048"].get<double>(), 1e-2);
+  // Per position, against transformers' full-attention NLL (it rises past the 512-token training length).
+  const auto ref = test::tensor_values<float>(g, "nll");
+  ASSERT_EQ(ev.baseline_nll().size(), ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(ev.baseline_nll()[i], ref[i], 1e-3) << "position " << i + 1;
 }
 
 // Compression through the cached path: KIVI's KL grows as bits shrink; StreamingLLM is exact
@@ -206,7 +210,7 @@ TEST(EvalQualityTest, KiviAndStreamingOnKjvTiny) {
   const auto ids = test::tensor_values<int32_t>(g, "tf_ids");
   ThreadPool pool(2);
   Evaluator ev(*model,
-               parse_cache_specs("int8 r0; int4 r0; int2 r0; sink4 w60; sink4 w60 pos=cache", KVCacheConfig{.ctx_size = 0}),
+               parse_cache_specs("int8 r0; int4 r0; int2 r0; sink4 w60 pos=absolute; sink4 w60 pos=cache", KVCacheConfig{.ctx_size = 0}),
                pool);
   ev.score_stream(ids, FeedPlan{.prefill = 16, .chunk = 1});
   std::vector<ConfigSummary> s;

@@ -1,6 +1,8 @@
 // posttrainllm sample: generate text from a prompt, streamed to stdout; stats on stderr.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <random>
 #include <string>
 
@@ -8,6 +10,7 @@
 #include "cli/options.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "engine/prompt_cache.h"
 #include "engine/session.h"
 #include "model/model.h"
 #include "sample/sampler.h"
@@ -25,10 +28,38 @@ struct SampleArgs {
   bool seed_given = false;
   SamplingConfig sampling;
   RuntimeOptions runtime;
+  std::string cache_prompt;
+  std::string prompt_cache_dir;
+  double prompt_cache_max_mb = 0;
 };
 
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+void report_cache_load(const PromptCacheLoad& r) {
+  for (const std::string& w : r.warnings) std::fprintf(stderr, "warning: prompt cache: %s\n", w.c_str());
+  const std::string read = format_bytes(r.bytes_read);
+  if (r.outcome == PromptCacheOutcome::Hit)
+    std::fprintf(stderr, "prompt cache: hit, %lld tokens reused from %s (%s read)\n", (long long)r.reused,
+                 r.file.c_str(), read.c_str());
+  else if (r.outcome == PromptCacheOutcome::PartialHit)
+    std::fprintf(stderr, "prompt cache: partial hit, %lld of %lld tokens reused from %s (%s read), %lld prefilled\n",
+                 (long long)r.reused, (long long)r.prompt, r.file.c_str(), read.c_str(), (long long)(r.prompt - r.reused));
+  else
+    std::fprintf(stderr, "prompt cache: miss, %lld tokens prefilled\n", (long long)r.prompt);
+}
+
+void report_cache_save(const PromptCacheSave& r) {
+  for (const std::string& w : r.warnings) std::fprintf(stderr, "warning: prompt cache: %s\n", w.c_str());
+  for (const auto& s : r.saved)
+    std::fprintf(stderr, "prompt cache: saved %lld tokens to %s (%s written)\n", (long long)s.tokens, s.path.c_str(),
+                 format_bytes(s.bytes).c_str());
+  const auto entries = std::count_if(r.pruned.removed.begin(), r.pruned.removed.end(),
+                                     [](const std::filesystem::path& p) { return p.extension() == ".kvcache"; });
+  if (entries > 0)
+    std::fprintf(stderr, "prompt cache: removed %lld least recently used entries (%s) to stay under --prompt-cache-max-mb\n",
+                 (long long)entries, format_bytes(r.pruned.bytes_freed).c_str());
+}
 
 int run_sample(SampleArgs& a) {
   const auto t_load = Clock::now();
@@ -56,7 +87,19 @@ int run_sample(SampleArgs& a) {
   };
 
   const auto t_prefill = Clock::now();
-  std::span<float> logits = session.feed(prompt);
+  const PromptCacheOptions pc_opts{a.cache_prompt, a.prompt_cache_dir,
+                                   uint64_t(a.prompt_cache_max_mb * 1024 * 1024)};
+  std::unique_ptr<PromptCache> prompt_cache;
+  std::vector<float> first_logits;  // a restored state's logits, sampled as the cold run samples its own
+  std::span<float> logits;
+  if (pc_opts.enabled()) {
+    prompt_cache = std::make_unique<PromptCache>(pc_opts, prompt_cache_identity(*model, tok, sopts.kv), tok);
+    report_cache_load(prompt_cache->prefill(session, prompt));
+    first_logits.assign(session.last_logits().begin(), session.last_logits().end());
+    logits = first_logits;
+  } else {
+    logits = session.feed(prompt);
+  }
   const double prefill_ms = ms_since(t_prefill);
   double ttft_ms = 0;
   int generated = 0;
@@ -82,6 +125,7 @@ int run_sample(SampleArgs& a) {
   std::fputc('\n', stdout);
   std::fflush(stdout);
   const double decode_ms = ms_since(t_decode);
+  if (prompt_cache) report_cache_save(prompt_cache->finish());
 
   // Footer: what a user compares with llama.cpp and mlx-lm.
   const int decode_steps = std::max(0, generated - 1);
@@ -133,6 +177,19 @@ Command add_sample_command(CLI::App& root) {
       ->each([a](const std::string&) { a->seed_given = true; });
   app->add_flag("--ignore-eos", a->ignore_eos, "Keep generating after EOS (EOS stays in the sequence)");
   add_runtime_options(*app, a->runtime);
+  CLI::Option* no_cache = app->get_option("--no-cache");
+  app->add_option("--cache-prompt", a->cache_prompt,
+                  "Prompt cache file: reuse the state it holds for this prompt (or a prefix of it), then save "
+                  "the prompt's state to it (wins over --prompt-cache-dir)")
+      ->excludes(no_cache);
+  CLI::Option* dir = app->add_option("--prompt-cache-dir", a->prompt_cache_dir,
+                                     "Prompt cache directory: reuse the longest cached prefix of the prompt, save "
+                                     "the prompt's state")
+                         ->excludes(no_cache);
+  app->add_option("--prompt-cache-max-mb", a->prompt_cache_max_mb,
+                  "Keep --prompt-cache-dir under N MiB, removing least recently used entries")
+      ->check(CLI::PositiveNumber)
+      ->needs(dir);
   return {app, [a] { return run_sample(*a); }};
 }
 

@@ -13,5 +13,8 @@ struct Command {
 Command add_sample_command(CLI::App& root);
 Command add_tokenize_command(CLI::App& root);
 Command add_eval_command(CLI::App& root);
+Command add_cache_command(CLI::App& root);
+Command add_bench_command(CLI::App& root);
+Command add_make_model_command(CLI::App& root);
 
 }  // namespace ptllm::cli

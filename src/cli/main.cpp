@@ -13,6 +13,9 @@ int main(int argc, char** argv) {
       ptllm::cli::add_sample_command(app),
       ptllm::cli::add_tokenize_command(app),
       ptllm::cli::add_eval_command(app),
+      ptllm::cli::add_cache_command(app),
+      ptllm::cli::add_bench_command(app),
+      ptllm::cli::add_make_model_command(app),
   };
   try {
     app.parse(argc, argv);

@@ -1,171 +1,111 @@
+// The public kernels: each forwards to the active SIMD target (kernels/simd.h); matmul also splits
+// the work over the thread pool.
 #include "kernels/ops.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "kernels/quant.h"
+#include "kernels/simd.h"
 
 namespace ptllm {
 
-float dot(const float* a, const float* b, int n) {
-  float s = 0.f;
-#pragma omp simd reduction(+ : s)
-  for (int i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
+float dot(const float* a, const float* b, int n) { return active_kernels().dot(a, b, n); }
 
-void axpy(float a, const float* x, float* y, int n) {
-#pragma omp simd
-  for (int i = 0; i < n; ++i) y[i] += a * x[i];
-}
+void axpy(float a, const float* x, float* y, int n) { active_kernels().axpy(a, x, y, n); }
 
 float dot_stored(const float* a, const void* b, DType t, int n) {
-  float s = 0.f;
+  const KernelTable& k = active_kernels();
   switch (t) {
-    case DType::F32:
-      return dot(a, static_cast<const float*>(b), n);
-    case DType::BF16: {
-      const uint16_t* h = static_cast<const uint16_t*>(b);
-#pragma omp simd reduction(+ : s)
-      for (int i = 0; i < n; ++i) s += a[i] * bf16_to_f32(h[i]);
-      return s;
-    }
-    case DType::F16: {
-      const uint16_t* h = static_cast<const uint16_t*>(b);
-      for (int i = 0; i < n; ++i) s += a[i] * f16_to_f32(h[i]);
-      return s;
-    }
-    default:
-      PTLLM_CHECK(!"dot_stored: not a float dtype");
+    case DType::F32: return k.dot(a, static_cast<const float*>(b), n);
+    case DType::BF16: return k.dot_bf16(a, b, n);
+    case DType::F16: return k.dot_f16(a, b, n);
+    default: PTLLM_CHECK(!"dot_stored: not a float dtype");
   }
-  return s;
+  return 0.f;
 }
 
 void axpy_stored(float a, const void* x, DType t, float* y, int n) {
+  const KernelTable& k = active_kernels();
   switch (t) {
-    case DType::F32:
-      axpy(a, static_cast<const float*>(x), y, n);
-      return;
-    case DType::BF16: {
-      const uint16_t* h = static_cast<const uint16_t*>(x);
-#pragma omp simd
-      for (int i = 0; i < n; ++i) y[i] += a * bf16_to_f32(h[i]);
-      return;
-    }
-    case DType::F16: {
-      const uint16_t* h = static_cast<const uint16_t*>(x);
-      for (int i = 0; i < n; ++i) y[i] += a * f16_to_f32(h[i]);
-      return;
-    }
-    default:
-      PTLLM_CHECK(!"axpy_stored: not a float dtype");
+    case DType::F32: k.axpy(a, static_cast<const float*>(x), y, n); return;
+    case DType::BF16: k.axpy_bf16(a, x, y, n); return;
+    case DType::F16: k.axpy_f16(a, x, y, n); return;
+    default: PTLLM_CHECK(!"axpy_stored: not a float dtype");
   }
 }
 
 void store_as(const float* src, void* dst, DType t, int n) {
   switch (t) {
-    case DType::F32:
-      std::copy_n(src, n, static_cast<float*>(dst));
-      return;
-    case DType::BF16:
-      for (int i = 0; i < n; ++i) static_cast<uint16_t*>(dst)[i] = f32_to_bf16(src[i]);
-      return;
-    case DType::F16:
-      for (int i = 0; i < n; ++i) static_cast<uint16_t*>(dst)[i] = f32_to_f16(src[i]);
-      return;
-    default:
-      PTLLM_CHECK(!"store_as: not a float dtype");
+    case DType::F32: std::memcpy(dst, src, size_t(n) * sizeof(float)); return;
+    case DType::BF16: active_kernels().to_bf16(src, dst, n); return;
+    case DType::F16: active_kernels().to_f16(src, dst, n); return;
+    default: PTLLM_CHECK(!"store_as: not a float dtype");
   }
 }
 
-void load_from(const void* src, DType t, float* dst, int n) { convert_to_f32(t, src, dst, size_t(n)); }
+void load_from(const void* src, DType t, float* dst, int n) {
+  switch (t) {
+    case DType::F32: std::memcpy(dst, src, size_t(n) * sizeof(float)); return;
+    case DType::BF16: active_kernels().from_bf16(src, dst, n); return;
+    case DType::F16: active_kernels().from_f16(src, dst, n); return;
+    default: PTLLM_CHECK(!"load_from: not a float dtype");
+  }
+}
 
 void weight_row(const WeightMatrix& w, int r, float* out) {
-  const size_t off = size_t(r) * size_t(w.cols);
-  switch (w.dtype) {
-    case DType::F32:
-      std::copy_n(static_cast<const float*>(w.data) + off, w.cols, out);
-      break;
-    case DType::BF16: {
-      const uint16_t* s = static_cast<const uint16_t*>(w.data) + off;
-#pragma omp simd
-      for (int i = 0; i < w.cols; ++i) out[i] = bf16_to_f32(s[i]);
-      break;
-    }
-    default:
-      convert_to_f32(w.dtype, static_cast<const uint8_t*>(w.data) + off * dtype_size(w.dtype), out, size_t(w.cols));
-  }
+  load_from(static_cast<const uint8_t*>(w.data) + size_t(r) * size_t(w.cols) * dtype_size(w.dtype), w.dtype, out,
+            w.cols);
+}
+
+float dot_codes(const float* a, const uint8_t* codes, int D, int bits) {
+  return active_kernels().dot_codes(a, codes, D, bits);
+}
+
+void axpy_codes(float w, const uint8_t* codes, int D, int bits, float* acc) {
+  active_kernels().axpy_codes(w, codes, D, bits, acc);
 }
 
 namespace {
-constexpr int kRowTile = 8;  // weight rows converted and reused across all T inputs
-
-void matmul_rows(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, int r0, int r1) {
-  thread_local std::vector<float> tile;
-  const int K = w.cols;
-  if (tile.size() < size_t(kRowTile) * size_t(K)) tile.resize(size_t(kRowTile) * size_t(K));
-  for (int rb = r0; rb < r1; rb += kRowTile) {
-    const int nr = std::min(kRowTile, r1 - rb);
-    const float* rows[kRowTile];
-    for (int i = 0; i < nr; ++i) {
-      if (w.dtype == DType::F32) {
-        rows[i] = static_cast<const float*>(w.data) + size_t(rb + i) * size_t(K);
-      } else {
-        weight_row(w, rb + i, tile.data() + size_t(i) * size_t(K));
-        rows[i] = tile.data() + size_t(i) * size_t(K);
-      }
-    }
-    for (int t = 0; t < T; ++t) {
-      const float* xt = x + size_t(t) * size_t(K);
-      float* yt = y + size_t(t) * size_t(w.rows);
-      for (int i = 0; i < nr; ++i) yt[rb + i] = dot(xt, rows[i], K) + (bias ? bias[rb + i] : 0.f);
-    }
-  }
-}
+// Up to this many rows of x the weights are streamed once and converted in registers (decode is
+// memory-bound); beyond it packing converted tiles pays for itself (bench_kernels product/*: the
+// two meet near T = 6 on Zen).
+constexpr int kGemvMaxT = 6;
+// Fewest weights a thread's share of a gemv holds: below it, handing work to another thread costs
+// more than it saves (tiny models).
+constexpr size_t kGemvMinWeightsPerThread = 32 * 1024;
 }  // namespace
 
 void matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool) {
-  pool.parallel_for(size_t(w.rows), [&](size_t b, size_t e) { matmul_rows(x, T, w, bias, y, int(b), int(e)); },
-                    kRowTile);
-}
-
-void matmul_ref(const float* x, int T, const WeightMatrix& w, const float* bias, float* y) {
-  std::vector<float> row(size_t(w.cols));
-  for (int r = 0; r < w.rows; ++r) {
-    weight_row(w, r, row.data());
-    for (int t = 0; t < T; ++t) {
-      double s = bias ? bias[r] : 0.0;
-      for (int k = 0; k < w.cols; ++k) s += double(x[size_t(t) * size_t(w.cols) + size_t(k)]) * row[size_t(k)];
-      y[size_t(t) * size_t(w.rows) + size_t(r)] = float(s);
-    }
+  const KernelTable& k = active_kernels();
+  if (T <= kGemvMaxT) {
+    const size_t min_rows = kGemvMinWeightsPerThread / size_t(std::max(1, w.cols));
+    const size_t grain = std::max<size_t>(4, (min_rows + 3) / 4 * 4);
+    pool.parallel_for(size_t(w.rows), [&](size_t b, size_t e) { k.gemv(x, T, w, bias, y, int(b), int(e)); }, grain);
+  } else {
+    // x packed once into the caller's buffer, shared by the threads (reused by every prefill).
+    thread_local std::vector<float> packed;
+    const size_t panels = size_t((T + k.gemm_mr - 1) / k.gemm_mr);
+    const size_t need = panels * size_t(k.gemm_mr) * size_t(w.cols);
+    if (packed.size() < need) packed.resize(need);
+    float* ap = packed.data();
+    pool.parallel_for(panels, [&](size_t b, size_t e) { k.pack_a(x, T, w.cols, int(b), int(e), ap); });
+    pool.parallel_for(size_t(w.rows), [&](size_t b, size_t e) { k.gemm(ap, T, w, bias, y, int(b), int(e)); },
+                      size_t(k.gemm_nr));
   }
 }
 
 void rmsnorm(const float* x, const float* w, float* out, int n, float eps) {
-  float ss = 0.f;
-#pragma omp simd reduction(+ : ss)
-  for (int i = 0; i < n; ++i) ss += x[i] * x[i];
-  const float inv = 1.0f / std::sqrt(ss / float(n) + eps);
-#pragma omp simd
-  for (int i = 0; i < n; ++i) out[i] = w[i] * (x[i] * inv);
+  active_kernels().rmsnorm(x, w, out, n, eps);
 }
 
-void silu_mul(float* gate, const float* up, int n) {
-  for (int i = 0; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
-}
+void silu_mul(float* gate, const float* up, int n) { active_kernels().silu_mul(gate, up, n); }
 
-void softmax(float* x, int n) {
-  float m = *std::max_element(x, x + n);
-  float s = 0.f;
-  for (int i = 0; i < n; ++i) {
-    x[i] = std::exp(x[i] - m);
-    s += x[i];
-  }
-  const float inv = 1.0f / s;
-  for (int i = 0; i < n; ++i) x[i] *= inv;
-}
+void softmax(float* x, int n) { active_kernels().softmax(x, n); }
 
 void rope_cos_sin(const float* inv_freq, int half, int64_t pos, float* cos, float* sin) {
   for (int i = 0; i < half; ++i) {
@@ -176,23 +116,11 @@ void rope_cos_sin(const float* inv_freq, int half, int64_t pos, float* cos, floa
 }
 
 void rope_rotate_one(const float* x, int head_dim, const float* cos, const float* sin, float* out) {
-  const int half = head_dim / 2;
-  for (int i = 0; i < half; ++i) {
-    out[i] = x[i] * cos[i] - x[i + half] * sin[i];
-    out[i + half] = x[i + half] * cos[i] + x[i] * sin[i];
-  }
+  active_kernels().rope_rotate_one(x, head_dim, cos, sin, out);
 }
 
 void rope_rotate(float* x, int n_heads, int head_dim, const float* cos, const float* sin) {
-  const int half = head_dim / 2;
-  for (int h = 0; h < n_heads; ++h) {
-    float* v = x + size_t(h) * size_t(head_dim);
-    for (int i = 0; i < half; ++i) {
-      const float a = v[i], b = v[i + half];
-      v[i] = a * cos[i] - b * sin[i];
-      v[i + half] = b * cos[i] + a * sin[i];
-    }
-  }
+  active_kernels().rope_rotate(x, n_heads, head_dim, cos, sin);
 }
 
 }  // namespace ptllm

@@ -1,6 +1,8 @@
 #pragma once
 // Math kernels. They know nothing of the model: plain arrays in, plain arrays out, float32 math.
 // Weights are read in their stored dtype (F32, F16 or BF16), never copied to float32 as a whole.
+// Each kernel runs the best SIMD target of the CPU (kernels/simd.h) and has a scalar reference
+// twin (*_ref, plain loops the compiler is told not to vectorize) that the tests compare it with.
 #include <cstdint>
 
 #include "core/dtype.h"
@@ -19,8 +21,10 @@ struct WeightMatrix {
 };
 
 // y[t][r] = sum_k x[t][k] * W[r][k] + bias[r]      x: [T][cols], y: [T][rows], bias: [rows] or null
+// Split over the pool by output columns: a matrix-vector product streaming the weights for small T
+// (decode), a packed matrix-matrix product for larger T (prefill).
 void matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool);
-// Scalar reference twin of matmul (one thread, plain loops), for tests.
+// Scalar reference twin of matmul (one thread, plain loops, double accumulation), for tests.
 void matmul_ref(const float* x, int T, const WeightMatrix& w, const float* bias, float* y);
 
 // Row `r` of w converted to float32: out [cols].
@@ -50,5 +54,18 @@ void rope_cos_sin(const float* inv_freq, int half, int64_t pos, float* cos, floa
 void rope_rotate_one(const float* x, int head_dim, const float* cos, const float* sin, float* out);
 // Rotates every head of x [n_heads][head_dim] (rotate_half convention: pairs (i, i + head_dim/2)).
 void rope_rotate(float* x, int n_heads, int head_dim, const float* cos, const float* sin);
+
+// Scalar reference twins of the kernels above (same contracts).
+float dot_ref(const float* a, const float* b, int n);
+void axpy_ref(float a, const float* x, float* y, int n);
+float dot_stored_ref(const float* a, const void* b, DType t, int n);
+void axpy_stored_ref(float a, const void* x, DType t, float* y, int n);
+void store_as_ref(const float* src, void* dst, DType t, int n);
+void load_from_ref(const void* src, DType t, float* dst, int n);
+void rmsnorm_ref(const float* x, const float* w, float* out, int n, float eps);
+void silu_mul_ref(float* gate, const float* up, int n);
+void softmax_ref(float* x, int n);
+void rope_rotate_one_ref(const float* x, int head_dim, const float* cos, const float* sin, float* out);
+void rope_rotate_ref(float* x, int n_heads, int head_dim, const float* cos, const float* sin);
 
 }  // namespace ptllm

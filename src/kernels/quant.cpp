@@ -29,7 +29,8 @@ void affine_params(float lo, float hi, int bits, uint16_t* scale_h, uint16_t* ze
 
 int to_code(float x, float scale, float zero, int levels) {
   const float c = std::nearbyint((x - zero) / scale);
-  return int(std::clamp(c, 0.f, float(levels)));
+  if (!(c >= 0.f)) return 0;  // also NaN (an overflowed activation): converting NaN to int is undefined
+  return int(std::min(c, float(levels)));
 }
 
 void pack_row(const int* c, int D, int bits, uint8_t* out) {
@@ -76,61 +77,6 @@ void quantize_v_token(const float* x, int D, int bits, uint8_t* codes, uint16_t*
   PTLLM_CHECK(D <= 1024);
   for (int d = 0; d < D; ++d) c[d] = to_code(x[d], s, z, levels);
   pack_row(c, D, bits, codes);
-}
-
-float dot_codes(const float* a, const uint8_t* codes, int D, int bits) {
-  float sum = 0.f;
-  switch (bits) {
-    case 8:
-#pragma omp simd reduction(+ : sum)
-      for (int i = 0; i < D; ++i) sum += a[i] * float(codes[i]);
-      break;
-    case 4:
-#pragma omp simd reduction(+ : sum)
-      for (int i = 0; i < D / 2; ++i)
-        sum += a[2 * i] * float(codes[i] & 0xf) + a[2 * i + 1] * float(codes[i] >> 4);
-      break;
-    default:
-#pragma omp simd reduction(+ : sum)
-      for (int i = 0; i < D / 4; ++i) {
-        const uint8_t b = codes[i];
-        sum += a[4 * i] * float(b & 3) + a[4 * i + 1] * float((b >> 2) & 3) + a[4 * i + 2] * float((b >> 4) & 3) +
-               a[4 * i + 3] * float(b >> 6);
-      }
-      break;
-  }
-  // Tail when D is not a multiple of the codes per byte.
-  const int per_byte = 8 / bits, done = D / per_byte * per_byte;
-  for (int i = done; i < D; ++i) sum += a[i] * float(code_at(codes, i, bits));
-  return sum;
-}
-
-void axpy_codes(float w, const uint8_t* codes, int D, int bits, float* acc) {
-  switch (bits) {
-    case 8:
-#pragma omp simd
-      for (int i = 0; i < D; ++i) acc[i] += w * float(codes[i]);
-      break;
-    case 4:
-#pragma omp simd
-      for (int i = 0; i < D / 2; ++i) {
-        acc[2 * i] += w * float(codes[i] & 0xf);
-        acc[2 * i + 1] += w * float(codes[i] >> 4);
-      }
-      break;
-    default:
-#pragma omp simd
-      for (int i = 0; i < D / 4; ++i) {
-        const uint8_t b = codes[i];
-        acc[4 * i] += w * float(b & 3);
-        acc[4 * i + 1] += w * float((b >> 2) & 3);
-        acc[4 * i + 2] += w * float((b >> 4) & 3);
-        acc[4 * i + 3] += w * float(b >> 6);
-      }
-      break;
-  }
-  const int per_byte = 8 / bits, done = D / per_byte * per_byte;
-  for (int i = done; i < D; ++i) acc[i] += w * float(code_at(codes, i, bits));
 }
 
 void dequantize_k_group(const uint8_t* codes, const uint16_t* scale, const uint16_t* zero, int G, int D, int bits,

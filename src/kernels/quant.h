@@ -44,6 +44,9 @@ inline int code_at(const uint8_t* codes, int i, int bits) {
 float dot_codes(const float* a, const uint8_t* codes, int D, int bits);
 // acc[i] += w * c[i]
 void axpy_codes(float w, const uint8_t* codes, int D, int bits, float* acc);
+// Scalar reference twins of the two (the SIMD versions dispatch through kernels/simd.h).
+float dot_codes_ref(const float* a, const uint8_t* codes, int D, int bits);
+void axpy_codes_ref(float w, const uint8_t* codes, int D, int bits, float* acc);
 
 // Reference twins (tests): dequantize a K group or a V token to float32.
 void dequantize_k_group(const uint8_t* codes, const uint16_t* scale, const uint16_t* zero, int G, int D, int bits,

@@ -1,0 +1,340 @@
+// Kernel benchmarks (docs/performance.md):
+//   kernel/<name>/{simd,scalar}/<n>   each SIMD kernel (best target) against its scalar twin, one core
+//   prefill/<shape>/{ours_bf16,ours_f32,openblas_f32}   matmul at the prefill shapes of Llama-3.2-1B
+//       (512 tokens) next to OpenBLAS sgemm on the same shapes and threads
+//   product/{gemv,gemm}/<T>           the two product kernels at small T (where matmul switches)
+//   decode/gemv_bf16, decode/read     a decode-size weight stream against a plain read of as many bytes
+// Threads: PTLLM_BENCH_THREADS (default: all cores), for our pool and OpenBLAS alike. OpenBLAS is
+// loaded at run time (libopenblas.so.0, from libopenblas0 / libopenblas-dev); without it the
+// openblas_* benchmarks are skipped.
+#include <benchmark/benchmark.h>
+#include <dlfcn.h>
+
+#include <cmath>
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/thread_pool.h"
+#include "kernels/ops.h"
+#include "kernels/quant.h"
+#include "kernels/simd.h"
+
+namespace ptllm {
+namespace {
+
+int bench_threads() {
+  const char* env = std::getenv("PTLLM_BENCH_THREADS");
+  return env && std::atoi(env) > 0 ? std::atoi(env) : ThreadPool::default_threads();
+}
+
+ThreadPool& pool() {
+  static ThreadPool p(bench_threads());
+  return p;
+}
+
+std::vector<float> random_floats(size_t n, float lo = -1.f, float hi = 1.f, unsigned seed = 7) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = u(rng);
+  return v;
+}
+
+std::vector<uint16_t> as_16bit(const std::vector<float>& v, DType t) {
+  std::vector<uint16_t> out(v.size());
+  store_as_ref(v.data(), out.data(), t, int(v.size()));
+  return out;
+}
+
+// ---- OpenBLAS, loaded at run time ------------------------------------------------------------
+
+struct OpenBlas {
+  using Sgemm = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int, float, float*, int);
+  Sgemm sgemm = nullptr;
+  void (*set_threads)(int) = nullptr;
+  char* (*corename)() = nullptr;
+  OpenBlas() {
+    void* h = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
+    if (!h) h = dlopen("libopenblas.so", RTLD_NOW | RTLD_LOCAL);
+    if (!h) return;
+    sgemm = reinterpret_cast<Sgemm>(dlsym(h, "cblas_sgemm"));
+    set_threads = reinterpret_cast<void (*)(int)>(dlsym(h, "openblas_set_num_threads"));
+    corename = reinterpret_cast<char* (*)()>(dlsym(h, "openblas_get_corename"));
+    if (set_threads) set_threads(bench_threads());
+  }
+};
+const OpenBlas& openblas() {
+  static OpenBlas b;
+  return b;
+}
+constexpr int kCblasRowMajor = 101, kCblasNoTrans = 111, kCblasTrans = 112;
+
+// ---- kernel vs scalar twin ------------------------------------------------------------------------
+
+using Body = std::function<void()>;
+// Builds the SIMD and the scalar body of one kernel for size n (buffers owned by the closures).
+using CaseMaker = std::function<std::pair<Body, Body>(int n)>;
+
+void register_kernel(const std::string& name, CaseMaker make) {
+  for (int n : {1024, 4096})
+    for (bool simd : {true, false})
+      benchmark::RegisterBenchmark(("kernel/" + name + (simd ? "/simd/" : "/scalar/") + std::to_string(n)).c_str(),
+                                   [=](benchmark::State& st) {
+                                     auto bodies = make(n);
+                                     const Body& body = simd ? bodies.first : bodies.second;
+                                     for (auto _ : st) {
+                                       body();
+                                       benchmark::ClobberMemory();
+                                     }
+                                     st.SetItemsProcessed(int64_t(st.iterations()) * n);
+                                   });
+}
+
+void register_kernels() {
+  register_kernel("dot", [](int n) {
+    auto a = std::make_shared<std::vector<float>>(random_floats(size_t(n)));
+    auto b = std::make_shared<std::vector<float>>(random_floats(size_t(n), -1, 1, 8));
+    return std::pair<Body, Body>{[=] { benchmark::DoNotOptimize(dot(a->data(), b->data(), n)); },
+                                 [=] { benchmark::DoNotOptimize(dot_ref(a->data(), b->data(), n)); }};
+  });
+  register_kernel("axpy", [](int n) {
+    auto x = std::make_shared<std::vector<float>>(random_floats(size_t(n)));
+    auto y = std::make_shared<std::vector<float>>(random_floats(size_t(n)));
+    return std::pair<Body, Body>{[=] { axpy(1e-7f, x->data(), y->data(), n); },
+                                 [=] { axpy_ref(1e-7f, x->data(), y->data(), n); }};
+  });
+  for (DType t : {DType::BF16, DType::F16}) {
+    const std::string tn = t == DType::BF16 ? "bf16" : "f16";
+    register_kernel("dot_" + tn, [t](int n) {
+      auto a = std::make_shared<std::vector<float>>(random_floats(size_t(n)));
+      auto b = std::make_shared<std::vector<uint16_t>>(as_16bit(random_floats(size_t(n)), t));
+      return std::pair<Body, Body>{[=] { benchmark::DoNotOptimize(dot_stored(a->data(), b->data(), t, n)); },
+                                   [=] { benchmark::DoNotOptimize(dot_stored_ref(a->data(), b->data(), t, n)); }};
+    });
+    register_kernel("axpy_" + tn, [t](int n) {
+      auto x = std::make_shared<std::vector<uint16_t>>(as_16bit(random_floats(size_t(n)), t));
+      auto y = std::make_shared<std::vector<float>>(random_floats(size_t(n)));
+      return std::pair<Body, Body>{[=] { axpy_stored(1e-7f, x->data(), t, y->data(), n); },
+                                   [=] { axpy_stored_ref(1e-7f, x->data(), t, y->data(), n); }};
+    });
+    register_kernel("store_" + tn, [t](int n) {
+      auto x = std::make_shared<std::vector<float>>(random_floats(size_t(n)));
+      auto y = std::make_shared<std::vector<uint16_t>>(size_t(n));
+      return std::pair<Body, Body>{[=] { store_as(x->data(), y->data(), t, n); },
+                                   [=] { store_as_ref(x->data(), y->data(), t, n); }};
+    });
+    register_kernel("load_" + tn, [t](int n) {
+      auto x = std::make_shared<std::vector<uint16_t>>(as_16bit(random_floats(size_t(n)), t));
+      auto y = std::make_shared<std::vector<float>>(size_t(n));
+      return std::pair<Body, Body>{[=] { load_from(x->data(), t, y->data(), n); },
+                                   [=] { load_from_ref(x->data(), t, y->data(), n); }};
+    });
+  }
+  for (int bits : {8, 4, 2}) {
+    register_kernel("dot_codes_int" + std::to_string(bits), [bits](int n) {
+      auto a = std::make_shared<std::vector<float>>(random_floats(size_t(n)));
+      auto c = std::make_shared<std::vector<uint8_t>>(packed_bytes(n, bits), uint8_t(0x5b));
+      return std::pair<Body, Body>{[=] { benchmark::DoNotOptimize(dot_codes(a->data(), c->data(), n, bits)); },
+                                   [=] { benchmark::DoNotOptimize(dot_codes_ref(a->data(), c->data(), n, bits)); }};
+    });
+    register_kernel("axpy_codes_int" + std::to_string(bits), [bits](int n) {
+      auto acc = std::make_shared<std::vector<float>>(random_floats(size_t(n)));
+      auto c = std::make_shared<std::vector<uint8_t>>(packed_bytes(n, bits), uint8_t(0x5b));
+      return std::pair<Body, Body>{[=] { axpy_codes(1e-7f, c->data(), n, bits, acc->data()); },
+                                   [=] { axpy_codes_ref(1e-7f, c->data(), n, bits, acc->data()); }};
+    });
+  }
+  register_kernel("rmsnorm", [](int n) {
+    auto x = std::make_shared<std::vector<float>>(random_floats(size_t(n)));
+    auto w = std::make_shared<std::vector<float>>(random_floats(size_t(n)));
+    auto o = std::make_shared<std::vector<float>>(size_t(n));
+    return std::pair<Body, Body>{[=] { rmsnorm(x->data(), w->data(), o->data(), n, 1e-5f); },
+                                 [=] { rmsnorm_ref(x->data(), w->data(), o->data(), n, 1e-5f); }};
+  });
+  register_kernel("silu_mul", [](int n) {
+    // up = g / silu(g): the update is the identity, so repeated calls keep their inputs.
+    auto g = std::make_shared<std::vector<float>>(random_floats(size_t(n), 0.5f, 4.f));
+    auto u = std::make_shared<std::vector<float>>(size_t(n));
+    for (int i = 0; i < n; ++i) (*u)[size_t(i)] = 1.0f + std::exp(-(*g)[size_t(i)]);
+    return std::pair<Body, Body>{[=] { silu_mul(g->data(), u->data(), n); },
+                                 [=] { silu_mul_ref(g->data(), u->data(), n); }};
+  });
+  register_kernel("softmax", [](int n) {
+    auto x = std::make_shared<std::vector<float>>(random_floats(size_t(n), -5, 5));
+    return std::pair<Body, Body>{[=] { softmax(x->data(), n); }, [=] { softmax_ref(x->data(), n); }};
+  });
+  register_kernel("rope_64", [](int n) {  // n / 64 heads of 64
+    auto x = std::make_shared<std::vector<float>>(random_floats(size_t(n)));
+    auto c = std::make_shared<std::vector<float>>(32), s = std::make_shared<std::vector<float>>(32);
+    for (int i = 0; i < 32; ++i) (*c)[size_t(i)] = std::cos(0.1f * float(i)), (*s)[size_t(i)] = std::sin(0.1f * float(i));
+    return std::pair<Body, Body>{[=] { rope_rotate(x->data(), n / 64, 64, c->data(), s->data()); },
+                                 [=] { rope_rotate_ref(x->data(), n / 64, 64, c->data(), s->data()); }};
+  });
+  // Products on one core: n = the inner dimension; 64 weight rows (bf16), T = 1 and T = 16.
+  for (int T : {1, 16}) {
+    register_kernel("matmul_bf16_T" + std::to_string(T), [T](int n) {
+      auto w = std::make_shared<std::vector<uint16_t>>(as_16bit(random_floats(size_t(64) * size_t(n)), DType::BF16));
+      auto x = std::make_shared<std::vector<float>>(random_floats(size_t(T) * size_t(n)));
+      auto y = std::make_shared<std::vector<float>>(size_t(T) * 64);
+      auto one = std::make_shared<ThreadPool>(1);
+      const WeightMatrix m{DType::BF16, w->data(), 64, n};
+      return std::pair<Body, Body>{[=] { matmul(x->data(), T, m, nullptr, y->data(), *one); },
+                                   [=] { matmul_ref(x->data(), T, m, nullptr, y->data()); }};
+    });
+  }
+}
+
+// ---- prefill products against OpenBLAS ------------------------------------------------------------
+
+struct PrefillShape {
+  const char* name;
+  int N, K;  // weight rows (outputs) and columns (inputs)
+};
+// Llama-3.2-1B: q/o 2048x2048, k/v 512x2048, gate/up 8192x2048, down 2048x8192.
+const PrefillShape kPrefill[] = {{"qo_2048x2048", 2048, 2048},
+                                 {"kv_512x2048", 512, 2048},
+                                 {"gate_up_8192x2048", 8192, 2048},
+                                 {"down_2048x8192", 2048, 8192}};
+constexpr int kPrefillT = 512;
+
+void register_prefill() {
+  for (const auto& s : kPrefill) {
+    for (const char* who : {"ours_bf16", "ours_f32", "openblas_f32"}) {
+      benchmark::RegisterBenchmark((std::string("prefill/") + s.name + "/" + who).c_str(), [s, who](benchmark::State& st) {
+        const std::string w(who);
+        auto wf = random_floats(size_t(s.N) * size_t(s.K), -0.05f, 0.05f);
+        auto x = random_floats(size_t(kPrefillT) * size_t(s.K));
+        std::vector<float> y(size_t(kPrefillT) * size_t(s.N));
+        std::vector<uint16_t> wb;
+        WeightMatrix m{DType::F32, wf.data(), s.N, s.K};
+        if (w == "ours_bf16") {
+          wb = as_16bit(wf, DType::BF16);
+          m = WeightMatrix{DType::BF16, wb.data(), s.N, s.K};
+        }
+        if (w == "openblas_f32" && !openblas().sgemm) {
+          st.SkipWithError("libopenblas.so.0 not found");
+          return;
+        }
+        for (auto _ : st) {
+          if (w == "openblas_f32")
+            // y[T][N] = x[T][K] * W[N][K]^T
+            openblas().sgemm(kCblasRowMajor, kCblasNoTrans, kCblasTrans, kPrefillT, s.N, s.K, 1.f, x.data(), s.K,
+                             wf.data(), s.K, 0.f, y.data(), s.N);
+          else
+            matmul(x.data(), kPrefillT, m, nullptr, y.data(), pool());
+          benchmark::ClobberMemory();
+        }
+        st.counters["GFLOPS"] = benchmark::Counter(2.0 * kPrefillT * s.N * s.K * double(st.iterations()) / 1e9,
+                                                   benchmark::Counter::kIsRate);
+      })->UseRealTime()->Unit(benchmark::kMillisecond);
+    }
+  }
+}
+
+// ---- gemv against gemm at small T ----------------------------------------------------------------
+
+void register_products() {
+  for (const char* kind : {"gemv", "gemm"})
+    for (int T : {1, 2, 4, 6, 8, 12, 16, 32}) {
+      benchmark::RegisterBenchmark((std::string("product/") + kind + "/" + std::to_string(T)).c_str(),
+                                   [kind, T](benchmark::State& st) {
+                                     const int N = 2048, K = 2048;
+                                     auto w = as_16bit(random_floats(size_t(N) * K, -0.05f, 0.05f), DType::BF16);
+                                     auto x = random_floats(size_t(T) * K);
+                                     std::vector<float> y(size_t(T) * N);
+                                     const WeightMatrix m{DType::BF16, w.data(), N, K};
+                                     const KernelTable& k = active_kernels();
+                                     const bool gemv = std::string(kind) == "gemv";
+                                     const int panels = (T + k.gemm_mr - 1) / k.gemm_mr;
+                                     std::vector<float> ap(size_t(panels) * size_t(k.gemm_mr) * K);
+                                     for (auto _ : st) {
+                                       if (gemv) {
+                                         pool().parallel_for(
+                                             size_t(N),
+                                             [&](size_t b, size_t e) { k.gemv(x.data(), T, m, nullptr, y.data(), int(b), int(e)); },
+                                             4);
+                                       } else {  // as matmul does it: x packed once, then the column tiles
+                                         pool().parallel_for(size_t(panels), [&](size_t b, size_t e) {
+                                           k.pack_a(x.data(), T, K, int(b), int(e), ap.data());
+                                         });
+                                         pool().parallel_for(
+                                             size_t(N),
+                                             [&](size_t b, size_t e) { k.gemm(ap.data(), T, m, nullptr, y.data(), int(b), int(e)); },
+                                             size_t(k.gemm_nr));
+                                       }
+                                       benchmark::ClobberMemory();
+                                     }
+                                     st.counters["tok/s"] =
+                                         benchmark::Counter(double(T) * double(st.iterations()), benchmark::Counter::kIsRate);
+                                   })
+          ->UseRealTime();
+    }
+}
+
+// ---- decode: a weight stream larger than any cache, against a plain read ------------------------
+
+constexpr size_t kStreamBytes = size_t(512) << 20;
+
+// A cache-line aligned buffer (a std::vector's large buffer is 16 bytes past a page start).
+template <class T>
+std::unique_ptr<T[], void (*)(void*)> aligned_buffer(size_t n, T fill) {
+  std::unique_ptr<T[], void (*)(void*)> p(static_cast<T*>(std::aligned_alloc(64, (n * sizeof(T) + 63) / 64 * 64)), std::free);
+  std::fill_n(p.get(), n, fill);
+  return p;
+}
+
+void register_decode() {
+  benchmark::RegisterBenchmark("decode/gemv_bf16", [](benchmark::State& st) {
+    // 16 matrices of 8192 x 2048 bf16 (32 MiB each), visited in turn, as a decode step visits layers.
+    const int N = 8192, K = 2048, count = int(kStreamBytes / (size_t(N) * K * 2));
+    // 8 bytes past a line, as safetensors data usually is.
+    auto w = aligned_buffer<uint16_t>(size_t(count) * N * K + 4, f32_to_bf16(0.01f));
+    auto x = random_floats(K);
+    std::vector<float> y(N);
+    for (auto _ : st) {
+      for (int i = 0; i < count; ++i)
+        matmul(x.data(), 1, WeightMatrix{DType::BF16, w.get() + 4 + size_t(i) * N * K, N, K}, nullptr, y.data(), pool());
+      benchmark::ClobberMemory();
+    }
+    st.SetBytesProcessed(int64_t(st.iterations()) * int64_t(kStreamBytes));
+  })->UseRealTime()->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("decode/read", [](benchmark::State& st) {
+    const size_t n = kStreamBytes / sizeof(float);
+    auto buf = aligned_buffer<float>(n, 0.5f);
+    for (auto _ : st) {
+      pool().parallel_for(
+          n, [&](size_t b, size_t e) { benchmark::DoNotOptimize(dot(buf.get() + b, buf.get() + b, int(e - b))); }, 4096);
+      benchmark::ClobberMemory();
+    }
+    st.SetBytesProcessed(int64_t(st.iterations()) * int64_t(kStreamBytes));
+  })->UseRealTime()->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("threadpool/empty_parallel_for", [](benchmark::State& st) {
+    for (auto _ : st) pool().parallel_for(64, [](size_t, size_t) {});
+  });
+}
+
+}  // namespace
+}  // namespace ptllm
+
+int main(int argc, char** argv) {
+  using namespace ptllm;
+  benchmark::AddCustomContext("simd_target", std::string(simd_target_name(active_simd_target())));
+  benchmark::AddCustomContext("threads", std::to_string(bench_threads()));
+  if (openblas().corename) benchmark::AddCustomContext("openblas_core", openblas().corename());
+  register_kernels();
+  register_prefill();
+  register_products();
+  register_decode();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

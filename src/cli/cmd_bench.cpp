@@ -1,0 +1,124 @@
+// posttrainllm bench: prefill and decode speed of a model (random token ids: no tokenizer needed),
+// the KV cache it fills, peak RSS, and the machine's memory bandwidth with the decode floor it
+// implies (bytes read per decode step / bandwidth) and the fraction of that floor achieved.
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "cli/commands.h"
+#include "cli/options.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "engine/bench.h"
+#include "kernels/simd.h"
+#include "model/model.h"
+
+namespace ptllm::cli {
+
+namespace {
+
+struct BenchArgs {
+  std::string model_dir;
+  BenchConfig bench;
+  int bandwidth_mib = 512;
+  bool json = false;
+  RuntimeOptions runtime;
+};
+
+int run_bench_command(BenchArgs& a) {
+  auto model = Model::load(a.model_dir);
+  const ModelConfig& cfg = model->config();
+  const BenchConfig& b = a.bench;
+  const int64_t needed = int64_t(b.context) + b.prompt_tokens + b.gen_tokens;
+  const bool streaming = a.runtime.window > 0;
+  // Without --ctx-size the cache is sized for the run; a given one must hold it.
+  if (a.runtime.ctx_size == 0 && !streaming)
+    a.runtime.ctx_size = int(std::max<int64_t>(default_ctx_size(cfg), needed));
+  SessionOptions sopts = make_session_options(a.runtime, cfg);
+  if (!streaming && needed > sopts.kv.ctx_size)
+    throw UsageError("--context + --prompt-tokens + --gen-tokens (" + std::to_string(needed) +
+                     ") exceed --ctx-size " + std::to_string(sopts.kv.ctx_size));
+  ThreadPool pool(resolve_threads(a.runtime));
+
+  const BenchResult r = run_bench(*model, sopts, pool, b);
+  const double rss_mib = peak_rss_mib();  // before the bandwidth buffers are allocated
+  const Bandwidth bw = measure_bandwidth(pool, size_t(a.bandwidth_mib) << 20, 5);
+  const double bytes_per_token = double(r.weight_bytes_per_token + r.kv_bytes_per_token);
+  const double floor_tok_s = bw.read_gb_s * 1e9 / bytes_per_token;
+  const double fraction = r.decode_tok_s / floor_tok_s;
+  const std::string simd(simd_target_name(active_simd_target()));
+
+  if (a.json) {
+    nlohmann::json j = {
+        {"model", a.model_dir},
+        {"architecture", cfg.arch_name},
+        {"simd", simd},
+        {"threads", pool.size()},
+        {"context_tokens", b.context},
+        {"prompt_tokens", b.prompt_tokens},
+        {"gen_tokens", b.gen_tokens},
+        {"repeat", b.repeat},
+        {"kv_cache", sopts.use_cache ? sopts.kv.describe() : "none"},
+        {"prefill_tok_s", r.prefill_tok_s},
+        {"decode_tok_s", r.decode_tok_s},
+        {"ttft_ms", r.ttft_ms},
+        {"kv_logical_bytes", r.kv_logical_bytes},
+        {"kv_physical_bytes", r.kv_physical_bytes},
+        {"kv_stored_tokens", r.kv_stored},
+        {"peak_rss_mb", rss_mib},
+        {"weight_bytes", model->weight_bytes()},
+        {"bytes_per_token", r.weight_bytes_per_token + r.kv_bytes_per_token},
+        {"bandwidth_gb_s", bw.read_gb_s},
+        {"copy_bandwidth_gb_s", bw.copy_gb_s},
+        {"decode_floor_tok_s", floor_tok_s},
+        {"decode_floor_fraction", fraction},
+    };
+    nlohmann::json runs = nlohmann::json::array();
+    for (const BenchRun& run : r.runs)
+      runs.push_back({{"prefill_ms", run.prefill_ms}, {"ttft_ms", run.ttft_ms}, {"decode_ms", run.decode_ms}});
+    j["runs"] = runs;
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  std::printf("model: %s (%s, %s of weights), %d threads, simd %s\n", a.model_dir.c_str(), cfg.arch_name.c_str(),
+              format_bytes(model->weight_bytes()).c_str(), pool.size(), simd.c_str());
+  std::printf("run: %d prompt tokens after %d of context, %d generated; median of %d\n", b.prompt_tokens, b.context,
+              b.gen_tokens, b.repeat);
+  std::printf("prefill: %.1f tok/s, time to first token %.1f ms\n", r.prefill_tok_s, r.ttft_ms);
+  std::printf("decode: %.2f tok/s\n", r.decode_tok_s);
+  if (sopts.use_cache)
+    std::printf("kv cache: %s, %d tokens stored, logical %s, physical %s\n", sopts.kv.describe().c_str(), r.kv_stored,
+                format_bytes(r.kv_logical_bytes).c_str(), format_bytes(r.kv_physical_bytes).c_str());
+  std::printf("peak RSS: %.1f MiB\n", rss_mib);
+  std::printf("memory bandwidth: read %.1f GB/s, copy %.1f GB/s (%d MiB, best of 5)\n", bw.read_gb_s, bw.copy_gb_s,
+              a.bandwidth_mib);
+  std::printf("decode floor: %s read per token -> %.2f tok/s; achieved %.0f%% of it\n",
+              format_bytes(size_t(bytes_per_token)).c_str(), floor_tok_s, 100 * fraction);
+  return 0;
+}
+
+}  // namespace
+
+Command add_bench_command(CLI::App& root) {
+  auto a = std::make_shared<BenchArgs>();
+  CLI::App* app = root.add_subcommand("bench", "Measure prefill/decode speed, KV bytes, peak RSS and the decode floor");
+  app->add_option("model_dir", a->model_dir, "Hugging Face model directory (no tokenizer needed)")->required();
+  app->add_option("--prompt-tokens,-p", a->bench.prompt_tokens, "Prompt tokens prefilled and timed (default 512)")
+      ->check(CLI::PositiveNumber);
+  app->add_option("--gen-tokens,-n", a->bench.gen_tokens, "Tokens decoded and timed (default 128)")
+      ->check(CLI::PositiveNumber);
+  app->add_option("--repeat,-r", a->bench.repeat, "Runs; speeds are their median (default 3)")
+      ->check(CLI::PositiveNumber);
+  app->add_option("--context", a->bench.context, "Tokens already in the cache before the prompt (default 0)")
+      ->check(CLI::NonNegativeNumber);
+  app->add_option("--seed", a->bench.seed, "Seed of the random token ids (default 1)");
+  app->add_option("--bandwidth-mib", a->bandwidth_mib, "Buffer of the memory-bandwidth test, MiB (default 512)")
+      ->check(CLI::Range(1, 1 << 16));
+  app->add_flag("--json", a->json, "Print one JSON object instead of text");
+  add_runtime_options(*app, a->runtime);
+  return {app, [a] { return run_bench_command(*a); }};
+}
+
+}  // namespace ptllm::cli

@@ -1,0 +1,148 @@
+#include "engine/bench.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "kernels/ops.h"
+#include "sample/sampler.h"
+
+namespace ptllm {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::vector<int32_t> random_ids(size_t n, int vocab, std::mt19937_64& rng) {
+  std::uniform_int_distribution<int32_t> id(0, vocab - 1);
+  std::vector<int32_t> out(n);
+  for (auto& x : out) x = id(rng);
+  return out;
+}
+
+// One run in a fresh session: context (untimed), prompt (timed: prefill, ttft), greedy decode (timed).
+// kv_before_decode: the cache's logical bytes when decode starts.
+BenchRun one_run(const Model& model, const SessionOptions& opts, ThreadPool& pool, const std::vector<int32_t>& context,
+                 const std::vector<int32_t>& prompt, int gen, std::unique_ptr<Session>& session,
+                 size_t* kv_before_decode) {
+  session.reset();  // the previous run's cache goes before the next one is allocated
+  session = std::make_unique<Session>(model, opts, pool);
+  Session& s = *session;
+  if (!context.empty()) s.feed(context);
+  BenchRun r;
+  const auto t0 = Clock::now();
+  std::span<float> logits = s.feed(prompt);
+  r.prefill_ms = ms_since(t0);
+  int32_t next = argmax(logits);
+  r.ttft_ms = ms_since(t0);
+  *kv_before_decode = s.has_cache() ? s.cache().logical_bytes() : 0;
+  const auto t1 = Clock::now();
+  for (int i = 0; i < gen; ++i) {
+    logits = s.feed({&next, 1});
+    next = argmax(logits);
+  }
+  r.decode_ms = ms_since(t1);
+  return r;
+}
+
+}  // namespace
+
+size_t decode_weight_bytes(const Model& model) {
+  size_t total = 0;
+  for (const auto& f : model.files().files())
+    for (const auto& [name, t] : f->tensors()) total += t.nbytes;
+  const bool tied = model.config().tie_word_embeddings && !model.files().find("lm_head.weight");
+  if (!tied)
+    if (const TensorView* e = model.files().find("model.embed_tokens.weight")) total -= e->nbytes;
+  return total;
+}
+
+BenchResult run_bench(const Model& model, const SessionOptions& opts, ThreadPool& pool, const BenchConfig& cfg) {
+  PTLLM_CHECK(cfg.prompt_tokens > 0 && cfg.gen_tokens > 0 && cfg.repeat > 0 && cfg.context >= 0);
+  const int vocab = model.config().vocab_size;
+  std::mt19937_64 rng(cfg.seed);
+  const auto context = random_ids(size_t(cfg.context), vocab, rng);
+  const auto prompt = random_ids(size_t(cfg.prompt_tokens), vocab, rng);
+
+  std::unique_ptr<Session> session;
+  size_t kv_before = 0;
+  {  // Warm-up: faults the mapped weights in and sizes the buffers, outside the measurement.
+    const std::vector<int32_t> few(prompt.begin(), prompt.begin() + std::min<ptrdiff_t>(8, ptrdiff_t(prompt.size())));
+    one_run(model, opts, pool, {}, few, 2, session, &kv_before);
+  }
+  BenchResult res;
+  std::vector<double> prefill, decode, ttft;
+  for (int i = 0; i < cfg.repeat; ++i) {
+    BenchRun r = one_run(model, opts, pool, context, prompt, cfg.gen_tokens, session, &kv_before);
+    res.runs.push_back(r);
+    prefill.push_back(double(cfg.prompt_tokens) / (r.prefill_ms / 1000));
+    decode.push_back(double(cfg.gen_tokens) / (r.decode_ms / 1000));
+    ttft.push_back(r.ttft_ms);
+  }
+  res.prefill_tok_s = median(prefill);
+  res.decode_tok_s = median(decode);
+  res.ttft_ms = median(ttft);
+  if (session->has_cache()) {
+    const KVCache& kv = session->cache();
+    res.kv_logical_bytes = kv.logical_bytes();
+    res.kv_physical_bytes = kv.physical_bytes();
+    res.kv_stored = kv.n_stored();
+    res.kv_tokens = kv.n_tokens();
+    res.kv_bytes_per_token = (kv_before + res.kv_logical_bytes) / 2;
+  }
+  res.weight_bytes_per_token = decode_weight_bytes(model);
+  return res;
+}
+
+Bandwidth measure_bandwidth(ThreadPool& pool, size_t bytes, int trials) {
+  const size_t n = std::max<size_t>(bytes / sizeof(float), 1 << 16) / 16 * 16;
+  // Cache-line aligned: loads straddling lines would measure the split loads, not the memory.
+  std::unique_ptr<float, void (*)(float*)> a(static_cast<float*>(std::aligned_alloc(64, n * sizeof(float))),
+                                             [](float* p) { std::free(p); });
+  if (!a) throw Error("cannot allocate " + std::to_string(n * sizeof(float)) + " bytes for the bandwidth test");
+  std::fill_n(a.get(), n, 1.0f);  // fault every page in before timing
+  const size_t half = n / 2;
+  // Parts of 16 KiB: every thread streams long contiguous runs.
+  const size_t grain = 4096;
+  Bandwidth bw;
+  std::atomic<float> sink{0};  // keeps the sums observable
+  for (int t = 0; t < trials; ++t) {
+    auto t0 = Clock::now();
+    pool.parallel_for(
+        n, [&](size_t b, size_t e) { sink.store(dot(a.get() + b, a.get() + b, int(e - b)), std::memory_order_relaxed); },
+        grain);
+    double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    bw.read_gb_s = std::max(bw.read_gb_s, double(n * sizeof(float)) / s / 1e9);
+    t0 = Clock::now();
+    pool.parallel_for(
+        half, [&](size_t b, size_t e) { std::memcpy(a.get() + half + b, a.get() + b, (e - b) * sizeof(float)); }, grain);
+    s = std::chrono::duration<double>(Clock::now() - t0).count();
+    bw.copy_gb_s = std::max(bw.copy_gb_s, 2.0 * double(half * sizeof(float)) / s / 1e9);
+  }
+  return bw;
+}
+
+double peak_rss_mib() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;  // reported in kB
+  return 0;
+}
+
+}  // namespace ptllm

@@ -1,0 +1,60 @@
+#pragma once
+// The measurements behind `posttrainllm bench`: prefill and decode speed of a Session, the
+// machine's memory bandwidth, peak RSS, and the decode floor they imply (DESIGN.md "Performance
+// model": a decode step reads every weight once plus the stored K/V).
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "engine/session.h"
+
+namespace ptllm {
+
+class ThreadPool;
+
+struct BenchConfig {
+  int prompt_tokens = 512;  // measured prefill
+  int gen_tokens = 128;     // measured decode steps
+  int repeat = 3;           // runs; speeds are the median
+  int context = 0;          // tokens in the cache before the measured prompt (prefilled, not timed)
+  uint64_t seed = 1;        // the random token ids
+};
+
+struct BenchRun {
+  double prefill_ms = 0;  // feeding the prompt
+  double ttft_ms = 0;     // prompt fed and the first token chosen (greedy)
+  double decode_ms = 0;   // gen_tokens steps of one token each
+};
+
+struct BenchResult {
+  std::vector<BenchRun> runs;
+  double prefill_tok_s = 0, decode_tok_s = 0, ttft_ms = 0;  // medians over the runs
+  // The cache after the last run (zeros without a cache).
+  size_t kv_logical_bytes = 0, kv_physical_bytes = 0;
+  int kv_stored = 0;
+  int64_t kv_tokens = 0;
+  // Bytes one decode step reads: the weights it streams, and the stored K/V attention reads
+  // (its logical bytes, averaged over the measured steps).
+  size_t weight_bytes_per_token = 0;
+  size_t kv_bytes_per_token = 0;
+};
+
+// Runs an untimed warm-up (which faults the mapped weights in), then `repeat` measured runs, each
+// in a fresh Session: context, then the prompt, then greedy decode. Token ids are random.
+BenchResult run_bench(const Model& model, const SessionOptions& opts, ThreadPool& pool, const BenchConfig& cfg);
+
+// Weight bytes a decode step streams: every tensor, except an untied embedding table (one row of it
+// is read, not the table).
+size_t decode_weight_bytes(const Model& model);
+
+struct Bandwidth {
+  double read_gb_s = 0;  // a SIMD sum over the buffer, split over the pool (what decode does)
+  double copy_gb_s = 0;  // memcpy, counted as bytes read plus bytes written (STREAM's convention)
+};
+// STREAM-style: best of `trials` passes over `bytes` of memory (read) and bytes/2 -> bytes/2 (copy).
+Bandwidth measure_bandwidth(ThreadPool& pool, size_t bytes, int trials);
+
+// The process's peak resident set (VmHWM), in MiB; 0 where /proc is unavailable.
+double peak_rss_mib();
+
+}  // namespace ptllm

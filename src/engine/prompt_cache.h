@@ -1,0 +1,181 @@
+#pragma once
+// Persistent prompt cache (DESIGN.md "Persistence", seed 003 section #3): the state of a Session after
+// its prompt (token ids, KV-cache bytes, logits of the last token) saved to disk and restored on a
+// later launch, so that a repeated or extended prompt skips its prefill.
+//
+// A cache never changes what the model outputs: a file is used only when its checksum, format
+// version, key (model, tokenizer, binary, every KV setting) and token ids all match, and a cached
+// prefix is extended only where feeding the rest computes exactly what a cold prefill computes
+// (docs/prompt-cache.md). Anything wrong with a file is a warning and the cold path.
+#include <array>
+#include <cstdint>
+#include <filesystem>
+#include <future>
+#include <initializer_list>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kv/kv_cache.h"
+
+namespace ptllm {
+
+class Model;
+class Session;
+class Tokenizer;
+
+using Digest = std::array<uint8_t, 32>;  // SHA-256
+std::string to_hex(std::span<const uint8_t> bytes);
+std::string iso_time(int64_t unix_ms);  // "2025-01-31T12:00:00Z"
+
+// Everything a saved state depends on except the token ids. kv.ctx_size and kv.preallocate are not
+// part of it: they bound the capacity but do not change what is stored.
+struct PromptCacheIdentity {
+  std::string model_name;  // the model directory's base name, sanitized to [A-Za-z0-9._-]
+  std::string arch_name;   // config.json's architecture
+  int32_t vocab_size = 0;
+  int32_t n_layers = 0;
+  int32_t n_kv_heads = 0;
+  int32_t head_dim = 0;
+  KVCacheConfig kv;
+  // SHA-256 over the architecture, config.json's bytes, name, size and mtime of every weight file,
+  // size and mtime of this executable and its SIMD target (they decide the rounding), the tokenizer
+  // fingerprint, the shape above and every KV setting.
+  Digest config_key{};
+};
+
+PromptCacheIdentity prompt_cache_identity(const Model& model, const Tokenizer& tok, const KVCacheConfig& kv);
+// SHA-256 over the config key and the token ids: the key of one entry.
+Digest prompt_cache_key(const Digest& config_key, std::span<const int32_t> ids);
+std::string sanitize_model_name(std::string_view name);
+// "<model>-<first 12 hex of the key>.kvcache"; the sidecar replaces ".kvcache" by ".meta.json".
+std::string prompt_cache_file_name(const PromptCacheIdentity& id, std::span<const int32_t> ids);
+std::filesystem::path sidecar_path(const std::filesystem::path& kvcache);
+
+// ---------------------------------------------------------------------------------------------
+// The file (little-endian):
+//   "PTLLMKVC"  u32 version  u32 header_bytes  u64 file_size                      (preamble, 24 bytes)
+//   config_key[32]  u8 precision  u8 positions  u16 0  i32 group residual sink window
+//   i32 vocab layers kv_heads head_dim  i64 created_ms  u64 n_ids  u64 kv_bytes
+//   u16+model_name  u16+arch_name                                                 (header_bytes)
+//   i32 ids[n_ids]  f32 logits[vocab]  kv_state[kv_bytes]                         (body)
+//   u64 XXH3-64 over every byte before it
+inline constexpr uint32_t kPromptCacheVersion = 1;
+
+struct CacheFile {
+  uint32_t version = kPromptCacheVersion;
+  PromptCacheIdentity identity;  // as written
+  int64_t created_ms = 0;        // Unix time
+  std::vector<int32_t> ids;      // [n_ids]
+  std::vector<float> logits;     // [vocab] of the last token; empty when only the header was read
+  std::string_view kv_state;     // KVCache::serialize() bytes, a view into the decoded buffer
+  uint64_t file_size = 0;
+};
+
+// The bytes of a file holding this state (tests and the fuzzer's seeds; saving streams the same).
+std::string encode_cache_file(const PromptCacheIdentity& id, int64_t created_ms, std::span<const int32_t> ids,
+                              std::span<const float> logits, std::string_view kv_state);
+// Verifies and parses a whole file: magic, version, size, then the checksum before anything else,
+// then every length against the size. Throws ptllm::Error saying what is wrong.
+CacheFile decode_cache_file(std::string_view bytes);
+// Reads a file's header and ids only (no checksum: for choosing a candidate; the full load
+// verifies). Throws ptllm::Error.
+CacheFile read_cache_header(const std::filesystem::path& path);
+// Reads a whole file (large reads into `buffer`, which the result's kv_state points into) and decodes it.
+CacheFile read_cache_file(const std::filesystem::path& path, std::string& buffer);
+// Writes atomically: a temporary file beside `path`, fsync, rename, fsync of the directory, so that no
+// reader ever sees a partial file under the final name. Returns the bytes written; throws ptllm::Error
+// (the temporary removed).
+uint64_t write_cache_file(const std::filesystem::path& path, const PromptCacheIdentity& id, int64_t created_ms,
+                          std::span<const int32_t> ids, std::span<const float> logits, std::string_view kv_state);
+// The size write_cache_file() would write.
+uint64_t cache_file_size(const PromptCacheIdentity& id, uint64_t n_ids, uint64_t kv_bytes);
+// The same atomic write for any bytes (the sidecars): returns the bytes written, throws ptllm::Error.
+uint64_t write_file_atomically(const std::filesystem::path& path, std::initializer_list<std::string_view> parts);
+
+// ---------------------------------------------------------------------------------------------
+// A cache directory.
+
+struct CacheEntry {
+  std::filesystem::path path;  // the .kvcache file
+  uint64_t bytes = 0;          // the file and its sidecar
+  int64_t last_used_ms = 0;    // the file's mtime, set on every use
+  std::optional<CacheFile> header;  // header and ids, when they could be read
+  std::string problem;              // why not
+};
+// Every *.kvcache entry, most recently used first. Throws ptllm::Error when the directory cannot be read.
+std::vector<CacheEntry> list_cache_dir(const std::filesystem::path& dir);
+
+struct PruneOptions {
+  std::optional<uint64_t> max_bytes;  // remove least recently used entries until the rest take at most this
+  bool remove_damaged = false;        // also entries that fail full verification, orphan sidecars and
+                                      // temporary files older than an hour (left by a crash)
+  std::vector<std::filesystem::path> keep;  // never removed
+};
+struct PruneResult {
+  std::vector<std::filesystem::path> removed;
+  uint64_t bytes_freed = 0;
+  uint64_t bytes_left = 0;  // the entries that remain
+};
+PruneResult prune_cache_dir(const std::filesystem::path& dir, const PruneOptions& opts);
+
+// ---------------------------------------------------------------------------------------------
+// Prefill through the cache.
+
+struct PromptCacheOptions {
+  std::filesystem::path file;  // --cache-prompt: this one file (wins over dir)
+  std::filesystem::path dir;   // --prompt-cache-dir
+  uint64_t max_bytes = 0;      // --prompt-cache-max-mb (dir only; 0 = unbounded)
+  bool enabled() const { return !file.empty() || !dir.empty(); }
+};
+
+enum class PromptCacheOutcome { Miss, PartialHit, Hit };
+
+struct PromptCacheLoad {
+  PromptCacheOutcome outcome = PromptCacheOutcome::Miss;
+  int64_t reused = 0;  // tokens restored from the file
+  int64_t prompt = 0;  // tokens of the prompt
+  std::filesystem::path file;
+  uint64_t bytes_read = 0;
+  std::vector<std::string> warnings;  // one line each: a file ignored, and why
+};
+
+struct PromptCacheSave {
+  struct Saved {
+    std::filesystem::path path;
+    int64_t tokens = 0;
+    uint64_t bytes = 0;
+  };
+  std::vector<Saved> saved;
+  PruneResult pruned;
+  std::vector<std::string> warnings;
+};
+
+class PromptCache {
+ public:
+  PromptCache(PromptCacheOptions opts, PromptCacheIdentity id, const Tokenizer& tok);
+  ~PromptCache();  // waits for the background write
+  PromptCache(const PromptCache&) = delete;
+  PromptCache& operator=(const PromptCache&) = delete;
+
+  // Restores into `session` (fresh) the longest cached prefix of `prompt` that can be extended
+  // exactly, feeds the rest, and starts saving the new state in the background (the state is
+  // copied first: the caller may go on feeding the session). Problems with cache files become
+  // warnings; throws only what Session::feed throws.
+  PromptCacheLoad prefill(Session& session, std::span<const int32_t> prompt);
+  // Waits for the writes started by prefill().
+  PromptCacheSave finish();
+
+ private:
+  struct Candidate;
+  std::vector<Candidate> candidates(std::span<const int32_t> prompt, int64_t grid, PromptCacheLoad& load) const;
+
+  PromptCacheOptions opts_;
+  PromptCacheIdentity id_;
+  const Tokenizer& tok_;
+  std::future<PromptCacheSave> pending_;
+};
+
+}  // namespace ptllm

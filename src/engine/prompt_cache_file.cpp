@@ -1,0 +1,450 @@
+// The prompt-cache file (format in prompt_cache.h) and directory management. Kept apart from the
+// Session side so that the fuzzer builds the reader with nothing but core/, kernels/ and kv/.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <optional>
+#include <random>
+#include <utility>
+
+#include "core/error.h"
+#include "engine/prompt_cache.h"
+
+namespace ptllm {
+
+static_assert(std::endian::native == std::endian::little, "the cache file is little-endian, written as in memory");
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr char kMagic[8] = {'P', 'T', 'L', 'L', 'M', 'K', 'V', 'C'};
+constexpr size_t kPreamble = 24;        // magic, version, header_bytes, file_size
+constexpr size_t kMaxHeader = 1 << 16;  // two names of at most 64 KiB together, and the fixed fields
+constexpr size_t kTrailer = 8;          // the checksum
+
+template <typename T>
+void put(std::string& out, T v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
+// Bounds-checked reads from untrusted bytes.
+struct Reader {
+  std::string_view in;
+  size_t pos = 0;
+  const char* what;  // names the region in messages
+  const char* bytes(size_t n) {
+    if (n > in.size() - pos) throw Error(std::string("truncated ") + what);
+    const char* p = in.data() + pos;
+    pos += n;
+    return p;
+  }
+  template <typename T>
+  T get() {
+    T v;
+    std::memcpy(&v, bytes(sizeof v), sizeof v);
+    return v;
+  }
+  std::string name() {
+    const uint16_t n = get<uint16_t>();
+    return std::string(bytes(n), n);
+  }
+};
+
+std::string errno_text() { return std::strerror(errno); }
+
+std::optional<uint64_t> size_of(const fs::path& p) {
+  struct stat st {};
+  if (::stat(p.c_str(), &st) != 0) return std::nullopt;
+  return uint64_t(st.st_size);
+}
+
+// The fixed part of the header and both names.
+struct HeaderFields {
+  PromptCacheIdentity id;
+  int64_t created_ms = 0;
+  uint64_t n_ids = 0;
+  uint64_t kv_bytes = 0;
+};
+
+std::string encode_header(const PromptCacheIdentity& id, int64_t created_ms, uint64_t n_ids, uint64_t kv_bytes) {
+  std::string h;
+  h.append(reinterpret_cast<const char*>(id.config_key.data()), id.config_key.size());
+  put<uint8_t>(h, uint8_t(id.kv.precision));
+  put<uint8_t>(h, uint8_t(id.kv.positions));
+  put<uint16_t>(h, 0);
+  for (int32_t v : {id.kv.group_size, id.kv.residual, id.kv.sink, id.kv.window, id.vocab_size, id.n_layers,
+                    id.n_kv_heads, id.head_dim})
+    put<int32_t>(h, v);
+  put<int64_t>(h, created_ms);
+  put<uint64_t>(h, n_ids);
+  put<uint64_t>(h, kv_bytes);
+  for (const std::string* s : {&id.model_name, &id.arch_name}) {
+    const size_t n = std::min<size_t>(s->size(), 1024);  // names are for display; the key identifies
+    put<uint16_t>(h, uint16_t(n));
+    h.append(*s, 0, n);
+  }
+  return h;
+}
+
+HeaderFields decode_header(std::string_view bytes) {
+  Reader r{bytes, 0, "header"};
+  HeaderFields f;
+  std::memcpy(f.id.config_key.data(), r.bytes(f.id.config_key.size()), f.id.config_key.size());
+  const uint8_t precision = r.get<uint8_t>(), positions = r.get<uint8_t>();
+  if (r.get<uint16_t>() != 0) throw Error("header has a non-zero reserved field");
+  if (precision > uint8_t(KVPrecision::Int2)) throw Error("header has an unknown KV precision " + std::to_string(precision));
+  if (positions > uint8_t(PositionMode::Cache)) throw Error("header has an unknown position scheme " + std::to_string(positions));
+  f.id.kv.precision = KVPrecision(precision);
+  f.id.kv.positions = PositionMode(positions);
+  for (int32_t* v : {&f.id.kv.group_size, &f.id.kv.residual, &f.id.kv.sink, &f.id.kv.window, &f.id.vocab_size,
+                     &f.id.n_layers, &f.id.n_kv_heads, &f.id.head_dim}) {
+    *v = r.get<int32_t>();
+    if (*v < 0) throw Error("header has a negative count");
+  }
+  if (f.id.vocab_size == 0) throw Error("header has a vocabulary of 0");
+  f.created_ms = r.get<int64_t>();
+  f.n_ids = r.get<uint64_t>();
+  f.kv_bytes = r.get<uint64_t>();
+  f.id.model_name = r.name();
+  f.id.arch_name = r.name();
+  if (r.pos != bytes.size()) throw Error("header has trailing bytes");
+  return f;
+}
+
+struct Preamble {
+  uint32_t version = 0;
+  uint32_t header_bytes = 0;
+  uint64_t file_size = 0;
+};
+
+// The fixed-size fields, checked against the real size before anything else is read.
+Preamble decode_preamble(std::string_view bytes, uint64_t actual_size) {
+  if (bytes.size() < kPreamble) throw Error("truncated: " + std::to_string(actual_size) + " bytes, not even a header");
+  if (std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) throw Error("not a prompt-cache file (bad magic)");
+  Preamble p;
+  std::memcpy(&p.version, bytes.data() + 8, 4);
+  std::memcpy(&p.header_bytes, bytes.data() + 12, 4);
+  std::memcpy(&p.file_size, bytes.data() + 16, 8);
+  if (p.version != kPromptCacheVersion)
+    throw Error("format version " + std::to_string(p.version) + ", this build reads version " +
+                std::to_string(kPromptCacheVersion));
+  if (p.file_size != actual_size)
+    throw Error((actual_size < p.file_size ? "truncated: " : "has extra bytes: ") + std::to_string(actual_size) +
+                " bytes, the header says " + std::to_string(p.file_size));
+  if (p.header_bytes > kMaxHeader || kPreamble + p.header_bytes + kTrailer > actual_size)
+    throw Error("header length " + std::to_string(p.header_bytes) + " does not fit the file");
+  return p;
+}
+
+// Checks that ids and logits and the KV state exactly fill the body; returns the body's offset.
+size_t check_body(const Preamble& p, const HeaderFields& h) {
+  const uint64_t body = p.file_size - kPreamble - p.header_bytes - kTrailer;
+  const uint64_t vocab = uint64_t(h.id.vocab_size);
+  if (h.n_ids == 0) throw Error("holds no tokens");
+  if (h.n_ids > body / 4 || vocab > body / 4 || h.kv_bytes > body ||
+      4 * h.n_ids + 4 * vocab + h.kv_bytes != body)
+    throw Error("section lengths (" + std::to_string(h.n_ids) + " ids, " + std::to_string(vocab) + " logits, " +
+                std::to_string(h.kv_bytes) + " KV bytes) do not match the file size");
+  return kPreamble + p.header_bytes;
+}
+
+std::vector<int32_t> decode_ids(const char* p, uint64_t n, int32_t vocab) {
+  std::vector<int32_t> ids(n);
+  std::memcpy(ids.data(), p, n * sizeof(int32_t));
+  for (int32_t id : ids)
+    if (id < 0 || id >= vocab) throw Error("holds token id " + std::to_string(id) + ", outside the vocabulary");
+  return ids;
+}
+
+// Everything before the KV state: preamble, header, ids, logits.
+std::string encode_head(const PromptCacheIdentity& id, int64_t created_ms, std::span<const int32_t> ids,
+                        std::span<const float> logits, uint64_t kv_bytes) {
+  PTLLM_CHECK(logits.size() == size_t(id.vocab_size) && !ids.empty());
+  const std::string header = encode_header(id, created_ms, ids.size(), kv_bytes);
+  const uint64_t file_size = kPreamble + header.size() + 4 * ids.size() + 4 * logits.size() + kv_bytes + kTrailer;
+  std::string head(kMagic, sizeof kMagic);
+  put<uint32_t>(head, kPromptCacheVersion);
+  put<uint32_t>(head, uint32_t(header.size()));
+  put<uint64_t>(head, file_size);
+  head += header;
+  head.append(reinterpret_cast<const char*>(ids.data()), ids.size_bytes());
+  head.append(reinterpret_cast<const char*>(logits.data()), logits.size_bytes());
+  return head;
+}
+
+struct Fd {
+  int fd = -1;
+  explicit Fd(int f) : fd(f) {}
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+};
+
+void read_exact(int fd, char* dst, size_t n, uint64_t offset, const fs::path& path) {
+  while (n > 0) {
+    const ssize_t got = ::pread(fd, dst, std::min<size_t>(n, size_t(1) << 30), off_t(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) throw Error("cannot read: " + errno_text());
+    if (got == 0) throw Error("truncated while reading");
+    dst += got;
+    n -= size_t(got);
+    offset += uint64_t(got);
+  }
+}
+
+uint64_t open_regular(const fs::path& path, Fd& f) {
+  if (f.fd < 0) throw Error("cannot open: " + errno_text());
+  struct stat st {};
+  if (::fstat(f.fd, &st) != 0 || !S_ISREG(st.st_mode)) throw Error("not a regular file");
+  return uint64_t(st.st_size);
+}
+
+}  // namespace
+
+std::string to_hex(std::span<const uint8_t> bytes) {
+  static const char* digits = "0123456789abcdef";
+  std::string s;
+  s.reserve(bytes.size() * 2);
+  for (uint8_t b : bytes) {
+    s += digits[b >> 4];
+    s += digits[b & 15];
+  }
+  return s;
+}
+
+std::string iso_time(int64_t ms) {
+  const std::time_t t = std::time_t(ms / 1000);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// A temporary file in the same directory (so that rename is atomic): fsync, rename, fsync of the directory.
+uint64_t write_file_atomically(const fs::path& path, std::initializer_list<std::string_view> parts) {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  char suffix[48];
+  std::snprintf(suffix, sizeof suffix, ".tmp-%d-%08llx", int(::getpid()), static_cast<unsigned long long>(rng() & 0xffffffffu));
+  const fs::path tmp = path.string() + suffix;
+  Fd f(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+  if (f.fd < 0) throw Error("cannot create " + tmp.string() + ": " + errno_text());
+  auto fail = [&](const std::string& what) {
+    const std::string msg = what + ": " + errno_text();
+    ::unlink(tmp.c_str());
+    throw Error(msg);
+  };
+  std::vector<iovec> iov;
+  uint64_t total = 0;
+  for (std::string_view p : parts) {
+    if (!p.empty()) iov.push_back({const_cast<char*>(p.data()), p.size()});
+    total += p.size();
+  }
+  for (size_t i = 0; i < iov.size();) {
+    const ssize_t n = ::writev(f.fd, iov.data() + i, int(iov.size() - i));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) fail("cannot write");
+    for (size_t left = size_t(n); left > 0;) {  // a short write: skip what went out
+      const size_t take = std::min(left, iov[i].iov_len);
+      iov[i].iov_base = static_cast<char*>(iov[i].iov_base) + take;
+      iov[i].iov_len -= take;
+      left -= take;
+      if (iov[i].iov_len == 0) ++i;
+    }
+  }
+  if (::fsync(f.fd) != 0) fail("cannot sync");
+  const int fd = std::exchange(f.fd, -1);
+  if (::close(fd) != 0) fail("cannot write");
+  if (::rename(tmp.c_str(), path.c_str()) != 0) fail("cannot rename to " + path.string());
+  // The rename itself is durable only once the directory is synced.
+  const fs::path parent = path.has_parent_path() ? path.parent_path() : fs::path(".");
+  Fd dir(::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dir.fd >= 0) ::fsync(dir.fd);
+  return total;
+}
+
+uint64_t cache_file_size(const PromptCacheIdentity& id, uint64_t n_ids, uint64_t kv_bytes) {
+  return kPreamble + encode_header(id, 0, n_ids, kv_bytes).size() + 4 * n_ids + 4 * uint64_t(id.vocab_size) +
+         kv_bytes + kTrailer;
+}
+
+fs::path sidecar_path(const fs::path& kvcache) {
+  fs::path p = kvcache;
+  p.replace_extension(".meta.json");
+  return p;
+}
+
+std::string encode_cache_file(const PromptCacheIdentity& id, int64_t created_ms, std::span<const int32_t> ids,
+                              std::span<const float> logits, std::string_view kv_state) {
+  std::string out = encode_head(id, created_ms, ids, logits, kv_state.size());
+  out += kv_state;
+  put<uint64_t>(out, XXH3_64bits(out.data(), out.size()));
+  return out;
+}
+
+CacheFile decode_cache_file(std::string_view bytes) {
+  const Preamble p = decode_preamble(bytes, bytes.size());
+  uint64_t stored;
+  std::memcpy(&stored, bytes.data() + bytes.size() - kTrailer, kTrailer);
+  if (XXH3_64bits(bytes.data(), bytes.size() - kTrailer) != stored) throw Error("checksum mismatch (the file is damaged)");
+  const HeaderFields h = decode_header(bytes.substr(kPreamble, p.header_bytes));
+  size_t at = check_body(p, h);
+  CacheFile f;
+  f.version = p.version;
+  f.identity = h.id;
+  f.created_ms = h.created_ms;
+  f.file_size = p.file_size;
+  f.ids = decode_ids(bytes.data() + at, h.n_ids, h.id.vocab_size);
+  at += h.n_ids * 4;
+  f.logits.resize(size_t(h.id.vocab_size));
+  std::memcpy(f.logits.data(), bytes.data() + at, f.logits.size() * sizeof(float));
+  at += f.logits.size() * sizeof(float);
+  f.kv_state = bytes.substr(at, h.kv_bytes);
+  return f;
+}
+
+CacheFile read_cache_header(const fs::path& path) {
+  Fd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  const uint64_t size = open_regular(path, f);
+  char pre[kPreamble];
+  const size_t n_pre = size_t(std::min<uint64_t>(size, kPreamble));
+  read_exact(f.fd, pre, n_pre, 0, path);
+  const Preamble p = decode_preamble({pre, n_pre}, size);
+  std::string header(p.header_bytes, '\0');
+  read_exact(f.fd, header.data(), header.size(), kPreamble, path);
+  const HeaderFields h = decode_header(header);
+  const size_t at = check_body(p, h);
+  CacheFile out;
+  out.version = p.version;
+  out.identity = h.id;
+  out.created_ms = h.created_ms;
+  out.file_size = size;
+  std::string ids(h.n_ids * 4, '\0');
+  read_exact(f.fd, ids.data(), ids.size(), at, path);
+  out.ids = decode_ids(ids.data(), h.n_ids, h.id.vocab_size);
+  return out;
+}
+
+CacheFile read_cache_file(const fs::path& path, std::string& buffer) {
+  Fd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  const uint64_t size = open_regular(path, f);
+  buffer.resize(size);
+  read_exact(f.fd, buffer.data(), size, 0, path);
+  return decode_cache_file(buffer);
+}
+
+uint64_t write_cache_file(const fs::path& path, const PromptCacheIdentity& id, int64_t created_ms,
+                          std::span<const int32_t> ids, std::span<const float> logits, std::string_view kv_state) {
+  const std::string head = encode_head(id, created_ms, ids, logits, kv_state.size());
+  XXH3_state_t* st = XXH3_createState();
+  PTLLM_CHECK(st != nullptr);
+  XXH3_64bits_reset(st);
+  XXH3_64bits_update(st, head.data(), head.size());
+  XXH3_64bits_update(st, kv_state.data(), kv_state.size());
+  const uint64_t sum = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return write_file_atomically(path, {head, kv_state, std::string_view(reinterpret_cast<const char*>(&sum), sizeof sum)});
+}
+
+// ---------------------------------------------------------------------------------------------
+
+std::vector<CacheEntry> list_cache_dir(const fs::path& dir) {
+  std::vector<CacheEntry> out;
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec), end;
+  if (ec) throw Error(dir.string() + ": cannot read the directory: " + ec.message());
+  for (; it != end; it.increment(ec)) {
+    const fs::path& p = it->path();
+    if (p.extension() != ".kvcache") continue;
+    struct stat st {};
+    if (::stat(p.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;  // removed meanwhile, or not a file
+    CacheEntry e;
+    e.path = p;
+    e.bytes = uint64_t(st.st_size);
+    e.last_used_ms = int64_t(st.st_mtim.tv_sec) * 1000 + st.st_mtim.tv_nsec / 1000000;
+    if (auto side = size_of(sidecar_path(p))) e.bytes += *side;
+    try {
+      e.header = read_cache_header(p);
+    } catch (const Error& err) {
+      e.problem = err.what();
+    }
+    out.push_back(std::move(e));
+  }
+  if (ec) throw Error(dir.string() + ": cannot read the directory: " + ec.message());
+  std::sort(out.begin(), out.end(), [](const CacheEntry& a, const CacheEntry& b) {
+    return a.last_used_ms != b.last_used_ms ? a.last_used_ms > b.last_used_ms : a.path < b.path;
+  });
+  return out;
+}
+
+PruneResult prune_cache_dir(const fs::path& dir, const PruneOptions& opts) {
+  PruneResult r;
+  std::vector<CacheEntry> entries = list_cache_dir(dir);
+  auto kept = [&](const fs::path& p) {
+    return std::any_of(opts.keep.begin(), opts.keep.end(), [&](const fs::path& k) { return k.filename() == p.filename(); });
+  };
+  auto remove_file = [&](const fs::path& p) {
+    const auto size = size_of(p);
+    if (size && ::unlink(p.c_str()) == 0) {
+      r.removed.push_back(p);
+      r.bytes_freed += *size;
+    }
+  };
+  if (opts.remove_damaged) {
+    std::string buffer;
+    std::erase_if(entries, [&](const CacheEntry& e) {
+      if (kept(e.path)) return false;
+      try {
+        if (!e.problem.empty()) throw Error(e.problem);
+        read_cache_file(e.path, buffer);
+        return false;
+      } catch (const Error&) {
+        remove_file(e.path);
+        remove_file(sidecar_path(e.path));
+        return true;
+      }
+    });
+    const auto now = fs::file_time_type::clock::now();
+    std::error_code ec;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      const fs::path& p = it->path();
+      const std::string name = p.filename().string();
+      std::error_code ec2;
+      if (name.ends_with(".meta.json")) {
+        fs::path kv = p;
+        kv.replace_extension().replace_extension(".kvcache");  // x.meta.json -> x.kvcache
+        if (!fs::exists(kv, ec2) && !ec2) remove_file(p);
+      } else if (name.find(".kvcache.tmp-") != std::string::npos || name.find(".meta.json.tmp-") != std::string::npos) {
+        // A writer still at work renames its temporary within seconds; an hour-old one was left by a crash.
+        const auto t = fs::last_write_time(p, ec2);
+        if (!ec2 && now - t > std::chrono::hours(1)) remove_file(p);
+      }
+    }
+  }
+  uint64_t total = 0;
+  for (const CacheEntry& e : entries) total += e.bytes;
+  if (opts.max_bytes) {
+    for (auto it = entries.rbegin(); it != entries.rend() && total > *opts.max_bytes; ++it) {  // oldest use first
+      if (kept(it->path)) continue;
+      remove_file(it->path);
+      remove_file(sidecar_path(it->path));
+      total -= it->bytes;
+    }
+  }
+  r.bytes_left = total;
+  return r;
+}
+
+}  // namespace ptllm

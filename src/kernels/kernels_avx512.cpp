@@ -1,0 +1,178 @@
+// The kernels for AVX-512 (F, BW, VL, DQ: Skylake-X, Ice Lake, Zen 4 and later), 16 floats a register.
+#include "kernels/simd.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#include <cstring>
+
+// GCC 12 reports the _mm512_undefined_* placeholders inside its own intrinsics as uninitialized
+// (GCC PR 105593), once per use.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#define PTLLM_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#define PTLLM_WHOLE_LINES __attribute__((no_sanitize_address))
+
+namespace ptllm {
+namespace {
+
+struct Avx512 {
+  using F = __m512;
+  static constexpr int N = 16;
+  static constexpr int MR = 12, NRV = 2;  // 24 accumulators of the 32 registers
+  static constexpr int GT = 4;
+
+  PTLLM_TARGET static __mmask16 mask(int n) { return __mmask16((1u << n) - 1u); }
+  PTLLM_TARGET static F zero() { return _mm512_setzero_ps(); }
+  PTLLM_TARGET static F set1(float v) { return _mm512_set1_ps(v); }
+  PTLLM_TARGET static F load(const float* p) { return _mm512_loadu_ps(p); }
+  PTLLM_TARGET static F load_n(const float* p, int n) { return _mm512_maskz_loadu_ps(mask(n), p); }
+  PTLLM_TARGET static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
+  PTLLM_TARGET static void store_n(float* p, F v, int n) { _mm512_mask_storeu_ps(p, mask(n), v); }
+
+  PTLLM_TARGET static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  PTLLM_TARGET static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
+  PTLLM_TARGET static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  PTLLM_TARGET static F div(F a, F b) { return _mm512_div_ps(a, b); }
+  PTLLM_TARGET static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  PTLLM_TARGET static F fnma(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
+  PTLLM_TARGET static F min(F a, F b) { return _mm512_min_ps(a, b); }
+  PTLLM_TARGET static F max(F a, F b) { return _mm512_max_ps(a, b); }
+  PTLLM_TARGET static float reduce_add(F v) {
+    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  PTLLM_TARGET static float reduce_max(F v) { return _mm512_reduce_max_ps(v); }
+
+  // bf16 -> f32 is a 16-bit shift; f32 -> bf16 rounds to nearest even with quiet NaNs, as torch.
+  PTLLM_TARGET static F from_bf16(__m256i h) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  PTLLM_TARGET static __m256i to_bf16(F v) {
+    const __m512i b = _mm512_castps_si512(v);
+    const __m512i hi = _mm512_srli_epi32(b, 16);
+    const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+    return _mm512_cvtepi32_epi16(r);
+  }
+  PTLLM_TARGET static F load_bf16(const void* p) { return from_bf16(_mm256_loadu_si256(static_cast<const __m256i*>(p))); }
+  PTLLM_TARGET static F load_bf16_n(const void* p, int n) { return from_bf16(_mm256_maskz_loadu_epi16(mask(n), p)); }
+  PTLLM_TARGET static F load_f16(const void* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(static_cast<const __m256i*>(p))); }
+  PTLLM_TARGET static F load_f16_n(const void* p, int n) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask(n), p)); }
+  PTLLM_TARGET static void store_bf16(void* p, F v) { _mm256_storeu_si256(static_cast<__m256i*>(p), to_bf16(v)); }
+  PTLLM_TARGET static void store_bf16_n(void* p, F v, int n) { _mm256_mask_storeu_epi16(p, mask(n), to_bf16(v)); }
+  PTLLM_TARGET static __m256i to_f16(F v) { return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  PTLLM_TARGET static void store_f16(void* p, F v) { _mm256_storeu_si256(static_cast<__m256i*>(p), to_f16(v)); }
+  PTLLM_TARGET static void store_f16_n(void* p, F v, int n) { _mm256_mask_storeu_epi16(p, mask(n), to_f16(v)); }
+
+  // 16 codes: int8 from 16 bytes, int4 from 8 (low nibble first), int2 from 4 (low bits first).
+  PTLLM_TARGET static F load_u8(const uint8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  PTLLM_TARGET static F load_u4(const uint8_t* p) {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    const __m128i m = _mm_set1_epi8(0x0f);
+    const __m128i c = _mm_unpacklo_epi8(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(c));
+  }
+  PTLLM_TARGET static F load_u2(const uint8_t* p) {
+    uint32_t u;
+    std::memcpy(&u, p, 4);
+    const __m512i shifts = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i c = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(int(u)), shifts), _mm512_set1_epi32(3));
+    return _mm512_cvtepi32_ps(c);
+  }
+
+  // Consecutive chunks of 32 bf16 of a row, as (even elements, odd elements) in float32. Reads
+  // whole aligned cache lines and shifts them into place (vpermt2w), so no load straddles two
+  // lines. Only lines holding chunk elements are read, so never a page that holds none; the
+  // sanitizer is told, as the bytes of such a line outside the row may be outside its allocation.
+  struct Bf16Rows {
+    const __m512i* line;
+    __m512i cur, idx;
+    int mode;  // 0: aligned, 1: shifted by an even byte count, 2: odd address (unaligned loads)
+    PTLLM_TARGET PTLLM_WHOLE_LINES explicit Bf16Rows(const char* row) {
+      const uintptr_t a = reinterpret_cast<uintptr_t>(row);
+      const unsigned s = unsigned(a % 64);
+      mode = s == 0 ? 0 : s % 2 == 0 ? 1 : 2;
+      line = reinterpret_cast<const __m512i*>(mode == 2 ? a : a - s);
+      idx = _mm512_add_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14,
+                                              13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                             _mm512_set1_epi16(short(s / 2)));
+      cur = mode == 1 ? _mm512_load_si512(line) : _mm512_setzero_si512();
+    }
+    PTLLM_TARGET PTLLM_WHOLE_LINES void next(F& even, F& odd) {
+      __m512i v;
+      if (mode == 0) {
+        v = _mm512_load_si512(line);
+      } else if (mode == 1) {
+        const __m512i nx = _mm512_load_si512(line + 1);
+        v = _mm512_permutex2var_epi16(cur, idx, nx);
+        cur = nx;
+      } else {
+        v = _mm512_loadu_si512(line);
+      }
+      ++line;
+      even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+      odd = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(int(0xffff0000u))));
+    }
+  };
+
+  PTLLM_TARGET static F round(F x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  PTLLM_TARGET static F pow2i(F n) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+  }
+  PTLLM_TARGET static F blend_lt(F x, F lo, F a, F b) { return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ), b, a); }
+
+  // 16 x 16 transpose: r[i][j] -> r[j][i]. Pairs, then quads within 128-bit lanes, then lanes.
+  PTLLM_TARGET static void transpose(F* r) {
+    F t[16];
+    for (int i = 0; i < 8; ++i) {
+      t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    F s[16];
+    for (int g = 0; g < 4; ++g) {
+      const __m512d a = _mm512_castps_pd(t[4 * g]), b = _mm512_castps_pd(t[4 * g + 1]);
+      const __m512d c = _mm512_castps_pd(t[4 * g + 2]), d = _mm512_castps_pd(t[4 * g + 3]);
+      s[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+      s[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+      s[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+      s[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    // s[4g + j], lane L: column 4L + j of rows 4g..4g+3.
+    for (int j = 0; j < 4; ++j) {
+      const F p = _mm512_shuffle_f32x4(s[j], s[4 + j], 0x44), q = _mm512_shuffle_f32x4(s[j], s[4 + j], 0xee);
+      const F p2 = _mm512_shuffle_f32x4(s[8 + j], s[12 + j], 0x44), q2 = _mm512_shuffle_f32x4(s[8 + j], s[12 + j], 0xee);
+      r[j] = _mm512_shuffle_f32x4(p, p2, 0x88);
+      r[4 + j] = _mm512_shuffle_f32x4(p, p2, 0xdd);
+      r[8 + j] = _mm512_shuffle_f32x4(q, q2, 0x88);
+      r[12 + j] = _mm512_shuffle_f32x4(q, q2, 0xdd);
+    }
+  }
+};
+
+}  // namespace
+}  // namespace ptllm
+
+#include "kernels/kernels_impl.h"
+
+namespace ptllm {
+namespace {
+constexpr KernelTable kTable = make_table<Avx512>(SimdTarget::AVX512);
+}
+const KernelTable* avx512_kernel_table() { return &kTable; }
+}  // namespace ptllm
+
+#else
+namespace ptllm {
+const KernelTable* avx512_kernel_table() { return nullptr; }
+}  // namespace ptllm
+#endif

@@ -1,0 +1,140 @@
+// The scalar reference twins of the kernels: plain loops, one element at a time. The tests compare
+// every SIMD target with these; the benchmarks report each kernel's speed-up over them.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "kernels/ops.h"
+#include "kernels/quant.h"
+
+// Keep the twins scalar: GCC would otherwise auto-vectorize the element-wise loops for the
+// baseline target, and a "scalar" reference would not be one.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-tree-vectorize", "no-tree-slp-vectorize")
+#endif
+
+namespace ptllm {
+
+namespace {
+float stored_at(const void* p, DType t, int i) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  if (t == DType::F32) {
+    float f;
+    std::memcpy(&f, b + 4 * size_t(i), 4);
+    return f;
+  }
+  uint16_t h;
+  std::memcpy(&h, b + 2 * size_t(i), 2);
+  return t == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+}
+}  // namespace
+
+float dot_ref(const float* a, const float* b, int n) {
+  float s = 0.f;
+  for (int i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+void axpy_ref(float a, const float* x, float* y, int n) {
+  for (int i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+float dot_stored_ref(const float* a, const void* b, DType t, int n) {
+  PTLLM_CHECK(t == DType::F32 || t == DType::BF16 || t == DType::F16);
+  float s = 0.f;
+  for (int i = 0; i < n; ++i) s += a[i] * stored_at(b, t, i);
+  return s;
+}
+
+void axpy_stored_ref(float a, const void* x, DType t, float* y, int n) {
+  PTLLM_CHECK(t == DType::F32 || t == DType::BF16 || t == DType::F16);
+  for (int i = 0; i < n; ++i) y[i] += a * stored_at(x, t, i);
+}
+
+void store_as_ref(const float* src, void* dst, DType t, int n) {
+  auto* d = static_cast<uint8_t*>(dst);
+  for (int i = 0; i < n; ++i) {
+    if (t == DType::F32) {
+      std::memcpy(d + 4 * size_t(i), &src[i], 4);
+    } else {
+      PTLLM_CHECK(t == DType::BF16 || t == DType::F16);
+      const uint16_t h = t == DType::BF16 ? f32_to_bf16(src[i]) : f32_to_f16(src[i]);
+      std::memcpy(d + 2 * size_t(i), &h, 2);
+    }
+  }
+}
+
+void load_from_ref(const void* src, DType t, float* dst, int n) {
+  for (int i = 0; i < n; ++i) dst[i] = stored_at(src, t, i);
+}
+
+void rmsnorm_ref(const float* x, const float* w, float* out, int n, float eps) {
+  float ss = 0.f;
+  for (int i = 0; i < n; ++i) ss += x[i] * x[i];
+  const float inv = 1.0f / std::sqrt(ss / float(n) + eps);
+  for (int i = 0; i < n; ++i) out[i] = w[i] * (x[i] * inv);
+}
+
+void silu_mul_ref(float* gate, const float* up, int n) {
+  for (int i = 0; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
+void softmax_ref(float* x, int n) {
+  float m = x[0];
+  for (int i = 1; i < n; ++i) m = std::max(m, x[i]);
+  float s = 0.f;
+  for (int i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - m);
+    s += x[i];
+  }
+  const float inv = 1.0f / s;
+  for (int i = 0; i < n; ++i) x[i] *= inv;
+}
+
+void rope_rotate_one_ref(const float* x, int head_dim, const float* cos, const float* sin, float* out) {
+  const int half = head_dim / 2;
+  for (int i = 0; i < half; ++i) {
+    out[i] = x[i] * cos[i] - x[i + half] * sin[i];
+    out[i + half] = x[i + half] * cos[i] + x[i] * sin[i];
+  }
+}
+
+void rope_rotate_ref(float* x, int n_heads, int head_dim, const float* cos, const float* sin) {
+  const int half = head_dim / 2;
+  for (int h = 0; h < n_heads; ++h) {
+    float* v = x + size_t(h) * size_t(head_dim);
+    for (int i = 0; i < half; ++i) {
+      const float a = v[i], b = v[i + half];
+      v[i] = a * cos[i] - b * sin[i];
+      v[i + half] = b * cos[i] + a * sin[i];
+    }
+  }
+}
+
+float dot_codes_ref(const float* a, const uint8_t* codes, int D, int bits) {
+  float s = 0.f;
+  for (int i = 0; i < D; ++i) s += a[i] * float(code_at(codes, i, bits));
+  return s;
+}
+
+void axpy_codes_ref(float w, const uint8_t* codes, int D, int bits, float* acc) {
+  for (int i = 0; i < D; ++i) acc[i] += w * float(code_at(codes, i, bits));
+}
+
+void matmul_ref(const float* x, int T, const WeightMatrix& w, const float* bias, float* y) {
+  std::vector<float> row(size_t(w.cols));
+  for (int r = 0; r < w.rows; ++r) {
+    load_from_ref(static_cast<const uint8_t*>(w.data) + size_t(r) * size_t(w.cols) * dtype_size(w.dtype), w.dtype,
+                  row.data(), w.cols);
+    for (int t = 0; t < T; ++t) {
+      double s = bias ? bias[r] : 0.0;
+      for (int k = 0; k < w.cols; ++k) s += double(x[size_t(t) * size_t(w.cols) + size_t(k)]) * row[size_t(k)];
+      y[size_t(t) * size_t(w.rows) + size_t(r)] = float(s);
+    }
+  }
+}
+
+}  // namespace ptllm

@@ -1,0 +1,73 @@
+#pragma once
+// Runtime dispatch of the SIMD kernels. The library is compiled for a baseline CPU; each SIMD target
+// is a translation unit whose functions are compiled for that instruction set (kernels_avx2.cpp,
+// kernels_avx512.cpp; kernels_portable.cpp uses compiler vector extensions, whatever the CPU).
+// At first use the best target this CPU and OS support is chosen; ops.h's functions go through it.
+#include <atomic>
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "kernels/ops.h"
+
+namespace ptllm {
+
+enum class SimdTarget : uint8_t { Portable, AVX2, AVX512 };
+std::string_view simd_target_name(SimdTarget t);
+
+// Every kernel of one target. 16-bit rows (BF16/F16) are passed as void*: any alignment is fine.
+struct KernelTable {
+  SimdTarget target;
+  float (*dot)(const float* a, const float* b, int n);
+  float (*dot_bf16)(const float* a, const void* b, int n);
+  float (*dot_f16)(const float* a, const void* b, int n);
+  void (*axpy)(float a, const float* x, float* y, int n);
+  void (*axpy_bf16)(float a, const void* x, float* y, int n);
+  void (*axpy_f16)(float a, const void* x, float* y, int n);
+  void (*to_bf16)(const float* src, void* dst, int n);  // round to nearest even, as torch
+  void (*to_f16)(const float* src, void* dst, int n);
+  void (*from_bf16)(const void* src, float* dst, int n);
+  void (*from_f16)(const void* src, float* dst, int n);
+  float (*dot_codes)(const float* a, const uint8_t* codes, int D, int bits);
+  void (*axpy_codes)(float w, const uint8_t* codes, int D, int bits, float* acc);
+  void (*rmsnorm)(const float* x, const float* w, float* out, int n, float eps);
+  void (*silu_mul)(float* gate, const float* up, int n);
+  void (*softmax)(float* x, int n);
+  void (*rope_rotate)(float* x, int n_heads, int head_dim, const float* cos, const float* sin);
+  void (*rope_rotate_one)(const float* x, int head_dim, const float* cos, const float* sin, float* out);
+  // Output columns [r0, r1) of y[T][w.rows] = x[T][w.cols] W^T + bias, one thread's share.
+  // gemv: weights streamed once and converted in registers (decode, small T).
+  void (*gemv)(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, int r0, int r1);
+  // gemm (prefill): x is first packed into panels of gemm_mr rows, shared by every thread
+  // (pack_a writes panels [p0, p1) of ceil(T / gemm_mr) into ap, [T rounded up to gemm_mr][K]);
+  // then each thread converts tiles of its weight rows into a buffer reused by every row of x.
+  void (*pack_a)(const float* x, int T, int K, int p0, int p1, float* ap);
+  void (*gemm)(const float* ap, int T, const WeightMatrix& w, const float* bias, float* y, int r0, int r1);
+  int gemm_mr;
+  int gemm_nr;  // gemm's column tile: thread shares are multiples of it
+};
+
+// nullptr when the target is not compiled in or this CPU/OS lacks it.
+const KernelTable* kernel_table(SimdTarget t);
+std::vector<SimdTarget> available_simd_targets();
+namespace detail {
+extern std::atomic<const KernelTable*> g_active_kernels;
+const KernelTable& select_best_kernels();
+}  // namespace detail
+// The table ops.h dispatches to (the best available unless set_simd_target chose another). Inline:
+// attention calls dot/axpy once per stored token and head.
+inline const KernelTable& active_kernels() {
+  const KernelTable* k = detail::g_active_kernels.load(std::memory_order_relaxed);
+  return k ? *k : detail::select_best_kernels();
+}
+inline SimdTarget active_simd_target() { return active_kernels().target; }
+// Process-wide switch, for tests and benchmarks; not safe while kernels run on other threads.
+// Throws ptllm::Error if the target is unavailable.
+void set_simd_target(SimdTarget t);
+
+// Defined by the target translation units (nullptr where a target is not compiled in).
+const KernelTable* portable_kernel_table();
+const KernelTable* avx2_kernel_table();
+const KernelTable* avx512_kernel_table();
+
+}  // namespace ptllm

@@ -1,0 +1,163 @@
+// `posttrainllm make-model` and `posttrainllm bench` end to end: a random checkpoint of a tiny shape
+// written to a temp dir, loaded, and benchmarked; every JSON field present and consistent.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "model/config.h"
+#include "model/safetensors.h"
+#include "test_util.h"
+
+namespace ptllm {
+namespace {
+
+std::string cli(const std::string& args) { return test::binary() + " " + args; }
+
+// The tiny shape (cmd_make_model.cpp): 2 layers, hidden 64, 2 KV heads of 16, vocab 512.
+constexpr int kLayers = 2, kKvDim = 2 * 16, kHidden = 64, kInter = 160, kVocab = 512;
+
+TEST(MakeModelTest, WritesALoadableCheckpointWithTheShapesOfItsConfig) {
+  test::TempDir dir;
+  auto r = test::run_command(cli("make-model --shape tiny --dtype bf16 " + dir.path.string()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const ModelConfig c = ModelConfig::load(dir.path / "config.json");
+  EXPECT_EQ(c.n_layers, kLayers);
+  EXPECT_EQ(c.hidden_size, kHidden);
+  EXPECT_EQ(c.intermediate_size, kInter);
+  EXPECT_EQ(c.kv_dim(), kKvDim);
+  EXPECT_EQ(c.vocab_size, kVocab);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_EQ(c.dtype, "bfloat16");
+  SafetensorsFile f(dir.path / "model.safetensors");
+  const auto& t = f.tensors();
+  ASSERT_TRUE(t.count("model.layers.1.mlp.down_proj.weight"));
+  EXPECT_EQ(t.at("model.layers.1.mlp.down_proj.weight").shape, (std::vector<int64_t>{kHidden, kInter}));
+  EXPECT_EQ(t.at("model.embed_tokens.weight").dtype, DType::BF16);
+  EXPECT_FALSE(t.count("lm_head.weight"));  // tied
+  // Random weights with std 0.02, norms exactly 1.
+  auto w = test::tensor_values<uint16_t>(f, "model.layers.0.self_attn.q_proj.weight");
+  double sum = 0, sq = 0;
+  for (uint16_t h : w) {
+    sum += bf16_to_f32(h);
+    sq += double(bf16_to_f32(h)) * bf16_to_f32(h);
+  }
+  const double mean = sum / double(w.size()), sd = std::sqrt(sq / double(w.size()) - mean * mean);
+  EXPECT_NEAR(mean, 0.0, 0.002);
+  EXPECT_NEAR(sd, 0.02, 0.001);
+  for (uint16_t h : test::tensor_values<uint16_t>(f, "model.norm.weight")) ASSERT_EQ(bf16_to_f32(h), 1.0f);
+  EXPECT_FALSE(std::filesystem::exists(dir.path / "model.safetensors.tmp"));
+
+  // The same seed gives the same bytes; another seed, others.
+  test::TempDir again, other;
+  ASSERT_EQ(test::run_command(cli("make-model --shape tiny --dtype bf16 --threads 1 " + again.path.string())).code, 0);
+  ASSERT_EQ(test::run_command(cli("make-model --shape tiny --dtype bf16 --seed 9 " + other.path.string())).code, 0);
+  auto bytes = [](const std::filesystem::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  EXPECT_EQ(bytes(dir.path / "model.safetensors"), bytes(again.path / "model.safetensors"));
+  EXPECT_NE(bytes(dir.path / "model.safetensors"), bytes(other.path / "model.safetensors"));
+}
+
+// The 135M shape: SmolLM2-135M's config values and exact parameter count (134,515,008).
+TEST(MakeModelTest, SmolLM2ShapeHasTheRealModelsSizes) {
+  test::TempDir dir;
+  auto r = test::run_command(cli("make-model --shape smollm2-135m --dtype f16 " + dir.path.string()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const ModelConfig c = ModelConfig::load(dir.path / "config.json");
+  EXPECT_EQ(c.vocab_size, 49152);
+  EXPECT_EQ(c.hidden_size, 576);
+  EXPECT_EQ(c.intermediate_size, 1536);
+  EXPECT_EQ(c.n_layers, 30);
+  EXPECT_EQ(c.n_heads, 9);
+  EXPECT_EQ(c.n_kv_heads, 3);
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.rope.theta, 100000.0);
+  EXPECT_EQ(c.max_position_embeddings, 8192);
+  SafetensorsFile f(dir.path / "model.safetensors");
+  int64_t params = 0;
+  for (const auto& [name, t] : f.tensors()) {
+    EXPECT_EQ(t.dtype, DType::F16) << name;
+    params += t.numel();
+  }
+  EXPECT_EQ(params, 134515008);
+}
+
+TEST(MakeModelTest, BadArgumentsExitWithCode2) {
+  test::TempDir dir;
+  EXPECT_EQ(test::run_command(cli("make-model --shape no-such-model " + dir.path.string())).code, 2);
+  EXPECT_EQ(test::run_command(cli("make-model --shape tiny --dtype int8 " + dir.path.string())).code, 2);
+  EXPECT_EQ(test::run_command(cli("make-model --shape tiny")).code, 2);
+}
+
+TEST(BenchCliTest, JsonHasEveryFieldAndTheyAreConsistent) {
+  test::TempDir dir;
+  ASSERT_EQ(test::run_command(cli("make-model --shape tiny --dtype bf16 " + dir.path.string())).code, 0);
+  const int P = 24, G = 8;
+  auto r = test::run_command(cli("bench " + dir.path.string() + " --prompt-tokens " + std::to_string(P) +
+                                 " --gen-tokens " + std::to_string(G) +
+                                 " --repeat 3 --threads 2 --bandwidth-mib 16 --json"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  for (const char* key : {"prefill_tok_s", "decode_tok_s", "ttft_ms", "kv_logical_bytes", "kv_physical_bytes",
+                          "peak_rss_mb", "bandwidth_gb_s", "decode_floor_tok_s", "decode_floor_fraction", "threads"})
+    ASSERT_TRUE(j.contains(key)) << key << " missing in " << r.out;
+  EXPECT_GT(j["prefill_tok_s"].get<double>(), 0);
+  EXPECT_GT(j["decode_tok_s"].get<double>(), 0);
+  EXPECT_GT(j["ttft_ms"].get<double>(), 0);
+  EXPECT_EQ(j["threads"].get<int>(), 2);
+  // fp32 K and V of every stored token (prompt and generated) in every layer.
+  EXPECT_EQ(j["kv_logical_bytes"].get<size_t>(), size_t(kLayers) * size_t(P + G) * 2 * kKvDim * sizeof(float));
+  EXPECT_GE(j["kv_physical_bytes"].get<size_t>(), j["kv_logical_bytes"].get<size_t>());
+  EXPECT_GT(j["peak_rss_mb"].get<double>(), 1.0);
+  EXPECT_LT(j["peak_rss_mb"].get<double>(), 1024.0);
+  EXPECT_GT(j["bandwidth_gb_s"].get<double>(), 0.1);
+  // The floor is bandwidth over the bytes a step reads (every weight: the embedding is tied, so it
+  // is the LM head), and the fraction is decode speed over it.
+  const size_t weights = size_t(kVocab) * kHidden + size_t(kLayers) * (2 * kHidden + 2 * kHidden * kHidden +
+                                                                       2 * kKvDim * kHidden + 3 * kHidden * kInter) +
+                         kHidden;
+  // ... plus the K/V attention reads, averaged over the decode steps: (P + (P + G)) / 2 tokens.
+  EXPECT_EQ(j["bytes_per_token"].get<size_t>(),
+            weights * 2 + size_t(kLayers) * size_t(2 * P + G) * kKvDim * sizeof(float));
+  EXPECT_NEAR(j["decode_floor_tok_s"].get<double>(),
+              j["bandwidth_gb_s"].get<double>() * 1e9 / j["bytes_per_token"].get<double>(), 1e-6 * j["decode_floor_tok_s"].get<double>());
+  EXPECT_NEAR(j["decode_floor_fraction"].get<double>(),
+              j["decode_tok_s"].get<double>() / j["decode_floor_tok_s"].get<double>(), 1e-9);
+  ASSERT_EQ(j["runs"].size(), 3u);
+  for (const auto& run : j["runs"]) EXPECT_GE(run["ttft_ms"].get<double>(), run["prefill_ms"].get<double>());
+}
+
+TEST(BenchCliTest, TextReportAndCacheFlags) {
+  test::TempDir dir;
+  ASSERT_EQ(test::run_command(cli("make-model --shape tiny --dtype f32 " + dir.path.string())).code, 0);
+  auto r = test::run_command(cli("bench " + dir.path.string() +
+                                 " -p 40 -n 30 -r 1 --context 20 --kv-quantize int8 --kv-group-size 16 "
+                                 "--kv-residual 16 --bandwidth-mib 16"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* line : {"prefill:", "decode:", "kv cache: int8 g16 r16, 90 tokens stored", "peak RSS:",
+                           "memory bandwidth:", "decode floor:"})
+    EXPECT_NE(r.out.find(line), std::string::npos) << line << " missing in\n" << r.out;
+  // StreamingLLM keeps sink + window tokens.
+  auto s = test::run_command(cli("bench " + dir.path.string() +
+                                 " -p 40 -n 30 -r 1 --streaming-llm-sink 4 --streaming-llm-window 28 "
+                                 "--bandwidth-mib 16 --json"));
+  ASSERT_EQ(s.code, 0) << s.err;
+  EXPECT_EQ(nlohmann::json::parse(s.out)["kv_stored_tokens"].get<int>(), 32);
+}
+
+TEST(BenchCliTest, ErrorsAreReported) {
+  test::TempDir dir;
+  EXPECT_EQ(test::run_command(cli("bench " + (dir.path / "missing").string())).code, 1);
+  ASSERT_EQ(test::run_command(cli("make-model --shape tiny " + dir.path.string())).code, 0);
+  auto r = test::run_command(cli("bench " + dir.path.string() + " -p 100 -n 10 --ctx-size 64"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--ctx-size"), std::string::npos) << r.err;
+  EXPECT_EQ(test::run_command(cli("bench " + dir.path.string() + " --gen-tokens 0")).code, 2);
+}
+
+}  // namespace
+}  // namespace ptllm

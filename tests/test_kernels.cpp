@@ -1,0 +1,384 @@
+// Every SIMD kernel against its scalar twin, for every SIMD target this CPU runs, on random inputs
+// of awkward sizes and misaligned pointers; and the thread pool's contract.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/thread_pool.h"
+#include "kernels/ops.h"
+#include "kernels/quant.h"
+#include "kernels/simd.h"
+
+namespace ptllm {
+namespace {
+
+const int kSizes[] = {1, 2, 3, 7, 15, 16, 17, 31, 33, 64, 100, 257, 1000, 1024, 1031};
+const int kOffsets[] = {0, 1, 3};  // elements past a 64-byte boundary
+
+std::vector<float> random_floats(size_t n, std::mt19937& rng, float lo = -1.f, float hi = 1.f) {
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = u(rng);
+  return v;
+}
+
+// A float row stored as t, at element offset `off` of a fresh buffer: [off + n] elements.
+std::vector<uint8_t> stored(const std::vector<float>& v, DType t, int off) {
+  std::vector<uint8_t> buf((v.size() + size_t(off)) * dtype_size(t) + 64);
+  store_as_ref(v.data(), buf.data() + size_t(off) * dtype_size(t), t, int(v.size()));
+  return buf;
+}
+
+// Bound on the rounding error of a float32 sum of n products: a multiple of sum |a_i b_i|.
+float sum_tolerance(double abs_sum) { return float(2e-6 * abs_sum + 1e-6); }
+
+class KernelTest : public ::testing::TestWithParam<SimdTarget> {
+ protected:
+  void SetUp() override {
+    k_ = kernel_table(GetParam());
+    ASSERT_NE(k_, nullptr);
+    saved_ = active_simd_target();
+    set_simd_target(GetParam());
+  }
+  void TearDown() override { set_simd_target(saved_); }
+  const KernelTable* k_ = nullptr;
+  SimdTarget saved_{};
+  std::mt19937 rng_{1234};
+};
+
+TEST_P(KernelTest, DotMatchesScalarTwin) {
+  for (int n : kSizes)
+    for (int off : kOffsets) {
+      auto a = random_floats(size_t(n + off), rng_), b = random_floats(size_t(n + off), rng_);
+      const float* pa = a.data() + off;
+      const float* pb = b.data() + off;
+      double abs_sum = 0;
+      for (int i = 0; i < n; ++i) abs_sum += std::fabs(double(pa[i]) * pb[i]);
+      EXPECT_NEAR(k_->dot(pa, pb, n), dot_ref(pa, pb, n), sum_tolerance(abs_sum)) << "n=" << n << " off=" << off;
+      EXPECT_NEAR(dot(pa, pb, n), dot_ref(pa, pb, n), sum_tolerance(abs_sum));
+    }
+}
+
+TEST_P(KernelTest, StoredDotAndAxpyMatchScalarTwins) {
+  for (DType t : {DType::F32, DType::BF16, DType::F16})
+    for (int n : kSizes)
+      for (int off : kOffsets) {
+        auto a = random_floats(size_t(n), rng_), v = random_floats(size_t(n), rng_);
+        auto buf = stored(v, t, off);
+        const void* row = buf.data() + size_t(off) * dtype_size(t);
+        double abs_sum = 0;
+        for (int i = 0; i < n; ++i) abs_sum += std::fabs(double(a[size_t(i)]) * v[size_t(i)]);
+        EXPECT_NEAR(dot_stored(a.data(), row, t, n), dot_stored_ref(a.data(), row, t, n), sum_tolerance(abs_sum))
+            << dtype_name(t) << " n=" << n << " off=" << off;
+
+        auto y = random_floats(size_t(n + off), rng_), y_ref = y;
+        axpy_stored(0.37f, row, t, y.data() + off, n);
+        axpy_stored_ref(0.37f, row, t, y_ref.data() + off, n);
+        for (int i = 0; i < n + off; ++i)
+          ASSERT_NEAR(y[size_t(i)], y_ref[size_t(i)], 1e-6f) << dtype_name(t) << " n=" << n << " i=" << i;
+      }
+}
+
+TEST_P(KernelTest, AxpyMatchesScalarTwinAndWritesOnlyItsRange) {
+  for (int n : kSizes)
+    for (int off : kOffsets) {
+      auto x = random_floats(size_t(n + off), rng_);
+      auto y = random_floats(size_t(n + off + 5), rng_), y_ref = y;
+      axpy(-1.25f, x.data() + off, y.data() + off, n);
+      axpy_ref(-1.25f, x.data() + off, y_ref.data() + off, n);
+      for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], y_ref[i], 1e-6f) << "n=" << n << " i=" << i;
+    }
+}
+
+// Conversions are exact: the same bits as the scalar twin (round to nearest even, subnormals,
+// overflow to infinity); NaN stays NaN.
+TEST_P(KernelTest, ConversionsAreBitExact) {
+  std::vector<float> special = {0.f, -0.f, 1.f, -1.f, 65504.f, 65520.f, 65519.f, 1e5f, -1e5f, 6.1e-5f, 5.9e-8f,
+                                3e-8f, 1e-40f, -1e-39f, 1.00390625f, 1.01171875f, 3.3895314e38f,
+                                std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                                std::numeric_limits<float>::max(), std::numeric_limits<float>::denorm_min()};
+  auto v = random_floats(1000, rng_, -70000.f, 70000.f);
+  auto small = random_floats(1000, rng_, -1e-4f, 1e-4f);
+  v.insert(v.end(), small.begin(), small.end());
+  v.insert(v.end(), special.begin(), special.end());
+  v.push_back(std::numeric_limits<float>::quiet_NaN());
+  for (DType t : {DType::BF16, DType::F16})
+    for (int n : {int(v.size()), 1, 7, 17, 33})
+      for (int off : kOffsets) {
+        const size_t start = v.size() - size_t(n);  // the tail: specials and NaN included
+        std::vector<uint8_t> got(size_t(n + off) * 2 + 64, 0xab), want = got;
+        store_as(v.data() + start, got.data() + 2 * off, t, n);
+        store_as_ref(v.data() + start, want.data() + 2 * off, t, n);
+        for (int i = 0; i < n; ++i) {
+          uint16_t g, w;
+          std::memcpy(&g, got.data() + 2 * (off + i), 2);
+          std::memcpy(&w, want.data() + 2 * (off + i), 2);
+          if (std::isnan(v[start + size_t(i)])) {
+            EXPECT_TRUE(std::isnan(t == DType::BF16 ? bf16_to_f32(g) : f16_to_f32(g)));
+          } else {
+            ASSERT_EQ(g, w) << dtype_name(t) << " value " << v[start + size_t(i)];
+          }
+        }
+        if (off > 0) {
+          EXPECT_EQ(got[size_t(2 * off - 1)], 0xab);  // nothing before the row
+        }
+        EXPECT_EQ(got[size_t(2 * (off + n))], 0xab);  // nothing after it
+        std::vector<float> back(size_t(n) + 3, -7.f), back_ref = back;
+        load_from(want.data() + 2 * off, t, back.data(), n);
+        load_from_ref(want.data() + 2 * off, t, back_ref.data(), n);
+        EXPECT_EQ(std::memcmp(back.data(), back_ref.data(), back.size() * sizeof(float)), 0) << dtype_name(t);
+      }
+}
+
+TEST_P(KernelTest, CodeKernelsMatchScalarTwins) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (int bits : {8, 4, 2})
+    for (int D : {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 130}) {
+      std::vector<uint8_t> codes(packed_bytes(D, bits));
+      for (auto& c : codes) c = uint8_t(byte(rng_));
+      auto a = random_floats(size_t(D) + 1, rng_);
+      const float* pa = a.data() + 1;
+      double abs_sum = 0;
+      for (int i = 0; i < D; ++i) abs_sum += std::fabs(pa[i]) * code_at(codes.data(), i, bits);
+      EXPECT_NEAR(dot_codes(pa, codes.data(), D, bits), dot_codes_ref(pa, codes.data(), D, bits),
+                  sum_tolerance(abs_sum))
+          << "bits=" << bits << " D=" << D;
+      auto acc = random_floats(size_t(D), rng_), acc_ref = acc;
+      axpy_codes(0.3f, codes.data(), D, bits, acc.data());
+      axpy_codes_ref(0.3f, codes.data(), D, bits, acc_ref.data());
+      for (int i = 0; i < D; ++i) ASSERT_NEAR(acc[size_t(i)], acc_ref[size_t(i)], 1e-5f) << "bits=" << bits << " D=" << D;
+    }
+}
+
+TEST_P(KernelTest, RmsNormSiluSoftmaxMatchScalarTwins) {
+  for (int n : kSizes)
+    for (int off : kOffsets) {
+      auto x = random_floats(size_t(n + off), rng_, -3.f, 3.f), w = random_floats(size_t(n + off), rng_);
+      std::vector<float> out(size_t(n + off) + 1, 9.f), out_ref = out;
+      rmsnorm(x.data() + off, w.data() + off, out.data() + off, n, 1e-5f);
+      rmsnorm_ref(x.data() + off, w.data() + off, out_ref.data() + off, n, 1e-5f);
+      for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], out_ref[i], 1e-5f * (1 + std::fabs(out_ref[i])));
+
+      auto g = random_floats(size_t(n + off), rng_, -20.f, 20.f), u = random_floats(size_t(n + off), rng_);
+      auto g_ref = g;
+      silu_mul(g.data() + off, u.data() + off, n);
+      silu_mul_ref(g_ref.data() + off, u.data() + off, n);
+      for (size_t i = 0; i < g.size(); ++i) ASSERT_NEAR(g[i], g_ref[i], 1e-6f * (1 + std::fabs(g_ref[i]))) << n;
+
+      auto s = random_floats(size_t(n + off), rng_, -30.f, 30.f);
+      if (n > 2) {
+        s[size_t(off)] = -std::numeric_limits<float>::infinity();  // a masked score
+        s[size_t(off + n - 1)] = -200.f;                           // far below the max: exp underflows
+      }
+      auto s_ref = s;
+      softmax(s.data() + off, n);
+      softmax_ref(s_ref.data() + off, n);
+      for (size_t i = 0; i < s.size(); ++i) ASSERT_NEAR(s[i], s_ref[i], 2e-6f * (1e-3f + std::fabs(s_ref[i]))) << n;
+    }
+}
+
+TEST_P(KernelTest, RopeMatchesScalarTwin) {
+  for (int head_dim : {2, 6, 16, 32, 34, 64, 128, 256})
+    for (int off : kOffsets) {
+      const int half = head_dim / 2, heads = 3;
+      auto cs = random_floats(size_t(half), rng_), sn = random_floats(size_t(half), rng_);
+      auto x = random_floats(size_t(heads * head_dim + off), rng_), x_ref = x;
+      rope_rotate(x.data() + off, heads, head_dim, cs.data(), sn.data());
+      rope_rotate_ref(x_ref.data() + off, heads, head_dim, cs.data(), sn.data());
+      for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(x[i], x_ref[i], 1e-6f) << head_dim;
+      std::vector<float> o(size_t(head_dim + off), 5.f), o_ref = o;
+      rope_rotate_one(x.data() + off, head_dim, cs.data(), sn.data(), o.data() + off);
+      rope_rotate_one_ref(x.data() + off, head_dim, cs.data(), sn.data(), o_ref.data() + off);
+      for (size_t i = 0; i < o.size(); ++i) ASSERT_NEAR(o[i], o_ref[i], 1e-6f) << head_dim;
+    }
+}
+
+// A weight matrix in dtype t filled with random values, and the float values it holds.
+struct TestMatrix {
+  std::vector<uint8_t> bytes;
+  WeightMatrix w;
+  std::vector<float> values;  // [rows][cols] as stored (rounded to t)
+  TestMatrix(DType t, int rows, int cols, std::mt19937& rng) {
+    auto v = random_floats(size_t(rows) * size_t(cols), rng);
+    bytes.resize(v.size() * dtype_size(t) + 64);
+    store_as_ref(v.data(), bytes.data(), t, int(v.size()));
+    w = WeightMatrix{t, bytes.data(), rows, cols};
+    values.resize(v.size());
+    load_from_ref(bytes.data(), t, values.data(), int(v.size()));
+  }
+  // sum_k |x[t][k] W[r][k]| + |bias[r]|: the scale of y[t][r]'s rounding error.
+  double abs_sum(const std::vector<float>& x, int t, int r, const float* bias) const {
+    double s = bias ? std::fabs(bias[r]) : 0.0;
+    for (int k = 0; k < w.cols; ++k)
+      s += std::fabs(double(x[size_t(t) * size_t(w.cols) + size_t(k)]) * values[size_t(r) * size_t(w.cols) + size_t(k)]);
+    return s;
+  }
+};
+
+// Both product kernels (streamed and packed) on every dtype, shapes that are not multiples of any
+// tile, with and without bias, over pools of 1 and 3 threads.
+TEST_P(KernelTest, MatmulMatchesScalarTwin) {
+  const int shapes[][2] = {{1, 1}, {5, 3}, {33, 17}, {67, 300}, {130, 257}, {41, 1000}};
+  ThreadPool pool1(1), pool3(3);
+  for (DType t : {DType::F32, DType::BF16, DType::F16})
+    for (const auto& s : shapes)
+      for (int T : {1, 2, 3, 4, 5, 7, 13, 40}) {
+        TestMatrix m(t, s[0], s[1], rng_);
+        auto x = random_floats(size_t(T) * size_t(s[1]), rng_);
+        auto bias = random_floats(size_t(s[0]), rng_);
+        for (bool with_bias : {false, true})
+          for (ThreadPool* pool : {&pool1, &pool3}) {
+            const float* b = with_bias ? bias.data() : nullptr;
+            std::vector<float> y(size_t(T) * size_t(s[0]), 1e9f), y_ref(y.size());
+            matmul(x.data(), T, m.w, b, y.data(), *pool);
+            matmul_ref(x.data(), T, m.w, b, y_ref.data());
+            for (int tt = 0; tt < T; ++tt)
+              for (int r = 0; r < s[0]; ++r) {
+                const size_t i = size_t(tt) * size_t(s[0]) + size_t(r);
+                ASSERT_NEAR(y[i], y_ref[i], sum_tolerance(m.abs_sum(x, tt, r, b)))
+                    << dtype_name(t) << " " << s[0] << "x" << s[1] << " T=" << T << " threads=" << pool->size();
+              }
+          }
+      }
+}
+
+// One thread's share: the columns [r0, r1) and nothing else, for both product kernels.
+TEST_P(KernelTest, ProductKernelsWriteOnlyTheirColumns) {
+  TestMatrix m(DType::BF16, 75, 90, rng_);
+  for (int T : {1, 3, 9}) {
+    auto x = random_floats(size_t(T) * 90, rng_);
+    std::vector<float> y_ref(size_t(T) * 75);
+    matmul_ref(x.data(), T, m.w, nullptr, y_ref.data());
+    const int r0 = k_->gemm_nr, r1 = 2 * k_->gemm_nr + 3 > 75 ? 75 : 2 * k_->gemm_nr + 3;
+    const int panels = (T + k_->gemm_mr - 1) / k_->gemm_mr;
+    std::vector<float> ap(size_t(panels * k_->gemm_mr) * 90);
+    k_->pack_a(x.data(), T, 90, 0, panels, ap.data());
+    for (bool streamed : {true, false}) {
+      std::vector<float> y(size_t(T) * 75, -5.f);
+      if (streamed)
+        k_->gemv(x.data(), T, m.w, nullptr, y.data(), r0, r1);
+      else
+        k_->gemm(ap.data(), T, m.w, nullptr, y.data(), r0, r1);
+      for (int tt = 0; tt < T; ++tt)
+        for (int r = 0; r < 75; ++r) {
+          const size_t i = size_t(tt) * 75 + size_t(r);
+          if (r >= r0 && r < r1)
+            ASSERT_NEAR(y[i], y_ref[i], sum_tolerance(m.abs_sum(x, tt, r, nullptr)));
+          else
+            ASSERT_EQ(y[i], -5.f) << "column " << r << " is outside [" << r0 << ", " << r1 << ")";
+        }
+    }
+  }
+}
+
+// The same weights at any address give the same bits: sums run in an order fixed by element index,
+// whatever loads the kernel uses to stay cache-line aligned.
+TEST_P(KernelTest, ProductsDoNotDependOnWhereTheWeightsSit) {
+  ThreadPool pool(1);
+  for (DType t : {DType::F32, DType::BF16, DType::F16}) {
+    const int rows = 37, cols = 300;
+    auto v = random_floats(size_t(rows) * cols, rng_);
+    for (int T : {1, 2, 3, 5, 8}) {  // streamed and packed products
+      auto x = random_floats(size_t(T) * cols, rng_);
+      std::vector<float> first;
+      const std::vector<size_t> offsets = t == DType::F32 ? std::vector<size_t>{0, 4, 8, 36}
+                                                          : std::vector<size_t>{0, 2, 8, 30, 1};
+      for (size_t off : offsets) {
+        std::vector<uint8_t> buf(v.size() * dtype_size(t) + 128);
+        uint8_t* base = buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64 + off;
+        store_as_ref(v.data(), base, t, int(v.size()));
+        std::vector<float> y(size_t(T) * rows);
+        matmul(x.data(), T, WeightMatrix{t, base, rows, cols}, nullptr, y.data(), pool);
+        if (first.empty())
+          first = y;
+        else
+          ASSERT_EQ(std::memcmp(first.data(), y.data(), y.size() * sizeof(float)), 0)
+              << dtype_name(t) << " T=" << T << " offset " << off;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Targets, KernelTest, ::testing::ValuesIn(available_simd_targets()),
+                         [](const ::testing::TestParamInfo<SimdTarget>& i) {
+                           return std::string(simd_target_name(i.param));
+                         });
+
+TEST(SimdDispatchTest, BestTargetIsActiveAndEveryTargetCanBeChosen) {
+  const auto targets = available_simd_targets();
+  ASSERT_FALSE(targets.empty());
+  EXPECT_EQ(targets.front(), SimdTarget::Portable);
+  EXPECT_EQ(active_simd_target(), targets.back());
+  for (SimdTarget t : targets) {
+    set_simd_target(t);
+    EXPECT_EQ(active_simd_target(), t);
+    EXPECT_EQ(&active_kernels(), kernel_table(t));
+  }
+  set_simd_target(targets.back());
+#if defined(__x86_64__)
+  // The CPU's own report (the compiler's cpuid reader) agrees with the dispatcher's.
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    EXPECT_NE(kernel_table(SimdTarget::AVX2), nullptr);
+  }
+  if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")) {
+    EXPECT_NE(kernel_table(SimdTarget::AVX512), nullptr);
+  }
+#endif
+}
+
+// ---- thread pool ---------------------------------------------------------------------------------
+
+TEST(ThreadPoolTest, RangesCoverEveryIndexOnceAlignedToGrain) {
+  for (int threads : {1, 2, 3, 5}) {
+    ThreadPool pool(threads);
+    for (size_t n : {size_t(1), size_t(2), size_t(7), size_t(64), size_t(1000), size_t(4097)})
+      for (size_t grain : {size_t(1), size_t(4), size_t(32)}) {
+        std::vector<std::atomic<int>> hits(n);
+        std::atomic<int> misaligned{0};
+        pool.parallel_for(
+            n,
+            [&](size_t b, size_t e) {
+              if (b % grain != 0 || (e % grain != 0 && e != n)) ++misaligned;
+              for (size_t i = b; i < e; ++i) ++hits[i];
+            },
+            grain);
+        for (size_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << threads << " threads, n=" << n << " i=" << i;
+        EXPECT_EQ(misaligned.load(), 0);
+      }
+  }
+}
+
+TEST(ThreadPoolTest, SplitsWorkOverEveryThread) {
+  ThreadPool pool(3);
+  std::atomic<int> calls{0};
+  pool.parallel_for(3, [&](size_t b, size_t e) {
+    EXPECT_EQ(e, b + 1);
+    ++calls;
+  });
+  EXPECT_EQ(calls.load(), 3);
+}
+
+TEST(ThreadPoolTest, ManyCallsAndSleepingWorkersWakeUp) {
+  ThreadPool pool(2);
+  std::atomic<long> sum{0};
+  for (int call = 0; call < 20000; ++call)
+    pool.parallel_for(10, [&](size_t b, size_t e) {
+      for (size_t i = b; i < e; ++i) sum += long(i);
+    });
+  EXPECT_EQ(sum.load(), 20000L * 45);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // workers stop spinning and sleep
+  pool.parallel_for(10, [&](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) sum += long(i);
+  });
+  EXPECT_EQ(sum.load(), 20001L * 45);
+}
+
+}  // namespace
+}  // namespace ptllm
