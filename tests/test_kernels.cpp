@@ -380,5 +380,44 @@ TEST(ThreadPoolTest, ManyCallsAndSleepingWorkersWakeUp) {
   EXPECT_EQ(sum.load(), 20001L * 45);
 }
 
+// Back-to-back calls of random sizes: a worker still finishing one call must never take a part of
+// the next (each index runs exactly once per call, and no call waits forever).
+TEST(ThreadPoolTest, BackToBackCallsOfRandomSizes) {
+  ThreadPool pool(3);
+  std::mt19937 rng(3);
+  long want = 0;
+  std::atomic<long> got{0};
+  for (int call = 0; call < 200000; ++call) {
+    const size_t n = rng() % 100 + 1, grain = rng() % 20 + 1;
+    want += long(n);
+    pool.parallel_for(n, [&](size_t b, size_t e) { got += long(e - b); }, grain);
+  }
+  EXPECT_EQ(got.load(), want);
+}
+
+TEST(ThreadPoolTest, NestedCallsRunInline) {
+  ThreadPool pool(3);
+  std::vector<std::atomic<int>> hits(12 * 12);
+  pool.parallel_for(12, [&](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i)
+      pool.parallel_for(12, [&](size_t b2, size_t e2) {
+        for (size_t j = b2; j < e2; ++j) ++hits[i * 12 + j];
+      });
+  });
+  for (auto& h : hits) EXPECT_EQ(h.load(), 1);
+}
+
+TEST(ThreadPoolTest, ExceptionsReachTheCallerAndThePoolStaysUsable) {
+  ThreadPool pool(3);
+  EXPECT_THROW(pool.parallel_for(9,
+                                 [&](size_t b, size_t) {
+                                   if (b >= 3) throw std::runtime_error("worker failed");
+                                 }),
+               std::runtime_error);
+  std::atomic<int> n{0};
+  pool.parallel_for(9, [&](size_t b, size_t e) { n += int(e - b); });
+  EXPECT_EQ(n.load(), 9);
+}
+
 }  // namespace
 }  // namespace ptllm

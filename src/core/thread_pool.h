@@ -1,11 +1,18 @@
 #pragma once
-// A fixed pool of worker threads, created once; parallel_for splits [0, n) into contiguous ranges,
-// one per thread (the caller runs the first). No allocation or thread creation per call.
-#include <condition_variable>
+// A fixed pool of worker threads, created once. parallel_for cuts [0, n) into a few contiguous parts
+// per thread that the caller and the workers claim from a shared counter: the caller starts at once
+// and never waits for a worker that has not started (a descheduled worker on a busy machine costs
+// its parts, not a stall). A call neither allocates nor creates threads: the job is a pointer to
+// the caller's callable, and idle workers spin briefly (decode issues ~10 calls per layer,
+// microseconds apart) before sleeping on a futex.
+#include <atomic>
 #include <cstddef>
-#include <functional>
+#include <cstdint>
+#include <exception>
+#include <memory>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace ptllm {
@@ -18,23 +25,49 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int size() const { return n_threads_; }
-  // fn(begin, end) over disjoint ranges covering [0, n); ranges are multiples of `grain` except the last.
-  void parallel_for(size_t n, const std::function<void(size_t, size_t)>& fn, size_t grain = 1);
+  // fn(begin, end) over disjoint ranges covering [0, n); ranges start at multiples of `grain` and
+  // end at one (or at n). Which thread runs a range is not fixed, so fn's result for a range must
+  // not depend on it. Runs inline when n <= grain, with one thread, or when called from inside a
+  // job. An exception thrown by fn is rethrown here once every range has finished.
+  template <class F>
+  void parallel_for(size_t n, F&& fn, size_t grain = 1) {
+    using Fn = std::remove_reference_t<F>;
+    run(n, grain,
+        Job{const_cast<void*>(static_cast<const void*>(std::addressof(fn))),
+            [](void* f, size_t b, size_t e) { (*static_cast<Fn*>(f))(b, e); }});
+  }
 
   static int default_threads();
 
  private:
-  void worker(int index);
+  struct Job {
+    void* fn;
+    void (*call)(void*, size_t, size_t);
+  };
+  // One cache line each: the flags workers poll must not share a line with what they write.
+  struct alignas(64) Counter {
+    std::atomic<uint32_t> value{0};
+  };
+
+  void run(size_t n, size_t grain, Job job);
+  void worker();
+  // Claims and runs parts of job `gen` until none is left (or a newer job replaced it).
+  void work_on(uint32_t gen);
 
   int n_threads_;
   std::vector<std::thread> workers_;
-  std::mutex mu_;
-  std::condition_variable start_cv_, done_cv_;
-  const std::function<void(size_t, size_t)>* job_ = nullptr;
+  std::mutex call_mu_;  // one parallel_for at a time from outside the pool
+  // The current job; written only while no part of the previous one can still be claimed.
+  Job job_{};
   size_t job_n_ = 0, job_grain_ = 1;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
-  bool stop_ = false;
+  uint32_t job_parts_ = 0;
+  Counter generation_;  // bumped to start a job (and to stop); workers sleep on it
+  alignas(64) std::atomic<uint64_t> claim_{0};  // generation << 32 | parts << 16 | next unclaimed part
+  Counter done_;        // parts of the current job finished
+  Counter sleepers_;    // workers blocked in generation_.wait
+  std::atomic<bool> stop_{false};
+  std::mutex error_mu_;
+  std::exception_ptr error_;
 };
 
 }  // namespace ptllm
