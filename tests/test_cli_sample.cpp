@@ -1,6 +1,8 @@
 // `posttrainllm sample` end to end, as a user runs it: text out, stats on stderr, exit codes.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include "test_util.h"
 
 namespace ptllm {
@@ -85,6 +87,29 @@ TEST(CliSampleTest, StreamingFooterReportsTheCap) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("stored 28 of 103 (StreamingLLM cap)"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("int4 g8 r8 sink4 w24 pos=cache"), std::string::npos) << r.err;
+}
+
+// A long generation reports its speed over the first and the last 500 steps (the StreamingLLM check:
+// a bounded window keeps the two equal); a short one does not.
+TEST(CliSampleTest, LongGenerationReportsFirstAndLastStepRates) {
+  auto r = test::run_command(sample_cmd("--prompt 'In the beginning' --tokens 1201 --temperature 0 --ignore-eos "
+                                        "--streaming-llm-sink 4 --streaming-llm-window 60"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const size_t at = r.err.find("decode speed: steps 1-500 ");
+  ASSERT_NE(at, std::string::npos) << r.err;
+  double first = 0, last = 0;
+  int from = 0, to = 0;
+  ASSERT_EQ(std::sscanf(r.err.c_str() + at, "decode speed: steps 1-500 %lf tok/s, steps %d-%d %lf tok/s", &first,
+                        &from, &to, &last),
+            4)
+      << r.err;
+  EXPECT_EQ(from, 701);
+  EXPECT_EQ(to, 1200);  // 1201 tokens sampled, 1200 fed back
+  EXPECT_GT(first, 0);
+  EXPECT_GT(last, 0);
+  r = test::run_command(sample_cmd("--prompt 'In the beginning' --tokens 50 --temperature 0 --ignore-eos"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err.find("decode speed:"), std::string::npos) << r.err;
 }
 
 TEST(CliSampleTest, BadModelExitsWithCode1AndNamesTheFile) {

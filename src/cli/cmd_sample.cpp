@@ -1,5 +1,6 @@
 // posttrainllm sample: generate text from a prompt, streamed to stdout; stats on stderr.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -61,6 +62,34 @@ void report_cache_save(const PromptCacheSave& r) {
                  (long long)entries, format_bytes(r.pruned.bytes_freed).c_str());
 }
 
+// Decode speed over the first and the last kSpan steps of a long generation (under StreamingLLM the
+// two should match: the window bounds the attention cost). A fixed ring of time points: no memory
+// grows with the number of steps.
+class StepRate {
+ public:
+  static constexpr int kSpan = 500;
+  void start() { ring_[0] = Clock::now(); }
+  void step() {
+    ++steps_;
+    ring_[size_t(steps_ % (kSpan + 1))] = Clock::now();
+    if (steps_ == kSpan) first_s_ = seconds(ring_[size_t(kSpan)] - ring_[0]);
+  }
+  int steps() const { return steps_; }
+  double first_tok_s() const { return kSpan / first_s_; }
+  // Only meaningful once steps() >= kSpan: the newest point minus the one kSpan steps earlier.
+  double last_tok_s() const {
+    const auto newest = ring_[size_t(steps_ % (kSpan + 1))];
+    const auto oldest = ring_[size_t((steps_ + 1) % (kSpan + 1))];
+    return kSpan / seconds(newest - oldest);
+  }
+
+ private:
+  static double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+  std::array<Clock::time_point, kSpan + 1> ring_{};
+  int steps_ = 0;
+  double first_s_ = 0;
+};
+
 int run_sample(SampleArgs& a) {
   const auto t_load = Clock::now();
   const std::filesystem::path dir = a.model_dir.empty() ? default_model_dir() : std::filesystem::path(a.model_dir);
@@ -105,6 +134,7 @@ int run_sample(SampleArgs& a) {
   int generated = 0;
   std::string stop_note;
   const auto t_decode = Clock::now();
+  StepRate rate;
   for (int i = 0; i < a.tokens; ++i) {
     const int32_t next = sampler.sample(logits, session.history());
     if (i == 0) ttft_ms = ms_since(t_prefill);
@@ -118,7 +148,9 @@ int run_sample(SampleArgs& a) {
       stop_note = "stopped: the context is full (" + std::to_string(sopts.kv.ctx_size) + " tokens, --ctx-size)";
       break;
     }
+    if (i == 0) rate.start();
     logits = session.feed({&next, 1});
+    rate.step();
   }
   std::string rest = detok.finish();
   std::fwrite(rest.data(), 1, rest.size(), stdout);
@@ -139,6 +171,9 @@ int run_sample(SampleArgs& a) {
                double(prompt.size()) / (prefill_ms / 1000), ttft_ms);
   std::fprintf(stderr, "decode: %d tokens, %.1f tok/s\n", generated,
                decode_steps > 0 ? decode_steps / ((decode_ms - (ttft_ms - prefill_ms)) / 1000) : 0.0);
+  if (rate.steps() >= 2 * StepRate::kSpan)
+    std::fprintf(stderr, "decode speed: steps 1-%d %.1f tok/s, steps %d-%d %.1f tok/s\n", StepRate::kSpan,
+                 rate.first_tok_s(), rate.steps() - StepRate::kSpan + 1, rate.steps(), rate.last_tok_s());
   if (sopts.use_cache) {
     const KVCache& kv = session.cache();
     std::string stored = "stored " + std::to_string(kv.n_stored()) + " tokens";
