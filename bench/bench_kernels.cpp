@@ -185,8 +185,9 @@ void register_kernels() {
       auto y = std::make_shared<std::vector<float>>(size_t(T) * 64);
       auto one = std::make_shared<ThreadPool>(1);
       const WeightMatrix m{DType::BF16, w->data(), 64, n};
-      return std::pair<Body, Body>{[=] { matmul(x->data(), T, m, nullptr, y->data(), *one); },
-                                   [=] { matmul_ref(x->data(), T, m, nullptr, y->data()); }};
+      // Each body holds w too: m only points into it.
+      return std::pair<Body, Body>{[w, x, y, one, m, T] { matmul(x->data(), T, m, nullptr, y->data(), *one); },
+                                   [w, x, y, m, T] { matmul_ref(x->data(), T, m, nullptr, y->data()); }};
     });
   }
 }
