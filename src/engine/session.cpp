@@ -16,6 +16,9 @@ Session::Session(const Model& model, const SessionOptions& opts, ThreadPool& poo
     throw UsageError("--no-cache recomputes everything without a KV cache: it cannot be combined with "
                      "StreamingLLM or --kv-quantize");
   if (opts_.use_cache) cache_ = std::make_unique<KVCache>(model.kv_shape(), opts_.kv);
+  // Decode steps append to the history without allocating (past ctx_size, under StreamingLLM, it
+  // grows by doubling: a handful of allocations over a whole generation).
+  history_.reserve(size_t(opts_.kv.ctx_size));
 }
 
 std::span<const float> Session::last_logits() const {

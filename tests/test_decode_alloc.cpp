@@ -1,0 +1,116 @@
+// A decode step allocates nothing and creates no thread: the pool, the forward state, the KV blocks
+// (preallocated) and the kernels' scratch are all set up before it. Counted by replacing the global
+// operator new for this test binary (the count is only read around the measured steps). With one
+// thread every allocation counts; with two, the caller's: a pool worker sizes its thread-local kernel
+// scratch the first time it runs a part of a kernel, and which parts a worker takes is up to timing.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <dirent.h>
+#include <new>
+#include <thread>
+
+#include "core/thread_pool.h"
+#include "engine/session.h"
+#include "sample/sampler.h"
+#include "test_util.h"
+
+namespace {
+std::atomic<long> g_news{0};
+thread_local bool t_not_counted = false;  // set on pool workers in the two-thread cases
+}  // namespace
+
+// The replacements pair malloc with free, which gcc cannot see through.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+void* operator new(std::size_t n) {
+  if (!t_not_counted) g_news.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t n) { return operator new(n); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+
+namespace ptllm {
+namespace {
+
+int thread_count() {
+  int n = 0;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(d))
+      if (e->d_name[0] != '.') ++n;
+    closedir(d);
+  }
+  return n;
+}
+
+struct Case {
+  const char* name;
+  KVPrecision precision;
+  int sink, window;
+  int threads;
+};
+
+class DecodeAllocTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(DecodeAllocTest, DecodeStepsAllocateNothing) {
+  const Case& c = GetParam();
+  auto model = Model::load(test::repo_model("kjv-tiny"));
+  ThreadPool pool(c.threads);
+  if (c.threads > 1) {
+    // Mark the workers: a job of many one-index parts, each of which the caller skips.
+    const auto caller = std::this_thread::get_id();
+    std::atomic<int> marked{0};
+    while (marked.load() < c.threads - 1)
+      pool.parallel_for(size_t(64) * size_t(c.threads), [&](size_t, size_t) {
+        if (std::this_thread::get_id() != caller && !t_not_counted) {
+          t_not_counted = true;
+          ++marked;
+        }
+      });
+  }
+  SessionOptions o;
+  o.kv.precision = c.precision;
+  o.kv.group_size = 8;
+  o.kv.residual = 8;
+  o.kv.sink = c.sink;
+  o.kv.window = c.window;
+  o.kv.ctx_size = 256;
+  o.kv.positions = default_positions(o.kv);
+  Session s(*model, o, pool);
+  SamplingConfig sc;
+  sc.temperature = 0;
+  Sampler sampler(sc);
+  std::vector<int32_t> prompt = {5, 17, 99, 3, 250, 41, 7, 8, 9, 10};
+  std::span<float> logits = s.feed(prompt);
+  // Warm-up: every kernel's thread-local scratch reaches its size (and a KIVI group is quantized).
+  for (int i = 0; i < 40; ++i) {
+    const int32_t next = sampler.sample(logits, s.history());
+    logits = s.feed({&next, 1});
+  }
+  const int threads = thread_count();
+  const long before = g_news.load();
+  for (int i = 0; i < 100; ++i) {
+    const int32_t next = sampler.sample(logits, s.history());
+    logits = s.feed({&next, 1});
+  }
+  EXPECT_EQ(g_news.load() - before, 0) << "allocations in 100 decode steps";
+  EXPECT_EQ(thread_count(), threads);
+  EXPECT_EQ(s.position(), 150);
+}
+
+INSTANTIATE_TEST_SUITE_P(Caches, DecodeAllocTest,
+                         ::testing::Values(Case{"fp32", KVPrecision::F32, 0, 0, 1},
+                                           Case{"int4", KVPrecision::Int4, 0, 0, 1},
+                                           Case{"int4_streaming", KVPrecision::Int4, 4, 40, 1},
+                                           Case{"fp32_2threads", KVPrecision::F32, 0, 0, 2},
+                                           Case{"int4_streaming_2threads", KVPrecision::Int4, 4, 40, 2}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace ptllm
