@@ -2,6 +2,7 @@
 // of awkward sizes and misaligned pointers; and the thread pool's contract.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -154,6 +155,91 @@ TEST_P(KernelTest, CodeKernelsMatchScalarTwins) {
       axpy_codes(0.3f, codes.data(), D, bits, acc.data());
       axpy_codes_ref(0.3f, codes.data(), D, bits, acc_ref.data());
       for (int i = 0; i < D; ++i) ASSERT_NEAR(acc[size_t(i)], acc_ref[size_t(i)], 1e-5f) << "bits=" << bits << " D=" << D;
+    }
+}
+
+std::vector<uint16_t> f16s(const std::vector<float>& v) {
+  std::vector<uint16_t> h(v.size());
+  for (size_t i = 0; i < v.size(); ++i) h[i] = f32_to_f16(v[i]);
+  return h;
+}
+
+// The KIVI block kernels (one block of code rows for the query heads sharing a KV head,
+// kv/kv_cache.cpp) against their twins: head counts around the kernels' passes of 4, odd key
+// counts, rows at odd addresses, strided outputs whose gaps must stay untouched.
+TEST_P(KernelTest, KiviBlockKernelsMatchScalarTwins) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (int bits : {8, 4, 2})
+    for (int D : {1, 3, 4, 15, 16, 17, 32, 33, 64, 65, 128, 130})
+      for (int nq : {1, 2, 3, 4, 5, 8, 11})
+        for (int nk : {1, 5, 32}) {
+          SCOPED_TRACE(::testing::Message() << "bits=" << bits << " D=" << D << " nq=" << nq << " nk=" << nk);
+          const size_t pk = packed_bytes(D, bits);
+          std::vector<uint8_t> codes(pk * size_t(nk) + 1);
+          for (auto& c : codes) c = uint8_t(byte(rng_));
+          const uint8_t* pc = codes.data() + 1;
+          auto code = [&](int j, int i) { return float(code_at(pc + size_t(j) * pk, i, bits)); };
+          const int ld = nk + 3;
+
+          auto q = random_floats(size_t(nq) * size_t(D) + 1, rng_);
+          const float* pq = q.data() + 1;
+          // f16 scales and zeros; one scale below the floor (a constant channel) and one zero scale.
+          auto ks = f16s(random_floats(size_t(D), rng_, 0.01f, 0.2f)), kz = f16s(random_floats(size_t(D), rng_, -2.f, 2.f));
+          ks[0] = f32_to_f16(1e-6f);
+          if (D > 2) ks[2] = 0;
+          const float qscale = 0.125f;
+          std::vector<float> out(size_t(nq) * size_t(ld), 7.f), out_ref = out;
+          kivi_k_block(pq, nq, pc, ks.data(), kz.data(), qscale, nk, D, bits, out.data(), ld);
+          kivi_k_block_ref(pq, nq, pc, ks.data(), kz.data(), qscale, nk, D, bits, out_ref.data(), ld);
+          for (int h = 0; h < nq; ++h)
+            for (int j = 0; j < ld; ++j) {
+              const size_t o = size_t(h) * size_t(ld) + size_t(j);
+              if (j >= nk) {
+                ASSERT_EQ(out[o], 7.f);
+                continue;
+              }
+              double abs_sum = 0;
+              for (int i = 0; i < D; ++i)
+                abs_sum += std::fabs(pq[size_t(h) * size_t(D) + size_t(i)]) * qscale *
+                           (f16_to_f32(ks[size_t(i)]) * code(j, i) + std::fabs(f16_to_f32(kz[size_t(i)])));
+              ASSERT_NEAR(out[o], out_ref[o], sum_tolerance(abs_sum));
+            }
+
+          auto p = random_floats(size_t(nq) * size_t(ld), rng_, 0.f, 1.f);
+          auto vs = f16s(random_floats(size_t(nk), rng_, 0.01f, 0.2f)), vz = f16s(random_floats(size_t(nk), rng_, -2.f, 2.f));
+          vs[0] = 0;
+          auto acc = random_floats(size_t(nq) * size_t(D), rng_), acc_ref = acc;
+          auto zacc = random_floats(size_t(nq), rng_), zacc_ref = zacc;
+          kivi_v_block(p.data(), ld, nq, pc, vs.data(), vz.data(), nk, D, bits, acc.data(), zacc.data());
+          kivi_v_block_ref(p.data(), ld, nq, pc, vs.data(), vz.data(), nk, D, bits, acc_ref.data(), zacc_ref.data());
+          for (int h = 0; h < nq; ++h) {
+            double zsum = 1;
+            for (int j = 0; j < nk; ++j) zsum += p[size_t(h) * size_t(ld) + size_t(j)] * std::fabs(f16_to_f32(vz[size_t(j)]));
+            ASSERT_NEAR(zacc[size_t(h)], zacc_ref[size_t(h)], sum_tolerance(zsum));
+            for (int i = 0; i < D; ++i) {
+              double abs_sum = 1;
+              for (int j = 0; j < nk; ++j)
+                abs_sum += p[size_t(h) * size_t(ld) + size_t(j)] * std::max(kMinScale, f16_to_f32(vs[size_t(j)])) * code(j, i);
+              const size_t o = size_t(h) * size_t(D) + size_t(i);
+              ASSERT_NEAR(acc[o], acc_ref[o], sum_tolerance(abs_sum));
+            }
+          }
+        }
+}
+
+TEST_P(KernelTest, MaxAndExpSumMatchScalarTwins) {
+  for (int n : kSizes)
+    for (int off : kOffsets) {
+      auto x = random_floats(size_t(n + off) + 1, rng_, -30.f, 30.f);
+      if (n > 2) x[size_t(off + n - 1)] = -200.f;  // far below the max: underflows to 0
+      x[size_t(off + n)] = 100.f;                   // past the end: must not count
+      const float m = max_of(x.data() + off, n);
+      ASSERT_EQ(m, max_of_ref(x.data() + off, n)) << n;
+      ASSERT_EQ(m, *std::max_element(x.begin() + off, x.begin() + off + n)) << n;
+      auto x_ref = x;
+      const float sum = exp_sum(x.data() + off, n, m), sum_ref = exp_sum_ref(x_ref.data() + off, n, m);
+      for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(x[i], x_ref[i], 2e-6f * (1e-3f + std::fabs(x_ref[i]))) << n;
+      EXPECT_NEAR(sum, sum_ref, 2e-6f * sum_ref) << n;
     }
 }
 

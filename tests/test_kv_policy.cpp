@@ -4,12 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "engine/session.h"
 #include "kernels/ops.h"
+#include "kernels/simd.h"
 #include "kv/kv_cache.h"
 #include "test_util.h"
 
@@ -163,6 +165,83 @@ INSTANTIATE_TEST_SUITE_P(
                       PolicyCase{"int8_r0_sink5_w45_cachepos", KVPrecision::Int8, 8, 0, 5, 45, PositionMode::Cache},
                       PolicyCase{"int2_r32_sink2_w72", KVPrecision::Int2, 8, 32, 2, 72, PositionMode::Absolute}),
     [](const auto& info) { return info.param.name; });
+
+// The attention above runs the best SIMD target; the KIVI block kernels of every other target this
+// CPU has give the same attention too (GQA group of 3 heads: a partial pass of the kernels).
+TEST(KVPolicyTargetsTest, KiviAttentionMatchesTheReferenceOnEveryTarget) {
+  struct RestoreTarget {
+    SimdTarget saved = active_simd_target();
+    ~RestoreTarget() { set_simd_target(saved); }
+  } restore;
+  for (SimdTarget target : available_simd_targets())
+    for (KVPrecision p : {KVPrecision::Int8, KVPrecision::Int4, KVPrecision::Int2}) {
+      SCOPED_TRACE(std::string(simd_target_name(target)) + " " + std::string(kv_precision_name(p)));
+      set_simd_target(target);
+      Harness h;
+      h.n_heads = 6;
+      h.D = 64;
+      h.cfg.precision = p;
+      h.cfg.group_size = 16;
+      h.cfg.residual = 16;
+      h.cfg.ctx_size = 200;
+      KVCache cache(h.shape(), h.cfg);
+      ThreadPool pool(2);
+      h.run(cache, chunks_of(150, {9, 1, 1, 30}), pool, 2e-4f);
+    }
+}
+
+// Contexts longer than one attention part (512 tokens): a step spread over the pool (each part a
+// piece of work, merged afterwards) matches the reference and, bit for bit, the same step walked by
+// one thread; with StreamingLLM the window starts inside a part.
+TEST(KVCachePartsTest, LongContextSplitOverThreadsIsExactAndMatchesReference) {
+  for (KVPrecision p : {KVPrecision::F32, KVPrecision::Int4})
+    for (bool stream : {false, true}) {
+      Harness h;
+      h.cfg.precision = p;
+      h.cfg.group_size = 16;
+      h.cfg.residual = 32;
+      h.cfg.ctx_size = 1400;
+      if (stream) {
+        h.cfg.sink = 4;
+        h.cfg.window = 1100;
+        h.cfg.positions = PositionMode::Cache;
+      }
+      SCOPED_TRACE(h.cfg.describe());
+      KVCache one(h.shape(), h.cfg), two(h.shape(), h.cfg);
+      ThreadPool pool1(1), pool2(2);
+      for (int done = 0; done < 1250;) {
+        const int T = std::min(64, 1250 - done);
+        for (int layer = 0; layer < h.n_layers; ++layer) {
+          auto k = h.random(size_t(T) * size_t(h.n_kv) * size_t(h.D)), v = h.random(k.size());
+          for (KVCache* c : {&one, &two}) {
+            c->append(layer, k.data(), v.data(), T);
+            c->apply_policy(layer);
+          }
+        }
+        done += T;
+      }
+      for (int T : {1, 3, 1, 7}) {
+        const int64_t n_before = one.n_tokens();
+        for (int layer = 0; layer < h.n_layers; ++layer) {
+          auto k = h.random(size_t(T) * size_t(h.n_kv) * size_t(h.D)), v = h.random(k.size());
+          auto q = h.random(size_t(T) * size_t(h.n_heads) * size_t(h.D));
+          one.append(layer, k.data(), v.data(), T);
+          two.append(layer, k.data(), v.data(), T);
+          std::vector<std::vector<float>> want;
+          for (int t = 0; t < T; ++t)
+            want.push_back(h.reference(one, layer, q.data() + size_t(t) * size_t(h.n_heads) * size_t(h.D), n_before + t));
+          std::vector<float> out1(q.size()), out2(q.size());
+          one.attend(layer, q.data(), T, h.n_heads, out1.data(), pool1);
+          two.attend(layer, q.data(), T, h.n_heads, out2.data(), pool2);
+          ASSERT_EQ(std::memcmp(out1.data(), out2.data(), out1.size() * sizeof(float)), 0) << "T " << T;
+          for (int t = 0; t < T; ++t)
+            for (size_t x = 0; x < want[size_t(t)].size(); ++x)
+              ASSERT_NEAR(out1[size_t(t) * size_t(h.n_heads) * size_t(h.D) + x], want[size_t(t)][x], 2e-4f)
+                  << "token " << n_before + t;
+        }
+      }
+    }
+}
 
 // The window cycles through the block pool fifty times its capacity: memory stays flat and the
 // attention still equals the reference at every step.

@@ -41,6 +41,14 @@ struct Avx2 {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
   }
+  // The sums of a, b, c and d at once: interleaved pairwise sums within 128-bit lanes leave each
+  // lane holding (a, b, c, d) partial sums, then the two lanes are folded.
+  PTLLM_TARGET static void reduce_add4(F a, F b, F c, F d, float* out) {
+    const __m256d ab = _mm256_castps_pd(_mm256_add_ps(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b)));
+    const __m256d cd = _mm256_castps_pd(_mm256_add_ps(_mm256_unpacklo_ps(c, d), _mm256_unpackhi_ps(c, d)));
+    const F s = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(ab, cd)), _mm256_castpd_ps(_mm256_unpackhi_pd(ab, cd)));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1)));
+  }
   PTLLM_TARGET static float reduce_max(F v) {
     __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_max_ps(s, _mm_movehl_ps(s, s));
@@ -100,6 +108,37 @@ struct Avx2 {
     const __m256i shifts = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
     const __m256i c = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(u), shifts), _mm256_set1_epi32(3));
     return _mm256_cvtepi32_ps(c);
+  }
+
+  // 8 bytes of codes split by position in the byte (kernels_impl.h, "KIVI blocks"): int4 gives
+  // the low nibbles (even channels) and the high ones (odd channels); int2 r[s] = bits 2s, 2s + 1.
+  PTLLM_TARGET static __m256i bytes_u32(const uint8_t* p) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  }
+  PTLLM_TARGET static void load_u4_split(const uint8_t* p, F& even, F& odd) {
+    const __m256i x = bytes_u32(p);
+    even = _mm256_cvtepi32_ps(_mm256_and_si256(x, _mm256_set1_epi32(0xf)));
+    odd = _mm256_cvtepi32_ps(_mm256_srli_epi32(x, 4));
+  }
+  PTLLM_TARGET static void load_u2_split(const uint8_t* p, F* r) {
+    const __m256i x = bytes_u32(p), m = _mm256_set1_epi32(3);
+    r[0] = _mm256_cvtepi32_ps(_mm256_and_si256(x, m));
+    r[1] = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(x, 2), m));
+    r[2] = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(x, 4), m));
+    r[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(x, 6));
+  }
+  // (a, b) as 16 lanes -> its even lanes and its odd lanes; interleave is the inverse.
+  PTLLM_TARGET static void deinterleave(F a, F b, F& even, F& odd) {
+    // Per 128-bit lane (a0 a2 b0 b2 | a4 a6 b4 b6), then the 64-bit pairs reordered.
+    const __m256d e = _mm256_castps_pd(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)));
+    const __m256d o = _mm256_castps_pd(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+    even = _mm256_castpd_ps(_mm256_permute4x64_pd(e, _MM_SHUFFLE(3, 1, 2, 0)));
+    odd = _mm256_castpd_ps(_mm256_permute4x64_pd(o, _MM_SHUFFLE(3, 1, 2, 0)));
+  }
+  PTLLM_TARGET static void interleave(F even, F odd, F& a, F& b) {
+    const F lo = _mm256_unpacklo_ps(even, odd), hi = _mm256_unpackhi_ps(even, odd);
+    a = _mm256_permute2f128_ps(lo, hi, 0x20);
+    b = _mm256_permute2f128_ps(lo, hi, 0x31);
   }
 
   // Consecutive chunks of 16 bf16 of a row, as (even elements, odd elements) in float32.

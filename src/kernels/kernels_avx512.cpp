@@ -49,6 +49,15 @@ struct Avx512 {
     return _mm_cvtss_f32(s);
   }
   PTLLM_TARGET static float reduce_max(F v) { return _mm512_reduce_max_ps(v); }
+  // The sums of a, b, c and d at once: interleaved pairwise sums within 128-bit lanes leave each
+  // lane holding (a, b, c, d) partial sums, then the four lanes are folded.
+  PTLLM_TARGET static void reduce_add4(F a, F b, F c, F d, float* out) {
+    const __m512d ab = _mm512_castps_pd(_mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b)));
+    const __m512d cd = _mm512_castps_pd(_mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d)));
+    const F s = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(ab, cd)), _mm512_castpd_ps(_mm512_unpackhi_pd(ab, cd)));
+    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(s), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+  }
 
   // bf16 -> f32 is a 16-bit shift; f32 -> bf16 rounds to nearest even with quiet NaNs, as torch.
   PTLLM_TARGET static F from_bf16(__m256i h) {
@@ -88,6 +97,33 @@ struct Avx512 {
     const __m512i shifts = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i c = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(int(u)), shifts), _mm512_set1_epi32(3));
     return _mm512_cvtepi32_ps(c);
+  }
+
+  // 16 bytes of codes split by position in the byte (kernels_impl.h, "KIVI blocks"): int4 gives
+  // the low nibbles (even channels) and the high ones (odd channels); int2 r[s] = bits 2s, 2s + 1.
+  PTLLM_TARGET static __m512i bytes_u32(const uint8_t* p) {
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  PTLLM_TARGET static void load_u4_split(const uint8_t* p, F& even, F& odd) {
+    const __m512i x = bytes_u32(p);
+    even = _mm512_cvtepi32_ps(_mm512_and_si512(x, _mm512_set1_epi32(0xf)));
+    odd = _mm512_cvtepi32_ps(_mm512_srli_epi32(x, 4));
+  }
+  PTLLM_TARGET static void load_u2_split(const uint8_t* p, F* r) {
+    const __m512i x = bytes_u32(p), m = _mm512_set1_epi32(3);
+    r[0] = _mm512_cvtepi32_ps(_mm512_and_si512(x, m));
+    r[1] = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(x, 2), m));
+    r[2] = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(x, 4), m));
+    r[3] = _mm512_cvtepi32_ps(_mm512_srli_epi32(x, 6));
+  }
+  // (a, b) as 32 lanes -> its even lanes and its odd lanes; interleave is the inverse.
+  PTLLM_TARGET static void deinterleave(F a, F b, F& even, F& odd) {
+    even = _mm512_permutex2var_ps(a, _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), b);
+    odd = _mm512_permutex2var_ps(a, _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31), b);
+  }
+  PTLLM_TARGET static void interleave(F even, F odd, F& a, F& b) {
+    a = _mm512_permutex2var_ps(even, _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23), odd);
+    b = _mm512_permutex2var_ps(even, _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31), odd);
   }
 
   // Consecutive chunks of 32 bf16 of a row, as (even elements, odd elements) in float32. Reads

@@ -5,8 +5,10 @@
 //
 // V provides: F (a register of N floats), N, the gemm tile MR x (NRV * N) and gemv token group GT;
 // zero, set1, load, load_n (first n lanes, zeros after), store, store_n; add, sub, mul, div, fma
-// (a * b + c), fnma (c - a * b), min, max, reduce_add, reduce_max; load_bf16/f16(_n),
+// (a * b + c), fnma (c - a * b), min, max, reduce_add, reduce_add4 (four sums at once), reduce_max; load_bf16/f16(_n),
 // store_bf16/f16(_n) (16-bit rows at any address); load_u8/u4/u2 (N codes of a packed row);
+// load_u4_split/load_u2_split (N bytes of codes split by position in the byte), deinterleave and
+// interleave (2N lanes <-> even and odd lanes);
 // round (to nearest), pow2i (2^n for integral n), blend_lt (x < lo ? a : b), transpose (N x N),
 // and Bf16Rows (a bf16 row read in consecutive chunks of 2N, as its even and odd elements).
 #ifndef PTLLM_TARGET
@@ -166,6 +168,334 @@ struct Kernels {
     int i = 0;
     for (; i + N <= D; i += N) V::store(acc + i, V::fma(wv, load_codes(codes, i, bits), V::load(acc + i)));
     for (; i < D; ++i) acc[i] += w * float(code_at(codes, i, bits));
+  }
+
+  // ---- KIVI blocks: nk code rows for the nq query heads sharing a KV head (GQA) -----------------
+  // Each code is unpacked and converted once and used by every head; passes of up to HR heads keep
+  // their accumulators in registers (more heads: another pass).
+  // Codes are read in groups of N bytes, GCH = N * 8 / BITS channels, unpacked without shuffles:
+  // register r of the KPB = 8 / BITS a group gives holds channels r, r + KPB, r + 2 KPB, ... (a
+  // shift and a mask each). The query (K) and the accumulators (V) are put in that order instead,
+  // once per block ("split"). Channels past the last whole group are read N at a time in order,
+  // then one at a time.
+  static constexpr int HR = 4;
+  static constexpr int CG = N >= 16 ? 4 : 2;  // registers of codes per unrolled step
+  template <int BITS>
+  static constexpr int KPB = 8 / BITS;
+  template <int BITS>
+  static constexpr int GCH = N * KPB<BITS>;
+  template <int BITS>  // groups per unrolled step
+  static constexpr int UG = CG / KPB<BITS> > 1 ? CG / KPB<BITS> : 1;
+
+  template <int BITS>
+  PTLLM_TARGET static F load_codes_t(const uint8_t* codes, int i) {
+    if constexpr (BITS == 8)
+      return V::load_u8(codes + i);
+    else if constexpr (BITS == 4)
+      return V::load_u4(codes + i / 2);
+    else
+      return V::load_u2(codes + i / 4);
+  }
+  // The KPB registers of the group starting at channel g0 (a multiple of GCH).
+  template <int BITS>
+  PTLLM_TARGET static void load_group(const uint8_t* codes, int g0, F* r) {
+    const uint8_t* p = codes + size_t(g0) * BITS / 8;
+    if constexpr (BITS == 8)
+      r[0] = V::load_u8(p);
+    else if constexpr (BITS == 4)
+      V::load_u4_split(p, r[0], r[1]);
+    else
+      V::load_u2_split(p, r);
+  }
+  // KPB registers of consecutive channels <-> the group order.
+  template <int BITS>
+  PTLLM_TARGET static void split(F* x) {
+    if constexpr (BITS == 4) {
+      F e, o;
+      V::deinterleave(x[0], x[1], e, o);
+      x[0] = e;
+      x[1] = o;
+    } else if constexpr (BITS == 2) {
+      F e01, o01, e23, o23;
+      V::deinterleave(x[0], x[1], e01, o01);  // channels 0 mod 2, 1 mod 2 of the first half
+      V::deinterleave(x[2], x[3], e23, o23);
+      V::deinterleave(e01, e23, x[0], x[2]);  // 0 mod 4, 2 mod 4
+      V::deinterleave(o01, o23, x[1], x[3]);  // 1 mod 4, 3 mod 4
+    }
+  }
+  template <int BITS>
+  PTLLM_TARGET static void unsplit(F* x) {
+    if constexpr (BITS == 4) {
+      F a, b;
+      V::interleave(x[0], x[1], a, b);
+      x[0] = a;
+      x[1] = b;
+    } else if constexpr (BITS == 2) {
+      F e01, e23, o01, o23;
+      V::interleave(x[0], x[2], e01, e23);
+      V::interleave(x[1], x[3], o01, o23);
+      V::interleave(e01, o01, x[0], x[1]);
+      V::interleave(e23, o23, x[2], x[3]);
+    }
+  }
+
+  // K, one pass of R <= HR heads: out[h][j] = sum_i qs[h][i] c_j[i] + qz[h], qs [R][D] the query
+  // scaled per channel, its whole groups split. Two keys at a time (2R independent FMA chains), a
+  // key's R sums reduced together.
+  template <int BITS, int R>
+  PTLLM_TARGET static void kivi_k_finish(const F* s, const float* qs, const float* qz, const uint8_t* c, int D,
+                                         int full, float* out, int ld_out, int j) {
+    float sum[4];
+    V::reduce_add4(s[0], R > 1 ? s[1] : V::zero(), R > 2 ? s[2] : V::zero(), R > 3 ? s[3] : V::zero(), sum);
+    PTLLM_UNROLL for (int h = 0; h < R; ++h) {
+      for (int i = full; i < D; ++i) sum[h] += qs[size_t(h) * size_t(D) + size_t(i)] * float(code_at(c, i, BITS));
+      out[size_t(h) * size_t(ld_out) + size_t(j)] = sum[h] + qz[h];
+    }
+  }
+  template <int BITS, int R, int U>  // U groups from channel g0
+  PTLLM_TARGET static void kivi_k_groups(const float* qs, int D, const uint8_t* c0, const uint8_t* c1, int g0, F* s0,
+                                         F* s1) {
+    constexpr int K = KPB<BITS>;
+    PTLLM_UNROLL for (int u = 0; u < U; ++u) {
+      const int gu = g0 + u * GCH<BITS>;
+      F r0[K], r1[K];
+      load_group<BITS>(c0, gu, r0);
+      load_group<BITS>(c1, gu, r1);
+      PTLLM_UNROLL for (int k = 0; k < K; ++k) PTLLM_UNROLL for (int h = 0; h < R; ++h) {
+        const F qv = V::load(qs + size_t(h) * size_t(D) + size_t(gu + k * N));
+        s0[h] = V::fma(qv, r0[k], s0[h]);
+        s1[h] = V::fma(qv, r1[k], s1[h]);
+      }
+    }
+  }
+  template <int BITS, int R>
+  PTLLM_TARGET static void kivi_k_pass(const float* qs, const float* qz, const uint8_t* codes, int nk, int D,
+                                       float* out, int ld_out) {
+    static_assert(R >= 1 && R <= HR && HR == 4);
+    constexpr int G = GCH<BITS>, U = UG<BITS>;
+    const size_t pk = packed_bytes(D, BITS);
+    const int full_u = D / (U * G) * (U * G), full_g = D / G * G, full = D / N * N;
+    for (int j = 0; j < nk; j += 2) {
+      // An odd last key is paired with itself; only its first result is kept.
+      const uint8_t* c0 = codes + size_t(j) * pk;
+      const uint8_t* c1 = j + 1 < nk ? c0 + pk : c0;
+      F s0[R], s1[R];
+      PTLLM_UNROLL for (int h = 0; h < R; ++h) s0[h] = s1[h] = V::zero();
+      int i = 0;
+      for (; i < full_u; i += U * G) kivi_k_groups<BITS, R, U>(qs, D, c0, c1, i, s0, s1);
+      for (; i < full_g; i += G) kivi_k_groups<BITS, R, 1>(qs, D, c0, c1, i, s0, s1);
+      for (; i < full; i += N) {
+        const F cv0 = load_codes_t<BITS>(c0, i), cv1 = load_codes_t<BITS>(c1, i);
+        PTLLM_UNROLL for (int h = 0; h < R; ++h) {
+          const F qv = V::load(qs + size_t(h) * size_t(D) + size_t(i));
+          s0[h] = V::fma(qv, cv0, s0[h]);
+          s1[h] = V::fma(qv, cv1, s1[h]);
+        }
+      }
+      kivi_k_finish<BITS, R>(s0, qs, qz, c0, D, full, out, ld_out, j);
+      if (j + 1 < nk) kivi_k_finish<BITS, R>(s1, qs, qz, c1, D, full, out, ld_out, j + 1);
+    }
+  }
+  // Scales are read as float16 and floored at kMinScale, as the reference dequantizes them.
+  PTLLM_TARGET static F load_scale(const uint16_t* p, int n) {
+    return V::max(n == N ? V::load_f16(p) : V::load_f16_n(p, n), V::set1(kMinScale));
+  }
+  template <int BITS>
+  PTLLM_TARGET static void kivi_k_block_b(const float* q, int nq, const uint8_t* codes, const uint16_t* scale,
+                                          const uint16_t* zero, float qscale, int nk, int D, float* out, int ld_out) {
+    static thread_local Scratch buf;
+    // [D] scale * qscale, [D] zero * qscale, [HR][D] query heads of a pass times the scale.
+    float* sd = buf.get((2 + size_t(HR)) * size_t(D));
+    float* zd = sd + D;
+    float* qs = zd + D;
+    const F qsv = V::set1(qscale);
+    for (int i = 0; i < D; i += N) {
+      const int n = std::min(N, D - i);
+      const F sv = V::mul(load_scale(scale + i, n), qsv);
+      const F zv = V::mul(n == N ? V::load_f16(zero + i) : V::load_f16_n(zero + i, n), qsv);
+      if (n == N) {
+        V::store(sd + i, sv);
+        V::store(zd + i, zv);
+      } else {
+        V::store_n(sd + i, sv, n);
+        V::store_n(zd + i, zv, n);
+      }
+    }
+    float qz[HR];
+    for (int h0 = 0; h0 < nq; h0 += HR) {
+      const int r = std::min(HR, nq - h0);
+      for (int h = 0; h < r; ++h) {
+        const float* qh = q + size_t(h0 + h) * size_t(D);
+        float* qsh = qs + size_t(h) * size_t(D);
+        F z = V::zero();
+        int i = 0;
+        for (; i + N <= D; i += N) {
+          const F qv = V::load(qh + i);
+          V::store(qsh + i, V::mul(qv, V::load(sd + i)));
+          z = V::fma(qv, V::load(zd + i), z);
+        }
+        qz[h] = V::reduce_add(z);
+        for (; i < D; ++i) {
+          qsh[i] = qh[i] * sd[i];
+          qz[h] += qh[i] * zd[i];
+        }
+        constexpr int K = KPB<BITS>;
+        for (int g = 0; g + GCH<BITS> <= D; g += GCH<BITS>) {
+          F x[K];
+          PTLLM_UNROLL for (int k = 0; k < K; ++k) x[k] = V::load(qsh + g + k * N);
+          split<BITS>(x);
+          PTLLM_UNROLL for (int k = 0; k < K; ++k) V::store(qsh + g + k * N, x[k]);
+        }
+      }
+      float* oh = out + size_t(h0) * size_t(ld_out);
+      switch (r) {
+        case 4: kivi_k_pass<BITS, 4>(qs, qz, codes, nk, D, oh, ld_out); break;
+        case 3: kivi_k_pass<BITS, 3>(qs, qz, codes, nk, D, oh, ld_out); break;
+        case 2: kivi_k_pass<BITS, 2>(qs, qz, codes, nk, D, oh, ld_out); break;
+        default: kivi_k_pass<BITS, 1>(qs, qz, codes, nk, D, oh, ld_out); break;
+      }
+    }
+  }
+  PTLLM_TARGET static void kivi_k_block(const float* q, int nq, const uint8_t* codes, const uint16_t* scale,
+                                        const uint16_t* zero, float qscale, int nk, int D, int bits, float* out,
+                                        int ld_out) {
+    switch (bits) {
+      case 8: kivi_k_block_b<8>(q, nq, codes, scale, zero, qscale, nk, D, out, ld_out); break;
+      case 4: kivi_k_block_b<4>(q, nq, codes, scale, zero, qscale, nk, D, out, ld_out); break;
+      default: kivi_k_block_b<2>(q, nq, codes, scale, zero, qscale, nk, D, out, ld_out); break;
+    }
+  }
+
+  // V, one pass of R <= HR heads over the U groups from channel g0 (split while accumulated):
+  // acc[h][i] += sum_j p[h][j] s_j c_j[i].
+  template <int BITS, int R, int U>
+  PTLLM_TARGET static void kivi_v_groups(const float* p, int ld_p, const uint8_t* codes, size_t pk,
+                                         const float* scale, int nk, int D, int g0, float* acc) {
+    constexpr int K = KPB<BITS>;
+    F s[R][U][K];
+    PTLLM_UNROLL for (int h = 0; h < R; ++h) PTLLM_UNROLL for (int u = 0; u < U; ++u) {
+      PTLLM_UNROLL for (int k = 0; k < K; ++k)
+        s[h][u][k] = V::load(acc + size_t(h) * size_t(D) + size_t(g0 + u * GCH<BITS> + k * N));
+      split<BITS>(s[h][u]);
+    }
+    for (int j = 0; j < nk; ++j) {
+      const uint8_t* cj = codes + size_t(j) * pk;
+      F w[R];
+      PTLLM_UNROLL for (int h = 0; h < R; ++h) w[h] = V::set1(p[size_t(h) * size_t(ld_p) + size_t(j)] * scale[j]);
+      PTLLM_UNROLL for (int u = 0; u < U; ++u) {
+        F r[K];
+        load_group<BITS>(cj, g0 + u * GCH<BITS>, r);
+        PTLLM_UNROLL for (int k = 0; k < K; ++k) PTLLM_UNROLL for (int h = 0; h < R; ++h)
+          s[h][u][k] = V::fma(w[h], r[k], s[h][u][k]);
+      }
+    }
+    PTLLM_UNROLL for (int h = 0; h < R; ++h) PTLLM_UNROLL for (int u = 0; u < U; ++u) {
+      unsplit<BITS>(s[h][u]);
+      PTLLM_UNROLL for (int k = 0; k < K; ++k)
+        V::store(acc + size_t(h) * size_t(D) + size_t(g0 + u * GCH<BITS> + k * N), s[h][u][k]);
+    }
+  }
+  // The same over channels [i0, i0 + N), in order.
+  template <int BITS, int R>
+  PTLLM_TARGET static void kivi_v_chunk(const float* p, int ld_p, const uint8_t* codes, size_t pk,
+                                        const float* scale, int nk, int D, int i0, float* acc) {
+    F s[R];
+    PTLLM_UNROLL for (int h = 0; h < R; ++h) s[h] = V::load(acc + size_t(h) * size_t(D) + size_t(i0));
+    for (int j = 0; j < nk; ++j) {
+      const F cv = load_codes_t<BITS>(codes + size_t(j) * pk, i0);
+      PTLLM_UNROLL for (int h = 0; h < R; ++h)
+        s[h] = V::fma(V::set1(p[size_t(h) * size_t(ld_p) + size_t(j)] * scale[j]), cv, s[h]);
+    }
+    PTLLM_UNROLL for (int h = 0; h < R; ++h) V::store(acc + size_t(h) * size_t(D) + size_t(i0), s[h]);
+  }
+  template <int BITS, int R>
+  PTLLM_TARGET static void kivi_v_pass(const float* p, int ld_p, const uint8_t* codes, const float* scale,
+                                       const float* zero, int nk, int D, float* acc, float* zacc) {
+    constexpr int G = GCH<BITS>, U = UG<BITS>;
+    const size_t pk = packed_bytes(D, BITS);
+    const int full_u = D / (U * G) * (U * G), full_g = D / G * G, full = D / N * N;
+    int i = 0;
+    for (; i < full_u; i += U * G) kivi_v_groups<BITS, R, U>(p, ld_p, codes, pk, scale, nk, D, i, acc);
+    for (; i < full_g; i += G) kivi_v_groups<BITS, R, 1>(p, ld_p, codes, pk, scale, nk, D, i, acc);
+    for (; i < full; i += N) kivi_v_chunk<BITS, R>(p, ld_p, codes, pk, scale, nk, D, i, acc);
+    for (int h = 0; h < R; ++h) {
+      const float* ph = p + size_t(h) * size_t(ld_p);
+      for (int c = full; c < D; ++c) {
+        float s = acc[size_t(h) * size_t(D) + size_t(c)];
+        for (int j = 0; j < nk; ++j) s += ph[j] * scale[j] * float(code_at(codes + size_t(j) * pk, c, BITS));
+        acc[size_t(h) * size_t(D) + size_t(c)] = s;
+      }
+      // The zero-point term: sum_j p[h][j] z_j.
+      F z = V::zero();
+      int j = 0;
+      for (; j + N <= nk; j += N) z = V::fma(V::load(ph + j), V::load(zero + j), z);
+      float zs = V::reduce_add(z);
+      for (; j < nk; ++j) zs += ph[j] * zero[j];
+      zacc[h] += zs;
+    }
+  }
+  template <int BITS>
+  PTLLM_TARGET static void kivi_v_block_b(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale,
+                                          const uint16_t* zero, int nk, int D, float* acc, float* zacc) {
+    static thread_local Scratch buf;
+    float* sf = buf.get(2 * size_t(nk));  // [nk] scales, [nk] zeros as float32
+    float* zf = sf + nk;
+    for (int j = 0; j < nk; j += N) {
+      const int n = std::min(N, nk - j);
+      const F sv = load_scale(scale + j, n), zv = n == N ? V::load_f16(zero + j) : V::load_f16_n(zero + j, n);
+      if (n == N) {
+        V::store(sf + j, sv);
+        V::store(zf + j, zv);
+      } else {
+        V::store_n(sf + j, sv, n);
+        V::store_n(zf + j, zv, n);
+      }
+    }
+    for (int h0 = 0; h0 < nq; h0 += HR) {
+      const float* ph = p + size_t(h0) * size_t(ld_p);
+      float* ah = acc + size_t(h0) * size_t(D);
+      switch (std::min(HR, nq - h0)) {
+        case 4: kivi_v_pass<BITS, 4>(ph, ld_p, codes, sf, zf, nk, D, ah, zacc + h0); break;
+        case 3: kivi_v_pass<BITS, 3>(ph, ld_p, codes, sf, zf, nk, D, ah, zacc + h0); break;
+        case 2: kivi_v_pass<BITS, 2>(ph, ld_p, codes, sf, zf, nk, D, ah, zacc + h0); break;
+        default: kivi_v_pass<BITS, 1>(ph, ld_p, codes, sf, zf, nk, D, ah, zacc + h0); break;
+      }
+    }
+  }
+  PTLLM_TARGET static void kivi_v_block(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale,
+                                        const uint16_t* zero, int nk, int D, int bits, float* acc, float* zacc) {
+    switch (bits) {
+      case 8: kivi_v_block_b<8>(p, ld_p, nq, codes, scale, zero, nk, D, acc, zacc); break;
+      case 4: kivi_v_block_b<4>(p, ld_p, nq, codes, scale, zero, nk, D, acc, zacc); break;
+      default: kivi_v_block_b<2>(p, ld_p, nq, codes, scale, zero, nk, D, acc, zacc); break;
+    }
+  }
+
+  PTLLM_TARGET static float max_of(const float* x, int n) {
+    F m = V::set1(-INFINITY);
+    int i = 0;
+    for (; i + N <= n; i += N) m = V::max(m, V::load(x + i));
+    float mx = V::reduce_max(m);
+    for (; i < n; ++i) mx = std::max(mx, x[i]);
+    return mx;
+  }
+
+  // x[i] = e^(x[i] - m), returns the sum (the softmax numerators of one block of scores).
+  PTLLM_TARGET static float exp_sum(float* x, int n, float m) {
+    const F mv = V::set1(m);
+    F s = V::zero();
+    int i = 0;
+    for (; i + N <= n; i += N) {
+      const F e = exp(V::sub(V::load(x + i), mv));
+      V::store(x + i, e);
+      s = V::add(s, e);
+    }
+    float sum = V::reduce_add(s);
+    if (i < n) {
+      V::store_n(x + i, exp(V::sub(V::load_n(x + i, n - i), mv)), n - i);
+      for (int j = i; j < n; ++j) sum += x[j];
+    }
+    return sum;
   }
 
   // ---- elementwise ---------------------------------------------------------------------------------
@@ -519,7 +849,9 @@ constexpr KernelTable make_table(SimdTarget target) {
   using K = Kernels<V>;
   return KernelTable{target,          K::dot,         K::dot_bf16,    K::dot_f16,     K::axpy,
                      K::axpy_bf16,    K::axpy_f16,    K::to_bf16,     K::to_f16,      K::from_bf16,
-                     K::from_f16,     K::dot_codes,   K::axpy_codes,  K::rmsnorm,     K::silu_mul,
+                     K::from_f16,     K::dot_codes,   K::axpy_codes,  K::kivi_k_block,
+                     K::kivi_v_block, K::max_of,      K::exp_sum,     K::rmsnorm,
+                     K::silu_mul,
                      K::softmax,      K::rope_rotate, K::rope_rotate_one, K::gemv,    K::pack_a,
                      K::gemm,         K::MR,          K::NR};
 }

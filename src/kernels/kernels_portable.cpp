@@ -42,6 +42,12 @@ struct Portable {
   static F min(F a, F b) { return a < b ? a : b; }
   static F max(F a, F b) { return a > b ? a : b; }
   static float reduce_add(F v) { return (v[0] + v[1]) + (v[2] + v[3]); }
+  static void reduce_add4(F a, F b, F c, F d, float* out) {
+    out[0] = reduce_add(a);
+    out[1] = reduce_add(b);
+    out[2] = reduce_add(c);
+    out[3] = reduce_add(d);
+  }
   static float reduce_max(F v) {
     const float a = v[0] > v[1] ? v[0] : v[1], b = v[2] > v[3] ? v[2] : v[3];
     return a > b ? a : b;
@@ -77,6 +83,24 @@ struct Portable {
   static F load_u8(const uint8_t* p) { return codes(I{p[0], p[1], p[2], p[3]}); }
   static F load_u4(const uint8_t* p) { return codes(I{p[0] & 15, p[0] >> 4, p[1] & 15, p[1] >> 4}); }
   static F load_u2(const uint8_t* p) { return codes(I{p[0] & 3, (p[0] >> 2) & 3, (p[0] >> 4) & 3, p[0] >> 6}); }
+
+  // 4 bytes of codes split by position in the byte (kernels_impl.h, "KIVI blocks").
+  static void load_u4_split(const uint8_t* p, F& even, F& odd) {
+    even = codes(I{p[0] & 15, p[1] & 15, p[2] & 15, p[3] & 15});
+    odd = codes(I{p[0] >> 4, p[1] >> 4, p[2] >> 4, p[3] >> 4});
+  }
+  static void load_u2_split(const uint8_t* p, F* r) {
+    for (int s = 0; s < 4; ++s)
+      r[s] = codes(I{(p[0] >> (2 * s)) & 3, (p[1] >> (2 * s)) & 3, (p[2] >> (2 * s)) & 3, (p[3] >> (2 * s)) & 3});
+  }
+  static void deinterleave(F a, F b, F& even, F& odd) {
+    even = F{a[0], a[2], b[0], b[2]};
+    odd = F{a[1], a[3], b[1], b[3]};
+  }
+  static void interleave(F even, F odd, F& a, F& b) {
+    a = F{even[0], odd[0], even[1], odd[1]};
+    b = F{even[2], odd[2], even[3], odd[3]};
+  }
 
   // Consecutive chunks of 8 bf16 of a row, as (even elements, odd elements) in float32.
   struct Bf16Rows {

@@ -70,6 +70,16 @@ void axpy_codes(float w, const uint8_t* codes, int D, int bits, float* acc) {
   active_kernels().axpy_codes(w, codes, D, bits, acc);
 }
 
+void kivi_k_block(const float* q, int nq, const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
+                  float qscale, int nk, int D, int bits, float* out, int ld_out) {
+  active_kernels().kivi_k_block(q, nq, codes, scale, zero, qscale, nk, D, bits, out, ld_out);
+}
+
+void kivi_v_block(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
+                  int nk, int D, int bits, float* acc, float* zacc) {
+  active_kernels().kivi_v_block(p, ld_p, nq, codes, scale, zero, nk, D, bits, acc, zacc);
+}
+
 namespace {
 // Up to this many rows of x the weights are streamed once and converted in registers (decode is
 // memory-bound); beyond it packing converted tiles pays for itself (bench_kernels product/*: the
@@ -106,6 +116,10 @@ void rmsnorm(const float* x, const float* w, float* out, int n, float eps) {
 void silu_mul(float* gate, const float* up, int n) { active_kernels().silu_mul(gate, up, n); }
 
 void softmax(float* x, int n) { active_kernels().softmax(x, n); }
+
+float max_of(const float* x, int n) { return active_kernels().max_of(x, n); }
+
+float exp_sum(float* x, int n, float m) { return active_kernels().exp_sum(x, n, m); }
 
 void rope_cos_sin(const float* inv_freq, int half, int64_t pos, float* cos, float* sin) {
   for (int i = 0; i < half; ++i) {

@@ -47,6 +47,10 @@ void rmsnorm(const float* x, const float* w, float* out, int n, float eps);
 void silu_mul(float* gate, const float* up, int n);
 // In place, numerically stable.
 void softmax(float* x, int n);
+// The largest of x [n], n >= 1.
+float max_of(const float* x, int n);
+// x[i] = e^(x[i] - m) in place; returns the sum (softmax numerators against a known max m).
+float exp_sum(float* x, int n, float m);
 
 // RoPE tables for one position: cos/sin [head_dim/2], angle = pos * inv_freq[i] (float32, as transformers).
 void rope_cos_sin(const float* inv_freq, int half, int64_t pos, float* cos, float* sin);
@@ -65,6 +69,8 @@ void load_from_ref(const void* src, DType t, float* dst, int n);
 void rmsnorm_ref(const float* x, const float* w, float* out, int n, float eps);
 void silu_mul_ref(float* gate, const float* up, int n);
 void softmax_ref(float* x, int n);
+float max_of_ref(const float* x, int n);
+float exp_sum_ref(float* x, int n, float m);
 void rope_rotate_one_ref(const float* x, int head_dim, const float* cos, const float* sin, float* out);
 void rope_rotate_ref(float* x, int n_heads, int head_dim, const float* cos, const float* sin);
 

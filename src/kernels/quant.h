@@ -44,9 +44,25 @@ inline int code_at(const uint8_t* codes, int i, int bits) {
 float dot_codes(const float* a, const uint8_t* codes, int D, int bits);
 // acc[i] += w * c[i]
 void axpy_codes(float w, const uint8_t* codes, int D, int bits, float* acc);
-// Scalar reference twins of the two (the SIMD versions dispatch through kernels/simd.h).
+// A block of nk tokens for the nq query heads sharing a KV head (GQA): each code row is unpacked
+// once for all of them. codes: [nk][packed_bytes(D)]; scales and zeros as stored (f16 bits), a
+// scale read as max(kMinScale, scale), as dequantization reads it.
+// K, per-channel scale s, zero z [D]: out[h][j] = sum_i q[h][i] * (s[i] * qscale * c_j[i] + z[i] * qscale)
+//   q: [nq][D], out: [nq][ld_out]. The query is scaled once per block, then multiplies the codes.
+void kivi_k_block(const float* q, int nq, const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
+                  float qscale, int nk, int D, int bits, float* out, int ld_out);
+// V, per-token scale s, zero z [nk]: acc[h][i] += sum_j p[h][j] * s[j] * c_j[i] and
+// zacc[h] += sum_j p[h][j] * z[j] (the zero-point term, the same for every channel).
+//   p: [nq][ld_p], acc: [nq][D], zacc: [nq].
+void kivi_v_block(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
+                  int nk, int D, int bits, float* acc, float* zacc);
+// Scalar reference twins (the SIMD versions dispatch through kernels/simd.h).
 float dot_codes_ref(const float* a, const uint8_t* codes, int D, int bits);
 void axpy_codes_ref(float w, const uint8_t* codes, int D, int bits, float* acc);
+void kivi_k_block_ref(const float* q, int nq, const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
+                      float qscale, int nk, int D, int bits, float* out, int ld_out);
+void kivi_v_block_ref(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale,
+                      const uint16_t* zero, int nk, int D, int bits, float* acc, float* zacc);
 
 // Reference twins (tests): dequantize a K group or a V token to float32.
 void dequantize_k_group(const uint8_t* codes, const uint16_t* scale, const uint16_t* zero, int G, int D, int bits,

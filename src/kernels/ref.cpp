@@ -94,6 +94,21 @@ void softmax_ref(float* x, int n) {
   for (int i = 0; i < n; ++i) x[i] *= inv;
 }
 
+float max_of_ref(const float* x, int n) {
+  float m = x[0];
+  for (int i = 1; i < n; ++i) m = std::max(m, x[i]);
+  return m;
+}
+
+float exp_sum_ref(float* x, int n, float m) {
+  float s = 0.f;
+  for (int i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - m);
+    s += x[i];
+  }
+  return s;
+}
+
 void rope_rotate_one_ref(const float* x, int head_dim, const float* cos, const float* sin, float* out) {
   const int half = head_dim / 2;
   for (int i = 0; i < half; ++i) {
@@ -122,6 +137,33 @@ float dot_codes_ref(const float* a, const uint8_t* codes, int D, int bits) {
 
 void axpy_codes_ref(float w, const uint8_t* codes, int D, int bits, float* acc) {
   for (int i = 0; i < D; ++i) acc[i] += w * float(code_at(codes, i, bits));
+}
+
+void kivi_k_block_ref(const float* q, int nq, const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
+                      float qscale, int nk, int D, int bits, float* out, int ld_out) {
+  const size_t pk = packed_bytes(D, bits);
+  for (int h = 0; h < nq; ++h)
+    for (int j = 0; j < nk; ++j) {
+      const float* qh = q + size_t(h) * size_t(D);
+      float s = 0.f;
+      for (int i = 0; i < D; ++i)
+        s += qh[i] * (std::max(kMinScale, f16_to_f32(scale[i])) * float(code_at(codes + size_t(j) * pk, i, bits)) +
+                      f16_to_f32(zero[i]));
+      out[size_t(h) * size_t(ld_out) + size_t(j)] = s * qscale;
+    }
+}
+
+void kivi_v_block_ref(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale,
+                      const uint16_t* zero, int nk, int D, int bits, float* acc, float* zacc) {
+  const size_t pk = packed_bytes(D, bits);
+  for (int h = 0; h < nq; ++h)
+    for (int j = 0; j < nk; ++j) {
+      const float w = p[size_t(h) * size_t(ld_p) + size_t(j)];
+      const float s = std::max(kMinScale, f16_to_f32(scale[j]));
+      for (int i = 0; i < D; ++i)
+        acc[size_t(h) * size_t(D) + size_t(i)] += w * s * float(code_at(codes + size_t(j) * pk, i, bits));
+      zacc[h] += w * f16_to_f32(zero[j]);
+    }
 }
 
 void matmul_ref(const float* x, int T, const WeightMatrix& w, const float* bias, float* y) {

@@ -30,6 +30,13 @@ struct KernelTable {
   void (*from_f16)(const void* src, float* dst, int n);
   float (*dot_codes)(const float* a, const uint8_t* codes, int D, int bits);
   void (*axpy_codes)(float w, const uint8_t* codes, int D, int bits, float* acc);
+  // A KIVI block for the query heads sharing a KV head (kernels/quant.h).
+  void (*kivi_k_block)(const float* q, int nq, const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
+                       float qscale, int nk, int D, int bits, float* out, int ld_out);
+  void (*kivi_v_block)(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale,
+                       const uint16_t* zero, int nk, int D, int bits, float* acc, float* zacc);
+  float (*max_of)(const float* x, int n);
+  float (*exp_sum)(float* x, int n, float m);
   void (*rmsnorm)(const float* x, const float* w, float* out, int n, float eps);
   void (*silu_mul)(float* gate, const float* up, int n);
   void (*softmax)(float* x, int n);

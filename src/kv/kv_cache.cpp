@@ -268,29 +268,73 @@ void KVCache::append(int layer, const float* k, const float* v, int T) {
 
 // ---------------------------------------------------------------------------------------------
 // Attention.
+//
+// Work is cut into (query token, KV head, part) pieces. The `group` query heads sharing a KV head
+// are processed together: a quantized block's codes are unpacked once for all of them (the
+// kivi_*_block kernels); a dense row is read from memory once and then from L1. A query's keys are cut into parts: one for the sinks, then the stream tokens by
+// absolute index in runs of kPartTokens; each part has its own online softmax, and the parts are
+// merged in order at the end (flash-decoding, Dao et al. 2023), so a single decode token keeps
+// every thread busy even with 2 KV heads. Parts depend only on token indices, never on T or the
+// thread count, and are computed and merged the same way whether one thread walks them all or
+// they are spread over the pool: a token's output is bit for bit the same however a prompt was
+// batched (the prompt cache relies on it: tests/test_prompt_cache.cpp).
 
 namespace {
 
-// Online softmax state of one (query, head): running max m, sum l, V accumulator acc [D] and the
-// accumulated V zero-point term zacc (added to every channel at the end).
-struct Softmax {
-  float m = -std::numeric_limits<float>::infinity();
-  float l = 0.f;
-  float zacc = 0.f;
-  float* acc;
-  int D;
+// Stream tokens per part: a 4K-token decode step is 8 parts per KV head, enough to spread over a
+// few threads, while merging a part (O(D) per head) stays negligible next to reading 512 keys.
+constexpr int kPartTokens = 512;
 
-  // Rescales for a block whose largest score is bm; returns the new max.
-  float rescale(float bm) {
-    const float new_m = std::max(m, bm);
-    const float corr = std::exp(m - new_m);
-    if (corr != 1.f) {
-      l *= corr;
-      zacc *= corr;
-      for (int d = 0; d < D; ++d) acc[d] *= corr;
+// The online softmax state of the nq query heads of one KV head over some keys, in a float buffer:
+// running max m [nq], sum l [nq], accumulated V zero-point term z [nq] (added to every channel at
+// the end) and V accumulator acc [nq][D]. l == 0: no key seen yet.
+struct State {
+  float *m, *l, *z, *acc;
+  State(float* p, int nq) : m(p), l(p + nq), z(p + 2 * nq), acc(p + 3 * nq) {}
+  static size_t floats(int nq, int D) { return size_t(nq) * (size_t(D) + 3); }
+
+  void reset(int nq, int D) {
+    std::fill_n(m, nq, -std::numeric_limits<float>::infinity());
+    std::fill_n(l, nq, 0.f);
+    std::fill_n(z, nq, 0.f);
+    std::fill_n(acc, size_t(nq) * size_t(D), 0.f);
+  }
+
+  // Adds the scores x [n] of head h's next keys: rescales what head h holds to the new max, turns
+  // x into the softmax numerators e^(x - m) in place and adds them to l.
+  void add_scores(int h, int D, float* x, int n) {
+    const float bm = max_of(x, n);
+    if (bm > m[h]) {
+      const float corr = std::exp(m[h] - bm);
+      l[h] *= corr;
+      z[h] *= corr;
+      float* a = acc + size_t(h) * size_t(D);
+      for (int d = 0; d < D; ++d) a[d] *= corr;
+      m[h] = bm;
     }
-    m = new_m;
-    return new_m;
+    l[h] += exp_sum(x, n, m[h]);
+  }
+
+  // Folds in src, the state over later keys. An empty state takes src bit for bit.
+  void merge(const State& src, int nq, int D) {
+    for (int h = 0; h < nq; ++h) {
+      if (src.l[h] == 0.f) continue;
+      float* a = acc + size_t(h) * size_t(D);
+      const float* b = src.acc + size_t(h) * size_t(D);
+      if (l[h] == 0.f) {
+        m[h] = src.m[h];
+        l[h] = src.l[h];
+        z[h] = src.z[h];
+        std::copy_n(b, D, a);
+        continue;
+      }
+      const float new_m = std::max(m[h], src.m[h]);
+      const float c1 = std::exp(m[h] - new_m), c2 = std::exp(src.m[h] - new_m);
+      m[h] = new_m;
+      l[h] = l[h] * c1 + src.l[h] * c2;
+      z[h] = z[h] * c1 + src.z[h] * c2;
+      for (int d = 0; d < D; ++d) a[d] = a[d] * c1 + b[d] * c2;
+    }
   }
 };
 
@@ -302,7 +346,6 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
   const int N = cfg_.sink, M = cfg_.window;
   const bool stream_mode = cfg_.streaming();
   const bool rotate = rotates_at_read();
-  const int group = n_heads / H;
   const float scale = 1.0f / std::sqrt(float(D));
   const int64_t n_total = L.n_sink + L.end;
   const int64_t n_before = n_total - T;
@@ -310,114 +353,185 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
   const size_t dense_half = size_t(B) * size_t(shape_.kv_dim()) * elem;
   const size_t pk = bits_ ? packed_bytes(D, bits_) : 0;
   PTLLM_CHECK(n_before >= 0 && n_heads % H == 0);
+  const int group = n_heads / H;
+  const size_t state_floats = State::floats(group, D);
 
-  pool.parallel_for(size_t(T) * size_t(n_heads), [&](size_t begin, size_t end) {
-    thread_local std::vector<float> scratch;
-    if (scratch.size() < size_t(B + 4 * D)) scratch.resize(size_t(B + 4 * D));
-    float* scores = scratch.data();
-    float* acc = scores + B;
-    float* qs = acc + D;   // the query scaled per channel (KIVI K group)
-    float* qr = qs + D;    // the query rotated for one key distance (PositionMode::Cache)
-    float* qz = qr + D;
-    for (size_t item = begin; item < end; ++item) {
-      const int t = int(item / size_t(n_heads)), h = int(item % size_t(n_heads));
-      const int g = h / group;
-      const float* qv = q + (size_t(t) * size_t(n_heads) + size_t(h)) * size_t(D);
-      const int64_t i = n_before + t;  // global index of the query
-      std::fill_n(acc, D, 0.f);
-      Softmax sm{.acc = acc, .D = D};
+  // What query t sees: sinks [0, n_sink_vis), stream indices [lo, si] (none when si < lo).
+  struct Visible {
+    int64_t n_sink_vis, lo, si;
+  };
+  auto visible = [&](int t) {
+    const int64_t i = n_before + t;  // global index of the query
+    Visible v{std::min<int64_t>(L.n_sink, i + 1), 0, -1};
+    if (i >= L.n_sink) {
+      v.si = i - L.n_sink;
+      v.lo = stream_mode ? std::max<int64_t>(0, v.si - M + 1) : 0;
+      PTLLM_CHECK(v.lo >= L.begin);
+    }
+    return v;
+  };
+  // Part 0 holds the sinks; part 1 + k the stream indices [(p0 + k) * part_len, (p0 + k + 1) * part_len).
+  const int64_t part_len = int64_t(std::max(1, kPartTokens / B)) * B;
+  const Visible first = visible(0), last = visible(T - 1);
+  // Queries are consecutive: when the first is a sink, the first stream query sees stream index 0.
+  const int64_t p0 = first.si >= 0 ? first.lo / part_len : 0;
+  const int n_parts = 1 + (last.si >= 0 ? int(last.si / part_len - p0 + 1) : 0);
+  // Stream indices [a, b] of part `part` that query t sees (empty when b < a).
+  auto part_range = [&](const Visible& v, int part, int64_t& a, int64_t& b) {
+    const int64_t start = (p0 + part - 1) * part_len;
+    a = std::max(v.lo, start);
+    b = std::min(v.si, start + part_len - 1);
+  };
+  auto sees_part = [&](int t, int part) {
+    const Visible v = visible(t);
+    if (part == 0) return v.n_sink_vis > 0;
+    int64_t a, b;
+    part_range(v, part, a, b);
+    return a <= b;
+  };
 
-      // The query rotated for a key at distance delta (cache positions only).
-      auto rotated = [&](int64_t delta) -> const float* {
-        PTLLM_CHECK(delta >= 0 && delta < max_delta_);
-        rope_rotate_one(qv, D, rope_cos_.data() + size_t(delta) * size_t(half),
-                        rope_sin_.data() + size_t(delta) * size_t(half), qr);
-        return qr;
-      };
-      // A dense block: keys at slots [a, b), key slot j at distance delta0 - j from the query.
-      auto dense_block = [&](const uint8_t* blk, int a, int b, int64_t delta0) {
-        const uint8_t* kb = blk + size_t(g) * size_t(B) * size_t(D) * elem;
-        const uint8_t* vb = kb + dense_half;
-        float bm = -std::numeric_limits<float>::infinity();
-        for (int j = a; j < b; ++j) {
-          const float* qq = rotate ? rotated(delta0 - j) : qv;
-          scores[j] = dot_stored(qq, kb + size_t(j) * size_t(D) * elem, dense_, D) * scale;
-          bm = std::max(bm, scores[j]);
-        }
-        const float mm = sm.rescale(bm);
-        for (int j = a; j < b; ++j) {
-          const float p = std::exp(scores[j] - mm);
-          sm.l += p;
-          axpy_stored(p, vb + size_t(j) * size_t(D) * elem, dense_, acc, D);
-        }
-      };
-      // A quantized block: q.k_j = (q * s) . c_j + q . z with per-channel (s, z) of the group;
-      // sum p_j v_j = sum (p_j s_j) c_j + (sum p_j z_j) 1 with per-token (s_j, z_j).
-      auto quant_block = [&](const uint8_t* blk, int a, int b, int64_t delta0) {
-        const uint8_t* kc = blk + size_t(g) * size_t(B) * pk;
-        const uint8_t* vc = blk + (size_t(H) + size_t(g)) * size_t(B) * pk;
-        const uint16_t* ks = reinterpret_cast<const uint16_t*>(blk + 2 * size_t(H) * size_t(B) * pk) + size_t(g) * size_t(D);
-        const uint16_t* kz = ks + size_t(H) * size_t(D);
-        const uint16_t* vs = kz + size_t(H) * size_t(D) - size_t(g) * size_t(D) + size_t(g) * size_t(B);
-        const uint16_t* vz = vs + size_t(H) * size_t(B);
-        for (int d = 0; d < D; ++d) qz[d] = f16_to_f32(kz[d]);
-        float bm = -std::numeric_limits<float>::infinity();
-        if (!rotate) {
-          for (int d = 0; d < D; ++d) qs[d] = qv[d] * std::max(kMinScale, f16_to_f32(ks[d]));
-          const float zterm = dot(qv, qz, D);
-          for (int j = a; j < b; ++j) {
-            scores[j] = (dot_codes(qs, kc + size_t(j) * pk, D, bits_) + zterm) * scale;
-            bm = std::max(bm, scores[j]);
-          }
-        } else {
-          for (int j = a; j < b; ++j) {
-            const float* qq = rotated(delta0 - j);
-            for (int d = 0; d < D; ++d) qs[d] = qq[d] * std::max(kMinScale, f16_to_f32(ks[d]));
-            scores[j] = (dot_codes(qs, kc + size_t(j) * pk, D, bits_) + dot(qq, qz, D)) * scale;
-            bm = std::max(bm, scores[j]);
-          }
-        }
-        const float mm = sm.rescale(bm);
-        for (int j = a; j < b; ++j) {
-          const float p = std::exp(scores[j] - mm);
-          sm.l += p;
-          axpy_codes(p * std::max(kMinScale, f16_to_f32(vs[j])), vc + size_t(j) * pk, D, bits_, acc);
-          sm.zacc += p * f16_to_f32(vz[j]);
-        }
-      };
+  // Per-thread scratch: [group][B] scores, [D] rotated query.
+  auto scratch_floats = [&] { return size_t(group) * size_t(B) + size_t(D); };
 
-      // Sinks: global indices [0, min(n_sink, i + 1)), cache slot = index.
-      const int64_t n_sink_vis = std::min<int64_t>(L.n_sink, i + 1);
-      // The query's slot in the cache: its index, capped once the window is full.
-      const int64_t q_slot = stream_mode ? std::min<int64_t>(i, int64_t(N) + M - 1) : i;
-      for (int64_t s0 = 0; s0 < n_sink_vis; s0 += B) {
-        const int b = int(std::min<int64_t>(B, n_sink_vis - s0));
+  // The state of query t's heads of KV head g over part `part`, into st.
+  auto run_part = [&](int t, int g, int part, State st, float* scratch) {
+    float* scores = scratch;                         // [group][B]
+    float* qr = scores + size_t(group) * size_t(B);  // [D]
+    const float* qg = q + (size_t(t) * size_t(n_heads) + size_t(g) * size_t(group)) * size_t(D);  // [group][D]
+    st.reset(group, D);
+
+    // Query head r rotated for a key at distance delta (cache positions only).
+    auto rotated = [&](int r, int64_t delta) -> const float* {
+      PTLLM_CHECK(delta >= 0 && delta < max_delta_);
+      rope_rotate_one(qg + size_t(r) * size_t(D), D, rope_cos_.data() + size_t(delta) * size_t(half),
+                      rope_sin_.data() + size_t(delta) * size_t(half), qr);
+      return qr;
+    };
+    // A dense block: keys at slots [a, b), key slot j at distance delta0 - j from the query.
+    auto dense_block = [&](const uint8_t* blk, int a, int b, int64_t delta0) {
+      const uint8_t* kb = blk + size_t(g) * size_t(B) * size_t(D) * elem;
+      const uint8_t* vb = kb + dense_half;
+      for (int r = 0; r < group; ++r) {
+        float* sc = scores + size_t(r) * size_t(B);
+        for (int j = a; j < b; ++j) {
+          const float* qq = rotate ? rotated(r, delta0 - j) : qg + size_t(r) * size_t(D);
+          sc[j] = dot_stored(qq, kb + size_t(j) * size_t(D) * elem, dense_, D) * scale;
+        }
+        st.add_scores(r, D, sc + a, b - a);
+      }
+      for (int j = a; j < b; ++j)
+        for (int r = 0; r < group; ++r)
+          axpy_stored(scores[size_t(r) * size_t(B) + size_t(j)], vb + size_t(j) * size_t(D) * elem, dense_,
+                      st.acc + size_t(r) * size_t(D), D);
+    };
+    // A quantized block: q.k_j = (q * s) . c_j + q . z with per-channel (s, z) of the group (the
+    // softmax scale folded into both); sum p_j v_j = sum (p_j s_j) c_j + (sum p_j z_j) 1 with
+    // per-token (s_j, z_j).
+    auto quant_block = [&](const uint8_t* blk, int a, int b, int64_t delta0) {
+      const uint8_t* kc = blk + size_t(g) * size_t(B) * pk;
+      const uint8_t* vc = blk + (size_t(H) + size_t(g)) * size_t(B) * pk;
+      const uint16_t* ks = reinterpret_cast<const uint16_t*>(blk + 2 * size_t(H) * size_t(B) * pk) + size_t(g) * size_t(D);
+      const uint16_t* kz = ks + size_t(H) * size_t(D);
+      const uint16_t* vs = kz + size_t(H) * size_t(D) - size_t(g) * size_t(D) + size_t(g) * size_t(B);
+      const uint16_t* vz = vs + size_t(H) * size_t(B);
+      const int n = b - a;
+      if (!rotate) {
+        kivi_k_block(qg, group, kc + size_t(a) * pk, ks, kz, scale, n, D, bits_, scores + a, B);
+      } else {
+        for (int r = 0; r < group; ++r)
+          for (int j = a; j < b; ++j)
+            kivi_k_block(rotated(r, delta0 - j), 1, kc + size_t(j) * pk, ks, kz, scale, 1, D, bits_,
+                         scores + size_t(r) * size_t(B) + size_t(j), B);
+      }
+      for (int r = 0; r < group; ++r) st.add_scores(r, D, scores + size_t(r) * size_t(B) + size_t(a), n);
+      kivi_v_block(scores + a, B, group, vc + size_t(a) * pk, vs + a, vz + a, n, D, bits_, st.acc, st.z);
+    };
+
+    const Visible v = visible(t);
+    // The query's slot in the cache: its index, capped once the window is full.
+    const int64_t q_slot = stream_mode ? std::min<int64_t>(n_before + t, int64_t(N) + M - 1) : n_before + t;
+    if (part == 0) {
+      // Sinks: global indices [0, n_sink_vis), cache slot = index.
+      for (int64_t s0 = 0; s0 < v.n_sink_vis; s0 += B) {
+        const int b = int(std::min<int64_t>(B, v.n_sink_vis - s0));
         dense_block(dense_pool_.data(L.sinks[size_t(s0 / B)]), 0, b, q_slot - s0);
       }
-      // Stream: stream indices [lo, si] where si is the query's own stream index.
-      if (i >= L.n_sink) {
-        const int64_t si = i - L.n_sink;
-        const int64_t lo = stream_mode ? std::max<int64_t>(0, si - M + 1) : 0;
-        PTLLM_CHECK(lo >= L.begin);
-        for (size_t e = size_t((lo - L.begin) / B); e < L.stream.size(); ++e) {
-          const int64_t first = L.begin + int64_t(e) * B;
-          if (first > si) break;
-          const int a = int(std::max<int64_t>(lo, first) - first);
-          const int b = int(std::min<int64_t>(si + 1, first + B) - first);
-          // Distances of window keys equal their index distances in both position schemes.
-          const int64_t delta0 = si - first;
-          const Entry& en = L.stream[e];
-          if (en.quantized)
-            quant_block(quant_pool_.data(en.id), a, b, delta0);
-          else
-            dense_block(dense_pool_.data(en.id), a, b, delta0);
-        }
-      }
-      float* o = out + (size_t(t) * size_t(n_heads) + size_t(h)) * size_t(D);
-      const float inv = 1.0f / sm.l;
-      for (int d = 0; d < D; ++d) o[d] = (acc[d] + sm.zacc) * inv;
+      return;
     }
-  });
+    int64_t lo, hi;
+    part_range(v, part, lo, hi);
+    for (size_t e = size_t((lo - L.begin) / B); e < L.stream.size(); ++e) {
+      const int64_t first_slot = L.begin + int64_t(e) * B;
+      if (first_slot > hi) break;
+      const int a = int(std::max<int64_t>(lo, first_slot) - first_slot);
+      const int b = int(std::min<int64_t>(hi + 1, first_slot + B) - first_slot);
+      // Distances of window keys equal their index distances in both position schemes.
+      const int64_t delta0 = v.si - first_slot;
+      const Entry& en = L.stream[e];
+      if (en.quantized)
+        quant_block(quant_pool_.data(en.id), a, b, delta0);
+      else
+        dense_block(dense_pool_.data(en.id), a, b, delta0);
+    }
+  };
+  auto write_out = [&](int t, int g, const State& st) {
+    for (int r = 0; r < group; ++r) {
+      float* o = out + (size_t(t) * size_t(n_heads) + size_t(g) * size_t(group) + size_t(r)) * size_t(D);
+      const float* a = st.acc + size_t(r) * size_t(D);
+      const float inv = 1.0f / st.l[r];
+      for (int d = 0; d < D; ++d) o[d] = (a[d] + st.z[r]) * inv;
+    }
+  };
+
+  const size_t items = size_t(T) * size_t(H);
+  thread_local std::vector<float> local;  // each thread: scratch, then a part's state, then the running one
+  auto local_buffers = [&] {
+    const size_t need = scratch_floats() + 2 * state_floats;
+    if (local.size() < need) local.resize(need);
+    return local.data();
+  };
+  if (pool.size() > 1 && items < 4 * size_t(pool.size())) {
+    // Few (token, KV head) pairs (decode): every part is a piece of work, merged afterwards.
+    thread_local std::vector<float> parts;  // [T][H][n_parts] states
+    const size_t need = items * size_t(n_parts) * state_floats;
+    if (parts.size() < need) parts.resize(need);
+    float* pbuf = parts.data();
+    pool.parallel_for(items * size_t(n_parts), [&](size_t begin, size_t end) {
+      float* buf = local_buffers();
+      for (size_t it = begin; it < end; ++it) {
+        const int t = int(it / (size_t(H) * size_t(n_parts))), g = int(it / size_t(n_parts) % size_t(H));
+        const int part = int(it % size_t(n_parts));
+        State st(pbuf + it * state_floats, group);
+        if (sees_part(t, part))
+          run_part(t, g, part, st, buf);
+        else
+          st.reset(group, D);
+      }
+    });
+    float* buf = local_buffers();
+    State run(buf + scratch_floats() + state_floats, group);
+    for (size_t it = 0; it < items; ++it) {
+      run.reset(group, D);
+      for (int part = 0; part < n_parts; ++part)
+        run.merge(State(pbuf + (it * size_t(n_parts) + size_t(part)) * state_floats, group), group, D);
+      write_out(int(it / size_t(H)), int(it % size_t(H)), run);
+    }
+  } else {
+    pool.parallel_for(items, [&](size_t begin, size_t end) {
+      float* buf = local_buffers();
+      State part_st(buf + scratch_floats(), group), run(buf + scratch_floats() + state_floats, group);
+      for (size_t it = begin; it < end; ++it) {
+        const int t = int(it / size_t(H)), g = int(it % size_t(H));
+        run.reset(group, D);
+        for (int part = 0; part < n_parts; ++part) {
+          if (!sees_part(t, part)) continue;
+          run_part(t, g, part, part_st, buf);
+          run.merge(part_st, group, D);
+        }
+        write_out(t, g, run);
+      }
+    });
+  }
   apply_policy(layer);
 }
 
