@@ -16,12 +16,11 @@
 #include <random>
 #include <utility>
 
+#include "core/bytes.h"
 #include "core/error.h"
 #include "engine/prompt_cache.h"
 
 namespace ptllm {
-
-static_assert(std::endian::native == std::endian::little, "the cache file is little-endian, written as in memory");
 
 namespace fs = std::filesystem;
 
@@ -32,33 +31,11 @@ constexpr size_t kPreamble = 24;        // magic, version, header_bytes, file_si
 constexpr size_t kMaxHeader = 1 << 16;  // two names of at most 64 KiB together, and the fixed fields
 constexpr size_t kTrailer = 8;          // the checksum
 
-template <typename T>
-void put(std::string& out, T v) {
-  out.append(reinterpret_cast<const char*>(&v), sizeof v);
+// A name: u16 length, then its bytes.
+std::string get_name(ByteReader& r) {
+  const uint16_t n = r.get<uint16_t>();
+  return std::string(r.bytes(n), n);
 }
-
-// Bounds-checked reads from untrusted bytes.
-struct Reader {
-  std::string_view in;
-  size_t pos = 0;
-  const char* what;  // names the region in messages
-  const char* bytes(size_t n) {
-    if (n > in.size() - pos) throw Error(std::string("truncated ") + what);
-    const char* p = in.data() + pos;
-    pos += n;
-    return p;
-  }
-  template <typename T>
-  T get() {
-    T v;
-    std::memcpy(&v, bytes(sizeof v), sizeof v);
-    return v;
-  }
-  std::string name() {
-    const uint16_t n = get<uint16_t>();
-    return std::string(bytes(n), n);
-  }
-};
 
 std::string errno_text() { return std::strerror(errno); }
 
@@ -79,25 +56,25 @@ struct HeaderFields {
 std::string encode_header(const PromptCacheIdentity& id, int64_t created_ms, uint64_t n_ids, uint64_t kv_bytes) {
   std::string h;
   h.append(reinterpret_cast<const char*>(id.config_key.data()), id.config_key.size());
-  put<uint8_t>(h, uint8_t(id.kv.precision));
-  put<uint8_t>(h, uint8_t(id.kv.positions));
-  put<uint16_t>(h, 0);
+  put_bytes<uint8_t>(h, uint8_t(id.kv.precision));
+  put_bytes<uint8_t>(h, uint8_t(id.kv.positions));
+  put_bytes<uint16_t>(h, 0);
   for (int32_t v : {id.kv.group_size, id.kv.residual, id.kv.sink, id.kv.window, id.vocab_size, id.n_layers,
                     id.n_kv_heads, id.head_dim})
-    put<int32_t>(h, v);
-  put<int64_t>(h, created_ms);
-  put<uint64_t>(h, n_ids);
-  put<uint64_t>(h, kv_bytes);
+    put_bytes<int32_t>(h, v);
+  put_bytes<int64_t>(h, created_ms);
+  put_bytes<uint64_t>(h, n_ids);
+  put_bytes<uint64_t>(h, kv_bytes);
   for (const std::string* s : {&id.model_name, &id.arch_name}) {
     const size_t n = std::min<size_t>(s->size(), 1024);  // names are for display; the key identifies
-    put<uint16_t>(h, uint16_t(n));
+    put_bytes<uint16_t>(h, uint16_t(n));
     h.append(*s, 0, n);
   }
   return h;
 }
 
 HeaderFields decode_header(std::string_view bytes) {
-  Reader r{bytes, 0, "header"};
+  ByteReader r(bytes, "header");
   HeaderFields f;
   std::memcpy(f.id.config_key.data(), r.bytes(f.id.config_key.size()), f.id.config_key.size());
   const uint8_t precision = r.get<uint8_t>(), positions = r.get<uint8_t>();
@@ -115,9 +92,9 @@ HeaderFields decode_header(std::string_view bytes) {
   f.created_ms = r.get<int64_t>();
   f.n_ids = r.get<uint64_t>();
   f.kv_bytes = r.get<uint64_t>();
-  f.id.model_name = r.name();
-  f.id.arch_name = r.name();
-  if (r.pos != bytes.size()) throw Error("header has trailing bytes");
+  f.id.model_name = get_name(r);
+  f.id.arch_name = get_name(r);
+  if (r.pos() != bytes.size()) throw Error("header has trailing bytes");
   return f;
 }
 
@@ -173,9 +150,9 @@ std::string encode_head(const PromptCacheIdentity& id, int64_t created_ms, std::
   const std::string header = encode_header(id, created_ms, ids.size(), kv_bytes);
   const uint64_t file_size = kPreamble + header.size() + 4 * ids.size() + 4 * logits.size() + kv_bytes + kTrailer;
   std::string head(kMagic, sizeof kMagic);
-  put<uint32_t>(head, kPromptCacheVersion);
-  put<uint32_t>(head, uint32_t(header.size()));
-  put<uint64_t>(head, file_size);
+  put_bytes<uint32_t>(head, kPromptCacheVersion);
+  put_bytes<uint32_t>(head, uint32_t(header.size()));
+  put_bytes<uint64_t>(head, file_size);
   head += header;
   head.append(reinterpret_cast<const char*>(ids.data()), ids.size_bytes());
   head.append(reinterpret_cast<const char*>(logits.data()), logits.size_bytes());
@@ -290,7 +267,7 @@ std::string encode_cache_file(const PromptCacheIdentity& id, int64_t created_ms,
                               std::span<const float> logits, std::string_view kv_state) {
   std::string out = encode_head(id, created_ms, ids, logits, kv_state.size());
   out += kv_state;
-  put<uint64_t>(out, XXH3_64bits(out.data(), out.size()));
+  put_bytes<uint64_t>(out, XXH3_64bits(out.data(), out.size()));
   return out;
 }
 

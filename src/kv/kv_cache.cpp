@@ -6,6 +6,7 @@
 #include <limits>
 #include <string>
 
+#include "core/bytes.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/ops.h"
@@ -673,48 +674,21 @@ size_t KVCache::physical_bytes() const { return dense_pool_.physical_bytes() + q
 // n_entries u32}, then the sink blocks, then per stream entry {quantized u8, block bytes}.
 // Little-endian, exact block sizes (the pool's alignment padding is not written).
 
-namespace {
-
-template <typename T>
-void put(std::string& out, T v) {
-  out.append(reinterpret_cast<const char*>(&v), sizeof v);
-}
-
-struct Reader {
-  std::string_view in;
-  size_t pos = 0;
-  template <typename T>
-  T get() {
-    if (in.size() - pos < sizeof(T)) throw Error("KV state is truncated");
-    T v;
-    std::memcpy(&v, in.data() + pos, sizeof v);
-    pos += sizeof v;
-    return v;
-  }
-  const char* bytes(size_t n) {
-    if (in.size() - pos < n) throw Error("KV state is truncated");
-    const char* p = in.data() + pos;
-    pos += n;
-    return p;
-  }
-};
-
-}  // namespace
 
 void KVCache::serialize(std::string& out) const {
   const size_t dense_bytes = size_t(cfg_.group_size) * dense_token_bytes_;
   const size_t quant_bytes = bits_ ? size_t(shape_.n_kv_heads) * kivi_block_bytes_per_head(cfg_.group_size, shape_.head_dim, bits_) : 0;
   for (const Layer& L : layers_) {
-    put<int32_t>(out, L.n_sink);
-    put<int64_t>(out, L.begin);
-    put<int64_t>(out, L.end);
-    put<uint32_t>(out, uint32_t(L.n_quant));
-    put<uint32_t>(out, uint32_t(L.sinks.size()));
-    put<uint32_t>(out, uint32_t(L.stream.size()));
+    put_bytes<int32_t>(out, L.n_sink);
+    put_bytes<int64_t>(out, L.begin);
+    put_bytes<int64_t>(out, L.end);
+    put_bytes<uint32_t>(out, uint32_t(L.n_quant));
+    put_bytes<uint32_t>(out, uint32_t(L.sinks.size()));
+    put_bytes<uint32_t>(out, uint32_t(L.stream.size()));
     for (int32_t id : L.sinks) out.append(reinterpret_cast<const char*>(dense_pool_.data(id)), dense_bytes);
     for (size_t e = 0; e < L.stream.size(); ++e) {
       const Entry& en = L.stream[e];
-      put<uint8_t>(out, en.quantized ? 1 : 0);
+      put_bytes<uint8_t>(out, en.quantized ? 1 : 0);
       if (en.quantized)
         out.append(reinterpret_cast<const char*>(quant_pool_.data(en.id)), quant_bytes);
       else
@@ -728,7 +702,7 @@ void KVCache::deserialize(std::string_view in) {
   const int B = cfg_.group_size;
   const size_t dense_bytes = size_t(B) * dense_token_bytes_;
   const size_t quant_bytes = bits_ ? size_t(shape_.n_kv_heads) * kivi_block_bytes_per_head(B, shape_.head_dim, bits_) : 0;
-  Reader r{in};
+  ByteReader r(in, "KV state");
   try {
     int64_t tokens = -1;
     for (Layer& L : layers_) {
@@ -762,7 +736,7 @@ void KVCache::deserialize(std::string_view in) {
       }
       L.end = end;
     }
-    if (r.pos != in.size()) throw Error("KV state has trailing bytes");
+    if (r.pos() != in.size()) throw Error("KV state has trailing bytes");
   } catch (const Error&) {
     clear();
     throw;
