@@ -97,6 +97,9 @@ void register_kernel(const std::string& name, CaseMaker make) {
                                    });
 }
 
+// The KIVI block benchmarks' shape: 4 query heads per KV head, head_dim 64, groups of 32 tokens.
+constexpr int kBlockD = 64, kBlockHeads = 4, kBlockG = 32;
+
 void register_kernels() {
   register_kernel("dot", [](int n) {
     auto a = std::make_shared<std::vector<float>>(random_floats(size_t(n)));
@@ -151,6 +154,66 @@ void register_kernels() {
                                    [=] { axpy_codes_ref(1e-7f, c->data(), n, bits, acc->data()); }};
     });
   }
+  // KIVI attention blocks as attention uses them: 4 query heads sharing a KV head, head_dim 64,
+  // groups of 32 tokens; n = codes per call (n / 64 tokens).
+  for (int bits : {8, 4, 2}) {
+    register_kernel("kivi_k_block_int" + std::to_string(bits), [bits](int n) {
+      const int nk = n / kBlockD;
+      auto q = std::make_shared<std::vector<float>>(random_floats(size_t(kBlockHeads) * kBlockD));
+      auto c = std::make_shared<std::vector<uint8_t>>(size_t(nk) * packed_bytes(kBlockD, bits), uint8_t(0x5b));
+      auto sz = std::make_shared<std::vector<uint16_t>>(as_16bit(random_floats(2 * kBlockD, 0.01f, 0.1f), DType::F16));
+      auto out = std::make_shared<std::vector<float>>(size_t(kBlockHeads) * kBlockG);
+      auto run = [=](bool simd) {
+        for (int j = 0; j < nk; j += kBlockG) {
+          const uint8_t* cj = c->data() + size_t(j) * packed_bytes(kBlockD, bits);
+          const int m = std::min(kBlockG, nk - j);
+          if (simd)
+            kivi_k_block(q->data(), kBlockHeads, cj, sz->data(), sz->data() + kBlockD, 0.125f, m, kBlockD, bits, out->data(), kBlockG);
+          else
+            kivi_k_block_ref(q->data(), kBlockHeads, cj, sz->data(), sz->data() + kBlockD, 0.125f, m, kBlockD, bits, out->data(), kBlockG);
+        }
+        benchmark::DoNotOptimize(out->data());
+      };
+      return std::pair<Body, Body>{[=] { run(true); }, [=] { run(false); }};
+    });
+    register_kernel("kivi_v_block_int" + std::to_string(bits), [bits](int n) {
+      const int nk = n / kBlockD;
+      auto p = std::make_shared<std::vector<float>>(random_floats(size_t(kBlockHeads) * kBlockG, 0.f, 1e-3f));
+      auto c = std::make_shared<std::vector<uint8_t>>(size_t(nk) * packed_bytes(kBlockD, bits), uint8_t(0x5b));
+      auto sz = std::make_shared<std::vector<uint16_t>>(as_16bit(random_floats(2 * kBlockG, 0.01f, 0.1f), DType::F16));
+      auto acc = std::make_shared<std::vector<float>>(size_t(kBlockHeads) * kBlockD), zacc = std::make_shared<std::vector<float>>(size_t(kBlockHeads));
+      auto run = [=](bool simd) {
+        for (int j = 0; j < nk; j += kBlockG) {
+          const uint8_t* cj = c->data() + size_t(j) * packed_bytes(kBlockD, bits);
+          const int m = std::min(kBlockG, nk - j);
+          if (simd)
+            kivi_v_block(p->data(), kBlockG, kBlockHeads, cj, sz->data(), sz->data() + kBlockG, m, kBlockD, bits, acc->data(), zacc->data());
+          else
+            kivi_v_block_ref(p->data(), kBlockG, kBlockHeads, cj, sz->data(), sz->data() + kBlockG, m, kBlockD, bits, acc->data(), zacc->data());
+        }
+      };
+      return std::pair<Body, Body>{[=] { run(true); }, [=] { run(false); }};
+    });
+  }
+  register_kernel("max_of", [](int n) {
+    auto x = std::make_shared<std::vector<float>>(random_floats(size_t(n), -5, 5));
+    return std::pair<Body, Body>{[=] { benchmark::DoNotOptimize(max_of(x->data(), n)); },
+                                 [=] { benchmark::DoNotOptimize(max_of_ref(x->data(), n)); }};
+  });
+  register_kernel("exp_sum", [](int n) {
+    // x = m + log(1) = m after each call would drift; exp_sum writes e^(x - m) in place, so keep a
+    // source copy and restore it (the copy is the same for both bodies).
+    auto src = std::make_shared<std::vector<float>>(random_floats(size_t(n), -5, 0));
+    auto x = std::make_shared<std::vector<float>>(size_t(n));
+    return std::pair<Body, Body>{[=] {
+                                   std::copy(src->begin(), src->end(), x->begin());
+                                   benchmark::DoNotOptimize(exp_sum(x->data(), n, 0.f));
+                                 },
+                                 [=] {
+                                   std::copy(src->begin(), src->end(), x->begin());
+                                   benchmark::DoNotOptimize(exp_sum_ref(x->data(), n, 0.f));
+                                 }};
+  });
   register_kernel("rmsnorm", [](int n) {
     auto x = std::make_shared<std::vector<float>>(random_floats(size_t(n)));
     auto w = std::make_shared<std::vector<float>>(random_floats(size_t(n)));
