@@ -282,6 +282,12 @@ void KVCache::append(int layer, const float* k, const float* v, int T) {
 
 namespace {
 
+// One per thread: see local_buffers in KVCache::attend.
+std::vector<float>& attention_scratch() {
+  thread_local std::vector<float> v;
+  return v;
+}
+
 // Stream tokens per part: a 4K-token decode step is 8 parts per KV head, enough to spread over a
 // few threads, while merging a part (O(D) per head) stays negligible next to reading 512 keys.
 constexpr int kPartTokens = 512;
@@ -485,8 +491,11 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
   };
 
   const size_t items = size_t(T) * size_t(H);
-  thread_local std::vector<float> local;  // each thread: scratch, then a part's state, then the running one
+  // Each thread's scratch, then a part's state, then the running one. Obtained through a function
+  // call on the thread that uses it: a block-scope thread_local is only constructed (and destroyed at
+  // thread exit) on threads that pass its declaration, which pool workers running the lambda do not.
   auto local_buffers = [&] {
+    std::vector<float>& local = attention_scratch();
     const size_t need = scratch_floats() + 2 * state_floats;
     if (local.size() < need) local.resize(need);
     return local.data();

@@ -5,6 +5,7 @@
 // scratch the first time it runs a part of a kernel, and which parts a worker takes is up to timing.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <dirent.h>
@@ -21,7 +22,8 @@ std::atomic<long> g_news{0};
 thread_local bool t_not_counted = false;  // set on pool workers in the two-thread cases
 }  // namespace
 
-// The replacements pair malloc with free, which gcc cannot see through.
+// Every form of new and delete is replaced, so that each pair matches (malloc / aligned_alloc with
+// free); gcc cannot see through that pairing.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 #endif
@@ -30,11 +32,32 @@ void* operator new(std::size_t n) {
   if (void* p = std::malloc(n ? n : 1)) return p;
   throw std::bad_alloc();
 }
+void* operator new(std::size_t n, std::align_val_t a) {
+  if (!t_not_counted) g_news.fetch_add(1, std::memory_order_relaxed);
+  const size_t al = std::max(sizeof(void*), size_t(a));
+  if (void* p = std::aligned_alloc(al, (std::max<size_t>(n, 1) + al - 1) / al * al)) return p;
+  throw std::bad_alloc();
+}
 void* operator new[](std::size_t n) { return operator new(n); }
+void* operator new[](std::size_t n, std::align_val_t a) { return operator new(n, a); }
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+  try {
+    return operator new(n);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void* operator new[](std::size_t n, const std::nothrow_t&) noexcept { return operator new(n, std::nothrow); }
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
 
 namespace ptllm {
 namespace {
