@@ -227,6 +227,77 @@ TEST_P(KernelTest, KiviBlockKernelsMatchScalarTwins) {
         }
 }
 
+// The dense block kernels (rows stored as F32/BF16/F16, kv/kv_cache.cpp) against their twins: head
+// counts around the passes of 4, odd key counts, rows at odd addresses, strided outputs.
+TEST_P(KernelTest, DenseBlockKernelsMatchScalarTwins) {
+  for (DType t : {DType::F32, DType::BF16, DType::F16})
+    for (int D : {1, 3, 4, 15, 16, 17, 32, 33, 64, 65, 128, 130})
+      for (int nq : {1, 2, 3, 4, 5, 8, 11})
+        for (int nk : {1, 5, 32}) {
+          SCOPED_TRACE(::testing::Message() << dtype_name(t) << " D=" << D << " nq=" << nq << " nk=" << nk);
+          auto rows = random_floats(size_t(nk) * size_t(D), rng_, -2.f, 2.f);
+          auto buf = stored(rows, t, 1);
+          const void* pr = buf.data() + dtype_size(t);
+          std::vector<float> rv(rows.size());  // the rows as stored, back in float32
+          load_from_ref(pr, t, rv.data(), int(rv.size()));
+          const int ld = nk + 3;
+
+          auto q = random_floats(size_t(nq) * size_t(D) + 1, rng_);
+          const float* pq = q.data() + 1;
+          const float qscale = 0.125f;
+          std::vector<float> out(size_t(nq) * size_t(ld), 7.f), out_ref = out;
+          dense_k_block(pq, nq, pr, t, qscale, nk, D, out.data(), ld);
+          dense_k_block_ref(pq, nq, pr, t, qscale, nk, D, out_ref.data(), ld);
+          for (int h = 0; h < nq; ++h)
+            for (int j = 0; j < ld; ++j) {
+              const size_t o = size_t(h) * size_t(ld) + size_t(j);
+              if (j >= nk) {
+                ASSERT_EQ(out[o], 7.f);
+                continue;
+              }
+              double abs_sum = 0;
+              for (int i = 0; i < D; ++i)
+                abs_sum += std::fabs(pq[size_t(h) * size_t(D) + size_t(i)] * rv[size_t(j) * size_t(D) + size_t(i)]) * qscale;
+              ASSERT_NEAR(out[o], out_ref[o], sum_tolerance(abs_sum));
+            }
+
+          auto p = random_floats(size_t(nq) * size_t(ld), rng_, 0.f, 1.f);
+          auto acc = random_floats(size_t(nq) * size_t(D) + 5, rng_), acc_ref = acc;
+          dense_v_block(p.data(), ld, nq, pr, t, nk, D, acc.data());
+          dense_v_block_ref(p.data(), ld, nq, pr, t, nk, D, acc_ref.data());
+          for (int h = 0; h < nq; ++h)
+            for (int i = 0; i < D; ++i) {
+              double abs_sum = 1;
+              for (int j = 0; j < nk; ++j)
+                abs_sum += p[size_t(h) * size_t(ld) + size_t(j)] * std::fabs(rv[size_t(j) * size_t(D) + size_t(i)]);
+              const size_t o = size_t(h) * size_t(D) + size_t(i);
+              ASSERT_NEAR(acc[o], acc_ref[o], sum_tolerance(abs_sum));
+            }
+          for (size_t o = size_t(nq) * size_t(D); o < acc.size(); ++o) ASSERT_EQ(acc[o], acc_ref[o]);  // untouched
+        }
+}
+
+// A KIVI K group back to float32 (attention at cache positions) against dequantize_k_group.
+TEST_P(KernelTest, KiviKDequantMatchesScalarTwin) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (int bits : {8, 4, 2})
+    for (int D : {1, 3, 15, 16, 17, 33, 64, 65, 130})
+      for (int nk : {1, 5, 32}) {
+        SCOPED_TRACE(::testing::Message() << "bits=" << bits << " D=" << D << " nk=" << nk);
+        const size_t pk = packed_bytes(D, bits);
+        std::vector<uint8_t> codes(pk * size_t(nk) + 1);
+        for (auto& c : codes) c = uint8_t(byte(rng_));
+        auto ks = f16s(random_floats(size_t(D), rng_, 0.01f, 0.2f)), kz = f16s(random_floats(size_t(D), rng_, -2.f, 2.f));
+        ks[0] = f32_to_f16(1e-6f);
+        if (D > 2) ks[2] = 0;
+        std::vector<float> out(size_t(nk) * size_t(D) + 3, 7.f), out_ref = out;
+        kivi_k_dequant(codes.data() + 1, ks.data(), kz.data(), nk, D, bits, out.data());
+        dequantize_k_group(codes.data() + 1, ks.data(), kz.data(), nk, D, bits, out_ref.data());
+        for (size_t i = 0; i < out.size(); ++i)
+          ASSERT_NEAR(out[i], out_ref[i], 1e-6f * (1.f + std::fabs(out_ref[i]))) << "i=" << i;
+      }
+}
+
 TEST_P(KernelTest, MaxAndExpSumMatchScalarTwins) {
   for (int n : kSizes)
     for (int off : kOffsets) {

@@ -243,6 +243,55 @@ TEST(KVCachePartsTest, LongContextSplitOverThreadsIsExactAndMatchesReference) {
     }
 }
 
+// Prefill attends in tiles of consecutive tokens that share each block read; a token's output must
+// not depend on its tile, chunk or thread: dense caches (whose stored values do not depend on how
+// the prompt was split) fed in different chunkings over 1 and 2 threads agree bit for bit.
+TEST(KVCacheTilesTest, ChunkingAndThreadsDoNotChangeAToken) {
+  struct Case {
+    KVPrecision p;
+    int sink, window;
+    PositionMode pos;
+  };
+  for (const Case& c : {Case{KVPrecision::F16, 4, 90, PositionMode::Cache},
+                        Case{KVPrecision::F32, 0, 0, PositionMode::Absolute},
+                        Case{KVPrecision::BF16, 3, 70, PositionMode::Absolute},
+                        Case{KVPrecision::F32, 0, 0, PositionMode::Cache}}) {
+    Harness h;
+    h.D = 24;  // not a multiple of any vector width
+    h.n_heads = 6;
+    h.cfg.precision = c.p;
+    h.cfg.group_size = 16;
+    h.cfg.sink = c.sink;
+    h.cfg.window = c.window;
+    h.cfg.positions = c.pos;
+    h.cfg.ctx_size = 400;
+    SCOPED_TRACE(h.cfg.describe());
+    KVCache one(h.shape(), h.cfg), two(h.shape(), h.cfg);
+    ThreadPool pool1(1), pool2(2);
+    const int total = 300;
+    auto k = h.random(size_t(total) * size_t(h.n_kv) * size_t(h.D) * size_t(h.n_layers)), v = h.random(k.size());
+    auto q = h.random(size_t(total) * size_t(h.n_heads) * size_t(h.D) * size_t(h.n_layers));
+    std::vector<float> out1(q.size()), out2(q.size());
+    auto feed = [&](KVCache& cache, ThreadPool& pool, const std::vector<int>& chunks, std::vector<float>& out) {
+      int done = 0;
+      for (int T : chunks) {
+        ASSERT_LE(T, cache.max_append());
+        for (int layer = 0; layer < h.n_layers; ++layer) {
+          const size_t kv0 = (size_t(layer) * total + size_t(done)) * size_t(h.n_kv) * size_t(h.D);
+          const size_t q0 = (size_t(layer) * total + size_t(done)) * size_t(h.n_heads) * size_t(h.D);
+          cache.append(layer, k.data() + kv0, v.data() + kv0, T);
+          cache.attend(layer, q.data() + q0, T, h.n_heads, out.data() + q0, pool);
+        }
+        done += T;
+      }
+    };
+    feed(one, pool1, chunks_of(total, {64, 9, 1, 33}), out1);
+    feed(two, pool2, chunks_of(total, {1, 2, 3, 5, 8, 13, 21, 17, 40}), out2);
+    for (size_t x = 0; x < out1.size(); ++x)
+      ASSERT_EQ(std::memcmp(&out1[x], &out2[x], sizeof(float)), 0) << "element " << x;
+  }
+}
+
 // The window cycles through the block pool fifty times its capacity: memory stays flat and the
 // attention still equals the reference at every step.
 TEST(KVCacheStreamingTest, WindowCyclesThePoolWithoutDrift) {

@@ -471,6 +471,151 @@ struct Kernels {
     }
   }
 
+  // ---- dense blocks: nk stored rows (F32, BF16, F16) for the nq query heads sharing a KV head --
+  // Each chunk of a row is converted once and used by every head of a pass of up to HR heads.
+
+  // K: out[h][j] = qscale * sum_i q[h][i] k_j[i]. Two keys at a time (2R independent FMA chains).
+  template <class Ld, int R>
+  PTLLM_TARGET static void dense_k_pass(const float* q, const void* k, float qscale, int nk, int D, float* out,
+                                        int ld_out) {
+    const int full = D / N * N;
+    for (int j = 0; j < nk; j += 2) {
+      // An odd last key is paired with itself; only its first result is kept.
+      const size_t r0 = size_t(j) * size_t(D), r1 = j + 1 < nk ? r0 + size_t(D) : r0;
+      F s0[R], s1[R];
+      PTLLM_UNROLL for (int h = 0; h < R; ++h) s0[h] = s1[h] = V::zero();
+      int i = 0;
+      for (; i < full; i += N) {
+        const F k0 = Ld::load(k, r0 + size_t(i)), k1 = Ld::load(k, r1 + size_t(i));
+        PTLLM_UNROLL for (int h = 0; h < R; ++h) {
+          const F qv = V::load(q + size_t(h) * size_t(D) + size_t(i));
+          s0[h] = V::fma(qv, k0, s0[h]);
+          s1[h] = V::fma(qv, k1, s1[h]);
+        }
+      }
+      if (i < D) {
+        const int n = D - i;
+        const F k0 = Ld::load_n(k, r0 + size_t(i), n), k1 = Ld::load_n(k, r1 + size_t(i), n);
+        PTLLM_UNROLL for (int h = 0; h < R; ++h) {
+          const F qv = V::load_n(q + size_t(h) * size_t(D) + size_t(i), n);
+          s0[h] = V::fma(qv, k0, s0[h]);
+          s1[h] = V::fma(qv, k1, s1[h]);
+        }
+      }
+      float sum0[4], sum1[4];
+      V::reduce_add4(s0[0], R > 1 ? s0[1] : V::zero(), R > 2 ? s0[2] : V::zero(), R > 3 ? s0[3] : V::zero(), sum0);
+      V::reduce_add4(s1[0], R > 1 ? s1[1] : V::zero(), R > 2 ? s1[2] : V::zero(), R > 3 ? s1[3] : V::zero(), sum1);
+      PTLLM_UNROLL for (int h = 0; h < R; ++h) {
+        out[size_t(h) * size_t(ld_out) + size_t(j)] = sum0[h] * qscale;
+        if (j + 1 < nk) out[size_t(h) * size_t(ld_out) + size_t(j + 1)] = sum1[h] * qscale;
+      }
+    }
+  }
+  template <class Ld>
+  PTLLM_TARGET static void dense_k_block_t(const float* q, int nq, const void* k, float qscale, int nk, int D,
+                                           float* out, int ld_out) {
+    for (int h0 = 0; h0 < nq; h0 += HR) {
+      const float* qh = q + size_t(h0) * size_t(D);
+      float* oh = out + size_t(h0) * size_t(ld_out);
+      switch (std::min(HR, nq - h0)) {
+        case 4: dense_k_pass<Ld, 4>(qh, k, qscale, nk, D, oh, ld_out); break;
+        case 3: dense_k_pass<Ld, 3>(qh, k, qscale, nk, D, oh, ld_out); break;
+        case 2: dense_k_pass<Ld, 2>(qh, k, qscale, nk, D, oh, ld_out); break;
+        default: dense_k_pass<Ld, 1>(qh, k, qscale, nk, D, oh, ld_out); break;
+      }
+    }
+  }
+  PTLLM_TARGET static void dense_k_block(const float* q, int nq, const void* k, DType t, float qscale, int nk, int D,
+                                         float* out, int ld_out) {
+    switch (t) {
+      case DType::BF16: dense_k_block_t<LdBF16>(q, nq, k, qscale, nk, D, out, ld_out); break;
+      case DType::F16: dense_k_block_t<LdF16>(q, nq, k, qscale, nk, D, out, ld_out); break;
+      default: dense_k_block_t<LdF32>(q, nq, k, qscale, nk, D, out, ld_out); break;
+    }
+  }
+
+  // V: acc[h][i] += sum_j p[h][j] v_j[i], U chunks of N channels from i0 (the last one possibly
+  // n < N wide) held in registers for R heads while the rows pass.
+  template <class Ld, int R, int U>
+  PTLLM_TARGET static void dense_v_chunks(const float* p, int ld_p, const void* v, int nk, int D, int i0, int n_last,
+                                          float* acc) {
+    F s[R][U];
+    PTLLM_UNROLL for (int h = 0; h < R; ++h) PTLLM_UNROLL for (int u = 0; u < U; ++u) {
+      const float* a = acc + size_t(h) * size_t(D) + size_t(i0 + u * N);
+      s[h][u] = u == U - 1 && n_last < N ? V::load_n(a, n_last) : V::load(a);
+    }
+    for (int j = 0; j < nk; ++j) {
+      const size_t row = size_t(j) * size_t(D) + size_t(i0);
+      F w[R];
+      PTLLM_UNROLL for (int h = 0; h < R; ++h) w[h] = V::set1(p[size_t(h) * size_t(ld_p) + size_t(j)]);
+      PTLLM_UNROLL for (int u = 0; u < U; ++u) {
+        const F vv = u == U - 1 && n_last < N ? Ld::load_n(v, row + size_t(u * N), n_last)
+                                              : Ld::load(v, row + size_t(u * N));
+        PTLLM_UNROLL for (int h = 0; h < R; ++h) s[h][u] = V::fma(w[h], vv, s[h][u]);
+      }
+    }
+    PTLLM_UNROLL for (int h = 0; h < R; ++h) PTLLM_UNROLL for (int u = 0; u < U; ++u) {
+      float* a = acc + size_t(h) * size_t(D) + size_t(i0 + u * N);
+      if (u == U - 1 && n_last < N)
+        V::store_n(a, s[h][u], n_last);
+      else
+        V::store(a, s[h][u]);
+    }
+  }
+  template <class Ld, int R>
+  PTLLM_TARGET static void dense_v_pass(const float* p, int ld_p, const void* v, int nk, int D, float* acc) {
+    constexpr int U = CG;
+    int i = 0;
+    for (; i + U * N <= D; i += U * N) dense_v_chunks<Ld, R, U>(p, ld_p, v, nk, D, i, N, acc);
+    for (; i + N <= D; i += N) dense_v_chunks<Ld, R, 1>(p, ld_p, v, nk, D, i, N, acc);
+    if (i < D) dense_v_chunks<Ld, R, 1>(p, ld_p, v, nk, D, i, D - i, acc);
+  }
+  template <class Ld>
+  PTLLM_TARGET static void dense_v_block_t(const float* p, int ld_p, int nq, const void* v, int nk, int D, float* acc) {
+    for (int h0 = 0; h0 < nq; h0 += HR) {
+      const float* ph = p + size_t(h0) * size_t(ld_p);
+      float* ah = acc + size_t(h0) * size_t(D);
+      switch (std::min(HR, nq - h0)) {
+        case 4: dense_v_pass<Ld, 4>(ph, ld_p, v, nk, D, ah); break;
+        case 3: dense_v_pass<Ld, 3>(ph, ld_p, v, nk, D, ah); break;
+        case 2: dense_v_pass<Ld, 2>(ph, ld_p, v, nk, D, ah); break;
+        default: dense_v_pass<Ld, 1>(ph, ld_p, v, nk, D, ah); break;
+      }
+    }
+  }
+  PTLLM_TARGET static void dense_v_block(const float* p, int ld_p, int nq, const void* v, DType t, int nk, int D,
+                                         float* acc) {
+    switch (t) {
+      case DType::BF16: dense_v_block_t<LdBF16>(p, ld_p, nq, v, nk, D, acc); break;
+      case DType::F16: dense_v_block_t<LdF16>(p, ld_p, nq, v, nk, D, acc); break;
+      default: dense_v_block_t<LdF32>(p, ld_p, nq, v, nk, D, acc); break;
+    }
+  }
+
+  // A KIVI K group back to float32 (the cache's rotate-at-read path): out[j][i] = c_j[i] s[i] + z[i].
+  template <int BITS>
+  PTLLM_TARGET static void kivi_k_dequant_b(const uint8_t* codes, const uint16_t* scale, const uint16_t* zero, int nk,
+                                            int D, float* out) {
+    const size_t pk = packed_bytes(D, BITS);
+    const int full = D / N * N;
+    for (int j = 0; j < nk; ++j) {
+      const uint8_t* c = codes + size_t(j) * pk;
+      float* o = out + size_t(j) * size_t(D);
+      for (int i = 0; i < full; i += N)
+        V::store(o + i, V::fma(load_codes_t<BITS>(c, i), load_scale(scale + i, N), V::load_f16(zero + i)));
+      for (int i = full; i < D; ++i)
+        o[i] = float(code_at(c, i, BITS)) * std::max(kMinScale, f16_to_f32(scale[i])) + f16_to_f32(zero[i]);
+    }
+  }
+  PTLLM_TARGET static void kivi_k_dequant(const uint8_t* codes, const uint16_t* scale, const uint16_t* zero, int nk,
+                                          int D, int bits, float* out) {
+    switch (bits) {
+      case 8: kivi_k_dequant_b<8>(codes, scale, zero, nk, D, out); break;
+      case 4: kivi_k_dequant_b<4>(codes, scale, zero, nk, D, out); break;
+      default: kivi_k_dequant_b<2>(codes, scale, zero, nk, D, out); break;
+    }
+  }
+
   PTLLM_TARGET static float max_of(const float* x, int n) {
     F m = V::set1(-INFINITY);
     int i = 0;
@@ -850,7 +995,8 @@ constexpr KernelTable make_table(SimdTarget target) {
   return KernelTable{target,          K::dot,         K::dot_bf16,    K::dot_f16,     K::axpy,
                      K::axpy_bf16,    K::axpy_f16,    K::to_bf16,     K::to_f16,      K::from_bf16,
                      K::from_f16,     K::dot_codes,   K::axpy_codes,  K::kivi_k_block,
-                     K::kivi_v_block, K::max_of,      K::exp_sum,     K::rmsnorm,
+                     K::kivi_v_block, K::dense_k_block, K::dense_v_block, K::kivi_k_dequant,
+                     K::max_of,      K::exp_sum,     K::rmsnorm,
                      K::silu_mul,
                      K::softmax,      K::rope_rotate, K::rope_rotate_one, K::gemv,    K::pack_a,
                      K::gemm,         K::MR,          K::NR};

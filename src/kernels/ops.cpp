@@ -39,6 +39,17 @@ void axpy_stored(float a, const void* x, DType t, float* y, int n) {
   }
 }
 
+void dense_k_block(const float* q, int nq, const void* k, DType t, float qscale, int nk, int D, float* out,
+                   int ld_out) {
+  PTLLM_CHECK(t == DType::F32 || t == DType::BF16 || t == DType::F16);
+  active_kernels().dense_k_block(q, nq, k, t, qscale, nk, D, out, ld_out);
+}
+
+void dense_v_block(const float* p, int ld_p, int nq, const void* v, DType t, int nk, int D, float* acc) {
+  PTLLM_CHECK(t == DType::F32 || t == DType::BF16 || t == DType::F16);
+  active_kernels().dense_v_block(p, ld_p, nq, v, t, nk, D, acc);
+}
+
 void store_as(const float* src, void* dst, DType t, int n) {
   switch (t) {
     case DType::F32: std::memcpy(dst, src, size_t(n) * sizeof(float)); return;
@@ -78,6 +89,11 @@ void kivi_k_block(const float* q, int nq, const uint8_t* codes, const uint16_t* 
 void kivi_v_block(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
                   int nk, int D, int bits, float* acc, float* zacc) {
   active_kernels().kivi_v_block(p, ld_p, nq, codes, scale, zero, nk, D, bits, acc, zacc);
+}
+
+void kivi_k_dequant(const uint8_t* codes, const uint16_t* scale, const uint16_t* zero, int nk, int D, int bits,
+                    float* out) {
+  active_kernels().kivi_k_dequant(codes, scale, zero, nk, D, bits, out);
 }
 
 namespace {

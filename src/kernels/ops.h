@@ -37,6 +37,13 @@ void axpy(float a, const float* x, float* y, int n);
 // The same over a row stored as F32, F16 or BF16 (dense KV storage), converted on the fly.
 float dot_stored(const float* a, const void* b, DType t, int n);
 void axpy_stored(float a, const void* x, DType t, float* y, int n);
+// A block of nk rows stored as t (F32, BF16, F16), k/v [nk][D], for the nq query heads sharing a KV
+// head (GQA): each row is converted once and used by all of them.
+// K: out[h][j] = qscale * sum_i q[h][i] * k_j[i]       q: [nq][D], out: [nq][ld_out]
+void dense_k_block(const float* q, int nq, const void* k, DType t, float qscale, int nk, int D, float* out,
+                   int ld_out);
+// V: acc[h][i] += sum_j p[h][j] * v_j[i]                p: [nq][ld_p], acc: [nq][D]
+void dense_v_block(const float* p, int ld_p, int nq, const void* v, DType t, int nk, int D, float* acc);
 // dst (stored as t) = src
 void store_as(const float* src, void* dst, DType t, int n);
 void load_from(const void* src, DType t, float* dst, int n);
@@ -64,6 +71,9 @@ float dot_ref(const float* a, const float* b, int n);
 void axpy_ref(float a, const float* x, float* y, int n);
 float dot_stored_ref(const float* a, const void* b, DType t, int n);
 void axpy_stored_ref(float a, const void* x, DType t, float* y, int n);
+void dense_k_block_ref(const float* q, int nq, const void* k, DType t, float qscale, int nk, int D, float* out,
+                       int ld_out);
+void dense_v_block_ref(const float* p, int ld_p, int nq, const void* v, DType t, int nk, int D, float* acc);
 void store_as_ref(const float* src, void* dst, DType t, int n);
 void load_from_ref(const void* src, DType t, float* dst, int n);
 void rmsnorm_ref(const float* x, const float* w, float* out, int n, float eps);

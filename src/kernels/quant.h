@@ -56,6 +56,10 @@ void kivi_k_block(const float* q, int nq, const uint8_t* codes, const uint16_t* 
 //   p: [nq][ld_p], acc: [nq][D], zacc: [nq].
 void kivi_v_block(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
                   int nk, int D, int bits, float* acc, float* zacc);
+// A K group dequantized to float32, out [nk][D] (attention at cache positions rotates keys, so it
+// needs them as floats); its scalar twin is dequantize_k_group.
+void kivi_k_dequant(const uint8_t* codes, const uint16_t* scale, const uint16_t* zero, int nk, int D, int bits,
+                    float* out);
 // Scalar reference twins (the SIMD versions dispatch through kernels/simd.h).
 float dot_codes_ref(const float* a, const uint8_t* codes, int D, int bits);
 void axpy_codes_ref(float w, const uint8_t* codes, int D, int bits, float* acc);

@@ -54,6 +54,23 @@ void axpy_stored_ref(float a, const void* x, DType t, float* y, int n) {
   for (int i = 0; i < n; ++i) y[i] += a * stored_at(x, t, i);
 }
 
+void dense_k_block_ref(const float* q, int nq, const void* k, DType t, float qscale, int nk, int D, float* out,
+                       int ld_out) {
+  for (int h = 0; h < nq; ++h)
+    for (int j = 0; j < nk; ++j)
+      out[size_t(h) * size_t(ld_out) + size_t(j)] =
+          dot_stored_ref(q + size_t(h) * size_t(D),
+                         static_cast<const uint8_t*>(k) + size_t(j) * size_t(D) * dtype_size(t), t, D) * qscale;
+}
+
+void dense_v_block_ref(const float* p, int ld_p, int nq, const void* v, DType t, int nk, int D, float* acc) {
+  for (int h = 0; h < nq; ++h)
+    for (int j = 0; j < nk; ++j)
+      axpy_stored_ref(p[size_t(h) * size_t(ld_p) + size_t(j)],
+                      static_cast<const uint8_t*>(v) + size_t(j) * size_t(D) * dtype_size(t), t,
+                      acc + size_t(h) * size_t(D), D);
+}
+
 void store_as_ref(const float* src, void* dst, DType t, int n) {
   auto* d = static_cast<uint8_t*>(dst);
   for (int i = 0; i < n; ++i) {

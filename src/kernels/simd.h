@@ -35,6 +35,12 @@ struct KernelTable {
                        float qscale, int nk, int D, int bits, float* out, int ld_out);
   void (*kivi_v_block)(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale,
                        const uint16_t* zero, int nk, int D, int bits, float* acc, float* zacc);
+  // A dense block (rows stored as F32/BF16/F16) for the query heads sharing a KV head (ops.h).
+  void (*dense_k_block)(const float* q, int nq, const void* k, DType t, float qscale, int nk, int D, float* out,
+                        int ld_out);
+  void (*dense_v_block)(const float* p, int ld_p, int nq, const void* v, DType t, int nk, int D, float* acc);
+  void (*kivi_k_dequant)(const uint8_t* codes, const uint16_t* scale, const uint16_t* zero, int nk, int D, int bits,
+                         float* out);
   float (*max_of)(const float* x, int n);
   float (*exp_sum)(float* x, int n, float m);
   void (*rmsnorm)(const float* x, const float* w, float* out, int n, float eps);

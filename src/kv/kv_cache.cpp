@@ -196,7 +196,9 @@ KVCache::KVCache(const KVShape& shape, const KVCacheConfig& cfg)
   }
   if (rotates_at_read()) {
     // Distances a query can have to a key: within the window (or the context), or to a sink.
-    max_delta_ = cfg_.streaming() ? cfg_.sink + cfg_.window + chunk_ : cfg_.ctx_size;
+    // Plus a block: attention rotates a block's keys by their slot in the block and the query by
+    // its distance to the block's first slot, which may be before the first key it sees.
+    max_delta_ = (cfg_.streaming() ? cfg_.sink + cfg_.window + chunk_ : cfg_.ctx_size) + cfg_.group_size;
     const int half = shape.head_dim / 2;
     PTLLM_CHECK(int(shape.rope_inv_freq.size()) == half);
     rope_cos_.resize(size_t(max_delta_) * size_t(half));
@@ -270,10 +272,12 @@ void KVCache::append(int layer, const float* k, const float* v, int T) {
 // ---------------------------------------------------------------------------------------------
 // Attention.
 //
-// Work is cut into (query token, KV head, part) pieces. The `group` query heads sharing a KV head
-// are processed together: a quantized block's codes are unpacked once for all of them (the
-// kivi_*_block kernels); a dense row is read from memory once and then from L1. A query's keys are cut into parts: one for the sinks, then the stream tokens by
-// absolute index in runs of kPartTokens; each part has its own online softmax, and the parts are
+// Work is cut into (query tokens, KV head, part) pieces. The `group` query heads sharing a KV head
+// are processed together, and in prefill those of a tile of consecutive tokens: a block's rows are
+// converted (dense_*_block) or its codes unpacked (kivi_*_block) once for all of them. Cache
+// positions rotate each block's keys once (dequantized into a per-thread buffer when quantized)
+// and the query once per block. A query's keys are cut into parts: one for the sinks, then the
+// stream tokens by absolute index in runs of kPartTokens; each part has its own online softmax, and the parts are
 // merged in order at the end (flash-decoding, Dao et al. 2023), so a single decode token keeps
 // every thread busy even with 2 KV heads. Parts depend only on token indices, never on T or the
 // thread count, and are computed and merged the same way whether one thread walks them all or
@@ -397,97 +401,175 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
     return a <= b;
   };
 
-  // Per-thread scratch: [group][B] scores, [D] rotated query.
-  auto scratch_floats = [&] { return size_t(group) * size_t(B) + size_t(D); };
+  // Prefill walks the keys for a tile of up to kTile consecutive query tokens at once (per KV head):
+  // a block of which all the tile's queries see the same slots is read from memory once for their
+  // tile * group heads (and converted or unpacked once per kernel pass of 4 heads); where their
+  // slots differ (the causal edge, the window's lower edge) each query takes the block alone. Per
+  // head, the kernels' arithmetic does not depend on which other heads share the call, so a token's
+  // output is bit for bit the same in any tile, batch or thread.
+  constexpr int kTile = 8;
+  // Per-thread scratch: [kTile][group][B] scores, [kTile][group][D] queries (gathered or rotated),
+  // [B][D] keys as float32 (rotated, cache positions).
+  const size_t tile_heads = size_t(kTile) * size_t(group);
+  const size_t scratch_floats = tile_heads * size_t(B) + tile_heads * size_t(D) + size_t(B) * size_t(D);
+  const size_t tile_state_floats = State::floats(int(tile_heads), D);
+  auto cos_at = [&](int64_t delta) {
+    PTLLM_CHECK(delta >= 0 && delta < max_delta_);
+    return rope_cos_.data() + size_t(delta) * size_t(half);
+  };
+  auto sin_at = [&](int64_t delta) { return rope_sin_.data() + size_t(delta) * size_t(half); };
+  auto query = [&](int t, int g) {  // [group][D]
+    return q + (size_t(t) * size_t(n_heads) + size_t(g) * size_t(group)) * size_t(D);
+  };
 
-  // The state of query t's heads of KV head g over part `part`, into st.
-  auto run_part = [&](int t, int g, int part, State st, float* scratch) {
-    float* scores = scratch;                         // [group][B]
-    float* qr = scores + size_t(group) * size_t(B);  // [D]
-    const float* qg = q + (size_t(t) * size_t(n_heads) + size_t(g) * size_t(group)) * size_t(D);  // [group][D]
-    st.reset(group, D);
+  // The states of the heads of KV head g of queries [t0, t0 + nt) over part `part`, into st
+  // (nt * group heads, query i's heads at [i * group, (i + 1) * group)).
+  auto run_part = [&](int t0, int nt, int g, int part, State st, float* scratch) {
+    const int nh = nt * group;
+    float* scores = scratch;                                // [nt * group][B]
+    float* qb = scores + tile_heads * size_t(B);            // [nt * group][D]
+    float* kr = qb + tile_heads * size_t(D);                // [B][D]
+    st.reset(nh, D);
+    if (!rotate)
+      for (int i = 0; i < nt; ++i)
+        std::copy_n(query(t0 + i, g), size_t(group) * size_t(D), qb + size_t(i) * size_t(group) * size_t(D));
 
-    // Query head r rotated for a key at distance delta (cache positions only).
-    auto rotated = [&](int r, int64_t delta) -> const float* {
-      PTLLM_CHECK(delta >= 0 && delta < max_delta_);
-      rope_rotate_one(qg + size_t(r) * size_t(D), D, rope_cos_.data() + size_t(delta) * size_t(half),
-                      rope_sin_.data() + size_t(delta) * size_t(half), qr);
-      return qr;
-    };
-    // A dense block: keys at slots [a, b), key slot j at distance delta0 - j from the query.
-    auto dense_block = [&](const uint8_t* blk, int a, int b, int64_t delta0) {
-      const uint8_t* kb = blk + size_t(g) * size_t(B) * size_t(D) * elem;
-      const uint8_t* vb = kb + dense_half;
-      for (int r = 0; r < group; ++r) {
-        float* sc = scores + size_t(r) * size_t(B);
-        for (int j = a; j < b; ++j) {
-          const float* qq = rotate ? rotated(r, delta0 - j) : qg + size_t(r) * size_t(D);
-          sc[j] = dot_stored(qq, kb + size_t(j) * size_t(D) * elem, dense_, D) * scale;
-        }
-        st.add_scores(r, D, sc + a, b - a);
-      }
-      for (int j = a; j < b; ++j)
-        for (int r = 0; r < group; ++r)
-          axpy_stored(scores[size_t(r) * size_t(B) + size_t(j)], vb + size_t(j) * size_t(D) * elem, dense_,
-                      st.acc + size_t(r) * size_t(D), D);
-    };
-    // A quantized block: q.k_j = (q * s) . c_j + q . z with per-channel (s, z) of the group (the
-    // softmax scale folded into both); sum p_j v_j = sum (p_j s_j) c_j + (sum p_j z_j) 1 with
-    // per-token (s_j, z_j).
-    auto quant_block = [&](const uint8_t* blk, int a, int b, int64_t delta0) {
-      const uint8_t* kc = blk + size_t(g) * size_t(B) * pk;
-      const uint8_t* vc = blk + (size_t(H) + size_t(g)) * size_t(B) * pk;
-      const uint16_t* ks = reinterpret_cast<const uint16_t*>(blk + 2 * size_t(H) * size_t(B) * pk) + size_t(g) * size_t(D);
-      const uint16_t* kz = ks + size_t(H) * size_t(D);
-      const uint16_t* vs = kz + size_t(H) * size_t(D) - size_t(g) * size_t(D) + size_t(g) * size_t(B);
-      const uint16_t* vz = vs + size_t(H) * size_t(B);
-      const int n = b - a;
-      if (!rotate) {
-        kivi_k_block(qg, group, kc + size_t(a) * pk, ks, kz, scale, n, D, bits_, scores + a, B);
+    // One block for queries [i0, i1) of the tile: query i sees slots [a[i], b[i]) of it (empty: a >= b),
+    // key slot j at distance delta0[i] - j. Cache positions: the score of key slot j is
+    // R(delta0 - j) q . k_j = R(delta0) q . R(j) k_j (RoPE depends only on the difference), so the
+    // block's keys (as float32, in kr) are rotated by j once for every head and each query once per
+    // block, instead of each query once per key.
+    auto block = [&](const uint8_t* blk, bool quantized, int i0, int i1, const int* a, const int* b,
+                     const int64_t* delta0) {
+      const int lo = *std::min_element(a + i0, a + i1), hi = *std::max_element(b + i0, b + i1);
+      const uint8_t *kb = nullptr, *vb = nullptr, *kc = nullptr, *vc = nullptr;
+      const uint16_t *ks = nullptr, *kz = nullptr, *vs = nullptr, *vz = nullptr;
+      if (quantized) {
+        kc = blk + size_t(g) * size_t(B) * pk;
+        vc = blk + (size_t(H) + size_t(g)) * size_t(B) * pk;
+        ks = reinterpret_cast<const uint16_t*>(blk + 2 * size_t(H) * size_t(B) * pk) + size_t(g) * size_t(D);
+        kz = ks + size_t(H) * size_t(D);
+        vs = kz + size_t(H) * size_t(D) - size_t(g) * size_t(D) + size_t(g) * size_t(B);
+        vz = vs + size_t(H) * size_t(B);
       } else {
-        for (int r = 0; r < group; ++r)
-          for (int j = a; j < b; ++j)
-            kivi_k_block(rotated(r, delta0 - j), 1, kc + size_t(j) * pk, ks, kz, scale, 1, D, bits_,
-                         scores + size_t(r) * size_t(B) + size_t(j), B);
+        kb = blk + size_t(g) * size_t(B) * size_t(D) * elem;
+        vb = kb + dense_half;
       }
-      for (int r = 0; r < group; ++r) st.add_scores(r, D, scores + size_t(r) * size_t(B) + size_t(a), n);
-      kivi_v_block(scores + a, B, group, vc + size_t(a) * pk, vs + a, vz + a, n, D, bits_, st.acc, st.z);
+      if (rotate) {
+        float* k0 = kr + size_t(lo) * size_t(D);
+        if (quantized)
+          kivi_k_dequant(kc + size_t(lo) * pk, ks, kz, hi - lo, D, bits_, k0);
+        else
+          load_from(kb + size_t(lo) * size_t(D) * elem, dense_, k0, (hi - lo) * D);
+        for (int j = lo; j < hi; ++j) {
+          float* k = kr + size_t(j) * size_t(D);
+          rope_rotate_one(k, D, cos_at(j), sin_at(j), k);  // in place
+        }
+        for (int i = i0; i < i1; ++i) {
+          if (a[i] >= b[i]) continue;
+          const float *c = cos_at(delta0[i]), *sn = sin_at(delta0[i]);
+          for (int r = 0; r < group; ++r)
+            rope_rotate_one(query(t0 + i, g) + size_t(r) * size_t(D), D, c, sn,
+                            qb + (size_t(i) * size_t(group) + size_t(r)) * size_t(D));
+        }
+      }
+      // Queries [j0, j1), all seeing slots [a0, b0): K scores (quantized: q.k_j = (q * s) . c_j + q . z
+      // with per-channel (s, z), the softmax scale folded in), the online softmax, then V (quantized:
+      // sum p_j v_j = sum (p_j s_j) c_j + (sum p_j z_j) 1 with per-token (s_j, z_j)).
+      auto run = [&](int j0, int j1, int a0, int b0) {
+        const int n = b0 - a0, h0 = j0 * group, nq = (j1 - j0) * group;
+        float* sc = scores + size_t(h0) * size_t(B);
+        const float* qq = qb + size_t(h0) * size_t(D);
+        if (rotate)
+          dense_k_block(qq, nq, kr + size_t(a0) * size_t(D), DType::F32, scale, n, D, sc + a0, B);
+        else if (quantized)
+          kivi_k_block(qq, nq, kc + size_t(a0) * pk, ks, kz, scale, n, D, bits_, sc + a0, B);
+        else
+          dense_k_block(qq, nq, kb + size_t(a0) * size_t(D) * elem, dense_, scale, n, D, sc + a0, B);
+        for (int r = 0; r < nq; ++r) st.add_scores(h0 + r, D, sc + size_t(r) * size_t(B) + size_t(a0), n);
+        float* acc = st.acc + size_t(h0) * size_t(D);
+        if (quantized)
+          kivi_v_block(sc + a0, B, nq, vc + size_t(a0) * pk, vs + a0, vz + a0, n, D, bits_, acc, st.z + h0);
+        else
+          dense_v_block(sc + a0, B, nq, vb + size_t(a0) * size_t(D) * elem, dense_, n, D, acc);
+      };
+      bool same = true;
+      for (int i = i0; i < i1; ++i) same = same && a[i] == a[i0] && b[i] == b[i0];
+      if (same) {
+        run(i0, i1, a[i0], b[i0]);
+      } else {
+        for (int i = i0; i < i1; ++i)
+          if (a[i] < b[i]) run(i, i + 1, a[i], b[i]);
+      }
     };
 
-    const Visible v = visible(t);
-    // The query's slot in the cache: its index, capped once the window is full.
-    const int64_t q_slot = stream_mode ? std::min<int64_t>(n_before + t, int64_t(N) + M - 1) : n_before + t;
+    Visible v[kTile];
+    int64_t q_slot[kTile];  // the query's slot in the cache: its index, capped once the window is full
+    for (int i = 0; i < nt; ++i) {
+      v[i] = visible(t0 + i);
+      q_slot[i] = stream_mode ? std::min<int64_t>(n_before + t0 + i, int64_t(N) + M - 1) : n_before + t0 + i;
+    }
+    int a[kTile], b[kTile];
+    int64_t delta0[kTile];
+    // Queries [i0, i1) of the tile that see some of a block: an interval, since both ends of the
+    // visible range grow with the query index.
+    auto active = [&](int& i0, int& i1) {
+      i0 = 0;
+      while (i0 < nt && a[i0] >= b[i0]) ++i0;
+      i1 = i0;
+      while (i1 < nt && a[i1] < b[i1]) ++i1;
+      for (int i = i1; i < nt; ++i) PTLLM_CHECK(a[i] >= b[i]);
+      return i0 < i1;
+    };
     if (part == 0) {
       // Sinks: global indices [0, n_sink_vis), cache slot = index.
-      for (int64_t s0 = 0; s0 < v.n_sink_vis; s0 += B) {
-        const int b = int(std::min<int64_t>(B, v.n_sink_vis - s0));
-        dense_block(dense_pool_.data(L.sinks[size_t(s0 / B)]), 0, b, q_slot - s0);
+      int64_t n_sink = 0;
+      for (int i = 0; i < nt; ++i) n_sink = std::max(n_sink, v[i].n_sink_vis);
+      for (int64_t s0 = 0; s0 < n_sink; s0 += B) {
+        for (int i = 0; i < nt; ++i) {
+          a[i] = 0;
+          b[i] = int(std::clamp<int64_t>(v[i].n_sink_vis - s0, 0, B));
+          delta0[i] = q_slot[i] - s0;
+        }
+        int i0, i1;
+        if (active(i0, i1)) block(dense_pool_.data(L.sinks[size_t(s0 / B)]), false, i0, i1, a, b, delta0);
       }
       return;
     }
-    int64_t lo, hi;
-    part_range(v, part, lo, hi);
-    for (size_t e = size_t((lo - L.begin) / B); e < L.stream.size(); ++e) {
+    int64_t lo[kTile], hi[kTile], lo_all = std::numeric_limits<int64_t>::max(), hi_all = -1;
+    for (int i = 0; i < nt; ++i) {
+      part_range(v[i], part, lo[i], hi[i]);
+      if (lo[i] > hi[i]) continue;
+      lo_all = std::min(lo_all, lo[i]);
+      hi_all = std::max(hi_all, hi[i]);
+    }
+    if (hi_all < 0) return;
+    for (size_t e = size_t((lo_all - L.begin) / B); e < L.stream.size(); ++e) {
       const int64_t first_slot = L.begin + int64_t(e) * B;
-      if (first_slot > hi) break;
-      const int a = int(std::max<int64_t>(lo, first_slot) - first_slot);
-      const int b = int(std::min<int64_t>(hi + 1, first_slot + B) - first_slot);
-      // Distances of window keys equal their index distances in both position schemes.
-      const int64_t delta0 = v.si - first_slot;
+      if (first_slot > hi_all) break;
+      for (int i = 0; i < nt; ++i) {
+        a[i] = int(std::clamp<int64_t>(lo[i] - first_slot, 0, B));
+        b[i] = int(std::clamp<int64_t>(hi[i] + 1 - first_slot, 0, B));
+        if (lo[i] > hi[i]) a[i] = b[i] = 0;
+        // Distances of window keys equal their index distances in both position schemes.
+        delta0[i] = v[i].si - first_slot;
+      }
+      int i0, i1;
+      if (!active(i0, i1)) continue;
       const Entry& en = L.stream[e];
-      if (en.quantized)
-        quant_block(quant_pool_.data(en.id), a, b, delta0);
-      else
-        dense_block(dense_pool_.data(en.id), a, b, delta0);
+      block(en.quantized ? quant_pool_.data(en.id) : dense_pool_.data(en.id), en.quantized, i0, i1, a, b, delta0);
     }
   };
-  auto write_out = [&](int t, int g, const State& st) {
-    for (int r = 0; r < group; ++r) {
-      float* o = out + (size_t(t) * size_t(n_heads) + size_t(g) * size_t(group) + size_t(r)) * size_t(D);
-      const float* a = st.acc + size_t(r) * size_t(D);
-      const float inv = 1.0f / st.l[r];
-      for (int d = 0; d < D; ++d) o[d] = (a[d] + st.z[r]) * inv;
-    }
+  // Query t0 + i's heads of KV head g, from the state of the tile.
+  auto write_out = [&](int t0, int nt, int g, const State& st) {
+    for (int i = 0; i < nt; ++i)
+      for (int r = 0; r < group; ++r) {
+        const int h = i * group + r;
+        float* o = out + (size_t(t0 + i) * size_t(n_heads) + size_t(g) * size_t(group) + size_t(r)) * size_t(D);
+        const float* acc = st.acc + size_t(h) * size_t(D);
+        const float inv = 1.0f / st.l[h];
+        for (int d = 0; d < D; ++d) o[d] = (acc[d] + st.z[h]) * inv;
+      }
   };
 
   const size_t items = size_t(T) * size_t(H);
@@ -496,7 +578,7 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
   // thread exit) on threads that pass its declaration, which pool workers running the lambda do not.
   auto local_buffers = [&] {
     std::vector<float>& local = attention_scratch();
-    const size_t need = scratch_floats() + 2 * state_floats;
+    const size_t need = scratch_floats + 2 * tile_state_floats;
     if (local.size() < need) local.resize(need);
     return local.data();
   };
@@ -513,32 +595,37 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
         const int part = int(it % size_t(n_parts));
         State st(pbuf + it * state_floats, group);
         if (sees_part(t, part))
-          run_part(t, g, part, st, buf);
+          run_part(t, 1, g, part, st, buf);
         else
           st.reset(group, D);
       }
     });
     float* buf = local_buffers();
-    State run(buf + scratch_floats() + state_floats, group);
+    State run(buf + scratch_floats + tile_state_floats, group);
     for (size_t it = 0; it < items; ++it) {
       run.reset(group, D);
       for (int part = 0; part < n_parts; ++part)
         run.merge(State(pbuf + (it * size_t(n_parts) + size_t(part)) * state_floats, group), group, D);
-      write_out(int(it / size_t(H)), int(it % size_t(H)), run);
+      write_out(int(it / size_t(H)), 1, int(it % size_t(H)), run);
     }
   } else {
-    pool.parallel_for(items, [&](size_t begin, size_t end) {
+    // (tile of kTile tokens, KV head) pieces.
+    const size_t n_tiles = size_t(ceil_div(T, kTile));
+    pool.parallel_for(n_tiles * size_t(H), [&](size_t begin, size_t end) {
       float* buf = local_buffers();
-      State part_st(buf + scratch_floats(), group), run(buf + scratch_floats() + state_floats, group);
       for (size_t it = begin; it < end; ++it) {
-        const int t = int(it / size_t(H)), g = int(it % size_t(H));
-        run.reset(group, D);
+        const int t0 = int(it / size_t(H)) * kTile, g = int(it % size_t(H));
+        const int nt = std::min(kTile, T - t0), nh = nt * group;
+        State part_st(buf + scratch_floats, nh), run(buf + scratch_floats + tile_state_floats, nh);
+        run.reset(nh, D);
         for (int part = 0; part < n_parts; ++part) {
-          if (!sees_part(t, part)) continue;
-          run_part(t, g, part, part_st, buf);
-          run.merge(part_st, group, D);
+          bool seen = false;
+          for (int i = 0; i < nt && !seen; ++i) seen = sees_part(t0 + i, part);
+          if (!seen) continue;
+          run_part(t0, nt, g, part, part_st, buf);
+          run.merge(part_st, nh, D);
         }
-        write_out(t, g, run);
+        write_out(t0, nt, g, run);
       }
     });
   }
