@@ -195,6 +195,74 @@ void register_kernels() {
       return std::pair<Body, Body>{[=] { run(true); }, [=] { run(false); }};
     });
   }
+  for (int bits : {8, 4, 2})
+    register_kernel("kivi_k_dequant_int" + std::to_string(bits), [bits](int n) {
+      const int nk = n / kBlockD;
+      auto c = std::make_shared<std::vector<uint8_t>>(size_t(nk) * packed_bytes(kBlockD, bits), uint8_t(0x5b));
+      auto sz = std::make_shared<std::vector<uint16_t>>(as_16bit(random_floats(2 * kBlockD, 0.01f, 0.1f), DType::F16));
+      auto out = std::make_shared<std::vector<float>>(size_t(kBlockG) * kBlockD);
+      auto run = [=](bool simd) {
+        for (int j = 0; j < nk; j += kBlockG) {
+          const uint8_t* cj = c->data() + size_t(j) * packed_bytes(kBlockD, bits);
+          const int m = std::min(kBlockG, nk - j);
+          if (simd)
+            kivi_k_dequant(cj, sz->data(), sz->data() + kBlockD, m, kBlockD, bits, out->data());
+          else
+            dequantize_k_group(cj, sz->data(), sz->data() + kBlockD, m, kBlockD, bits, out->data());
+        }
+        benchmark::DoNotOptimize(out->data());
+      };
+      return std::pair<Body, Body>{[=] { run(true); }, [=] { run(false); }};
+    });
+  // Dense attention blocks (fp32/fp16/bf16 storage), same shape.
+  for (DType t : {DType::F32, DType::F16, DType::BF16}) {
+    const std::string tn = t == DType::F32 ? "f32" : t == DType::F16 ? "f16" : "bf16";
+    register_kernel("dense_k_block_" + tn, [t](int n) {
+      const int nk = n / kBlockD;
+      auto q = std::make_shared<std::vector<float>>(random_floats(size_t(kBlockHeads) * kBlockD));
+      auto rows = std::make_shared<std::vector<float>>(random_floats(size_t(nk) * kBlockD));
+      auto rows16 = std::make_shared<std::vector<uint16_t>>(t == DType::F32 ? std::vector<uint16_t>() : as_16bit(*rows, t));
+      const void* k = t == DType::F32 ? static_cast<const void*>(rows->data()) : rows16->data();
+      const size_t row_bytes = size_t(kBlockD) * dtype_size(t);
+      auto out = std::make_shared<std::vector<float>>(size_t(kBlockHeads) * kBlockG);
+      auto run = [=](bool simd) {
+        for (int j = 0; j < nk; j += kBlockG) {
+          const void* kj = static_cast<const char*>(k) + size_t(j) * row_bytes;
+          const int m = std::min(kBlockG, nk - j);
+          if (simd)
+            dense_k_block(q->data(), kBlockHeads, kj, t, 0.125f, m, kBlockD, out->data(), kBlockG);
+          else
+            dense_k_block_ref(q->data(), kBlockHeads, kj, t, 0.125f, m, kBlockD, out->data(), kBlockG);
+        }
+        benchmark::DoNotOptimize(out->data());
+        (void)rows;
+        (void)rows16;
+      };
+      return std::pair<Body, Body>{[=] { run(true); }, [=] { run(false); }};
+    });
+    register_kernel("dense_v_block_" + tn, [t](int n) {
+      const int nk = n / kBlockD;
+      auto p = std::make_shared<std::vector<float>>(random_floats(size_t(kBlockHeads) * kBlockG, 0.f, 1e-3f));
+      auto rows = std::make_shared<std::vector<float>>(random_floats(size_t(nk) * kBlockD));
+      auto rows16 = std::make_shared<std::vector<uint16_t>>(t == DType::F32 ? std::vector<uint16_t>() : as_16bit(*rows, t));
+      const void* v = t == DType::F32 ? static_cast<const void*>(rows->data()) : rows16->data();
+      const size_t row_bytes = size_t(kBlockD) * dtype_size(t);
+      auto acc = std::make_shared<std::vector<float>>(size_t(kBlockHeads) * kBlockD);
+      auto run = [=](bool simd) {
+        for (int j = 0; j < nk; j += kBlockG) {
+          const void* vj = static_cast<const char*>(v) + size_t(j) * row_bytes;
+          const int m = std::min(kBlockG, nk - j);
+          if (simd)
+            dense_v_block(p->data(), kBlockG, kBlockHeads, vj, t, m, kBlockD, acc->data());
+          else
+            dense_v_block_ref(p->data(), kBlockG, kBlockHeads, vj, t, m, kBlockD, acc->data());
+        }
+        (void)rows;
+        (void)rows16;
+      };
+      return std::pair<Body, Body>{[=] { run(true); }, [=] { run(false); }};
+    });
+  }
   register_kernel("max_of", [](int n) {
     auto x = std::make_shared<std::vector<float>>(random_floats(size_t(n), -5, 5));
     return std::pair<Body, Body>{[=] { benchmark::DoNotOptimize(max_of(x->data(), n)); },
