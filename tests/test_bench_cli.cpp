@@ -2,6 +2,7 @@
 // written to a temp dir, loaded, and benchmarked; every JSON field present and consistent.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -129,6 +130,22 @@ TEST(BenchCliTest, JsonHasEveryFieldAndTheyAreConsistent) {
               j["decode_tok_s"].get<double>() / j["decode_floor_tok_s"].get<double>(), 1e-9);
   ASSERT_EQ(j["runs"].size(), 3u);
   for (const auto& run : j["runs"]) EXPECT_GE(run["ttft_ms"].get<double>(), run["prefill_ms"].get<double>());
+  // The floor uses the better of the measurements before and after the runs.
+  EXPECT_EQ(j["bandwidth_gb_s"].get<double>(),
+            std::max(j["bandwidth_before_gb_s"].get<double>(), j["bandwidth_after_gb_s"].get<double>()));
+}
+
+// A bandwidth buffer far larger than the model does not count in peak RSS: the peak is restarted
+// after the first measurement and read before the second.
+TEST(BenchCliTest, PeakRssCountsTheRunNotTheBandwidthBuffer) {
+  test::TempDir dir;
+  ASSERT_EQ(test::run_command(cli("make-model --shape tiny --dtype bf16 " + dir.path.string())).code, 0);
+  auto r = test::run_command(cli("bench " + dir.path.string() +
+                                 " --prompt-tokens 8 --gen-tokens 4 --repeat 1 --threads 1 --bandwidth-mib 768 --json"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_GT(j["bandwidth_after_gb_s"].get<double>(), 0.1);
+  EXPECT_LT(j["peak_rss_mb"].get<double>(), 256.0);
 }
 
 TEST(BenchCliTest, TextReportAndCacheFlags) {

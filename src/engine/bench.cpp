@@ -145,4 +145,11 @@ double peak_rss_mib() {
   return 0;
 }
 
+bool reset_peak_rss() {
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";
+  out.flush();
+  return bool(out);
+}
+
 }  // namespace ptllm

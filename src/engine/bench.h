@@ -56,5 +56,8 @@ Bandwidth measure_bandwidth(ThreadPool& pool, size_t bytes, int trials);
 
 // The process's peak resident set (VmHWM), in MiB; 0 where /proc is unavailable.
 double peak_rss_mib();
+// Restarts the peak at the current resident set (Linux: /proc/self/clear_refs); false where the
+// kernel does not allow it.
+bool reset_peak_rss();
 
 }  // namespace ptllm
