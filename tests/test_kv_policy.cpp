@@ -3,6 +3,7 @@
 // softmax, weighted sum), step after step, while blocks are evicted, quantized and reused.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -83,7 +84,14 @@ struct Harness {
   }
 
   // Appends chunks of random K/V, attends with random queries, compares with the reference.
+  // KIVI: the fused K scores use the query rounded to int8 per head (kernels/quant.h,
+  // kivi_k_block), which the reference (float query, dequantized keys) does not. Here (N(0, 1)
+  // data, D = 64) a channel's query error is up to max|q| / 254 ~ 0.01 times |k - k_mid| ~ 1, a
+  // logit error of ~0.007 (std), which moves an output (a softmax average of N(0, 1) values) by
+  // ~2e-3, most by 0.014 over all these tests; so KIVI is held to 0.03 (a wrong code, scale or
+  // query byte order is off by ~0.1-1).
   void run(KVCache& cache, const std::vector<int>& chunks, ThreadPool& pool, float tol) {
+    if (is_kivi(cfg.precision)) tol = std::max(tol, 0.03f);
     for (int T : chunks) {
       ASSERT_LE(T, cache.max_append());
       const int64_t n_before = cache.n_tokens();
@@ -236,7 +244,8 @@ TEST(KVCachePartsTest, LongContextSplitOverThreadsIsExactAndMatchesReference) {
           ASSERT_EQ(std::memcmp(out1.data(), out2.data(), out1.size() * sizeof(float)), 0) << "T " << T;
           for (int t = 0; t < T; ++t)
             for (size_t x = 0; x < want[size_t(t)].size(); ++x)
-              ASSERT_NEAR(out1[size_t(t) * size_t(h.n_heads) * size_t(h.D) + x], want[size_t(t)][x], 2e-4f)
+              ASSERT_NEAR(out1[size_t(t) * size_t(h.n_heads) * size_t(h.D) + x], want[size_t(t)][x],
+                          is_kivi(p) ? 0.03f : 2e-4f)  // KIVI: the int8 query (Harness::run)
                   << "token " << n_before + t;
         }
       }

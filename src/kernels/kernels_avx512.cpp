@@ -200,11 +200,210 @@ struct Avx512 {
 
 #include "kernels/kernels_impl.h"
 
+// kivi_k_block with AVX-512 VNNI (Ice Lake, Zen 4 and later; picked at run time): the int8 query
+// (quant.h) times the u8 codes, 4 products a 32-bit lane (vpdpbusd). 16 keys at a time, one key
+// a lane: each 16 bytes of a code row (4 dwords) of the 16 keys are transposed so that a register
+// holds one dword of every key; a dword of codes is split by position in the byte (a shift and a
+// mask, no shuffle) into 4 bytes of codes, and multiplied by the 4 query bytes of those channels,
+// broadcast. The query bytes are put in that order once per block (one in-lane byte shuffle per
+// 64 channels). The sums come out one key a lane, so no horizontal reduction. Other head sizes
+// (D % 64 != 0 or D > kVnniMaxD) take the float kernel of kernels_impl.h, which computes the
+// same sums in float32 (exactly).
+#if defined(__clang__)
+#define PTLLM_UNROLL_VNNI _Pragma("unroll")
+#else
+#define PTLLM_UNROLL_VNNI _Pragma("GCC unroll 16")
+#endif
+#define PTLLM_TARGET_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
+
 namespace ptllm {
 namespace {
-constexpr KernelTable kTable = make_table<Avx512>(SimdTarget::AVX512);
+using KA = Kernels<Avx512>;
+
+// The 16 keys' dwords 0..3 of the 16 bytes at offset off of their rows (stride pk): y[m] lane t =
+// dword m of key t.
+PTLLM_TARGET_VNNI inline void vnni_transpose(const uint8_t* p, size_t pk, __m512i* y) {
+  __m512i x[4];
+  for (int g = 0; g < 4; ++g) {  // lane L of x[g]: key g + 4 L
+    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + size_t(g) * pk)));
+    v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + size_t(g + 4) * pk)), 1);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + size_t(g + 8) * pk)), 2);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + size_t(g + 12) * pk)), 3);
+    x[g] = v;
+  }
+  // 4 x 4 transposes within 128-bit lanes: y[m] lane L element e = x[e] lane L dword m (key e + 4 L).
+  const __m512i t0 = _mm512_unpacklo_epi32(x[0], x[1]), t1 = _mm512_unpackhi_epi32(x[0], x[1]);
+  const __m512i t2 = _mm512_unpacklo_epi32(x[2], x[3]), t3 = _mm512_unpackhi_epi32(x[2], x[3]);
+  y[0] = _mm512_unpacklo_epi64(t0, t2);
+  y[1] = _mm512_unpackhi_epi64(t0, t2);
+  y[2] = _mm512_unpacklo_epi64(t1, t3);
+  y[3] = _mm512_unpackhi_epi64(t1, t3);
 }
-const KernelTable* avx512_kernel_table() { return &kTable; }
+
+// One pass of R <= 4 heads; qd [R][D / 4]: the int8 query in dword order (quad k = dword k / KPB of
+// the row, bit position s = k % KPB of its bytes).
+template <int BITS, int R>
+PTLLM_TARGET_VNNI void vnni_k_pass(const int32_t* qd, const float* a, const float* b, const float* qz,
+                                   const uint8_t* codes, int nk, int D, float* out, int ld_out, uint8_t* tail) {
+  constexpr int KPB = 8 / BITS;
+  const size_t pk = size_t(D) * BITS / 8, nq4 = size_t(D) / 4;
+  const __m512i mask = _mm512_set1_epi8(char((1 << BITS) - 1));
+  for (int j0 = 0; j0 < nk; j0 += 16) {
+    const int n = std::min(16, nk - j0);
+    const uint8_t* rows = codes + size_t(j0) * pk;
+    if (n < 16) {  // a short last group: its keys copied, zeros after
+      std::memset(tail, 0, 16 * pk);
+      std::memcpy(tail, rows, size_t(n) * pk);
+      rows = tail;
+    }
+    __m512i acc[R];
+    for (int h = 0; h < R; ++h) acc[h] = _mm512_setzero_si512();
+    for (size_t off = 0; off < pk; off += 16) {
+      __m512i y[4];
+      vnni_transpose(rows + off, pk, y);
+      const int32_t* qk = qd + off / 4 * KPB;
+      PTLLM_UNROLL_VNNI for (int m = 0; m < 4; ++m) PTLLM_UNROLL_VNNI for (int s = 0; s < KPB; ++s) {
+        __m512i c;
+        if constexpr (BITS == 8)
+          c = y[m];
+        else
+          c = _mm512_and_si512(s == 0 ? y[m] : _mm512_srli_epi32(y[m], BITS * s), mask);
+        PTLLM_UNROLL_VNNI for (int h = 0; h < R; ++h)
+          acc[h] = _mm512_dpbusd_epi32(acc[h], c, _mm512_set1_epi32(qk[size_t(h) * nq4 + size_t(m * KPB + s)]));
+      }
+    }
+    const __mmask16 keep = __mmask16((1u << n) - 1u);
+    PTLLM_UNROLL_VNNI for (int h = 0; h < R; ++h) {
+      const __m512 v = _mm512_fmadd_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(acc[h]), _mm512_set1_ps(b[h])),
+                                           _mm512_set1_ps(a[h]), _mm512_set1_ps(qz[h]));
+      _mm512_mask_storeu_ps(out + size_t(h) * size_t(ld_out) + size_t(j0), keep, v);
+    }
+  }
+}
+
+// The maxima of a, b, c, d (as reduce_add4 sums them).
+PTLLM_TARGET_VNNI inline __m128 max4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m512d ab = _mm512_castps_pd(_mm512_max_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b)));
+  const __m512d cd = _mm512_castps_pd(_mm512_max_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d)));
+  const __m512 s = _mm512_max_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(ab, cd)), _mm512_castpd_ps(_mm512_unpackhi_pd(ab, cd)));
+  const __m256 h = _mm256_max_ps(_mm512_castps512_ps256(s), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
+  return _mm_max_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+// The sums of the 32-bit lanes of a, b, c, d.
+PTLLM_TARGET_VNNI inline __m128i sum4_epi32(__m512i a, __m512i b, __m512i c, __m512i d) {
+  const __m512i ab = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+  const __m512i cd = _mm512_add_epi32(_mm512_unpacklo_epi32(c, d), _mm512_unpackhi_epi32(c, d));
+  const __m512i s = _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd));
+  const __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+  return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+// 16 channels x * inv as int8 (cvtps rounds to nearest even).
+PTLLM_TARGET_VNNI inline __m128i vnni_q8(const float* x, __m512 inv) {
+  return _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(x), inv)));
+}
+
+constexpr int kVnniMaxD = 256;  // longer rows: the float kernel
+
+// One pass of R heads: the query quantized as kivi_k_factors and kivi_k_quantize (kernels_impl.h)
+// do it (the same q8, a and qsum; qz summed in another order), R heads at once, then the scores.
+template <int BITS, int R>
+PTLLM_TARGET_VNNI void vnni_k_heads(const float* q, const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
+                                    float qscale, int nk, int D, float* out, int ld_out) {
+  alignas(64) float qf[R][kVnniMaxD];             // q * sd
+  alignas(64) int32_t qd[R * kVnniMaxD / 4];      // q8 in dword order
+  alignas(64) uint8_t tail[16 * kVnniMaxD / 8 * BITS];  // a short group's rows
+  alignas(16) float qz[4], a[4], b[4], inv[4];
+  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  const __m512 qsv = _mm512_set1_ps(qscale), mv = _mm512_set1_ps(KA::kMid<BITS>), floor = _mm512_set1_ps(kMinScale);
+  __m512 m[4], z[4];
+  PTLLM_UNROLL_VNNI for (int h = 0; h < 4; ++h) m[h] = z[h] = _mm512_setzero_ps();
+  for (int i = 0; i < D; i += 16) {
+    const __m512 s = _mm512_max_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scale + i))), floor);
+    const __m512 sd = _mm512_mul_ps(s, qsv);
+    const __m512 zd = _mm512_mul_ps(
+        _mm512_add_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(zero + i))), _mm512_mul_ps(mv, s)),
+        qsv);
+    PTLLM_UNROLL_VNNI for (int h = 0; h < R; ++h) {
+      const __m512 qv = _mm512_loadu_ps(q + size_t(h) * size_t(D) + size_t(i)), x = _mm512_mul_ps(qv, sd);
+      _mm512_store_ps(qf[h] + i, x);
+      m[h] = _mm512_max_ps(m[h], _mm512_and_ps(x, absmask));
+      z[h] = _mm512_fmadd_ps(qv, zd, z[h]);
+    }
+  }
+  Avx512::reduce_add4(z[0], z[1], z[2], z[3], qz);
+  const __m128 amax = max4(m[0], m[1], m[2], m[3]);
+  const __mmask8 some = _mm_cmp_ps_mask(amax, _mm_set1_ps(kMinQueryMax), _CMP_GE_OQ);
+  _mm_store_ps(a, _mm_maskz_div_ps(some, amax, _mm_set1_ps(127.f)));
+  _mm_store_ps(inv, _mm_maskz_div_ps(some, _mm_set1_ps(127.f), amax));
+  // The bytes of 4 KPB channels in dword order: byte 4 s + b <- channel KPB b + s.
+  const __m512i order = BITS == 8   ? _mm512_set_epi64(0x0f0e0d0c0b0a0908, 0x0706050403020100, 0x0f0e0d0c0b0a0908,
+                                                       0x0706050403020100, 0x0f0e0d0c0b0a0908, 0x0706050403020100,
+                                                       0x0f0e0d0c0b0a0908, 0x0706050403020100)
+                        : BITS == 4 ? _mm512_set_epi64(0x0f0d0b090e0c0a08, 0x0705030106040200, 0x0f0d0b090e0c0a08,
+                                                       0x0705030106040200, 0x0f0d0b090e0c0a08, 0x0705030106040200,
+                                                       0x0f0d0b090e0c0a08, 0x0705030106040200)
+                                    : _mm512_set_epi64(0x0f0b07030e0a0602, 0x0d0905010c080400, 0x0f0b07030e0a0602,
+                                                       0x0d0905010c080400, 0x0f0b07030e0a0602, 0x0d0905010c080400,
+                                                       0x0f0b07030e0a0602, 0x0d0905010c080400);
+  const __m512i ones = _mm512_set1_epi8(1);
+  __m512i qsum[4], iv[R];
+  PTLLM_UNROLL_VNNI for (int h = 0; h < 4; ++h) qsum[h] = _mm512_setzero_si512();
+  PTLLM_UNROLL_VNNI for (int h = 0; h < R; ++h) iv[h] = _mm512_castps_si512(_mm512_set1_ps(inv[h]));
+  for (int i = 0; i < D; i += 64) {
+    PTLLM_UNROLL_VNNI for (int h = 0; h < R; ++h) {
+      const float* x = qf[h] + i;
+      const __m512 ih = _mm512_castsi512_ps(iv[h]);
+      __m512i v = _mm512_castsi128_si512(vnni_q8(x, ih));
+      v = _mm512_inserti32x4(v, vnni_q8(x + 16, ih), 1);
+      v = _mm512_inserti32x4(v, vnni_q8(x + 32, ih), 2);
+      v = _mm512_inserti32x4(v, vnni_q8(x + 48, ih), 3);
+      qsum[h] = _mm512_dpbusd_epi32(qsum[h], ones, v);
+      _mm512_store_si512(qd + size_t(h) * size_t(D) / 4 + size_t(i) / 4, BITS == 8 ? v : _mm512_shuffle_epi8(v, order));
+    }
+  }
+  _mm_store_ps(b, _mm_mul_ps(_mm_cvtepi32_ps(sum4_epi32(qsum[0], qsum[1], qsum[2], qsum[3])),
+                             _mm_set1_ps(KA::kMid<BITS>)));
+  vnni_k_pass<BITS, R>(qd, a, b, qz, codes, nk, D, out, ld_out, tail);
+}
+
+template <int BITS>
+PTLLM_TARGET_VNNI void vnni_k_block_b(const float* q, int nq, const uint8_t* codes, const uint16_t* scale,
+                                      const uint16_t* zero, float qscale, int nk, int D, float* out, int ld_out) {
+  for (int h0 = 0; h0 < nq; h0 += 4) {
+    const float* qh = q + size_t(h0) * size_t(D);
+    float* oh = out + size_t(h0) * size_t(ld_out);
+    switch (std::min(4, nq - h0)) {
+      case 4: vnni_k_heads<BITS, 4>(qh, codes, scale, zero, qscale, nk, D, oh, ld_out); break;
+      case 3: vnni_k_heads<BITS, 3>(qh, codes, scale, zero, qscale, nk, D, oh, ld_out); break;
+      case 2: vnni_k_heads<BITS, 2>(qh, codes, scale, zero, qscale, nk, D, oh, ld_out); break;
+      default: vnni_k_heads<BITS, 1>(qh, codes, scale, zero, qscale, nk, D, oh, ld_out); break;
+    }
+  }
+}
+
+PTLLM_TARGET_VNNI void vnni_k_block(const float* q, int nq, const uint8_t* codes, const uint16_t* scale,
+                                    const uint16_t* zero, float qscale, int nk, int D, int bits, float* out,
+                                    int ld_out) {
+  if (D % 64 != 0 || D > kVnniMaxD) return KA::kivi_k_block(q, nq, codes, scale, zero, qscale, nk, D, bits, out, ld_out);
+  switch (bits) {
+    case 8: vnni_k_block_b<8>(q, nq, codes, scale, zero, qscale, nk, D, out, ld_out); break;
+    case 4: vnni_k_block_b<4>(q, nq, codes, scale, zero, qscale, nk, D, out, ld_out); break;
+    default: vnni_k_block_b<2>(q, nq, codes, scale, zero, qscale, nk, D, out, ld_out); break;
+  }
+}
+
+constexpr KernelTable kTable = make_table<Avx512>(SimdTarget::AVX512);
+constexpr KernelTable with_vnni(KernelTable t) {
+  t.kivi_k_block = vnni_k_block;
+  return t;
+}
+constexpr KernelTable kTableVnni = with_vnni(kTable);
+}  // namespace
+const KernelTable* avx512_kernel_table() {
+  static const bool vnni = __builtin_cpu_supports("avx512vnni");
+  return vnni ? &kTableVnni : &kTable;
+}
 }  // namespace ptllm
 
 #else

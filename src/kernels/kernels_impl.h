@@ -184,6 +184,8 @@ struct Kernels {
   static constexpr int KPB = 8 / BITS;
   template <int BITS>
   static constexpr int GCH = N * KPB<BITS>;
+  template <int BITS>  // the middle code, (2^bits - 1) / 2 (kivi_k_block)
+  static constexpr float kMid = float((1 << BITS) - 1) / 2.f;
   template <int BITS>  // groups per unrolled step
   static constexpr int UG = CG / KPB<BITS> > 1 ? CG / KPB<BITS> : 1;
 
@@ -239,17 +241,19 @@ struct Kernels {
     }
   }
 
-  // K, one pass of R <= HR heads: out[h][j] = sum_i qs[h][i] c_j[i] + qz[h], qs [R][D] the query
-  // scaled per channel, its whole groups split. Two keys at a time (2R independent FMA chains), a
-  // key's R sums reduced together.
+  // K, one pass of R <= HR heads: out[h][j] = a[h] (sum_i q8[h][i] c_j[i] - b[h]) + qz[h], q8 [R][D]
+  // the int8 query (quant.h, kivi_k_block) held as floats, its whole groups split. The sums of
+  // integers are exact in float32 (|q8| <= 127, c <= 255: D <= 518), whatever their order. Two
+  // keys at a time (2R independent FMA chains), a key's R sums reduced together.
   template <int BITS, int R>
-  PTLLM_TARGET static void kivi_k_finish(const F* s, const float* qs, const float* qz, const uint8_t* c, int D,
-                                         int full, float* out, int ld_out, int j) {
+  PTLLM_TARGET static void kivi_k_finish(const F* s, const float* qs, const float* a, const float* b,
+                                         const float* qz, const uint8_t* c, int D, int full, float* out, int ld_out,
+                                         int j) {
     float sum[4];
     V::reduce_add4(s[0], R > 1 ? s[1] : V::zero(), R > 2 ? s[2] : V::zero(), R > 3 ? s[3] : V::zero(), sum);
     PTLLM_UNROLL for (int h = 0; h < R; ++h) {
       for (int i = full; i < D; ++i) sum[h] += qs[size_t(h) * size_t(D) + size_t(i)] * float(code_at(c, i, BITS));
-      out[size_t(h) * size_t(ld_out) + size_t(j)] = sum[h] + qz[h];
+      out[size_t(h) * size_t(ld_out) + size_t(j)] = (sum[h] - b[h]) * a[h] + qz[h];
     }
   }
   template <int BITS, int R, int U>  // U groups from channel g0
@@ -269,8 +273,8 @@ struct Kernels {
     }
   }
   template <int BITS, int R>
-  PTLLM_TARGET static void kivi_k_pass(const float* qs, const float* qz, const uint8_t* codes, int nk, int D,
-                                       float* out, int ld_out) {
+  PTLLM_TARGET static void kivi_k_pass(const float* qs, const float* a, const float* b, const float* qz,
+                                       const uint8_t* codes, int nk, int D, float* out, int ld_out) {
     static_assert(R >= 1 && R <= HR && HR == 4);
     constexpr int G = GCH<BITS>, U = UG<BITS>;
     const size_t pk = packed_bytes(D, BITS);
@@ -292,27 +296,24 @@ struct Kernels {
           s1[h] = V::fma(qv, cv1, s1[h]);
         }
       }
-      kivi_k_finish<BITS, R>(s0, qs, qz, c0, D, full, out, ld_out, j);
-      if (j + 1 < nk) kivi_k_finish<BITS, R>(s1, qs, qz, c1, D, full, out, ld_out, j + 1);
+      kivi_k_finish<BITS, R>(s0, qs, a, b, qz, c0, D, full, out, ld_out, j);
+      if (j + 1 < nk) kivi_k_finish<BITS, R>(s1, qs, a, b, qz, c1, D, full, out, ld_out, j + 1);
     }
   }
   // Scales are read as float16 and floored at kMinScale, as the reference dequantizes them.
   PTLLM_TARGET static F load_scale(const uint16_t* p, int n) {
     return V::max(n == N ? V::load_f16(p) : V::load_f16_n(p, n), V::set1(kMinScale));
   }
-  template <int BITS>
-  PTLLM_TARGET static void kivi_k_block_b(const float* q, int nq, const uint8_t* codes, const uint16_t* scale,
-                                          const uint16_t* zero, float qscale, int nk, int D, float* out, int ld_out) {
-    static thread_local Scratch buf;
-    // [D] scale * qscale, [D] zero * qscale, [HR][D] query heads of a pass times the scale.
-    float* sd = buf.get((2 + size_t(HR)) * size_t(D));
-    float* zd = sd + D;
-    float* qs = zd + D;
-    const F qsv = V::set1(qscale);
+  // sd [D] = max(kMinScale, s) * qscale, zd [D] = (z + mid * max(kMinScale, s)) * qscale: the key
+  // at the middle code mid = (2^bits - 1) / 2.
+  PTLLM_TARGET static void kivi_k_factors(const uint16_t* scale, const uint16_t* zero, float qscale, float mid, int D,
+                                          float* sd, float* zd) {
+    const F qsv = V::set1(qscale), mv = V::set1(mid);
     for (int i = 0; i < D; i += N) {
       const int n = std::min(N, D - i);
-      const F sv = V::mul(load_scale(scale + i, n), qsv);
-      const F zv = V::mul(n == N ? V::load_f16(zero + i) : V::load_f16_n(zero + i, n), qsv);
+      const F s = load_scale(scale + i, n);
+      const F sv = V::mul(s, qsv);
+      const F zv = V::mul(V::add(n == N ? V::load_f16(zero + i) : V::load_f16_n(zero + i, n), V::mul(mv, s)), qsv);
       if (n == N) {
         V::store(sd + i, sv);
         V::store(zd + i, zv);
@@ -321,24 +322,65 @@ struct Kernels {
         V::store_n(zd + i, zv, n);
       }
     }
-    float qz[HR];
+  }
+  // One head's query for kivi_k_block (quant.h): q8[i] = round(q[i] sd[i] * (127 / amax)) (as
+  // floats, in channel order), a = amax / 127 with amax = max_i |q[i] sd[i]| (amax below
+  // kMinQueryMax: a = 0 and q8 = 0), qsum = sum_i q8[i] (exact), qz = sum_i q[i] zd[i]. Division,
+  // multiplication and rounding to nearest even are exact operations, so every target and the
+  // twin get the same q8.
+  PTLLM_TARGET static void kivi_k_quantize(const float* qh, const float* sd, const float* zd, int D, float* q8,
+                                           float& a, float& qsum, float& qz) {
+    F z = V::zero(), m = V::zero();
+    int i = 0;
+    for (; i + N <= D; i += N) {
+      const F qv = V::load(qh + i), x = V::mul(qv, V::load(sd + i));
+      V::store(q8 + i, x);
+      m = V::max(m, V::max(x, V::sub(V::zero(), x)));
+      z = V::fma(qv, V::load(zd + i), z);
+    }
+    float amax = V::reduce_max(m);
+    qz = V::reduce_add(z);
+    for (; i < D; ++i) {
+      q8[i] = qh[i] * sd[i];
+      amax = std::max(amax, std::fabs(q8[i]));
+      qz += qh[i] * zd[i];
+    }
+    if (!(amax >= kMinQueryMax)) {
+      a = qsum = 0.f;
+      std::fill(q8, q8 + D, 0.f);
+      return;
+    }
+    a = amax / 127.f;
+    const float inv = 127.f / amax;
+    const F iv = V::set1(inv);
+    F t = V::zero();
+    for (i = 0; i + N <= D; i += N) {
+      const F x = V::round(V::mul(V::load(q8 + i), iv));
+      V::store(q8 + i, x);
+      t = V::add(t, x);
+    }
+    qsum = V::reduce_add(t);
+    for (; i < D; ++i) {
+      q8[i] = std::nearbyint(q8[i] * inv);
+      qsum += q8[i];
+    }
+  }
+  template <int BITS>
+  PTLLM_TARGET static void kivi_k_block_b(const float* q, int nq, const uint8_t* codes, const uint16_t* scale,
+                                          const uint16_t* zero, float qscale, int nk, int D, float* out, int ld_out) {
+    static thread_local Scratch buf;
+    // [D] scale * qscale, [D] zero * qscale, [HR][D] int8 query heads of a pass (as floats).
+    float* sd = buf.get((2 + size_t(HR)) * size_t(D));
+    float* zd = sd + D;
+    float* qs = zd + D;
+    kivi_k_factors(scale, zero, qscale, kMid<BITS>, D, sd, zd);
+    float qz[HR], a[HR], b[HR];
     for (int h0 = 0; h0 < nq; h0 += HR) {
       const int r = std::min(HR, nq - h0);
       for (int h = 0; h < r; ++h) {
-        const float* qh = q + size_t(h0 + h) * size_t(D);
         float* qsh = qs + size_t(h) * size_t(D);
-        F z = V::zero();
-        int i = 0;
-        for (; i + N <= D; i += N) {
-          const F qv = V::load(qh + i);
-          V::store(qsh + i, V::mul(qv, V::load(sd + i)));
-          z = V::fma(qv, V::load(zd + i), z);
-        }
-        qz[h] = V::reduce_add(z);
-        for (; i < D; ++i) {
-          qsh[i] = qh[i] * sd[i];
-          qz[h] += qh[i] * zd[i];
-        }
+        kivi_k_quantize(q + size_t(h0 + h) * size_t(D), sd, zd, D, qsh, a[h], b[h], qz[h]);
+        b[h] *= kMid<BITS>;
         constexpr int K = KPB<BITS>;
         for (int g = 0; g + GCH<BITS> <= D; g += GCH<BITS>) {
           F x[K];
@@ -349,10 +391,10 @@ struct Kernels {
       }
       float* oh = out + size_t(h0) * size_t(ld_out);
       switch (r) {
-        case 4: kivi_k_pass<BITS, 4>(qs, qz, codes, nk, D, oh, ld_out); break;
-        case 3: kivi_k_pass<BITS, 3>(qs, qz, codes, nk, D, oh, ld_out); break;
-        case 2: kivi_k_pass<BITS, 2>(qs, qz, codes, nk, D, oh, ld_out); break;
-        default: kivi_k_pass<BITS, 1>(qs, qz, codes, nk, D, oh, ld_out); break;
+        case 4: kivi_k_pass<BITS, 4>(qs, a, b, qz, codes, nk, D, oh, ld_out); break;
+        case 3: kivi_k_pass<BITS, 3>(qs, a, b, qz, codes, nk, D, oh, ld_out); break;
+        case 2: kivi_k_pass<BITS, 2>(qs, a, b, qz, codes, nk, D, oh, ld_out); break;
+        default: kivi_k_pass<BITS, 1>(qs, a, b, qz, codes, nk, D, oh, ld_out); break;
       }
     }
   }

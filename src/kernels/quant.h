@@ -22,6 +22,10 @@ const QuantRange& quant_range(int bits);
 // as a subnormal (the seed's bug classes 1 and 2: constant channels, f16 underflow).
 constexpr float kMinScale = 0x1p-14f;
 
+// kivi_k_block: a query head whose scaled channels are all below this in magnitude scores 0 on the
+// code term (127 / amax stays finite).
+constexpr float kMinQueryMax = 1e-30f;
+
 inline size_t packed_bytes(int n, int bits) { return (size_t(n) * size_t(bits) + 7) / 8; }
 
 // K group: x [G][D] (row stride x_stride floats) -> codes [G][packed_bytes(D)], scale/zero [D] f16 bits.
@@ -47,8 +51,17 @@ void axpy_codes(float w, const uint8_t* codes, int D, int bits, float* acc);
 // A block of nk tokens for the nq query heads sharing a KV head (GQA): each code row is unpacked
 // once for all of them. codes: [nk][packed_bytes(D)]; scales and zeros as stored (f16 bits), a
 // scale read as max(kMinScale, scale), as dequantization reads it.
-// K, per-channel scale s, zero z [D]: out[h][j] = sum_i q[h][i] * (s[i] * qscale * c_j[i] + z[i] * qscale)
-//   q: [nq][D], out: [nq][ld_out]. The query is scaled once per block, then multiplies the codes.
+// K, per-channel scale s, zero z [D]: out[h][j] ~= sum_i q[h][i] * (s[i] * qscale * c_j[i] + z[i] * qscale)
+//   q: [nq][D], out: [nq][ld_out]. The query is scaled once per block and quantized per head to
+//   int8, so the code term is an integer dot product (AVX-512 VNNI where the CPU has it):
+//   qs[i] = q[h][i] * (s[i] * qscale), amax = max_i |qs[i]|, a = amax / 127,
+//   q8[i] = round(qs[i] * (127 / amax)) (to nearest even; amax < kMinQueryMax: a = 0, q8 = 0),
+//   m = (2^bits - 1) / 2 the middle code,
+//   out[h][j] = a * (sum_i q8[i] * c_j[i] - m * sum_i q8[i]) + sum_i q[h][i] * (z[i] + m * s[i]) * qscale,
+//   i.e. the rounded query multiplies the centered codes c - m only (half the error of c). Every
+//   target and the twin compute exactly these q8 and integer sums (only the float sum of the last
+//   term may round differently); the int8 query adds an error of at most max_i |qs[i]| / 254 per
+//   channel, times |c - m|, to a score.
 void kivi_k_block(const float* q, int nq, const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
                   float qscale, int nk, int D, int bits, float* out, int ld_out);
 // V, per-token scale s, zero z [nk]: acc[h][i] += sum_j p[h][j] * s[j] * c_j[i] and

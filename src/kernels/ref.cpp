@@ -156,18 +156,40 @@ void axpy_codes_ref(float w, const uint8_t* codes, int D, int bits, float* acc) 
   for (int i = 0; i < D; ++i) acc[i] += w * float(code_at(codes, i, bits));
 }
 
+// The int8 query of kivi_k_block (quant.h), the same operations as the SIMD kernels
+// (kernels_impl.h, kivi_k_quantize), so the same q8 and integer sums; only qz's rounding differs.
 void kivi_k_block_ref(const float* q, int nq, const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
                       float qscale, int nk, int D, int bits, float* out, int ld_out) {
   const size_t pk = packed_bytes(D, bits);
-  for (int h = 0; h < nq; ++h)
-    for (int j = 0; j < nk; ++j) {
-      const float* qh = q + size_t(h) * size_t(D);
-      float s = 0.f;
-      for (int i = 0; i < D; ++i)
-        s += qh[i] * (std::max(kMinScale, f16_to_f32(scale[i])) * float(code_at(codes + size_t(j) * pk, i, bits)) +
-                      f16_to_f32(zero[i]));
-      out[size_t(h) * size_t(ld_out) + size_t(j)] = s * qscale;
+  std::vector<float> sd(static_cast<size_t>(D)), zd(static_cast<size_t>(D)), q8(static_cast<size_t>(D));
+  const float mid = float((1 << bits) - 1) / 2.f;
+  for (int i = 0; i < D; ++i) {
+    const float s = std::max(f16_to_f32(scale[i]), kMinScale);
+    sd[size_t(i)] = s * qscale;
+    zd[size_t(i)] = (f16_to_f32(zero[i]) + mid * s) * qscale;
+  }
+  for (int h = 0; h < nq; ++h) {
+    const float* qh = q + size_t(h) * size_t(D);
+    float amax = 0.f, qz = 0.f;
+    for (int i = 0; i < D; ++i) {
+      q8[size_t(i)] = qh[i] * sd[size_t(i)];
+      amax = std::max(amax, std::fabs(q8[size_t(i)]));
+      qz += qh[i] * zd[size_t(i)];
     }
+    const bool some = amax >= kMinQueryMax;
+    const float a = some ? amax / 127.f : 0.f, inv = some ? 127.f / amax : 0.f;
+    int32_t qsum = 0;
+    for (int i = 0; i < D; ++i) {
+      q8[size_t(i)] = some ? std::nearbyint(q8[size_t(i)] * inv) : 0.f;
+      qsum += int32_t(q8[size_t(i)]);
+    }
+    const float b = mid * float(qsum);
+    for (int j = 0; j < nk; ++j) {
+      int32_t s = 0;
+      for (int i = 0; i < D; ++i) s += int32_t(q8[size_t(i)]) * code_at(codes + size_t(j) * pk, i, bits);
+      out[size_t(h) * size_t(ld_out) + size_t(j)] = (float(s) - b) * a + qz;
+    }
+  }
 }
 
 void kivi_v_block_ref(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale,
