@@ -140,20 +140,6 @@ void register_kernels() {
                                    [=] { load_from_ref(x->data(), t, y->data(), n); }};
     });
   }
-  for (int bits : {8, 4, 2}) {
-    register_kernel("dot_codes_int" + std::to_string(bits), [bits](int n) {
-      auto a = std::make_shared<std::vector<float>>(random_floats(size_t(n)));
-      auto c = std::make_shared<std::vector<uint8_t>>(packed_bytes(n, bits), uint8_t(0x5b));
-      return std::pair<Body, Body>{[=] { benchmark::DoNotOptimize(dot_codes(a->data(), c->data(), n, bits)); },
-                                   [=] { benchmark::DoNotOptimize(dot_codes_ref(a->data(), c->data(), n, bits)); }};
-    });
-    register_kernel("axpy_codes_int" + std::to_string(bits), [bits](int n) {
-      auto acc = std::make_shared<std::vector<float>>(random_floats(size_t(n)));
-      auto c = std::make_shared<std::vector<uint8_t>>(packed_bytes(n, bits), uint8_t(0x5b));
-      return std::pair<Body, Body>{[=] { axpy_codes(1e-7f, c->data(), n, bits, acc->data()); },
-                                   [=] { axpy_codes_ref(1e-7f, c->data(), n, bits, acc->data()); }};
-    });
-  }
   // KIVI attention blocks as attention uses them: 4 query heads sharing a KV head, head_dim 64,
   // groups of 32 tokens; n = codes per call (n / 64 tokens).
   for (int bits : {8, 4, 2}) {

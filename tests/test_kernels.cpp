@@ -138,26 +138,6 @@ TEST_P(KernelTest, ConversionsAreBitExact) {
       }
 }
 
-TEST_P(KernelTest, CodeKernelsMatchScalarTwins) {
-  std::uniform_int_distribution<int> byte(0, 255);
-  for (int bits : {8, 4, 2})
-    for (int D : {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 130}) {
-      std::vector<uint8_t> codes(packed_bytes(D, bits));
-      for (auto& c : codes) c = uint8_t(byte(rng_));
-      auto a = random_floats(size_t(D) + 1, rng_);
-      const float* pa = a.data() + 1;
-      double abs_sum = 0;
-      for (int i = 0; i < D; ++i) abs_sum += std::fabs(pa[i]) * code_at(codes.data(), i, bits);
-      EXPECT_NEAR(dot_codes(pa, codes.data(), D, bits), dot_codes_ref(pa, codes.data(), D, bits),
-                  sum_tolerance(abs_sum))
-          << "bits=" << bits << " D=" << D;
-      auto acc = random_floats(size_t(D), rng_), acc_ref = acc;
-      axpy_codes(0.3f, codes.data(), D, bits, acc.data());
-      axpy_codes_ref(0.3f, codes.data(), D, bits, acc_ref.data());
-      for (int i = 0; i < D; ++i) ASSERT_NEAR(acc[size_t(i)], acc_ref[size_t(i)], 1e-5f) << "bits=" << bits << " D=" << D;
-    }
-}
-
 std::vector<uint16_t> f16s(const std::vector<float>& v) {
   std::vector<uint16_t> h(v.size());
   for (size_t i = 0; i < v.size(); ++i) h[i] = f32_to_f16(v[i]);

@@ -2,8 +2,10 @@
 // failure modes (constant channels, float16 scale underflow, codes never reaching attention unscaled).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
+#include <vector>
 
 #include "core/dtype.h"
 #include "kernels/quant.h"
@@ -98,24 +100,51 @@ TEST(QuantTest, TinyScalesDoNotUnderflowInFloat16) {
   for (int d = 0; d < D; ++d) EXPECT_NEAR(y[size_t(d)], x[size_t(d)], 1e-3f);
 }
 
-// The fused kernels equal the dequantize-then-compute twin (bug class 4: codes are always scaled).
-TEST(QuantTest, FusedDotAndAxpyMatchDequantized) {
+// The fused block kernels attention uses equal the dequantize-then-compute twin (bug class 4: codes
+// never reach attention unscaled). K: the scores of a group against its dequantized keys, within the
+// int8 query's rounding (quant.h: at most max|q*s| / 254 * |c - m| a channel); V: exact weights.
+TEST(QuantTest, FusedBlocksMatchDequantized) {
   std::mt19937 rng(5);
   std::normal_distribution<float> nd(0.f, 1.f);
+  constexpr int G = 4;
   for (int bits : {8, 4, 2}) {
     for (int D : {64, 37}) {
-      std::vector<float> v(D), a(D);
+      const size_t pk = packed_bytes(D, bits);
+      std::vector<float> k(size_t(G) * size_t(D)), q(D);
+      for (auto& x : k) x = nd(rng);
+      for (auto& x : q) x = nd(rng);
+      std::vector<uint8_t> kc(size_t(G) * pk);
+      std::vector<uint16_t> ks(D), kz(D);
+      quantize_k_group(k.data(), size_t(D), G, D, bits, kc.data(), ks.data(), kz.data());
+      std::vector<float> kd(size_t(G) * size_t(D)), scores(G);
+      dequantize_k_group(kc.data(), ks.data(), kz.data(), G, D, bits, kd.data());
+      kivi_k_block(q.data(), 1, kc.data(), ks.data(), kz.data(), 1.f, G, D, bits, scores.data(), G);
+      float qs_max = 0;
+      for (int i = 0; i < D; ++i)
+        qs_max = std::max(qs_max, std::fabs(q[size_t(i)] * std::max(kMinScale, f16_to_f32(ks[size_t(i)]))));
+      const float mid = float((1 << bits) - 1) / 2;
+      for (int j = 0; j < G; ++j) {
+        double want = 0, spread = 0;
+        for (int i = 0; i < D; ++i) {
+          want += double(q[size_t(i)]) * kd[size_t(j) * size_t(D) + size_t(i)];
+          spread += std::fabs(float(code_at(kc.data() + size_t(j) * pk, i, bits)) - mid);
+        }
+        EXPECT_NEAR(scores[size_t(j)], want, qs_max / 254 * spread + 1e-3 * (1 + std::fabs(want)))
+            << "bits=" << bits << " D=" << D << " key " << j;
+      }
+
+      std::vector<float> v(D);
       for (auto& x : v) x = nd(rng);
-      for (auto& x : a) x = nd(rng);
-      std::vector<uint8_t> codes(packed_bytes(D, bits));
+      std::vector<uint8_t> vc(pk);
       uint16_t s, z;
-      quantize_v_token(v.data(), D, bits, codes.data(), &s, &z);
-      double want = 0;
-      for (int d = 0; d < D; ++d) want += double(a[size_t(d)]) * code_at(codes.data(), d, bits);
-      EXPECT_NEAR(dot_codes(a.data(), codes.data(), D, bits), want, 1e-3 * (1 + std::fabs(want)));
+      quantize_v_token(v.data(), D, bits, vc.data(), &s, &z);
+      std::vector<float> vd(D);
+      dequantize_v_token(vc.data(), s, z, D, bits, vd.data());
+      const float p = 0.5f;
       std::vector<float> acc(D, 1.f);
-      axpy_codes(0.5f, codes.data(), D, bits, acc.data());
-      for (int d = 0; d < D; ++d) EXPECT_FLOAT_EQ(acc[size_t(d)], 1.f + 0.5f * float(code_at(codes.data(), d, bits)));
+      float zacc = 0.f;
+      kivi_v_block(&p, 1, 1, vc.data(), &s, &z, 1, D, bits, acc.data(), &zacc);
+      for (int d = 0; d < D; ++d) EXPECT_NEAR(acc[size_t(d)] + zacc, 1.f + p * vd[size_t(d)], 1e-5f) << "bits=" << bits;
     }
   }
 }

@@ -142,34 +142,6 @@ struct Kernels {
   PTLLM_TARGET static void from_bf16(const void* src, float* dst, int n) { from_t<LdBF16>(src, dst, n); }
   PTLLM_TARGET static void from_f16(const void* src, float* dst, int n) { from_t<LdF16>(src, dst, n); }
 
-  // ---- KIVI codes (kernels/quant.h): sum a[i] c[i] and acc[i] += w c[i] ---------------------------
-
-  PTLLM_TARGET static F load_codes(const uint8_t* codes, int i, int bits) {
-    switch (bits) {
-      case 8: return V::load_u8(codes + i);
-      case 4: return V::load_u4(codes + i / 2);
-      default: return V::load_u2(codes + i / 4);
-    }
-  }
-  PTLLM_TARGET static float dot_codes(const float* a, const uint8_t* codes, int D, int bits) {
-    F s0 = V::zero(), s1 = V::zero();
-    int i = 0;
-    for (; i + 2 * N <= D; i += 2 * N) {
-      s0 = V::fma(V::load(a + i), load_codes(codes, i, bits), s0);
-      s1 = V::fma(V::load(a + i + N), load_codes(codes, i + N, bits), s1);
-    }
-    for (; i + N <= D; i += N) s0 = V::fma(V::load(a + i), load_codes(codes, i, bits), s0);
-    float sum = V::reduce_add(V::add(s0, s1));
-    for (; i < D; ++i) sum += a[i] * float(code_at(codes, i, bits));
-    return sum;
-  }
-  PTLLM_TARGET static void axpy_codes(float w, const uint8_t* codes, int D, int bits, float* acc) {
-    const F wv = V::set1(w);
-    int i = 0;
-    for (; i + N <= D; i += N) V::store(acc + i, V::fma(wv, load_codes(codes, i, bits), V::load(acc + i)));
-    for (; i < D; ++i) acc[i] += w * float(code_at(codes, i, bits));
-  }
-
   // ---- KIVI blocks: nk code rows for the nq query heads sharing a KV head (GQA) -----------------
   // Each code is unpacked and converted once and used by every head; passes of up to HR heads keep
   // their accumulators in registers (more heads: another pass).
@@ -1036,7 +1008,7 @@ constexpr KernelTable make_table(SimdTarget target) {
   using K = Kernels<V>;
   return KernelTable{target,          K::dot,         K::dot_bf16,    K::dot_f16,     K::axpy,
                      K::axpy_bf16,    K::axpy_f16,    K::to_bf16,     K::to_f16,      K::from_bf16,
-                     K::from_f16,     K::dot_codes,   K::axpy_codes,  K::kivi_k_block,
+                     K::from_f16,     K::kivi_k_block,
                      K::kivi_v_block, K::dense_k_block, K::dense_v_block, K::kivi_k_dequant,
                      K::max_of,      K::exp_sum,     K::rmsnorm,
                      K::silu_mul,

@@ -73,14 +73,6 @@ void weight_row(const WeightMatrix& w, int r, float* out) {
             w.cols);
 }
 
-float dot_codes(const float* a, const uint8_t* codes, int D, int bits) {
-  return active_kernels().dot_codes(a, codes, D, bits);
-}
-
-void axpy_codes(float w, const uint8_t* codes, int D, int bits, float* acc) {
-  active_kernels().axpy_codes(w, codes, D, bits, acc);
-}
-
 void kivi_k_block(const float* q, int nq, const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
                   float qscale, int nk, int D, int bits, float* out, int ld_out) {
   active_kernels().kivi_k_block(q, nq, codes, scale, zero, qscale, nk, D, bits, out, ld_out);

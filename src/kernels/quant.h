@@ -44,10 +44,6 @@ inline int code_at(const uint8_t* codes, int i, int bits) {
 }
 
 // Fused attention pieces (never a dequantized copy):
-// sum_i a[i] * c[i] over a packed code row of length D.
-float dot_codes(const float* a, const uint8_t* codes, int D, int bits);
-// acc[i] += w * c[i]
-void axpy_codes(float w, const uint8_t* codes, int D, int bits, float* acc);
 // A block of nk tokens for the nq query heads sharing a KV head (GQA): each code row is unpacked
 // once for all of them. codes: [nk][packed_bytes(D)]; scales and zeros as stored (f16 bits), a
 // scale read as max(kMinScale, scale), as dequantization reads it.
@@ -74,8 +70,6 @@ void kivi_v_block(const float* p, int ld_p, int nq, const uint8_t* codes, const 
 void kivi_k_dequant(const uint8_t* codes, const uint16_t* scale, const uint16_t* zero, int nk, int D, int bits,
                     float* out);
 // Scalar reference twins (the SIMD versions dispatch through kernels/simd.h).
-float dot_codes_ref(const float* a, const uint8_t* codes, int D, int bits);
-void axpy_codes_ref(float w, const uint8_t* codes, int D, int bits, float* acc);
 void kivi_k_block_ref(const float* q, int nq, const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
                       float qscale, int nk, int D, int bits, float* out, int ld_out);
 void kivi_v_block_ref(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale,

@@ -146,16 +146,6 @@ void rope_rotate_ref(float* x, int n_heads, int head_dim, const float* cos, cons
   }
 }
 
-float dot_codes_ref(const float* a, const uint8_t* codes, int D, int bits) {
-  float s = 0.f;
-  for (int i = 0; i < D; ++i) s += a[i] * float(code_at(codes, i, bits));
-  return s;
-}
-
-void axpy_codes_ref(float w, const uint8_t* codes, int D, int bits, float* acc) {
-  for (int i = 0; i < D; ++i) acc[i] += w * float(code_at(codes, i, bits));
-}
-
 // The int8 query of kivi_k_block (quant.h), the same operations as the SIMD kernels
 // (kernels_impl.h, kivi_k_quantize), so the same q8 and integer sums; only qz's rounding differs.
 void kivi_k_block_ref(const float* q, int nq, const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,

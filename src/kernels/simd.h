@@ -28,8 +28,6 @@ struct KernelTable {
   void (*to_f16)(const float* src, void* dst, int n);
   void (*from_bf16)(const void* src, float* dst, int n);
   void (*from_f16)(const void* src, float* dst, int n);
-  float (*dot_codes)(const float* a, const uint8_t* codes, int D, int bits);
-  void (*axpy_codes)(float w, const uint8_t* codes, int D, int bits, float* acc);
   // A KIVI block for the query heads sharing a KV head (kernels/quant.h).
   void (*kivi_k_block)(const float* q, int nq, const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
                        float qscale, int nk, int D, int bits, float* out, int ld_out);
