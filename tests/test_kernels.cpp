@@ -257,6 +257,51 @@ TEST_P(KernelTest, DenseBlockKernelsMatchScalarTwins) {
         }
 }
 
+// Asking for the next block's lines (kv/kv_cache.cpp passes its rows as `next`) is only a hint: every
+// block kernel gives bit for bit what it gives without it.
+TEST_P(KernelTest, BlockKernelsGiveTheSameWithNextBlockPrefetch) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (int D : {17, 64, 130})
+    for (int nq : {4, 11})
+      for (int nk : {5, 32}) {
+        SCOPED_TRACE(::testing::Message() << "D=" << D << " nq=" << nq << " nk=" << nk);
+        const int ld = nk + 3;
+        auto q = random_floats(size_t(nq) * size_t(D), rng_);
+        auto p = random_floats(size_t(nq) * size_t(ld), rng_, 0.f, 1.f);
+        for (int bits : {8, 4, 2}) {
+          const size_t pk = packed_bytes(D, bits);
+          std::vector<uint8_t> codes(pk * size_t(nk)), next(codes.size());
+          for (auto& c : codes) c = uint8_t(byte(rng_));
+          auto ks = f16s(random_floats(size_t(D), rng_, 0.01f, 0.2f)), kz = f16s(random_floats(size_t(D), rng_));
+          auto vs = f16s(random_floats(size_t(nk), rng_, 0.01f, 0.2f)), vz = f16s(random_floats(size_t(nk), rng_));
+          std::vector<float> out(size_t(nq) * size_t(ld)), out_pf = out;
+          kivi_k_block(q.data(), nq, codes.data(), ks.data(), kz.data(), 0.125f, nk, D, bits, out.data(), ld);
+          kivi_k_block(q.data(), nq, codes.data(), ks.data(), kz.data(), 0.125f, nk, D, bits, out_pf.data(), ld,
+                       next.data());
+          ASSERT_EQ(out, out_pf) << "bits=" << bits;
+          auto acc = random_floats(size_t(nq) * size_t(D), rng_), acc_pf = acc;
+          std::vector<float> zacc(size_t(nq), 0.f), zacc_pf = zacc;
+          kivi_v_block(p.data(), ld, nq, codes.data(), vs.data(), vz.data(), nk, D, bits, acc.data(), zacc.data());
+          kivi_v_block(p.data(), ld, nq, codes.data(), vs.data(), vz.data(), nk, D, bits, acc_pf.data(),
+                       zacc_pf.data(), next.data());
+          ASSERT_EQ(acc, acc_pf) << "bits=" << bits;
+          ASSERT_EQ(zacc, zacc_pf) << "bits=" << bits;
+        }
+        for (DType t : {DType::F32, DType::BF16, DType::F16}) {
+          auto buf = stored(random_floats(size_t(nk) * size_t(D), rng_, -2.f, 2.f), t, 0);
+          auto next = buf;
+          std::vector<float> out(size_t(nq) * size_t(ld)), out_pf = out;
+          dense_k_block(q.data(), nq, buf.data(), t, 0.125f, nk, D, out.data(), ld);
+          dense_k_block(q.data(), nq, buf.data(), t, 0.125f, nk, D, out_pf.data(), ld, next.data());
+          ASSERT_EQ(out, out_pf) << dtype_name(t);
+          auto acc = random_floats(size_t(nq) * size_t(D), rng_), acc_pf = acc;
+          dense_v_block(p.data(), ld, nq, buf.data(), t, nk, D, acc.data());
+          dense_v_block(p.data(), ld, nq, buf.data(), t, nk, D, acc_pf.data(), next.data());
+          ASSERT_EQ(acc, acc_pf) << dtype_name(t);
+        }
+      }
+}
+
 // A KIVI K group back to float32 (attention at cache positions) against dequantize_k_group.
 TEST_P(KernelTest, KiviKDequantMatchesScalarTwin) {
   std::uniform_int_distribution<int> byte(0, 255);

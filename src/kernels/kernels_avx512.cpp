@@ -244,12 +244,14 @@ PTLLM_TARGET_VNNI inline void vnni_transpose(const uint8_t* p, size_t pk, __m512
 // the row, bit position s = k % KPB of its bytes).
 template <int BITS, int R>
 PTLLM_TARGET_VNNI void vnni_k_pass(const int32_t* qd, const float* a, const float* b, const float* qz,
-                                   const uint8_t* codes, int nk, int D, float* out, int ld_out, uint8_t* tail) {
+                                   const uint8_t* codes, int nk, int D, float* out, int ld_out, uint8_t* tail,
+                                   const void* next) {
   constexpr int KPB = 8 / BITS;
   const size_t pk = size_t(D) * BITS / 8, nq4 = size_t(D) / 4;
   const __m512i mask = _mm512_set1_epi8(char((1 << BITS) - 1));
   for (int j0 = 0; j0 < nk; j0 += 16) {
     const int n = std::min(16, nk - j0);
+    KA::prefetch_lines(next, size_t(j0) * pk, size_t(j0 + n) * pk);
     const uint8_t* rows = codes + size_t(j0) * pk;
     if (n < 16) {  // a short last group: its keys copied, zeros after
       std::memset(tail, 0, 16 * pk);
@@ -309,7 +311,7 @@ constexpr int kVnniMaxD = 256;  // longer rows: the float kernel
 // do it (the same q8, a and qsum; qz summed in another order), R heads at once, then the scores.
 template <int BITS, int R>
 PTLLM_TARGET_VNNI void vnni_k_heads(const float* q, const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
-                                    float qscale, int nk, int D, float* out, int ld_out) {
+                                    float qscale, int nk, int D, float* out, int ld_out, const void* next) {
   alignas(64) float qf[R][kVnniMaxD];             // q * sd
   alignas(64) int32_t qd[R * kVnniMaxD / 4];      // q8 in dword order
   alignas(64) uint8_t tail[16 * kVnniMaxD / 8 * BITS];  // a short group's rows
@@ -364,32 +366,35 @@ PTLLM_TARGET_VNNI void vnni_k_heads(const float* q, const uint8_t* codes, const 
   }
   _mm_store_ps(b, _mm_mul_ps(_mm_cvtepi32_ps(sum4_epi32(qsum[0], qsum[1], qsum[2], qsum[3])),
                              _mm_set1_ps(KA::kMid<BITS>)));
-  vnni_k_pass<BITS, R>(qd, a, b, qz, codes, nk, D, out, ld_out, tail);
+  vnni_k_pass<BITS, R>(qd, a, b, qz, codes, nk, D, out, ld_out, tail, next);
 }
 
 template <int BITS>
 PTLLM_TARGET_VNNI void vnni_k_block_b(const float* q, int nq, const uint8_t* codes, const uint16_t* scale,
-                                      const uint16_t* zero, float qscale, int nk, int D, float* out, int ld_out) {
+                                      const uint16_t* zero, float qscale, int nk, int D, float* out, int ld_out,
+                                      const void* next) {
   for (int h0 = 0; h0 < nq; h0 += 4) {
     const float* qh = q + size_t(h0) * size_t(D);
     float* oh = out + size_t(h0) * size_t(ld_out);
+    const void* nx = h0 == 0 ? next : nullptr;  // the first pass reads every row
     switch (std::min(4, nq - h0)) {
-      case 4: vnni_k_heads<BITS, 4>(qh, codes, scale, zero, qscale, nk, D, oh, ld_out); break;
-      case 3: vnni_k_heads<BITS, 3>(qh, codes, scale, zero, qscale, nk, D, oh, ld_out); break;
-      case 2: vnni_k_heads<BITS, 2>(qh, codes, scale, zero, qscale, nk, D, oh, ld_out); break;
-      default: vnni_k_heads<BITS, 1>(qh, codes, scale, zero, qscale, nk, D, oh, ld_out); break;
+      case 4: vnni_k_heads<BITS, 4>(qh, codes, scale, zero, qscale, nk, D, oh, ld_out, nx); break;
+      case 3: vnni_k_heads<BITS, 3>(qh, codes, scale, zero, qscale, nk, D, oh, ld_out, nx); break;
+      case 2: vnni_k_heads<BITS, 2>(qh, codes, scale, zero, qscale, nk, D, oh, ld_out, nx); break;
+      default: vnni_k_heads<BITS, 1>(qh, codes, scale, zero, qscale, nk, D, oh, ld_out, nx); break;
     }
   }
 }
 
 PTLLM_TARGET_VNNI void vnni_k_block(const float* q, int nq, const uint8_t* codes, const uint16_t* scale,
                                     const uint16_t* zero, float qscale, int nk, int D, int bits, float* out,
-                                    int ld_out) {
-  if (D % 64 != 0 || D > kVnniMaxD) return KA::kivi_k_block(q, nq, codes, scale, zero, qscale, nk, D, bits, out, ld_out);
+                                    int ld_out, const void* next) {
+  if (D % 64 != 0 || D > kVnniMaxD)
+    return KA::kivi_k_block(q, nq, codes, scale, zero, qscale, nk, D, bits, out, ld_out, next);
   switch (bits) {
-    case 8: vnni_k_block_b<8>(q, nq, codes, scale, zero, qscale, nk, D, out, ld_out); break;
-    case 4: vnni_k_block_b<4>(q, nq, codes, scale, zero, qscale, nk, D, out, ld_out); break;
-    default: vnni_k_block_b<2>(q, nq, codes, scale, zero, qscale, nk, D, out, ld_out); break;
+    case 8: vnni_k_block_b<8>(q, nq, codes, scale, zero, qscale, nk, D, out, ld_out, next); break;
+    case 4: vnni_k_block_b<4>(q, nq, codes, scale, zero, qscale, nk, D, out, ld_out, next); break;
+    default: vnni_k_block_b<2>(q, nq, codes, scale, zero, qscale, nk, D, out, ld_out, next); break;
   }
 }
 

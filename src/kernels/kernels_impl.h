@@ -66,18 +66,30 @@ struct Kernels {
   static constexpr int KC = 256;          // depth of one packed tile
   static constexpr int MC = MR * 32;      // rows of x whose panels stay in L2
 
+  // Asks for the cache lines of `next` (the rows the attention reads after these, laid out the same;
+  // null: none) that start within bytes [lo, hi): called for each stretch of rows as it is read, it
+  // asks for every line once, a few at a time (kv/kv_cache.cpp says why).
+  PTLLM_TARGET static void prefetch_lines(const void* next, size_t lo, size_t hi) {
+    if (!next) return;
+    const char* p = static_cast<const char*>(next);
+    for (size_t o = (lo + 63) / 64 * 64; o < hi; o += 64) __builtin_prefetch(p + o);
+  }
+
   // Loaders of a stored row (F32, BF16, F16) by element index.
   struct LdF32 {
+    static constexpr size_t kBytes = 4;
     PTLLM_TARGET static F load(const void* p, size_t i) { return V::load(static_cast<const float*>(p) + i); }
     PTLLM_TARGET static F load_n(const void* p, size_t i, int n) { return V::load_n(static_cast<const float*>(p) + i, n); }
   };
   struct LdBF16 {
+    static constexpr size_t kBytes = 2;
     PTLLM_TARGET static F load(const void* p, size_t i) { return V::load_bf16(static_cast<const char*>(p) + 2 * i); }
     PTLLM_TARGET static F load_n(const void* p, size_t i, int n) {
       return V::load_bf16_n(static_cast<const char*>(p) + 2 * i, n);
     }
   };
   struct LdF16 {
+    static constexpr size_t kBytes = 2;
     PTLLM_TARGET static F load(const void* p, size_t i) { return V::load_f16(static_cast<const char*>(p) + 2 * i); }
     PTLLM_TARGET static F load_n(const void* p, size_t i, int n) {
       return V::load_f16_n(static_cast<const char*>(p) + 2 * i, n);
@@ -246,12 +258,13 @@ struct Kernels {
   }
   template <int BITS, int R>
   PTLLM_TARGET static void kivi_k_pass(const float* qs, const float* a, const float* b, const float* qz,
-                                       const uint8_t* codes, int nk, int D, float* out, int ld_out) {
+                                       const uint8_t* codes, int nk, int D, float* out, int ld_out, const void* next) {
     static_assert(R >= 1 && R <= HR && HR == 4);
     constexpr int G = GCH<BITS>, U = UG<BITS>;
     const size_t pk = packed_bytes(D, BITS);
     const int full_u = D / (U * G) * (U * G), full_g = D / G * G, full = D / N * N;
     for (int j = 0; j < nk; j += 2) {
+      prefetch_lines(next, size_t(j) * pk, size_t(std::min(j + 2, nk)) * pk);
       // An odd last key is paired with itself; only its first result is kept.
       const uint8_t* c0 = codes + size_t(j) * pk;
       const uint8_t* c1 = j + 1 < nk ? c0 + pk : c0;
@@ -339,7 +352,8 @@ struct Kernels {
   }
   template <int BITS>
   PTLLM_TARGET static void kivi_k_block_b(const float* q, int nq, const uint8_t* codes, const uint16_t* scale,
-                                          const uint16_t* zero, float qscale, int nk, int D, float* out, int ld_out) {
+                                          const uint16_t* zero, float qscale, int nk, int D, float* out, int ld_out,
+                                          const void* next) {
     static thread_local Scratch buf;
     // [D] scale * qscale, [D] zero * qscale, [HR][D] int8 query heads of a pass (as floats).
     float* sd = buf.get((2 + size_t(HR)) * size_t(D));
@@ -362,21 +376,22 @@ struct Kernels {
         }
       }
       float* oh = out + size_t(h0) * size_t(ld_out);
+      const void* nx = h0 == 0 ? next : nullptr;  // the first pass reads every row
       switch (r) {
-        case 4: kivi_k_pass<BITS, 4>(qs, a, b, qz, codes, nk, D, oh, ld_out); break;
-        case 3: kivi_k_pass<BITS, 3>(qs, a, b, qz, codes, nk, D, oh, ld_out); break;
-        case 2: kivi_k_pass<BITS, 2>(qs, a, b, qz, codes, nk, D, oh, ld_out); break;
-        default: kivi_k_pass<BITS, 1>(qs, a, b, qz, codes, nk, D, oh, ld_out); break;
+        case 4: kivi_k_pass<BITS, 4>(qs, a, b, qz, codes, nk, D, oh, ld_out, nx); break;
+        case 3: kivi_k_pass<BITS, 3>(qs, a, b, qz, codes, nk, D, oh, ld_out, nx); break;
+        case 2: kivi_k_pass<BITS, 2>(qs, a, b, qz, codes, nk, D, oh, ld_out, nx); break;
+        default: kivi_k_pass<BITS, 1>(qs, a, b, qz, codes, nk, D, oh, ld_out, nx); break;
       }
     }
   }
   PTLLM_TARGET static void kivi_k_block(const float* q, int nq, const uint8_t* codes, const uint16_t* scale,
                                         const uint16_t* zero, float qscale, int nk, int D, int bits, float* out,
-                                        int ld_out) {
+                                        int ld_out, const void* next) {
     switch (bits) {
-      case 8: kivi_k_block_b<8>(q, nq, codes, scale, zero, qscale, nk, D, out, ld_out); break;
-      case 4: kivi_k_block_b<4>(q, nq, codes, scale, zero, qscale, nk, D, out, ld_out); break;
-      default: kivi_k_block_b<2>(q, nq, codes, scale, zero, qscale, nk, D, out, ld_out); break;
+      case 8: kivi_k_block_b<8>(q, nq, codes, scale, zero, qscale, nk, D, out, ld_out, next); break;
+      case 4: kivi_k_block_b<4>(q, nq, codes, scale, zero, qscale, nk, D, out, ld_out, next); break;
+      default: kivi_k_block_b<2>(q, nq, codes, scale, zero, qscale, nk, D, out, ld_out, next); break;
     }
   }
 
@@ -384,7 +399,7 @@ struct Kernels {
   // acc[h][i] += sum_j p[h][j] s_j c_j[i].
   template <int BITS, int R, int U>
   PTLLM_TARGET static void kivi_v_groups(const float* p, int ld_p, const uint8_t* codes, size_t pk,
-                                         const float* scale, int nk, int D, int g0, float* acc) {
+                                         const float* scale, int nk, int D, int g0, float* acc, const void* next) {
     constexpr int K = KPB<BITS>;
     F s[R][U][K];
     PTLLM_UNROLL for (int h = 0; h < R; ++h) PTLLM_UNROLL for (int u = 0; u < U; ++u) {
@@ -393,6 +408,7 @@ struct Kernels {
       split<BITS>(s[h][u]);
     }
     for (int j = 0; j < nk; ++j) {
+      prefetch_lines(next, size_t(j) * pk, size_t(j + 1) * pk);
       const uint8_t* cj = codes + size_t(j) * pk;
       F w[R];
       PTLLM_UNROLL for (int h = 0; h < R; ++h) w[h] = V::set1(p[size_t(h) * size_t(ld_p) + size_t(j)] * scale[j]);
@@ -424,13 +440,16 @@ struct Kernels {
   }
   template <int BITS, int R>
   PTLLM_TARGET static void kivi_v_pass(const float* p, int ld_p, const uint8_t* codes, const float* scale,
-                                       const float* zero, int nk, int D, float* acc, float* zacc) {
+                                       const float* zero, int nk, int D, float* acc, float* zacc, const void* next) {
     constexpr int G = GCH<BITS>, U = UG<BITS>;
     const size_t pk = packed_bytes(D, BITS);
     const int full_u = D / (U * G) * (U * G), full_g = D / G * G, full = D / N * N;
     int i = 0;
-    for (; i < full_u; i += U * G) kivi_v_groups<BITS, R, U>(p, ld_p, codes, pk, scale, nk, D, i, acc);
-    for (; i < full_g; i += G) kivi_v_groups<BITS, R, 1>(p, ld_p, codes, pk, scale, nk, D, i, acc);
+    // The first group pass asks for the next block's rows.
+    for (; i < full_u; i += U * G)
+      kivi_v_groups<BITS, R, U>(p, ld_p, codes, pk, scale, nk, D, i, acc, i == 0 ? next : nullptr);
+    for (; i < full_g; i += G)
+      kivi_v_groups<BITS, R, 1>(p, ld_p, codes, pk, scale, nk, D, i, acc, i == 0 ? next : nullptr);
     for (; i < full; i += N) kivi_v_chunk<BITS, R>(p, ld_p, codes, pk, scale, nk, D, i, acc);
     for (int h = 0; h < R; ++h) {
       const float* ph = p + size_t(h) * size_t(ld_p);
@@ -450,7 +469,8 @@ struct Kernels {
   }
   template <int BITS>
   PTLLM_TARGET static void kivi_v_block_b(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale,
-                                          const uint16_t* zero, int nk, int D, float* acc, float* zacc) {
+                                          const uint16_t* zero, int nk, int D, float* acc, float* zacc,
+                                          const void* next) {
     static thread_local Scratch buf;
     float* sf = buf.get(2 * size_t(nk));  // [nk] scales, [nk] zeros as float32
     float* zf = sf + nk;
@@ -468,20 +488,22 @@ struct Kernels {
     for (int h0 = 0; h0 < nq; h0 += HR) {
       const float* ph = p + size_t(h0) * size_t(ld_p);
       float* ah = acc + size_t(h0) * size_t(D);
+      const void* nx = h0 == 0 ? next : nullptr;
       switch (std::min(HR, nq - h0)) {
-        case 4: kivi_v_pass<BITS, 4>(ph, ld_p, codes, sf, zf, nk, D, ah, zacc + h0); break;
-        case 3: kivi_v_pass<BITS, 3>(ph, ld_p, codes, sf, zf, nk, D, ah, zacc + h0); break;
-        case 2: kivi_v_pass<BITS, 2>(ph, ld_p, codes, sf, zf, nk, D, ah, zacc + h0); break;
-        default: kivi_v_pass<BITS, 1>(ph, ld_p, codes, sf, zf, nk, D, ah, zacc + h0); break;
+        case 4: kivi_v_pass<BITS, 4>(ph, ld_p, codes, sf, zf, nk, D, ah, zacc + h0, nx); break;
+        case 3: kivi_v_pass<BITS, 3>(ph, ld_p, codes, sf, zf, nk, D, ah, zacc + h0, nx); break;
+        case 2: kivi_v_pass<BITS, 2>(ph, ld_p, codes, sf, zf, nk, D, ah, zacc + h0, nx); break;
+        default: kivi_v_pass<BITS, 1>(ph, ld_p, codes, sf, zf, nk, D, ah, zacc + h0, nx); break;
       }
     }
   }
   PTLLM_TARGET static void kivi_v_block(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale,
-                                        const uint16_t* zero, int nk, int D, int bits, float* acc, float* zacc) {
+                                        const uint16_t* zero, int nk, int D, int bits, float* acc, float* zacc,
+                                        const void* next) {
     switch (bits) {
-      case 8: kivi_v_block_b<8>(p, ld_p, nq, codes, scale, zero, nk, D, acc, zacc); break;
-      case 4: kivi_v_block_b<4>(p, ld_p, nq, codes, scale, zero, nk, D, acc, zacc); break;
-      default: kivi_v_block_b<2>(p, ld_p, nq, codes, scale, zero, nk, D, acc, zacc); break;
+      case 8: kivi_v_block_b<8>(p, ld_p, nq, codes, scale, zero, nk, D, acc, zacc, next); break;
+      case 4: kivi_v_block_b<4>(p, ld_p, nq, codes, scale, zero, nk, D, acc, zacc, next); break;
+      default: kivi_v_block_b<2>(p, ld_p, nq, codes, scale, zero, nk, D, acc, zacc, next); break;
     }
   }
 
@@ -491,11 +513,12 @@ struct Kernels {
   // K: out[h][j] = qscale * sum_i q[h][i] k_j[i]. Two keys at a time (2R independent FMA chains).
   template <class Ld, int R>
   PTLLM_TARGET static void dense_k_pass(const float* q, const void* k, float qscale, int nk, int D, float* out,
-                                        int ld_out) {
+                                        int ld_out, const void* next) {
     const int full = D / N * N;
     for (int j = 0; j < nk; j += 2) {
       // An odd last key is paired with itself; only its first result is kept.
       const size_t r0 = size_t(j) * size_t(D), r1 = j + 1 < nk ? r0 + size_t(D) : r0;
+      prefetch_lines(next, r0 * Ld::kBytes, size_t(std::min(j + 2, nk)) * size_t(D) * Ld::kBytes);
       F s0[R], s1[R];
       PTLLM_UNROLL for (int h = 0; h < R; ++h) s0[h] = s1[h] = V::zero();
       int i = 0;
@@ -527,24 +550,25 @@ struct Kernels {
   }
   template <class Ld>
   PTLLM_TARGET static void dense_k_block_t(const float* q, int nq, const void* k, float qscale, int nk, int D,
-                                           float* out, int ld_out) {
+                                           float* out, int ld_out, const void* next) {
     for (int h0 = 0; h0 < nq; h0 += HR) {
       const float* qh = q + size_t(h0) * size_t(D);
       float* oh = out + size_t(h0) * size_t(ld_out);
+      const void* nx = h0 == 0 ? next : nullptr;  // the first pass reads every row
       switch (std::min(HR, nq - h0)) {
-        case 4: dense_k_pass<Ld, 4>(qh, k, qscale, nk, D, oh, ld_out); break;
-        case 3: dense_k_pass<Ld, 3>(qh, k, qscale, nk, D, oh, ld_out); break;
-        case 2: dense_k_pass<Ld, 2>(qh, k, qscale, nk, D, oh, ld_out); break;
-        default: dense_k_pass<Ld, 1>(qh, k, qscale, nk, D, oh, ld_out); break;
+        case 4: dense_k_pass<Ld, 4>(qh, k, qscale, nk, D, oh, ld_out, nx); break;
+        case 3: dense_k_pass<Ld, 3>(qh, k, qscale, nk, D, oh, ld_out, nx); break;
+        case 2: dense_k_pass<Ld, 2>(qh, k, qscale, nk, D, oh, ld_out, nx); break;
+        default: dense_k_pass<Ld, 1>(qh, k, qscale, nk, D, oh, ld_out, nx); break;
       }
     }
   }
   PTLLM_TARGET static void dense_k_block(const float* q, int nq, const void* k, DType t, float qscale, int nk, int D,
-                                         float* out, int ld_out) {
+                                         float* out, int ld_out, const void* next) {
     switch (t) {
-      case DType::BF16: dense_k_block_t<LdBF16>(q, nq, k, qscale, nk, D, out, ld_out); break;
-      case DType::F16: dense_k_block_t<LdF16>(q, nq, k, qscale, nk, D, out, ld_out); break;
-      default: dense_k_block_t<LdF32>(q, nq, k, qscale, nk, D, out, ld_out); break;
+      case DType::BF16: dense_k_block_t<LdBF16>(q, nq, k, qscale, nk, D, out, ld_out, next); break;
+      case DType::F16: dense_k_block_t<LdF16>(q, nq, k, qscale, nk, D, out, ld_out, next); break;
+      default: dense_k_block_t<LdF32>(q, nq, k, qscale, nk, D, out, ld_out, next); break;
     }
   }
 
@@ -552,14 +576,16 @@ struct Kernels {
   // n < N wide) held in registers for R heads while the rows pass.
   template <class Ld, int R, int U>
   PTLLM_TARGET static void dense_v_chunks(const float* p, int ld_p, const void* v, int nk, int D, int i0, int n_last,
-                                          float* acc) {
+                                          float* acc, const void* next) {
     F s[R][U];
     PTLLM_UNROLL for (int h = 0; h < R; ++h) PTLLM_UNROLL for (int u = 0; u < U; ++u) {
       const float* a = acc + size_t(h) * size_t(D) + size_t(i0 + u * N);
       s[h][u] = u == U - 1 && n_last < N ? V::load_n(a, n_last) : V::load(a);
     }
+    const size_t width = size_t((U - 1) * N + n_last);
     for (int j = 0; j < nk; ++j) {
       const size_t row = size_t(j) * size_t(D) + size_t(i0);
+      prefetch_lines(next, row * Ld::kBytes, (row + width) * Ld::kBytes);
       F w[R];
       PTLLM_UNROLL for (int h = 0; h < R; ++h) w[h] = V::set1(p[size_t(h) * size_t(ld_p) + size_t(j)]);
       PTLLM_UNROLL for (int u = 0; u < U; ++u) {
@@ -577,32 +603,35 @@ struct Kernels {
     }
   }
   template <class Ld, int R>
-  PTLLM_TARGET static void dense_v_pass(const float* p, int ld_p, const void* v, int nk, int D, float* acc) {
+  PTLLM_TARGET static void dense_v_pass(const float* p, int ld_p, const void* v, int nk, int D, float* acc,
+                                        const void* next) {
     constexpr int U = CG;
     int i = 0;
-    for (; i + U * N <= D; i += U * N) dense_v_chunks<Ld, R, U>(p, ld_p, v, nk, D, i, N, acc);
-    for (; i + N <= D; i += N) dense_v_chunks<Ld, R, 1>(p, ld_p, v, nk, D, i, N, acc);
-    if (i < D) dense_v_chunks<Ld, R, 1>(p, ld_p, v, nk, D, i, D - i, acc);
+    for (; i + U * N <= D; i += U * N) dense_v_chunks<Ld, R, U>(p, ld_p, v, nk, D, i, N, acc, next);
+    for (; i + N <= D; i += N) dense_v_chunks<Ld, R, 1>(p, ld_p, v, nk, D, i, N, acc, next);
+    if (i < D) dense_v_chunks<Ld, R, 1>(p, ld_p, v, nk, D, i, D - i, acc, next);
   }
   template <class Ld>
-  PTLLM_TARGET static void dense_v_block_t(const float* p, int ld_p, int nq, const void* v, int nk, int D, float* acc) {
+  PTLLM_TARGET static void dense_v_block_t(const float* p, int ld_p, int nq, const void* v, int nk, int D, float* acc,
+                                           const void* next) {
     for (int h0 = 0; h0 < nq; h0 += HR) {
       const float* ph = p + size_t(h0) * size_t(ld_p);
       float* ah = acc + size_t(h0) * size_t(D);
+      const void* nx = h0 == 0 ? next : nullptr;  // the first pass reads every row
       switch (std::min(HR, nq - h0)) {
-        case 4: dense_v_pass<Ld, 4>(ph, ld_p, v, nk, D, ah); break;
-        case 3: dense_v_pass<Ld, 3>(ph, ld_p, v, nk, D, ah); break;
-        case 2: dense_v_pass<Ld, 2>(ph, ld_p, v, nk, D, ah); break;
-        default: dense_v_pass<Ld, 1>(ph, ld_p, v, nk, D, ah); break;
+        case 4: dense_v_pass<Ld, 4>(ph, ld_p, v, nk, D, ah, nx); break;
+        case 3: dense_v_pass<Ld, 3>(ph, ld_p, v, nk, D, ah, nx); break;
+        case 2: dense_v_pass<Ld, 2>(ph, ld_p, v, nk, D, ah, nx); break;
+        default: dense_v_pass<Ld, 1>(ph, ld_p, v, nk, D, ah, nx); break;
       }
     }
   }
   PTLLM_TARGET static void dense_v_block(const float* p, int ld_p, int nq, const void* v, DType t, int nk, int D,
-                                         float* acc) {
+                                         float* acc, const void* next) {
     switch (t) {
-      case DType::BF16: dense_v_block_t<LdBF16>(p, ld_p, nq, v, nk, D, acc); break;
-      case DType::F16: dense_v_block_t<LdF16>(p, ld_p, nq, v, nk, D, acc); break;
-      default: dense_v_block_t<LdF32>(p, ld_p, nq, v, nk, D, acc); break;
+      case DType::BF16: dense_v_block_t<LdBF16>(p, ld_p, nq, v, nk, D, acc, next); break;
+      case DType::F16: dense_v_block_t<LdF16>(p, ld_p, nq, v, nk, D, acc, next); break;
+      default: dense_v_block_t<LdF32>(p, ld_p, nq, v, nk, D, acc, next); break;
     }
   }
 

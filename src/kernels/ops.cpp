@@ -40,14 +40,15 @@ void axpy_stored(float a, const void* x, DType t, float* y, int n) {
 }
 
 void dense_k_block(const float* q, int nq, const void* k, DType t, float qscale, int nk, int D, float* out,
-                   int ld_out) {
+                   int ld_out, const void* next) {
   PTLLM_CHECK(t == DType::F32 || t == DType::BF16 || t == DType::F16);
-  active_kernels().dense_k_block(q, nq, k, t, qscale, nk, D, out, ld_out);
+  active_kernels().dense_k_block(q, nq, k, t, qscale, nk, D, out, ld_out, next);
 }
 
-void dense_v_block(const float* p, int ld_p, int nq, const void* v, DType t, int nk, int D, float* acc) {
+void dense_v_block(const float* p, int ld_p, int nq, const void* v, DType t, int nk, int D, float* acc,
+                   const void* next) {
   PTLLM_CHECK(t == DType::F32 || t == DType::BF16 || t == DType::F16);
-  active_kernels().dense_v_block(p, ld_p, nq, v, t, nk, D, acc);
+  active_kernels().dense_v_block(p, ld_p, nq, v, t, nk, D, acc, next);
 }
 
 void store_as(const float* src, void* dst, DType t, int n) {
@@ -74,13 +75,13 @@ void weight_row(const WeightMatrix& w, int r, float* out) {
 }
 
 void kivi_k_block(const float* q, int nq, const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
-                  float qscale, int nk, int D, int bits, float* out, int ld_out) {
-  active_kernels().kivi_k_block(q, nq, codes, scale, zero, qscale, nk, D, bits, out, ld_out);
+                  float qscale, int nk, int D, int bits, float* out, int ld_out, const void* next) {
+  active_kernels().kivi_k_block(q, nq, codes, scale, zero, qscale, nk, D, bits, out, ld_out, next);
 }
 
 void kivi_v_block(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
-                  int nk, int D, int bits, float* acc, float* zacc) {
-  active_kernels().kivi_v_block(p, ld_p, nq, codes, scale, zero, nk, D, bits, acc, zacc);
+                  int nk, int D, int bits, float* acc, float* zacc, const void* next) {
+  active_kernels().kivi_v_block(p, ld_p, nq, codes, scale, zero, nk, D, bits, acc, zacc, next);
 }
 
 void kivi_k_dequant(const uint8_t* codes, const uint16_t* scale, const uint16_t* zero, int nk, int D, int bits,

@@ -40,10 +40,13 @@ void axpy_stored(float a, const void* x, DType t, float* y, int n);
 // A block of nk rows stored as t (F32, BF16, F16), k/v [nk][D], for the nq query heads sharing a KV
 // head (GQA): each row is converted once and used by all of them.
 // K: out[h][j] = qscale * sum_i q[h][i] * k_j[i]       q: [nq][D], out: [nq][ld_out]
+// next (optional): the rows attention reads after these, laid out the same; their cache lines are
+// asked for (prefetched) a few at a time while these rows are read. It changes no result.
 void dense_k_block(const float* q, int nq, const void* k, DType t, float qscale, int nk, int D, float* out,
-                   int ld_out);
+                   int ld_out, const void* next = nullptr);
 // V: acc[h][i] += sum_j p[h][j] * v_j[i]                p: [nq][ld_p], acc: [nq][D]
-void dense_v_block(const float* p, int ld_p, int nq, const void* v, DType t, int nk, int D, float* acc);
+void dense_v_block(const float* p, int ld_p, int nq, const void* v, DType t, int nk, int D, float* acc,
+                   const void* next = nullptr);
 // dst (stored as t) = src
 void store_as(const float* src, void* dst, DType t, int n);
 void load_from(const void* src, DType t, float* dst, int n);

@@ -58,13 +58,15 @@ inline int code_at(const uint8_t* codes, int i, int bits) {
 //   target and the twin compute exactly these q8 and integer sums (only the float sum of the last
 //   term may round differently); the int8 query adds an error of at most max_i |qs[i]| / 254 per
 //   channel, times |c - m|, to a score.
+// next (optional, here and in kivi_v_block): the codes attention reads after these, laid out the same,
+// prefetched a few lines at a time while these are read (as dense_k_block, ops.h).
 void kivi_k_block(const float* q, int nq, const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
-                  float qscale, int nk, int D, int bits, float* out, int ld_out);
+                  float qscale, int nk, int D, int bits, float* out, int ld_out, const void* next = nullptr);
 // V, per-token scale s, zero z [nk]: acc[h][i] += sum_j p[h][j] * s[j] * c_j[i] and
 // zacc[h] += sum_j p[h][j] * z[j] (the zero-point term, the same for every channel).
 //   p: [nq][ld_p], acc: [nq][D], zacc: [nq].
 void kivi_v_block(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
-                  int nk, int D, int bits, float* acc, float* zacc);
+                  int nk, int D, int bits, float* acc, float* zacc, const void* next = nullptr);
 // A K group dequantized to float32, out [nk][D] (attention at cache positions rotates keys, so it
 // needs them as floats); its scalar twin is dequantize_k_group.
 void kivi_k_dequant(const uint8_t* codes, const uint16_t* scale, const uint16_t* zero, int nk, int D, int bits,

@@ -29,14 +29,16 @@ struct KernelTable {
   void (*from_bf16)(const void* src, float* dst, int n);
   void (*from_f16)(const void* src, float* dst, int n);
   // A KIVI block for the query heads sharing a KV head (kernels/quant.h).
+  // `next`: the same rows of the block read next, asked for while these are read (may be null).
   void (*kivi_k_block)(const float* q, int nq, const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
-                       float qscale, int nk, int D, int bits, float* out, int ld_out);
+                       float qscale, int nk, int D, int bits, float* out, int ld_out, const void* next);
   void (*kivi_v_block)(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale,
-                       const uint16_t* zero, int nk, int D, int bits, float* acc, float* zacc);
+                       const uint16_t* zero, int nk, int D, int bits, float* acc, float* zacc, const void* next);
   // A dense block (rows stored as F32/BF16/F16) for the query heads sharing a KV head (ops.h).
   void (*dense_k_block)(const float* q, int nq, const void* k, DType t, float qscale, int nk, int D, float* out,
-                        int ld_out);
-  void (*dense_v_block)(const float* p, int ld_p, int nq, const void* v, DType t, int nk, int D, float* acc);
+                        int ld_out, const void* next);
+  void (*dense_v_block)(const float* p, int ld_p, int nq, const void* v, DType t, int nk, int D, float* acc,
+                        const void* next);
   void (*kivi_k_dequant)(const uint8_t* codes, const uint16_t* scale, const uint16_t* zero, int nk, int D, int bits,
                          float* out);
   float (*max_of)(const float* x, int n);

@@ -439,8 +439,15 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
     // R(delta0 - j) q . k_j = R(delta0) q . R(j) k_j (RoPE depends only on the difference), so the
     // block's keys (as float32, in kr) are rotated by j once for every head and each query once per
     // block, instead of each query once per key.
+    //
+    // Prefetch: a head's K (or V) in a block is a few KB, one page or less, and blocks are not
+    // adjacent, so the hardware prefetchers (which follow a stream within a page) would start each
+    // block cold and attention over a cache larger than the last-level cache would wait on memory.
+    // While the keys of this block are scored (and their values summed), the kernels ask for the same
+    // rows of K (and V) of the next block, a few lines per row read: a steady trickle one block ahead
+    // (asking for a whole block at once fills the core's miss buffers and stalls it).
     auto block = [&](const uint8_t* blk, bool quantized, int i0, int i1, const int* a, const int* b,
-                     const int64_t* delta0) {
+                     const int64_t* delta0, const Entry* next) {
       const int lo = *std::min_element(a + i0, a + i1), hi = *std::max_element(b + i0, b + i1);
       const uint8_t *kb = nullptr, *vb = nullptr, *kc = nullptr, *vc = nullptr;
       const uint16_t *ks = nullptr, *kz = nullptr, *vs = nullptr, *vz = nullptr;
@@ -473,6 +480,20 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
                             qb + (size_t(i) * size_t(group) + size_t(r)) * size_t(D));
         }
       }
+      // The next block's K and V rows of head g (null: nothing to ask for), with the lines of its
+      // scales asked for here (a few; the rows go a few lines at a time inside the kernels).
+      const uint8_t *nk = nullptr, *nv = nullptr;
+      if (next && next->quantized) {
+        const uint8_t* nb = quant_pool_.data(next->id);
+        nk = nb + size_t(g) * size_t(B) * pk;
+        nv = nb + (size_t(H) + size_t(g)) * size_t(B) * pk;
+        const uint8_t* scales = nb + 2 * size_t(H) * size_t(B) * pk;
+        for (size_t o = 0; o < size_t(H) * (2 * size_t(D) + 2 * size_t(B)) * sizeof(uint16_t); o += 64)
+          __builtin_prefetch(scales + o);
+      } else if (next) {
+        nk = dense_pool_.data(next->id) + size_t(g) * size_t(B) * size_t(D) * elem;
+        nv = nk + dense_half;
+      }
       // Queries [j0, j1), all seeing slots [a0, b0): K scores (quantized: q.k_j = (q * s) . c_j + q . z
       // with per-channel (s, z), the softmax scale folded in), the online softmax, then V (quantized:
       // sum p_j v_j = sum (p_j s_j) c_j + (sum p_j z_j) 1 with per-token (s_j, z_j)).
@@ -483,15 +504,19 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
         if (rotate)
           dense_k_block(qq, nq, kr + size_t(a0) * size_t(D), DType::F32, scale, n, D, sc + a0, B);
         else if (quantized)
-          kivi_k_block(qq, nq, kc + size_t(a0) * pk, ks, kz, scale, n, D, bits_, sc + a0, B);
+          kivi_k_block(qq, nq, kc + size_t(a0) * pk, ks, kz, scale, n, D, bits_, sc + a0, B,
+                       nk ? nk + size_t(a0) * pk : nullptr);
         else
-          dense_k_block(qq, nq, kb + size_t(a0) * size_t(D) * elem, dense_, scale, n, D, sc + a0, B);
+          dense_k_block(qq, nq, kb + size_t(a0) * size_t(D) * elem, dense_, scale, n, D, sc + a0, B,
+                        nk ? nk + size_t(a0) * size_t(D) * elem : nullptr);
         for (int r = 0; r < nq; ++r) st.add_scores(h0 + r, D, sc + size_t(r) * size_t(B) + size_t(a0), n);
         float* acc = st.acc + size_t(h0) * size_t(D);
         if (quantized)
-          kivi_v_block(sc + a0, B, nq, vc + size_t(a0) * pk, vs + a0, vz + a0, n, D, bits_, acc, st.z + h0);
+          kivi_v_block(sc + a0, B, nq, vc + size_t(a0) * pk, vs + a0, vz + a0, n, D, bits_, acc, st.z + h0,
+                       nv ? nv + size_t(a0) * pk : nullptr);
         else
-          dense_v_block(sc + a0, B, nq, vb + size_t(a0) * size_t(D) * elem, dense_, n, D, acc);
+          dense_v_block(sc + a0, B, nq, vb + size_t(a0) * size_t(D) * elem, dense_, n, D, acc,
+                        nv ? nv + size_t(a0) * size_t(D) * elem : nullptr);
       };
       bool same = true;
       for (int i = i0; i < i1; ++i) same = same && a[i] == a[i0] && b[i] == b[i0];
@@ -532,7 +557,7 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
           delta0[i] = q_slot[i] - s0;
         }
         int i0, i1;
-        if (active(i0, i1)) block(dense_pool_.data(L.sinks[size_t(s0 / B)]), false, i0, i1, a, b, delta0);
+        if (active(i0, i1)) block(dense_pool_.data(L.sinks[size_t(s0 / B)]), false, i0, i1, a, b, delta0, nullptr);
       }
       return;
     }
@@ -557,7 +582,8 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
       int i0, i1;
       if (!active(i0, i1)) continue;
       const Entry& en = L.stream[e];
-      block(en.quantized ? quant_pool_.data(en.id) : dense_pool_.data(en.id), en.quantized, i0, i1, a, b, delta0);
+      block(en.quantized ? quant_pool_.data(en.id) : dense_pool_.data(en.id), en.quantized, i0, i1, a, b, delta0,
+            e + 1 < L.stream.size() ? &L.stream[e + 1] : nullptr);
     }
   };
   // Query t0 + i's heads of KV head g, from the state of the tile.
