@@ -398,16 +398,122 @@ PTLLM_TARGET_VNNI void vnni_k_block(const float* q, int nq, const uint8_t* codes
   }
 }
 
+// kivi_v_block for int4 with AVX-512 BF16 (Zen 4, Sapphire Rapids and later; picked at run time):
+// two keys a 32-bit lane, multiplied and summed in one instruction (vdpbf16ps) instead of a float
+// FMA per key. Each weight p[h][j] s_j is rounded to bf16 (relative error at most 2^-8, as
+// kivi_v_block in quant.h allows); a code c of 0..15 enters as the bf16 number 128 + c (high byte
+// 0x43, low byte c: exact, and made by interleaving code bytes with 0x43, no conversion), so the sums
+// are sum_j w_j (128 + c_j) and 128 sum_j w_j is taken off at the end, computed from the same
+// rounded weights (the float32 sums of products exact in bf16 lose about 2^-24 of 128 sum w).
+// Codes of keys j and j+1 are put side by side by bytes (x_j | x_{j+1} << 8 on 16-bit lanes), split
+// into low and high nibbles (channels 2i and 2i+1) and spread over 32-bit lanes by an in-lane byte
+// interleave; the resulting channel order is undone once per block. Other widths and head sizes take
+// the float kernel.
+#define PTLLM_TARGET_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")))
+constexpr int kBf16Keys = 64;  // keys whose weights are rounded at once
+
+// acc[0..63] of one head += the 4 accumulators a (internal order, see bf16_v_heads) - off.
+PTLLM_TARGET_BF16 inline void bf16_v_store(const __m512* a, float off, float* acc) {
+  // a[0] lane 4L + m holds channel 16L + 2m, a[1] 16L + 8 + 2m, a[2] 16L + 2m + 1, a[3] 16L + 9 + 2m.
+  const __m512 t0 = _mm512_unpacklo_ps(a[0], a[2]), t1 = _mm512_unpackhi_ps(a[0], a[2]);  // 16L + 0..3, 4..7
+  const __m512 t2 = _mm512_unpacklo_ps(a[1], a[3]), t3 = _mm512_unpackhi_ps(a[1], a[3]);  // 16L + 8..11, 12..15
+  // 4 x 4 transpose of 128-bit lanes: out k = (t0, t1, t2, t3) lane k.
+  const __m512 u0 = _mm512_shuffle_f32x4(t0, t1, 0x44), u1 = _mm512_shuffle_f32x4(t0, t1, 0xEE);
+  const __m512 u2 = _mm512_shuffle_f32x4(t2, t3, 0x44), u3 = _mm512_shuffle_f32x4(t2, t3, 0xEE);
+  const __m512 o[4] = {_mm512_shuffle_f32x4(u0, u2, 0x88), _mm512_shuffle_f32x4(u0, u2, 0xDD),
+                       _mm512_shuffle_f32x4(u1, u3, 0x88), _mm512_shuffle_f32x4(u1, u3, 0xDD)};
+  const __m512 ov = _mm512_set1_ps(off);
+  for (int k = 0; k < 4; ++k)
+    _mm512_storeu_ps(acc + 16 * k, _mm512_add_ps(_mm512_loadu_ps(acc + 16 * k), _mm512_sub_ps(o[k], ov)));
+}
+
+// R <= 4 heads, keys [0, nk <= kBf16Keys) of codes (row stride pk), weights wb [R][kBf16Keys] as bf16
+// (zero past nk), channels [c0, c0 + 64).
+template <int R>
+PTLLM_TARGET_BF16 void bf16_v_pass(const uint16_t* wb, const uint8_t* codes, size_t pk, int nk, int c0,
+                                   const float* wsum, int D, float* acc, const void* next) {
+  __m512 a[R][4];
+  for (int h = 0; h < R; ++h)
+    for (int k = 0; k < 4; ++k) a[h][k] = _mm512_setzero_ps();
+  const __m512i lo4 = _mm512_set1_epi16(0x0F0F), hb = _mm512_set1_epi8(0x43);
+  for (int j = 0; j < nk; j += 2) {
+    if (c0 == 0) KA::prefetch_lines(next, size_t(j) * pk, size_t(std::min(j + 2, nk)) * pk);
+    const uint8_t* r0 = codes + size_t(j) * pk + size_t(c0) / 2;
+    const uint8_t* r1 = j + 1 < nk ? r0 + pk : r0;  // an odd last key pairs with itself at weight 0
+    const __m512i w0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0)));
+    const __m512i w1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1)));
+    const __m512i x = _mm512_or_si512(w0, _mm512_slli_epi16(w1, 8));  // 16-bit lane i: bytes i of keys j, j+1
+    const __m512i el = _mm512_and_si512(x, lo4), od = _mm512_and_si512(_mm512_srli_epi16(x, 4), lo4);
+    const __m512bh b[4] = {(__m512bh)_mm512_unpacklo_epi8(el, hb), (__m512bh)_mm512_unpackhi_epi8(el, hb),
+                           (__m512bh)_mm512_unpacklo_epi8(od, hb), (__m512bh)_mm512_unpackhi_epi8(od, hb)};
+    for (int h = 0; h < R; ++h) {
+      uint32_t pair;
+      std::memcpy(&pair, wb + size_t(h) * kBf16Keys + size_t(j), sizeof pair);
+      const __m512bh wv = (__m512bh)_mm512_set1_epi32(int(pair));
+      for (int k = 0; k < 4; ++k) a[h][k] = _mm512_dpbf16_ps(a[h][k], b[k], wv);
+    }
+  }
+  for (int h = 0; h < R; ++h) bf16_v_store(a[h], 128.f * wsum[h], acc + size_t(h) * size_t(D) + size_t(c0));
+}
+
+PTLLM_TARGET_BF16 void bf16_v_block(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale,
+                                    const uint16_t* zero, int nk, int D, int bits, float* acc, float* zacc,
+                                    const void* next) {
+  if (bits != 4 || D % 64 != 0) return KA::kivi_v_block(p, ld_p, nq, codes, scale, zero, nk, D, bits, acc, zacc, next);
+  const size_t pk = size_t(D) / 2;
+  alignas(64) uint16_t wb[4][kBf16Keys];
+  const __m512 floor = _mm512_set1_ps(kMinScale);
+  for (int j0 = 0; j0 < nk; j0 += kBf16Keys) {
+    const int n = std::min(kBf16Keys, nk - j0);
+    for (int h0 = 0; h0 < nq; h0 += 4) {
+      const int r = std::min(4, nq - h0);
+      float wsum[4];
+      for (int h = 0; h < r; ++h) {
+        const float* ph = p + size_t(h0 + h) * size_t(ld_p) + size_t(j0);
+        __m512 ws = _mm512_setzero_ps(), zs = _mm512_setzero_ps();
+        for (int j = 0; j < kBf16Keys; j += 16) {
+          const __mmask16 m = j < n ? __mmask16(n - j >= 16 ? 0xFFFF : (1u << (n - j)) - 1u) : __mmask16(0);
+          const __m512 pv = _mm512_maskz_loadu_ps(m, ph + j);
+          const __m512 sv = _mm512_max_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, scale + j0 + j)), floor);
+          const __m512 zv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, zero + j0 + j));
+          zs = _mm512_fmadd_ps(pv, zv, zs);
+          const __m256i w = (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(pv, sv));
+          _mm256_store_si256(reinterpret_cast<__m256i*>(&wb[h][j]), w);
+          ws = _mm512_add_ps(ws, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(w), 16)));
+        }
+        wsum[h] = _mm512_reduce_add_ps(ws);
+        zacc[h0 + h] += _mm512_reduce_add_ps(zs);
+      }
+      const uint8_t* c = codes + size_t(j0) * pk;
+      const void* nx = next && h0 == 0 ? static_cast<const uint8_t*>(next) + size_t(j0) * pk : nullptr;
+      float* ah = acc + size_t(h0) * size_t(D);
+      for (int c0 = 0; c0 < D; c0 += 64) {
+        switch (r) {
+          case 4: bf16_v_pass<4>(&wb[0][0], c, pk, n, c0, wsum, D, ah, nx); break;
+          case 3: bf16_v_pass<3>(&wb[0][0], c, pk, n, c0, wsum, D, ah, nx); break;
+          case 2: bf16_v_pass<2>(&wb[0][0], c, pk, n, c0, wsum, D, ah, nx); break;
+          default: bf16_v_pass<1>(&wb[0][0], c, pk, n, c0, wsum, D, ah, nx); break;
+        }
+      }
+    }
+  }
+}
+
 constexpr KernelTable kTable = make_table<Avx512>(SimdTarget::AVX512);
 constexpr KernelTable with_vnni(KernelTable t) {
   t.kivi_k_block = vnni_k_block;
   return t;
 }
 constexpr KernelTable kTableVnni = with_vnni(kTable);
+constexpr KernelTable with_bf16(KernelTable t) {
+  t.kivi_v_block = bf16_v_block;
+  return t;
+}
+constexpr KernelTable kTableVnniBf16 = with_bf16(kTableVnni);
 }  // namespace
 const KernelTable* avx512_kernel_table() {
-  static const bool vnni = __builtin_cpu_supports("avx512vnni");
-  return vnni ? &kTableVnni : &kTable;
+  static const bool vnni = __builtin_cpu_supports("avx512vnni"), bf16 = __builtin_cpu_supports("avx512bf16");
+  return vnni ? (bf16 ? &kTableVnniBf16 : &kTableVnni) : &kTable;
 }
 }  // namespace ptllm
 

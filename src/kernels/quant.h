@@ -65,6 +65,8 @@ void kivi_k_block(const float* q, int nq, const uint8_t* codes, const uint16_t* 
 // V, per-token scale s, zero z [nk]: acc[h][i] += sum_j p[h][j] * s[j] * c_j[i] and
 // zacc[h] += sum_j p[h][j] * z[j] (the zero-point term, the same for every channel).
 //   p: [nq][ld_p], acc: [nq][D], zacc: [nq].
+// A target may round each weight p[h][j] * s[j] to bf16 (relative error at most 2^-8; AVX-512 BF16
+// does for int4: two keys per multiply-add), far below the code's own rounding (s / 2).
 void kivi_v_block(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
                   int nk, int D, int bits, float* acc, float* zacc, const void* next = nullptr);
 // A K group dequantized to float32, out [nk][D] (attention at cache positions rotates keys, so it
