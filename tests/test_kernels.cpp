@@ -196,17 +196,24 @@ TEST_P(KernelTest, KiviBlockKernelsMatchScalarTwins) {
             double zsum = 1;
             for (int j = 0; j < nk; ++j) zsum += p[size_t(h) * size_t(ld) + size_t(j)] * std::fabs(f16_to_f32(vz[size_t(j)]));
             ASSERT_NEAR(zacc[size_t(h)], zacc_ref[size_t(h)], sum_tolerance(zsum));
-            // The weights may be rounded to bf16 (quant.h): at most 2^-8 of each term, and the float
-            // sums of the BF16 kernel (codes entered as 128 + c) round at the scale of 128 sum_j w_j.
-            double w_sum = 0;
-            for (int j = 0; j < nk; ++j)
-              w_sum += p[size_t(h) * size_t(ld) + size_t(j)] * std::max(kMinScale, f16_to_f32(vs[size_t(j)]));
+            // The weights w may be rounded (quant.h): to bf16, at most 2^-8 of each term, the float
+            // sums of that kernel (codes entered as 128 + c) rounding at the scale of 128 sum_j w_j;
+            // or to 16-bit integers, at most max_j w_j / 65534 a weight.
+            double w_sum = 0, w_max = 0;
+            for (int j = 0; j < nk; ++j) {
+              const double w = p[size_t(h) * size_t(ld) + size_t(j)] * std::max(kMinScale, f16_to_f32(vs[size_t(j)]));
+              w_sum += w;
+              w_max = std::max(w_max, w);
+            }
             for (int i = 0; i < D; ++i) {
-              double abs_sum = 0;
-              for (int j = 0; j < nk; ++j)
+              double abs_sum = 0, codes = 0;
+              for (int j = 0; j < nk; ++j) {
                 abs_sum += p[size_t(h) * size_t(ld) + size_t(j)] * std::max(kMinScale, f16_to_f32(vs[size_t(j)])) * code(j, i);
+                codes += code(j, i);
+              }
               const size_t o = size_t(h) * size_t(D) + size_t(i);
-              ASSERT_NEAR(acc[o], acc_ref[o], sum_tolerance(abs_sum + 1) + 0x1p-8 * abs_sum + 0x1p-14 * w_sum);
+              ASSERT_NEAR(acc[o], acc_ref[o],
+                          sum_tolerance(abs_sum + 1) + 0x1p-8 * abs_sum + 0x1p-14 * w_sum + w_max / 65534 * codes);
             }
           }
         }

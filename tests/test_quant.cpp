@@ -145,11 +145,12 @@ TEST(QuantTest, FusedBlocksMatchDequantized) {
       std::vector<float> acc(D, 1.f);
       float zacc = 0.f;
       kivi_v_block(&p, 1, 1, vc.data(), &s, &z, 1, D, bits, acc.data(), &zacc);
-      // The weight p s may be rounded to bf16 (quant.h): 2^-8 of each term, 2^-14 of p s for the sums.
+      // The weight w = p s may be rounded (quant.h): to bf16 (2^-8 of each term, 2^-14 of w for the
+      // sums) or to 16 bits on its own scale (w / 65534).
       const double w = p * std::max(kMinScale, f16_to_f32(s));
       for (int d = 0; d < D; ++d)
         EXPECT_NEAR(acc[size_t(d)] + zacc, 1.f + p * vd[size_t(d)],
-                    1e-5 + 0x1p-8 * w * code_at(vc.data(), d, bits) + 0x1p-14 * w)
+                    1e-5 + (0x1p-8 + 1.0 / 65534) * w * code_at(vc.data(), d, bits) + 0x1p-14 * w)
             << "bits=" << bits;
     }
   }

@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <limits>
 
 // GCC 12 reports the _mm512_undefined_* placeholders inside its own intrinsics as uninitialized
 // (GCC PR 105593), once per use.
@@ -409,7 +410,8 @@ PTLLM_TARGET_VNNI void vnni_k_block(const float* q, int nq, const uint8_t* codes
 // into low and high nibbles (channels 2i and 2i+1) and spread over 32-bit lanes by an in-lane byte
 // interleave; the resulting channel order is undone once per block. Other widths and head sizes take
 // the float kernel.
-#define PTLLM_TARGET_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")))
+#define PTLLM_TARGET_BF16 \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,avx2,fma,f16c")))
 constexpr int kBf16Keys = 64;  // keys whose weights are rounded at once
 
 // acc[0..63] of one head += the 4 accumulators a (internal order, see bf16_v_heads) - off.
@@ -456,9 +458,107 @@ PTLLM_TARGET_BF16 void bf16_v_pass(const uint16_t* wb, const uint8_t* codes, siz
   for (int h = 0; h < R; ++h) bf16_v_store(a[h], 128.f * wsum[h], acc + size_t(h) * size_t(D) + size_t(c0));
 }
 
+// kivi_v_block for int8 with AVX-512 VNNI: two keys a 32-bit lane as well (vpdpwssd: 16-bit x 16-bit
+// products summed exactly in int32). The weights w = p[h][j] s_j of a call are rounded to 16-bit
+// integers on the scale of the largest, max_j w_j / 32767 (absolute error at most max_j w_j / 65534 a
+// weight, as quant.h allows); codes enter as 16-bit words (zero-extended bytes), the two keys' words
+// interleaved in-lane, the channel order undone once per block.
+template <int R>
+PTLLM_TARGET_VNNI void w16_v_pass(const int16_t* wq, const uint8_t* codes, size_t pk, int nk, int c0,
+                                  const float* wscale, int D, float* acc, const void* next) {
+  __m512i a[R][4];
+  for (int h = 0; h < R; ++h)
+    for (int k = 0; k < 4; ++k) a[h][k] = _mm512_setzero_si512();
+  for (int j = 0; j < nk; j += 2) {
+    if (c0 == 0) KA::prefetch_lines(next, size_t(j) * pk, size_t(std::min(j + 2, nk)) * pk);
+    const uint8_t* r0 = codes + size_t(j) * pk + size_t(c0);
+    const uint8_t* r1 = j + 1 < nk ? r0 + pk : r0;  // an odd last key pairs with itself at weight 0
+    __m512i b[4];
+    for (int half = 0; half < 2; ++half) {  // channels c0 + 32 half + [0, 32)
+      const __m512i x0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + 32 * half)));
+      const __m512i x1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1 + 32 * half)));
+      b[2 * half] = _mm512_unpacklo_epi16(x0, x1);      // lane L: channels 8L + 0..3
+      b[2 * half + 1] = _mm512_unpackhi_epi16(x0, x1);  // lane L: channels 8L + 4..7
+    }
+    for (int h = 0; h < R; ++h) {
+      uint32_t pair;
+      std::memcpy(&pair, wq + size_t(h) * kBf16Keys + size_t(j), sizeof pair);
+      const __m512i wv = _mm512_set1_epi32(int(pair));
+      for (int k = 0; k < 4; ++k) a[h][k] = _mm512_dpwssd_epi32(a[h][k], b[k], wv);
+    }
+  }
+  for (int h = 0; h < R; ++h) {
+    float* ah = acc + size_t(h) * size_t(D) + size_t(c0);
+    const __m512 sv = _mm512_set1_ps(wscale[h]);
+    for (int half = 0; half < 2; ++half) {
+      const __m512 lo = _mm512_cvtepi32_ps(a[h][2 * half]), hi = _mm512_cvtepi32_ps(a[h][2 * half + 1]);
+      const __m512 t = _mm512_shuffle_f32x4(lo, hi, 0x44), u = _mm512_shuffle_f32x4(lo, hi, 0xEE);
+      const __m512 o0 = _mm512_shuffle_f32x4(t, t, 0xD8), o1 = _mm512_shuffle_f32x4(u, u, 0xD8);
+      float* d = ah + 32 * half;
+      _mm512_storeu_ps(d, _mm512_fmadd_ps(o0, sv, _mm512_loadu_ps(d)));
+      _mm512_storeu_ps(d + 16, _mm512_fmadd_ps(o1, sv, _mm512_loadu_ps(d + 16)));
+    }
+  }
+}
+
+PTLLM_TARGET_VNNI void w16_v_block(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale,
+                                   const uint16_t* zero, int nk, int D, float* acc, float* zacc, const void* next) {
+  const size_t pk = size_t(D);
+  alignas(64) int16_t wq[4][kBf16Keys];
+  const __m512 floor = _mm512_set1_ps(kMinScale);
+  for (int j0 = 0; j0 < nk; j0 += kBf16Keys) {
+    const int n = std::min(kBf16Keys, nk - j0);
+    for (int h0 = 0; h0 < nq; h0 += 4) {
+      const int r = std::min(4, nq - h0);
+      float wscale[4];
+      for (int h = 0; h < r; ++h) {
+        const float* ph = p + size_t(h0 + h) * size_t(ld_p) + size_t(j0);
+        alignas(64) float w[kBf16Keys];
+        __m512 wm = _mm512_setzero_ps(), zs = _mm512_setzero_ps();
+        for (int j = 0; j < n; j += 16) {
+          const __mmask16 m = __mmask16(n - j >= 16 ? 0xFFFF : (1u << (n - j)) - 1u);
+          const __m512 pv = _mm512_maskz_loadu_ps(m, ph + j);
+          const __m512 sv = _mm512_max_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, scale + j0 + j)), floor);
+          zs = _mm512_fmadd_ps(pv, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, zero + j0 + j)), zs);
+          const __m512 wv = _mm512_mul_ps(pv, sv);
+          _mm512_store_ps(w + j, wv);
+          wm = _mm512_max_ps(wm, wv);
+        }
+        zacc[h0 + h] += _mm512_reduce_add_ps(zs);
+        const float wmax = _mm512_reduce_max_ps(wm);
+        const bool some = wmax > 0.f && wmax <= std::numeric_limits<float>::max();
+        wscale[h] = some ? wmax / 32767.f : 0.f;
+        const __m512 inv = _mm512_set1_ps(some ? 32767.f / wmax : 0.f);
+        for (int j = 0; j < n; j += 16)
+          _mm256_store_si256(reinterpret_cast<__m256i*>(&wq[h][j]),
+                             _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(w + j), inv))));
+      }
+      const uint8_t* c = codes + size_t(j0) * pk;
+      const void* nx = next && h0 == 0 ? static_cast<const uint8_t*>(next) + size_t(j0) * pk : nullptr;
+      float* ah = acc + size_t(h0) * size_t(D);
+      for (int c0 = 0; c0 < D; c0 += 64) {
+        switch (r) {
+          case 4: w16_v_pass<4>(&wq[0][0], c, pk, n, c0, wscale, D, ah, nx); break;
+          case 3: w16_v_pass<3>(&wq[0][0], c, pk, n, c0, wscale, D, ah, nx); break;
+          case 2: w16_v_pass<2>(&wq[0][0], c, pk, n, c0, wscale, D, ah, nx); break;
+          default: w16_v_pass<1>(&wq[0][0], c, pk, n, c0, wscale, D, ah, nx); break;
+        }
+      }
+    }
+  }
+}
+
+PTLLM_TARGET_VNNI void vnni_v_block(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale,
+                                    const uint16_t* zero, int nk, int D, int bits, float* acc, float* zacc,
+                                    const void* next) {
+  if (bits != 8 || D % 64 != 0) return KA::kivi_v_block(p, ld_p, nq, codes, scale, zero, nk, D, bits, acc, zacc, next);
+  w16_v_block(p, ld_p, nq, codes, scale, zero, nk, D, acc, zacc, next);
+}
+
 PTLLM_TARGET_BF16 void bf16_v_block(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale,
                                     const uint16_t* zero, int nk, int D, int bits, float* acc, float* zacc,
                                     const void* next) {
+  if (bits == 8 && D % 64 == 0) return w16_v_block(p, ld_p, nq, codes, scale, zero, nk, D, acc, zacc, next);
   if (bits != 4 || D % 64 != 0) return KA::kivi_v_block(p, ld_p, nq, codes, scale, zero, nk, D, bits, acc, zacc, next);
   const size_t pk = size_t(D) / 2;
   alignas(64) uint16_t wb[4][kBf16Keys];
@@ -471,8 +571,8 @@ PTLLM_TARGET_BF16 void bf16_v_block(const float* p, int ld_p, int nq, const uint
       for (int h = 0; h < r; ++h) {
         const float* ph = p + size_t(h0 + h) * size_t(ld_p) + size_t(j0);
         __m512 ws = _mm512_setzero_ps(), zs = _mm512_setzero_ps();
-        for (int j = 0; j < kBf16Keys; j += 16) {
-          const __mmask16 m = j < n ? __mmask16(n - j >= 16 ? 0xFFFF : (1u << (n - j)) - 1u) : __mmask16(0);
+        for (int j = 0; j < n; j += 16) {
+          const __mmask16 m = __mmask16(n - j >= 16 ? 0xFFFF : (1u << (n - j)) - 1u);
           const __m512 pv = _mm512_maskz_loadu_ps(m, ph + j);
           const __m512 sv = _mm512_max_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, scale + j0 + j)), floor);
           const __m512 zv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, zero + j0 + j));
@@ -502,6 +602,7 @@ PTLLM_TARGET_BF16 void bf16_v_block(const float* p, int ld_p, int nq, const uint
 constexpr KernelTable kTable = make_table<Avx512>(SimdTarget::AVX512);
 constexpr KernelTable with_vnni(KernelTable t) {
   t.kivi_k_block = vnni_k_block;
+  t.kivi_v_block = vnni_v_block;
   return t;
 }
 constexpr KernelTable kTableVnni = with_vnni(kTable);
