@@ -97,6 +97,7 @@ constexpr int kGemvMaxT = 6;
 // Fewest weights a thread's share of a gemv holds: below it, handing work to another thread costs
 // more than it saves (tiny models).
 constexpr size_t kGemvMinWeightsPerThread = 32 * 1024;
+constexpr size_t kGemmMaxPartRows = 512;  // matmul, gemm: the widest part a thread takes
 }  // namespace
 
 void matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool) {
@@ -113,8 +114,14 @@ void matmul(const float* x, int T, const WeightMatrix& w, const float* bias, flo
     if (packed.size() < need) packed.resize(need);
     float* ap = packed.data();
     pool.parallel_for(panels, [&](size_t b, size_t e) { k.pack_a(x, T, w.cols, int(b), int(e), ap); });
+    // A thread's part walks all of packed x once, whatever its width, and rewrites its slice of y
+    // once per KC columns of x: parts of about two per thread (whole NR-row tiles), not the pool's
+    // default eight, so x is streamed less often (kv, 512 x 2048: 16 parts of one tile each before),
+    // but of at most kGemmMaxPartRows rows, so that slice of y stays small.
+    const size_t nr = size_t(k.gemm_nr);
+    const size_t per = std::min(kGemmMaxPartRows, (size_t(w.rows) + 2 * pool.size() - 1) / (2 * pool.size()));
     pool.parallel_for(size_t(w.rows), [&](size_t b, size_t e) { k.gemm(ap, T, w, bias, y, int(b), int(e)); },
-                      size_t(k.gemm_nr));
+                      std::max(nr, (per + nr - 1) / nr * nr));
   }
 }
 
