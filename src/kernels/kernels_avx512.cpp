@@ -414,7 +414,7 @@ PTLLM_TARGET_VNNI void vnni_k_block(const float* q, int nq, const uint8_t* codes
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,avx2,fma,f16c")))
 constexpr int kBf16Keys = 64;  // keys whose weights are rounded at once
 
-// acc[0..63] of one head += the 4 accumulators a (internal order, see bf16_v_heads) - off.
+// acc[0..63] of one head += the 4 accumulators a (internal order, see bf16_v_pass) - off.
 PTLLM_TARGET_BF16 inline void bf16_v_store(const __m512* a, float off, float* acc) {
   // a[0] lane 4L + m holds channel 16L + 2m, a[1] 16L + 8 + 2m, a[2] 16L + 2m + 1, a[3] 16L + 9 + 2m.
   const __m512 t0 = _mm512_unpacklo_ps(a[0], a[2]), t1 = _mm512_unpackhi_ps(a[0], a[2]);  // 16L + 0..3, 4..7
@@ -501,47 +501,90 @@ PTLLM_TARGET_VNNI void w16_v_pass(const int16_t* wq, const uint8_t* codes, size_
   }
 }
 
-PTLLM_TARGET_VNNI void w16_v_block(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale,
-                                   const uint16_t* zero, int nk, int D, float* acc, float* zacc, const void* next) {
-  const size_t pk = size_t(D);
-  alignas(64) int16_t wq[4][kBf16Keys];
+// The weights of one head for keys [0, n): w[j] = p[j] max(kMinScale, s[j]), zeros from n to the
+// next multiple of 16; returns sum_j p[j] z[j], the zero-point term (kernels_impl.h's kivi_v_pass).
+PTLLM_TARGET_VNNI float v_weights(const float* ph, const uint16_t* scale, const uint16_t* zero, int n, float* w) {
   const __m512 floor = _mm512_set1_ps(kMinScale);
+  __m512 zs = _mm512_setzero_ps();
+  for (int j = 0; j < n; j += 16) {
+    const __mmask16 m = __mmask16(n - j >= 16 ? 0xFFFF : (1u << (n - j)) - 1u);
+    const __m512 pv = _mm512_maskz_loadu_ps(m, ph + j);
+    const __m512 sv = _mm512_max_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, scale + j)), floor);
+    zs = _mm512_fmadd_ps(pv, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, zero + j)), zs);
+    _mm512_store_ps(w + j, _mm512_mul_ps(pv, sv));
+  }
+  return _mm512_reduce_add_ps(zs);
+}
+
+// The two kernels that put two keys in a lane, for two_key_v_block: the width they take, their
+// rounded weight type, the rounding of a head's weights (returning the float the pass needs) and
+// the pass over 64 channels.
+struct Bf16V {  // int4, AVX-512 BF16
+  static constexpr int kBits = 4;
+  using W = uint16_t;
+  // w to bf16; returns sum_j w~_j of the rounded weights (the pass takes off 128 times it).
+  PTLLM_TARGET_BF16 static float round(const float* w, int n, W* out) {
+    __m512 ws = _mm512_setzero_ps();
+    for (int j = 0; j < n; j += 16) {
+      const __m256i b = (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(w + j));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(out + j), b);
+      ws = _mm512_add_ps(ws, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16)));
+    }
+    return _mm512_reduce_add_ps(ws);
+  }
+  template <int R>
+  static void pass(const W* wq, const uint8_t* codes, size_t pk, int nk, int c0, const float* f, int D, float* acc,
+                   const void* next) {
+    bf16_v_pass<R>(wq, codes, pk, nk, c0, f, D, acc, next);
+  }
+};
+struct W16V {  // int8, AVX-512 VNNI
+  static constexpr int kBits = 8;
+  using W = int16_t;
+  // w to 16-bit integers on the scale max_j w_j / 32767; returns that scale (0: all weights 0).
+  PTLLM_TARGET_VNNI static float round(const float* w, int n, W* out) {
+    __m512 wm = _mm512_setzero_ps();
+    for (int j = 0; j < n; j += 16) wm = _mm512_max_ps(wm, _mm512_load_ps(w + j));
+    const float wmax = _mm512_reduce_max_ps(wm);
+    const bool some = wmax > 0.f && wmax <= std::numeric_limits<float>::max();
+    const __m512 inv = _mm512_set1_ps(some ? 32767.f / wmax : 0.f);
+    for (int j = 0; j < n; j += 16)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(out + j),
+                         _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(w + j), inv))));
+    return some ? wmax / 32767.f : 0.f;
+  }
+  template <int R>
+  static void pass(const W* wq, const uint8_t* codes, size_t pk, int nk, int c0, const float* f, int D, float* acc,
+                   const void* next) {
+    w16_v_pass<R>(wq, codes, pk, nk, c0, f, D, acc, next);
+  }
+};
+
+// kivi_v_block through kernel K (D % 64 == 0): kBf16Keys keys at a time, up to 4 heads a pass.
+template <class K>
+PTLLM_TARGET_VNNI void two_key_v_block(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale,
+                                       const uint16_t* zero, int nk, int D, float* acc, float* zacc, const void* next) {
+  const size_t pk = size_t(D) * K::kBits / 8;
+  alignas(64) typename K::W wq[4][kBf16Keys];
+  alignas(64) float w[kBf16Keys];
   for (int j0 = 0; j0 < nk; j0 += kBf16Keys) {
     const int n = std::min(kBf16Keys, nk - j0);
     for (int h0 = 0; h0 < nq; h0 += 4) {
       const int r = std::min(4, nq - h0);
-      float wscale[4];
+      float f[4];
       for (int h = 0; h < r; ++h) {
-        const float* ph = p + size_t(h0 + h) * size_t(ld_p) + size_t(j0);
-        alignas(64) float w[kBf16Keys];
-        __m512 wm = _mm512_setzero_ps(), zs = _mm512_setzero_ps();
-        for (int j = 0; j < n; j += 16) {
-          const __mmask16 m = __mmask16(n - j >= 16 ? 0xFFFF : (1u << (n - j)) - 1u);
-          const __m512 pv = _mm512_maskz_loadu_ps(m, ph + j);
-          const __m512 sv = _mm512_max_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, scale + j0 + j)), floor);
-          zs = _mm512_fmadd_ps(pv, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, zero + j0 + j)), zs);
-          const __m512 wv = _mm512_mul_ps(pv, sv);
-          _mm512_store_ps(w + j, wv);
-          wm = _mm512_max_ps(wm, wv);
-        }
-        zacc[h0 + h] += _mm512_reduce_add_ps(zs);
-        const float wmax = _mm512_reduce_max_ps(wm);
-        const bool some = wmax > 0.f && wmax <= std::numeric_limits<float>::max();
-        wscale[h] = some ? wmax / 32767.f : 0.f;
-        const __m512 inv = _mm512_set1_ps(some ? 32767.f / wmax : 0.f);
-        for (int j = 0; j < n; j += 16)
-          _mm256_store_si256(reinterpret_cast<__m256i*>(&wq[h][j]),
-                             _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(w + j), inv))));
+        zacc[h0 + h] += v_weights(p + size_t(h0 + h) * size_t(ld_p) + size_t(j0), scale + j0, zero + j0, n, w);
+        f[h] = K::round(w, n, wq[h]);
       }
       const uint8_t* c = codes + size_t(j0) * pk;
       const void* nx = next && h0 == 0 ? static_cast<const uint8_t*>(next) + size_t(j0) * pk : nullptr;
       float* ah = acc + size_t(h0) * size_t(D);
       for (int c0 = 0; c0 < D; c0 += 64) {
         switch (r) {
-          case 4: w16_v_pass<4>(&wq[0][0], c, pk, n, c0, wscale, D, ah, nx); break;
-          case 3: w16_v_pass<3>(&wq[0][0], c, pk, n, c0, wscale, D, ah, nx); break;
-          case 2: w16_v_pass<2>(&wq[0][0], c, pk, n, c0, wscale, D, ah, nx); break;
-          default: w16_v_pass<1>(&wq[0][0], c, pk, n, c0, wscale, D, ah, nx); break;
+          case 4: K::template pass<4>(&wq[0][0], c, pk, n, c0, f, D, ah, nx); break;
+          case 3: K::template pass<3>(&wq[0][0], c, pk, n, c0, f, D, ah, nx); break;
+          case 2: K::template pass<2>(&wq[0][0], c, pk, n, c0, f, D, ah, nx); break;
+          default: K::template pass<1>(&wq[0][0], c, pk, n, c0, f, D, ah, nx); break;
         }
       }
     }
@@ -552,51 +595,15 @@ PTLLM_TARGET_VNNI void vnni_v_block(const float* p, int ld_p, int nq, const uint
                                     const uint16_t* zero, int nk, int D, int bits, float* acc, float* zacc,
                                     const void* next) {
   if (bits != 8 || D % 64 != 0) return KA::kivi_v_block(p, ld_p, nq, codes, scale, zero, nk, D, bits, acc, zacc, next);
-  w16_v_block(p, ld_p, nq, codes, scale, zero, nk, D, acc, zacc, next);
+  two_key_v_block<W16V>(p, ld_p, nq, codes, scale, zero, nk, D, acc, zacc, next);
 }
 
 PTLLM_TARGET_BF16 void bf16_v_block(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale,
                                     const uint16_t* zero, int nk, int D, int bits, float* acc, float* zacc,
                                     const void* next) {
-  if (bits == 8 && D % 64 == 0) return w16_v_block(p, ld_p, nq, codes, scale, zero, nk, D, acc, zacc, next);
-  if (bits != 4 || D % 64 != 0) return KA::kivi_v_block(p, ld_p, nq, codes, scale, zero, nk, D, bits, acc, zacc, next);
-  const size_t pk = size_t(D) / 2;
-  alignas(64) uint16_t wb[4][kBf16Keys];
-  const __m512 floor = _mm512_set1_ps(kMinScale);
-  for (int j0 = 0; j0 < nk; j0 += kBf16Keys) {
-    const int n = std::min(kBf16Keys, nk - j0);
-    for (int h0 = 0; h0 < nq; h0 += 4) {
-      const int r = std::min(4, nq - h0);
-      float wsum[4];
-      for (int h = 0; h < r; ++h) {
-        const float* ph = p + size_t(h0 + h) * size_t(ld_p) + size_t(j0);
-        __m512 ws = _mm512_setzero_ps(), zs = _mm512_setzero_ps();
-        for (int j = 0; j < n; j += 16) {
-          const __mmask16 m = __mmask16(n - j >= 16 ? 0xFFFF : (1u << (n - j)) - 1u);
-          const __m512 pv = _mm512_maskz_loadu_ps(m, ph + j);
-          const __m512 sv = _mm512_max_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, scale + j0 + j)), floor);
-          const __m512 zv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, zero + j0 + j));
-          zs = _mm512_fmadd_ps(pv, zv, zs);
-          const __m256i w = (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(pv, sv));
-          _mm256_store_si256(reinterpret_cast<__m256i*>(&wb[h][j]), w);
-          ws = _mm512_add_ps(ws, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(w), 16)));
-        }
-        wsum[h] = _mm512_reduce_add_ps(ws);
-        zacc[h0 + h] += _mm512_reduce_add_ps(zs);
-      }
-      const uint8_t* c = codes + size_t(j0) * pk;
-      const void* nx = next && h0 == 0 ? static_cast<const uint8_t*>(next) + size_t(j0) * pk : nullptr;
-      float* ah = acc + size_t(h0) * size_t(D);
-      for (int c0 = 0; c0 < D; c0 += 64) {
-        switch (r) {
-          case 4: bf16_v_pass<4>(&wb[0][0], c, pk, n, c0, wsum, D, ah, nx); break;
-          case 3: bf16_v_pass<3>(&wb[0][0], c, pk, n, c0, wsum, D, ah, nx); break;
-          case 2: bf16_v_pass<2>(&wb[0][0], c, pk, n, c0, wsum, D, ah, nx); break;
-          default: bf16_v_pass<1>(&wb[0][0], c, pk, n, c0, wsum, D, ah, nx); break;
-        }
-      }
-    }
-  }
+  if (D % 64 == 0 && bits == 8) return two_key_v_block<W16V>(p, ld_p, nq, codes, scale, zero, nk, D, acc, zacc, next);
+  if (D % 64 == 0 && bits == 4) return two_key_v_block<Bf16V>(p, ld_p, nq, codes, scale, zero, nk, D, acc, zacc, next);
+  KA::kivi_v_block(p, ld_p, nq, codes, scale, zero, nk, D, bits, acc, zacc, next);
 }
 
 constexpr KernelTable kTable = make_table<Avx512>(SimdTarget::AVX512);
