@@ -458,6 +458,57 @@ PTLLM_TARGET_BF16 void bf16_v_pass(const uint16_t* wb, const uint8_t* codes, siz
   for (int h = 0; h < R; ++h) bf16_v_store(a[h], 128.f * wsum[h], acc + size_t(h) * size_t(D) + size_t(c0));
 }
 
+// int2 the same way, where the CPU also has AVX-512 VBMI (a byte permute across the register): the
+// two keys' code rows side by side in a register; the permute puts in each 32-bit lane t the bytes
+// holding channel 16 v + t of both keys, one per 16-bit half; a shift of each half by the channel's
+// place in its byte brings its 2 bits down, and one ternary op masks them and sets the high byte
+// 0x43 (bf16 128 + c). The channels come out in order: nothing to undo at the end.
+#define PTLLM_TARGET_BF16_VBMI \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,avx512vbmi,avx2,fma,f16c")))
+template <int R>
+PTLLM_TARGET_BF16_VBMI void bf16_v2_pass(const uint16_t* wb, const uint8_t* codes, size_t pk, int nk, int c0,
+                                         const float* wsum, int D, float* acc, const void* next) {
+  __m512 a[R][4];
+  for (int h = 0; h < R; ++h)
+    for (int v = 0; v < 4; ++v) a[h][v] = _mm512_setzero_ps();
+  alignas(64) uint8_t ib[4][64];
+  alignas(64) uint16_t sb[32];
+  for (int t = 0; t < 16; ++t) {
+    for (int v = 0; v < 4; ++v) {
+      ib[v][4 * t] = uint8_t(4 * v + t / 4);        // key j's byte of channel 16 v + t
+      ib[v][4 * t + 2] = uint8_t(16 + 4 * v + t / 4);  // key j + 1's
+      ib[v][4 * t + 1] = ib[v][4 * t + 3] = 63;     // a zero byte
+    }
+    sb[2 * t] = sb[2 * t + 1] = uint16_t(2 * (t % 4));
+  }
+  __m512i idx[4];
+  for (int v = 0; v < 4; ++v) idx[v] = _mm512_load_si512(ib[v]);
+  const __m512i sh = _mm512_load_si512(sb), m3 = _mm512_set1_epi32(0x00030003), hb = _mm512_set1_epi32(0x43004300);
+  for (int j = 0; j < nk; j += 2) {
+    if (c0 == 0) KA::prefetch_lines(next, size_t(j) * pk, size_t(std::min(j + 2, nk)) * pk);
+    const uint8_t* r0 = codes + size_t(j) * pk + size_t(c0) / 4;
+    const uint8_t* r1 = j + 1 < nk ? r0 + pk : r0;  // an odd last key pairs with itself at weight 0
+    const __m512i x = _mm512_inserti32x4(_mm512_zextsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r0))),
+                                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(r1)), 1);
+    __m512bh b[4];
+    for (int v = 0; v < 4; ++v)
+      b[v] = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srlv_epi16(_mm512_permutexvar_epi8(idx[v], x), sh), m3, hb,
+                                                  0xEA);  // (y & m3) | hb
+    for (int h = 0; h < R; ++h) {
+      uint32_t pair;
+      std::memcpy(&pair, wb + size_t(h) * kBf16Keys + size_t(j), sizeof pair);
+      const __m512bh wv = (__m512bh)_mm512_set1_epi32(int(pair));
+      for (int v = 0; v < 4; ++v) a[h][v] = _mm512_dpbf16_ps(a[h][v], b[v], wv);
+    }
+  }
+  for (int h = 0; h < R; ++h) {
+    const __m512 off = _mm512_set1_ps(128.f * wsum[h]);
+    float* ah = acc + size_t(h) * size_t(D) + size_t(c0);
+    for (int v = 0; v < 4; ++v)
+      _mm512_storeu_ps(ah + 16 * v, _mm512_add_ps(_mm512_loadu_ps(ah + 16 * v), _mm512_sub_ps(a[h][v], off)));
+  }
+}
+
 // kivi_v_block for int8 with AVX-512 VNNI: two keys a 32-bit lane as well (vpdpwssd: 16-bit x 16-bit
 // products summed exactly in int32). The weights w = p[h][j] s_j of a call are rounded to 16-bit
 // integers on the scale of the largest, max_j w_j / 32767 (absolute error at most max_j w_j / 65534 a
@@ -519,8 +570,9 @@ PTLLM_TARGET_VNNI float v_weights(const float* ph, const uint16_t* scale, const 
 // The two kernels that put two keys in a lane, for two_key_v_block: the width they take, their
 // rounded weight type, the rounding of a head's weights (returning the float the pass needs) and
 // the pass over 64 channels.
-struct Bf16V {  // int4, AVX-512 BF16
-  static constexpr int kBits = 4;
+template <int BITS>
+struct Bf16V {  // int4 (AVX-512 BF16) and int2 (and VBMI)
+  static constexpr int kBits = BITS;
   using W = uint16_t;
   // w to bf16; returns sum_j w~_j of the rounded weights (the pass takes off 128 times it).
   PTLLM_TARGET_BF16 static float round(const float* w, int n, W* out) {
@@ -535,7 +587,10 @@ struct Bf16V {  // int4, AVX-512 BF16
   template <int R>
   static void pass(const W* wq, const uint8_t* codes, size_t pk, int nk, int c0, const float* f, int D, float* acc,
                    const void* next) {
-    bf16_v_pass<R>(wq, codes, pk, nk, c0, f, D, acc, next);
+    if constexpr (BITS == 4)
+      bf16_v_pass<R>(wq, codes, pk, nk, c0, f, D, acc, next);
+    else
+      bf16_v2_pass<R>(wq, codes, pk, nk, c0, f, D, acc, next);
   }
 };
 struct W16V {  // int8, AVX-512 VNNI
@@ -602,7 +657,11 @@ PTLLM_TARGET_BF16 void bf16_v_block(const float* p, int ld_p, int nq, const uint
                                     const uint16_t* zero, int nk, int D, int bits, float* acc, float* zacc,
                                     const void* next) {
   if (D % 64 == 0 && bits == 8) return two_key_v_block<W16V>(p, ld_p, nq, codes, scale, zero, nk, D, acc, zacc, next);
-  if (D % 64 == 0 && bits == 4) return two_key_v_block<Bf16V>(p, ld_p, nq, codes, scale, zero, nk, D, acc, zacc, next);
+  if (D % 64 == 0 && bits == 4)
+    return two_key_v_block<Bf16V<4>>(p, ld_p, nq, codes, scale, zero, nk, D, acc, zacc, next);
+  static const bool vbmi = __builtin_cpu_supports("avx512vbmi");
+  if (D % 64 == 0 && bits == 2 && vbmi)
+    return two_key_v_block<Bf16V<2>>(p, ld_p, nq, codes, scale, zero, nk, D, acc, zacc, next);
   KA::kivi_v_block(p, ld_p, nq, codes, scale, zero, nk, D, bits, acc, zacc, next);
 }
 
