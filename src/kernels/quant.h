@@ -66,7 +66,7 @@ void kivi_k_block(const float* q, int nq, const uint8_t* codes, const uint16_t* 
 // zacc[h] += sum_j p[h][j] * z[j] (the zero-point term, the same for every channel).
 //   p: [nq][ld_p], acc: [nq][D], zacc: [nq].
 // A target may round each weight w_j = p[h][j] * s[j] to bf16 (relative error at most 2^-8: AVX-512
-// BF16, int4) or to a 16-bit integer on the scale max_j w_j / 32767 of the call (absolute error at
+// BF16, int4 and int2) or to a 16-bit integer on the scale max_j w_j / 32767 of the call (absolute error at
 // most max_j w_j / 65534: AVX-512 VNNI, int8), two keys per multiply-add; both far below the codes'
 // own rounding (s / 2 a channel).
 void kivi_v_block(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
