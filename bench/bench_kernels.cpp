@@ -254,28 +254,6 @@ void register_kernels() {
     return std::pair<Body, Body>{[=] { benchmark::DoNotOptimize(max_of(x->data(), n)); },
                                  [=] { benchmark::DoNotOptimize(max_of_ref(x->data(), n)); }};
   });
-  register_kernel("softmax_block", [](int n) {
-    // As attention calls it: 4 heads of blocks of 32 scores, n / 32 blocks (restored each call).
-    constexpr int kHeads = 4, kB = 32, kD = 64;
-    auto src = std::make_shared<std::vector<float>>(random_floats(size_t(n) * kHeads, -5, 0));
-    auto x = std::make_shared<std::vector<float>>(src->size());
-    auto st = std::make_shared<std::vector<float>>(size_t(kHeads) * (3 + kD));
-    auto run = [=](bool simd) {
-      std::copy(src->begin(), src->end(), x->begin());
-      float* m = st->data();
-      float *l = m + kHeads, *z = l + kHeads, *acc = z + kHeads;
-      std::fill(m, m + kHeads, 0.f);  // the scores stay below it: no rescaling, as in a long run
-      for (int b = 0; b < n / kB; ++b) {
-        float* xb = x->data() + size_t(b) * kB * kHeads;
-        if (simd)
-          softmax_block(xb, kB, kHeads, kB, m, l, z, acc, kD);
-        else
-          softmax_block_ref(xb, kB, kHeads, kB, m, l, z, acc, kD);
-      }
-      benchmark::DoNotOptimize(l);
-    };
-    return std::pair<Body, Body>{[=] { run(true); }, [=] { run(false); }};
-  });
   register_kernel("exp_sum", [](int n) {
     // x = m + log(1) = m after each call would drift; exp_sum writes e^(x - m) in place, so keep a
     // source copy and restore it (the copy is the same for both bodies).

@@ -689,54 +689,6 @@ struct Kernels {
     return sum;
   }
 
-  // The online softmax of one block of scores for nq heads (kv/kv_cache.cpp): for head h, x_h = x + h
-  // ld (n scores): bm = max_of(x_h); if bm > m[h], the head's l, z and acc [D] are scaled by
-  // e^(m[h] - bm) and m[h] = bm; then x_h = e^(x_h - m[h]) and l[h] += their sum, exactly as max_of
-  // and exp_sum compute them (bit for bit), 4 heads interleaved.
-  PTLLM_TARGET static void softmax_block(float* x, int ld, int nq, int n, float* m, float* l, float* z, float* acc,
-                                         int D) {
-    for (int h0 = 0; h0 < nq; h0 += 4) {
-      const int r = std::min(4, nq - h0);
-      float* xh[4];
-      PTLLM_UNROLL for (int h = 0; h < 4; ++h) xh[h] = x + size_t(h0 + std::min(h, r - 1)) * size_t(ld);
-      F v[4];
-      PTLLM_UNROLL for (int h = 0; h < 4; ++h) v[h] = V::set1(-INFINITY);
-      int i = 0;
-      for (; i + N <= n; i += N) PTLLM_UNROLL for (int h = 0; h < 4; ++h) v[h] = V::max(v[h], V::load(xh[h] + i));
-      const int full = i;
-      for (int h = 0; h < r; ++h) {
-        float mx = V::reduce_max(v[h]);
-        for (int j = full; j < n; ++j) mx = std::max(mx, xh[h][j]);
-        const int g = h0 + h;
-        if (mx > m[g]) {
-          const float corr = std::exp(m[g] - mx);
-          l[g] *= corr;
-          z[g] *= corr;
-          float* a = acc + size_t(g) * size_t(D);
-          for (int d = 0; d < D; ++d) a[d] *= corr;
-          m[g] = mx;
-        }
-      }
-      PTLLM_UNROLL for (int h = 0; h < 4; ++h) v[h] = V::set1(m[h0 + std::min(h, r - 1)]);
-      F s[4];
-      PTLLM_UNROLL for (int h = 0; h < 4; ++h) s[h] = V::zero();
-      for (i = 0; i < full; i += N) PTLLM_UNROLL for (int h = 0; h < 4; ++h) {
-        if (h >= r) continue;
-        const F e = exp(V::sub(V::load(xh[h] + i), v[h]));
-        V::store(xh[h] + i, e);
-        s[h] = V::add(s[h], e);
-      }
-      for (int h = 0; h < r; ++h) {
-        float sum = V::reduce_add(s[h]);
-        if (full < n) {
-          V::store_n(xh[h] + full, exp(V::sub(V::load_n(xh[h] + full, n - full), v[h])), n - full);
-          for (int j = full; j < n; ++j) sum += xh[h][j];
-        }
-        l[h0 + h] += sum;
-      }
-    }
-  }
-
   // ---- elementwise ---------------------------------------------------------------------------------
 
   // e^x within ~2 ulp (Cephes expf: Cody-Waite reduction, degree-6 polynomial). 0 below the
@@ -1107,7 +1059,7 @@ constexpr KernelTable make_table(SimdTarget target) {
                      K::axpy_bf16,    K::axpy_f16,    K::to_bf16,     K::to_f16,      K::from_bf16,
                      K::from_f16,     K::kivi_k_block,
                      K::kivi_v_block, K::dense_k_block, K::dense_v_block, K::kivi_k_dequant,
-                     K::max_of,      K::exp_sum,     K::softmax_block, K::rmsnorm,
+                     K::max_of,      K::exp_sum,     K::rmsnorm,
                      K::silu_mul,
                      K::softmax,      K::rope_rotate, K::rope_rotate_one, K::gemv,    K::pack_a,
                      K::gemm,         K::MR,          K::NR};

@@ -137,10 +137,6 @@ float max_of(const float* x, int n) { return active_kernels().max_of(x, n); }
 
 float exp_sum(float* x, int n, float m) { return active_kernels().exp_sum(x, n, m); }
 
-void softmax_block(float* x, int ld, int nq, int n, float* m, float* l, float* z, float* acc, int D) {
-  active_kernels().softmax_block(x, ld, nq, n, m, l, z, acc, D);
-}
-
 void rope_cos_sin(const float* inv_freq, int half, int64_t pos, float* cos, float* sin) {
   for (int i = 0; i < half; ++i) {
     const float a = float(pos) * inv_freq[i];

@@ -61,12 +61,6 @@ void softmax(float* x, int n);
 float max_of(const float* x, int n);
 // x[i] = e^(x[i] - m) in place; returns the sum (softmax numerators against a known max m).
 float exp_sum(float* x, int n, float m);
-// The online-softmax step of attention for one block of keys and nq heads: for head h, scores
-// x + h * ld [n], running max m[h], sum l[h], V zero-point term z[h] and accumulator acc + h * D:
-// bm = max_of(scores); if bm > m[h], l[h], z[h] and the accumulator are scaled by e^(m[h] - bm) and
-// m[h] = bm; then the scores become e^(x - m[h]) and l[h] += exp_sum's sum of them. Bit for bit
-// what those two kernels give, a head at a time.
-void softmax_block(float* x, int ld, int nq, int n, float* m, float* l, float* z, float* acc, int D);
 
 // RoPE tables for one position: cos/sin [head_dim/2], angle = pos * inv_freq[i] (float32, as transformers).
 void rope_cos_sin(const float* inv_freq, int half, int64_t pos, float* cos, float* sin);
@@ -90,7 +84,6 @@ void silu_mul_ref(float* gate, const float* up, int n);
 void softmax_ref(float* x, int n);
 float max_of_ref(const float* x, int n);
 float exp_sum_ref(float* x, int n, float m);
-void softmax_block_ref(float* x, int ld, int nq, int n, float* m, float* l, float* z, float* acc, int D);
 void rope_rotate_one_ref(const float* x, int head_dim, const float* cos, const float* sin, float* out);
 void rope_rotate_ref(float* x, int n_heads, int head_dim, const float* cos, const float* sin);
 

@@ -126,21 +126,6 @@ float exp_sum_ref(float* x, int n, float m) {
   return s;
 }
 
-void softmax_block_ref(float* x, int ld, int nq, int n, float* m, float* l, float* z, float* acc, int D) {
-  for (int h = 0; h < nq; ++h) {
-    float* xh = x + size_t(h) * size_t(ld);
-    const float bm = max_of_ref(xh, n);
-    if (bm > m[h]) {
-      const float corr = std::exp(m[h] - bm);
-      l[h] *= corr;
-      z[h] *= corr;
-      for (int d = 0; d < D; ++d) acc[size_t(h) * size_t(D) + size_t(d)] *= corr;
-      m[h] = bm;
-    }
-    l[h] += exp_sum_ref(xh, n, m[h]);
-  }
-}
-
 void rope_rotate_one_ref(const float* x, int head_dim, const float* cos, const float* sin, float* out) {
   const int half = head_dim / 2;
   for (int i = 0; i < half; ++i) {

@@ -43,7 +43,6 @@ struct KernelTable {
                          float* out);
   float (*max_of)(const float* x, int n);
   float (*exp_sum)(float* x, int n, float m);
-  void (*softmax_block)(float* x, int ld, int nq, int n, float* m, float* l, float* z, float* acc, int D);
   void (*rmsnorm)(const float* x, const float* w, float* out, int n, float eps);
   void (*silu_mul)(float* gate, const float* up, int n);
   void (*softmax)(float* x, int n);

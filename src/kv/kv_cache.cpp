@@ -311,6 +311,21 @@ struct State {
     std::fill_n(acc, size_t(nq) * size_t(D), 0.f);
   }
 
+  // Adds the scores x [n] of head h's next keys: rescales what head h holds to the new max, turns
+  // x into the softmax numerators e^(x - m) in place and adds them to l.
+  void add_scores(int h, int D, float* x, int n) {
+    const float bm = max_of(x, n);
+    if (bm > m[h]) {
+      const float corr = std::exp(m[h] - bm);
+      l[h] *= corr;
+      z[h] *= corr;
+      float* a = acc + size_t(h) * size_t(D);
+      for (int d = 0; d < D; ++d) a[d] *= corr;
+      m[h] = bm;
+    }
+    l[h] += exp_sum(x, n, m[h]);
+  }
+
   // Folds in src, the state over later keys. An empty state takes src bit for bit.
   void merge(const State& src, int nq, int D) {
     for (int h = 0; h < nq; ++h) {
@@ -494,7 +509,7 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
         else
           dense_k_block(qq, nq, kb + size_t(a0) * size_t(D) * elem, dense_, scale, n, D, sc + a0, B,
                         nk ? nk + size_t(a0) * size_t(D) * elem : nullptr);
-        softmax_block(sc + a0, B, nq, n, st.m + h0, st.l + h0, st.z + h0, st.acc + size_t(h0) * size_t(D), D);
+        for (int r = 0; r < nq; ++r) st.add_scores(h0 + r, D, sc + size_t(r) * size_t(B) + size_t(a0), n);
         float* acc = st.acc + size_t(h0) * size_t(D);
         if (quantized)
           kivi_v_block(sc + a0, B, nq, vc + size_t(a0) * pk, vs + a0, vz + a0, n, D, bits_, acc, st.z + h0,
