@@ -100,6 +100,24 @@ void register_kernel(const std::string& name, CaseMaker make) {
 // The KIVI block benchmarks' shape: 4 query heads per KV head, head_dim 64, groups of 32 tokens.
 constexpr int kBlockD = 64, kBlockHeads = 4, kBlockG = 32;
 
+// nk random rows of kBlockD channels stored as t (dense KV storage: F32, F16 or BF16), as bytes.
+std::shared_ptr<std::vector<uint8_t>> stored_rows(int nk, DType t) {
+  const auto rows = random_floats(size_t(nk) * kBlockD);
+  auto out = std::make_shared<std::vector<uint8_t>>(rows.size() * dtype_size(t));
+  if (t == DType::F32)
+    std::memcpy(out->data(), rows.data(), out->size());
+  else
+    std::memcpy(out->data(), as_16bit(rows, t).data(), out->size());
+  return out;
+}
+// fn(block rows, keys in it) for the blocks of kBlockG rows of `rows` (nk rows stored as t), as
+// attention calls the dense block kernels.
+template <class F>
+void for_each_block(const std::vector<uint8_t>& rows, int nk, DType t, F&& fn) {
+  const size_t row_bytes = size_t(kBlockD) * dtype_size(t);
+  for (int j = 0; j < nk; j += kBlockG) fn(rows.data() + size_t(j) * row_bytes, std::min(kBlockG, nk - j));
+}
+
 void register_kernels() {
   register_kernel("dot", [](int n) {
     auto a = std::make_shared<std::vector<float>>(random_floats(size_t(n)));
@@ -206,45 +224,32 @@ void register_kernels() {
     register_kernel("dense_k_block_" + tn, [t](int n) {
       const int nk = n / kBlockD;
       auto q = std::make_shared<std::vector<float>>(random_floats(size_t(kBlockHeads) * kBlockD));
-      auto rows = std::make_shared<std::vector<float>>(random_floats(size_t(nk) * kBlockD));
-      auto rows16 = std::make_shared<std::vector<uint16_t>>(t == DType::F32 ? std::vector<uint16_t>() : as_16bit(*rows, t));
-      const void* k = t == DType::F32 ? static_cast<const void*>(rows->data()) : rows16->data();
-      const size_t row_bytes = size_t(kBlockD) * dtype_size(t);
+      auto k = stored_rows(nk, t);
       auto out = std::make_shared<std::vector<float>>(size_t(kBlockHeads) * kBlockG);
       auto run = [=](bool simd) {
-        for (int j = 0; j < nk; j += kBlockG) {
-          const void* kj = static_cast<const char*>(k) + size_t(j) * row_bytes;
-          const int m = std::min(kBlockG, nk - j);
+        for_each_block(*k, nk, t, [&](const void* kj, int m) {
           if (simd)
             dense_k_block(q->data(), kBlockHeads, kj, t, 0.125f, m, kBlockD, out->data(), kBlockG);
           else
             dense_k_block_ref(q->data(), kBlockHeads, kj, t, 0.125f, m, kBlockD, out->data(), kBlockG);
-        }
+        });
         benchmark::DoNotOptimize(out->data());
-        (void)rows;
-        (void)rows16;
       };
       return std::pair<Body, Body>{[=] { run(true); }, [=] { run(false); }};
     });
     register_kernel("dense_v_block_" + tn, [t](int n) {
       const int nk = n / kBlockD;
       auto p = std::make_shared<std::vector<float>>(random_floats(size_t(kBlockHeads) * kBlockG, 0.f, 1e-3f));
-      auto rows = std::make_shared<std::vector<float>>(random_floats(size_t(nk) * kBlockD));
-      auto rows16 = std::make_shared<std::vector<uint16_t>>(t == DType::F32 ? std::vector<uint16_t>() : as_16bit(*rows, t));
-      const void* v = t == DType::F32 ? static_cast<const void*>(rows->data()) : rows16->data();
-      const size_t row_bytes = size_t(kBlockD) * dtype_size(t);
+      auto v = stored_rows(nk, t);
       auto acc = std::make_shared<std::vector<float>>(size_t(kBlockHeads) * kBlockD);
       auto run = [=](bool simd) {
-        for (int j = 0; j < nk; j += kBlockG) {
-          const void* vj = static_cast<const char*>(v) + size_t(j) * row_bytes;
-          const int m = std::min(kBlockG, nk - j);
+        for_each_block(*v, nk, t, [&](const void* vj, int m) {
           if (simd)
             dense_v_block(p->data(), kBlockG, kBlockHeads, vj, t, m, kBlockD, acc->data());
           else
             dense_v_block_ref(p->data(), kBlockG, kBlockHeads, vj, t, m, kBlockD, acc->data());
-        }
-        (void)rows;
-        (void)rows16;
+        });
+        benchmark::DoNotOptimize(acc->data());
       };
       return std::pair<Body, Body>{[=] { run(true); }, [=] { run(false); }};
     });

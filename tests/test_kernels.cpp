@@ -144,6 +144,21 @@ std::vector<uint16_t> f16s(const std::vector<float>& v) {
   return h;
 }
 
+// Scores out [nq][ld] of a block kernel against its twin's: the columns past nk untouched (7, as
+// both were filled), the others within tol(h, j).
+template <class Tol>
+void expect_scores_near(const std::vector<float>& out, const std::vector<float>& out_ref, int nq, int ld, int nk,
+                        Tol tol) {
+  for (int h = 0; h < nq; ++h)
+    for (int j = 0; j < ld; ++j) {
+      const size_t o = size_t(h) * size_t(ld) + size_t(j);
+      if (j >= nk)
+        ASSERT_EQ(out[o], 7.f);
+      else
+        ASSERT_NEAR(out[o], out_ref[o], tol(h, j)) << "head " << h << " key " << j;
+    }
+}
+
 // The KIVI block kernels (one block of code rows for the query heads sharing a KV head,
 // kv/kv_cache.cpp) against their twins: head counts around the kernels' passes of 4, odd key
 // counts, rows at odd addresses, strided outputs whose gaps must stay untouched.
@@ -171,19 +186,13 @@ TEST_P(KernelTest, KiviBlockKernelsMatchScalarTwins) {
           std::vector<float> out(size_t(nq) * size_t(ld), 7.f), out_ref = out;
           kivi_k_block(pq, nq, pc, ks.data(), kz.data(), qscale, nk, D, bits, out.data(), ld);
           kivi_k_block_ref(pq, nq, pc, ks.data(), kz.data(), qscale, nk, D, bits, out_ref.data(), ld);
-          for (int h = 0; h < nq; ++h)
-            for (int j = 0; j < ld; ++j) {
-              const size_t o = size_t(h) * size_t(ld) + size_t(j);
-              if (j >= nk) {
-                ASSERT_EQ(out[o], 7.f);
-                continue;
-              }
-              double abs_sum = 0;
-              for (int i = 0; i < D; ++i)
-                abs_sum += std::fabs(pq[size_t(h) * size_t(D) + size_t(i)]) * qscale *
-                           (f16_to_f32(ks[size_t(i)]) * code(j, i) + std::fabs(f16_to_f32(kz[size_t(i)])));
-              ASSERT_NEAR(out[o], out_ref[o], sum_tolerance(abs_sum));
-            }
+          ASSERT_NO_FATAL_FAILURE(expect_scores_near(out, out_ref, nq, ld, nk, [&](int h, int j) {
+            double abs_sum = 0;
+            for (int i = 0; i < D; ++i)
+              abs_sum += std::fabs(pq[size_t(h) * size_t(D) + size_t(i)]) * qscale *
+                         (f16_to_f32(ks[size_t(i)]) * code(j, i) + std::fabs(f16_to_f32(kz[size_t(i)])));
+            return sum_tolerance(abs_sum);
+          }));
 
           auto p = random_floats(size_t(nq) * size_t(ld), rng_, 0.f, 1.f);
           auto vs = f16s(random_floats(size_t(nk), rng_, 0.01f, 0.2f)), vz = f16s(random_floats(size_t(nk), rng_, -2.f, 2.f));
@@ -240,18 +249,12 @@ TEST_P(KernelTest, DenseBlockKernelsMatchScalarTwins) {
           std::vector<float> out(size_t(nq) * size_t(ld), 7.f), out_ref = out;
           dense_k_block(pq, nq, pr, t, qscale, nk, D, out.data(), ld);
           dense_k_block_ref(pq, nq, pr, t, qscale, nk, D, out_ref.data(), ld);
-          for (int h = 0; h < nq; ++h)
-            for (int j = 0; j < ld; ++j) {
-              const size_t o = size_t(h) * size_t(ld) + size_t(j);
-              if (j >= nk) {
-                ASSERT_EQ(out[o], 7.f);
-                continue;
-              }
-              double abs_sum = 0;
-              for (int i = 0; i < D; ++i)
-                abs_sum += std::fabs(pq[size_t(h) * size_t(D) + size_t(i)] * rv[size_t(j) * size_t(D) + size_t(i)]) * qscale;
-              ASSERT_NEAR(out[o], out_ref[o], sum_tolerance(abs_sum));
-            }
+          ASSERT_NO_FATAL_FAILURE(expect_scores_near(out, out_ref, nq, ld, nk, [&](int h, int j) {
+            double abs_sum = 0;
+            for (int i = 0; i < D; ++i)
+              abs_sum += std::fabs(pq[size_t(h) * size_t(D) + size_t(i)] * rv[size_t(j) * size_t(D) + size_t(i)]) * qscale;
+            return sum_tolerance(abs_sum);
+          }));
 
           auto p = random_floats(size_t(nq) * size_t(ld), rng_, 0.f, 1.f);
           auto acc = random_floats(size_t(nq) * size_t(D) + 5, rng_), acc_ref = acc;

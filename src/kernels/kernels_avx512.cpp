@@ -412,7 +412,7 @@ PTLLM_TARGET_VNNI void vnni_k_block(const float* q, int nq, const uint8_t* codes
 // the float kernel.
 #define PTLLM_TARGET_BF16 \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,avx2,fma,f16c")))
-constexpr int kBf16Keys = 64;  // keys whose weights are rounded at once
+constexpr int kVKeys = 64;  // keys whose weights the two-keys-a-lane V kernels round at once
 
 // acc[0..63] of one head += the 4 accumulators a (internal order, see bf16_v_pass) - off.
 PTLLM_TARGET_BF16 inline void bf16_v_store(const __m512* a, float off, float* acc) {
@@ -429,7 +429,7 @@ PTLLM_TARGET_BF16 inline void bf16_v_store(const __m512* a, float off, float* ac
     _mm512_storeu_ps(acc + 16 * k, _mm512_add_ps(_mm512_loadu_ps(acc + 16 * k), _mm512_sub_ps(o[k], ov)));
 }
 
-// R <= 4 heads, keys [0, nk <= kBf16Keys) of codes (row stride pk), weights wb [R][kBf16Keys] as bf16
+// R <= 4 heads, keys [0, nk <= kVKeys) of codes (row stride pk), weights wb [R][kVKeys] as bf16
 // (zero past nk), channels [c0, c0 + 64).
 template <int R>
 PTLLM_TARGET_BF16 void bf16_v_pass(const uint16_t* wb, const uint8_t* codes, size_t pk, int nk, int c0,
@@ -450,7 +450,7 @@ PTLLM_TARGET_BF16 void bf16_v_pass(const uint16_t* wb, const uint8_t* codes, siz
                            (__m512bh)_mm512_unpacklo_epi8(od, hb), (__m512bh)_mm512_unpackhi_epi8(od, hb)};
     for (int h = 0; h < R; ++h) {
       uint32_t pair;
-      std::memcpy(&pair, wb + size_t(h) * kBf16Keys + size_t(j), sizeof pair);
+      std::memcpy(&pair, wb + size_t(h) * kVKeys + size_t(j), sizeof pair);
       const __m512bh wv = (__m512bh)_mm512_set1_epi32(int(pair));
       for (int k = 0; k < 4; ++k) a[h][k] = _mm512_dpbf16_ps(a[h][k], b[k], wv);
     }
@@ -496,7 +496,7 @@ PTLLM_TARGET_BF16_VBMI void bf16_v2_pass(const uint16_t* wb, const uint8_t* code
                                                   0xEA);  // (y & m3) | hb
     for (int h = 0; h < R; ++h) {
       uint32_t pair;
-      std::memcpy(&pair, wb + size_t(h) * kBf16Keys + size_t(j), sizeof pair);
+      std::memcpy(&pair, wb + size_t(h) * kVKeys + size_t(j), sizeof pair);
       const __m512bh wv = (__m512bh)_mm512_set1_epi32(int(pair));
       for (int v = 0; v < 4; ++v) a[h][v] = _mm512_dpbf16_ps(a[h][v], b[v], wv);
     }
@@ -533,7 +533,7 @@ PTLLM_TARGET_VNNI void w16_v_pass(const int16_t* wq, const uint8_t* codes, size_
     }
     for (int h = 0; h < R; ++h) {
       uint32_t pair;
-      std::memcpy(&pair, wq + size_t(h) * kBf16Keys + size_t(j), sizeof pair);
+      std::memcpy(&pair, wq + size_t(h) * kVKeys + size_t(j), sizeof pair);
       const __m512i wv = _mm512_set1_epi32(int(pair));
       for (int k = 0; k < 4; ++k) a[h][k] = _mm512_dpwssd_epi32(a[h][k], b[k], wv);
     }
@@ -615,15 +615,15 @@ struct W16V {  // int8, AVX-512 VNNI
   }
 };
 
-// kivi_v_block through kernel K (D % 64 == 0): kBf16Keys keys at a time, up to 4 heads a pass.
+// kivi_v_block through kernel K (D % 64 == 0): kVKeys keys at a time, up to 4 heads a pass.
 template <class K>
 PTLLM_TARGET_VNNI void two_key_v_block(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale,
                                        const uint16_t* zero, int nk, int D, float* acc, float* zacc, const void* next) {
   const size_t pk = size_t(D) * K::kBits / 8;
-  alignas(64) typename K::W wq[4][kBf16Keys];
-  alignas(64) float w[kBf16Keys];
-  for (int j0 = 0; j0 < nk; j0 += kBf16Keys) {
-    const int n = std::min(kBf16Keys, nk - j0);
+  alignas(64) typename K::W wq[4][kVKeys];
+  alignas(64) float w[kVKeys];
+  for (int j0 = 0; j0 < nk; j0 += kVKeys) {
+    const int n = std::min(kVKeys, nk - j0);
     for (int h0 = 0; h0 < nq; h0 += 4) {
       const int r = std::min(4, nq - h0);
       float f[4];

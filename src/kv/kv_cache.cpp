@@ -85,6 +85,25 @@ size_t kivi_block_bytes_per_head(int G, int D, int bits) {
   return 2 * size_t(G) * packed_bytes(D, bits) + 2 * sizeof(uint16_t) * size_t(D) + 2 * sizeof(uint16_t) * size_t(G);
 }
 
+namespace {
+// Byte offsets of KV head g's parts in a quantized block of H heads and G tokens: K codes [H][G][pk],
+// V codes [H][G][pk], then f16 K scales [H][D], K zeros [H][D], V scales [H][G], V zeros [H][G].
+// The one statement of that layout: quantize_block writes it, attention reads it.
+struct KiviOffsets {
+  size_t kc, vc, ks, kz, vs, vz;
+};
+KiviOffsets kivi_offsets(int g, int H, int G, int D, size_t pk) {
+  const size_t codes = size_t(G) * pk, f16 = sizeof(uint16_t), scales = 2 * size_t(H) * codes;
+  const size_t hd = size_t(H) * size_t(D), hg = size_t(H) * size_t(G);
+  return {size_t(g) * codes,
+          (size_t(H) + size_t(g)) * codes,
+          scales + f16 * size_t(g) * size_t(D),
+          scales + f16 * (hd + size_t(g) * size_t(D)),
+          scales + f16 * (2 * hd + size_t(g) * size_t(G)),
+          scales + f16 * (2 * hd + hg + size_t(g) * size_t(G))};
+}
+}  // namespace
+
 // ---------------------------------------------------------------------------------------------
 
 namespace {
@@ -422,6 +441,22 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
     return q + (size_t(t) * size_t(n_heads) + size_t(g) * size_t(group)) * size_t(D);
   };
 
+  // KV head g's K and V rows in a block: codes with their f16 scales and zeros when quantized
+  // (kivi_offsets), else rows of dense_ (K [H][B][D], then V the same).
+  struct Rows {
+    const uint8_t *k = nullptr, *v = nullptr;
+    const uint16_t *ks = nullptr, *kz = nullptr, *vs = nullptr, *vz = nullptr;
+  };
+  auto rows_of = [&](const uint8_t* blk, bool quantized, int g) {
+    if (!quantized) {
+      const uint8_t* k = blk + size_t(g) * size_t(B) * size_t(D) * elem;
+      return Rows{k, k + dense_half};
+    }
+    const KiviOffsets o = kivi_offsets(g, H, B, D, pk);
+    auto u16 = [&](size_t off) { return reinterpret_cast<const uint16_t*>(blk + off); };
+    return Rows{blk + o.kc, blk + o.vc, u16(o.ks), u16(o.kz), u16(o.vs), u16(o.vz)};
+  };
+
   // The states of the heads of KV head g of queries [t0, t0 + nt) over part `part`, into st
   // (nt * group heads, query i's heads at [i * group, (i + 1) * group)).
   auto run_part = [&](int t0, int nt, int g, int part, State st, float* scratch) {
@@ -449,25 +484,14 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
     auto block = [&](const uint8_t* blk, bool quantized, int i0, int i1, const int* a, const int* b,
                      const int64_t* delta0, const Entry* next) {
       const int lo = *std::min_element(a + i0, a + i1), hi = *std::max_element(b + i0, b + i1);
-      const uint8_t *kb = nullptr, *vb = nullptr, *kc = nullptr, *vc = nullptr;
-      const uint16_t *ks = nullptr, *kz = nullptr, *vs = nullptr, *vz = nullptr;
-      if (quantized) {
-        kc = blk + size_t(g) * size_t(B) * pk;
-        vc = blk + (size_t(H) + size_t(g)) * size_t(B) * pk;
-        ks = reinterpret_cast<const uint16_t*>(blk + 2 * size_t(H) * size_t(B) * pk) + size_t(g) * size_t(D);
-        kz = ks + size_t(H) * size_t(D);
-        vs = kz + size_t(H) * size_t(D) - size_t(g) * size_t(D) + size_t(g) * size_t(B);
-        vz = vs + size_t(H) * size_t(B);
-      } else {
-        kb = blk + size_t(g) * size_t(B) * size_t(D) * elem;
-        vb = kb + dense_half;
-      }
+      const Rows cur = rows_of(blk, quantized, g);
+      const size_t row = quantized ? pk : size_t(D) * elem;  // bytes of a K (or V) row
       if (rotate) {
         float* k0 = kr + size_t(lo) * size_t(D);
         if (quantized)
-          kivi_k_dequant(kc + size_t(lo) * pk, ks, kz, hi - lo, D, bits_, k0);
+          kivi_k_dequant(cur.k + size_t(lo) * pk, cur.ks, cur.kz, hi - lo, D, bits_, k0);
         else
-          load_from(kb + size_t(lo) * size_t(D) * elem, dense_, k0, (hi - lo) * D);
+          load_from(cur.k + size_t(lo) * row, dense_, k0, (hi - lo) * D);
         for (int j = lo; j < hi; ++j) {
           float* k = kr + size_t(j) * size_t(D);
           rope_rotate_one(k, D, cos_at(j), sin_at(j), k);  // in place
@@ -480,20 +504,22 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
                             qb + (size_t(i) * size_t(group) + size_t(r)) * size_t(D));
         }
       }
-      // The next block's K and V rows of head g (null: nothing to ask for), with the lines of its
-      // scales asked for here (a few; the rows go a few lines at a time inside the kernels).
-      const uint8_t *nk = nullptr, *nv = nullptr;
-      if (next && next->quantized) {
-        const uint8_t* nb = quant_pool_.data(next->id);
-        nk = nb + size_t(g) * size_t(B) * pk;
-        nv = nb + (size_t(H) + size_t(g)) * size_t(B) * pk;
-        const uint8_t* scales = nb + 2 * size_t(H) * size_t(B) * pk;
-        for (size_t o = 0; o < size_t(H) * (2 * size_t(D) + 2 * size_t(B)) * sizeof(uint16_t); o += 64)
-          __builtin_prefetch(scales + o);
-      } else if (next) {
-        nk = dense_pool_.data(next->id) + size_t(g) * size_t(B) * size_t(D) * elem;
-        nv = nk + dense_half;
+      // The next block's K and V rows of head g (null: nothing to ask for); the kernels ask for them
+      // a few lines at a time, its scales (a line or two each) are asked for here.
+      Rows nr{};
+      if (next) {
+        nr = rows_of(next->quantized ? quant_pool_.data(next->id) : dense_pool_.data(next->id), next->quantized, g);
+        auto ask = [](const uint16_t* p, int n) {
+          for (int i = 0; i < n; i += 32) __builtin_prefetch(p + i);  // 32 f16 a cache line
+        };
+        if (next->quantized) {
+          ask(nr.ks, D);
+          ask(nr.kz, D);
+          ask(nr.vs, B);
+          ask(nr.vz, B);
+        }
       }
+      const size_t next_row = next && next->quantized ? pk : size_t(D) * elem;
       // Queries [j0, j1), all seeing slots [a0, b0): K scores (quantized: q.k_j = (q * s) . c_j + q . z
       // with per-channel (s, z), the softmax scale folded in), the online softmax, then V (quantized:
       // sum p_j v_j = sum (p_j s_j) c_j + (sum p_j z_j) 1 with per-token (s_j, z_j)).
@@ -501,22 +527,21 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
         const int n = b0 - a0, h0 = j0 * group, nq = (j1 - j0) * group;
         float* sc = scores + size_t(h0) * size_t(B);
         const float* qq = qb + size_t(h0) * size_t(D);
+        const uint8_t* nk = nr.k ? nr.k + size_t(a0) * next_row : nullptr;
+        const uint8_t* nv = nr.v ? nr.v + size_t(a0) * next_row : nullptr;
         if (rotate)
           dense_k_block(qq, nq, kr + size_t(a0) * size_t(D), DType::F32, scale, n, D, sc + a0, B);
         else if (quantized)
-          kivi_k_block(qq, nq, kc + size_t(a0) * pk, ks, kz, scale, n, D, bits_, sc + a0, B,
-                       nk ? nk + size_t(a0) * pk : nullptr);
+          kivi_k_block(qq, nq, cur.k + size_t(a0) * row, cur.ks, cur.kz, scale, n, D, bits_, sc + a0, B, nk);
         else
-          dense_k_block(qq, nq, kb + size_t(a0) * size_t(D) * elem, dense_, scale, n, D, sc + a0, B,
-                        nk ? nk + size_t(a0) * size_t(D) * elem : nullptr);
-        for (int r = 0; r < nq; ++r) st.add_scores(h0 + r, D, sc + size_t(r) * size_t(B) + size_t(a0), n);
+          dense_k_block(qq, nq, cur.k + size_t(a0) * row, dense_, scale, n, D, sc + a0, B, nk);
+        for (int h = 0; h < nq; ++h) st.add_scores(h0 + h, D, sc + size_t(h) * size_t(B) + size_t(a0), n);
         float* acc = st.acc + size_t(h0) * size_t(D);
         if (quantized)
-          kivi_v_block(sc + a0, B, nq, vc + size_t(a0) * pk, vs + a0, vz + a0, n, D, bits_, acc, st.z + h0,
-                       nv ? nv + size_t(a0) * pk : nullptr);
+          kivi_v_block(sc + a0, B, nq, cur.v + size_t(a0) * row, cur.vs + a0, cur.vz + a0, n, D, bits_, acc,
+                       st.z + h0, nv);
         else
-          dense_v_block(sc + a0, B, nq, vb + size_t(a0) * size_t(D) * elem, dense_, n, D, acc,
-                        nv ? nv + size_t(a0) * size_t(D) * elem : nullptr);
+          dense_v_block(sc + a0, B, nq, cur.v + size_t(a0) * row, dense_, n, D, acc, nv);
       };
       bool same = true;
       for (int i = i0; i < i1; ++i) same = same && a[i] == a[i0] && b[i] == b[i0];
@@ -683,19 +708,16 @@ void KVCache::quantize_block(Layer& L, size_t entry) {
   const float* src = reinterpret_cast<const float*>(dense_pool_.data(e.id));
   const float* vsrc = src + size_t(B) * size_t(shape_.kv_dim());
   uint8_t* blk = quant_pool_.data(qid);
-  uint16_t* ks = reinterpret_cast<uint16_t*>(blk + 2 * size_t(H) * size_t(B) * pk);
-  uint16_t* kz = ks + size_t(H) * size_t(D);
-  uint16_t* vs = kz + size_t(H) * size_t(D);
-  uint16_t* vz = vs + size_t(H) * size_t(B);
+  auto u16 = [&](size_t off) { return reinterpret_cast<uint16_t*>(blk + off); };
   for (int g = 0; g < H; ++g) {
+    const KiviOffsets o = kivi_offsets(g, H, B, D, pk);
     // K: one (scale, zero) per channel over the group, computed once, never again.
-    quantize_k_group(src + size_t(g) * size_t(B) * size_t(D), size_t(D), B, D, bits_, blk + size_t(g) * size_t(B) * pk,
-                     ks + size_t(g) * size_t(D), kz + size_t(g) * size_t(D));
+    quantize_k_group(src + size_t(g) * size_t(B) * size_t(D), size_t(D), B, D, bits_, blk + o.kc, u16(o.ks),
+                     u16(o.kz));
     // V: one (scale, zero) per token.
     for (int j = 0; j < B; ++j)
-      quantize_v_token(vsrc + (size_t(g) * size_t(B) + size_t(j)) * size_t(D), D, bits_,
-                       blk + ((size_t(H) + size_t(g)) * size_t(B) + size_t(j)) * pk, vs + size_t(g) * size_t(B) + size_t(j),
-                       vz + size_t(g) * size_t(B) + size_t(j));
+      quantize_v_token(vsrc + (size_t(g) * size_t(B) + size_t(j)) * size_t(D), D, bits_, blk + o.vc + size_t(j) * pk,
+                       u16(o.vs) + j, u16(o.vz) + j);
   }
   dense_pool_.release(e.id);
   e = {qid, true};
