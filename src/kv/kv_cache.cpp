@@ -330,21 +330,6 @@ struct State {
     std::fill_n(acc, size_t(nq) * size_t(D), 0.f);
   }
 
-  // Adds the scores x [n] of head h's next keys: rescales what head h holds to the new max, turns
-  // x into the softmax numerators e^(x - m) in place and adds them to l.
-  void add_scores(int h, int D, float* x, int n) {
-    const float bm = max_of(x, n);
-    if (bm > m[h]) {
-      const float corr = std::exp(m[h] - bm);
-      l[h] *= corr;
-      z[h] *= corr;
-      float* a = acc + size_t(h) * size_t(D);
-      for (int d = 0; d < D; ++d) a[d] *= corr;
-      m[h] = bm;
-    }
-    l[h] += exp_sum(x, n, m[h]);
-  }
-
   // Folds in src, the state over later keys. An empty state takes src bit for bit.
   void merge(const State& src, int nq, int D) {
     for (int h = 0; h < nq; ++h) {
@@ -427,10 +412,11 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
   // head, the kernels' arithmetic does not depend on which other heads share the call, so a token's
   // output is bit for bit the same in any tile, batch or thread.
   constexpr int kTile = 8;
-  // Per-thread scratch: [kTile][group][B] scores, [kTile][group][D] queries (gathered or rotated),
-  // [B][D] keys as float32 (rotated, cache positions).
+  // Per-thread scratch: [kTile][group][part_cols] scores (a part's stream tokens, or the sinks),
+  // [kTile][group][D] queries (gathered or rotated), [B][D] keys as float32 (rotated, cache positions).
+  const int part_cols = int(std::max<int64_t>(part_len, int64_t(ceil_div(N, B)) * B));
   const size_t tile_heads = size_t(kTile) * size_t(group);
-  const size_t scratch_floats = tile_heads * size_t(B) + tile_heads * size_t(D) + size_t(B) * size_t(D);
+  const size_t scratch_floats = tile_heads * size_t(part_cols) + tile_heads * size_t(D) + size_t(B) * size_t(D);
   const size_t tile_state_floats = State::floats(int(tile_heads), D);
   auto cos_at = [&](int64_t delta) {
     PTLLM_CHECK(delta >= 0 && delta < max_delta_);
@@ -458,99 +444,130 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
   };
 
   // The states of the heads of KV head g of queries [t0, t0 + nt) over part `part`, into st
-  // (nt * group heads, query i's heads at [i * group, (i + 1) * group)).
+  // (nt * group heads, query i's heads at [i * group, (i + 1) * group)), in three passes over the
+  // part's blocks: the scores of all its keys (the part is at most kPartTokens wide, so they stay in
+  // the first-level cache), one softmax over them per head, then the values. Against an online
+  // softmax block by block this leaves one max and one exp pass per head and part instead of one per
+  // block (a block's 32 keys cost about as much to normalize as to score once they are int4), and no
+  // rescaling of the accumulators.
   auto run_part = [&](int t0, int nt, int g, int part, State st, float* scratch) {
     const int nh = nt * group;
-    float* scores = scratch;                                // [nt * group][B]
-    float* qb = scores + tile_heads * size_t(B);            // [nt * group][D]
-    float* kr = qb + tile_heads * size_t(D);                // [B][D]
+    float* scores = scratch;                               // [nt * group][part_cols], by slot in the part
+    float* qb = scores + tile_heads * size_t(part_cols);   // [nt * group][D]
+    float* kr = qb + tile_heads * size_t(D);               // [B][D]
+    const size_t ld = size_t(part_cols);
     st.reset(nh, D);
     if (!rotate)
       for (int i = 0; i < nt; ++i)
         std::copy_n(query(t0 + i, g), size_t(group) * size_t(D), qb + size_t(i) * size_t(group) * size_t(D));
 
-    // One block for queries [i0, i1) of the tile: query i sees slots [a[i], b[i]) of it (empty: a >= b),
-    // key slot j at distance delta0[i] - j. Cache positions: the score of key slot j is
-    // R(delta0 - j) q . k_j = R(delta0) q . R(j) k_j (RoPE depends only on the difference), so the
-    // block's keys (as float32, in kr) are rotated by j once for every head and each query once per
-    // block, instead of each query once per key.
-    //
+    // A block of the part, for queries [i0, i1) of the tile: query i sees slots [a[i], b[i]) of it
+    // (empty: a >= b), key slot j at distance delta0[i] - j; its slot 0 is column col of the scores.
+    struct Block {
+      const uint8_t* data;
+      bool quantized;
+      int i0, i1, col;
+      int a[kTile], b[kTile];
+      int64_t delta0[kTile];
+      // What the kernels ask for while they read this block (null: nothing): the block read two
+      // blocks later, its K rows (k_ahead_v false) or V rows. Scoring, the block two on, or near the
+      // part's end the first blocks' V rows (the values pass starts there); summing values, the block
+      // two on, its K rows near the end (the next part starts there).
+      const Entry *k_ahead, *v_ahead;
+      bool k_ahead_v, v_ahead_v;
+    };
+    auto data_of = [&](const Entry& e) { return e.quantized ? quant_pool_.data(e.id) : dense_pool_.data(e.id); };
+    // Queries [j0, j1) of a block all seeing slots [a0, b0), or each query alone where they differ
+    // (the causal edge, the window's lower edge).
+    auto for_runs = [&](const Block& k, auto&& fn) {
+      bool same = true;
+      for (int i = k.i0; i < k.i1; ++i) same = same && k.a[i] == k.a[k.i0] && k.b[i] == k.b[k.i0];
+      if (same) {
+        fn(k.i0, k.i1, k.a[k.i0], k.b[k.i0]);
+      } else {
+        for (int i = k.i0; i < k.i1; ++i)
+          if (k.a[i] < k.b[i]) fn(i, i + 1, k.a[i], k.b[i]);
+      }
+    };
     // Prefetch: a head's K (or V) in a block is a few KB, one page or less, and blocks are not
     // adjacent, so the hardware prefetchers (which follow a stream within a page) would start each
     // block cold and attention over a cache larger than the last-level cache would wait on memory.
-    // While the keys of this block are scored (and their values summed), the kernels ask for the same
-    // rows of K (and V) of the next block, a few lines per row read: a steady trickle one block ahead
-    // (asking for a whole block at once fills the core's miss buffers and stalls it).
-    auto block = [&](const uint8_t* blk, bool quantized, int i0, int i1, const int* a, const int* b,
-                     const int64_t* delta0, const Entry* next) {
-      const int lo = *std::min_element(a + i0, a + i1), hi = *std::max_element(b + i0, b + i1);
-      const Rows cur = rows_of(blk, quantized, g);
-      const size_t row = quantized ? pk : size_t(D) * elem;  // bytes of a K (or V) row
+    // While the keys of a block are scored (or their values summed), the kernels ask for the same rows
+    // of K (or V) of the next block, a few lines per row read: a steady trickle one block ahead (asking
+    // for a whole block at once fills the core's miss buffers and stalls it). Its scales (a line or
+    // two each) are asked for here.
+    auto ask = [](const uint16_t* p, int n) {
+      for (int i = 0; i < n; i += 32) __builtin_prefetch(p + i);  // 32 f16 a cache line
+    };
+    // Entry e's K (values: V) rows from slot a0, with their scales asked for; null when e is.
+    auto ahead = [&](const Entry* e, bool values, int a0) -> const uint8_t* {
+      if (!e) return nullptr;
+      const Rows r = rows_of(data_of(*e), e->quantized, g);
+      if (e->quantized) {
+        if (values)
+          ask(r.vs, B), ask(r.vz, B);
+        else
+          ask(r.ks, D), ask(r.kz, D);
+      }
+      return (values ? r.v : r.k) + size_t(a0) * (e->quantized ? pk : size_t(D) * elem);
+    };
+
+    // Pass 1: scores. Quantized: q.k_j = (q * s) . c_j + q . z with per-channel (s, z), the softmax
+    // scale folded in. Cache positions: the score of key slot j is R(delta0 - j) q . k_j =
+    // R(delta0) q . R(j) k_j (RoPE depends only on the difference), so the block's keys (as float32,
+    // in kr) are rotated by j once for every head and each query once per block, instead of each
+    // query once per key.
+    auto score = [&](const Block& k) {
+      const int lo = *std::min_element(k.a + k.i0, k.a + k.i1), hi = *std::max_element(k.b + k.i0, k.b + k.i1);
+      const Rows cur = rows_of(k.data, k.quantized, g);
+      const size_t row = k.quantized ? pk : size_t(D) * elem;  // bytes of a K (or V) row
       if (rotate) {
         float* k0 = kr + size_t(lo) * size_t(D);
-        if (quantized)
+        if (k.quantized)
           kivi_k_dequant(cur.k + size_t(lo) * pk, cur.ks, cur.kz, hi - lo, D, bits_, k0);
         else
           load_from(cur.k + size_t(lo) * row, dense_, k0, (hi - lo) * D);
         for (int j = lo; j < hi; ++j) {
-          float* k = kr + size_t(j) * size_t(D);
-          rope_rotate_one(k, D, cos_at(j), sin_at(j), k);  // in place
+          float* kj = kr + size_t(j) * size_t(D);
+          rope_rotate_one(kj, D, cos_at(j), sin_at(j), kj);  // in place
         }
-        for (int i = i0; i < i1; ++i) {
-          if (a[i] >= b[i]) continue;
-          const float *c = cos_at(delta0[i]), *sn = sin_at(delta0[i]);
+        for (int i = k.i0; i < k.i1; ++i) {
+          if (k.a[i] >= k.b[i]) continue;
+          const float *c = cos_at(k.delta0[i]), *sn = sin_at(k.delta0[i]);
           for (int r = 0; r < group; ++r)
             rope_rotate_one(query(t0 + i, g) + size_t(r) * size_t(D), D, c, sn,
                             qb + (size_t(i) * size_t(group) + size_t(r)) * size_t(D));
         }
       }
-      // The next block's K and V rows of head g (null: nothing to ask for); the kernels ask for them
-      // a few lines at a time, its scales (a line or two each) are asked for here.
-      Rows nr{};
-      if (next) {
-        nr = rows_of(next->quantized ? quant_pool_.data(next->id) : dense_pool_.data(next->id), next->quantized, g);
-        auto ask = [](const uint16_t* p, int n) {
-          for (int i = 0; i < n; i += 32) __builtin_prefetch(p + i);  // 32 f16 a cache line
-        };
-        if (next->quantized) {
-          ask(nr.ks, D);
-          ask(nr.kz, D);
-          ask(nr.vs, B);
-          ask(nr.vz, B);
-        }
-      }
-      const size_t next_row = next && next->quantized ? pk : size_t(D) * elem;
-      // Queries [j0, j1), all seeing slots [a0, b0): K scores (quantized: q.k_j = (q * s) . c_j + q . z
-      // with per-channel (s, z), the softmax scale folded in), the online softmax, then V (quantized:
-      // sum p_j v_j = sum (p_j s_j) c_j + (sum p_j z_j) 1 with per-token (s_j, z_j)).
-      auto run = [&](int j0, int j1, int a0, int b0) {
+      for_runs(k, [&](int j0, int j1, int a0, int b0) {
         const int n = b0 - a0, h0 = j0 * group, nq = (j1 - j0) * group;
-        float* sc = scores + size_t(h0) * size_t(B);
+        float* sc = scores + size_t(h0) * ld + size_t(k.col + a0);
         const float* qq = qb + size_t(h0) * size_t(D);
-        const uint8_t* nk = nr.k ? nr.k + size_t(a0) * next_row : nullptr;
-        const uint8_t* nv = nr.v ? nr.v + size_t(a0) * next_row : nullptr;
+        const uint8_t* nk = ahead(k.k_ahead, k.k_ahead_v, a0);
         if (rotate)
-          dense_k_block(qq, nq, kr + size_t(a0) * size_t(D), DType::F32, scale, n, D, sc + a0, B);
-        else if (quantized)
-          kivi_k_block(qq, nq, cur.k + size_t(a0) * row, cur.ks, cur.kz, scale, n, D, bits_, sc + a0, B, nk);
+          dense_k_block(qq, nq, kr + size_t(a0) * size_t(D), DType::F32, scale, n, D, sc, int(ld));
+        else if (k.quantized)
+          kivi_k_block(qq, nq, cur.k + size_t(a0) * row, cur.ks, cur.kz, scale, n, D, bits_, sc, int(ld), nk);
         else
-          dense_k_block(qq, nq, cur.k + size_t(a0) * row, dense_, scale, n, D, sc + a0, B, nk);
-        for (int h = 0; h < nq; ++h) st.add_scores(h0 + h, D, sc + size_t(h) * size_t(B) + size_t(a0), n);
+          dense_k_block(qq, nq, cur.k + size_t(a0) * row, dense_, scale, n, D, sc, int(ld), nk);
+      });
+    };
+    // Pass 3: values (quantized: sum p_j v_j = sum (p_j s_j) c_j + (sum p_j z_j) 1 with per-token
+    // (s_j, z_j)).
+    auto sum_values = [&](const Block& k) {
+      const Rows cur = rows_of(k.data, k.quantized, g);
+      const size_t row = k.quantized ? pk : size_t(D) * elem;
+      for_runs(k, [&](int j0, int j1, int a0, int b0) {
+        const int n = b0 - a0, h0 = j0 * group, nq = (j1 - j0) * group;
+        const float* p = scores + size_t(h0) * ld + size_t(k.col + a0);
+        const uint8_t* nv = ahead(k.v_ahead, k.v_ahead_v, a0);
         float* acc = st.acc + size_t(h0) * size_t(D);
-        if (quantized)
-          kivi_v_block(sc + a0, B, nq, cur.v + size_t(a0) * row, cur.vs + a0, cur.vz + a0, n, D, bits_, acc,
+        if (k.quantized)
+          kivi_v_block(p, int(ld), nq, cur.v + size_t(a0) * row, cur.vs + a0, cur.vz + a0, n, D, bits_, acc,
                        st.z + h0, nv);
         else
-          dense_v_block(sc + a0, B, nq, cur.v + size_t(a0) * row, dense_, n, D, acc, nv);
-      };
-      bool same = true;
-      for (int i = i0; i < i1; ++i) same = same && a[i] == a[i0] && b[i] == b[i0];
-      if (same) {
-        run(i0, i1, a[i0], b[i0]);
-      } else {
-        for (int i = i0; i < i1; ++i)
-          if (a[i] < b[i]) run(i, i + 1, a[i], b[i]);
-      }
+          dense_v_block(p, int(ld), nq, cur.v + size_t(a0) * row, dense_, n, D, acc, nv);
+      });
     };
 
     Visible v[kTile];
@@ -559,57 +576,95 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
       v[i] = visible(t0 + i);
       q_slot[i] = stream_mode ? std::min<int64_t>(n_before + t0 + i, int64_t(N) + M - 1) : n_before + t0 + i;
     }
-    int a[kTile], b[kTile];
-    int64_t delta0[kTile];
     // Queries [i0, i1) of the tile that see some of a block: an interval, since both ends of the
     // visible range grow with the query index.
-    auto active = [&](int& i0, int& i1) {
-      i0 = 0;
-      while (i0 < nt && a[i0] >= b[i0]) ++i0;
-      i1 = i0;
-      while (i1 < nt && a[i1] < b[i1]) ++i1;
-      for (int i = i1; i < nt; ++i) PTLLM_CHECK(a[i] >= b[i]);
-      return i0 < i1;
+    auto active = [&](Block& k) {
+      k.i0 = 0;
+      while (k.i0 < nt && k.a[k.i0] >= k.b[k.i0]) ++k.i0;
+      k.i1 = k.i0;
+      while (k.i1 < nt && k.a[k.i1] < k.b[k.i1]) ++k.i1;
+      for (int i = k.i1; i < nt; ++i) PTLLM_CHECK(k.a[i] >= k.b[i]);
+      return k.i0 < k.i1;
     };
-    if (part == 0) {
-      // Sinks: global indices [0, n_sink_vis), cache slot = index.
-      int64_t n_sink = 0;
-      for (int i = 0; i < nt; ++i) n_sink = std::max(n_sink, v[i].n_sink_vis);
-      for (int64_t s0 = 0; s0 < n_sink; s0 += B) {
+    // The part's blocks in order, each given to fn; query i sees columns [c0[i], c1[i]) of the scores.
+    int c0[kTile], c1[kTile];
+    auto for_blocks = [&](auto&& fn) {
+      Block k;
+      if (part == 0) {
+        // Sinks: global indices [0, n_sink_vis), cache slot = index.
+        int64_t n_sink = 0;
         for (int i = 0; i < nt; ++i) {
-          a[i] = 0;
-          b[i] = int(std::clamp<int64_t>(v[i].n_sink_vis - s0, 0, B));
-          delta0[i] = q_slot[i] - s0;
+          n_sink = std::max(n_sink, v[i].n_sink_vis);
+          c0[i] = 0;
+          c1[i] = int(v[i].n_sink_vis);
         }
-        int i0, i1;
-        if (active(i0, i1)) block(dense_pool_.data(L.sinks[size_t(s0 / B)]), false, i0, i1, a, b, delta0, nullptr);
+        for (int64_t s0 = 0; s0 < n_sink; s0 += B) {
+          for (int i = 0; i < nt; ++i) {
+            k.a[i] = 0;
+            k.b[i] = int(std::clamp<int64_t>(v[i].n_sink_vis - s0, 0, B));
+            k.delta0[i] = q_slot[i] - s0;
+          }
+          if (!active(k)) continue;
+          k.data = dense_pool_.data(L.sinks[size_t(s0 / B)]);
+          k.quantized = false;
+          k.col = int(s0);
+          k.k_ahead = k.v_ahead = nullptr;
+          k.k_ahead_v = k.v_ahead_v = false;
+          fn(k);
+        }
+        return;
       }
-      return;
-    }
-    int64_t lo[kTile], hi[kTile], lo_all = std::numeric_limits<int64_t>::max(), hi_all = -1;
-    for (int i = 0; i < nt; ++i) {
-      part_range(v[i], part, lo[i], hi[i]);
-      if (lo[i] > hi[i]) continue;
-      lo_all = std::min(lo_all, lo[i]);
-      hi_all = std::max(hi_all, hi[i]);
-    }
-    if (hi_all < 0) return;
-    for (size_t e = size_t((lo_all - L.begin) / B); e < L.stream.size(); ++e) {
-      const int64_t first_slot = L.begin + int64_t(e) * B;
-      if (first_slot > hi_all) break;
+      const int64_t start = (p0 + part - 1) * part_len;  // stream index of column 0
+      int64_t lo[kTile], hi[kTile], lo_all = std::numeric_limits<int64_t>::max(), hi_all = -1;
       for (int i = 0; i < nt; ++i) {
-        a[i] = int(std::clamp<int64_t>(lo[i] - first_slot, 0, B));
-        b[i] = int(std::clamp<int64_t>(hi[i] + 1 - first_slot, 0, B));
-        if (lo[i] > hi[i]) a[i] = b[i] = 0;
-        // Distances of window keys equal their index distances in both position schemes.
-        delta0[i] = v[i].si - first_slot;
+        part_range(v[i], part, lo[i], hi[i]);
+        c0[i] = c1[i] = 0;
+        if (lo[i] > hi[i]) continue;
+        c0[i] = int(lo[i] - start);
+        c1[i] = int(hi[i] + 1 - start);
+        lo_all = std::min(lo_all, lo[i]);
+        hi_all = std::max(hi_all, hi[i]);
       }
-      int i0, i1;
-      if (!active(i0, i1)) continue;
-      const Entry& en = L.stream[e];
-      block(en.quantized ? quant_pool_.data(en.id) : dense_pool_.data(en.id), en.quantized, i0, i1, a, b, delta0,
-            e + 1 < L.stream.size() ? &L.stream[e + 1] : nullptr);
+      if (hi_all < 0) return;
+      const size_t e0 = size_t((lo_all - L.begin) / B), e_last = size_t((hi_all - L.begin) / B);
+      for (size_t e = e0; e < L.stream.size(); ++e) {
+        const int64_t first_slot = L.begin + int64_t(e) * B;
+        if (first_slot > hi_all) break;
+        for (int i = 0; i < nt; ++i) {
+          k.a[i] = int(std::clamp<int64_t>(lo[i] - first_slot, 0, B));
+          k.b[i] = int(std::clamp<int64_t>(hi[i] + 1 - first_slot, 0, B));
+          if (lo[i] > hi[i]) k.a[i] = k.b[i] = 0;
+          // Distances of window keys equal their index distances in both position schemes.
+          k.delta0[i] = v[i].si - first_slot;
+        }
+        if (!active(k)) continue;
+        const Entry& en = L.stream[e];
+        k.data = data_of(en);
+        k.quantized = en.quantized;
+        k.col = int(first_slot - start);
+        // Two blocks ahead: a block's K (or V) is read in less time than memory takes to answer.
+        const bool near_end = e + 2 > e_last;
+        const size_t ka = near_end ? e + 2 - (e_last - e0 + 1) : e + 2;
+        k.k_ahead = ka < L.stream.size() ? &L.stream[ka] : nullptr;
+        k.k_ahead_v = near_end;
+        k.v_ahead = e + 2 < L.stream.size() ? &L.stream[e + 2] : nullptr;
+        k.v_ahead_v = !near_end;
+        fn(k);
+      }
+    };
+    for_blocks(score);
+    // Pass 2: each head's softmax numerators e^(x - m) over its columns, in place, and their sum.
+    for (int i = 0; i < nt; ++i) {
+      const int n = c1[i] - c0[i];
+      if (n <= 0) continue;
+      for (int r = 0; r < group; ++r) {
+        const int h = i * group + r;
+        float* x = scores + size_t(h) * ld + size_t(c0[i]);
+        st.m[h] = max_of(x, n);
+        st.l[h] = exp_sum(x, n, st.m[h]);
+      }
     }
+    for_blocks(sum_values);
   };
   // Query t0 + i's heads of KV head g, from the state of the tile.
   auto write_out = [&](int t0, int nt, int g, const State& st) {
