@@ -574,15 +574,41 @@ template <int BITS>
 struct Bf16V {  // int4 (AVX-512 BF16) and int2 (and VBMI)
   static constexpr int kBits = BITS;
   using W = uint16_t;
-  // w to bf16; returns sum_j w~_j of the rounded weights (the pass takes off 128 times it).
-  PTLLM_TARGET_BF16 static float round(const float* w, int n, W* out) {
-    __m512 ws = _mm512_setzero_ps();
-    for (int j = 0; j < n; j += 16) {
-      const __m256i b = (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(w + j));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(out + j), b);
-      ws = _mm512_add_ps(ws, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16)));
+  // The weights of r <= 4 heads (rows of p, stride ld_p) for keys [0, n): wq[h][j] = p[h][j]
+  // max(kMinScale, s[j]) rounded to bf16 (zeros from n to the next multiple of 16); f[h] = sum_j of
+  // the rounded weights (the pass takes off 128 times it); zacc[h] += sum_j p[h][j] z[j], the zero-point
+  // term. The heads' sums are reduced together, each in the same order whatever r is.
+  PTLLM_TARGET_BF16 static void weights(const float* p, int ld_p, int r, const uint16_t* scale, const uint16_t* zero,
+                                        int n, W (*wq)[kVKeys], float* f, float* zacc) {
+    switch (r) {  // the heads' sums in registers
+      case 4: return weights_r<4>(p, ld_p, scale, zero, n, wq, f, zacc);
+      case 3: return weights_r<3>(p, ld_p, scale, zero, n, wq, f, zacc);
+      case 2: return weights_r<2>(p, ld_p, scale, zero, n, wq, f, zacc);
+      default: return weights_r<1>(p, ld_p, scale, zero, n, wq, f, zacc);
     }
-    return _mm512_reduce_add_ps(ws);
+  }
+  template <int R>
+  PTLLM_TARGET_BF16 static void weights_r(const float* p, int ld_p, const uint16_t* scale, const uint16_t* zero, int n,
+                                          W (*wq)[kVKeys], float* f, float* zacc) {
+    const __m512 floor = _mm512_set1_ps(kMinScale);
+    __m512 zs[4], ws[4];
+    PTLLM_UNROLL_VNNI for (int h = 0; h < 4; ++h) zs[h] = ws[h] = _mm512_setzero_ps();
+    for (int j = 0; j < n; j += 16) {
+      const __mmask16 m = __mmask16(n - j >= 16 ? 0xFFFF : (1u << (n - j)) - 1u);
+      const __m512 sv = _mm512_max_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, scale + j)), floor);
+      const __m512 zv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, zero + j));
+      PTLLM_UNROLL_VNNI for (int h = 0; h < R; ++h) {
+        const __m512 pv = _mm512_maskz_loadu_ps(m, p + size_t(h) * size_t(ld_p) + size_t(j));
+        zs[h] = _mm512_fmadd_ps(pv, zv, zs[h]);
+        const __m256i b = (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(pv, sv));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(wq[h] + j), b);
+        ws[h] = _mm512_add_ps(ws[h], _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16)));
+      }
+    }
+    alignas(16) float z4[4];
+    Avx512::reduce_add4(zs[0], zs[1], zs[2], zs[3], z4);
+    Avx512::reduce_add4(ws[0], ws[1], ws[2], ws[3], f);
+    for (int h = 0; h < R; ++h) zacc[h] += z4[h];
   }
   template <int R>
   static void pass(const W* wq, const uint8_t* codes, size_t pk, int nk, int c0, const float* f, int D, float* acc,
@@ -608,6 +634,15 @@ struct W16V {  // int8, AVX-512 VNNI
                          _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(w + j), inv))));
     return some ? wmax / 32767.f : 0.f;
   }
+  // As Bf16V::weights, on the scales round returns.
+  PTLLM_TARGET_VNNI static void weights(const float* p, int ld_p, int r, const uint16_t* scale, const uint16_t* zero,
+                                        int n, W (*wq)[kVKeys], float* f, float* zacc) {
+    alignas(64) float w[kVKeys];
+    for (int h = 0; h < r; ++h) {
+      zacc[h] += v_weights(p + size_t(h) * size_t(ld_p), scale, zero, n, w);
+      f[h] = round(w, n, wq[h]);
+    }
+  }
   template <int R>
   static void pass(const W* wq, const uint8_t* codes, size_t pk, int nk, int c0, const float* f, int D, float* acc,
                    const void* next) {
@@ -621,16 +656,12 @@ PTLLM_TARGET_VNNI void two_key_v_block(const float* p, int ld_p, int nq, const u
                                        const uint16_t* zero, int nk, int D, float* acc, float* zacc, const void* next) {
   const size_t pk = size_t(D) * K::kBits / 8;
   alignas(64) typename K::W wq[4][kVKeys];
-  alignas(64) float w[kVKeys];
   for (int j0 = 0; j0 < nk; j0 += kVKeys) {
     const int n = std::min(kVKeys, nk - j0);
     for (int h0 = 0; h0 < nq; h0 += 4) {
       const int r = std::min(4, nq - h0);
-      float f[4];
-      for (int h = 0; h < r; ++h) {
-        zacc[h0 + h] += v_weights(p + size_t(h0 + h) * size_t(ld_p) + size_t(j0), scale + j0, zero + j0, n, w);
-        f[h] = K::round(w, n, wq[h]);
-      }
+      alignas(16) float f[4];
+      K::weights(p + size_t(h0) * size_t(ld_p) + size_t(j0), ld_p, r, scale + j0, zero + j0, n, wq, f, zacc + h0);
       const uint8_t* c = codes + size_t(j0) * pk;
       const void* nx = next && h0 == 0 ? static_cast<const uint8_t*>(next) + size_t(j0) * pk : nullptr;
       float* ah = acc + size_t(h0) * size_t(D);
