@@ -302,8 +302,14 @@ PTLLM_TARGET_VNNI inline __m128i sum4_epi32(__m512i a, __m512i b, __m512i c, __m
 }
 
 // 16 channels x * inv as int8 (cvtps rounds to nearest even).
-PTLLM_TARGET_VNNI inline __m128i vnni_q8(const float* x, __m512 inv) {
-  return _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(x), inv)));
+// x [64] times inv rounded to int8 (|x inv| <= 127), channel c at byte c: three saturating packs
+// (exact in range) leave channel 16 v + 4 L + e at byte 4 v + e of 128-bit lane L, and a transpose of
+// the 4 x 4 dwords puts them in order.
+PTLLM_TARGET_VNNI inline __m512i vnni_q8x64(const float* x, __m512 inv) {
+  __m512i y[4];
+  for (int v = 0; v < 4; ++v) y[v] = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(x + 16 * v), inv));
+  const __m512i p = _mm512_packs_epi16(_mm512_packs_epi32(y[0], y[1]), _mm512_packs_epi32(y[2], y[3]));
+  return _mm512_permutexvar_epi32(_mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0), p);
 }
 
 constexpr int kVnniMaxD = 256;  // longer rows: the float kernel
@@ -355,12 +361,7 @@ PTLLM_TARGET_VNNI void vnni_k_heads(const float* q, const uint8_t* codes, const 
   PTLLM_UNROLL_VNNI for (int h = 0; h < R; ++h) iv[h] = _mm512_castps_si512(_mm512_set1_ps(inv[h]));
   for (int i = 0; i < D; i += 64) {
     PTLLM_UNROLL_VNNI for (int h = 0; h < R; ++h) {
-      const float* x = qf[h] + i;
-      const __m512 ih = _mm512_castsi512_ps(iv[h]);
-      __m512i v = _mm512_castsi128_si512(vnni_q8(x, ih));
-      v = _mm512_inserti32x4(v, vnni_q8(x + 16, ih), 1);
-      v = _mm512_inserti32x4(v, vnni_q8(x + 32, ih), 2);
-      v = _mm512_inserti32x4(v, vnni_q8(x + 48, ih), 3);
+      const __m512i v = vnni_q8x64(qf[h] + i, _mm512_castsi512_ps(iv[h]));
       qsum[h] = _mm512_dpbusd_epi32(qsum[h], ones, v);
       _mm512_store_si512(qd + size_t(h) * size_t(D) / 4 + size_t(i) / 4, BITS == 8 ? v : _mm512_shuffle_epi8(v, order));
     }

@@ -120,8 +120,9 @@ class Ring {
   size_t size() const { return size_; }
   size_t capacity() const { return buf_.size(); }
   bool empty() const { return size_ == 0; }
-  Entry& operator[](size_t i) { return buf_[(head_ + i) % buf_.size()]; }
-  const Entry& operator[](size_t i) const { return buf_[(head_ + i) % buf_.size()]; }
+  // Attention indexes the ring once per block read: a compare, not a division.
+  Entry& operator[](size_t i) { return buf_[wrap(head_ + i)]; }
+  const Entry& operator[](size_t i) const { return buf_[wrap(head_ + i)]; }
   void push_back(Entry e) {
     PTLLM_CHECK(size_ < buf_.size());
     buf_[(head_ + size_) % buf_.size()] = e;
@@ -138,6 +139,7 @@ class Ring {
   }
 
  private:
+  size_t wrap(size_t i) const { return i < buf_.size() ? i : i - buf_.size(); }  // i < 2 capacity
   std::vector<Entry> buf_;
   size_t head_ = 0, size_ = 0;
 };
