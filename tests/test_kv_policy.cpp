@@ -200,17 +200,19 @@ TEST(KVPolicyTargetsTest, KiviAttentionMatchesTheReferenceOnEveryTarget) {
 
 // Contexts longer than one attention part (512 tokens): a step spread over the pool (each part a
 // piece of work, merged afterwards) matches the reference and, bit for bit, the same step walked by
-// one thread; with StreamingLLM the window starts inside a part.
+// one thread; with StreamingLLM the window starts inside a part, and 600 sinks make the sinks' part
+// wider than a stream part (its scores need the wider buffer).
 TEST(KVCachePartsTest, LongContextSplitOverThreadsIsExactAndMatchesReference) {
   for (KVPrecision p : {KVPrecision::F32, KVPrecision::Int4})
-    for (bool stream : {false, true}) {
+    for (int sinks : {0, 4, 600}) {  // 0: no StreamingLLM
+      const bool stream = sinks > 0;
       Harness h;
       h.cfg.precision = p;
       h.cfg.group_size = 16;
       h.cfg.residual = 32;
       h.cfg.ctx_size = 1400;
       if (stream) {
-        h.cfg.sink = 4;
+        h.cfg.sink = sinks;
         h.cfg.window = 1100;
         h.cfg.positions = PositionMode::Cache;
       }

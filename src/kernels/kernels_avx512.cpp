@@ -275,7 +275,7 @@ PTLLM_TARGET_VNNI void vnni_k_pass(const int32_t* qd, const float* a, const floa
           acc[h] = _mm512_dpbusd_epi32(acc[h], c, _mm512_set1_epi32(qk[size_t(h) * nq4 + size_t(m * KPB + s)]));
       }
     }
-    const __mmask16 keep = __mmask16((1u << n) - 1u);
+    const __mmask16 keep = Avx512::mask(n);
     PTLLM_UNROLL_VNNI for (int h = 0; h < R; ++h) {
       const __m512 v = _mm512_fmadd_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(acc[h]), _mm512_set1_ps(b[h])),
                                            _mm512_set1_ps(a[h]), _mm512_set1_ps(qz[h]));
@@ -301,7 +301,6 @@ PTLLM_TARGET_VNNI inline __m128i sum4_epi32(__m512i a, __m512i b, __m512i c, __m
   return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
 
-// 16 channels x * inv as int8 (cvtps rounds to nearest even).
 // x [64] times inv rounded to int8 (|x inv| <= 127), channel c at byte c: three saturating packs
 // (exact in range) leave channel 16 v + 4 L + e at byte 4 v + e of 128-bit lane L, and a transpose of
 // the 4 x 4 dwords puts them in order.
@@ -415,6 +414,13 @@ PTLLM_TARGET_VNNI void vnni_k_block(const float* q, int nq, const uint8_t* codes
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,avx2,fma,f16c")))
 constexpr int kVKeys = 64;  // keys whose weights the two-keys-a-lane V kernels round at once
 
+// The rounded 16-bit weights of keys j and j + 1 of head h (rows of kVKeys) in every 32-bit lane.
+PTLLM_TARGET_VNNI inline __m512i weight_pair(const void* w, int h, int j) {
+  uint32_t pair;
+  std::memcpy(&pair, static_cast<const uint16_t*>(w) + size_t(h) * kVKeys + size_t(j), sizeof pair);
+  return _mm512_set1_epi32(int(pair));
+}
+
 // acc[0..63] of one head += the 4 accumulators a (internal order, see bf16_v_pass) - off.
 PTLLM_TARGET_BF16 inline void bf16_v_store(const __m512* a, float off, float* acc) {
   // a[0] lane 4L + m holds channel 16L + 2m, a[1] 16L + 8 + 2m, a[2] 16L + 2m + 1, a[3] 16L + 9 + 2m.
@@ -450,9 +456,7 @@ PTLLM_TARGET_BF16 void bf16_v_pass(const uint16_t* wb, const uint8_t* codes, siz
     const __m512bh b[4] = {(__m512bh)_mm512_unpacklo_epi8(el, hb), (__m512bh)_mm512_unpackhi_epi8(el, hb),
                            (__m512bh)_mm512_unpacklo_epi8(od, hb), (__m512bh)_mm512_unpackhi_epi8(od, hb)};
     for (int h = 0; h < R; ++h) {
-      uint32_t pair;
-      std::memcpy(&pair, wb + size_t(h) * kVKeys + size_t(j), sizeof pair);
-      const __m512bh wv = (__m512bh)_mm512_set1_epi32(int(pair));
+      const __m512bh wv = (__m512bh)weight_pair(wb, h, j);
       for (int k = 0; k < 4; ++k) a[h][k] = _mm512_dpbf16_ps(a[h][k], b[k], wv);
     }
   }
@@ -496,9 +500,7 @@ PTLLM_TARGET_BF16_VBMI void bf16_v2_pass(const uint16_t* wb, const uint8_t* code
       b[v] = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srlv_epi16(_mm512_permutexvar_epi8(idx[v], x), sh), m3, hb,
                                                   0xEA);  // (y & m3) | hb
     for (int h = 0; h < R; ++h) {
-      uint32_t pair;
-      std::memcpy(&pair, wb + size_t(h) * kVKeys + size_t(j), sizeof pair);
-      const __m512bh wv = (__m512bh)_mm512_set1_epi32(int(pair));
+      const __m512bh wv = (__m512bh)weight_pair(wb, h, j);
       for (int v = 0; v < 4; ++v) a[h][v] = _mm512_dpbf16_ps(a[h][v], b[v], wv);
     }
   }
@@ -533,9 +535,7 @@ PTLLM_TARGET_VNNI void w16_v_pass(const int16_t* wq, const uint8_t* codes, size_
       b[2 * half + 1] = _mm512_unpackhi_epi16(x0, x1);  // lane L: channels 8L + 4..7
     }
     for (int h = 0; h < R; ++h) {
-      uint32_t pair;
-      std::memcpy(&pair, wq + size_t(h) * kVKeys + size_t(j), sizeof pair);
-      const __m512i wv = _mm512_set1_epi32(int(pair));
+      const __m512i wv = weight_pair(wq, h, j);
       for (int k = 0; k < 4; ++k) a[h][k] = _mm512_dpwssd_epi32(a[h][k], b[k], wv);
     }
   }
@@ -559,7 +559,7 @@ PTLLM_TARGET_VNNI float v_weights(const float* ph, const uint16_t* scale, const 
   const __m512 floor = _mm512_set1_ps(kMinScale);
   __m512 zs = _mm512_setzero_ps();
   for (int j = 0; j < n; j += 16) {
-    const __mmask16 m = __mmask16(n - j >= 16 ? 0xFFFF : (1u << (n - j)) - 1u);
+    const __mmask16 m = Avx512::mask(std::min(16, n - j));
     const __m512 pv = _mm512_maskz_loadu_ps(m, ph + j);
     const __m512 sv = _mm512_max_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, scale + j)), floor);
     zs = _mm512_fmadd_ps(pv, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, zero + j)), zs);
@@ -595,7 +595,7 @@ struct Bf16V {  // int4 (AVX-512 BF16) and int2 (and VBMI)
     __m512 zs[4], ws[4];
     PTLLM_UNROLL_VNNI for (int h = 0; h < 4; ++h) zs[h] = ws[h] = _mm512_setzero_ps();
     for (int j = 0; j < n; j += 16) {
-      const __mmask16 m = __mmask16(n - j >= 16 ? 0xFFFF : (1u << (n - j)) - 1u);
+      const __mmask16 m = Avx512::mask(std::min(16, n - j));
       const __m512 sv = _mm512_max_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, scale + j)), floor);
       const __m512 zv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, zero + j));
       PTLLM_UNROLL_VNNI for (int h = 0; h < R; ++h) {

@@ -29,7 +29,7 @@ struct KernelTable {
   void (*from_bf16)(const void* src, float* dst, int n);
   void (*from_f16)(const void* src, float* dst, int n);
   // A KIVI block for the query heads sharing a KV head (kernels/quant.h).
-  // `next`: the same rows of the block read next, asked for while these are read (may be null).
+  // `next`: rows attention reads later, laid out the same, asked for while these are read (may be null).
   void (*kivi_k_block)(const float* q, int nq, const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
                        float qscale, int nk, int D, int bits, float* out, int ld_out, const void* next);
   void (*kivi_v_block)(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale,

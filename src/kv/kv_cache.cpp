@@ -120,17 +120,17 @@ class Ring {
   size_t size() const { return size_; }
   size_t capacity() const { return buf_.size(); }
   bool empty() const { return size_ == 0; }
-  // Attention indexes the ring once per block read: a compare, not a division.
+  // Indexed by a compare, not a division (attention indexes the ring once per block read).
   Entry& operator[](size_t i) { return buf_[wrap(head_ + i)]; }
   const Entry& operator[](size_t i) const { return buf_[wrap(head_ + i)]; }
   void push_back(Entry e) {
     PTLLM_CHECK(size_ < buf_.size());
-    buf_[(head_ + size_) % buf_.size()] = e;
+    buf_[wrap(head_ + size_)] = e;
     ++size_;
   }
   void pop_front() {
     PTLLM_CHECK(size_ > 0);
-    head_ = (head_ + 1) % buf_.size();
+    head_ = wrap(head_ + 1);
     --size_;
   }
   void pop_back() {
@@ -450,8 +450,7 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
   // part's blocks: the scores of all its keys (the part is at most kPartTokens wide, so they stay in
   // the first-level cache), one softmax over them per head, then the values. Against an online
   // softmax block by block this leaves one max and one exp pass per head and part instead of one per
-  // block (a block's 32 keys cost about as much to normalize as to score once they are int4), and no
-  // rescaling of the accumulators.
+  // block (at int4 those took half as long as the scores), and no rescaling of the accumulators.
   auto run_part = [&](int t0, int nt, int g, int part, State st, float* scratch) {
     const int nh = nt * group;
     float* scores = scratch;                               // [nt * group][part_cols], by slot in the part
@@ -471,12 +470,12 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
       int i0, i1, col;
       int a[kTile], b[kTile];
       int64_t delta0[kTile];
-      // What the kernels ask for while they read this block (null: nothing): the block read two
-      // blocks later, its K rows (k_ahead_v false) or V rows. Scoring, the block two on, or near the
-      // part's end the first blocks' V rows (the values pass starts there); summing values, the block
-      // two on, its K rows near the end (the next part starts there).
+      // What the kernels ask for while they read this block (null: nothing): rows of the block read
+      // two blocks later. Scoring, its K rows; summing values, its V rows. Near the part's end
+      // (near_end) the other way round: scoring asks for the first blocks' V rows (the values pass
+      // starts there), summing values for the next part's K rows.
       const Entry *k_ahead, *v_ahead;
-      bool k_ahead_v, v_ahead_v;
+      bool near_end;
     };
     auto data_of = [&](const Entry& e) { return e.quantized ? quant_pool_.data(e.id) : dense_pool_.data(e.id); };
     // Queries [j0, j1) of a block all seeing slots [a0, b0), or each query alone where they differ
@@ -494,10 +493,10 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
     // Prefetch: a head's K (or V) in a block is a few KB, one page or less, and blocks are not
     // adjacent, so the hardware prefetchers (which follow a stream within a page) would start each
     // block cold and attention over a cache larger than the last-level cache would wait on memory.
-    // While the keys of a block are scored (or their values summed), the kernels ask for the same rows
-    // of K (or V) of the next block, a few lines per row read: a steady trickle one block ahead (asking
-    // for a whole block at once fills the core's miss buffers and stalls it). Its scales (a line or
-    // two each) are asked for here.
+    // While the keys of a block are scored (or their values summed), the kernels ask for the rows read
+    // two blocks later (Block), a few lines per row read: a steady trickle ahead (asking for a whole
+    // block at once fills the core's miss buffers and stalls it). Their scales (a line or two each)
+    // are asked for here.
     auto ask = [](const uint16_t* p, int n) {
       for (int i = 0; i < n; i += 32) __builtin_prefetch(p + i);  // 32 f16 a cache line
     };
@@ -545,7 +544,7 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
         const int n = b0 - a0, h0 = j0 * group, nq = (j1 - j0) * group;
         float* sc = scores + size_t(h0) * ld + size_t(k.col + a0);
         const float* qq = qb + size_t(h0) * size_t(D);
-        const uint8_t* nk = ahead(k.k_ahead, k.k_ahead_v, a0);
+        const uint8_t* nk = ahead(k.k_ahead, k.near_end, a0);
         if (rotate)
           dense_k_block(qq, nq, kr + size_t(a0) * size_t(D), DType::F32, scale, n, D, sc, int(ld));
         else if (k.quantized)
@@ -562,7 +561,7 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
       for_runs(k, [&](int j0, int j1, int a0, int b0) {
         const int n = b0 - a0, h0 = j0 * group, nq = (j1 - j0) * group;
         const float* p = scores + size_t(h0) * ld + size_t(k.col + a0);
-        const uint8_t* nv = ahead(k.v_ahead, k.v_ahead_v, a0);
+        const uint8_t* nv = ahead(k.v_ahead, !k.near_end, a0);
         float* acc = st.acc + size_t(h0) * size_t(D);
         if (k.quantized)
           kivi_v_block(p, int(ld), nq, cur.v + size_t(a0) * row, cur.vs + a0, cur.vz + a0, n, D, bits_, acc,
@@ -611,7 +610,7 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
           k.quantized = false;
           k.col = int(s0);
           k.k_ahead = k.v_ahead = nullptr;
-          k.k_ahead_v = k.v_ahead_v = false;
+          k.near_end = false;
           fn(k);
         }
         return;
@@ -645,12 +644,10 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
         k.quantized = en.quantized;
         k.col = int(first_slot - start);
         // Two blocks ahead: a block's K (or V) is read in less time than memory takes to answer.
-        const bool near_end = e + 2 > e_last;
-        const size_t ka = near_end ? e + 2 - (e_last - e0 + 1) : e + 2;
+        k.near_end = e + 2 > e_last;
+        const size_t ka = k.near_end ? e + 2 - (e_last - e0 + 1) : e + 2;
         k.k_ahead = ka < L.stream.size() ? &L.stream[ka] : nullptr;
-        k.k_ahead_v = near_end;
         k.v_ahead = e + 2 < L.stream.size() ? &L.stream[e + 2] : nullptr;
-        k.v_ahead_v = !near_end;
         fn(k);
       }
     };
