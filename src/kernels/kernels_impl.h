@@ -797,6 +797,14 @@ struct Kernels {
   // prefetchers follow best: interleaving several rows measured 2-3x slower); x stays in L1/L2.
   // Each row's sum is taken in an order fixed by element index, never by address, so results do not
   // depend on where a checkpoint's bytes sit (sharded or re-padded files give identical logits).
+  // The stream is also asked for kGemvAhead bytes ahead of the line being read: the hardware
+  // prefetchers stop at every 4 KiB page, so without it each page starts with misses the core
+  // waits for. Where one core, not the memory, bounds the stream (one thread; both vCPUs in the
+  // VM's high-bandwidth state) a bf16 row stream went from 31 to 38 GB/s (docs/performance.md).
+  static constexpr size_t kGemvAhead = 4096;
+  PTLLM_TARGET static void gemv_ahead(const void* w, size_t byte) {
+    __builtin_prefetch(static_cast<const char*>(w) + byte + kGemvAhead);
+  }
 
   // F32 and F16 rows: chunks of N consecutive elements, U accumulators per row of x (TT * U >= 4
   // hides the FMA latency), the tail masked.
@@ -808,6 +816,10 @@ struct Kernels {
     const size_t row = size_t(r) * size_t(K);
     int k = 0;
     for (; k + U * N <= K; k += U * N) {
+      if constexpr (U * N * Ld::kBytes >= 64)
+        PTLLM_UNROLL for (size_t b = 0; b < U * N * Ld::kBytes; b += 64) gemv_ahead(w, (row + size_t(k)) * Ld::kBytes + b);
+      else if ((row + size_t(k)) * Ld::kBytes % 64 < U * N * Ld::kBytes)
+        gemv_ahead(w, (row + size_t(k)) * Ld::kBytes);
       PTLLM_UNROLL for (int u = 0; u < U; ++u) {
         const F wv = Ld::load(w, row + size_t(k + u * N));
         PTLLM_UNROLL for (int t = 0; t < TT; ++t)
@@ -843,6 +855,10 @@ struct Kernels {
     const int full = K / C * C;
     int k = 0;
     for (; k + U * C <= full; k += U * C) {
+      if constexpr (U * C * 2 >= 64)
+        PTLLM_UNROLL for (int b = 0; b < U * C * 2; b += 64) gemv_ahead(w, 2 * (row + size_t(k)) + size_t(b));
+      else if (2 * (row + size_t(k)) % 64 < U * C * 2)
+        gemv_ahead(w, 2 * (row + size_t(k)));
       PTLLM_UNROLL for (int u = 0; u < U; ++u) {
         F e, o;
         rows.next(e, o);
