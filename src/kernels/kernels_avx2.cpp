@@ -154,10 +154,10 @@ struct Avx2 {
   };
 
   PTLLM_TARGET static F round(F x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-  PTLLM_TARGET static F pow2i(F n) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+  PTLLM_TARGET static F ldexp_ge(F y, F n, F x, F lo) {
+    const F p = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+    return _mm256_blendv_ps(_mm256_mul_ps(y, p), _mm256_setzero_ps(), _mm256_cmp_ps(x, lo, _CMP_LT_OQ));
   }
-  PTLLM_TARGET static F blend_lt(F x, F lo, F a, F b) { return _mm256_blendv_ps(b, a, _mm256_cmp_ps(x, lo, _CMP_LT_OQ)); }
 
   // 8 x 8 transpose: pairs, quads within 128-bit lanes, then lanes.
   PTLLM_TARGET static void transpose(F* r) {

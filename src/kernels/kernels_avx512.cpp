@@ -163,10 +163,10 @@ struct Avx512 {
   };
 
   PTLLM_TARGET static F round(F x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-  PTLLM_TARGET static F pow2i(F n) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+  // One vscalefps (y 2^n, rounded once as y times the power would be), zeroing where x < lo.
+  PTLLM_TARGET static F ldexp_ge(F y, F n, F x, F lo) {
+    return _mm512_maskz_scalef_ps(_mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ), y, n);
   }
-  PTLLM_TARGET static F blend_lt(F x, F lo, F a, F b) { return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ), b, a); }
 
   // 16 x 16 transpose: r[i][j] -> r[j][i]. Pairs, then quads within 128-bit lanes, then lanes.
   PTLLM_TARGET static void transpose(F* r) {

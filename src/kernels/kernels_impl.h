@@ -9,7 +9,7 @@
 // store_bf16/f16(_n) (16-bit rows at any address); load_u8/u4/u2 (N codes of a packed row);
 // load_u4_split/load_u2_split (N bytes of codes split by position in the byte), deinterleave and
 // interleave (2N lanes <-> even and odd lanes);
-// round (to nearest), pow2i (2^n for integral n), blend_lt (x < lo ? a : b), transpose (N x N),
+// round (to nearest), ldexp_ge (x < lo ? 0 : y 2^n for integral n), transpose (N x N),
 // and Bf16Rows (a bf16 row read in consecutive chunks of 2N, as its even and odd elements).
 #ifndef PTLLM_TARGET
 #error "define PTLLM_TARGET before including kernels_impl.h"
@@ -707,7 +707,7 @@ struct Kernels {
     p = V::fma(p, r, V::set1(1.6666665459e-1f));
     p = V::fma(p, r, V::set1(5.0000001201e-1f));
     const F y = V::fma(p, V::mul(r, r), V::add(r, V::set1(1.0f)));
-    return V::blend_lt(x, lo, V::zero(), V::mul(y, V::pow2i(n)));
+    return V::ldexp_ge(y, n, x, lo);
   }
 
   PTLLM_TARGET static void rmsnorm(const float* x, const float* w, float* out, int n, float eps) {

@@ -118,13 +118,12 @@ struct Portable {
 
   // Adding and subtracting 1.5 * 2^23 rounds to nearest even for |x| < 2^22 (exp's range).
   static F round(F x) { return (x + 12582912.0f) - 12582912.0f; }
-  static F pow2i(F n) {
+  static F ldexp_ge(F y, F n, F x, F lo) {
     const I e = (__builtin_convertvector(n, I) + 127) << 23;
-    F r;
-    std::memcpy(&r, &e, sizeof r);
-    return r;
+    F p;
+    std::memcpy(&p, &e, sizeof p);
+    return x < lo ? F{} : y * p;
   }
-  static F blend_lt(F x, F lo, F a, F b) { return x < lo ? a : b; }
 
   static void transpose(F* r) {
     F t[4];
