@@ -470,25 +470,33 @@ PTLLM_TARGET_BF16 void bf16_v_pass(const uint16_t* wb, const uint8_t* codes, siz
 // 0x43 (bf16 128 + c). The channels come out in order: nothing to undo at the end.
 #define PTLLM_TARGET_BF16_VBMI \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,avx512vbmi,avx2,fma,f16c")))
+// The permute's byte indices (ib[v]: channels 16 v + t) and each 16-bit half's shift (sb), fixed.
+struct V2Tables {
+  alignas(64) uint8_t ib[4][64];
+  alignas(64) uint16_t sb[32];
+};
+constexpr V2Tables make_v2_tables() {
+  V2Tables t{};
+  for (int c = 0; c < 16; ++c) {
+    for (int v = 0; v < 4; ++v) {
+      t.ib[v][4 * c] = uint8_t(4 * v + c / 4);          // key j's byte of channel 16 v + c
+      t.ib[v][4 * c + 2] = uint8_t(16 + 4 * v + c / 4);  // key j + 1's
+      t.ib[v][4 * c + 1] = t.ib[v][4 * c + 3] = 63;     // a zero byte
+    }
+    t.sb[2 * c] = t.sb[2 * c + 1] = uint16_t(2 * (c % 4));
+  }
+  return t;
+}
+constexpr V2Tables kV2Tables = make_v2_tables();
 template <int R>
 PTLLM_TARGET_BF16_VBMI void bf16_v2_pass(const uint16_t* wb, const uint8_t* codes, size_t pk, int nk, int c0,
                                          const float* wsum, int D, float* acc, const void* next) {
   __m512 a[R][4];
   for (int h = 0; h < R; ++h)
     for (int v = 0; v < 4; ++v) a[h][v] = _mm512_setzero_ps();
-  alignas(64) uint8_t ib[4][64];
-  alignas(64) uint16_t sb[32];
-  for (int t = 0; t < 16; ++t) {
-    for (int v = 0; v < 4; ++v) {
-      ib[v][4 * t] = uint8_t(4 * v + t / 4);        // key j's byte of channel 16 v + t
-      ib[v][4 * t + 2] = uint8_t(16 + 4 * v + t / 4);  // key j + 1's
-      ib[v][4 * t + 1] = ib[v][4 * t + 3] = 63;     // a zero byte
-    }
-    sb[2 * t] = sb[2 * t + 1] = uint16_t(2 * (t % 4));
-  }
   __m512i idx[4];
-  for (int v = 0; v < 4; ++v) idx[v] = _mm512_load_si512(ib[v]);
-  const __m512i sh = _mm512_load_si512(sb), m3 = _mm512_set1_epi32(0x00030003), hb = _mm512_set1_epi32(0x43004300);
+  for (int v = 0; v < 4; ++v) idx[v] = _mm512_load_si512(kV2Tables.ib[v]);
+  const __m512i sh = _mm512_load_si512(kV2Tables.sb), m3 = _mm512_set1_epi32(0x00030003), hb = _mm512_set1_epi32(0x43004300);
   for (int j = 0; j < nk; j += 2) {
     if (c0 == 0) KA::prefetch_lines(next, size_t(j) * pk, size_t(std::min(j + 2, nk)) * pk);
     const uint8_t* r0 = codes + size_t(j) * pk + size_t(c0) / 4;
@@ -688,13 +696,12 @@ PTLLM_TARGET_VNNI void vnni_v_block(const float* p, int ld_p, int nq, const uint
 PTLLM_TARGET_BF16 void bf16_v_block(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale,
                                     const uint16_t* zero, int nk, int D, int bits, float* acc, float* zacc,
                                     const void* next) {
-  if (D % 64 == 0 && bits == 8) return two_key_v_block<W16V>(p, ld_p, nq, codes, scale, zero, nk, D, acc, zacc, next);
+  static const bool vbmi = __builtin_cpu_supports("avx512vbmi");
   if (D % 64 == 0 && bits == 4)
     return two_key_v_block<Bf16V<4>>(p, ld_p, nq, codes, scale, zero, nk, D, acc, zacc, next);
-  static const bool vbmi = __builtin_cpu_supports("avx512vbmi");
   if (D % 64 == 0 && bits == 2 && vbmi)
     return two_key_v_block<Bf16V<2>>(p, ld_p, nq, codes, scale, zero, nk, D, acc, zacc, next);
-  KA::kivi_v_block(p, ld_p, nq, codes, scale, zero, nk, D, bits, acc, zacc, next);
+  vnni_v_block(p, ld_p, nq, codes, scale, zero, nk, D, bits, acc, zacc, next);  // int8, and the rest
 }
 
 constexpr KernelTable kTable = make_table<Avx512>(SimdTarget::AVX512);

@@ -801,9 +801,17 @@ struct Kernels {
   // prefetchers stop at every 4 KiB page, so without it each page starts with misses the core
   // waits for. Where one core, not the memory, bounds the stream (one thread; both vCPUs in the
   // VM's high-bandwidth state) a bf16 row stream went from 31 to 38 GB/s (docs/performance.md).
+  // Called once per step of Span bytes of a row stream (byte: the step's offset from w), it asks for
+  // each line kGemvAhead bytes on once: every line of the step, or (steps shorter than a line) the
+  // line the step starts.
   static constexpr size_t kGemvAhead = 4096;
+  template <size_t Span>
   PTLLM_TARGET static void gemv_ahead(const void* w, size_t byte) {
-    __builtin_prefetch(static_cast<const char*>(w) + byte + kGemvAhead);
+    const char* p = static_cast<const char*>(w) + byte + kGemvAhead;
+    if constexpr (Span >= 64)
+      PTLLM_UNROLL for (size_t b = 0; b < Span; b += 64) __builtin_prefetch(p + b);
+    else if (byte % 64 < Span)
+      __builtin_prefetch(p);
   }
 
   // F32 and F16 rows: chunks of N consecutive elements, U accumulators per row of x (TT * U >= 4
@@ -816,10 +824,7 @@ struct Kernels {
     const size_t row = size_t(r) * size_t(K);
     int k = 0;
     for (; k + U * N <= K; k += U * N) {
-      if constexpr (U * N * Ld::kBytes >= 64)
-        PTLLM_UNROLL for (size_t b = 0; b < U * N * Ld::kBytes; b += 64) gemv_ahead(w, (row + size_t(k)) * Ld::kBytes + b);
-      else if ((row + size_t(k)) * Ld::kBytes % 64 < U * N * Ld::kBytes)
-        gemv_ahead(w, (row + size_t(k)) * Ld::kBytes);
+      gemv_ahead<U * N * Ld::kBytes>(w, (row + size_t(k)) * Ld::kBytes);
       PTLLM_UNROLL for (int u = 0; u < U; ++u) {
         const F wv = Ld::load(w, row + size_t(k + u * N));
         PTLLM_UNROLL for (int t = 0; t < TT; ++t)
@@ -855,10 +860,7 @@ struct Kernels {
     const int full = K / C * C;
     int k = 0;
     for (; k + U * C <= full; k += U * C) {
-      if constexpr (U * C * 2 >= 64)
-        PTLLM_UNROLL for (int b = 0; b < U * C * 2; b += 64) gemv_ahead(w, 2 * (row + size_t(k)) + size_t(b));
-      else if (2 * (row + size_t(k)) % 64 < U * C * 2)
-        gemv_ahead(w, 2 * (row + size_t(k)));
+      gemv_ahead<size_t(U * C * 2)>(w, 2 * (row + size_t(k)));
       PTLLM_UNROLL for (int u = 0; u < U; ++u) {
         F e, o;
         rows.next(e, o);
@@ -944,6 +946,25 @@ struct Kernels {
   // ---- gemm: packed tiles (Goto/BLIS): x in MR-row panels, W in NR-row panels converted to float32
   // and transposed so a k step of the micro-kernel is NRV vector loads and MR broadcasts ----------
 
+  // The N x kn block of src's rows from element off (row i at off + i * stride; rows from n on read as
+  // zeros), transposed in registers: its column kk goes to dst + kk * ld, the first w lanes of it.
+  template <class Ld>
+  PTLLM_TARGET static void pack_block(const void* src, size_t off, size_t stride, int n, int kn, int w, float* dst,
+                                      size_t ld) {
+    F blk[N];
+    PTLLM_UNROLL for (int i = 0; i < N; ++i) {
+      const size_t o = off + size_t(i) * stride;
+      blk[i] = i >= n ? V::zero() : kn == N ? Ld::load(src, o) : Ld::load_n(src, o, kn);
+    }
+    V::transpose(blk);
+    for (int kk = 0; kk < kn; ++kk) {
+      float* d = dst + size_t(kk) * ld;
+      if (w == N)
+        V::store(d, blk[kk]);
+      else
+        V::store_n(d, blk[kk], w);
+    }
+  }
   // Packed x, shared by every thread of a product: for each depth block k0 (KC columns), the MR-row
   // panels of x, each [kc][MR], rows past T zero. Panel p of block k0 starts at
   // ap + k0 * Tp + p * MR * kc, Tp = T rounded up to MR. Packs panels [p0, p1).
@@ -954,48 +975,23 @@ struct Kernels {
       for (int p = p0; p < p1; ++p) {
         float* dst = ap + size_t(k0) * Tp + size_t(p) * MR * size_t(kc);
         const int m = std::min(MR, T - p * MR);
-        const float* src = x + size_t(p * MR) * size_t(K) + size_t(k0);
-        // N x N blocks (rows i0.., columns k..) transposed in registers; rows past m are zeros.
-        for (int k = 0; k < kc; k += N) {
-          const int kn = std::min(N, kc - k);
+        // Rows past m are zeros.
+        for (int k = 0; k < kc; k += N)
           for (int i0 = 0; i0 < MR; i0 += N) {
             const int w = std::min(N, MR - i0);
-            F blk[N];
-            PTLLM_UNROLL for (int i = 0; i < N; ++i) {
-              const float* r = src + size_t(i0 + i) * size_t(K) + size_t(k);
-              blk[i] = i < w && i0 + i < m ? (kn == N ? V::load(r) : V::load_n(r, kn)) : V::zero();
-            }
-            V::transpose(blk);
-            for (int kk = 0; kk < kn; ++kk) {
-              float* d = dst + size_t(k + kk) * MR + size_t(i0);
-              if (w == N)
-                V::store(d, blk[kk]);
-              else
-                V::store_n(d, blk[kk], w);
-            }
+            pack_block<LdF32>(x, size_t(p * MR + i0) * size_t(K) + size_t(k0 + k), size_t(K),
+                              std::clamp(m - i0, 0, w), std::min(N, kc - k), w, dst + size_t(k) * MR + size_t(i0), MR);
           }
-        }
       }
     }
   }
   // bp [kc][NR] <- weight rows [r, r + nr), columns [k0, k0 + kc), N x N blocks transposed in registers.
   template <class Ld>
   PTLLM_TARGET static void pack_b(const void* w, int K, int r, int nr, int k0, int kc, float* bp) {
-    for (int j0 = 0; j0 < NR; j0 += N) {
-      for (int k = 0; k < kc; k += N) {
-        const int kn = std::min(N, kc - k);
-        F blk[N];
-        PTLLM_UNROLL for (int j = 0; j < N; ++j) {
-          const size_t off = size_t(r + j0 + j) * size_t(K) + size_t(k0 + k);
-          if (j0 + j >= nr)
-            blk[j] = V::zero();
-          else
-            blk[j] = kn == N ? Ld::load(w, off) : Ld::load_n(w, off, kn);
-        }
-        V::transpose(blk);
-        for (int i = 0; i < kn; ++i) V::store(bp + size_t(k + i) * NR + size_t(j0), blk[i]);
-      }
-    }
+    for (int j0 = 0; j0 < NR; j0 += N)
+      for (int k = 0; k < kc; k += N)
+        pack_block<Ld>(w, size_t(r + j0) * size_t(K) + size_t(k0 + k), size_t(K), std::clamp(nr - j0, 0, N),
+                       std::min(N, kc - k), N, bp + size_t(k) * NR + size_t(j0), NR);
   }
   // c[i][j] (+)= sum_k ap[k][i] bp[k][j] for i < m, j < n; bias added when not accumulating.
   PTLLM_TARGET static void micro(int kc, const float* ap, const float* bp, float* c, size_t ldc, int m, int n,

@@ -429,20 +429,21 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
     return q + (size_t(t) * size_t(n_heads) + size_t(g) * size_t(group)) * size_t(D);
   };
 
-  // KV head g's K and V rows in a block: codes with their f16 scales and zeros when quantized
-  // (kivi_offsets), else rows of dense_ (K [H][B][D], then V the same).
+  // KV head g's K and V rows in a block (row: bytes of one): codes with their f16 scales and zeros
+  // when quantized (kivi_offsets), else rows of dense_ (K [H][B][D], then V the same).
   struct Rows {
     const uint8_t *k = nullptr, *v = nullptr;
+    size_t row = 0;
     const uint16_t *ks = nullptr, *kz = nullptr, *vs = nullptr, *vz = nullptr;
   };
   auto rows_of = [&](const uint8_t* blk, bool quantized, int g) {
     if (!quantized) {
       const uint8_t* k = blk + size_t(g) * size_t(B) * size_t(D) * elem;
-      return Rows{k, k + dense_half};
+      return Rows{k, k + dense_half, size_t(D) * elem};
     }
     const KiviOffsets o = kivi_offsets(g, H, B, D, pk);
     auto u16 = [&](size_t off) { return reinterpret_cast<const uint16_t*>(blk + off); };
-    return Rows{blk + o.kc, blk + o.vc, u16(o.ks), u16(o.kz), u16(o.vs), u16(o.vz)};
+    return Rows{blk + o.kc, blk + o.vc, pk, u16(o.ks), u16(o.kz), u16(o.vs), u16(o.vz)};
   };
 
   // The states of the heads of KV head g of queries [t0, t0 + nt) over part `part`, into st
@@ -510,7 +511,7 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
         else
           ask(r.ks, D), ask(r.kz, D);
       }
-      return (values ? r.v : r.k) + size_t(a0) * (e->quantized ? pk : size_t(D) * elem);
+      return (values ? r.v : r.k) + size_t(a0) * r.row;
     };
 
     // Pass 1: scores. Quantized: q.k_j = (q * s) . c_j + q . z with per-channel (s, z), the softmax
@@ -521,13 +522,12 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
     auto score = [&](const Block& k) {
       const int lo = *std::min_element(k.a + k.i0, k.a + k.i1), hi = *std::max_element(k.b + k.i0, k.b + k.i1);
       const Rows cur = rows_of(k.data, k.quantized, g);
-      const size_t row = k.quantized ? pk : size_t(D) * elem;  // bytes of a K (or V) row
       if (rotate) {
         float* k0 = kr + size_t(lo) * size_t(D);
         if (k.quantized)
           kivi_k_dequant(cur.k + size_t(lo) * pk, cur.ks, cur.kz, hi - lo, D, bits_, k0);
         else
-          load_from(cur.k + size_t(lo) * row, dense_, k0, (hi - lo) * D);
+          load_from(cur.k + size_t(lo) * cur.row, dense_, k0, (hi - lo) * D);
         for (int j = lo; j < hi; ++j) {
           float* kj = kr + size_t(j) * size_t(D);
           rope_rotate_one(kj, D, cos_at(j), sin_at(j), kj);  // in place
@@ -548,26 +548,25 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
         if (rotate)
           dense_k_block(qq, nq, kr + size_t(a0) * size_t(D), DType::F32, scale, n, D, sc, int(ld));
         else if (k.quantized)
-          kivi_k_block(qq, nq, cur.k + size_t(a0) * row, cur.ks, cur.kz, scale, n, D, bits_, sc, int(ld), nk);
+          kivi_k_block(qq, nq, cur.k + size_t(a0) * cur.row, cur.ks, cur.kz, scale, n, D, bits_, sc, int(ld), nk);
         else
-          dense_k_block(qq, nq, cur.k + size_t(a0) * row, dense_, scale, n, D, sc, int(ld), nk);
+          dense_k_block(qq, nq, cur.k + size_t(a0) * cur.row, dense_, scale, n, D, sc, int(ld), nk);
       });
     };
     // Pass 3: values (quantized: sum p_j v_j = sum (p_j s_j) c_j + (sum p_j z_j) 1 with per-token
     // (s_j, z_j)).
     auto sum_values = [&](const Block& k) {
       const Rows cur = rows_of(k.data, k.quantized, g);
-      const size_t row = k.quantized ? pk : size_t(D) * elem;
       for_runs(k, [&](int j0, int j1, int a0, int b0) {
         const int n = b0 - a0, h0 = j0 * group, nq = (j1 - j0) * group;
         const float* p = scores + size_t(h0) * ld + size_t(k.col + a0);
         const uint8_t* nv = ahead(k.v_ahead, !k.near_end, a0);
         float* acc = st.acc + size_t(h0) * size_t(D);
         if (k.quantized)
-          kivi_v_block(p, int(ld), nq, cur.v + size_t(a0) * row, cur.vs + a0, cur.vz + a0, n, D, bits_, acc,
+          kivi_v_block(p, int(ld), nq, cur.v + size_t(a0) * cur.row, cur.vs + a0, cur.vz + a0, n, D, bits_, acc,
                        st.z + h0, nv);
         else
-          dense_v_block(p, int(ld), nq, cur.v + size_t(a0) * row, dense_, n, D, acc, nv);
+          dense_v_block(p, int(ld), nq, cur.v + size_t(a0) * cur.row, dense_, n, D, acc, nv);
       });
     };
 
