@@ -317,6 +317,53 @@ TEST_P(KernelTest, BlockKernelsGiveTheSameWithNextBlockPrefetch) {
       }
 }
 
+// Several blocks in one call (attention's quantized blocks of a part) give bit for bit what the
+// block kernels give one block at a time, in order: scores in each span's columns, nothing else
+// written, the same V sums.
+TEST_P(KernelTest, SpanKernelsGiveWhatTheBlockKernelsGiveInTurn) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (int D : {17, 64, 128})
+    for (int nq : {1, 4, 6})
+      for (int bits : {8, 4, 2}) {
+        SCOPED_TRACE(::testing::Message() << "D=" << D << " nq=" << nq << " bits=" << bits);
+        const size_t pk = packed_bytes(D, bits);
+        const int counts[] = {32, 32, 7, 32, 19, 1};  // keys of each span (a short one: a window's edge)
+        const int ns = int(std::size(counts));
+        int cols = 0;
+        for (int n : counts) cols += n + 2;  // a gap between spans' columns
+        const int ld = cols + 1;
+        std::vector<std::vector<uint8_t>> kc(ns), vc(ns);
+        std::vector<std::vector<uint16_t>> ks(ns), kz(ns), vs(ns), vz(ns);
+        std::vector<KiviSpan> spans(static_cast<size_t>(ns));
+        for (int i = 0, col = 1; i < ns; ++i) {
+          const int n = counts[i];
+          kc[i].resize(pk * size_t(n)), vc[i].resize(pk * size_t(n));
+          for (auto& c : kc[i]) c = uint8_t(byte(rng_));
+          for (auto& c : vc[i]) c = uint8_t(byte(rng_));
+          ks[i] = f16s(random_floats(size_t(D), rng_, 0.01f, 0.2f)), kz[i] = f16s(random_floats(size_t(D), rng_));
+          vs[i] = f16s(random_floats(size_t(n), rng_, 0.01f, 0.2f)), vz[i] = f16s(random_floats(size_t(n), rng_));
+          const void* next = i + 2 < ns ? kc[size_t(i + 2)].data() : nullptr;
+          spans[size_t(i)] = KiviSpan{kc[i].data(), vc[i].data(), ks[i].data(), kz[i].data(), vs[i].data(),
+                                      vz[i].data(), n, col, next, i + 2 < ns ? vc[size_t(i + 2)].data() : nullptr};
+          col += n + 2;
+        }
+        auto q = random_floats(size_t(nq) * size_t(D), rng_);
+        std::vector<float> out(size_t(nq) * size_t(ld), 7.f), out_ref = out;
+        kivi_k_spans(q.data(), nq, spans.data(), ns, 0.125f, D, bits, out.data(), ld);
+        for (const KiviSpan& s : spans)
+          kivi_k_block(q.data(), nq, s.k, s.ks, s.kz, 0.125f, s.n, D, bits, out_ref.data() + s.col, ld);
+        ASSERT_EQ(out, out_ref);
+        auto p = random_floats(size_t(nq) * size_t(ld), rng_, 0.f, 1.f);
+        auto acc = random_floats(size_t(nq) * size_t(D) + 5, rng_), acc_ref = acc;
+        auto zacc = random_floats(size_t(nq) + 1, rng_), zacc_ref = zacc;
+        kivi_v_spans(p.data(), ld, nq, spans.data(), ns, D, bits, acc.data(), zacc.data());
+        for (const KiviSpan& s : spans)
+          kivi_v_block(p.data() + s.col, ld, nq, s.v, s.vs, s.vz, s.n, D, bits, acc_ref.data(), zacc_ref.data());
+        ASSERT_EQ(acc, acc_ref);
+        ASSERT_EQ(zacc, zacc_ref);
+      }
+}
+
 // A KIVI K group back to float32 (attention at cache positions) against dequantize_k_group.
 TEST_P(KernelTest, KiviKDequantMatchesScalarTwin) {
   std::uniform_int_distribution<int> byte(0, 255);

@@ -708,11 +708,14 @@ constexpr KernelTable kTable = make_table<Avx512>(SimdTarget::AVX512);
 constexpr KernelTable with_vnni(KernelTable t) {
   t.kivi_k_block = vnni_k_block;
   t.kivi_v_block = vnni_v_block;
+  t.kivi_k_spans = k_spans_by_block<vnni_k_block>;
+  t.kivi_v_spans = v_spans_by_block<vnni_v_block>;
   return t;
 }
 constexpr KernelTable kTableVnni = with_vnni(kTable);
 constexpr KernelTable with_bf16(KernelTable t) {
   t.kivi_v_block = bf16_v_block;
+  t.kivi_v_spans = v_spans_by_block<bf16_v_block>;
   return t;
 }
 constexpr KernelTable kTableVnniBf16 = with_bf16(kTableVnni);

@@ -34,6 +34,39 @@ namespace {
 #define PTLLM_UNROLL _Pragma("GCC unroll 16")
 #endif
 
+// kivi_k_spans and kivi_v_spans (quant.h) through a target's one-block kernels: the block calls in
+// order, and the scales span i + 2 reads asked for while span i is read (a line or two each; the
+// codes are asked for by the block kernels through k_next and v_next).
+inline void ask_span_scales(const KiviSpan* s, int ns, int i, bool values, int D) {
+  auto ask = [](const uint16_t* p, int n) {
+    for (int j = 0; j < n; j += 32) __builtin_prefetch(p + j);  // 32 f16 a cache line
+  };
+  const int t = i + 2;
+  if (!values && t < ns) {
+    ask(s[t].ks, D), ask(s[t].kz, D);
+  } else if (!values && t - ns < ns) {  // the values pass starts with spans 0 and 1
+    ask(s[t - ns].vs, s[t - ns].n), ask(s[t - ns].vz, s[t - ns].n);
+  } else if (values && t < ns) {
+    ask(s[t].vs, s[t].n), ask(s[t].vz, s[t].n);
+  }
+}
+template <auto Block>
+void k_spans_by_block(const float* q, int nq, const KiviSpan* s, int ns, float qscale, int D, int bits, float* out,
+                      int ld_out) {
+  for (int i = 0; i < ns; ++i) {
+    ask_span_scales(s, ns, i, false, D);
+    Block(q, nq, s[i].k, s[i].ks, s[i].kz, qscale, s[i].n, D, bits, out + s[i].col, ld_out, s[i].k_next);
+  }
+}
+template <auto Block>
+void v_spans_by_block(const float* p, int ld_p, int nq, const KiviSpan* s, int ns, int D, int bits, float* acc,
+                      float* zacc) {
+  for (int i = 0; i < ns; ++i) {
+    ask_span_scales(s, ns, i, true, D);
+    Block(p + s[i].col, ld_p, nq, s[i].v, s[i].vs, s[i].vz, s[i].n, D, bits, acc, zacc, s[i].v_next);
+  }
+}
+
 // A 64-byte aligned scratch buffer that only grows (packed tiles, reordered x; one per thread).
 class Scratch {
  public:
@@ -1070,7 +1103,8 @@ constexpr KernelTable make_table(SimdTarget target) {
   return KernelTable{target,          K::dot,         K::dot_bf16,    K::dot_f16,     K::axpy,
                      K::axpy_bf16,    K::axpy_f16,    K::to_bf16,     K::to_f16,      K::from_bf16,
                      K::from_f16,     K::kivi_k_block,
-                     K::kivi_v_block, K::dense_k_block, K::dense_v_block, K::kivi_k_dequant,
+                     K::kivi_v_block, k_spans_by_block<K::kivi_k_block>, v_spans_by_block<K::kivi_v_block>,
+                     K::dense_k_block, K::dense_v_block, K::kivi_k_dequant,
                      K::max_of,      K::exp_sum,     K::rmsnorm,
                      K::silu_mul,
                      K::softmax,      K::rope_rotate, K::rope_rotate_one, K::gemv,    K::pack_a,

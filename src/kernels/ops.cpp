@@ -84,6 +84,16 @@ void kivi_v_block(const float* p, int ld_p, int nq, const uint8_t* codes, const 
   active_kernels().kivi_v_block(p, ld_p, nq, codes, scale, zero, nk, D, bits, acc, zacc, next);
 }
 
+void kivi_k_spans(const float* q, int nq, const KiviSpan* s, int ns, float qscale, int D, int bits, float* out,
+                  int ld_out) {
+  active_kernels().kivi_k_spans(q, nq, s, ns, qscale, D, bits, out, ld_out);
+}
+
+void kivi_v_spans(const float* p, int ld_p, int nq, const KiviSpan* s, int ns, int D, int bits, float* acc,
+                  float* zacc) {
+  active_kernels().kivi_v_spans(p, ld_p, nq, s, ns, D, bits, acc, zacc);
+}
+
 void kivi_k_dequant(const uint8_t* codes, const uint16_t* scale, const uint16_t* zero, int nk, int D, int bits,
                     float* out) {
   active_kernels().kivi_k_dequant(codes, scale, zero, nk, D, bits, out);

@@ -71,6 +71,24 @@ void kivi_k_block(const float* q, int nq, const uint8_t* codes, const uint16_t* 
 // own rounding (s / 2 a channel).
 void kivi_v_block(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
                   int nk, int D, int bits, float* acc, float* zacc, const void* next = nullptr);
+// Several blocks of one KV head in one call (attention's walk over a part's quantized blocks):
+// the keys [a0, b0) of a block, as kivi_k_block and kivi_v_block read them.
+struct KiviSpan {
+  const uint8_t *k, *v;         // K and V codes of the first key (rows of packed_bytes(D, bits))
+  const uint16_t *ks, *kz;      // K scale and zero per channel [D]
+  const uint16_t *vs, *vz;      // V scale and zero of the first key [n]
+  int n;                        // keys
+  int col;                      // column of the first key in out (K) or p (V)
+  const void *k_next, *v_next;  // asked for while this span's K (V) rows are read (may be null)
+};
+// out[h][col + j] for every span as kivi_k_block(q, nq, s.k, s.ks, s.kz, qscale, s.n, ...) writes
+// it; acc and zacc as kivi_v_block over the spans in order leaves them (the same sums, in the same
+// order: bit for bit). While span i is read the kernels ask for the scales span i + 2 reads (K:
+// near the end, V's of spans 0 and 1, which the values pass reads first).
+void kivi_k_spans(const float* q, int nq, const KiviSpan* s, int ns, float qscale, int D, int bits, float* out,
+                  int ld_out);
+void kivi_v_spans(const float* p, int ld_p, int nq, const KiviSpan* s, int ns, int D, int bits, float* acc,
+                  float* zacc);
 // A K group dequantized to float32, out [nk][D] (attention at cache positions rotates keys, so it
 // needs them as floats); its scalar twin is dequantize_k_group.
 void kivi_k_dequant(const uint8_t* codes, const uint16_t* scale, const uint16_t* zero, int nk, int D, int bits,

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/ops.h"
+#include "kernels/quant.h"
 
 namespace ptllm {
 
@@ -34,6 +35,10 @@ struct KernelTable {
                        float qscale, int nk, int D, int bits, float* out, int ld_out, const void* next);
   void (*kivi_v_block)(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale,
                        const uint16_t* zero, int nk, int D, int bits, float* acc, float* zacc, const void* next);
+  void (*kivi_k_spans)(const float* q, int nq, const KiviSpan* s, int ns, float qscale, int D, int bits, float* out,
+                       int ld_out);
+  void (*kivi_v_spans)(const float* p, int ld_p, int nq, const KiviSpan* s, int ns, int D, int bits, float* acc,
+                       float* zacc);
   // A dense block (rows stored as F32/BF16/F16) for the query heads sharing a KV head (ops.h).
   void (*dense_k_block)(const float* q, int nq, const void* k, DType t, float qscale, int nk, int D, float* out,
                         int ld_out, const void* next);

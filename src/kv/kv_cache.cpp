@@ -317,6 +317,38 @@ std::vector<float>& attention_scratch() {
 // few threads, while merging a part (O(D) per head) stays negligible next to reading 512 keys.
 constexpr int kPartTokens = 512;
 
+// Prefill walks the keys for a tile of up to kTile consecutive query tokens at once (KVCache::attend).
+constexpr int kTile = 8;
+
+// A block of a part, for queries [i0, i1) of the tile: query i sees slots [a[i], b[i]) of it
+// (empty: a >= b), key slot j at distance delta0[i] - j; its slot 0 is column col of the scores.
+struct WalkBlock {
+  const uint8_t* data;
+  bool quantized;
+  int i0, i1, col;
+  int a[kTile], b[kTile];
+  int64_t delta0[kTile];
+  // What the kernels ask for while they read this block (null: nothing): rows of the block read
+  // two blocks later. Scoring, its K rows; summing values, its V rows. Near the part's end
+  // (near_end) the other way round: scoring asks for the first blocks' V rows (the values pass
+  // starts there), summing values for the next part's K rows.
+  const Entry *k_ahead, *v_ahead;
+  bool near_end;
+  // Every query of [i0, i1) sees the same slots [a[i0], b[i0]).
+  bool same;
+};
+
+// A part's blocks, walked once for both passes, and the spans handed to the kernels; one per thread
+// (kept, so a decode step allocates nothing).
+struct Walk {
+  std::vector<WalkBlock> blocks;
+  std::vector<KiviSpan> spans;
+  static Walk& local() {
+    thread_local Walk w;
+    return w;
+  }
+};
+
 // The online softmax state of the nq query heads of one KV head over some keys, in a float buffer:
 // running max m [nq], sum l [nq], accumulated V zero-point term z [nq] (added to every channel at
 // the end) and V accumulator acc [nq][D]. l == 0: no key seen yet.
@@ -413,7 +445,6 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
   // slots differ (the causal edge, the window's lower edge) each query takes the block alone. Per
   // head, the kernels' arithmetic does not depend on which other heads share the call, so a token's
   // output is bit for bit the same in any tile, batch or thread.
-  constexpr int kTile = 8;
   // Per-thread scratch: [kTile][group][part_cols] scores (a part's stream tokens, or the sinks),
   // [kTile][group][D] queries (gathered or rotated), [B][D] keys as float32 (rotated, cache positions).
   const int part_cols = int(std::max<int64_t>(part_len, int64_t(ceil_div(N, B)) * B));
@@ -463,28 +494,11 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
       for (int i = 0; i < nt; ++i)
         std::copy_n(query(t0 + i, g), size_t(group) * size_t(D), qb + size_t(i) * size_t(group) * size_t(D));
 
-    // A block of the part, for queries [i0, i1) of the tile: query i sees slots [a[i], b[i]) of it
-    // (empty: a >= b), key slot j at distance delta0[i] - j; its slot 0 is column col of the scores.
-    struct Block {
-      const uint8_t* data;
-      bool quantized;
-      int i0, i1, col;
-      int a[kTile], b[kTile];
-      int64_t delta0[kTile];
-      // What the kernels ask for while they read this block (null: nothing): rows of the block read
-      // two blocks later. Scoring, its K rows; summing values, its V rows. Near the part's end
-      // (near_end) the other way round: scoring asks for the first blocks' V rows (the values pass
-      // starts there), summing values for the next part's K rows.
-      const Entry *k_ahead, *v_ahead;
-      bool near_end;
-    };
     auto data_of = [&](const Entry& e) { return e.quantized ? quant_pool_.data(e.id) : dense_pool_.data(e.id); };
     // Queries [j0, j1) of a block all seeing slots [a0, b0), or each query alone where they differ
     // (the causal edge, the window's lower edge).
-    auto for_runs = [&](const Block& k, auto&& fn) {
-      bool same = true;
-      for (int i = k.i0; i < k.i1; ++i) same = same && k.a[i] == k.a[k.i0] && k.b[i] == k.b[k.i0];
-      if (same) {
+    auto for_runs = [&](const WalkBlock& k, auto&& fn) {
+      if (k.same) {
         fn(k.i0, k.i1, k.a[k.i0], k.b[k.i0]);
       } else {
         for (int i = k.i0; i < k.i1; ++i)
@@ -501,11 +515,12 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
     auto ask = [](const uint16_t* p, int n) {
       for (int i = 0; i < n; i += 32) __builtin_prefetch(p + i);  // 32 f16 a cache line
     };
-    // Entry e's K (values: V) rows from slot a0, with their scales asked for; null when e is.
-    auto ahead = [&](const Entry* e, bool values, int a0) -> const uint8_t* {
+    // Entry e's K (values: V) rows from slot a0, with their scales asked for (unless not `scales`:
+    // the span kernels ask for those themselves); null when e is.
+    auto ahead = [&](const Entry* e, bool values, int a0, bool scales = true) -> const uint8_t* {
       if (!e) return nullptr;
       const Rows r = rows_of(data_of(*e), e->quantized, g);
-      if (e->quantized) {
+      if (e->quantized && scales) {
         if (values)
           ask(r.vs, B), ask(r.vz, B);
         else
@@ -519,7 +534,7 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
     // R(delta0) q . R(j) k_j (RoPE depends only on the difference), so the block's keys (as float32,
     // in kr) are rotated by j once for every head and each query once per block, instead of each
     // query once per key.
-    auto score = [&](const Block& k) {
+    auto score = [&](const WalkBlock& k) {
       const int lo = *std::min_element(k.a + k.i0, k.a + k.i1), hi = *std::max_element(k.b + k.i0, k.b + k.i1);
       const Rows cur = rows_of(k.data, k.quantized, g);
       if (rotate) {
@@ -555,7 +570,7 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
     };
     // Pass 3: values (quantized: sum p_j v_j = sum (p_j s_j) c_j + (sum p_j z_j) 1 with per-token
     // (s_j, z_j)).
-    auto sum_values = [&](const Block& k) {
+    auto sum_values = [&](const WalkBlock& k) {
       const Rows cur = rows_of(k.data, k.quantized, g);
       for_runs(k, [&](int j0, int j1, int a0, int b0) {
         const int n = b0 - a0, h0 = j0 * group, nq = (j1 - j0) * group;
@@ -578,7 +593,7 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
     }
     // Queries [i0, i1) of the tile that see some of a block: an interval, since both ends of the
     // visible range grow with the query index.
-    auto active = [&](Block& k) {
+    auto active = [&](WalkBlock& k) {
       k.i0 = 0;
       while (k.i0 < nt && k.a[k.i0] >= k.b[k.i0]) ++k.i0;
       k.i1 = k.i0;
@@ -589,7 +604,7 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
     // The part's blocks in order, each given to fn; query i sees columns [c0[i], c1[i]) of the scores.
     int c0[kTile], c1[kTile];
     auto for_blocks = [&](auto&& fn) {
-      Block k;
+      WalkBlock k;
       if (part == 0) {
         // Sinks: global indices [0, n_sink_vis), cache slot = index.
         int64_t n_sink = 0;
@@ -650,7 +665,46 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
         fn(k);
       }
     };
-    for_blocks(score);
+    // Runs of consecutive quantized blocks read as stored (no rotation) whose keys every query of the
+    // same queries sees go to the span kernels in one call (a decode step: all the part's quantized
+    // blocks): one call a pass instead of one a block, accumulators kept in registers between blocks.
+    // Other blocks, one at a time. Either way the same sums in the same order.
+    Walk& walk = Walk::local();
+    const size_t most = ceil_div(part_cols, B) + 1;  // blocks a part can touch (reserved once: decode allocates nothing)
+    walk.blocks.reserve(most);
+    walk.spans.reserve(most);
+    walk.blocks.clear();
+    for_blocks([&](WalkBlock& k) {
+      k.same = true;
+      for (int i = k.i0; i < k.i1; ++i) k.same = k.same && k.a[i] == k.a[k.i0] && k.b[i] == k.b[k.i0];
+      walk.blocks.push_back(k);
+    });
+    auto spanned = [&](const WalkBlock& k) { return k.quantized && !rotate && k.same; };
+    auto for_each = [&](auto&& one, auto&& many) {
+      const size_t nb = walk.blocks.size();
+      for (size_t i = 0; i < nb;) {
+        const WalkBlock& k = walk.blocks[i];
+        if (!spanned(k)) {
+          one(k);
+          ++i;
+          continue;
+        }
+        walk.spans.clear();
+        for (; i < nb && spanned(walk.blocks[i]) && walk.blocks[i].i0 == k.i0 && walk.blocks[i].i1 == k.i1; ++i) {
+          const WalkBlock& b = walk.blocks[i];
+          const int a0 = b.a[b.i0];
+          const Rows r = rows_of(b.data, true, g);
+          walk.spans.push_back(KiviSpan{r.k + size_t(a0) * pk, r.v + size_t(a0) * pk, r.ks, r.kz, r.vs + a0,
+                                        r.vz + a0, b.b[b.i0] - a0, b.col + a0,
+                                        ahead(b.k_ahead, b.near_end, a0, false),
+                                        ahead(b.v_ahead, !b.near_end, a0, false)});
+        }
+        many(k.i0 * group, (k.i1 - k.i0) * group, walk.spans.data(), int(walk.spans.size()));
+      }
+    };
+    for_each(score, [&](int h0, int nq, const KiviSpan* sp, int ns) {
+      kivi_k_spans(qb + size_t(h0) * size_t(D), nq, sp, ns, scale, D, bits_, scores + size_t(h0) * ld, int(ld));
+    });
     // Pass 2: each head's softmax numerators e^(x - m) over its columns, in place, and their sum.
     for (int i = 0; i < nt; ++i) {
       const int n = c1[i] - c0[i];
@@ -662,7 +716,10 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
         st.l[h] = exp_sum(x, n, st.m[h]);
       }
     }
-    for_blocks(sum_values);
+    for_each(sum_values, [&](int h0, int nq, const KiviSpan* sp, int ns) {
+      kivi_v_spans(scores + size_t(h0) * ld, int(ld), nq, sp, ns, D, bits_, st.acc + size_t(h0) * size_t(D),
+                   st.z + h0);
+    });
   };
   // Query t0 + i's heads of KV head g, from the state of the tile.
   auto write_out = [&](int t0, int nt, int g, const State& st) {
