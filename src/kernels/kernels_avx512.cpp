@@ -421,46 +421,79 @@ PTLLM_TARGET_VNNI inline __m512i weight_pair(const void* w, int h, int j) {
   return _mm512_set1_epi32(int(pair));
 }
 
-// acc[0..63] of one head += the 4 accumulators a (internal order, see bf16_v_pass) - off.
-PTLLM_TARGET_BF16 inline void bf16_v_store(const __m512* a, float off, float* acc) {
-  // a[0] lane 4L + m holds channel 16L + 2m, a[1] 16L + 8 + 2m, a[2] 16L + 2m + 1, a[3] 16L + 9 + 2m.
-  const __m512 t0 = _mm512_unpacklo_ps(a[0], a[2]), t1 = _mm512_unpackhi_ps(a[0], a[2]);  // 16L + 0..3, 4..7
-  const __m512 t2 = _mm512_unpacklo_ps(a[1], a[3]), t3 = _mm512_unpackhi_ps(a[1], a[3]);  // 16L + 8..11, 12..15
-  // 4 x 4 transpose of 128-bit lanes: out k = (t0, t1, t2, t3) lane k.
-  const __m512 u0 = _mm512_shuffle_f32x4(t0, t1, 0x44), u1 = _mm512_shuffle_f32x4(t0, t1, 0xEE);
-  const __m512 u2 = _mm512_shuffle_f32x4(t2, t3, 0x44), u3 = _mm512_shuffle_f32x4(t2, t3, 0xEE);
-  const __m512 o[4] = {_mm512_shuffle_f32x4(u0, u2, 0x88), _mm512_shuffle_f32x4(u0, u2, 0xDD),
-                       _mm512_shuffle_f32x4(u1, u3, 0x88), _mm512_shuffle_f32x4(u1, u3, 0xDD)};
-  const __m512 ov = _mm512_set1_ps(off);
-  for (int k = 0; k < 4; ++k)
-    _mm512_storeu_ps(acc + 16 * k, _mm512_add_ps(_mm512_loadu_ps(acc + 16 * k), _mm512_sub_ps(o[k], ov)));
+// A head's 64 channels between bf16_v_pass's internal order (a[0] lane 4L + m holds channel
+// 16L + 2m, a[1] 16L + 8 + 2m, a[2] 16L + 2m + 1, a[3] 16L + 9 + 2m) and channel order (o[k]: channels
+// 16k .. 16k + 15): an in-lane interleave and a 4 x 4 transpose of 128-bit lanes; from channel order
+// the transpose (its own inverse) and the in-lane de-interleave.
+PTLLM_TARGET_BF16 inline void lane_transpose(const __m512* t, __m512* o) {  // o[k] lane L = t[L] lane k
+  const __m512 u0 = _mm512_shuffle_f32x4(t[0], t[1], 0x44), u1 = _mm512_shuffle_f32x4(t[0], t[1], 0xEE);
+  const __m512 u2 = _mm512_shuffle_f32x4(t[2], t[3], 0x44), u3 = _mm512_shuffle_f32x4(t[2], t[3], 0xEE);
+  o[0] = _mm512_shuffle_f32x4(u0, u2, 0x88);
+  o[1] = _mm512_shuffle_f32x4(u0, u2, 0xDD);
+  o[2] = _mm512_shuffle_f32x4(u1, u3, 0x88);
+  o[3] = _mm512_shuffle_f32x4(u1, u3, 0xDD);
+}
+PTLLM_TARGET_BF16 inline void bf16_v_store(const __m512* a, float* acc) {
+  const __m512 t[4] = {_mm512_unpacklo_ps(a[0], a[2]), _mm512_unpackhi_ps(a[0], a[2]),  // 16L + 0..3, 4..7
+                       _mm512_unpacklo_ps(a[1], a[3]), _mm512_unpackhi_ps(a[1], a[3])};  // 16L + 8..11, 12..15
+  __m512 o[4];
+  lane_transpose(t, o);
+  for (int k = 0; k < 4; ++k) _mm512_storeu_ps(acc + 16 * k, o[k]);
+}
+PTLLM_TARGET_BF16 inline void bf16_v_load(const float* acc, __m512* a) {
+  const __m512 o[4] = {_mm512_loadu_ps(acc), _mm512_loadu_ps(acc + 16), _mm512_loadu_ps(acc + 32),
+                       _mm512_loadu_ps(acc + 48)};
+  __m512 t[4];
+  lane_transpose(o, t);
+  a[0] = _mm512_shuffle_ps(t[0], t[1], 0x88), a[2] = _mm512_shuffle_ps(t[0], t[1], 0xDD);
+  a[1] = _mm512_shuffle_ps(t[2], t[3], 0x88), a[3] = _mm512_shuffle_ps(t[2], t[3], 0xDD);
 }
 
-// R <= 4 heads, keys [0, nk <= kVKeys) of codes (row stride pk), weights wb [R][kVKeys] as bf16
-// (zero past nk), channels [c0, c0 + 64).
+// A run of at most kVKeys keys of one span as the two-keys-a-lane V passes read it: the rounded
+// weights of up to 4 heads wq [4][kVKeys] (zero past n), the float each head's pass needs (f), the
+// codes (rows of pk bytes) and the rows asked for while they are read.
+struct VChunk {
+  const void* wq;
+  const float* f;
+  const uint8_t* codes;
+  int n;
+  const void* next;
+};
+
+// R <= 4 heads, channels [c0, c0 + 64) of acc [R][D] += the chunks' sums, kept in registers in
+// the internal order from the first chunk to the last (each chunk's sums from zero, less 128 f).
 template <int R>
-PTLLM_TARGET_BF16 void bf16_v_pass(const uint16_t* wb, const uint8_t* codes, size_t pk, int nk, int c0,
-                                   const float* wsum, int D, float* acc, const void* next) {
-  __m512 a[R][4];
-  for (int h = 0; h < R; ++h)
-    for (int k = 0; k < 4; ++k) a[h][k] = _mm512_setzero_ps();
+PTLLM_TARGET_BF16 void bf16_v_pass(const VChunk* ch, int nc, size_t pk, int c0, int D, float* acc) {
+  __m512 run[R][4];
+  for (int h = 0; h < R; ++h) bf16_v_load(acc + size_t(h) * size_t(D) + size_t(c0), run[h]);
   const __m512i lo4 = _mm512_set1_epi16(0x0F0F), hb = _mm512_set1_epi8(0x43);
-  for (int j = 0; j < nk; j += 2) {
-    if (c0 == 0) KA::prefetch_lines(next, size_t(j) * pk, size_t(std::min(j + 2, nk)) * pk);
-    const uint8_t* r0 = codes + size_t(j) * pk + size_t(c0) / 2;
-    const uint8_t* r1 = j + 1 < nk ? r0 + pk : r0;  // an odd last key pairs with itself at weight 0
-    const __m512i w0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0)));
-    const __m512i w1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1)));
-    const __m512i x = _mm512_or_si512(w0, _mm512_slli_epi16(w1, 8));  // 16-bit lane i: bytes i of keys j, j+1
-    const __m512i el = _mm512_and_si512(x, lo4), od = _mm512_and_si512(_mm512_srli_epi16(x, 4), lo4);
-    const __m512bh b[4] = {(__m512bh)_mm512_unpacklo_epi8(el, hb), (__m512bh)_mm512_unpackhi_epi8(el, hb),
-                           (__m512bh)_mm512_unpacklo_epi8(od, hb), (__m512bh)_mm512_unpackhi_epi8(od, hb)};
+  for (int c = 0; c < nc; ++c) {
+    const int nk = ch[c].n;
+    const uint8_t* codes = ch[c].codes;
+    __m512 a[R][4];
+    for (int h = 0; h < R; ++h)
+      for (int k = 0; k < 4; ++k) a[h][k] = _mm512_setzero_ps();
+    for (int j = 0; j < nk; j += 2) {
+      if (c0 == 0) KA::prefetch_lines(ch[c].next, size_t(j) * pk, size_t(std::min(j + 2, nk)) * pk);
+      const uint8_t* r0 = codes + size_t(j) * pk + size_t(c0) / 2;
+      const uint8_t* r1 = j + 1 < nk ? r0 + pk : r0;  // an odd last key pairs with itself at weight 0
+      const __m512i w0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0)));
+      const __m512i w1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1)));
+      const __m512i x = _mm512_or_si512(w0, _mm512_slli_epi16(w1, 8));  // 16-bit lane i: bytes i of keys j, j+1
+      const __m512i el = _mm512_and_si512(x, lo4), od = _mm512_and_si512(_mm512_srli_epi16(x, 4), lo4);
+      const __m512bh b[4] = {(__m512bh)_mm512_unpacklo_epi8(el, hb), (__m512bh)_mm512_unpackhi_epi8(el, hb),
+                             (__m512bh)_mm512_unpacklo_epi8(od, hb), (__m512bh)_mm512_unpackhi_epi8(od, hb)};
+      for (int h = 0; h < R; ++h) {
+        const __m512bh wv = (__m512bh)weight_pair(ch[c].wq, h, j);
+        for (int k = 0; k < 4; ++k) a[h][k] = _mm512_dpbf16_ps(a[h][k], b[k], wv);
+      }
+    }
     for (int h = 0; h < R; ++h) {
-      const __m512bh wv = (__m512bh)weight_pair(wb, h, j);
-      for (int k = 0; k < 4; ++k) a[h][k] = _mm512_dpbf16_ps(a[h][k], b[k], wv);
+      const __m512 off = _mm512_set1_ps(128.f * ch[c].f[h]);
+      for (int k = 0; k < 4; ++k) run[h][k] = _mm512_add_ps(run[h][k], _mm512_sub_ps(a[h][k], off));
     }
   }
-  for (int h = 0; h < R; ++h) bf16_v_store(a[h], 128.f * wsum[h], acc + size_t(h) * size_t(D) + size_t(c0));
+  for (int h = 0; h < R; ++h) bf16_v_store(run[h], acc + size_t(h) * size_t(D) + size_t(c0));
 }
 
 // int2 the same way, where the CPU also has AVX-512 VBMI (a byte permute across the register): the
@@ -489,35 +522,41 @@ constexpr V2Tables make_v2_tables() {
 }
 constexpr V2Tables kV2Tables = make_v2_tables();
 template <int R>
-PTLLM_TARGET_BF16_VBMI void bf16_v2_pass(const uint16_t* wb, const uint8_t* codes, size_t pk, int nk, int c0,
-                                         const float* wsum, int D, float* acc, const void* next) {
-  __m512 a[R][4];
+PTLLM_TARGET_BF16_VBMI void bf16_v2_pass(const VChunk* ch, int nc, size_t pk, int c0, int D, float* acc) {
+  __m512 run[R][4];
   for (int h = 0; h < R; ++h)
-    for (int v = 0; v < 4; ++v) a[h][v] = _mm512_setzero_ps();
+    for (int v = 0; v < 4; ++v) run[h][v] = _mm512_loadu_ps(acc + size_t(h) * size_t(D) + size_t(c0 + 16 * v));
   __m512i idx[4];
   for (int v = 0; v < 4; ++v) idx[v] = _mm512_load_si512(kV2Tables.ib[v]);
   const __m512i sh = _mm512_load_si512(kV2Tables.sb), m3 = _mm512_set1_epi32(0x00030003), hb = _mm512_set1_epi32(0x43004300);
-  for (int j = 0; j < nk; j += 2) {
-    if (c0 == 0) KA::prefetch_lines(next, size_t(j) * pk, size_t(std::min(j + 2, nk)) * pk);
-    const uint8_t* r0 = codes + size_t(j) * pk + size_t(c0) / 4;
-    const uint8_t* r1 = j + 1 < nk ? r0 + pk : r0;  // an odd last key pairs with itself at weight 0
-    const __m512i x = _mm512_inserti32x4(_mm512_zextsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r0))),
-                                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(r1)), 1);
-    __m512bh b[4];
-    for (int v = 0; v < 4; ++v)
-      b[v] = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srlv_epi16(_mm512_permutexvar_epi8(idx[v], x), sh), m3, hb,
-                                                  0xEA);  // (y & m3) | hb
+  for (int c = 0; c < nc; ++c) {
+    const int nk = ch[c].n;
+    const uint8_t* codes = ch[c].codes;
+    __m512 a[R][4];
+    for (int h = 0; h < R; ++h)
+      for (int v = 0; v < 4; ++v) a[h][v] = _mm512_setzero_ps();
+    for (int j = 0; j < nk; j += 2) {
+      if (c0 == 0) KA::prefetch_lines(ch[c].next, size_t(j) * pk, size_t(std::min(j + 2, nk)) * pk);
+      const uint8_t* r0 = codes + size_t(j) * pk + size_t(c0) / 4;
+      const uint8_t* r1 = j + 1 < nk ? r0 + pk : r0;  // an odd last key pairs with itself at weight 0
+      const __m512i x = _mm512_inserti32x4(_mm512_zextsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r0))),
+                                           _mm_loadu_si128(reinterpret_cast<const __m128i*>(r1)), 1);
+      __m512bh b[4];
+      for (int v = 0; v < 4; ++v)
+        b[v] = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srlv_epi16(_mm512_permutexvar_epi8(idx[v], x), sh), m3, hb,
+                                                    0xEA);  // (y & m3) | hb
+      for (int h = 0; h < R; ++h) {
+        const __m512bh wv = (__m512bh)weight_pair(ch[c].wq, h, j);
+        for (int v = 0; v < 4; ++v) a[h][v] = _mm512_dpbf16_ps(a[h][v], b[v], wv);
+      }
+    }
     for (int h = 0; h < R; ++h) {
-      const __m512bh wv = (__m512bh)weight_pair(wb, h, j);
-      for (int v = 0; v < 4; ++v) a[h][v] = _mm512_dpbf16_ps(a[h][v], b[v], wv);
+      const __m512 off = _mm512_set1_ps(128.f * ch[c].f[h]);
+      for (int v = 0; v < 4; ++v) run[h][v] = _mm512_add_ps(run[h][v], _mm512_sub_ps(a[h][v], off));
     }
   }
-  for (int h = 0; h < R; ++h) {
-    const __m512 off = _mm512_set1_ps(128.f * wsum[h]);
-    float* ah = acc + size_t(h) * size_t(D) + size_t(c0);
-    for (int v = 0; v < 4; ++v)
-      _mm512_storeu_ps(ah + 16 * v, _mm512_add_ps(_mm512_loadu_ps(ah + 16 * v), _mm512_sub_ps(a[h][v], off)));
-  }
+  for (int h = 0; h < R; ++h)
+    for (int v = 0; v < 4; ++v) _mm512_storeu_ps(acc + size_t(h) * size_t(D) + size_t(c0 + 16 * v), run[h][v]);
 }
 
 // kivi_v_block for int8 with AVX-512 VNNI: two keys a 32-bit lane as well (vpdpwssd: 16-bit x 16-bit
@@ -526,39 +565,53 @@ PTLLM_TARGET_BF16_VBMI void bf16_v2_pass(const uint16_t* wb, const uint8_t* code
 // weight, as quant.h allows); codes enter as 16-bit words (zero-extended bytes), the two keys' words
 // interleaved in-lane, the channel order undone once per block.
 template <int R>
-PTLLM_TARGET_VNNI void w16_v_pass(const int16_t* wq, const uint8_t* codes, size_t pk, int nk, int c0,
-                                  const float* wscale, int D, float* acc, const void* next) {
-  __m512i a[R][4];
+PTLLM_TARGET_VNNI void w16_v_pass(const VChunk* ch, int nc, size_t pk, int c0, int D, float* acc) {
+  // run[h][2 half + e], lane 4L + m: channel c0 + 32 half + 8L + 4e + m (the order of the pass's sums);
+  // from and to channel order by swapping 128-bit lanes.
+  __m512 run[R][4];
   for (int h = 0; h < R; ++h)
-    for (int k = 0; k < 4; ++k) a[h][k] = _mm512_setzero_si512();
-  for (int j = 0; j < nk; j += 2) {
-    if (c0 == 0) KA::prefetch_lines(next, size_t(j) * pk, size_t(std::min(j + 2, nk)) * pk);
-    const uint8_t* r0 = codes + size_t(j) * pk + size_t(c0);
-    const uint8_t* r1 = j + 1 < nk ? r0 + pk : r0;  // an odd last key pairs with itself at weight 0
-    __m512i b[4];
-    for (int half = 0; half < 2; ++half) {  // channels c0 + 32 half + [0, 32)
-      const __m512i x0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + 32 * half)));
-      const __m512i x1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1 + 32 * half)));
-      b[2 * half] = _mm512_unpacklo_epi16(x0, x1);      // lane L: channels 8L + 0..3
-      b[2 * half + 1] = _mm512_unpackhi_epi16(x0, x1);  // lane L: channels 8L + 4..7
+    for (int half = 0; half < 2; ++half) {
+      const float* d = acc + size_t(h) * size_t(D) + size_t(c0 + 32 * half);
+      const __m512 o0 = _mm512_loadu_ps(d), o1 = _mm512_loadu_ps(d + 16);
+      const __m512 t = _mm512_shuffle_f32x4(o0, o0, 0xD8), u = _mm512_shuffle_f32x4(o1, o1, 0xD8);
+      run[h][2 * half] = _mm512_shuffle_f32x4(t, u, 0x44);
+      run[h][2 * half + 1] = _mm512_shuffle_f32x4(t, u, 0xEE);
+    }
+  for (int c = 0; c < nc; ++c) {
+    const int nk = ch[c].n;
+    const uint8_t* codes = ch[c].codes;
+    __m512i a[R][4];
+    for (int h = 0; h < R; ++h)
+      for (int k = 0; k < 4; ++k) a[h][k] = _mm512_setzero_si512();
+    for (int j = 0; j < nk; j += 2) {
+      if (c0 == 0) KA::prefetch_lines(ch[c].next, size_t(j) * pk, size_t(std::min(j + 2, nk)) * pk);
+      const uint8_t* r0 = codes + size_t(j) * pk + size_t(c0);
+      const uint8_t* r1 = j + 1 < nk ? r0 + pk : r0;  // an odd last key pairs with itself at weight 0
+      __m512i b[4];
+      for (int half = 0; half < 2; ++half) {  // channels c0 + 32 half + [0, 32)
+        const __m512i x0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + 32 * half)));
+        const __m512i x1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1 + 32 * half)));
+        b[2 * half] = _mm512_unpacklo_epi16(x0, x1);      // lane L: channels 8L + 0..3
+        b[2 * half + 1] = _mm512_unpackhi_epi16(x0, x1);  // lane L: channels 8L + 4..7
+      }
+      for (int h = 0; h < R; ++h) {
+        const __m512i wv = weight_pair(ch[c].wq, h, j);
+        for (int k = 0; k < 4; ++k) a[h][k] = _mm512_dpwssd_epi32(a[h][k], b[k], wv);
+      }
     }
     for (int h = 0; h < R; ++h) {
-      const __m512i wv = weight_pair(wq, h, j);
-      for (int k = 0; k < 4; ++k) a[h][k] = _mm512_dpwssd_epi32(a[h][k], b[k], wv);
+      const __m512 sv = _mm512_set1_ps(ch[c].f[h]);
+      for (int k = 0; k < 4; ++k) run[h][k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[h][k]), sv, run[h][k]);
     }
   }
-  for (int h = 0; h < R; ++h) {
-    float* ah = acc + size_t(h) * size_t(D) + size_t(c0);
-    const __m512 sv = _mm512_set1_ps(wscale[h]);
+  for (int h = 0; h < R; ++h)
     for (int half = 0; half < 2; ++half) {
-      const __m512 lo = _mm512_cvtepi32_ps(a[h][2 * half]), hi = _mm512_cvtepi32_ps(a[h][2 * half + 1]);
+      const __m512 lo = run[h][2 * half], hi = run[h][2 * half + 1];
       const __m512 t = _mm512_shuffle_f32x4(lo, hi, 0x44), u = _mm512_shuffle_f32x4(lo, hi, 0xEE);
-      const __m512 o0 = _mm512_shuffle_f32x4(t, t, 0xD8), o1 = _mm512_shuffle_f32x4(u, u, 0xD8);
-      float* d = ah + 32 * half;
-      _mm512_storeu_ps(d, _mm512_fmadd_ps(o0, sv, _mm512_loadu_ps(d)));
-      _mm512_storeu_ps(d + 16, _mm512_fmadd_ps(o1, sv, _mm512_loadu_ps(d + 16)));
+      float* d = acc + size_t(h) * size_t(D) + size_t(c0 + 32 * half);
+      _mm512_storeu_ps(d, _mm512_shuffle_f32x4(t, t, 0xD8));
+      _mm512_storeu_ps(d + 16, _mm512_shuffle_f32x4(u, u, 0xD8));
     }
-  }
 }
 
 // The weights of one head for keys [0, n): w[j] = p[j] max(kMinScale, s[j]), zeros from n to the
@@ -620,12 +673,11 @@ struct Bf16V {  // int4 (AVX-512 BF16) and int2 (and VBMI)
     for (int h = 0; h < R; ++h) zacc[h] += z4[h];
   }
   template <int R>
-  static void pass(const W* wq, const uint8_t* codes, size_t pk, int nk, int c0, const float* f, int D, float* acc,
-                   const void* next) {
+  static void pass(const VChunk* ch, int nc, size_t pk, int c0, int D, float* acc) {
     if constexpr (BITS == 4)
-      bf16_v_pass<R>(wq, codes, pk, nk, c0, f, D, acc, next);
+      bf16_v_pass<R>(ch, nc, pk, c0, D, acc);
     else
-      bf16_v2_pass<R>(wq, codes, pk, nk, c0, f, D, acc, next);
+      bf16_v2_pass<R>(ch, nc, pk, c0, D, acc);
   }
 };
 struct W16V {  // int8, AVX-512 VNNI
@@ -653,37 +705,59 @@ struct W16V {  // int8, AVX-512 VNNI
     }
   }
   template <int R>
-  static void pass(const W* wq, const uint8_t* codes, size_t pk, int nk, int c0, const float* f, int D, float* acc,
-                   const void* next) {
-    w16_v_pass<R>(wq, codes, pk, nk, c0, f, D, acc, next);
+  static void pass(const VChunk* ch, int nc, size_t pk, int c0, int D, float* acc) {
+    w16_v_pass<R>(ch, nc, pk, c0, D, acc);
   }
 };
 
-// kivi_v_block through kernel K (D % 64 == 0): kVKeys keys at a time, up to 4 heads a pass.
+// kivi_v_spans through kernel K (D % 64 == 0), up to 4 heads a pass: the spans cut into chunks of
+// at most kVKeys keys, the weights of up to kVChunks chunks rounded, then each 64 channels summed over
+// those chunks in one call, in registers (the same sums, in the same order, as chunk by chunk).
+constexpr int kVChunks = 16;
 template <class K>
-PTLLM_TARGET_VNNI void two_key_v_block(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale,
-                                       const uint16_t* zero, int nk, int D, float* acc, float* zacc, const void* next) {
+PTLLM_TARGET_VNNI void two_key_v_spans(const float* p, int ld_p, int nq, const KiviSpan* s, int ns, int D, float* acc,
+                                       float* zacc) {
   const size_t pk = size_t(D) * K::kBits / 8;
-  alignas(64) typename K::W wq[4][kVKeys];
-  for (int j0 = 0; j0 < nk; j0 += kVKeys) {
-    const int n = std::min(kVKeys, nk - j0);
-    for (int h0 = 0; h0 < nq; h0 += 4) {
-      const int r = std::min(4, nq - h0);
-      alignas(16) float f[4];
-      K::weights(p + size_t(h0) * size_t(ld_p) + size_t(j0), ld_p, r, scale + j0, zero + j0, n, wq, f, zacc + h0);
-      const uint8_t* c = codes + size_t(j0) * pk;
-      const void* nx = next && h0 == 0 ? static_cast<const uint8_t*>(next) + size_t(j0) * pk : nullptr;
+  alignas(64) typename K::W wq[kVChunks][4][kVKeys];
+  alignas(16) float f[kVChunks][4];
+  VChunk ch[kVChunks];
+  for (int h0 = 0; h0 < nq; h0 += 4) {
+    const int r = std::min(4, nq - h0);
+    int i = 0, j0 = 0;  // the next chunk: keys from j0 of span i
+    while (i < ns) {
+      int nc = 0;
+      while (i < ns && nc < kVChunks) {
+        const KiviSpan& sp = s[i];
+        if (j0 >= sp.n) {
+          ++i, j0 = 0;
+          continue;
+        }
+        if (j0 == 0 && h0 == 0) ask_span_scales(s, ns, i, true, D);
+        const int n = std::min(kVKeys, sp.n - j0);
+        K::weights(p + size_t(h0) * size_t(ld_p) + size_t(sp.col + j0), ld_p, r, sp.vs + j0, sp.vz + j0, n, wq[nc],
+                   f[nc], zacc + h0);
+        const void* nx = sp.v_next && h0 == 0 ? static_cast<const uint8_t*>(sp.v_next) + size_t(j0) * pk : nullptr;
+        ch[nc] = VChunk{wq[nc], f[nc], sp.v + size_t(j0) * pk, n, nx};
+        ++nc, j0 += n;
+      }
       float* ah = acc + size_t(h0) * size_t(D);
       for (int c0 = 0; c0 < D; c0 += 64) {
         switch (r) {
-          case 4: K::template pass<4>(&wq[0][0], c, pk, n, c0, f, D, ah, nx); break;
-          case 3: K::template pass<3>(&wq[0][0], c, pk, n, c0, f, D, ah, nx); break;
-          case 2: K::template pass<2>(&wq[0][0], c, pk, n, c0, f, D, ah, nx); break;
-          default: K::template pass<1>(&wq[0][0], c, pk, n, c0, f, D, ah, nx); break;
+          case 4: K::template pass<4>(ch, nc, pk, c0, D, ah); break;
+          case 3: K::template pass<3>(ch, nc, pk, c0, D, ah); break;
+          case 2: K::template pass<2>(ch, nc, pk, c0, D, ah); break;
+          default: K::template pass<1>(ch, nc, pk, c0, D, ah); break;
         }
       }
     }
   }
+}
+// One block: a span of its keys.
+template <class K>
+PTLLM_TARGET_VNNI void two_key_v_block(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale,
+                                       const uint16_t* zero, int nk, int D, float* acc, float* zacc, const void* next) {
+  const KiviSpan s{nullptr, codes, nullptr, nullptr, scale, zero, nk, 0, nullptr, next};
+  two_key_v_spans<K>(p, ld_p, nq, &s, 1, D, acc, zacc);
 }
 
 PTLLM_TARGET_VNNI void vnni_v_block(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale,
@@ -692,30 +766,74 @@ PTLLM_TARGET_VNNI void vnni_v_block(const float* p, int ld_p, int nq, const uint
   if (bits != 8 || D % 64 != 0) return KA::kivi_v_block(p, ld_p, nq, codes, scale, zero, nk, D, bits, acc, zacc, next);
   two_key_v_block<W16V>(p, ld_p, nq, codes, scale, zero, nk, D, acc, zacc, next);
 }
+PTLLM_TARGET_VNNI void vnni_v_spans(const float* p, int ld_p, int nq, const KiviSpan* s, int ns, int D, int bits,
+                                    float* acc, float* zacc) {
+  if (bits != 8 || D % 64 != 0) return v_spans_by_block<KA::kivi_v_block>(p, ld_p, nq, s, ns, D, bits, acc, zacc);
+  two_key_v_spans<W16V>(p, ld_p, nq, s, ns, D, acc, zacc);
+}
 
+bool has_vbmi() {
+  static const bool vbmi = __builtin_cpu_supports("avx512vbmi");
+  return vbmi;
+}
 PTLLM_TARGET_BF16 void bf16_v_block(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale,
                                     const uint16_t* zero, int nk, int D, int bits, float* acc, float* zacc,
                                     const void* next) {
-  static const bool vbmi = __builtin_cpu_supports("avx512vbmi");
   if (D % 64 == 0 && bits == 4)
     return two_key_v_block<Bf16V<4>>(p, ld_p, nq, codes, scale, zero, nk, D, acc, zacc, next);
-  if (D % 64 == 0 && bits == 2 && vbmi)
+  if (D % 64 == 0 && bits == 2 && has_vbmi())
     return two_key_v_block<Bf16V<2>>(p, ld_p, nq, codes, scale, zero, nk, D, acc, zacc, next);
   vnni_v_block(p, ld_p, nq, codes, scale, zero, nk, D, bits, acc, zacc, next);  // int8, and the rest
+}
+PTLLM_TARGET_BF16 void bf16_v_spans(const float* p, int ld_p, int nq, const KiviSpan* s, int ns, int D, int bits,
+                                    float* acc, float* zacc) {
+  if (D % 64 == 0 && bits == 4) return two_key_v_spans<Bf16V<4>>(p, ld_p, nq, s, ns, D, acc, zacc);
+  if (D % 64 == 0 && bits == 2 && has_vbmi()) return two_key_v_spans<Bf16V<2>>(p, ld_p, nq, s, ns, D, acc, zacc);
+  vnni_v_spans(p, ld_p, nq, s, ns, D, bits, acc, zacc);  // int8, and the rest
+}
+
+// kivi_k_spans: up to 4 heads (a decode step's) with the head count fixed for every span.
+template <int BITS, int R>
+PTLLM_TARGET_VNNI void vnni_k_spans_r(const float* q, const KiviSpan* s, int ns, float qscale, int D, float* out,
+                                      int ld_out) {
+  for (int i = 0; i < ns; ++i) {
+    ask_span_scales(s, ns, i, false, D);
+    vnni_k_heads<BITS, R>(q, s[i].k, s[i].ks, s[i].kz, qscale, s[i].n, D, out + s[i].col, ld_out, s[i].k_next);
+  }
+}
+template <int BITS>
+PTLLM_TARGET_VNNI void vnni_k_spans_b(const float* q, int nq, const KiviSpan* s, int ns, float qscale, int D,
+                                      float* out, int ld_out) {
+  switch (nq) {
+    case 4: return vnni_k_spans_r<BITS, 4>(q, s, ns, qscale, D, out, ld_out);
+    case 3: return vnni_k_spans_r<BITS, 3>(q, s, ns, qscale, D, out, ld_out);
+    case 2: return vnni_k_spans_r<BITS, 2>(q, s, ns, qscale, D, out, ld_out);
+    case 1: return vnni_k_spans_r<BITS, 1>(q, s, ns, qscale, D, out, ld_out);
+    default: return k_spans_by_block<vnni_k_block>(q, nq, s, ns, qscale, D, BITS, out, ld_out);
+  }
+}
+PTLLM_TARGET_VNNI void vnni_k_spans(const float* q, int nq, const KiviSpan* s, int ns, float qscale, int D, int bits,
+                                    float* out, int ld_out) {
+  if (D % 64 != 0 || D > kVnniMaxD) return k_spans_by_block<KA::kivi_k_block>(q, nq, s, ns, qscale, D, bits, out, ld_out);
+  switch (bits) {
+    case 8: return vnni_k_spans_b<8>(q, nq, s, ns, qscale, D, out, ld_out);
+    case 4: return vnni_k_spans_b<4>(q, nq, s, ns, qscale, D, out, ld_out);
+    default: return vnni_k_spans_b<2>(q, nq, s, ns, qscale, D, out, ld_out);
+  }
 }
 
 constexpr KernelTable kTable = make_table<Avx512>(SimdTarget::AVX512);
 constexpr KernelTable with_vnni(KernelTable t) {
   t.kivi_k_block = vnni_k_block;
   t.kivi_v_block = vnni_v_block;
-  t.kivi_k_spans = k_spans_by_block<vnni_k_block>;
-  t.kivi_v_spans = v_spans_by_block<vnni_v_block>;
+  t.kivi_k_spans = vnni_k_spans;
+  t.kivi_v_spans = vnni_v_spans;
   return t;
 }
 constexpr KernelTable kTableVnni = with_vnni(kTable);
 constexpr KernelTable with_bf16(KernelTable t) {
   t.kivi_v_block = bf16_v_block;
-  t.kivi_v_spans = v_spans_by_block<bf16_v_block>;
+  t.kivi_v_spans = bf16_v_spans;
   return t;
 }
 constexpr KernelTable kTableVnniBf16 = with_bf16(kTableVnni);
