@@ -338,8 +338,8 @@ struct WalkBlock {
   bool same;
 };
 
-// A part's blocks, walked once for both passes, and the spans handed to the kernels; one per thread
-// (kept, so a decode step allocates nothing).
+// A part's blocks (the first of `blocks`), walked once for both passes, and the spans handed to the
+// kernels; one per thread (kept, so a decode step allocates nothing).
 struct Walk {
   std::vector<WalkBlock> blocks;
   std::vector<KiviSpan> spans;
@@ -599,12 +599,19 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
       k.i1 = k.i0;
       while (k.i1 < nt && k.a[k.i1] < k.b[k.i1]) ++k.i1;
       for (int i = k.i1; i < nt; ++i) PTLLM_CHECK(k.a[i] >= k.b[i]);
+      k.same = true;
+      for (int i = k.i0; i < k.i1; ++i) k.same = k.same && k.a[i] == k.a[k.i0] && k.b[i] == k.b[k.i0];
       return k.i0 < k.i1;
     };
-    // The part's blocks in order, each given to fn; query i sees columns [c0[i], c1[i]) of the scores.
+    // The part's blocks in order, written in place into walk.blocks [0, nb) (no copies: a block is
+    // ~180 bytes); query i sees columns [c0[i], c1[i]) of the scores.
     int c0[kTile], c1[kTile];
-    auto for_blocks = [&](auto&& fn) {
-      WalkBlock k;
+    Walk& walk = Walk::local();
+    const size_t most = ceil_div(part_cols, B) + 1;  // blocks a part can touch (sized once: decode allocates nothing)
+    if (walk.blocks.size() < most) walk.blocks.resize(most);
+    walk.spans.reserve(most);
+    size_t nb = 0;
+    auto collect = [&] {
       if (part == 0) {
         // Sinks: global indices [0, n_sink_vis), cache slot = index.
         int64_t n_sink = 0;
@@ -614,6 +621,7 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
           c1[i] = int(v[i].n_sink_vis);
         }
         for (int64_t s0 = 0; s0 < n_sink; s0 += B) {
+          WalkBlock& k = walk.blocks[nb];
           for (int i = 0; i < nt; ++i) {
             k.a[i] = 0;
             k.b[i] = int(std::clamp<int64_t>(v[i].n_sink_vis - s0, 0, B));
@@ -625,7 +633,7 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
           k.col = int(s0);
           k.k_ahead = k.v_ahead = nullptr;
           k.near_end = false;
-          fn(k);
+          ++nb;
         }
         return;
       }
@@ -645,6 +653,7 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
       for (size_t e = e0; e < L.stream.size(); ++e) {
         const int64_t first_slot = L.begin + int64_t(e) * B;
         if (first_slot > hi_all) break;
+        WalkBlock& k = walk.blocks[nb];
         for (int i = 0; i < nt; ++i) {
           k.a[i] = int(std::clamp<int64_t>(lo[i] - first_slot, 0, B));
           k.b[i] = int(std::clamp<int64_t>(hi[i] + 1 - first_slot, 0, B));
@@ -662,26 +671,16 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
         const size_t ka = k.near_end ? e + 2 - (e_last - e0 + 1) : e + 2;
         k.k_ahead = ka < L.stream.size() ? &L.stream[ka] : nullptr;
         k.v_ahead = e + 2 < L.stream.size() ? &L.stream[e + 2] : nullptr;
-        fn(k);
+        ++nb;
       }
     };
     // Runs of consecutive quantized blocks read as stored (no rotation) whose keys every query of the
     // same queries sees go to the span kernels in one call (a decode step: all the part's quantized
     // blocks): one call a pass instead of one a block, accumulators kept in registers between blocks.
     // Other blocks, one at a time. Either way the same sums in the same order.
-    Walk& walk = Walk::local();
-    const size_t most = ceil_div(part_cols, B) + 1;  // blocks a part can touch (reserved once: decode allocates nothing)
-    walk.blocks.reserve(most);
-    walk.spans.reserve(most);
-    walk.blocks.clear();
-    for_blocks([&](WalkBlock& k) {
-      k.same = true;
-      for (int i = k.i0; i < k.i1; ++i) k.same = k.same && k.a[i] == k.a[k.i0] && k.b[i] == k.b[k.i0];
-      walk.blocks.push_back(k);
-    });
+    collect();
     auto spanned = [&](const WalkBlock& k) { return k.quantized && !rotate && k.same; };
     auto for_each = [&](auto&& one, auto&& many) {
-      const size_t nb = walk.blocks.size();
       for (size_t i = 0; i < nb;) {
         const WalkBlock& k = walk.blocks[i];
         if (!spanned(k)) {
