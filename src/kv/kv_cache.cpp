@@ -680,7 +680,19 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
     // Other blocks, one at a time. Either way the same sums in the same order.
     collect();
     auto spanned = [&](const WalkBlock& k) { return k.quantized && !rotate && k.same; };
+    // The spans of the spanned blocks, in order, built once for both passes.
+    walk.spans.clear();
+    for (size_t i = 0; i < nb; ++i) {
+      const WalkBlock& b = walk.blocks[i];
+      if (!spanned(b)) continue;
+      const int a0 = b.a[b.i0];
+      const Rows r = rows_of(b.data, true, g);
+      walk.spans.push_back(KiviSpan{r.k + size_t(a0) * pk, r.v + size_t(a0) * pk, r.ks, r.kz, r.vs + a0, r.vz + a0,
+                                    b.b[b.i0] - a0, b.col + a0, ahead(b.k_ahead, b.near_end, a0, false),
+                                    ahead(b.v_ahead, !b.near_end, a0, false)});
+    }
     auto for_each = [&](auto&& one, auto&& many) {
+      size_t sp = 0;  // the next span
       for (size_t i = 0; i < nb;) {
         const WalkBlock& k = walk.blocks[i];
         if (!spanned(k)) {
@@ -688,17 +700,9 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
           ++i;
           continue;
         }
-        walk.spans.clear();
-        for (; i < nb && spanned(walk.blocks[i]) && walk.blocks[i].i0 == k.i0 && walk.blocks[i].i1 == k.i1; ++i) {
-          const WalkBlock& b = walk.blocks[i];
-          const int a0 = b.a[b.i0];
-          const Rows r = rows_of(b.data, true, g);
-          walk.spans.push_back(KiviSpan{r.k + size_t(a0) * pk, r.v + size_t(a0) * pk, r.ks, r.kz, r.vs + a0,
-                                        r.vz + a0, b.b[b.i0] - a0, b.col + a0,
-                                        ahead(b.k_ahead, b.near_end, a0, false),
-                                        ahead(b.v_ahead, !b.near_end, a0, false)});
-        }
-        many(k.i0 * group, (k.i1 - k.i0) * group, walk.spans.data(), int(walk.spans.size()));
+        const size_t s0 = sp;
+        for (; i < nb && spanned(walk.blocks[i]) && walk.blocks[i].i0 == k.i0 && walk.blocks[i].i1 == k.i1; ++i) ++sp;
+        many(k.i0 * group, (k.i1 - k.i0) * group, walk.spans.data() + s0, int(sp - s0));
       }
     };
     for_each(score, [&](int h0, int nq, const KiviSpan* sp, int ns) {
@@ -738,9 +742,12 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
   // thread exit) on threads that pass its declaration, which pool workers running the lambda do not.
   auto local_buffers = [&] {
     std::vector<float>& local = attention_scratch();
-    const size_t need = scratch_floats + 2 * tile_state_floats;
+    const size_t need = scratch_floats + 2 * tile_state_floats + 15;
     if (local.size() < need) local.resize(need);
-    return local.data();
+    // From a 64-byte boundary: the kernels' full-register loads and stores of scores and queries
+    // never straddle two cache lines.
+    const uintptr_t a = reinterpret_cast<uintptr_t>(local.data());
+    return local.data() + ((64 - a % 64) % 64) / sizeof(float);
   };
   if (pool.size() > 1 && items < 4 * size_t(pool.size())) {
     // Few (token, KV head) pairs (decode): every part is a piece of work, merged afterwards.
