@@ -243,10 +243,11 @@ PTLLM_TARGET_VNNI inline void vnni_transpose(const uint8_t* p, size_t pk, __m512
 
 // One pass of R <= 4 heads; qd [R][D / 4]: the int8 query in dword order (quad k = dword k / KPB of
 // the row, bit position s = k % KPB of its bytes).
-template <int BITS, int R>
+template <int BITS, int R, int DK = 0>  // DK as vnni_k_heads
 PTLLM_TARGET_VNNI void vnni_k_pass(const int32_t* qd, const float* a, const float* b, const float* qz,
-                                   const uint8_t* codes, int nk, int D, float* out, int ld_out, uint8_t* tail,
+                                   const uint8_t* codes, int nk, int D_, float* out, int ld_out, uint8_t* tail,
                                    const void* next) {
+  const int D = DK ? DK : D_;
   constexpr int KPB = 8 / BITS;
   const size_t pk = size_t(D) * BITS / 8, nq4 = size_t(D) / 4;
   const __m512i mask = _mm512_set1_epi8(char((1 << BITS) - 1));
@@ -315,14 +316,14 @@ constexpr int kVnniMaxD = 256;  // longer rows: the float kernel
 
 // One pass of R heads: the query quantized as kivi_k_factors and kivi_k_quantize (kernels_impl.h)
 // do it (the same q8, a and qsum; qz summed in another order), R heads at once, then the scores.
-template <int BITS, int R>
+template <int BITS, int R, int DK = 0>  // DK: D known at compile time (64: the query stays in registers), else 0
 PTLLM_TARGET_VNNI void vnni_k_heads(const float* q, const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
-                                    float qscale, int nk, int D, float* out, int ld_out, const void* next) {
+                                    float qscale, int nk, int D_, float* out, int ld_out, const void* next) {
+  const int D = DK ? DK : D_;
   alignas(64) float qf[R][kVnniMaxD];             // q * sd
   alignas(64) int32_t qd[R * kVnniMaxD / 4];      // q8 in dword order
   alignas(64) uint8_t tail[16 * kVnniMaxD / 8 * BITS];  // a short group's rows
   alignas(16) float qz[4], a[4], b[4], inv[4];
-  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   const __m512 qsv = _mm512_set1_ps(qscale), mv = _mm512_set1_ps(KA::kMid<BITS>), floor = _mm512_set1_ps(kMinScale);
   __m512 m[4], z[4];
   PTLLM_UNROLL_VNNI for (int h = 0; h < 4; ++h) m[h] = z[h] = _mm512_setzero_ps();
@@ -335,7 +336,7 @@ PTLLM_TARGET_VNNI void vnni_k_heads(const float* q, const uint8_t* codes, const 
     PTLLM_UNROLL_VNNI for (int h = 0; h < R; ++h) {
       const __m512 qv = _mm512_loadu_ps(q + size_t(h) * size_t(D) + size_t(i)), x = _mm512_mul_ps(qv, sd);
       _mm512_store_ps(qf[h] + i, x);
-      m[h] = _mm512_max_ps(m[h], _mm512_and_ps(x, absmask));
+      m[h] = _mm512_range_ps(m[h], x, 0x0B);  // max(m, |x|): the larger magnitude, sign cleared
       z[h] = _mm512_fmadd_ps(qv, zd, z[h]);
     }
   }
@@ -367,7 +368,7 @@ PTLLM_TARGET_VNNI void vnni_k_heads(const float* q, const uint8_t* codes, const 
   }
   _mm_store_ps(b, _mm_mul_ps(_mm_cvtepi32_ps(sum4_epi32(qsum[0], qsum[1], qsum[2], qsum[3])),
                              _mm_set1_ps(KA::kMid<BITS>)));
-  vnni_k_pass<BITS, R>(qd, a, b, qz, codes, nk, D, out, ld_out, tail, next);
+  vnni_k_pass<BITS, R, DK>(qd, a, b, qz, codes, nk, D, out, ld_out, tail, next);
 }
 
 template <int BITS>
@@ -798,7 +799,10 @@ PTLLM_TARGET_VNNI void vnni_k_spans_r(const float* q, const KiviSpan* s, int ns,
                                       int ld_out) {
   for (int i = 0; i < ns; ++i) {
     ask_span_scales(s, ns, i, false, D);
-    vnni_k_heads<BITS, R>(q, s[i].k, s[i].ks, s[i].kz, qscale, s[i].n, D, out + s[i].col, ld_out, s[i].k_next);
+    if (D == 64)
+      vnni_k_heads<BITS, R, 64>(q, s[i].k, s[i].ks, s[i].kz, qscale, s[i].n, D, out + s[i].col, ld_out, s[i].k_next);
+    else
+      vnni_k_heads<BITS, R>(q, s[i].k, s[i].ks, s[i].kz, qscale, s[i].n, D, out + s[i].col, ld_out, s[i].k_next);
   }
 }
 template <int BITS>
