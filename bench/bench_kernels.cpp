@@ -172,9 +172,9 @@ void register_kernels() {
           const uint8_t* cj = c->data() + size_t(j) * packed_bytes(kBlockD, bits);
           const int m = std::min(kBlockG, nk - j);
           if (simd)
-            kivi_k_block(q->data(), kBlockHeads, cj, sz->data(), sz->data() + kBlockD, 0.125f, m, kBlockD, bits, out->data(), kBlockG);
+            kivi_k_block(q->data(), kBlockHeads, KRows{cj, m, 0}, sz->data(), sz->data() + kBlockD, 0.125f, m, kBlockD, bits, out->data(), kBlockG);
           else
-            kivi_k_block_ref(q->data(), kBlockHeads, cj, sz->data(), sz->data() + kBlockD, 0.125f, m, kBlockD, bits, out->data(), kBlockG);
+            kivi_k_block_ref(q->data(), kBlockHeads, KRows{cj, m, 0}, sz->data(), sz->data() + kBlockD, 0.125f, m, kBlockD, bits, out->data(), kBlockG);
         }
         benchmark::DoNotOptimize(out->data());
       };
@@ -210,7 +210,7 @@ void register_kernels() {
           const uint8_t* cj = c->data() + size_t(j) * packed_bytes(kBlockD, bits);
           const int m = std::min(kBlockG, nk - j);
           if (simd)
-            kivi_k_dequant(cj, sz->data(), sz->data() + kBlockD, m, kBlockD, bits, out->data());
+            kivi_k_dequant(KRows{cj, m, 0}, sz->data(), sz->data() + kBlockD, m, kBlockD, bits, out->data());
           else
             dequantize_k_group(cj, sz->data(), sz->data() + kBlockD, m, kBlockD, bits, out->data());
         }

@@ -161,19 +161,27 @@ void expect_scores_near(const std::vector<float>& out, const std::vector<float>&
 
 // The KIVI block kernels (one block of code rows for the query heads sharing a KV head,
 // kv/kv_cache.cpp) against their twins: head counts around the kernels' passes of 4, odd key
-// counts, rows at odd addresses, strided outputs whose gaps must stay untouched.
+// counts, K keys from the start of a group or part way into one (whose last tile of 16 keys may
+// be narrower), codes at odd addresses, strided outputs whose gaps must stay untouched.
 TEST_P(KernelTest, KiviBlockKernelsMatchScalarTwins) {
   std::uniform_int_distribution<int> byte(0, 255);
   for (int bits : {8, 4, 2})
     for (int D : {1, 3, 4, 15, 16, 17, 32, 33, 64, 65, 128, 130})
       for (int nq : {1, 2, 3, 4, 5, 8, 11})
-        for (int nk : {1, 5, 32}) {
-          SCOPED_TRACE(::testing::Message() << "bits=" << bits << " D=" << D << " nq=" << nq << " nk=" << nk);
+        for (int nk : {1, 5, 32})
+          for (int j0 : {0, 13}) {
+          SCOPED_TRACE(::testing::Message() << "bits=" << bits << " D=" << D << " nq=" << nq << " nk=" << nk
+                                            << " j0=" << j0);
           const size_t pk = packed_bytes(D, bits);
-          std::vector<uint8_t> codes(pk * size_t(nk) + 1);
+          const int G = j0 + nk + (j0 ? 2 : 0);  // keys after those read, too
+          std::vector<uint8_t> codes(pk * size_t(G) + 1);
           for (auto& c : codes) c = uint8_t(byte(rng_));
           const uint8_t* pc = codes.data() + 1;
-          auto code = [&](int j, int i) { return float(code_at(pc + size_t(j) * pk, i, bits)); };
+          const KRows kr{pc, G, j0};
+          std::vector<uint8_t> rows_buf(pk * size_t(nk) + 1);  // the K rows read, plain: also V's rows
+          uint8_t* rows = rows_buf.data() + 1;
+          k_rows_from_group(kr, nk, pk, rows);
+          auto code = [&](int j, int i) { return float(code_at(rows + size_t(j) * pk, i, bits)); };
           const int ld = nk + 3;
 
           auto q = random_floats(size_t(nq) * size_t(D) + 1, rng_);
@@ -184,8 +192,8 @@ TEST_P(KernelTest, KiviBlockKernelsMatchScalarTwins) {
           if (D > 2) ks[2] = 0;
           const float qscale = 0.125f;
           std::vector<float> out(size_t(nq) * size_t(ld), 7.f), out_ref = out;
-          kivi_k_block(pq, nq, pc, ks.data(), kz.data(), qscale, nk, D, bits, out.data(), ld);
-          kivi_k_block_ref(pq, nq, pc, ks.data(), kz.data(), qscale, nk, D, bits, out_ref.data(), ld);
+          kivi_k_block(pq, nq, kr, ks.data(), kz.data(), qscale, nk, D, bits, out.data(), ld);
+          kivi_k_block_ref(pq, nq, kr, ks.data(), kz.data(), qscale, nk, D, bits, out_ref.data(), ld);
           ASSERT_NO_FATAL_FAILURE(expect_scores_near(out, out_ref, nq, ld, nk, [&](int h, int j) {
             double abs_sum = 0;
             for (int i = 0; i < D; ++i)
@@ -199,8 +207,8 @@ TEST_P(KernelTest, KiviBlockKernelsMatchScalarTwins) {
           vs[0] = 0;
           auto acc = random_floats(size_t(nq) * size_t(D), rng_), acc_ref = acc;
           auto zacc = random_floats(size_t(nq), rng_), zacc_ref = zacc;
-          kivi_v_block(p.data(), ld, nq, pc, vs.data(), vz.data(), nk, D, bits, acc.data(), zacc.data());
-          kivi_v_block_ref(p.data(), ld, nq, pc, vs.data(), vz.data(), nk, D, bits, acc_ref.data(), zacc_ref.data());
+          kivi_v_block(p.data(), ld, nq, rows, vs.data(), vz.data(), nk, D, bits, acc.data(), zacc.data());
+          kivi_v_block_ref(p.data(), ld, nq, rows, vs.data(), vz.data(), nk, D, bits, acc_ref.data(), zacc_ref.data());
           for (int h = 0; h < nq; ++h) {
             double zsum = 1;
             for (int j = 0; j < nk; ++j) zsum += p[size_t(h) * size_t(ld) + size_t(j)] * std::fabs(f16_to_f32(vz[size_t(j)]));
@@ -290,8 +298,9 @@ TEST_P(KernelTest, BlockKernelsGiveTheSameWithNextBlockPrefetch) {
           auto ks = f16s(random_floats(size_t(D), rng_, 0.01f, 0.2f)), kz = f16s(random_floats(size_t(D), rng_));
           auto vs = f16s(random_floats(size_t(nk), rng_, 0.01f, 0.2f)), vz = f16s(random_floats(size_t(nk), rng_));
           std::vector<float> out(size_t(nq) * size_t(ld)), out_pf = out;
-          kivi_k_block(q.data(), nq, codes.data(), ks.data(), kz.data(), 0.125f, nk, D, bits, out.data(), ld);
-          kivi_k_block(q.data(), nq, codes.data(), ks.data(), kz.data(), 0.125f, nk, D, bits, out_pf.data(), ld,
+          kivi_k_block(q.data(), nq, KRows{codes.data(), nk, 0}, ks.data(), kz.data(), 0.125f, nk, D, bits, out.data(),
+                       ld);
+          kivi_k_block(q.data(), nq, KRows{codes.data(), nk, 0}, ks.data(), kz.data(), 0.125f, nk, D, bits, out_pf.data(), ld,
                        next.data());
           ASSERT_EQ(out, out_pf) << "bits=" << bits;
           auto acc = random_floats(size_t(nq) * size_t(D), rng_), acc_pf = acc;
@@ -322,12 +331,15 @@ TEST_P(KernelTest, BlockKernelsGiveTheSameWithNextBlockPrefetch) {
 // written, the same V sums.
 TEST_P(KernelTest, SpanKernelsGiveWhatTheBlockKernelsGiveInTurn) {
   std::uniform_int_distribution<int> byte(0, 255);
+  constexpr int kGroup = 32;
   for (int D : {17, 64, 128})
     for (int nq : {1, 4, 6})
       for (int bits : {8, 4, 2}) {
         SCOPED_TRACE(::testing::Message() << "D=" << D << " nq=" << nq << " bits=" << bits);
         const size_t pk = packed_bytes(D, bits);
-        const int counts[] = {32, 32, 7, 32, 19, 1};  // keys of each span (a short one: a window's edge)
+        // Keys [first, first + count) of a group of kGroup: whole groups, and the ends of groups (a
+        // window's lower edge).
+        const int counts[] = {32, 32, 7, 32, 19, 1}, firsts[] = {0, 0, 25, 0, 13, 31};
         const int ns = int(std::size(counts));
         int cols = 0;
         for (int n : counts) cols += n + 2;  // a gap between spans' columns
@@ -337,21 +349,23 @@ TEST_P(KernelTest, SpanKernelsGiveWhatTheBlockKernelsGiveInTurn) {
         std::vector<KiviSpan> spans(static_cast<size_t>(ns));
         for (int i = 0, col = 1; i < ns; ++i) {
           const int n = counts[i];
-          kc[i].resize(pk * size_t(n)), vc[i].resize(pk * size_t(n));
+          kc[i].resize(pk * size_t(kGroup)), vc[i].resize(pk * size_t(n));
           for (auto& c : kc[i]) c = uint8_t(byte(rng_));
           for (auto& c : vc[i]) c = uint8_t(byte(rng_));
           ks[i] = f16s(random_floats(size_t(D), rng_, 0.01f, 0.2f)), kz[i] = f16s(random_floats(size_t(D), rng_));
           vs[i] = f16s(random_floats(size_t(n), rng_, 0.01f, 0.2f)), vz[i] = f16s(random_floats(size_t(n), rng_));
           const void* next = i + 2 < ns ? kc[size_t(i + 2)].data() : nullptr;
-          spans[size_t(i)] = KiviSpan{kc[i].data(), vc[i].data(), ks[i].data(), kz[i].data(), vs[i].data(),
-                                      vz[i].data(), n, col, next, i + 2 < ns ? vc[size_t(i + 2)].data() : nullptr};
+          spans[size_t(i)] = KiviSpan{kc[i].data(),  firsts[i],    vc[i].data(), ks[i].data(),
+                                      kz[i].data(),  vs[i].data(), vz[i].data(), n,
+                                      col,           next,         i + 2 < ns ? vc[size_t(i + 2)].data() : nullptr};
           col += n + 2;
         }
         auto q = random_floats(size_t(nq) * size_t(D), rng_);
         std::vector<float> out(size_t(nq) * size_t(ld), 7.f), out_ref = out;
-        kivi_k_spans(q.data(), nq, spans.data(), ns, 0.125f, D, bits, out.data(), ld);
+        kivi_k_spans(q.data(), nq, spans.data(), ns, kGroup, 0.125f, D, bits, out.data(), ld);
         for (const KiviSpan& s : spans)
-          kivi_k_block(q.data(), nq, s.k, s.ks, s.kz, 0.125f, s.n, D, bits, out_ref.data() + s.col, ld);
+          kivi_k_block(q.data(), nq, KRows{s.k, kGroup, s.k0}, s.ks, s.kz, 0.125f, s.n, D, bits,
+                       out_ref.data() + s.col, ld);
         ASSERT_EQ(out, out_ref);
         auto p = random_floats(size_t(nq) * size_t(ld), rng_, 0.f, 1.f);
         auto acc = random_floats(size_t(nq) * size_t(D) + 5, rng_), acc_ref = acc;
@@ -372,16 +386,21 @@ TEST_P(KernelTest, KiviKDequantMatchesScalarTwin) {
       for (int nk : {1, 5, 32}) {
         SCOPED_TRACE(::testing::Message() << "bits=" << bits << " D=" << D << " nk=" << nk);
         const size_t pk = packed_bytes(D, bits);
-        std::vector<uint8_t> codes(pk * size_t(nk) + 1);
+        const int G = nk + 7;  // keys [0, nk) and [7, 7 + nk) of a group of G
+        std::vector<uint8_t> codes(pk * size_t(G) + 1);
         for (auto& c : codes) c = uint8_t(byte(rng_));
         auto ks = f16s(random_floats(size_t(D), rng_, 0.01f, 0.2f)), kz = f16s(random_floats(size_t(D), rng_, -2.f, 2.f));
         ks[0] = f32_to_f16(1e-6f);
         if (D > 2) ks[2] = 0;
-        std::vector<float> out(size_t(nk) * size_t(D) + 3, 7.f), out_ref = out;
-        kivi_k_dequant(codes.data() + 1, ks.data(), kz.data(), nk, D, bits, out.data());
-        dequantize_k_group(codes.data() + 1, ks.data(), kz.data(), nk, D, bits, out_ref.data());
-        for (size_t i = 0; i < out.size(); ++i)
-          ASSERT_NEAR(out[i], out_ref[i], 1e-6f * (1.f + std::fabs(out_ref[i]))) << "i=" << i;
+        std::vector<float> all(size_t(G) * size_t(D));
+        dequantize_k_group(codes.data() + 1, ks.data(), kz.data(), G, D, bits, all.data());
+        for (int j0 : {0, 7}) {
+          std::vector<float> out(size_t(nk) * size_t(D) + 3, 7.f), out_ref = out;
+          kivi_k_dequant(KRows{codes.data() + 1, G, j0}, ks.data(), kz.data(), nk, D, bits, out.data());
+          std::copy_n(all.begin() + ptrdiff_t(j0) * D, size_t(nk) * size_t(D), out_ref.begin());
+          for (size_t i = 0; i < out.size(); ++i)
+            ASSERT_NEAR(out[i], out_ref[i], 1e-6f * (1.f + std::fabs(out_ref[i]))) << "i=" << i << " j0=" << j0;
+        }
       }
 }
 

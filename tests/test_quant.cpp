@@ -119,7 +119,7 @@ TEST(QuantTest, FusedBlocksMatchDequantized) {
       quantize_k_group(k.data(), size_t(D), G, D, bits, kc.data(), ks.data(), kz.data());
       std::vector<float> kd(size_t(G) * size_t(D)), scores(G);
       dequantize_k_group(kc.data(), ks.data(), kz.data(), G, D, bits, kd.data());
-      kivi_k_block(q.data(), 1, kc.data(), ks.data(), kz.data(), 1.f, G, D, bits, scores.data(), G);
+      kivi_k_block(q.data(), 1, KRows{kc.data(), G, 0}, ks.data(), kz.data(), 1.f, G, D, bits, scores.data(), G);
       float qs_max = 0;
       for (int i = 0; i < D; ++i)
         qs_max = std::max(qs_max, std::fabs(q[size_t(i)] * std::max(kMinScale, f16_to_f32(ks[size_t(i)]))));

@@ -62,7 +62,7 @@ std::filesystem::path sidecar_path(const std::filesystem::path& kvcache);
 //   u16+model_name  u16+arch_name                                                 (header_bytes)
 //   i32 ids[n_ids]  f32 logits[vocab]  kv_state[kv_bytes]                         (body)
 //   u64 XXH3-64 over every byte before it
-inline constexpr uint32_t kPromptCacheVersion = 1;
+inline constexpr uint32_t kPromptCacheVersion = 2;
 
 struct CacheFile {
   uint32_t version = kPromptCacheVersion;

@@ -203,9 +203,9 @@ struct Avx512 {
 
 // kivi_k_block with AVX-512 VNNI (Ice Lake, Zen 4 and later; picked at run time): the int8 query
 // (quant.h) times the u8 codes, 4 products a 32-bit lane (vpdpbusd). 16 keys at a time, one key
-// a lane: each 16 bytes of a code row (4 dwords) of the 16 keys are transposed so that a register
-// holds one dword of every key; a dword of codes is split by position in the byte (a shift and a
-// mask, no shuffle) into 4 bytes of codes, and multiplied by the 4 query bytes of those channels,
+// a lane: the codes are stored so that 64 consecutive bytes hold one dword of each of 16 keys
+// (k_code_offset); a dword of codes is split by position in the byte (a shift and a mask, no
+// shuffle) into 4 bytes of codes, and multiplied by the 4 query bytes of those channels,
 // broadcast. The query bytes are put in that order once per block (one in-lane byte shuffle per
 // 64 channels). The sums come out one key a lane, so no horizontal reduction. Other head sizes
 // (D % 64 != 0 or D > kVnniMaxD) take the float kernel of kernels_impl.h, which computes the
@@ -221,68 +221,85 @@ namespace ptllm {
 namespace {
 using KA = Kernels<Avx512>;
 
-// The 16 keys' dwords 0..3 of the 16 bytes at offset off of their rows (stride pk): y[m] lane t =
-// dword m of key t.
-PTLLM_TARGET_VNNI inline void vnni_transpose(const uint8_t* p, size_t pk, __m512i* y) {
-  __m512i x[4];
-  for (int g = 0; g < 4; ++g) {  // lane L of x[g]: key g + 4 L
-    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + size_t(g) * pk)));
-    v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + size_t(g + 4) * pk)), 1);
-    v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + size_t(g + 8) * pk)), 2);
-    v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + size_t(g + 12) * pk)), 3);
-    x[g] = v;
+// One pass of R <= 4 heads; qd [R][D / 4]: the int8 query in dword order (quad k = dword k / KPB of
+// the row, bit position s = k % KPB of its bytes). The codes are stored in tiles of 16 keys whose
+// 4-byte columns hold the 16 keys' dwords in turn (k_code_offset, quant.h): a load of 64 bytes is
+// one dword of every key, one key a lane.
+// NT tiles of 16 keys from t0 (the first maybe entered part way, the last maybe narrower): each
+// query dword broadcast once for the NT tiles.
+template <int BITS, int R, int NT, int DK>
+PTLLM_TARGET_VNNI inline void vnni_k_tiles(const int32_t* qd, const float* a, const float* b, const float* qz, KRows k,
+                                           int end, int t0, size_t pk, size_t nq4, float* out, int ld_out,
+                                           uint8_t* tail, const void* next) {
+  constexpr int KPB = 8 / BITS;
+  const __m512i mask = _mm512_set1_epi8(char((1 << BITS) - 1));
+  const uint8_t* tile[NT];
+  int w[NT];
+  for (int u = 0; u < NT; ++u) {
+    const int tu = t0 + 16 * u;
+    w[u] = std::min(16, k.G - tu);
+    KA::prefetch_lines(next, size_t(tu) * pk, size_t(tu + w[u]) * pk);
+    tile[u] = k.group + size_t(tu) * pk;
+    if (w[u] < 16) {  // a narrower last tile: its columns spread to 16 keys, zeros after
+      std::memset(tail, 0, 16 * pk);
+      for (size_t c = 0; c < pk; c += 4) std::memcpy(tail + 16 * c, tile[u] + size_t(w[u]) * c, 4 * size_t(w[u]));
+      tile[u] = tail;
+    }
   }
-  // 4 x 4 transposes within 128-bit lanes: y[m] lane L element e = x[e] lane L dword m (key e + 4 L).
-  const __m512i t0 = _mm512_unpacklo_epi32(x[0], x[1]), t1 = _mm512_unpackhi_epi32(x[0], x[1]);
-  const __m512i t2 = _mm512_unpacklo_epi32(x[2], x[3]), t3 = _mm512_unpackhi_epi32(x[2], x[3]);
-  y[0] = _mm512_unpacklo_epi64(t0, t2);
-  y[1] = _mm512_unpackhi_epi64(t0, t2);
-  y[2] = _mm512_unpacklo_epi64(t1, t3);
-  y[3] = _mm512_unpackhi_epi64(t1, t3);
+  __m512i acc[NT][R];
+  for (int u = 0; u < NT; ++u)
+    for (int h = 0; h < R; ++h) acc[u][h] = _mm512_setzero_si512();
+  for (size_t off = 0; off < pk; off += 16) {
+    __m512i y[NT][4];
+    for (int u = 0; u < NT; ++u)
+      for (int m = 0; m < 4; ++m) y[u][m] = _mm512_loadu_si512(tile[u] + 16 * (off + 4 * size_t(m)));
+    const int32_t* qk = qd + off / 4 * KPB;
+    PTLLM_UNROLL_VNNI for (int m = 0; m < 4; ++m) PTLLM_UNROLL_VNNI for (int s = 0; s < KPB; ++s) {
+      __m512i c[NT];
+      for (int u = 0; u < NT; ++u) {
+        if constexpr (BITS == 8)
+          c[u] = y[u][m];
+        else
+          c[u] = _mm512_and_si512(s == 0 ? y[u][m] : _mm512_srli_epi32(y[u][m], BITS * s), mask);
+      }
+      PTLLM_UNROLL_VNNI for (int h = 0; h < R; ++h) {
+        const __m512i qv = _mm512_set1_epi32(qk[size_t(h) * nq4 + size_t(m * KPB + s)]);
+        for (int u = 0; u < NT; ++u) acc[u][h] = _mm512_dpbusd_epi32(acc[u][h], c[u], qv);
+      }
+    }
+  }
+  for (int u = 0; u < NT; ++u) {
+    // Keys tu + [lo, hi) are asked for, at columns from tu + lo - j0.
+    const int tu = t0 + 16 * u, lo = std::max(0, k.j0 - tu), hi = std::min(w[u], end - tu);
+    PTLLM_UNROLL_VNNI for (int h = 0; h < R; ++h) {
+      const __m512 v = _mm512_fmadd_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(acc[u][h]), _mm512_set1_ps(b[h])),
+                                       _mm512_set1_ps(a[h]), _mm512_set1_ps(qz[h]));
+      float* oh = out + size_t(h) * size_t(ld_out);
+      if (lo == 0) {
+        _mm512_mask_storeu_ps(oh + (tu - k.j0), Avx512::mask(hi), v);
+      } else {  // the first tile, entered part way
+        alignas(64) float t[16];
+        _mm512_store_ps(t, v);
+        std::copy(t + lo, t + hi, oh + (tu + lo - k.j0));
+      }
+    }
+  }
 }
 
 // One pass of R <= 4 heads; qd [R][D / 4]: the int8 query in dword order (quad k = dword k / KPB of
-// the row, bit position s = k % KPB of its bytes).
+// the row, bit position s = k % KPB of its bytes). The codes are stored in tiles of 16 keys whose
+// 4-byte columns hold the 16 keys' dwords in turn (k_code_offset, quant.h): a load of 64 bytes is
+// one dword of every key, one key a lane. Tiles two at a time (a group of 32: one call).
 template <int BITS, int R, int DK = 0>  // DK as vnni_k_heads
-PTLLM_TARGET_VNNI void vnni_k_pass(const int32_t* qd, const float* a, const float* b, const float* qz,
-                                   const uint8_t* codes, int nk, int D_, float* out, int ld_out, uint8_t* tail,
-                                   const void* next) {
+PTLLM_TARGET_VNNI void vnni_k_pass(const int32_t* qd, const float* a, const float* b, const float* qz, KRows k, int nk,
+                                   int D_, float* out, int ld_out, uint8_t* tail, const void* next) {
   const int D = DK ? DK : D_;
-  constexpr int KPB = 8 / BITS;
   const size_t pk = size_t(D) * BITS / 8, nq4 = size_t(D) / 4;
-  const __m512i mask = _mm512_set1_epi8(char((1 << BITS) - 1));
-  for (int j0 = 0; j0 < nk; j0 += 16) {
-    const int n = std::min(16, nk - j0);
-    KA::prefetch_lines(next, size_t(j0) * pk, size_t(j0 + n) * pk);
-    const uint8_t* rows = codes + size_t(j0) * pk;
-    if (n < 16) {  // a short last group: its keys copied, zeros after
-      std::memset(tail, 0, 16 * pk);
-      std::memcpy(tail, rows, size_t(n) * pk);
-      rows = tail;
-    }
-    __m512i acc[R];
-    for (int h = 0; h < R; ++h) acc[h] = _mm512_setzero_si512();
-    for (size_t off = 0; off < pk; off += 16) {
-      __m512i y[4];
-      vnni_transpose(rows + off, pk, y);
-      const int32_t* qk = qd + off / 4 * KPB;
-      PTLLM_UNROLL_VNNI for (int m = 0; m < 4; ++m) PTLLM_UNROLL_VNNI for (int s = 0; s < KPB; ++s) {
-        __m512i c;
-        if constexpr (BITS == 8)
-          c = y[m];
-        else
-          c = _mm512_and_si512(s == 0 ? y[m] : _mm512_srli_epi32(y[m], BITS * s), mask);
-        PTLLM_UNROLL_VNNI for (int h = 0; h < R; ++h)
-          acc[h] = _mm512_dpbusd_epi32(acc[h], c, _mm512_set1_epi32(qk[size_t(h) * nq4 + size_t(m * KPB + s)]));
-      }
-    }
-    const __mmask16 keep = Avx512::mask(n);
-    PTLLM_UNROLL_VNNI for (int h = 0; h < R; ++h) {
-      const __m512 v = _mm512_fmadd_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(acc[h]), _mm512_set1_ps(b[h])),
-                                           _mm512_set1_ps(a[h]), _mm512_set1_ps(qz[h]));
-      _mm512_mask_storeu_ps(out + size_t(h) * size_t(ld_out) + size_t(j0), keep, v);
-    }
-  }
+  const int end = k.j0 + nk;
+  int t0 = k.j0 / 16 * 16;
+  for (; t0 + 16 < end && t0 + 32 <= k.G; t0 += 32)  // two tiles, the second a full one
+    vnni_k_tiles<BITS, R, 2, DK>(qd, a, b, qz, k, end, t0, pk, nq4, out, ld_out, tail, next);
+  for (; t0 < end; t0 += 16) vnni_k_tiles<BITS, R, 1, DK>(qd, a, b, qz, k, end, t0, pk, nq4, out, ld_out, tail, next);
 }
 
 // The maxima of a, b, c, d (as reduce_add4 sums them).
@@ -317,12 +334,12 @@ constexpr int kVnniMaxD = 256;  // longer rows: the float kernel
 // One pass of R heads: the query quantized as kivi_k_factors and kivi_k_quantize (kernels_impl.h)
 // do it (the same q8, a and qsum; qz summed in another order), R heads at once, then the scores.
 template <int BITS, int R, int DK = 0>  // DK: D known at compile time (64: the query stays in registers), else 0
-PTLLM_TARGET_VNNI void vnni_k_heads(const float* q, const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
+PTLLM_TARGET_VNNI void vnni_k_heads(const float* q, KRows codes, const uint16_t* scale, const uint16_t* zero,
                                     float qscale, int nk, int D_, float* out, int ld_out, const void* next) {
   const int D = DK ? DK : D_;
   alignas(64) float qf[R][kVnniMaxD];             // q * sd
   alignas(64) int32_t qd[R * kVnniMaxD / 4];      // q8 in dword order
-  alignas(64) uint8_t tail[16 * kVnniMaxD / 8 * BITS];  // a short group's rows
+  alignas(64) uint8_t tail[16 * kVnniMaxD / 8 * BITS];  // a narrower last tile, spread
   alignas(16) float qz[4], a[4], b[4], inv[4];
   const __m512 qsv = _mm512_set1_ps(qscale), mv = _mm512_set1_ps(KA::kMid<BITS>), floor = _mm512_set1_ps(kMinScale);
   __m512 m[4], z[4];
@@ -372,7 +389,7 @@ PTLLM_TARGET_VNNI void vnni_k_heads(const float* q, const uint8_t* codes, const 
 }
 
 template <int BITS>
-PTLLM_TARGET_VNNI void vnni_k_block_b(const float* q, int nq, const uint8_t* codes, const uint16_t* scale,
+PTLLM_TARGET_VNNI void vnni_k_block_b(const float* q, int nq, KRows codes, const uint16_t* scale,
                                       const uint16_t* zero, float qscale, int nk, int D, float* out, int ld_out,
                                       const void* next) {
   for (int h0 = 0; h0 < nq; h0 += 4) {
@@ -388,7 +405,7 @@ PTLLM_TARGET_VNNI void vnni_k_block_b(const float* q, int nq, const uint8_t* cod
   }
 }
 
-PTLLM_TARGET_VNNI void vnni_k_block(const float* q, int nq, const uint8_t* codes, const uint16_t* scale,
+PTLLM_TARGET_VNNI void vnni_k_block(const float* q, int nq, KRows codes, const uint16_t* scale,
                                     const uint16_t* zero, float qscale, int nk, int D, int bits, float* out,
                                     int ld_out, const void* next) {
   if (D % 64 != 0 || D > kVnniMaxD)
@@ -757,7 +774,7 @@ PTLLM_TARGET_VNNI void two_key_v_spans(const float* p, int ld_p, int nq, const K
 template <class K>
 PTLLM_TARGET_VNNI void two_key_v_block(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale,
                                        const uint16_t* zero, int nk, int D, float* acc, float* zacc, const void* next) {
-  const KiviSpan s{nullptr, codes, nullptr, nullptr, scale, zero, nk, 0, nullptr, next};
+  const KiviSpan s{nullptr, 0, codes, nullptr, nullptr, scale, zero, nk, 0, nullptr, next};
   two_key_v_spans<K>(p, ld_p, nq, &s, 1, D, acc, zacc);
 }
 
@@ -795,34 +812,36 @@ PTLLM_TARGET_BF16 void bf16_v_spans(const float* p, int ld_p, int nq, const Kivi
 
 // kivi_k_spans: up to 4 heads (a decode step's) with the head count fixed for every span.
 template <int BITS, int R>
-PTLLM_TARGET_VNNI void vnni_k_spans_r(const float* q, const KiviSpan* s, int ns, float qscale, int D, float* out,
+PTLLM_TARGET_VNNI void vnni_k_spans_r(const float* q, const KiviSpan* s, int ns, int G, float qscale, int D, float* out,
                                       int ld_out) {
   for (int i = 0; i < ns; ++i) {
     ask_span_scales(s, ns, i, false, D);
+    const KRows k{s[i].k, G, s[i].k0};
     if (D == 64)
-      vnni_k_heads<BITS, R, 64>(q, s[i].k, s[i].ks, s[i].kz, qscale, s[i].n, D, out + s[i].col, ld_out, s[i].k_next);
+      vnni_k_heads<BITS, R, 64>(q, k, s[i].ks, s[i].kz, qscale, s[i].n, D, out + s[i].col, ld_out, s[i].k_next);
     else
-      vnni_k_heads<BITS, R>(q, s[i].k, s[i].ks, s[i].kz, qscale, s[i].n, D, out + s[i].col, ld_out, s[i].k_next);
+      vnni_k_heads<BITS, R>(q, k, s[i].ks, s[i].kz, qscale, s[i].n, D, out + s[i].col, ld_out, s[i].k_next);
   }
 }
 template <int BITS>
-PTLLM_TARGET_VNNI void vnni_k_spans_b(const float* q, int nq, const KiviSpan* s, int ns, float qscale, int D,
+PTLLM_TARGET_VNNI void vnni_k_spans_b(const float* q, int nq, const KiviSpan* s, int ns, int G, float qscale, int D,
                                       float* out, int ld_out) {
   switch (nq) {
-    case 4: return vnni_k_spans_r<BITS, 4>(q, s, ns, qscale, D, out, ld_out);
-    case 3: return vnni_k_spans_r<BITS, 3>(q, s, ns, qscale, D, out, ld_out);
-    case 2: return vnni_k_spans_r<BITS, 2>(q, s, ns, qscale, D, out, ld_out);
-    case 1: return vnni_k_spans_r<BITS, 1>(q, s, ns, qscale, D, out, ld_out);
-    default: return k_spans_by_block<vnni_k_block>(q, nq, s, ns, qscale, D, BITS, out, ld_out);
+    case 4: return vnni_k_spans_r<BITS, 4>(q, s, ns, G, qscale, D, out, ld_out);
+    case 3: return vnni_k_spans_r<BITS, 3>(q, s, ns, G, qscale, D, out, ld_out);
+    case 2: return vnni_k_spans_r<BITS, 2>(q, s, ns, G, qscale, D, out, ld_out);
+    case 1: return vnni_k_spans_r<BITS, 1>(q, s, ns, G, qscale, D, out, ld_out);
+    default: return k_spans_by_block<vnni_k_block>(q, nq, s, ns, G, qscale, D, BITS, out, ld_out);
   }
 }
-PTLLM_TARGET_VNNI void vnni_k_spans(const float* q, int nq, const KiviSpan* s, int ns, float qscale, int D, int bits,
-                                    float* out, int ld_out) {
-  if (D % 64 != 0 || D > kVnniMaxD) return k_spans_by_block<KA::kivi_k_block>(q, nq, s, ns, qscale, D, bits, out, ld_out);
+PTLLM_TARGET_VNNI void vnni_k_spans(const float* q, int nq, const KiviSpan* s, int ns, int G, float qscale, int D,
+                                    int bits, float* out, int ld_out) {
+  if (D % 64 != 0 || D > kVnniMaxD)
+    return k_spans_by_block<KA::kivi_k_block>(q, nq, s, ns, G, qscale, D, bits, out, ld_out);
   switch (bits) {
-    case 8: return vnni_k_spans_b<8>(q, nq, s, ns, qscale, D, out, ld_out);
-    case 4: return vnni_k_spans_b<4>(q, nq, s, ns, qscale, D, out, ld_out);
-    default: return vnni_k_spans_b<2>(q, nq, s, ns, qscale, D, out, ld_out);
+    case 8: return vnni_k_spans_b<8>(q, nq, s, ns, G, qscale, D, out, ld_out);
+    case 4: return vnni_k_spans_b<4>(q, nq, s, ns, G, qscale, D, out, ld_out);
+    default: return vnni_k_spans_b<2>(q, nq, s, ns, G, qscale, D, out, ld_out);
   }
 }
 

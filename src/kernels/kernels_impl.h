@@ -51,11 +51,12 @@ inline void ask_span_scales(const KiviSpan* s, int ns, int i, bool values, int D
   }
 }
 template <auto Block>
-void k_spans_by_block(const float* q, int nq, const KiviSpan* s, int ns, float qscale, int D, int bits, float* out,
-                      int ld_out) {
+void k_spans_by_block(const float* q, int nq, const KiviSpan* s, int ns, int G, float qscale, int D, int bits,
+                      float* out, int ld_out) {
   for (int i = 0; i < ns; ++i) {
     ask_span_scales(s, ns, i, false, D);
-    Block(q, nq, s[i].k, s[i].ks, s[i].kz, qscale, s[i].n, D, bits, out + s[i].col, ld_out, s[i].k_next);
+    Block(q, nq, KRows{s[i].k, G, s[i].k0}, s[i].ks, s[i].kz, qscale, s[i].n, D, bits, out + s[i].col, ld_out,
+          s[i].k_next);
   }
 }
 template <auto Block>
@@ -421,9 +422,20 @@ struct Kernels {
       }
     }
   }
-  PTLLM_TARGET static void kivi_k_block(const float* q, int nq, const uint8_t* codes, const uint16_t* scale,
-                                        const uint16_t* zero, float qscale, int nk, int D, int bits, float* out,
-                                        int ld_out, const void* next) {
+  // Stored K rows to plain rows in a per-thread buffer (the float kernels read rows; the tiled
+  // order is the VNNI kernel's, kernels_avx512.cpp).
+  static const uint8_t* k_plain(KRows k, int nk, size_t pk) {
+    static thread_local Scratch buf;
+    uint8_t* rows = reinterpret_cast<uint8_t*>(buf.get((size_t(nk) * pk + 3) / 4));
+    k_rows_from_group(k, nk, pk, rows);
+    return rows;
+  }
+  PTLLM_TARGET static void kivi_k_block(const float* q, int nq, KRows k, const uint16_t* scale, const uint16_t* zero,
+                                        float qscale, int nk, int D, int bits, float* out, int ld_out,
+                                        const void* next) {
+    // next: the next group's codes, laid out as these: its bytes of the same keys' tiles.
+    if (next) next = static_cast<const uint8_t*>(next) + size_t(k.j0) / 16 * 16 * packed_bytes(D, bits);
+    const uint8_t* codes = k_plain(k, nk, packed_bytes(D, bits));
     switch (bits) {
       case 8: kivi_k_block_b<8>(q, nq, codes, scale, zero, qscale, nk, D, out, ld_out, next); break;
       case 4: kivi_k_block_b<4>(q, nq, codes, scale, zero, qscale, nk, D, out, ld_out, next); break;
@@ -686,8 +698,9 @@ struct Kernels {
         o[i] = float(code_at(c, i, BITS)) * std::max(kMinScale, f16_to_f32(scale[i])) + f16_to_f32(zero[i]);
     }
   }
-  PTLLM_TARGET static void kivi_k_dequant(const uint8_t* codes, const uint16_t* scale, const uint16_t* zero, int nk,
-                                          int D, int bits, float* out) {
+  PTLLM_TARGET static void kivi_k_dequant(KRows k, const uint16_t* scale, const uint16_t* zero, int nk, int D, int bits,
+                                          float* out) {
+    const uint8_t* codes = k_plain(k, nk, packed_bytes(D, bits));
     switch (bits) {
       case 8: kivi_k_dequant_b<8>(codes, scale, zero, nk, D, out); break;
       case 4: kivi_k_dequant_b<4>(codes, scale, zero, nk, D, out); break;

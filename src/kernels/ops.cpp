@@ -74,8 +74,8 @@ void weight_row(const WeightMatrix& w, int r, float* out) {
             w.cols);
 }
 
-void kivi_k_block(const float* q, int nq, const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
-                  float qscale, int nk, int D, int bits, float* out, int ld_out, const void* next) {
+void kivi_k_block(const float* q, int nq, KRows codes, const uint16_t* scale, const uint16_t* zero, float qscale,
+                  int nk, int D, int bits, float* out, int ld_out, const void* next) {
   active_kernels().kivi_k_block(q, nq, codes, scale, zero, qscale, nk, D, bits, out, ld_out, next);
 }
 
@@ -84,9 +84,9 @@ void kivi_v_block(const float* p, int ld_p, int nq, const uint8_t* codes, const 
   active_kernels().kivi_v_block(p, ld_p, nq, codes, scale, zero, nk, D, bits, acc, zacc, next);
 }
 
-void kivi_k_spans(const float* q, int nq, const KiviSpan* s, int ns, float qscale, int D, int bits, float* out,
-                  int ld_out) {
-  active_kernels().kivi_k_spans(q, nq, s, ns, qscale, D, bits, out, ld_out);
+void kivi_k_spans(const float* q, int nq, const KiviSpan* s, int ns, int G, float qscale, int D, int bits,
+                  float* out, int ld_out) {
+  active_kernels().kivi_k_spans(q, nq, s, ns, G, qscale, D, bits, out, ld_out);
 }
 
 void kivi_v_spans(const float* p, int ld_p, int nq, const KiviSpan* s, int ns, int D, int bits, float* acc,
@@ -94,8 +94,7 @@ void kivi_v_spans(const float* p, int ld_p, int nq, const KiviSpan* s, int ns, i
   active_kernels().kivi_v_spans(p, ld_p, nq, s, ns, D, bits, acc, zacc);
 }
 
-void kivi_k_dequant(const uint8_t* codes, const uint16_t* scale, const uint16_t* zero, int nk, int D, int bits,
-                    float* out) {
+void kivi_k_dequant(KRows codes, const uint16_t* scale, const uint16_t* zero, int nk, int D, int bits, float* out) {
   active_kernels().kivi_k_dequant(codes, scale, zero, nk, D, bits, out);
 }
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -61,11 +63,26 @@ void quantize_k_group(const float* x, size_t x_stride, int G, int D, int bits, u
     affine_params(lo, hi, bits, &scale[d], &zero[d], &s[d], &z[d]);
   }
   const size_t row = packed_bytes(D, bits);
+  uint8_t packed[1024];
   for (int t = 0; t < G; ++t) {
     const float* xt = x + size_t(t) * x_stride;
     for (int d = 0; d < D; ++d) c[d] = to_code(xt[d], s[d], z[d], levels);
-    pack_row(c, D, bits, codes + size_t(t) * row);
+    pack_row(c, D, bits, packed);
+    for (size_t b = 0; b < row; b += 4)  // to its place in the stored group
+      std::memcpy(codes + k_code_offset(t, b, row, G), packed + b, std::min<size_t>(4, row - b));
   }
+}
+
+void k_rows_from_group(KRows k, int n, size_t pk, uint8_t* rows) {
+  for (int j = 0; j < n; ++j)
+    for (size_t b = 0; b < pk; b += 4)
+      std::memcpy(rows + size_t(j) * pk + b, k.group + k_code_offset(k.j0 + j, b, pk, k.G), std::min<size_t>(4, pk - b));
+}
+
+void k_group_from_rows(const uint8_t* rows, int G, size_t pk, uint8_t* group) {
+  for (int j = 0; j < G; ++j)
+    for (size_t b = 0; b < pk; b += 4)
+      std::memcpy(group + k_code_offset(j, b, pk, G), rows + size_t(j) * pk + b, std::min<size_t>(4, pk - b));
 }
 
 void quantize_v_token(const float* x, int D, int bits, uint8_t* codes, uint16_t* scale, uint16_t* zero) {
@@ -79,9 +96,12 @@ void quantize_v_token(const float* x, int D, int bits, uint8_t* codes, uint16_t*
   pack_row(c, D, bits, codes);
 }
 
-void dequantize_k_group(const uint8_t* codes, const uint16_t* scale, const uint16_t* zero, int G, int D, int bits,
+void dequantize_k_group(const uint8_t* group, const uint16_t* scale, const uint16_t* zero, int G, int D, int bits,
                         float* out) {
   const size_t row = packed_bytes(D, bits);
+  std::vector<uint8_t> rows(size_t(G) * row);
+  k_rows_from_group(KRows{group, G, 0}, G, row, rows.data());
+  const uint8_t* codes = rows.data();
   for (int t = 0; t < G; ++t)
     for (int d = 0; d < D; ++d)
       out[size_t(t) * size_t(D) + size_t(d)] =

@@ -28,7 +28,27 @@ constexpr float kMinQueryMax = 1e-30f;
 
 inline size_t packed_bytes(int n, int bits) { return (size_t(n) * size_t(bits) + 7) / 8; }
 
-// K group: x [G][D] (row stride x_stride floats) -> codes [G][packed_bytes(D)], scale/zero [D] f16 bits.
+// A K group's codes as stored: G rows of pk = packed_bytes(D) bytes, in tiles of 16 keys (the last
+// narrower when G % 16 != 0); a tile's rows are cut into columns of 4 bytes (the last narrower when
+// pk % 4 != 0) and a column holds its bytes of the tile's keys one after another. So 4 bytes of
+// each of 16 keys are 64 consecutive bytes: the order the AVX-512 VNNI kernel multiplies them in
+// (one key a 32-bit lane), read with one load instead of a transpose. Byte b of key j's row:
+inline size_t k_code_offset(int j, size_t b, size_t pk, int G) {
+  const int t0 = j / 16 * 16;
+  const size_t w = size_t(G - t0 < 16 ? G - t0 : 16), c = b / 4 * 4, cw = pk - c < 4 ? pk - c : 4;
+  return size_t(t0) * pk + c * w + size_t(j - t0) * cw + (b - c);
+}
+// Keys [j0, j0 + n) of a K group, as the kernels take them.
+struct KRows {
+  const uint8_t* group;  // the group's codes as stored (k_code_offset)
+  int G;                 // keys in the group
+  int j0;                // the first key read
+};
+// Rows [j0, j0 + n) of a stored K group to plain rows [n][pk], and G plain rows to a stored group.
+void k_rows_from_group(KRows k, int n, size_t pk, uint8_t* rows);
+void k_group_from_rows(const uint8_t* rows, int G, size_t pk, uint8_t* group);
+
+// K group: x [G][D] (row stride x_stride floats) -> codes as stored (k_code_offset), scale/zero [D] f16 bits.
 void quantize_k_group(const float* x, size_t x_stride, int G, int D, int bits, uint8_t* codes, uint16_t* scale,
                       uint16_t* zero);
 // V token: x [D] -> codes [packed_bytes(D)], one scale and zero.
@@ -45,8 +65,9 @@ inline int code_at(const uint8_t* codes, int i, int bits) {
 
 // Fused attention pieces (never a dequantized copy):
 // A block of nk tokens for the nq query heads sharing a KV head (GQA): each code row is unpacked
-// once for all of them. codes: [nk][packed_bytes(D)]; scales and zeros as stored (f16 bits), a
-// scale read as max(kMinScale, scale), as dequantization reads it.
+// once for all of them. K codes: keys [j0, j0 + nk) of a stored group (KRows); V codes: [nk][pk]
+// rows; scales and zeros as stored (f16 bits), a scale read as max(kMinScale, scale), as
+// dequantization reads it.
 // K, per-channel scale s, zero z [D]: out[h][j] ~= sum_i q[h][i] * (s[i] * qscale * c_j[i] + z[i] * qscale)
 //   q: [nq][D], out: [nq][ld_out]. The query is scaled once per block and quantized per head to
 //   int8, so the code term is an integer dot product (AVX-512 VNNI where the CPU has it):
@@ -58,10 +79,11 @@ inline int code_at(const uint8_t* codes, int i, int bits) {
 //   target and the twin compute exactly these q8 and integer sums (only the float sum of the last
 //   term may round differently); the int8 query adds an error of at most max_i |qs[i]| / 254 per
 //   channel, times |c - m|, to a score.
-// next (optional, here and in kivi_v_block): the codes attention reads after these, laid out the same,
-// prefetched a few lines at a time while these are read (as dense_k_block, ops.h).
-void kivi_k_block(const float* q, int nq, const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
-                  float qscale, int nk, int D, int bits, float* out, int ld_out, const void* next = nullptr);
+// next (optional, here and in kivi_v_block): the codes attention reads after these, laid out the same
+// (K: another stored group of G keys), prefetched a few lines at a time while these are read (as
+// dense_k_block, ops.h).
+void kivi_k_block(const float* q, int nq, KRows codes, const uint16_t* scale, const uint16_t* zero, float qscale,
+                  int nk, int D, int bits, float* out, int ld_out, const void* next = nullptr);
 // V, per-token scale s, zero z [nk]: acc[h][i] += sum_j p[h][j] * s[j] * c_j[i] and
 // zacc[h] += sum_j p[h][j] * z[j] (the zero-point term, the same for every channel).
 //   p: [nq][ld_p], acc: [nq][D], zacc: [nq].
@@ -74,32 +96,33 @@ void kivi_v_block(const float* p, int ld_p, int nq, const uint8_t* codes, const 
 // Several blocks of one KV head in one call (attention's walk over a part's quantized blocks):
 // the keys [a0, b0) of a block, as kivi_k_block and kivi_v_block read them.
 struct KiviSpan {
-  const uint8_t *k, *v;         // K and V codes of the first key (rows of packed_bytes(D, bits))
+  const uint8_t* k;             // the block's K codes as stored (a group of G keys, G a kivi_k_spans argument)
+  int k0;                       // the first key read
+  const uint8_t* v;             // V codes of the first key (rows of packed_bytes(D, bits))
   const uint16_t *ks, *kz;      // K scale and zero per channel [D]
   const uint16_t *vs, *vz;      // V scale and zero of the first key [n]
   int n;                        // keys
   int col;                      // column of the first key in out (K) or p (V)
   const void *k_next, *v_next;  // asked for while this span's K (V) rows are read (may be null)
 };
-// out[h][col + j] for every span as kivi_k_block(q, nq, s.k, s.ks, s.kz, qscale, s.n, ...) writes
+// out[h][col + j] for every span as kivi_k_block(q, nq, {s.k, G, s.k0}, s.ks, s.kz, qscale, s.n, ...) writes
 // it; acc and zacc as kivi_v_block over the spans in order leaves them (the same sums, in the same
 // order: bit for bit). While span i is read the kernels ask for the scales span i + 2 reads (K:
 // near the end, V's of spans 0 and 1, which the values pass reads first).
-void kivi_k_spans(const float* q, int nq, const KiviSpan* s, int ns, float qscale, int D, int bits, float* out,
-                  int ld_out);
+void kivi_k_spans(const float* q, int nq, const KiviSpan* s, int ns, int G, float qscale, int D, int bits,
+                  float* out, int ld_out);
 void kivi_v_spans(const float* p, int ld_p, int nq, const KiviSpan* s, int ns, int D, int bits, float* acc,
                   float* zacc);
 // A K group dequantized to float32, out [nk][D] (attention at cache positions rotates keys, so it
 // needs them as floats); its scalar twin is dequantize_k_group.
-void kivi_k_dequant(const uint8_t* codes, const uint16_t* scale, const uint16_t* zero, int nk, int D, int bits,
-                    float* out);
+void kivi_k_dequant(KRows codes, const uint16_t* scale, const uint16_t* zero, int nk, int D, int bits, float* out);
 // Scalar reference twins (the SIMD versions dispatch through kernels/simd.h).
-void kivi_k_block_ref(const float* q, int nq, const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
-                      float qscale, int nk, int D, int bits, float* out, int ld_out);
+void kivi_k_block_ref(const float* q, int nq, KRows codes, const uint16_t* scale, const uint16_t* zero, float qscale,
+                      int nk, int D, int bits, float* out, int ld_out);
 void kivi_v_block_ref(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale,
                       const uint16_t* zero, int nk, int D, int bits, float* acc, float* zacc);
 
-// Reference twins (tests): dequantize a K group or a V token to float32.
+// Reference twins (tests): dequantize a stored K group or a V token to float32.
 void dequantize_k_group(const uint8_t* codes, const uint16_t* scale, const uint16_t* zero, int G, int D, int bits,
                         float* out);
 void dequantize_v_token(const uint8_t* codes, uint16_t scale, uint16_t zero, int D, int bits, float* out);

@@ -148,9 +148,12 @@ void rope_rotate_ref(float* x, int n_heads, int head_dim, const float* cos, cons
 
 // The int8 query of kivi_k_block (quant.h), the same operations as the SIMD kernels
 // (kernels_impl.h, kivi_k_quantize), so the same q8 and integer sums; only qz's rounding differs.
-void kivi_k_block_ref(const float* q, int nq, const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
-                      float qscale, int nk, int D, int bits, float* out, int ld_out) {
+void kivi_k_block_ref(const float* q, int nq, KRows k, const uint16_t* scale, const uint16_t* zero, float qscale,
+                      int nk, int D, int bits, float* out, int ld_out) {
   const size_t pk = packed_bytes(D, bits);
+  std::vector<uint8_t> rows(size_t(nk) * pk);
+  k_rows_from_group(k, nk, pk, rows.data());
+  const uint8_t* codes = rows.data();
   std::vector<float> sd(static_cast<size_t>(D)), zd(static_cast<size_t>(D)), q8(static_cast<size_t>(D));
   const float mid = float((1 << bits) - 1) / 2.f;
   for (int i = 0; i < D; ++i) {

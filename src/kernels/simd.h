@@ -31,12 +31,12 @@ struct KernelTable {
   void (*from_f16)(const void* src, float* dst, int n);
   // A KIVI block for the query heads sharing a KV head (kernels/quant.h).
   // `next`: rows attention reads later, laid out the same, asked for while these are read (may be null).
-  void (*kivi_k_block)(const float* q, int nq, const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
-                       float qscale, int nk, int D, int bits, float* out, int ld_out, const void* next);
+  void (*kivi_k_block)(const float* q, int nq, KRows codes, const uint16_t* scale, const uint16_t* zero, float qscale,
+                       int nk, int D, int bits, float* out, int ld_out, const void* next);
   void (*kivi_v_block)(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale,
                        const uint16_t* zero, int nk, int D, int bits, float* acc, float* zacc, const void* next);
-  void (*kivi_k_spans)(const float* q, int nq, const KiviSpan* s, int ns, float qscale, int D, int bits, float* out,
-                       int ld_out);
+  void (*kivi_k_spans)(const float* q, int nq, const KiviSpan* s, int ns, int G, float qscale, int D, int bits,
+                       float* out, int ld_out);
   void (*kivi_v_spans)(const float* p, int ld_p, int nq, const KiviSpan* s, int ns, int D, int bits, float* acc,
                        float* zacc);
   // A dense block (rows stored as F32/BF16/F16) for the query heads sharing a KV head (ops.h).
@@ -44,8 +44,7 @@ struct KernelTable {
                         int ld_out, const void* next);
   void (*dense_v_block)(const float* p, int ld_p, int nq, const void* v, DType t, int nk, int D, float* acc,
                         const void* next);
-  void (*kivi_k_dequant)(const uint8_t* codes, const uint16_t* scale, const uint16_t* zero, int nk, int D, int bits,
-                         float* out);
+  void (*kivi_k_dequant)(KRows codes, const uint16_t* scale, const uint16_t* zero, int nk, int D, int bits, float* out);
   float (*max_of)(const float* x, int n);
   float (*exp_sum)(float* x, int n, float m);
   void (*rmsnorm)(const float* x, const float* w, float* out, int n, float eps);

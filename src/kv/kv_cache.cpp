@@ -543,7 +543,7 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
       if (rotate) {
         float* k0 = kr + size_t(lo) * size_t(D);
         if (k.quantized)
-          kivi_k_dequant(cur.k + size_t(lo) * pk, cur.ks, cur.kz, hi - lo, D, bits_, k0);
+          kivi_k_dequant(KRows{cur.k, B, lo}, cur.ks, cur.kz, hi - lo, D, bits_, k0);
         else
           load_from(cur.k + size_t(lo) * cur.row, dense_, k0, (hi - lo) * D);
         for (int j = lo; j < hi; ++j) {
@@ -562,11 +562,12 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
         const int n = b0 - a0, h0 = j0 * group, nq = (j1 - j0) * group;
         float* sc = scores + size_t(h0) * ld + size_t(k.col + a0);
         const float* qq = qb + size_t(h0) * size_t(D);
-        const uint8_t* nk = ahead(k.k_ahead, k.near_end, a0);
+        // (Quantized K rows ahead: the group's, from its first key.)
+        const uint8_t* nk = ahead(k.k_ahead, k.near_end, k.quantized && !k.near_end ? 0 : a0);
         if (rotate)
           dense_k_block(qq, nq, kr + size_t(a0) * size_t(D), DType::F32, scale, n, D, sc, int(ld));
         else if (k.quantized)
-          kivi_k_block(qq, nq, cur.k + size_t(a0) * cur.row, cur.ks, cur.kz, scale, n, D, bits_, sc, int(ld), nk);
+          kivi_k_block(qq, nq, KRows{cur.k, B, a0}, cur.ks, cur.kz, scale, n, D, bits_, sc, int(ld), nk);
         else
           dense_k_block(qq, nq, cur.k + size_t(a0) * cur.row, dense_, scale, n, D, sc, int(ld), nk);
       });
@@ -690,8 +691,8 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
       if (!spanned(b)) continue;
       const int a0 = b.a[b.i0];
       const Rows r = rows_of(b.data, true, g);
-      walk.spans.push_back(KiviSpan{r.k + size_t(a0) * pk, r.v + size_t(a0) * pk, r.ks, r.kz, r.vs + a0, r.vz + a0,
-                                    b.b[b.i0] - a0, b.col + a0, ahead(b.k_ahead, b.near_end, a0, false),
+      walk.spans.push_back(KiviSpan{r.k, a0, r.v + size_t(a0) * pk, r.ks, r.kz, r.vs + a0, r.vz + a0,
+                                    b.b[b.i0] - a0, b.col + a0, ahead(b.k_ahead, b.near_end, b.near_end ? a0 : 0, false),
                                     ahead(b.v_ahead, !b.near_end, a0, false)});
     }
     auto for_each = [&](auto&& one, auto&& many) {
@@ -709,7 +710,7 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
       }
     };
     for_each(score, [&](int h0, int nq, const KiviSpan* sp, int ns) {
-      kivi_k_spans(qb + size_t(h0) * size_t(D), nq, sp, ns, scale, D, bits_, scores + size_t(h0) * ld, int(ld));
+      kivi_k_spans(qb + size_t(h0) * size_t(D), nq, sp, ns, B, scale, D, bits_, scores + size_t(h0) * ld, int(ld));
     });
     // Pass 2: each head's softmax numerators e^(x - m) over its columns, in place, and their sum.
     for (int i = 0; i < nt; ++i) {
@@ -1026,7 +1027,9 @@ void KVCache::read_key(int layer, int64_t index, int g, float* out) const {
   const size_t pk = packed_bytes(D, bits_);
   const uint16_t* ks = reinterpret_cast<const uint16_t*>(at.block + 2 * size_t(H) * size_t(B) * pk) + size_t(g) * size_t(D);
   const uint16_t* kz = ks + size_t(H) * size_t(D);
-  dequantize_k_group(at.block + (size_t(g) * size_t(B) + size_t(at.slot)) * pk, ks, kz, 1, D, bits_, out);
+  std::vector<uint8_t> row(pk);
+  k_rows_from_group(KRows{at.block + size_t(g) * size_t(B) * pk, B, at.slot}, 1, pk, row.data());
+  dequantize_k_group(row.data(), ks, kz, 1, D, bits_, out);
 }
 
 void KVCache::read_value(int layer, int64_t index, int g, float* out) const {
