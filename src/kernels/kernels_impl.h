@@ -35,18 +35,20 @@ namespace {
 #endif
 
 // kivi_k_spans and kivi_v_spans (quant.h) through a target's one-block kernels: the block calls in
-// order, and the scales span i + 2 reads asked for while span i is read (a line or two each; the
-// codes are asked for by the block kernels through k_next and v_next).
+// order. Scales (a line or two each; the codes are asked for by the block kernels through k_next and
+// v_next): while span i's keys are scored, the K scales span i + 2 reads and the V scales of span i
+// (the AVX-512 values pass rounds the weights of several spans before it reads their codes, so the
+// first ones' scales must be at hand by then); while span i's values are summed, the V scales of
+// span i + 2.
 inline void ask_span_scales(const KiviSpan* s, int ns, int i, bool values, int D) {
   auto ask = [](const uint16_t* p, int n) {
     for (int j = 0; j < n; j += 32) __builtin_prefetch(p + j);  // 32 f16 a cache line
   };
   const int t = i + 2;
-  if (!values && t < ns) {
-    ask(s[t].ks, D), ask(s[t].kz, D);
-  } else if (!values && t - ns < ns) {  // the values pass starts with spans 0 and 1
-    ask(s[t - ns].vs, s[t - ns].n), ask(s[t - ns].vz, s[t - ns].n);
-  } else if (values && t < ns) {
+  if (!values) {
+    if (t < ns) ask(s[t].ks, D), ask(s[t].kz, D);
+    ask(s[i].vs, s[i].n), ask(s[i].vz, s[i].n);
+  } else if (t < ns) {
     ask(s[t].vs, s[t].n), ask(s[t].vz, s[t].n);
   }
 }
