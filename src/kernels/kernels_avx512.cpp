@@ -733,7 +733,7 @@ struct W16V {  // int8, AVX-512 VNNI
 // those chunks in one call, in registers (the same sums, in the same order, as chunk by chunk).
 // While a batch's weights are rounded, the scales of the next batch's are asked for: the weights of
 // a batch are rounded back to back, so scales asked for only two spans ahead arrived too late (int8,
-// 8 layers at 16K: 2.7-3.1 ms; a batch ahead: 2.2 ms). 8 chunks: 4 and 16 measured no faster.
+// 8 layers at 16K: 2.7-3.1 ms; a batch ahead: 2.2 ms). 8 chunks a batch: 4 measured about the same.
 constexpr int kVChunks = 8;
 template <class K>
 PTLLM_TARGET_VNNI void two_key_v_spans(const float* p, int ld_p, int nq, const KiviSpan* s, int ns, int D, float* acc,
