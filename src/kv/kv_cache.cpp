@@ -686,14 +686,32 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
     auto spanned = [&](const WalkBlock& k) { return k.quantized && !rotate && k.same; };
     // The spans of the spanned blocks, in order, built once for both passes.
     walk.spans.clear();
-    for (size_t i = 0; i < nb; ++i) {
-      const WalkBlock& b = walk.blocks[i];
-      if (!spanned(b)) continue;
-      const int a0 = b.a[b.i0];
-      const Rows r = rows_of(b.data, true, g);
-      walk.spans.push_back(KiviSpan{r.k, a0, r.v + size_t(a0) * pk, r.ks, r.kz, r.vs + a0, r.vz + a0,
-                                    b.b[b.i0] - a0, b.col + a0, ahead(b.k_ahead, b.near_end, b.near_end ? a0 : 0, false),
-                                    ahead(b.v_ahead, !b.near_end, a0, false)});
+    if (bits_) {
+      const KiviOffsets ko = kivi_offsets(g, H, B, D, pk);
+      auto u16 = [&](const uint8_t* blk, size_t off) { return reinterpret_cast<const uint16_t*>(blk + off); };
+      for (size_t i = 0; i < nb; ++i) {
+        const WalkBlock& b = walk.blocks[i];
+        if (!spanned(b)) continue;
+        const int a0 = b.a[b.i0];
+        KiviSpan& sp = walk.spans.emplace_back();  // filled in place (a copy would stall on store forwarding)
+        sp.k = b.data + ko.kc;
+        sp.k0 = a0;
+        sp.v = b.data + ko.vc + size_t(a0) * pk;
+        sp.ks = u16(b.data, ko.ks);
+        sp.kz = u16(b.data, ko.kz);
+        sp.vs = u16(b.data, ko.vs) + a0;
+        sp.vz = u16(b.data, ko.vz) + a0;
+        sp.n = b.b[b.i0] - a0;
+        sp.col = b.col + a0;
+        const WalkBlock* b2 = i + 2 < nb ? &walk.blocks[i + 2] : nullptr;  // the block two ahead, when in the list
+        if (!b.near_end && b2 && b2->quantized) {
+          sp.k_next = b2->data + ko.kc;
+          sp.v_next = b2->data + ko.vc + size_t(a0) * pk;
+        } else {
+          sp.k_next = ahead(b.k_ahead, b.near_end, b.near_end ? a0 : 0, false);
+          sp.v_next = ahead(b.v_ahead, !b.near_end, a0, false);
+        }
+      }
     }
     auto for_each = [&](auto&& one, auto&& many) {
       size_t sp = 0;  // the next span
