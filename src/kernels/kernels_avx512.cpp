@@ -426,7 +426,7 @@ PTLLM_TARGET_VNNI void vnni_k_block(const float* q, int nq, KRows codes, const u
 // rounded weights (the float32 sums of products exact in bf16 lose about 2^-24 of 128 sum w).
 // Codes of keys j and j+1 are put side by side by bytes (x_j | x_{j+1} << 8 on 16-bit lanes), split
 // into low and high nibbles (channels 2i and 2i+1) and spread over 32-bit lanes by an in-lane byte
-// interleave; the resulting channel order is undone once per block. Other widths and head sizes take
+// interleave; the resulting channel order is undone once per call. Other widths and head sizes take
 // the float kernel.
 #define PTLLM_TARGET_BF16 \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,avx2,fma,f16c")))
@@ -581,7 +581,7 @@ PTLLM_TARGET_BF16_VBMI void bf16_v2_pass(const VChunk* ch, int nc, size_t pk, in
 // products summed exactly in int32). The weights w = p[h][j] s_j of a call are rounded to 16-bit
 // integers on the scale of the largest, max_j w_j / 32767 (absolute error at most max_j w_j / 65534 a
 // weight, as quant.h allows); codes enter as 16-bit words (zero-extended bytes), the two keys' words
-// interleaved in-lane, the channel order undone once per block.
+// interleaved in-lane, the channel order undone once per call.
 template <int R>
 PTLLM_TARGET_VNNI void w16_v_pass(const VChunk* ch, int nc, size_t pk, int c0, int D, float* acc) {
   // run[h][2 half + e], lane 4L + m: channel c0 + 32 half + 8L + 4e + m (the order of the pass's sums);

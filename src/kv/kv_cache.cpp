@@ -678,10 +678,10 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
         ++nb;
       }
     };
-    // Runs of consecutive quantized blocks read as stored (no rotation) whose keys every query of the
-    // same queries sees go to the span kernels in one call (a decode step: all the part's quantized
-    // blocks): one call a pass instead of one a block, accumulators kept in registers between blocks.
-    // Other blocks, one at a time. Either way the same sums in the same order.
+    // Runs of consecutive quantized blocks read as stored (no rotation), each seen alike by every
+    // query of the call and by the same queries, go to the span kernels in one call (a decode step:
+    // all the part's quantized blocks): one call a pass instead of one a block, accumulators kept in
+    // registers between blocks. Other blocks, one at a time. Either way the same sums in the same order.
     collect();
     auto spanned = [&](const WalkBlock& k) { return k.quantized && !rotate && k.same; };
     // The spans of the spanned blocks, in order, built once for both passes.
