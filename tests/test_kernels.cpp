@@ -170,70 +170,70 @@ TEST_P(KernelTest, KiviBlockKernelsMatchScalarTwins) {
       for (int nq : {1, 2, 3, 4, 5, 8, 11})
         for (int nk : {1, 5, 32})
           for (int j0 : {0, 13}) {
-          SCOPED_TRACE(::testing::Message() << "bits=" << bits << " D=" << D << " nq=" << nq << " nk=" << nk
-                                            << " j0=" << j0);
-          const size_t pk = packed_bytes(D, bits);
-          const int G = j0 + nk + (j0 ? 2 : 0);  // keys after those read, too
-          std::vector<uint8_t> codes(pk * size_t(G) + 1);
-          for (auto& c : codes) c = uint8_t(byte(rng_));
-          const uint8_t* pc = codes.data() + 1;
-          const KRows kr{pc, G, j0};
-          std::vector<uint8_t> rows_buf(pk * size_t(nk) + 1);  // the K rows read, plain: also V's rows
-          uint8_t* rows = rows_buf.data() + 1;
-          k_rows_from_group(kr, nk, pk, rows);
-          auto code = [&](int j, int i) { return float(code_at(rows + size_t(j) * pk, i, bits)); };
-          const int ld = nk + 3;
+            SCOPED_TRACE(::testing::Message() << "bits=" << bits << " D=" << D << " nq=" << nq << " nk=" << nk
+                                              << " j0=" << j0);
+            const size_t pk = packed_bytes(D, bits);
+            const int G = j0 + nk + (j0 ? 2 : 0);  // keys after those read, too
+            std::vector<uint8_t> codes(pk * size_t(G) + 1);
+            for (auto& c : codes) c = uint8_t(byte(rng_));
+            const uint8_t* pc = codes.data() + 1;
+            const KRows kr{pc, G, j0};
+            std::vector<uint8_t> rows_buf(pk * size_t(nk) + 1);  // the K rows read, plain: also V's rows
+            uint8_t* rows = rows_buf.data() + 1;
+            k_rows_from_group(kr, nk, pk, rows);
+            auto code = [&](int j, int i) { return float(code_at(rows + size_t(j) * pk, i, bits)); };
+            const int ld = nk + 3;
 
-          auto q = random_floats(size_t(nq) * size_t(D) + 1, rng_);
-          const float* pq = q.data() + 1;
-          // f16 scales and zeros; one scale below the floor (a constant channel) and one zero scale.
-          auto ks = f16s(random_floats(size_t(D), rng_, 0.01f, 0.2f)), kz = f16s(random_floats(size_t(D), rng_, -2.f, 2.f));
-          ks[0] = f32_to_f16(1e-6f);
-          if (D > 2) ks[2] = 0;
-          const float qscale = 0.125f;
-          std::vector<float> out(size_t(nq) * size_t(ld), 7.f), out_ref = out;
-          kivi_k_block(pq, nq, kr, ks.data(), kz.data(), qscale, nk, D, bits, out.data(), ld);
-          kivi_k_block_ref(pq, nq, kr, ks.data(), kz.data(), qscale, nk, D, bits, out_ref.data(), ld);
-          ASSERT_NO_FATAL_FAILURE(expect_scores_near(out, out_ref, nq, ld, nk, [&](int h, int j) {
-            double abs_sum = 0;
-            for (int i = 0; i < D; ++i)
-              abs_sum += std::fabs(pq[size_t(h) * size_t(D) + size_t(i)]) * qscale *
-                         (f16_to_f32(ks[size_t(i)]) * code(j, i) + std::fabs(f16_to_f32(kz[size_t(i)])));
-            return sum_tolerance(abs_sum);
-          }));
+            auto q = random_floats(size_t(nq) * size_t(D) + 1, rng_);
+            const float* pq = q.data() + 1;
+            // f16 scales and zeros; one scale below the floor (a constant channel) and one zero scale.
+            auto ks = f16s(random_floats(size_t(D), rng_, 0.01f, 0.2f)), kz = f16s(random_floats(size_t(D), rng_, -2.f, 2.f));
+            ks[0] = f32_to_f16(1e-6f);
+            if (D > 2) ks[2] = 0;
+            const float qscale = 0.125f;
+            std::vector<float> out(size_t(nq) * size_t(ld), 7.f), out_ref = out;
+            kivi_k_block(pq, nq, kr, ks.data(), kz.data(), qscale, nk, D, bits, out.data(), ld);
+            kivi_k_block_ref(pq, nq, kr, ks.data(), kz.data(), qscale, nk, D, bits, out_ref.data(), ld);
+            ASSERT_NO_FATAL_FAILURE(expect_scores_near(out, out_ref, nq, ld, nk, [&](int h, int j) {
+              double abs_sum = 0;
+              for (int i = 0; i < D; ++i)
+                abs_sum += std::fabs(pq[size_t(h) * size_t(D) + size_t(i)]) * qscale *
+                           (f16_to_f32(ks[size_t(i)]) * code(j, i) + std::fabs(f16_to_f32(kz[size_t(i)])));
+              return sum_tolerance(abs_sum);
+            }));
 
-          auto p = random_floats(size_t(nq) * size_t(ld), rng_, 0.f, 1.f);
-          auto vs = f16s(random_floats(size_t(nk), rng_, 0.01f, 0.2f)), vz = f16s(random_floats(size_t(nk), rng_, -2.f, 2.f));
-          vs[0] = 0;
-          auto acc = random_floats(size_t(nq) * size_t(D), rng_), acc_ref = acc;
-          auto zacc = random_floats(size_t(nq), rng_), zacc_ref = zacc;
-          kivi_v_block(p.data(), ld, nq, rows, vs.data(), vz.data(), nk, D, bits, acc.data(), zacc.data());
-          kivi_v_block_ref(p.data(), ld, nq, rows, vs.data(), vz.data(), nk, D, bits, acc_ref.data(), zacc_ref.data());
-          for (int h = 0; h < nq; ++h) {
-            double zsum = 1;
-            for (int j = 0; j < nk; ++j) zsum += p[size_t(h) * size_t(ld) + size_t(j)] * std::fabs(f16_to_f32(vz[size_t(j)]));
-            ASSERT_NEAR(zacc[size_t(h)], zacc_ref[size_t(h)], sum_tolerance(zsum));
-            // The weights w may be rounded (quant.h): to bf16, at most 2^-8 of each term, the float
-            // sums of that kernel (codes entered as 128 + c) rounding at the scale of 128 sum_j w_j;
-            // or to 16-bit integers, at most max_j w_j / 65534 a weight.
-            double w_sum = 0, w_max = 0;
-            for (int j = 0; j < nk; ++j) {
-              const double w = p[size_t(h) * size_t(ld) + size_t(j)] * std::max(kMinScale, f16_to_f32(vs[size_t(j)]));
-              w_sum += w;
-              w_max = std::max(w_max, w);
-            }
-            for (int i = 0; i < D; ++i) {
-              double abs_sum = 0, codes = 0;
+            auto p = random_floats(size_t(nq) * size_t(ld), rng_, 0.f, 1.f);
+            auto vs = f16s(random_floats(size_t(nk), rng_, 0.01f, 0.2f)), vz = f16s(random_floats(size_t(nk), rng_, -2.f, 2.f));
+            vs[0] = 0;
+            auto acc = random_floats(size_t(nq) * size_t(D), rng_), acc_ref = acc;
+            auto zacc = random_floats(size_t(nq), rng_), zacc_ref = zacc;
+            kivi_v_block(p.data(), ld, nq, rows, vs.data(), vz.data(), nk, D, bits, acc.data(), zacc.data());
+            kivi_v_block_ref(p.data(), ld, nq, rows, vs.data(), vz.data(), nk, D, bits, acc_ref.data(), zacc_ref.data());
+            for (int h = 0; h < nq; ++h) {
+              double zsum = 1;
+              for (int j = 0; j < nk; ++j) zsum += p[size_t(h) * size_t(ld) + size_t(j)] * std::fabs(f16_to_f32(vz[size_t(j)]));
+              ASSERT_NEAR(zacc[size_t(h)], zacc_ref[size_t(h)], sum_tolerance(zsum));
+              // The weights w may be rounded (quant.h): to bf16, at most 2^-8 of each term, the float
+              // sums of that kernel (codes entered as 128 + c) rounding at the scale of 128 sum_j w_j;
+              // or to 16-bit integers, at most max_j w_j / 65534 a weight.
+              double w_sum = 0, w_max = 0;
               for (int j = 0; j < nk; ++j) {
-                abs_sum += p[size_t(h) * size_t(ld) + size_t(j)] * std::max(kMinScale, f16_to_f32(vs[size_t(j)])) * code(j, i);
-                codes += code(j, i);
+                const double w = p[size_t(h) * size_t(ld) + size_t(j)] * std::max(kMinScale, f16_to_f32(vs[size_t(j)]));
+                w_sum += w;
+                w_max = std::max(w_max, w);
               }
-              const size_t o = size_t(h) * size_t(D) + size_t(i);
-              ASSERT_NEAR(acc[o], acc_ref[o],
-                          sum_tolerance(abs_sum + 1) + 0x1p-8 * abs_sum + 0x1p-14 * w_sum + w_max / 65534 * codes);
+              for (int i = 0; i < D; ++i) {
+                double abs_sum = 0, codes = 0;
+                for (int j = 0; j < nk; ++j) {
+                  abs_sum += p[size_t(h) * size_t(ld) + size_t(j)] * std::max(kMinScale, f16_to_f32(vs[size_t(j)])) * code(j, i);
+                  codes += code(j, i);
+                }
+                const size_t o = size_t(h) * size_t(D) + size_t(i);
+                ASSERT_NEAR(acc[o], acc_ref[o],
+                            sum_tolerance(abs_sum + 1) + 0x1p-8 * abs_sum + 0x1p-14 * w_sum + w_max / 65534 * codes);
+              }
             }
           }
-        }
 }
 
 // The dense block kernels (rows stored as F32/BF16/F16, kv/kv_cache.cpp) against their twins: head
@@ -328,54 +328,59 @@ TEST_P(KernelTest, BlockKernelsGiveTheSameWithNextBlockPrefetch) {
 
 // Several blocks in one call (attention's quantized blocks of a part) give bit for bit what the
 // block kernels give one block at a time, in order: scores in each span's columns, nothing else
-// written, the same V sums.
+// written, the same V sums. More spans than a V batch takes at once (8), and groups longer than
+// the V kernels' chunks of 64 keys.
 TEST_P(KernelTest, SpanKernelsGiveWhatTheBlockKernelsGiveInTurn) {
   std::uniform_int_distribution<int> byte(0, 255);
-  constexpr int kGroup = 32;
-  for (int D : {17, 64, 128})
-    for (int nq : {1, 4, 6})
-      for (int bits : {8, 4, 2}) {
-        SCOPED_TRACE(::testing::Message() << "D=" << D << " nq=" << nq << " bits=" << bits);
-        const size_t pk = packed_bytes(D, bits);
-        // Keys [first, first + count) of a group of kGroup: whole groups, and the ends of groups (a
-        // window's lower edge).
-        const int counts[] = {32, 32, 7, 32, 19, 1}, firsts[] = {0, 0, 25, 0, 13, 31};
-        const int ns = int(std::size(counts));
-        int cols = 0;
-        for (int n : counts) cols += n + 2;  // a gap between spans' columns
-        const int ld = cols + 1;
-        std::vector<std::vector<uint8_t>> kc(ns), vc(ns);
-        std::vector<std::vector<uint16_t>> ks(ns), kz(ns), vs(ns), vz(ns);
-        std::vector<KiviSpan> spans(static_cast<size_t>(ns));
-        for (int i = 0, col = 1; i < ns; ++i) {
-          const int n = counts[i];
-          kc[i].resize(pk * size_t(kGroup)), vc[i].resize(pk * size_t(n));
-          for (auto& c : kc[i]) c = uint8_t(byte(rng_));
-          for (auto& c : vc[i]) c = uint8_t(byte(rng_));
-          ks[i] = f16s(random_floats(size_t(D), rng_, 0.01f, 0.2f)), kz[i] = f16s(random_floats(size_t(D), rng_));
-          vs[i] = f16s(random_floats(size_t(n), rng_, 0.01f, 0.2f)), vz[i] = f16s(random_floats(size_t(n), rng_));
-          const void* next = i + 2 < ns ? kc[size_t(i + 2)].data() : nullptr;
-          spans[size_t(i)] = KiviSpan{kc[i].data(),  firsts[i],    vc[i].data(), ks[i].data(),
-                                      kz[i].data(),  vs[i].data(), vz[i].data(), n,
-                                      col,           next,         i + 2 < ns ? vc[size_t(i + 2)].data() : nullptr};
-          col += n + 2;
+  for (int kGroup : {32, 128})
+    for (int D : {17, 64, 128})
+      for (int nq : {1, 4, 6})
+        for (int bits : {8, 4, 2}) {
+          SCOPED_TRACE(::testing::Message() << "G=" << kGroup << " D=" << D << " nq=" << nq << " bits=" << bits);
+          const size_t pk = packed_bytes(D, bits);
+          // The last `count` keys of a group of kGroup (0: all): whole groups, and the ends of groups
+          // (a window's lower edge).
+          std::vector<int> counts{0, 0, 7, 0, 19, 1, 0, 0, 5, 0, 0}, firsts;
+          for (int& n : counts) {
+            if (n == 0) n = kGroup;
+            firsts.push_back(kGroup - n);
+          }
+          const int ns = int(counts.size());
+          int cols = 0;
+          for (int n : counts) cols += n + 2;  // a gap between spans' columns
+          const int ld = cols + 1;
+          std::vector<std::vector<uint8_t>> kc(ns), vc(ns);
+          std::vector<std::vector<uint16_t>> ks(ns), kz(ns), vs(ns), vz(ns);
+          std::vector<KiviSpan> spans(static_cast<size_t>(ns));
+          for (int i = 0, col = 1; i < ns; ++i) {
+            const int n = counts[size_t(i)];
+            kc[i].resize(pk * size_t(kGroup)), vc[i].resize(pk * size_t(n));
+            for (auto& c : kc[i]) c = uint8_t(byte(rng_));
+            for (auto& c : vc[i]) c = uint8_t(byte(rng_));
+            ks[i] = f16s(random_floats(size_t(D), rng_, 0.01f, 0.2f)), kz[i] = f16s(random_floats(size_t(D), rng_));
+            vs[i] = f16s(random_floats(size_t(n), rng_, 0.01f, 0.2f)), vz[i] = f16s(random_floats(size_t(n), rng_));
+            const void* next = i + 2 < ns ? kc[size_t(i + 2)].data() : nullptr;
+            spans[size_t(i)] = KiviSpan{kc[i].data(),  firsts[size_t(i)], vc[i].data(), ks[i].data(),
+                                        kz[i].data(),  vs[i].data(),      vz[i].data(), n,
+                                        col,           next,              i + 2 < ns ? vc[size_t(i + 2)].data() : nullptr};
+            col += n + 2;
+          }
+          auto q = random_floats(size_t(nq) * size_t(D), rng_);
+          std::vector<float> out(size_t(nq) * size_t(ld), 7.f), out_ref = out;
+          kivi_k_spans(q.data(), nq, spans.data(), ns, kGroup, 0.125f, D, bits, out.data(), ld);
+          for (const KiviSpan& s : spans)
+            kivi_k_block(q.data(), nq, KRows{s.k, kGroup, s.k0}, s.ks, s.kz, 0.125f, s.n, D, bits,
+                         out_ref.data() + s.col, ld);
+          ASSERT_EQ(out, out_ref);
+          auto p = random_floats(size_t(nq) * size_t(ld), rng_, 0.f, 1.f);
+          auto acc = random_floats(size_t(nq) * size_t(D) + 5, rng_), acc_ref = acc;
+          auto zacc = random_floats(size_t(nq) + 1, rng_), zacc_ref = zacc;
+          kivi_v_spans(p.data(), ld, nq, spans.data(), ns, D, bits, acc.data(), zacc.data());
+          for (const KiviSpan& s : spans)
+            kivi_v_block(p.data() + s.col, ld, nq, s.v, s.vs, s.vz, s.n, D, bits, acc_ref.data(), zacc_ref.data());
+          ASSERT_EQ(acc, acc_ref);
+          ASSERT_EQ(zacc, zacc_ref);
         }
-        auto q = random_floats(size_t(nq) * size_t(D), rng_);
-        std::vector<float> out(size_t(nq) * size_t(ld), 7.f), out_ref = out;
-        kivi_k_spans(q.data(), nq, spans.data(), ns, kGroup, 0.125f, D, bits, out.data(), ld);
-        for (const KiviSpan& s : spans)
-          kivi_k_block(q.data(), nq, KRows{s.k, kGroup, s.k0}, s.ks, s.kz, 0.125f, s.n, D, bits,
-                       out_ref.data() + s.col, ld);
-        ASSERT_EQ(out, out_ref);
-        auto p = random_floats(size_t(nq) * size_t(ld), rng_, 0.f, 1.f);
-        auto acc = random_floats(size_t(nq) * size_t(D) + 5, rng_), acc_ref = acc;
-        auto zacc = random_floats(size_t(nq) + 1, rng_), zacc_ref = zacc;
-        kivi_v_spans(p.data(), ld, nq, spans.data(), ns, D, bits, acc.data(), zacc.data());
-        for (const KiviSpan& s : spans)
-          kivi_v_block(p.data() + s.col, ld, nq, s.v, s.vs, s.vz, s.n, D, bits, acc_ref.data(), zacc_ref.data());
-        ASSERT_EQ(acc, acc_ref);
-        ASSERT_EQ(zacc, zacc_ref);
-      }
 }
 
 // A KIVI K group back to float32 (attention at cache positions) against dequantize_k_group.

@@ -23,6 +23,36 @@ TEST(QuantTest, RangesComeFromOneTable) {
   for (int bits : {8, 4, 2}) EXPECT_EQ(quant_range(bits).levels(), (1 << bits) - 1);
 }
 
+// The stored K layout (k_code_offset) puts every byte of a group's G rows in its own place inside
+// the G * pk bytes the block has for them, whatever G and pk (narrower last tiles and columns), and
+// a whole tile's 4-byte column c is the 16 keys' words one after another (what the VNNI kernel
+// loads at once). k_rows_from_group reads back what was placed.
+TEST(QuantTest, StoredKCodesFillTheGroupOnce) {
+  for (int G : {1, 5, 16, 17, 32, 40})
+    for (size_t pk : {1u, 2u, 3u, 4u, 5u, 8u, 9u, 16u, 33u}) {
+      SCOPED_TRACE(::testing::Message() << "G=" << G << " pk=" << pk);
+      std::vector<int> hits(size_t(G) * pk, 0);
+      std::vector<uint8_t> group(hits.size());
+      for (int j = 0; j < G; ++j)
+        for (size_t b = 0; b < pk; ++b) {
+          const size_t at = k_code_offset(j, b, pk, G);
+          ASSERT_LT(at, hits.size());
+          ++hits[at];
+          group[at] = uint8_t(j * 31 + int(b));
+          if (j / 16 * 16 + 16 <= G && b / 4 * 4 + 4 <= pk) {  // a whole tile, a whole column
+            EXPECT_EQ(at, size_t(j / 16 * 16) * pk + b / 4 * 64 + size_t(j % 16) * 4 + b % 4);
+          }
+        }
+      for (int h : hits) ASSERT_EQ(h, 1);
+      for (int j0 : {0, G / 2}) {
+        std::vector<uint8_t> rows(size_t(G - j0) * pk);
+        k_rows_from_group(KRows{group.data(), G, j0}, G - j0, pk, rows.data());
+        for (int j = j0; j < G; ++j)
+          for (size_t b = 0; b < pk; ++b) ASSERT_EQ(rows[size_t(j - j0) * pk + b], uint8_t(j * 31 + int(b)));
+      }
+    }
+}
+
 // Every code in [0, 2^bits - 1] is reachable, the extremes included (no off-by-one clamp).
 TEST(QuantTest, CodesSpanTheFullRange) {
   for (int bits : {8, 4, 2}) {

@@ -221,11 +221,7 @@ namespace ptllm {
 namespace {
 using KA = Kernels<Avx512>;
 
-// One pass of R <= 4 heads; qd [R][D / 4]: the int8 query in dword order (quad k = dword k / KPB of
-// the row, bit position s = k % KPB of its bytes). The codes are stored in tiles of 16 keys whose
-// 4-byte columns hold the 16 keys' dwords in turn (k_code_offset, quant.h): a load of 64 bytes is
-// one dword of every key, one key a lane.
-// NT tiles of 16 keys from t0 (the first maybe entered part way, the last maybe narrower): each
+// vnni_k_pass for NT tiles of 16 keys from t0 (the first maybe entered part way, the last maybe narrower): each
 // query dword broadcast once for the NT tiles.
 template <int BITS, int R, int NT, int DK>
 PTLLM_TARGET_VNNI inline void vnni_k_tiles(const int32_t* qd, const float* a, const float* b, const float* qz, KRows k,
@@ -386,35 +382,6 @@ PTLLM_TARGET_VNNI void vnni_k_heads(const float* q, KRows codes, const uint16_t*
   _mm_store_ps(b, _mm_mul_ps(_mm_cvtepi32_ps(sum4_epi32(qsum[0], qsum[1], qsum[2], qsum[3])),
                              _mm_set1_ps(KA::kMid<BITS>)));
   vnni_k_pass<BITS, R, DK>(qd, a, b, qz, codes, nk, D, out, ld_out, tail, next);
-}
-
-template <int BITS>
-PTLLM_TARGET_VNNI void vnni_k_block_b(const float* q, int nq, KRows codes, const uint16_t* scale,
-                                      const uint16_t* zero, float qscale, int nk, int D, float* out, int ld_out,
-                                      const void* next) {
-  for (int h0 = 0; h0 < nq; h0 += 4) {
-    const float* qh = q + size_t(h0) * size_t(D);
-    float* oh = out + size_t(h0) * size_t(ld_out);
-    const void* nx = h0 == 0 ? next : nullptr;  // the first pass reads every row
-    switch (std::min(4, nq - h0)) {
-      case 4: vnni_k_heads<BITS, 4>(qh, codes, scale, zero, qscale, nk, D, oh, ld_out, nx); break;
-      case 3: vnni_k_heads<BITS, 3>(qh, codes, scale, zero, qscale, nk, D, oh, ld_out, nx); break;
-      case 2: vnni_k_heads<BITS, 2>(qh, codes, scale, zero, qscale, nk, D, oh, ld_out, nx); break;
-      default: vnni_k_heads<BITS, 1>(qh, codes, scale, zero, qscale, nk, D, oh, ld_out, nx); break;
-    }
-  }
-}
-
-PTLLM_TARGET_VNNI void vnni_k_block(const float* q, int nq, KRows codes, const uint16_t* scale,
-                                    const uint16_t* zero, float qscale, int nk, int D, int bits, float* out,
-                                    int ld_out, const void* next) {
-  if (D % 64 != 0 || D > kVnniMaxD)
-    return KA::kivi_k_block(q, nq, codes, scale, zero, qscale, nk, D, bits, out, ld_out, next);
-  switch (bits) {
-    case 8: vnni_k_block_b<8>(q, nq, codes, scale, zero, qscale, nk, D, out, ld_out, next); break;
-    case 4: vnni_k_block_b<4>(q, nq, codes, scale, zero, qscale, nk, D, out, ld_out, next); break;
-    default: vnni_k_block_b<2>(q, nq, codes, scale, zero, qscale, nk, D, out, ld_out, next); break;
-  }
 }
 
 // kivi_v_block for int4 with AVX-512 BF16 (Zen 4, Sapphire Rapids and later; picked at run time):
@@ -647,7 +614,7 @@ PTLLM_TARGET_VNNI float v_weights(const float* ph, const uint16_t* scale, const 
   return _mm512_reduce_add_ps(zs);
 }
 
-// The two kernels that put two keys in a lane, for two_key_v_block: the width they take, their
+// The two kernels that put two keys in a lane, for two_key_v_spans: the width they take, their
 // rounded weight type, the rounding of a head's weights (returning the float the pass needs) and
 // the pass over 64 channels.
 template <int BITS>
@@ -753,10 +720,8 @@ PTLLM_TARGET_VNNI void two_key_v_spans(const float* p, int ld_p, int nq, const K
           ++i, j0 = 0;
           continue;
         }
-        if (j0 == 0 && h0 == 0 && i + kVChunks < ns) {  // the scales the next batch's weights read
-          _mm_prefetch(reinterpret_cast<const char*>(s[i + kVChunks].vs), _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(s[i + kVChunks].vz), _MM_HINT_T0);
-        }
+        if (j0 == 0 && h0 == 0 && i + kVChunks < ns)  // the scales the next batch's weights read
+          prefetch_f16(s[i + kVChunks].vs, s[i + kVChunks].n), prefetch_f16(s[i + kVChunks].vz, s[i + kVChunks].n);
         const int n = std::min(kVKeys, sp.n - j0);
         K::weights(p + size_t(h0) * size_t(ld_p) + size_t(sp.col + j0), ld_p, r, sp.vs + j0, sp.vz + j0, n, wq[nc],
                    f[nc], zacc + h0);
@@ -776,20 +741,6 @@ PTLLM_TARGET_VNNI void two_key_v_spans(const float* p, int ld_p, int nq, const K
     }
   }
 }
-// One block: a span of its keys.
-template <class K>
-PTLLM_TARGET_VNNI void two_key_v_block(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale,
-                                       const uint16_t* zero, int nk, int D, float* acc, float* zacc, const void* next) {
-  const KiviSpan s{nullptr, 0, codes, nullptr, nullptr, scale, zero, nk, 0, nullptr, next};
-  two_key_v_spans<K>(p, ld_p, nq, &s, 1, D, acc, zacc);
-}
-
-PTLLM_TARGET_VNNI void vnni_v_block(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale,
-                                    const uint16_t* zero, int nk, int D, int bits, float* acc, float* zacc,
-                                    const void* next) {
-  if (bits != 8 || D % 64 != 0) return KA::kivi_v_block(p, ld_p, nq, codes, scale, zero, nk, D, bits, acc, zacc, next);
-  two_key_v_block<W16V>(p, ld_p, nq, codes, scale, zero, nk, D, acc, zacc, next);
-}
 PTLLM_TARGET_VNNI void vnni_v_spans(const float* p, int ld_p, int nq, const KiviSpan* s, int ns, int D, int bits,
                                     float* acc, float* zacc) {
   if (bits != 8 || D % 64 != 0) return v_spans_by_block<KA::kivi_v_block>(p, ld_p, nq, s, ns, D, bits, acc, zacc);
@@ -800,15 +751,6 @@ bool has_vbmi() {
   static const bool vbmi = __builtin_cpu_supports("avx512vbmi");
   return vbmi;
 }
-PTLLM_TARGET_BF16 void bf16_v_block(const float* p, int ld_p, int nq, const uint8_t* codes, const uint16_t* scale,
-                                    const uint16_t* zero, int nk, int D, int bits, float* acc, float* zacc,
-                                    const void* next) {
-  if (D % 64 == 0 && bits == 4)
-    return two_key_v_block<Bf16V<4>>(p, ld_p, nq, codes, scale, zero, nk, D, acc, zacc, next);
-  if (D % 64 == 0 && bits == 2 && has_vbmi())
-    return two_key_v_block<Bf16V<2>>(p, ld_p, nq, codes, scale, zero, nk, D, acc, zacc, next);
-  vnni_v_block(p, ld_p, nq, codes, scale, zero, nk, D, bits, acc, zacc, next);  // int8, and the rest
-}
 PTLLM_TARGET_BF16 void bf16_v_spans(const float* p, int ld_p, int nq, const KiviSpan* s, int ns, int D, int bits,
                                     float* acc, float* zacc) {
   if (D % 64 == 0 && bits == 4) return two_key_v_spans<Bf16V<4>>(p, ld_p, nq, s, ns, D, acc, zacc);
@@ -816,29 +758,34 @@ PTLLM_TARGET_BF16 void bf16_v_spans(const float* p, int ld_p, int nq, const Kivi
   vnni_v_spans(p, ld_p, nq, s, ns, D, bits, acc, zacc);  // int8, and the rest
 }
 
-// kivi_k_spans: up to 4 heads (a decode step's) with the head count fixed for every span.
-template <int BITS, int R>
-PTLLM_TARGET_VNNI void vnni_k_spans_r(const float* q, const KiviSpan* s, int ns, int G, float qscale, int D, float* out,
-                                      int ld_out) {
+// kivi_k_spans (and kivi_k_block, one span): each span's keys in passes of up to 4 heads, the first
+// pass asking for the rows read next.
+template <int BITS, int DK>
+PTLLM_TARGET_VNNI void vnni_k_spans_t(const float* q, int nq, const KiviSpan* s, int ns, int G, float qscale, int D,
+                                      float* out, int ld_out) {
   for (int i = 0; i < ns; ++i) {
     ask_span_scales(s, ns, i, false, D);
     const KRows k{s[i].k, G, s[i].k0};
-    if (D == 64)
-      vnni_k_heads<BITS, R, 64>(q, k, s[i].ks, s[i].kz, qscale, s[i].n, D, out + s[i].col, ld_out, s[i].k_next);
-    else
-      vnni_k_heads<BITS, R>(q, k, s[i].ks, s[i].kz, qscale, s[i].n, D, out + s[i].col, ld_out, s[i].k_next);
+    for (int h0 = 0; h0 < nq; h0 += 4) {
+      const float* qh = q + size_t(h0) * size_t(D);
+      float* oh = out + size_t(h0) * size_t(ld_out) + size_t(s[i].col);
+      const void* nx = h0 == 0 ? s[i].k_next : nullptr;
+      switch (std::min(4, nq - h0)) {
+        case 4: vnni_k_heads<BITS, 4, DK>(qh, k, s[i].ks, s[i].kz, qscale, s[i].n, D, oh, ld_out, nx); break;
+        case 3: vnni_k_heads<BITS, 3, DK>(qh, k, s[i].ks, s[i].kz, qscale, s[i].n, D, oh, ld_out, nx); break;
+        case 2: vnni_k_heads<BITS, 2, DK>(qh, k, s[i].ks, s[i].kz, qscale, s[i].n, D, oh, ld_out, nx); break;
+        default: vnni_k_heads<BITS, 1, DK>(qh, k, s[i].ks, s[i].kz, qscale, s[i].n, D, oh, ld_out, nx); break;
+      }
+    }
   }
 }
 template <int BITS>
 PTLLM_TARGET_VNNI void vnni_k_spans_b(const float* q, int nq, const KiviSpan* s, int ns, int G, float qscale, int D,
                                       float* out, int ld_out) {
-  switch (nq) {
-    case 4: return vnni_k_spans_r<BITS, 4>(q, s, ns, G, qscale, D, out, ld_out);
-    case 3: return vnni_k_spans_r<BITS, 3>(q, s, ns, G, qscale, D, out, ld_out);
-    case 2: return vnni_k_spans_r<BITS, 2>(q, s, ns, G, qscale, D, out, ld_out);
-    case 1: return vnni_k_spans_r<BITS, 1>(q, s, ns, G, qscale, D, out, ld_out);
-    default: return k_spans_by_block<vnni_k_block>(q, nq, s, ns, G, qscale, D, BITS, out, ld_out);
-  }
+  if (D == 64)  // the common head size known at compile time: the scaled query stays in registers
+    vnni_k_spans_t<BITS, 64>(q, nq, s, ns, G, qscale, D, out, ld_out);
+  else
+    vnni_k_spans_t<BITS, 0>(q, nq, s, ns, G, qscale, D, out, ld_out);
 }
 PTLLM_TARGET_VNNI void vnni_k_spans(const float* q, int nq, const KiviSpan* s, int ns, int G, float qscale, int D,
                                     int bits, float* out, int ld_out) {
@@ -853,16 +800,16 @@ PTLLM_TARGET_VNNI void vnni_k_spans(const float* q, int nq, const KiviSpan* s, i
 
 constexpr KernelTable kTable = make_table<Avx512>(SimdTarget::AVX512);
 constexpr KernelTable with_vnni(KernelTable t) {
-  t.kivi_k_block = vnni_k_block;
-  t.kivi_v_block = vnni_v_block;
   t.kivi_k_spans = vnni_k_spans;
   t.kivi_v_spans = vnni_v_spans;
+  t.kivi_k_block = k_block_by_spans<vnni_k_spans>;
+  t.kivi_v_block = v_block_by_spans<vnni_v_spans>;
   return t;
 }
 constexpr KernelTable kTableVnni = with_vnni(kTable);
 constexpr KernelTable with_bf16(KernelTable t) {
-  t.kivi_v_block = bf16_v_block;
   t.kivi_v_spans = bf16_v_spans;
+  t.kivi_v_block = v_block_by_spans<bf16_v_spans>;
   return t;
 }
 constexpr KernelTable kTableVnniBf16 = with_bf16(kTableVnni);

@@ -46,6 +46,23 @@ void pack_row(const int* c, int D, int bits, uint8_t* out) {
   }
 }
 
+// One key's row between a stored group (k_code_offset) and a plain row: whole 4-byte columns by
+// fixed-size copies, 4 * (keys in the tile) bytes apart (k_code_offset(j, b) = k_code_offset(j, 0)
+// + b * k_tile_keys(j) for them; attention's float kernels untile every K block they read), then
+// the narrower last column.
+template <bool ToGroup, class Group>
+void k_row_copy(Group* group, int G, int j, size_t pk, uint8_t* row) {
+  auto copy = [&](size_t at, size_t b, size_t n) {
+    if constexpr (ToGroup)
+      std::memcpy(group + at, row + b, n);
+    else
+      std::memcpy(row + b, group + at, n);
+  };
+  const size_t full = pk / 4 * 4, base = k_code_offset(j, 0, pk, G), w = k_tile_keys(j, G);
+  for (size_t b = 0; b < full; b += 4) copy(base + b * w, b, 4);
+  if (full < pk) copy(k_code_offset(j, full, pk, G), full, pk - full);
+}
+
 }  // namespace
 
 void quantize_k_group(const float* x, size_t x_stride, int G, int D, int bits, uint8_t* codes, uint16_t* scale,
@@ -68,21 +85,13 @@ void quantize_k_group(const float* x, size_t x_stride, int G, int D, int bits, u
     const float* xt = x + size_t(t) * x_stride;
     for (int d = 0; d < D; ++d) c[d] = to_code(xt[d], s[d], z[d], levels);
     pack_row(c, D, bits, packed);
-    for (size_t b = 0; b < row; b += 4)  // to its place in the stored group
-      std::memcpy(codes + k_code_offset(t, b, row, G), packed + b, std::min<size_t>(4, row - b));
+    k_row_copy<true>(codes, G, t, row, packed);  // to its place in the stored group
   }
 }
 
 void k_rows_from_group(KRows k, int n, size_t pk, uint8_t* rows) {
   for (int j = 0; j < n; ++j)
-    for (size_t b = 0; b < pk; b += 4)
-      std::memcpy(rows + size_t(j) * pk + b, k.group + k_code_offset(k.j0 + j, b, pk, k.G), std::min<size_t>(4, pk - b));
-}
-
-void k_group_from_rows(const uint8_t* rows, int G, size_t pk, uint8_t* group) {
-  for (int j = 0; j < G; ++j)
-    for (size_t b = 0; b < pk; b += 4)
-      std::memcpy(group + k_code_offset(j, b, pk, G), rows + size_t(j) * pk + b, std::min<size_t>(4, pk - b));
+    k_row_copy<false>(k.group, k.G, k.j0 + j, pk, rows + size_t(j) * pk);
 }
 
 void quantize_v_token(const float* x, int D, int bits, uint8_t* codes, uint16_t* scale, uint16_t* zero) {

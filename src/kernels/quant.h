@@ -33,10 +33,12 @@ inline size_t packed_bytes(int n, int bits) { return (size_t(n) * size_t(bits) +
 // pk % 4 != 0) and a column holds its bytes of the tile's keys one after another. So 4 bytes of
 // each of 16 keys are 64 consecutive bytes: the order the AVX-512 VNNI kernel multiplies them in
 // (one key a 32-bit lane), read with one load instead of a transpose. Byte b of key j's row:
+// (Keys in key j's tile: 16, or fewer in a narrower last tile.)
+inline size_t k_tile_keys(int j, int G) { return size_t(G - j / 16 * 16 < 16 ? G - j / 16 * 16 : 16); }
 inline size_t k_code_offset(int j, size_t b, size_t pk, int G) {
   const int t0 = j / 16 * 16;
-  const size_t w = size_t(G - t0 < 16 ? G - t0 : 16), c = b / 4 * 4, cw = pk - c < 4 ? pk - c : 4;
-  return size_t(t0) * pk + c * w + size_t(j - t0) * cw + (b - c);
+  const size_t c = b / 4 * 4, cw = pk - c < 4 ? pk - c : 4;
+  return size_t(t0) * pk + c * k_tile_keys(j, G) + size_t(j - t0) * cw + (b - c);
 }
 // Keys [j0, j0 + n) of a K group, as the kernels take them.
 struct KRows {
@@ -44,9 +46,8 @@ struct KRows {
   int G;                 // keys in the group
   int j0;                // the first key read
 };
-// Rows [j0, j0 + n) of a stored K group to plain rows [n][pk], and G plain rows to a stored group.
+// Rows [j0, j0 + n) of a stored K group to plain rows [n][pk].
 void k_rows_from_group(KRows k, int n, size_t pk, uint8_t* rows);
-void k_group_from_rows(const uint8_t* rows, int G, size_t pk, uint8_t* group);
 
 // K group: x [G][D] (row stride x_stride floats) -> codes as stored (k_code_offset), scale/zero [D] f16 bits.
 void quantize_k_group(const float* x, size_t x_stride, int G, int D, int bits, uint8_t* codes, uint16_t* scale,
@@ -107,12 +108,17 @@ struct KiviSpan {
 };
 // out[h][col + j] for every span as kivi_k_block(q, nq, {s.k, G, s.k0}, s.ks, s.kz, qscale, s.n, ...) writes
 // it; acc and zacc as kivi_v_block over the spans in order leaves them (the same sums, in the same
-// order: bit for bit). While span i is read the kernels ask for the scales span i + 2 reads (K:
-// near the end, V's of spans 0 and 1, which the values pass reads first).
+// order: bit for bit). The kernels ask for scales ahead of their use (kernels_impl.h,
+// ask_span_scales); the codes through k_next and v_next.
 void kivi_k_spans(const float* q, int nq, const KiviSpan* s, int ns, int G, float qscale, int D, int bits,
                   float* out, int ld_out);
 void kivi_v_spans(const float* p, int ld_p, int nq, const KiviSpan* s, int ns, int D, int bits, float* acc,
                   float* zacc);
+// Asks for the cache lines of n f16 values (scales or zeros read soon); nothing for null.
+inline void prefetch_f16(const uint16_t* p, int n) {
+  if (p)
+    for (int j = 0; j < n; j += 32) __builtin_prefetch(p + j);  // 32 f16 a cache line
+}
 // A K group dequantized to float32, out [nk][D] (attention at cache positions rotates keys, so it
 // needs them as floats); its scalar twin is dequantize_k_group.
 void kivi_k_dequant(KRows codes, const uint16_t* scale, const uint16_t* zero, int nk, int D, int bits, float* out);

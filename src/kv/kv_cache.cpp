@@ -514,10 +514,7 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
     // While the keys of a block are scored (or their values summed), the kernels ask for the rows read
     // two blocks later (Block), a few lines per row read: a steady trickle ahead (asking for a whole
     // block at once fills the core's miss buffers and stalls it). Their scales (a line or two each)
-    // are asked for here.
-    auto ask = [](const uint16_t* p, int n) {
-      for (int i = 0; i < n; i += 32) __builtin_prefetch(p + i);  // 32 f16 a cache line
-    };
+    // are asked for here (blocks one at a time) or by the span kernels.
     // Entry e's K (values: V) rows from slot a0, with their scales asked for (unless not `scales`:
     // the span kernels ask for those themselves); null when e is.
     auto ahead = [&](const Entry* e, bool values, int a0, bool scales = true) -> const uint8_t* {
@@ -525,9 +522,9 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
       const Rows r = rows_of(data_of(*e), e->quantized, g);
       if (e->quantized && scales) {
         if (values)
-          ask(r.vs, B), ask(r.vz, B);
+          prefetch_f16(r.vs, B), prefetch_f16(r.vz, B);
         else
-          ask(r.ks, D), ask(r.kz, D);
+          prefetch_f16(r.ks, D), prefetch_f16(r.kz, D);
       }
       return (values ? r.v : r.k) + size_t(a0) * r.row;
     };
@@ -686,31 +683,30 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
     auto spanned = [&](const WalkBlock& k) { return k.quantized && !rotate && k.same; };
     // The spans of the spanned blocks, in order, built once for both passes.
     walk.spans.clear();
-    if (bits_) {
-      const KiviOffsets ko = kivi_offsets(g, H, B, D, pk);
-      auto u16 = [&](const uint8_t* blk, size_t off) { return reinterpret_cast<const uint16_t*>(blk + off); };
-      for (size_t i = 0; i < nb; ++i) {
-        const WalkBlock& b = walk.blocks[i];
-        if (!spanned(b)) continue;
-        const int a0 = b.a[b.i0];
-        KiviSpan& sp = walk.spans.emplace_back();  // filled in place (a copy would stall on store forwarding)
-        sp.k = b.data + ko.kc;
-        sp.k0 = a0;
-        sp.v = b.data + ko.vc + size_t(a0) * pk;
-        sp.ks = u16(b.data, ko.ks);
-        sp.kz = u16(b.data, ko.kz);
-        sp.vs = u16(b.data, ko.vs) + a0;
-        sp.vz = u16(b.data, ko.vz) + a0;
-        sp.n = b.b[b.i0] - a0;
-        sp.col = b.col + a0;
-        const WalkBlock* b2 = i + 2 < nb ? &walk.blocks[i + 2] : nullptr;  // the block two ahead, when in the list
-        if (!b.near_end && b2 && b2->quantized) {
-          sp.k_next = b2->data + ko.kc;
-          sp.v_next = b2->data + ko.vc + size_t(a0) * pk;
-        } else {
-          sp.k_next = ahead(b.k_ahead, b.near_end, b.near_end ? a0 : 0, false);
-          sp.v_next = ahead(b.v_ahead, !b.near_end, a0, false);
-        }
+    for (size_t i = 0; i < nb; ++i) {
+      const WalkBlock& b = walk.blocks[i];
+      if (!spanned(b)) continue;
+      const int a0 = b.a[b.i0];
+      const Rows r = rows_of(b.data, true, g);
+      KiviSpan& sp = walk.spans.emplace_back();  // filled in place (a copy would stall on store forwarding)
+      sp.k = r.k;
+      sp.k0 = a0;
+      sp.v = r.v + size_t(a0) * pk;
+      sp.ks = r.ks;
+      sp.kz = r.kz;
+      sp.vs = r.vs + a0;
+      sp.vz = r.vz + a0;
+      sp.n = b.b[b.i0] - a0;
+      sp.col = b.col + a0;
+      // The rows two blocks ahead, from the list where they are in it (the same as `ahead` finds).
+      const WalkBlock* b2 = i + 2 < nb ? &walk.blocks[i + 2] : nullptr;
+      if (!b.near_end && b2 && b2->quantized) {
+        const Rows r2 = rows_of(b2->data, true, g);
+        sp.k_next = r2.k;
+        sp.v_next = r2.v + size_t(a0) * pk;
+      } else {
+        sp.k_next = ahead(b.k_ahead, b.near_end, b.near_end ? a0 : 0, false);
+        sp.v_next = ahead(b.v_ahead, !b.near_end, a0, false);
       }
     }
     auto for_each = [&](auto&& one, auto&& many) {
@@ -1043,11 +1039,11 @@ void KVCache::read_key(int layer, int64_t index, int g, float* out) const {
     return;
   }
   const size_t pk = packed_bytes(D, bits_);
-  const uint16_t* ks = reinterpret_cast<const uint16_t*>(at.block + 2 * size_t(H) * size_t(B) * pk) + size_t(g) * size_t(D);
-  const uint16_t* kz = ks + size_t(H) * size_t(D);
+  const KiviOffsets o = kivi_offsets(g, H, B, D, pk);
   std::vector<uint8_t> row(pk);
-  k_rows_from_group(KRows{at.block + size_t(g) * size_t(B) * pk, B, at.slot}, 1, pk, row.data());
-  dequantize_k_group(row.data(), ks, kz, 1, D, bits_, out);
+  k_rows_from_group(KRows{at.block + o.kc, B, at.slot}, 1, pk, row.data());
+  dequantize_k_group(row.data(), reinterpret_cast<const uint16_t*>(at.block + o.ks),
+                     reinterpret_cast<const uint16_t*>(at.block + o.kz), 1, D, bits_, out);
 }
 
 void KVCache::read_value(int layer, int64_t index, int g, float* out) const {
@@ -1059,10 +1055,10 @@ void KVCache::read_value(int layer, int64_t index, int g, float* out) const {
     return;
   }
   const size_t pk = packed_bytes(D, bits_);
-  const uint16_t* vs = reinterpret_cast<const uint16_t*>(at.block + 2 * size_t(H) * size_t(B) * pk) + 2 * size_t(H) * size_t(D);
-  const uint16_t* vz = vs + size_t(H) * size_t(B);
-  const size_t j = size_t(g) * size_t(B) + size_t(at.slot);
-  dequantize_v_token(at.block + (size_t(H) * size_t(B) + j) * pk, vs[j], vz[j], D, bits_, out);
+  const KiviOffsets o = kivi_offsets(g, H, B, D, pk);
+  const uint16_t* vs = reinterpret_cast<const uint16_t*>(at.block + o.vs);
+  const uint16_t* vz = reinterpret_cast<const uint16_t*>(at.block + o.vz);
+  dequantize_v_token(at.block + o.vc + size_t(at.slot) * pk, vs[at.slot], vz[at.slot], D, bits_, out);
 }
 
 }  // namespace ptllm
