@@ -70,6 +70,7 @@ TEST(KVCacheTest, AttentionMatchesReference) {
     for (int layer = 0; layer < 2; ++layer) cache.append(layer, k.data(), v.data(), T);
     std::vector<float> out(q.size());
     cache.attend(1, q.data(), T, n_heads, out.data(), pool);
+    for (int layer = 0; layer < 2; ++layer) cache.apply_policy(layer);
     auto want = reference_attention(q, all_k, all_v, T, stored, n_heads, n_kv, D);
     for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], want[i], 1e-5f) << "T=" << T << " i=" << i;
     stored += T;

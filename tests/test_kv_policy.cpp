@@ -105,6 +105,7 @@ struct Harness {
           want.push_back(reference(cache, layer, q.data() + size_t(t) * size_t(n_heads) * size_t(D), n_before + t));
         std::vector<float> out(q.size());
         cache.attend(layer, q.data(), T, n_heads, out.data(), pool);
+        cache.apply_policy(layer);
         for (int t = 0; t < T; ++t)
           for (size_t x = 0; x < want[size_t(t)].size(); ++x)
             ASSERT_NEAR(out[size_t(t) * size_t(n_heads) * size_t(D) + x], want[size_t(t)][x], tol)
@@ -243,6 +244,8 @@ TEST(KVCachePartsTest, LongContextSplitOverThreadsIsExactAndMatchesReference) {
           std::vector<float> out1(q.size()), out2(q.size());
           one.attend(layer, q.data(), T, h.n_heads, out1.data(), pool1);
           two.attend(layer, q.data(), T, h.n_heads, out2.data(), pool2);
+          one.apply_policy(layer);
+          two.apply_policy(layer);
           ASSERT_EQ(std::memcmp(out1.data(), out2.data(), out1.size() * sizeof(float)), 0) << "T " << T;
           for (int t = 0; t < T; ++t)
             for (size_t x = 0; x < want[size_t(t)].size(); ++x)
@@ -292,6 +295,7 @@ TEST(KVCacheTilesTest, ChunkingAndThreadsDoNotChangeAToken) {
           const size_t q0 = (size_t(layer) * total + size_t(done)) * size_t(h.n_heads) * size_t(h.D);
           cache.append(layer, k.data() + kv0, v.data() + kv0, T);
           cache.attend(layer, q.data() + q0, T, h.n_heads, out.data() + q0, pool);
+          cache.apply_policy(layer);
         }
         done += T;
       }

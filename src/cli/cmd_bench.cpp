@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "cli/commands.h"
 #include "cli/options.h"
@@ -27,7 +28,82 @@ struct BenchArgs {
   int bandwidth_mib = 512;
   bool json = false;
   RuntimeOptions runtime;
+  std::string parallel;   // "N[,N...]": sequences decoding together (empty: one, the classic bench)
+  int shared_prefix = 0;  // --parallel: prompt tokens common to every sequence
 };
+
+std::vector<int> parse_parallel(const std::string& list) {
+  std::vector<int> out;
+  size_t at = 0;
+  while (at <= list.size()) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    const std::string item = list.substr(at, comma - at);
+    size_t used = 0;
+    int n = 0;
+    try {
+      n = std::stoi(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || n < 1 || n > 256)
+      throw UsageError("--parallel: '" + item + "' is not a number of sequences from 1 to 256 (give N or N,N,...)");
+    out.push_back(n);
+    at = comma + 1;
+  }
+  return out;
+}
+
+// bench --parallel: per N, n sequences prefilled one by one, then decoding together.
+int run_parallel(BenchArgs& a, const Model& model, const SessionOptions& sopts, ThreadPool& pool) {
+  const std::vector<int> ns = parse_parallel(a.parallel);
+  ParallelBenchConfig pc;
+  pc.prompt_tokens = a.bench.prompt_tokens;
+  pc.gen_tokens = a.bench.gen_tokens;
+  pc.repeat = a.bench.repeat;
+  pc.seed = a.bench.seed;
+  pc.shared_prefix = a.shared_prefix;
+  if (pc.shared_prefix > pc.prompt_tokens)
+    throw UsageError("--shared-prefix (" + std::to_string(pc.shared_prefix) + ") must be at most --prompt-tokens (" +
+                     std::to_string(pc.prompt_tokens) + ")");
+  if (!a.json)
+    std::printf("model: %s, %d threads; %d prompt tokens (%d shared), %d generated per sequence; kv %s\n",
+                a.model_dir.c_str(), pool.size(), pc.prompt_tokens, pc.shared_prefix, pc.gen_tokens,
+                sopts.kv.describe().c_str());
+  double base = 0;
+  for (int n : ns) {
+    const ParallelBenchResult r = run_parallel_bench(model, sopts, pool, pc, n);
+    if (base == 0) base = r.aggregate_decode_tok_s;
+    if (a.json) {
+      const nlohmann::json j = {{"parallel", n},
+                                {"aggregate_decode_tok_s", r.aggregate_decode_tok_s},
+                                {"decode_tok_s", r.decode_tok_s},
+                                {"prefill_tok_s", r.prefill_tok_s},
+                                {"ttft_ms", r.ttft_ms},
+                                {"ttft_first_ms", r.ttft_first_ms},
+                                {"ttft_last_ms", r.ttft_last_ms},
+                                {"kv_logical_bytes", r.kv_logical_bytes},
+                                {"kv_physical_bytes", r.kv_physical_bytes},
+                                {"kv_used_bytes", r.kv_used_bytes},
+                                {"kv_shared_bytes", r.kv_shared_bytes},
+                                {"peak_rss_mb", r.peak_rss_mb},
+                                {"prompt_tokens", pc.prompt_tokens},
+                                {"shared_prefix", pc.shared_prefix},
+                                {"gen_tokens", pc.gen_tokens},
+                                {"threads", pool.size()},
+                                {"kv_cache", sopts.kv.describe()}};
+      std::printf("%s\n", j.dump().c_str());
+      continue;
+    }
+    std::printf("parallel %d: decode %.1f tok/s aggregate (%.2fx parallel %d), %.1f tok/s per sequence; prefill %.1f "
+                "tok/s; ttft %.1f ms mean (first %.1f, last %.1f); kv logical %s, in use %s (shared %s), pool %s; "
+                "peak RSS %.1f MiB\n",
+                n, r.aggregate_decode_tok_s, r.aggregate_decode_tok_s / base, ns.front(), r.decode_tok_s, r.prefill_tok_s,
+                r.ttft_ms, r.ttft_first_ms, r.ttft_last_ms, format_bytes(r.kv_logical_bytes).c_str(),
+                format_bytes(r.kv_used_bytes).c_str(), format_bytes(r.kv_shared_bytes).c_str(),
+                format_bytes(r.kv_physical_bytes).c_str(), r.peak_rss_mb);
+  }
+  return 0;
+}
 
 int run_bench_command(BenchArgs& a) {
   auto model = Model::load(a.model_dir);
@@ -43,6 +119,7 @@ int run_bench_command(BenchArgs& a) {
     throw UsageError("--context + --prompt-tokens + --gen-tokens (" + std::to_string(needed) +
                      ") exceed --ctx-size " + std::to_string(sopts.kv.ctx_size));
   ThreadPool pool(resolve_threads(a.runtime));
+  if (!a.parallel.empty()) return run_parallel(a, *model, sopts, pool);
 
   // The bandwidth is measured before and after the timed runs (best of 10 passes each: on a shared
   // machine the best pass is the closest to what the memory can do) and the better of the two sets
@@ -133,7 +210,12 @@ Command add_bench_command(CLI::App& root) {
   app->add_option("--seed", a->bench.seed, "Seed of the random token ids (default 1)");
   app->add_option("--bandwidth-mib", a->bandwidth_mib, "Buffer of the memory-bandwidth test, MiB (default 512)")
       ->check(CLI::Range(1, 1 << 16));
-  app->add_flag("--json", a->json, "Print one JSON object instead of text");
+  app->add_flag("--json", a->json, "Print one JSON object instead of text (with --parallel: one per N)");
+  app->add_option("--parallel", a->parallel,
+                  "N[,N...]: N sequences prefilled one by one, then decoding together in batched steps");
+  app->add_option("--shared-prefix", a->shared_prefix,
+                  "With --parallel: prompt tokens common to every sequence (default 0)")
+      ->check(CLI::NonNegativeNumber);
   add_runtime_options(*app, a->runtime);
   return {app, [a] { return run_bench_command(*a); }};
 }

@@ -109,6 +109,100 @@ BenchResult run_bench(const Model& model, const SessionOptions& opts, ThreadPool
   return res;
 }
 
+namespace {
+
+struct ParallelRun {
+  double decode_ms = 0, prefill_ms = 0;
+  std::vector<double> ttft_ms;
+};
+
+// n fresh sessions: each prompt fed alone (timed: its time to first token), then gen_tokens batched
+// greedy steps of all of them (timed).
+ParallelRun parallel_run(const Model& model, const SessionOptions& opts, ThreadPool& pool,
+                         const std::vector<std::vector<int32_t>>& prompts, int gen,
+                         std::vector<std::unique_ptr<Session>>& sessions, std::unique_ptr<KVPool>& kv, ForwardState& st) {
+  sessions.clear();  // the previous run's caches go before the next ones are allocated
+  kv.reset();
+  const size_t n = prompts.size();
+  // One pool for all of them, room for each at its worst case: prefixes in common are held once.
+  kv = std::make_unique<KVPool>(model.kv_shape(), opts.kv, int(n));
+  for (size_t i = 0; i < n; ++i) sessions.push_back(std::make_unique<Session>(model, opts, pool, kv.get()));
+  ParallelRun r;
+  std::vector<int32_t> next(n);
+  const auto t0 = Clock::now();
+  for (size_t i = 0; i < n; ++i) {
+    const auto ti = Clock::now();
+    next[i] = argmax(sessions[i]->feed(prompts[i]));
+    r.ttft_ms.push_back(ms_since(ti));
+  }
+  r.prefill_ms = ms_since(t0);
+  std::vector<Session*> ptrs;
+  std::vector<std::span<const int32_t>> feeds;
+  for (size_t i = 0; i < n; ++i) {
+    ptrs.push_back(sessions[i].get());
+    feeds.emplace_back(&next[i], 1);
+  }
+  const auto t1 = Clock::now();
+  for (int step = 0; step < gen; ++step) {
+    Session::feed_batch(ptrs, feeds, st);
+    for (size_t i = 0; i < n; ++i) next[i] = argmax(sessions[i]->last_logits());
+  }
+  r.decode_ms = ms_since(t1);
+  return r;
+}
+
+}  // namespace
+
+ParallelBenchResult run_parallel_bench(const Model& model, const SessionOptions& opts, ThreadPool& pool,
+                                       const ParallelBenchConfig& cfg, int n) {
+  PTLLM_CHECK(n > 0 && cfg.prompt_tokens > 0 && cfg.gen_tokens > 0 && cfg.repeat > 0 &&
+              cfg.shared_prefix >= 0 && cfg.shared_prefix <= cfg.prompt_tokens);
+  const int vocab = model.config().vocab_size;
+  std::mt19937_64 rng(cfg.seed);
+  const auto prefix = random_ids(size_t(cfg.shared_prefix), vocab, rng);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < n; ++i) {
+    std::vector<int32_t> p = prefix;
+    const auto tail = random_ids(size_t(cfg.prompt_tokens - cfg.shared_prefix), vocab, rng);
+    p.insert(p.end(), tail.begin(), tail.end());
+    prompts.push_back(std::move(p));
+  }
+  std::vector<std::unique_ptr<Session>> sessions;
+  std::unique_ptr<KVPool> kv;
+  ForwardState st;
+  {  // Warm-up: the weights faulted in, the batch's buffers sized.
+    std::vector<std::vector<int32_t>> few;
+    for (const auto& p : prompts) few.emplace_back(p.begin(), p.begin() + std::min<ptrdiff_t>(8, ptrdiff_t(p.size())));
+    parallel_run(model, opts, pool, few, 2, sessions, kv, st);
+  }
+  sessions.clear();
+  kv.reset();
+  reset_peak_rss();
+  std::vector<double> decode, prefill;
+  ParallelRun last;
+  for (int i = 0; i < cfg.repeat; ++i) {
+    last = parallel_run(model, opts, pool, prompts, cfg.gen_tokens, sessions, kv, st);
+    decode.push_back(double(n) * cfg.gen_tokens / (last.decode_ms / 1000));
+    prefill.push_back(double(n) * cfg.prompt_tokens / (last.prefill_ms / 1000));
+  }
+  ParallelBenchResult res;
+  res.parallel = n;
+  res.aggregate_decode_tok_s = median(decode);
+  res.decode_tok_s = res.aggregate_decode_tok_s / n;
+  res.prefill_tok_s = median(prefill);
+  double sum = 0;
+  for (double t : last.ttft_ms) sum += t;
+  res.ttft_ms = sum / double(n);
+  res.ttft_first_ms = last.ttft_ms.front();
+  res.ttft_last_ms = last.ttft_ms.back();
+  for (const auto& s : sessions) res.kv_logical_bytes += s->cache().logical_bytes();
+  res.kv_physical_bytes = kv->physical_bytes();
+  res.kv_used_bytes = kv->used_bytes();
+  res.kv_shared_bytes = kv->shared_bytes();
+  res.peak_rss_mb = peak_rss_mib();
+  return res;
+}
+
 Bandwidth measure_bandwidth(ThreadPool& pool, size_t bytes, int trials) {
   const size_t n = std::max<size_t>(bytes / sizeof(float), 1 << 16) / 16 * 16;
   // Cache-line aligned: loads straddling lines would measure the split loads, not the memory.

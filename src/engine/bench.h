@@ -43,6 +43,35 @@ struct BenchResult {
 // in a fresh Session: context, then the prompt, then greedy decode. Token ids are random.
 BenchResult run_bench(const Model& model, const SessionOptions& opts, ThreadPool& pool, const BenchConfig& cfg);
 
+// `bench --parallel`: n sequences prefilled one after another (each its own random prompt of
+// prompt_tokens, the first shared_prefix of them common to all), then decoding together, one batched
+// step for all of them per token (the weights read once a step).
+struct ParallelBenchConfig {
+  int prompt_tokens = 128;
+  int gen_tokens = 64;
+  int shared_prefix = 0;  // <= prompt_tokens
+  int repeat = 1;         // runs; speeds are the median
+  uint64_t seed = 1;
+};
+
+struct ParallelBenchResult {
+  int parallel = 0;
+  double aggregate_decode_tok_s = 0;  // n * gen_tokens / the decode time (median over the runs)
+  double decode_tok_s = 0;            // per sequence: they step together, so aggregate / n
+  double prefill_tok_s = 0;           // all prompts' tokens / the time to prefill them all
+  double ttft_ms = 0;                 // mean over the sequences of their prompt fed + first token chosen
+  double ttft_first_ms = 0, ttft_last_ms = 0;  // the first sequence's and the last one's
+  size_t kv_logical_bytes = 0;   // summed over the sequences
+  size_t kv_physical_bytes = 0;  // what the shared pool holds allocated
+  size_t kv_used_bytes = 0;      // the blocks referenced at the end, each once
+  size_t kv_shared_bytes = 0;    // logical bytes held once for several sequences
+  double peak_rss_mb = 0;
+};
+
+// Runs an untimed warm-up, then `repeat` measured runs with n sessions (fresh each run).
+ParallelBenchResult run_parallel_bench(const Model& model, const SessionOptions& opts, ThreadPool& pool,
+                                       const ParallelBenchConfig& cfg, int n);
+
 // Weight bytes a decode step streams: every tensor, except an untied embedding table (one row of it
 // is read, not the table).
 size_t decode_weight_bytes(const Model& model);

@@ -1,6 +1,7 @@
 #include "engine/session.h"
 
 #include <algorithm>
+#include <array>
 #include <string>
 
 #include "core/error.h"
@@ -9,13 +10,14 @@ namespace ptllm {
 
 int default_ctx_size(const ModelConfig& cfg) { return std::min(cfg.max_position_embeddings, 4096); }
 
-Session::Session(const Model& model, const SessionOptions& opts, ThreadPool& pool)
+Session::Session(const Model& model, const SessionOptions& opts, ThreadPool& pool, KVPool* kv_pool)
     : model_(model), opts_(opts), pool_(pool) {
   opts_.kv.validate();
   if (!opts_.use_cache && (opts_.kv.streaming() || opts_.kv.precision != KVPrecision::F32))
     throw UsageError("--no-cache recomputes everything without a KV cache: it cannot be combined with "
                      "StreamingLLM or --kv-quantize");
-  if (opts_.use_cache) cache_ = std::make_unique<KVCache>(model.kv_shape(), opts_.kv);
+  if (opts_.use_cache) cache_ = std::make_unique<KVCache>(model.kv_shape(), opts_.kv, kv_pool);
+  PTLLM_CHECK(opts_.use_cache || !kv_pool);
   // Decode steps append to the history without allocating (past ctx_size, under StreamingLLM, it
   // grows by doubling: a handful of allocations over a whole generation).
   history_.reserve(size_t(opts_.kv.ctx_size));
@@ -38,9 +40,82 @@ void Session::restore(std::span<const int32_t> history, std::string_view kv_stat
     throw Error("saved state holds " + std::to_string(history.size()) + " token ids but a cache of " + std::to_string(cache_->n_tokens()) + " tokens");
   }
   history_.assign(history.begin(), history.end());
+  cache_->end_step(history_);
   if (logits_.size() < vocab) logits_.resize(vocab);
   std::copy(last_logits.begin(), last_logits.end(), logits_.begin());
   last_row_ = 0;
+}
+
+int Session::max_chunk() const {
+  PTLLM_CHECK(cache_);
+  return cache_->max_append();
+}
+
+void Session::feed_batch(std::span<Session* const> sessions, std::span<const std::span<const int32_t>> tokens,
+                         ForwardState& st) {
+  PTLLM_CHECK(sessions.size() == tokens.size() && !sessions.empty());
+  const Model& model = sessions[0]->model_;
+  const size_t vocab = size_t(model.config().vocab_size);
+  // Batches are small (the sequences decoding together): a fixed-size list, no allocation.
+  constexpr size_t kMaxBatch = 256;
+  PTLLM_CHECK(sessions.size() <= kMaxBatch);
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    const Session& s = *sessions[i];
+    PTLLM_CHECK(&s.model_ == &model && s.cache_ && !tokens[i].empty());
+    if (!s.fits(int64_t(tokens[i].size())))
+      throw Error("context full: " + std::to_string(s.position() + int64_t(tokens[i].size())) +
+                  " tokens would exceed --ctx-size " + std::to_string(s.opts_.kv.ctx_size));
+    PTLLM_CHECK(int(tokens[i].size()) <= s.max_chunk());
+  }
+  check_room(sessions, tokens);
+  std::array<SequenceBatch, kMaxBatch> items;
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    Session& s = *sessions[i];
+    if (s.logits_.size() < vocab) s.logits_.resize(vocab);
+    s.last_row_ = 0;
+    items[i] = SequenceBatch{s.cache_.get(), tokens[i], s.position(), s.logits_.data(), false};
+  }
+  model.forward(std::span(items.data(), sessions.size()), st, sessions[0]->pool_);
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    Session& s = *sessions[i];
+    s.history_.insert(s.history_.end(), tokens[i].begin(), tokens[i].end());
+    s.cache_->end_step(s.history_);
+    s.reused_ = 0;
+  }
+}
+
+// A shared pool must have room for the step's blocks before anything is written (a private pool is
+// sized for the worst case). Sessions on one pool add up.
+void Session::check_room(int T) const {
+  if (!cache_->shares_pool()) return;
+  const BlocksNeeded need = cache_->blocks_needed(T);
+  const KVPool& p = cache_->pool();
+  if (need.dense > p.dense().available() || need.quant > p.quant().available())
+    throw KVPoolFull("KV pool full: " + std::to_string(p.blocks_in_use()) +
+                     " blocks in use; the step needs " + std::to_string(need.dense + need.quant) +
+                     " more (raise --kv-budget-mb, or pause or end a sequence)");
+}
+
+void Session::check_room(std::span<Session* const> sessions, std::span<const std::span<const int32_t>> tokens) {
+  // Distinct pools are few (usually one): sum what each session needs onto its pool's first session.
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    const KVCache& c = *sessions[i]->cache_;
+    if (!c.shares_pool()) continue;
+    bool first = true;
+    for (size_t j = 0; j < i && first; ++j) first = &sessions[j]->cache_->pool() != &c.pool();
+    if (!first) continue;
+    BlocksNeeded sum;
+    for (size_t j = i; j < sessions.size(); ++j)
+      if (&sessions[j]->cache_->pool() == &c.pool()) {
+        const BlocksNeeded n = sessions[j]->cache_->blocks_needed(int(tokens[j].size()));
+        sum.dense += n.dense;
+        sum.quant += n.quant;
+      }
+    if (sum.dense > c.pool().dense().available() || sum.quant > c.pool().quant().available())
+      throw KVPoolFull("KV pool full: " + std::to_string(c.pool().blocks_in_use()) +
+                       " blocks in use; the batch needs " + std::to_string(sum.dense + sum.quant) +
+                       " more (raise --kv-budget-mb, or pause or end a sequence)");
+  }
 }
 
 bool Session::fits(int64_t more) const {
@@ -62,9 +137,19 @@ std::span<float> Session::run(std::span<const int32_t> tokens, bool all_logits) 
   last_row_ = rows - 1;
 
   if (opts_.use_cache) {
+    reused_ = 0;
+    size_t done = 0;
+    if (history_.empty() && !all_logits && cache_->shares_pool()) {
+      // A prompt's blocks other sequences already computed are taken, not computed again.
+      reused_ = cache_->adopt_prefix(tokens);
+      done = size_t(reused_);
+      history_.insert(history_.end(), tokens.begin(), tokens.begin() + std::ptrdiff_t(done));
+      if (done > 0) cache_->end_step(history_);
+    }
     // In chunks the cache can take at once (StreamingLLM and KIVI bound their full-precision blocks).
-    for (size_t done = 0; done < T;) {
+    while (done < T) {
       const size_t n = std::min(T - done, size_t(cache_->max_append()));
+      check_room(int(n));
       const bool last = done + n == T;
       float* dst = all_logits ? logits_.data() + done * vocab : logits_.data();
       if (all_logits || last)
@@ -72,6 +157,7 @@ std::span<float> Session::run(std::span<const int32_t> tokens, bool all_logits) 
       else
         model_.forward(tokens.subspan(done, n), position(), *cache_, state_, nullptr, false, pool_);
       history_.insert(history_.end(), tokens.begin() + std::ptrdiff_t(done), tokens.begin() + std::ptrdiff_t(done + n));
+      cache_->end_step(history_);
       done += n;
     }
     return {logits_.data(), rows * vocab};

@@ -21,14 +21,29 @@ struct SessionOptions {
 
 class Session {
  public:
-  // Throws ptllm::Error if the cache cannot be allocated.
-  Session(const Model& model, const SessionOptions& opts, ThreadPool& pool);
+  // Throws ptllm::Error if the cache cannot be allocated. kv_pool: a pool shared with other sessions
+  // (same model and KV options): a prompt's first feed then takes the blocks of the longest prefix
+  // the pool already holds instead of computing them; null: a private pool.
+  Session(const Model& model, const SessionOptions& opts, ThreadPool& pool, KVPool* kv_pool = nullptr);
 
   // Feeds tokens (a prompt: one batched pass; a sampled token: one step) and returns the logits
   // of the last one [vocab]. Throws ptllm::Error if the context would exceed --ctx-size.
   std::span<float> feed(std::span<const int32_t> tokens);
   // Same, returning the logits of every fed token [T][vocab] (teacher forcing).
   std::span<float> feed_all(std::span<const int32_t> tokens);
+
+  // One forward pass for several sessions of one model (every weight matrix read once for all of
+  // them): sessions[i] is fed tokens[i], at most its max_chunk() tokens (decode: one each). Then each
+  // session's last_logits() are its last token's. st holds the batch's activations (kept by the
+  // caller, so steps allocate nothing once warmed up). Throws ptllm::Error, feeding none of them,
+  // when one would not fit its context.
+  static void feed_batch(std::span<Session* const> sessions, std::span<const std::span<const int32_t>> tokens,
+                         ForwardState& st);
+  // Most tokens one feed_batch() may give this session.
+  int max_chunk() const;
+
+  // Tokens of the last feed taken from the shared pool instead of computed.
+  int64_t reused_tokens() const { return reused_; }
 
   // Whether `more` tokens can still be fed (always, under StreamingLLM).
   bool fits(int64_t more) const;
@@ -48,6 +63,8 @@ class Session {
 
  private:
   std::span<float> run(std::span<const int32_t> tokens, bool all_logits);
+  void check_room(int T) const;
+  static void check_room(std::span<Session* const> sessions, std::span<const std::span<const int32_t>> tokens);
 
   const Model& model_;
   SessionOptions opts_;
@@ -57,6 +74,7 @@ class Session {
   std::vector<float> logits_;  // [T][vocab]
   size_t last_row_ = 0;        // row of logits_ holding the last token's logits
   std::vector<int32_t> history_;
+  int64_t reused_ = 0;
 };
 
 // The default KV capacity: min(max_position_embeddings, 4096), as DESIGN.md says.

@@ -1,5 +1,6 @@
 #include "kv/block_pool.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -23,9 +24,24 @@ uint8_t* alloc_aligned(size_t bytes, size_t align = kAlign) {
 
 void BlockPool::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
 
-BlockPool::BlockPool(size_t block_bytes, size_t capacity, bool preallocate)
-    : block_bytes_((block_bytes + kAlign - 1) / kAlign * kAlign), capacity_(capacity), ptr_(capacity, nullptr) {
+BlockPool::BlockPool(size_t block_bytes, size_t capacity, bool preallocate, int tokens_per_block)
+    : block_bytes_((block_bytes + kAlign - 1) / kAlign * kAlign),
+      capacity_(capacity),
+      tokens_per_block_(tokens_per_block),
+      ptr_(capacity, nullptr),
+      refs_(capacity, 0) {
   free_.reserve(capacity);
+  if (tokens_per_block > 0) {
+    keys_.resize(capacity);
+    keyed_.assign(capacity, 0);
+    tokens_.assign(capacity * size_t(tokens_per_block), 0);
+    size_t n = 16;
+    while (n < 2 * capacity) n *= 2;
+    buckets_.assign(n, kNone);
+    bucket_next_.assign(capacity, kNone);
+    lru_prev_.assign(capacity, kNone);
+    lru_next_.assign(capacity, kNone);
+  }
   if (preallocate && capacity > 0) {
     // A large arena goes on transparent huge pages where the kernel allows them (madvise mode): a
     // long-context decode step reads a few KB from each of thousands of blocks, and with 4 KB pages
@@ -56,17 +72,120 @@ int32_t BlockPool::acquire() {
     owned_.emplace_back(alloc_aligned(block_bytes_));
     ptr_[size_t(id)] = owned_.back().get();
     ++allocated_;
+  } else if (lru_head_ != kNone) {
+    id = lru_head_;  // the least recently released cached block: its content is forgotten
+    lru_remove(id);
+    forget(id);
   } else {
     return -1;
   }
+  refs_[size_t(id)] = 1;
   ++in_use_;
   return id;
 }
 
+void BlockPool::ref(int32_t id) {
+  PTLLM_CHECK(id >= 0 && size_t(id) < capacity_ && refs_[size_t(id)] > 0);
+  ++refs_[size_t(id)];
+}
+
 void BlockPool::release(int32_t id) {
-  PTLLM_CHECK(id >= 0 && size_t(id) < capacity_ && ptr_[size_t(id)] != nullptr);
-  free_.push_back(id);
+  PTLLM_CHECK(id >= 0 && size_t(id) < capacity_ && ptr_[size_t(id)] != nullptr && refs_[size_t(id)] > 0);
+  if (--refs_[size_t(id)] > 0) return;
   --in_use_;
+  if (!keyed_.empty() && keyed_[size_t(id)])
+    lru_push_back(id);
+  else
+    free_.push_back(id);
+}
+
+size_t BlockPool::bucket(const BlockKey& k) const {
+  const uint64_t h = k.lo ^ (uint64_t(uint32_t(k.layer)) * 0x9E3779B97F4A7C15ull) ^ (k.quantized ? 0x5bd1e995ull : 0);
+  return size_t(h ^ (h >> 29)) & (buckets_.size() - 1);
+}
+
+bool BlockPool::publish(int32_t id, const BlockKey& key, std::span<const int32_t> tokens) {
+  PTLLM_CHECK(tokens_per_block_ > 0 && refs_[size_t(id)] > 0 && tokens.size() <= size_t(tokens_per_block_));
+  if (keyed_[size_t(id)]) return false;
+  for (int32_t at = buckets_[bucket(key)]; at != kNone; at = bucket_next_[size_t(at)])
+    if (keys_[size_t(at)] == key) return false;  // one block per key: the first keeps it
+  keys_[size_t(id)] = key;
+  keyed_[size_t(id)] = 1;
+  int32_t* t = tokens_.data() + size_t(id) * size_t(tokens_per_block_);
+  std::fill_n(t, tokens_per_block_, -1);
+  std::copy(tokens.begin(), tokens.end(), t);
+  const size_t b = bucket(key);
+  bucket_next_[size_t(id)] = buckets_[b];
+  buckets_[b] = id;
+  return true;
+}
+
+int32_t BlockPool::find(const BlockKey& key, std::span<const int32_t> tokens) {
+  if (tokens_per_block_ == 0 || tokens.size() > size_t(tokens_per_block_)) return kNone;
+  for (int32_t at = buckets_[bucket(key)]; at != kNone; at = bucket_next_[size_t(at)]) {
+    if (!(keys_[size_t(at)] == key)) continue;
+    // The hash is only the way in: the block's own tokens decide (a collision is a miss).
+    const int32_t* t = tokens_.data() + size_t(at) * size_t(tokens_per_block_);
+    if (!std::equal(tokens.begin(), tokens.end(), t)) return kNone;
+    if (tokens.size() < size_t(tokens_per_block_) && t[tokens.size()] != -1) return kNone;
+    if (refs_[size_t(at)] == 0) {  // revived from the cache
+      lru_remove(at);
+      ++in_use_;
+    }
+    ++refs_[size_t(at)];
+    return at;
+  }
+  return kNone;
+}
+
+const BlockKey* BlockPool::key_of(int32_t id) const {
+  return !keyed_.empty() && keyed_[size_t(id)] ? &keys_[size_t(id)] : nullptr;
+}
+
+std::span<const int32_t> BlockPool::tokens_of(int32_t id) const {
+  PTLLM_CHECK(key_of(id));
+  const int32_t* t = tokens_.data() + size_t(id) * size_t(tokens_per_block_);
+  size_t n = 0;
+  while (n < size_t(tokens_per_block_) && t[n] != -1) ++n;
+  return {t, n};
+}
+
+void BlockPool::unpublish(int32_t id) {
+  PTLLM_CHECK(refs_[size_t(id)] == 1);
+  if (key_of(id)) forget(id);
+}
+
+void BlockPool::unlink_bucket(int32_t id) {
+  int32_t* link = &buckets_[bucket(keys_[size_t(id)])];
+  while (*link != id) {
+    PTLLM_CHECK(*link != kNone);
+    link = &bucket_next_[size_t(*link)];
+  }
+  *link = bucket_next_[size_t(id)];
+  bucket_next_[size_t(id)] = kNone;
+}
+
+void BlockPool::forget(int32_t id) {
+  unlink_bucket(id);
+  keyed_[size_t(id)] = 0;
+}
+
+void BlockPool::lru_push_back(int32_t id) {
+  lru_prev_[size_t(id)] = lru_tail_;
+  lru_next_[size_t(id)] = kNone;
+  if (lru_tail_ != kNone) lru_next_[size_t(lru_tail_)] = id;
+  else lru_head_ = id;
+  lru_tail_ = id;
+  ++n_cached_;
+}
+
+void BlockPool::lru_remove(int32_t id) {
+  const int32_t p = lru_prev_[size_t(id)], n = lru_next_[size_t(id)];
+  if (p != kNone) lru_next_[size_t(p)] = n;
+  else lru_head_ = n;
+  if (n != kNone) lru_prev_[size_t(n)] = p;
+  else lru_tail_ = p;
+  --n_cached_;
 }
 
 }  // namespace ptllm

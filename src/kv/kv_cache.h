@@ -15,12 +15,15 @@
 // except K under PositionMode::Cache (a block at a time into a per-thread buffer, to be rotated).
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/error.h"
 #include "kv/block_pool.h"
 
 namespace ptllm {
@@ -71,10 +74,59 @@ struct KVShape {
   int kv_dim() const { return n_kv_heads * head_dim; }
 };
 
+// The blocks the sequences of one model and KV configuration draw from: full-precision blocks and
+// KIVI groups. Sequences on one pool share the blocks of their common prefixes: a full block is
+// published under its content key (KVCache::commit) and found by the next sequence that needs the
+// same content (KVCache::adopt_prefix). Running out is an ordinary outcome: KVCache::blocks_needed
+// tells before a step whether it fits (the engine checks; nothing is corrupted when it does not).
+class KVPool {
+ public:
+  // Room for `sequences` sequences at their worst case (ctx_size tokens each, or their StreamingLLM
+  // window), or, when budget_bytes > 0, as many blocks as fit that many bytes, split between
+  // full-precision blocks and KIVI groups in the proportion the worst case needs them.
+  // Throws ptllm::Error when the memory cannot be allocated, UsageError for a bad config.
+  KVPool(const KVShape& shape, const KVCacheConfig& cfg, int sequences, size_t budget_bytes = 0);
+  const KVShape& shape() const { return shape_; }
+  const KVCacheConfig& config() const { return cfg_; }
+  BlockPool& dense() { return dense_; }
+  BlockPool& quant() { return quant_; }
+  const BlockPool& dense() const { return dense_; }
+  const BlockPool& quant() const { return quant_; }
+  bool keyed() const { return keyed_; }
+  size_t physical_bytes() const { return dense_.physical_bytes() + quant_.physical_bytes(); }
+  // Bytes of the blocks referenced now (each once, however many sequences hold it).
+  size_t used_bytes() const { return dense_.in_use() * dense_.block_bytes() + quant_.in_use() * quant_.block_bytes(); }
+  // Bytes of the blocks more than one holder references (held once for all of them).
+  size_t shared_bytes() const;
+  // Blocks referenced now (both kinds).
+  size_t blocks_in_use() const { return dense_.in_use() + quant_.in_use(); }
+
+ private:
+  friend class KVCache;
+  KVPool(const KVShape& shape, const KVCacheConfig& cfg, size_t dense_blocks, size_t quant_blocks, bool keyed);
+  KVShape shape_;
+  KVCacheConfig cfg_;
+  bool keyed_;
+  BlockPool dense_, quant_;
+};
+
+// The shared pool has no room for a step, a rewind or an adoption: nothing was changed; the caller
+// waits, pauses a sequence or evicts one (the engine's choice).
+struct KVPoolFull : Error {
+  using Error::Error;
+};
+
+// Blocks one step would take at most from each pool.
+struct BlocksNeeded {
+  size_t dense = 0, quant = 0;
+};
+
 class KVCache {
  public:
   // Throws ptllm::Error when the capacity cannot be allocated, UsageError for a bad config.
-  KVCache(const KVShape& shape, const KVCacheConfig& cfg);
+  // pool: the shared pool to draw from (its shape and config must be these); null: a private one
+  // sized for this sequence's worst case, which never runs out.
+  KVCache(const KVShape& shape, const KVCacheConfig& cfg, KVPool* pool = nullptr);
   ~KVCache();
   KVCache(const KVCache&) = delete;
   KVCache& operator=(const KVCache&) = delete;
@@ -87,13 +139,24 @@ class KVCache {
   // Stores T new tokens of `layer`: k, v [T][n_kv_heads * head_dim]. T <= max_append().
   void append(int layer, const float* k, const float* v, int T);
   // Causal attention of the T tokens just appended to `layer`: query t (global index n_before + t)
-  // sees the sinks and its own window. q, out: [T][n_heads][head_dim]. Then applies the policy
-  // (eviction, quantization) for this layer.
+  // sees the sinks and its own window. q, out: [T][n_heads][head_dim]. Reads only: the policy runs
+  // after the step (end_step).
   void attend(int layer, const float* q, int T, int n_heads, float* out, ThreadPool& pool);
 
-  // Gives back blocks out of the window and quantizes full groups beyond the residual for `layer`
-  // (attend() does this after attention; exposed for benchmarks).
+  // Gives back blocks out of the window and quantizes full groups beyond the residual for `layer`.
   void apply_policy(int layer);
+  // After a step (every layer appended and attended), called by the engine: on a shared pool, the
+  // blocks the step filled are published under their content keys so that other sequences find
+  // them (history: every token fed so far); then the policy of every layer.
+  void end_step(std::span<const int32_t> history);
+  // On an empty cache: takes references to the pool's blocks for the longest prefix of `tokens`
+  // whose full blocks all layers hold (at least the last token is left to compute, so that its
+  // logits exist), exactly as computing them here would have left them. Returns the tokens adopted.
+  int64_t adopt_prefix(std::span<const int32_t> tokens);
+  // Blocks appending T tokens (and the policy after them) may take, at most.
+  BlocksNeeded blocks_needed(int T) const;
+  const KVPool& pool() const { return *pool_; }
+  bool shares_pool() const { return own_pool_ == nullptr; }
 
   // Largest T one append may take (prefill is fed in chunks of at most this).
   int max_append() const;
@@ -110,7 +173,7 @@ class KVCache {
   void clear();
 
   size_t logical_bytes() const;   // what attention reads for the stored tokens, scales included
-  size_t physical_bytes() const;  // what the pools hold allocated
+  size_t physical_bytes() const;  // what the pools hold allocated (a shared pool: all of it)
 
   // The stored state (every layer's bookkeeping and the bytes of every block in use), for the
   // prompt cache. deserialize() needs a fresh cache built with the same shape and config; it checks
@@ -129,14 +192,32 @@ class KVCache {
   Located locate(int layer, int64_t index) const;
   void quantize_block(Layer& L, size_t entry);
   void release_front(Layer& L);
+  void own_block(int32_t& id);
+  struct TokenBlock {
+    int64_t start;
+    int len;
+  };
+  TokenBlock token_block(size_t j) const;
+  int32_t block_of(const Layer& L, size_t j, bool* quantized) const;
+  struct Adopted {
+    int32_t id;
+    bool quantized;
+  };
+  size_t adoptable_blocks(std::span<const int32_t> tokens, std::vector<Adopted>& got);
+  bool adoption_exact(size_t m, const std::vector<Adopted>& got, size_t* to_quantize) const;
 
   KVShape shape_;
   KVCacheConfig cfg_;
   DType dense_;            // storage dtype of full-precision blocks
   int bits_ = 0;           // KIVI code bits (0: dense)
   size_t dense_token_bytes_;  // one token of one layer, K and V, all heads
-  BlockPool dense_pool_;
-  BlockPool quant_pool_;
+  std::unique_ptr<KVPool> own_pool_;  // a private pool (null when drawing from a shared one)
+  KVPool* pool_;
+  BlockPool& dense_pool_;
+  BlockPool& quant_pool_;
+  // Prefix keys: the chained key of the token blocks published so far (kv/prefix.cpp).
+  uint64_t chain_lo_ = 0, chain_hi_ = 0;
+  size_t n_keyed_ = 0;
   std::vector<Layer> layers_;
   std::vector<float> rope_cos_, rope_sin_;  // [delta][head_dim/2], PositionMode::Cache
   int max_delta_ = 0;

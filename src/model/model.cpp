@@ -1,5 +1,6 @@
 #include "model/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numbers>
@@ -137,9 +138,24 @@ void ensure(std::vector<float>& v, size_t n) {
 
 void Model::forward(std::span<const int32_t> tokens, int64_t pos0, KVCache& cache, ForwardState& st, float* logits,
                     bool all_logits, ThreadPool& pool) const {
+  const SequenceBatch one{&cache, tokens, pos0, logits, all_logits};
+  forward({&one, 1}, st, pool);
+}
+
+namespace {
+size_t rows_of(std::span<const SequenceBatch> batch) {
+  size_t T = 0;
+  for (const SequenceBatch& s : batch) T += s.tokens.size();
+  return T;
+}
+}  // namespace
+
+// The batch's T rows are its sequences' tokens one after another: row r of every buffer below is one
+// token. Everything but attention treats the rows alike, so each weight matrix is read once a step.
+void Model::forward(std::span<const SequenceBatch> batch, ForwardState& st, ThreadPool& pool) const {
   const ModelConfig& c = cfg_;
-  const int T = int(tokens.size());
-  const int H = c.hidden_size, I = c.intermediate_size, D = c.head_dim, half = D / 2;
+  const int T = int(rows_of(batch));
+  const int H = c.hidden_size, I = c.intermediate_size;
   PTLLM_CHECK(T > 0);
   if (st.capacity < T) {
     const size_t t = size_t(T);
@@ -151,62 +167,113 @@ void Model::forward(std::span<const int32_t> tokens, int64_t pos0, KVCache& cach
     ensure(st.att, t * size_t(c.q_dim()));
     ensure(st.gate, t * size_t(I));
     ensure(st.up, t * size_t(I));
-    ensure(st.cos, t * size_t(half));
-    ensure(st.sin, t * size_t(half));
+    ensure(st.cos, t * size_t(c.head_dim / 2));
+    ensure(st.sin, t * size_t(c.head_dim / 2));
     st.capacity = T;
   }
 
-  // Embeddings: x[t] = E[token[t]]
-  for (int t = 0; t < T; ++t) {
-    const int32_t id = tokens[size_t(t)];
-    if (id < 0 || id >= c.vocab_size)
-      throw Error("token id " + std::to_string(id) + " is outside the vocabulary (" + std::to_string(c.vocab_size) + ")");
-    weight_row(embed_, id, st.x.data() + size_t(t) * size_t(H));
-  }
-  // RoPE tables for the T positions, shared by every layer (unless the cache rotates at read).
-  for (int t = 0; t < T; ++t)
-    rope_cos_sin(inv_freq_.data(), half, pos0 + t, st.cos.data() + size_t(t) * size_t(half),
-                 st.sin.data() + size_t(t) * size_t(half));
+  // x[r] = E[token r]; the RoPE tables of every row's position, shared by every layer
+  embed_and_rope(batch, st);
 
   for (int li = 0; li < c.n_layers; ++li) {
     const LayerWeights& L = layers_[size_t(li)];
-    // Attention block: xn = norm(x); q, k, v projections; RoPE; cache; attention; x += o_proj(att)
-    for (int t = 0; t < T; ++t)
-      rmsnorm(st.x.data() + size_t(t) * size_t(H), L.attn_norm.data(), st.xn.data() + size_t(t) * size_t(H), H,
+    // Attention block: xn = norm(x); q, k, v projections; per sequence: RoPE, cache, attention;
+    // x += o_proj(att)
+    for (int r = 0; r < T; ++r)
+      rmsnorm(st.x.data() + size_t(r) * size_t(H), L.attn_norm.data(), st.xn.data() + size_t(r) * size_t(H), H,
               c.rms_norm_eps);
-    matmul(st.xn.data(), T, L.wq, bias_or_null(L.bq), st.q.data(), pool);
-    matmul(st.xn.data(), T, L.wk, bias_or_null(L.bk), st.k.data(), pool);
-    matmul(st.xn.data(), T, L.wv, bias_or_null(L.bv), st.v.data(), pool);
-    for (int t = 0; t < T && !cache.rotates_at_read(); ++t) {
-      const float* cs = st.cos.data() + size_t(t) * size_t(half);
-      const float* sn = st.sin.data() + size_t(t) * size_t(half);
-      rope_rotate(st.q.data() + size_t(t) * size_t(c.q_dim()), c.n_heads, D, cs, sn);
-      rope_rotate(st.k.data() + size_t(t) * size_t(c.kv_dim()), c.n_kv_heads, D, cs, sn);
-    }
-    cache.append(li, st.k.data(), st.v.data(), T);
-    cache.attend(li, st.q.data(), T, c.n_heads, st.att.data(), pool);
+    matmul(st.xn.data(), T, L.wq, bias_or_null(L.bq), st.q.data(), pool);  // q [T][q_dim]
+    matmul(st.xn.data(), T, L.wk, bias_or_null(L.bk), st.k.data(), pool);  // k [T][kv_dim]
+    matmul(st.xn.data(), T, L.wv, bias_or_null(L.bv), st.v.data(), pool);  // v [T][kv_dim]
+    attention(li, batch, st, pool);                                         // att [T][q_dim]
     matmul(st.att.data(), T, L.wo, bias_or_null(L.bo), st.xn.data(), pool);
     for (size_t i = 0; i < size_t(T) * size_t(H); ++i) st.x[i] += st.xn[i];
 
     // MLP block: x += down(silu(gate(norm(x))) * up(norm(x)))
-    for (int t = 0; t < T; ++t)
-      rmsnorm(st.x.data() + size_t(t) * size_t(H), L.mlp_norm.data(), st.xn.data() + size_t(t) * size_t(H), H,
+    for (int r = 0; r < T; ++r)
+      rmsnorm(st.x.data() + size_t(r) * size_t(H), L.mlp_norm.data(), st.xn.data() + size_t(r) * size_t(H), H,
               c.rms_norm_eps);
-    matmul(st.xn.data(), T, L.w_gate, bias_or_null(L.b_gate), st.gate.data(), pool);
-    matmul(st.xn.data(), T, L.w_up, bias_or_null(L.b_up), st.up.data(), pool);
+    matmul(st.xn.data(), T, L.w_gate, bias_or_null(L.b_gate), st.gate.data(), pool);  // [T][inter]
+    matmul(st.xn.data(), T, L.w_up, bias_or_null(L.b_up), st.up.data(), pool);        // [T][inter]
     silu_mul(st.gate.data(), st.up.data(), T * I);
     matmul(st.gate.data(), T, L.w_down, bias_or_null(L.b_down), st.xn.data(), pool);
     for (size_t i = 0; i < size_t(T) * size_t(H); ++i) st.x[i] += st.xn[i];
   }
 
-  // Final norm and LM head, for every position or the last one only (none when logits is null).
-  if (!logits) return;
-  const int first = all_logits ? 0 : T - 1;
-  const int n_out = T - first;
-  for (int t = first; t < T; ++t)
-    rmsnorm(st.x.data() + size_t(t) * size_t(H), final_norm_.data(), st.xn.data() + size_t(t - first) * size_t(H), H,
-            c.rms_norm_eps);
-  matmul(st.xn.data(), n_out, lm_head_, nullptr, logits, pool);
+  // Final norm and LM head, for the rows whose logits are wanted
+  lm_head(batch, st, pool);
+}
+
+void Model::embed_and_rope(std::span<const SequenceBatch> batch, ForwardState& st) const {
+  const ModelConfig& c = cfg_;
+  const int H = c.hidden_size, half = c.head_dim / 2;
+  size_t r = 0;
+  for (const SequenceBatch& s : batch)
+    for (size_t t = 0; t < s.tokens.size(); ++t, ++r) {
+      const int32_t id = s.tokens[t];
+      if (id < 0 || id >= c.vocab_size)
+        throw Error("token id " + std::to_string(id) + " is outside the vocabulary (" + std::to_string(c.vocab_size) +
+                    ")");
+      weight_row(embed_, id, st.x.data() + r * size_t(H));
+      rope_cos_sin(inv_freq_.data(), half, s.pos0 + int64_t(t), st.cos.data() + r * size_t(half),
+                   st.sin.data() + r * size_t(half));
+    }
+}
+
+// Each sequence's rows: q and k rotated at their positions (unless its cache rotates at read), k and
+// v appended to its cache, its queries attending over its cache.
+void Model::attention(int layer, std::span<const SequenceBatch> batch, ForwardState& st, ThreadPool& pool) const {
+  const ModelConfig& c = cfg_;
+  const int D = c.head_dim, half = D / 2;
+  const size_t qd = size_t(c.q_dim()), kvd = size_t(c.kv_dim());
+  size_t r0 = 0;
+  for (const SequenceBatch& s : batch) {
+    const int n = int(s.tokens.size());
+    for (int t = 0; t < n && !s.cache->rotates_at_read(); ++t) {
+      const size_t r = r0 + size_t(t);
+      const float* cs = st.cos.data() + r * size_t(half);
+      const float* sn = st.sin.data() + r * size_t(half);
+      rope_rotate(st.q.data() + r * qd, c.n_heads, D, cs, sn);
+      rope_rotate(st.k.data() + r * kvd, c.n_kv_heads, D, cs, sn);
+    }
+    s.cache->append(layer, st.k.data() + r0 * kvd, st.v.data() + r0 * kvd, n);
+    s.cache->attend(layer, st.q.data() + r0 * qd, n, c.n_heads, st.att.data() + r0 * qd, pool);
+    r0 += size_t(n);
+  }
+}
+
+// A sequence wants the logits of all its rows or of its last; one matmul computes them all. A lone
+// sequence gets them in place, several through st.logits.
+void Model::lm_head(std::span<const SequenceBatch> batch, ForwardState& st, ThreadPool& pool) const {
+  const ModelConfig& c = cfg_;
+  const int H = c.hidden_size;
+  const size_t vocab = size_t(c.vocab_size);
+  size_t r0 = 0, n_out = 0;
+  for (const SequenceBatch& s : batch) {
+    const size_t n = s.tokens.size();
+    if (s.logits)
+      for (size_t t = s.all_logits ? 0 : n - 1; t < n; ++t, ++n_out)
+        rmsnorm(st.x.data() + (r0 + t) * size_t(H), final_norm_.data(), st.xn.data() + n_out * size_t(H), H,
+                c.rms_norm_eps);
+    r0 += n;
+  }
+  if (n_out == 0) return;
+  if (batch.size() == 1) {
+    matmul(st.xn.data(), int(n_out), lm_head_, nullptr, batch[0].logits, pool);
+    return;
+  }
+  if (st.logit_capacity < int(n_out)) {
+    ensure(st.logits, n_out * vocab);
+    st.logit_capacity = int(n_out);
+  }
+  matmul(st.xn.data(), int(n_out), lm_head_, nullptr, st.logits.data(), pool);
+  const float* row = st.logits.data();
+  for (const SequenceBatch& s : batch) {
+    if (!s.logits) continue;
+    const size_t n = s.all_logits ? s.tokens.size() : 1;
+    std::copy_n(row, n * vocab, s.logits);
+    row += n * vocab;
+  }
 }
 
 }  // namespace ptllm

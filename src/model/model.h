@@ -25,10 +25,21 @@ struct LayerWeights {
   std::vector<float> b_gate, b_up, b_down;
 };
 
-// Activations of one forward call, sized for the largest T seen; reused so that decode
-// (T = 1) allocates nothing once warmed up.
+// One sequence's share of a forward call: its tokens at positions pos0, pos0+1, ..., appended to its
+// own cache. logits: [T][vocab] when all_logits, else [vocab] for the last token only; null: none.
+struct SequenceBatch {
+  KVCache* cache = nullptr;
+  std::span<const int32_t> tokens;
+  int64_t pos0 = 0;
+  float* logits = nullptr;
+  bool all_logits = false;
+};
+
+// Activations of one forward call over T rows (the tokens of every sequence of the batch, one after
+// another), sized for the largest T seen; reused so that decode allocates nothing once warmed up.
 struct ForwardState {
   int capacity = 0;
+  int logit_capacity = 0;
   std::vector<float> x;      // [T][hidden] residual stream
   std::vector<float> xn;     // [T][hidden] normalized
   std::vector<float> q;      // [T][q_dim]
@@ -36,6 +47,7 @@ struct ForwardState {
   std::vector<float> att;    // [T][q_dim]
   std::vector<float> gate, up;  // [T][inter]
   std::vector<float> cos, sin;  // [T][head_dim/2]
+  std::vector<float> logits;    // [rows wanted][vocab], batches of more than one sequence
 };
 
 class Model {
@@ -54,6 +66,10 @@ class Model {
   // logits: [T][vocab] when all_logits, else [vocab] for the last token only; null: not computed.
   void forward(std::span<const int32_t> tokens, int64_t pos0, KVCache& cache, ForwardState& st, float* logits,
                bool all_logits, ThreadPool& pool) const;
+  // The same for several sequences in one pass (each a distinct cache; any mix of decode tokens and
+  // prefill chunks, each at most its cache's max_append()): every weight matrix is read once for all
+  // their rows, attention runs per sequence over its own cache.
+  void forward(std::span<const SequenceBatch> batch, ForwardState& st, ThreadPool& pool) const;
 
  private:
   Model() = default;
@@ -67,6 +83,10 @@ class Model {
   std::vector<LayerWeights> layers_;
   std::vector<float> inv_freq_;  // [head_dim/2] RoPE frequencies
   std::vector<std::unique_ptr<float[]>> aligned_copies_;  // misaligned tensors, copied (rare)
+
+  void embed_and_rope(std::span<const SequenceBatch> batch, ForwardState& st) const;
+  void attention(int layer, std::span<const SequenceBatch> batch, ForwardState& st, ThreadPool& pool) const;
+  void lm_head(std::span<const SequenceBatch> batch, ForwardState& st, ThreadPool& pool) const;
 };
 
 // RoPE inverse frequencies for a config (default and llama3 scaling), as transformers computes them.

@@ -1,0 +1,25 @@
+#include "engine/runtime.h"
+
+#include <chrono>
+
+#include "core/error.h"
+
+namespace ptllm {
+
+namespace {
+int resolve(int threads) { return threads > 0 ? threads : ThreadPool::default_threads(); }
+}  // namespace
+
+Runtime::Runtime(const RuntimeConfig& cfg) : pool_(resolve(cfg.threads)) {
+  const auto t0 = std::chrono::steady_clock::now();
+  model_ = Model::load(cfg.model_dir);
+  if (cfg.tokenizer) tokenizer_.emplace(Tokenizer::load(cfg.model_dir));
+  load_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+const Tokenizer& Runtime::tokenizer() const {
+  PTLLM_CHECK(tokenizer_.has_value());
+  return *tokenizer_;
+}
+
+}  // namespace ptllm
