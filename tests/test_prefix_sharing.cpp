@@ -8,6 +8,8 @@
 
 #include "core/thread_pool.h"
 #include "engine/session.h"
+#include "engine/spill.h"
+#include "tokenizer/tokenizer.h"
 #include "kv/block_pool.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
@@ -226,6 +228,59 @@ TEST(SharedPool, RunningOutIsRefusedCleanly) {
   EXPECT_NO_THROW(a->feed({&next, 1}));
   a.reset();  // its blocks go back
   EXPECT_NO_THROW(b.feed(random(100)));
+}
+
+// A sequence spilled to disk gives its blocks back; restored on the same pool it goes on exactly as
+// if it had never left.
+TEST(SharedPool, SpilledSequenceResumesExactly) {
+  auto model = Model::load(test::repo_model("kjv-tiny"));
+  const Tokenizer tok = Tokenizer::load(test::repo_model("kjv-tiny"));
+  ThreadPool pool(2);
+  for (KVPrecision p : {KVPrecision::F32, KVPrecision::Int4}) {
+    SessionOptions o;
+    o.kv.precision = p;
+    o.kv.residual = 32;
+    o.kv.ctx_size = 512;
+    KVPool kv(model->kv_shape(), o.kv, 2);
+    const std::vector<int32_t> prompt = tok.encode("In the beginning God created the heaven and the earth.");
+    auto run = [&](Session& s, int steps, std::vector<int32_t>& ids) {
+      for (int i = 0; i < steps; ++i) {
+        ids.push_back(argmax(s.last_logits()));
+        s.feed({&ids.back(), 1});
+      }
+    };
+    std::vector<int32_t> straight, resumed;
+    {
+      Session s(*model, o, pool, &kv);
+      s.feed(prompt);
+      run(s, 80, straight);
+    }
+    test::TempDir dir;
+    const auto file = dir.path / "seq.kvcache";
+    const PromptCacheIdentity id = prompt_cache_identity(*model, tok, o.kv);
+    {
+      Session s(*model, o, pool, &kv);
+      s.feed(prompt);
+      run(s, 40, resumed);
+      EXPECT_GT(spill_session(s, id, file), 0u);
+    }
+    EXPECT_EQ(kv.dense().in_use() + kv.quant().in_use(), 0u);  // spilled: nothing held
+    Session back(*model, o, pool, &kv);
+    restore_session(back, id, file);
+    run(back, 40, resumed);
+    EXPECT_EQ(resumed, straight) << kv_precision_name(p);
+    // A file from other KV settings is refused by name, and the session stays empty.
+    SessionOptions other = o;
+    other.kv.residual = 64;
+    Session wrong(*model, other, pool);
+    try {
+      restore_session(wrong, prompt_cache_identity(*model, tok, other.kv), file);
+      ADD_FAILURE() << "restored a state saved with other settings";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(file.string()), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(wrong.position(), 0);
+  }
 }
 
 }  // namespace

@@ -30,6 +30,7 @@ struct BenchArgs {
   RuntimeOptions runtime;
   std::string parallel;   // "N[,N...]": sequences decoding together (empty: one, the classic bench)
   int shared_prefix = 0;  // --parallel: prompt tokens common to every sequence
+  int kv_budget_mb = 0;   // --parallel: the shared KV pool's size (0: every sequence's worst case)
 };
 
 std::vector<int> parse_parallel(const std::string& list) {
@@ -62,6 +63,7 @@ int run_parallel(BenchArgs& a, const Model& model, const SessionOptions& sopts, 
   pc.repeat = a.bench.repeat;
   pc.seed = a.bench.seed;
   pc.shared_prefix = a.shared_prefix;
+  pc.kv_budget_bytes = size_t(a.kv_budget_mb) << 20;
   if (pc.shared_prefix > pc.prompt_tokens)
     throw UsageError("--shared-prefix (" + std::to_string(pc.shared_prefix) + ") must be at most --prompt-tokens (" +
                      std::to_string(pc.prompt_tokens) + ")");
@@ -216,6 +218,9 @@ Command add_bench_command(CLI::App& root) {
   app->add_option("--shared-prefix", a->shared_prefix,
                   "With --parallel: prompt tokens common to every sequence (default 0)")
       ->check(CLI::NonNegativeNumber);
+  app->add_option("--kv-budget-mb", a->kv_budget_mb,
+                  "With --parallel: MiB of KV blocks shared by the sequences (default: room for each at its worst)")
+      ->check(CLI::Range(1, 1 << 20));
   add_runtime_options(*app, a->runtime);
   return {app, [a] { return run_bench_command(*a); }};
 }

@@ -118,14 +118,14 @@ struct ParallelRun {
 
 // n fresh sessions: each prompt fed alone (timed: its time to first token), then gen_tokens batched
 // greedy steps of all of them (timed).
-ParallelRun parallel_run(const Model& model, const SessionOptions& opts, ThreadPool& pool,
+ParallelRun parallel_run(const Model& model, const SessionOptions& opts, ThreadPool& pool, size_t budget,
                          const std::vector<std::vector<int32_t>>& prompts, int gen,
                          std::vector<std::unique_ptr<Session>>& sessions, std::unique_ptr<KVPool>& kv, ForwardState& st) {
   sessions.clear();  // the previous run's caches go before the next ones are allocated
   kv.reset();
   const size_t n = prompts.size();
   // One pool for all of them, room for each at its worst case: prefixes in common are held once.
-  kv = std::make_unique<KVPool>(model.kv_shape(), opts.kv, int(n));
+  kv = std::make_unique<KVPool>(model.kv_shape(), opts.kv, int(n), budget);
   for (size_t i = 0; i < n; ++i) sessions.push_back(std::make_unique<Session>(model, opts, pool, kv.get()));
   ParallelRun r;
   std::vector<int32_t> next(n);
@@ -167,13 +167,13 @@ ParallelBenchResult run_parallel_bench(const Model& model, const SessionOptions&
     p.insert(p.end(), tail.begin(), tail.end());
     prompts.push_back(std::move(p));
   }
+  std::unique_ptr<KVPool> kv;  // declared first: it outlives the sessions drawing from it
   std::vector<std::unique_ptr<Session>> sessions;
-  std::unique_ptr<KVPool> kv;
   ForwardState st;
   {  // Warm-up: the weights faulted in, the batch's buffers sized.
     std::vector<std::vector<int32_t>> few;
     for (const auto& p : prompts) few.emplace_back(p.begin(), p.begin() + std::min<ptrdiff_t>(8, ptrdiff_t(p.size())));
-    parallel_run(model, opts, pool, few, 2, sessions, kv, st);
+    parallel_run(model, opts, pool, cfg.kv_budget_bytes, few, 2, sessions, kv, st);
   }
   sessions.clear();
   kv.reset();
@@ -181,7 +181,7 @@ ParallelBenchResult run_parallel_bench(const Model& model, const SessionOptions&
   std::vector<double> decode, prefill;
   ParallelRun last;
   for (int i = 0; i < cfg.repeat; ++i) {
-    last = parallel_run(model, opts, pool, prompts, cfg.gen_tokens, sessions, kv, st);
+    last = parallel_run(model, opts, pool, cfg.kv_budget_bytes, prompts, cfg.gen_tokens, sessions, kv, st);
     decode.push_back(double(n) * cfg.gen_tokens / (last.decode_ms / 1000));
     prefill.push_back(double(n) * cfg.prompt_tokens / (last.prefill_ms / 1000));
   }

@@ -52,6 +52,7 @@ struct ParallelBenchConfig {
   int shared_prefix = 0;  // <= prompt_tokens
   int repeat = 1;         // runs; speeds are the median
   uint64_t seed = 1;
+  size_t kv_budget_bytes = 0;  // the shared pool's size (0: room for every sequence's worst case)
 };
 
 struct ParallelBenchResult {

@@ -1,6 +1,7 @@
 #include "model/model.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <numbers>
@@ -221,13 +222,21 @@ void Model::embed_and_rope(std::span<const SequenceBatch> batch, ForwardState& s
 }
 
 // Each sequence's rows: q and k rotated at their positions (unless its cache rotates at read), k and
-// v appended to its cache, its queries attending over its cache.
+// v appended to its cache, its queries attending over its cache. Several decoding sequences attend
+// side by side, one per thread (a nested parallel_for runs inline): one decode token's attention
+// over a short context is too little work to split, and one call per sequence would be as many
+// hand-offs to the pool. A token's output is the same either way (attention never depends on the
+// thread count).
 void Model::attention(int layer, std::span<const SequenceBatch> batch, ForwardState& st, ThreadPool& pool) const {
   const ModelConfig& c = cfg_;
   const int D = c.head_dim, half = D / 2;
   const size_t qd = size_t(c.q_dim()), kvd = size_t(c.kv_dim());
-  size_t r0 = 0;
-  for (const SequenceBatch& s : batch) {
+  constexpr size_t kMaxBatch = 256;
+  PTLLM_CHECK(batch.size() <= kMaxBatch);
+  std::array<size_t, kMaxBatch> row0;  // each sequence's first row
+  size_t r0 = 0, longest = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const SequenceBatch& s = batch[i];
     const int n = int(s.tokens.size());
     for (int t = 0; t < n && !s.cache->rotates_at_read(); ++t) {
       const size_t r = r0 + size_t(t);
@@ -236,9 +245,22 @@ void Model::attention(int layer, std::span<const SequenceBatch> batch, ForwardSt
       rope_rotate(st.q.data() + r * qd, c.n_heads, D, cs, sn);
       rope_rotate(st.k.data() + r * kvd, c.n_kv_heads, D, cs, sn);
     }
-    s.cache->append(layer, st.k.data() + r0 * kvd, st.v.data() + r0 * kvd, n);
-    s.cache->attend(layer, st.q.data() + r0 * qd, n, c.n_heads, st.att.data() + r0 * qd, pool);
+    s.cache->append(layer, st.k.data() + r0 * kvd, st.v.data() + r0 * kvd, n);  // the pools: one thread
+    row0[i] = r0;
     r0 += size_t(n);
+    longest = std::max(longest, size_t(n));
+  }
+  auto attend = [&](size_t i) {
+    const SequenceBatch& s = batch[i];
+    s.cache->attend(layer, st.q.data() + row0[i] * qd, int(s.tokens.size()), c.n_heads, st.att.data() + row0[i] * qd,
+                    pool);
+  };
+  if (batch.size() > 1 && longest <= 16) {
+    pool.parallel_for(batch.size(), [&](size_t b, size_t e) {
+      for (size_t i = b; i < e; ++i) attend(i);
+    });
+  } else {
+    for (size_t i = 0; i < batch.size(); ++i) attend(i);
   }
 }
 
