@@ -517,7 +517,7 @@ TEST(KVCacheStateTest, CorruptStateIsRejectedAndLeavesTheCacheEmpty) {
   EXPECT_TRUE(rejects(state.substr(0, state.size() - 1)));
   EXPECT_TRUE(rejects(state + "x"));
   std::string bad = state;
-  bad[4] = char(0x7f);  // begin no longer a multiple of the group size
+  bad[8] = char(0x7f);  // begin (after n_sink and window) no longer a multiple of the group size
   EXPECT_TRUE(rejects(bad));
   EXPECT_TRUE(rejects(""));
   KVCacheConfig other = h.cfg;

@@ -2,6 +2,7 @@
 // each with the message a user sees.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -75,6 +76,104 @@ TEST(ModelLoadTest, ConfigErrorsNameTheField) {
             std::string::npos);
   EXPECT_NE(err([](auto& j) { j["vocab_size"] = -5; }).find("'vocab_size' must be a positive integer"), std::string::npos);
   EXPECT_EQ(err([](auto&) {}), "(no error)");
+}
+
+// Per-layer attention kinds as transformers resolves them (config.cpp, parse_attention_kinds).
+TEST(ModelLoadTest, SlidingWindowsFromConfig) {
+  using K = AttentionKind;
+  const std::vector<K> full(3, K::Full), sliding(3, K::Sliding);
+  ModelConfig swa = ModelConfig::load(test::repo_dir() / "tests/data/mistral-swa-tiny/config.json");
+  EXPECT_EQ(swa.layer_kinds, sliding);
+  EXPECT_EQ(swa.sliding_window, 64);
+  EXPECT_EQ(swa.layer_windows(), std::vector<int>(3, 64));
+  for (const char* m : {"mistral-tiny", "qwen2-tiny", "kjv-tiny"}) {  // sliding_window null, or no window at all
+    ModelConfig c = ModelConfig::load(test::repo_model(m) / "config.json");
+    EXPECT_EQ(c.layer_windows(), std::vector<int>(size_t(c.n_layers), 0)) << m;
+    EXPECT_EQ(c.sliding_window, 0) << m;
+  }
+
+  auto mistral = test::read_json(test::repo_model("mistral-tiny") / "config.json");
+  auto qwen = test::read_json(test::repo_model("qwen2-tiny") / "config.json");
+  auto llama = test::read_json(test::repo_model("kjv-tiny") / "config.json");
+  auto windows = [](nlohmann::json j, const std::function<void(nlohmann::json&)>& edit) {
+    edit(j);
+    return ModelConfig::from_json(j, "config.json").layer_windows();
+  };
+  const std::vector<int> none(3, 0);
+  // Mistral: every layer, whatever layer_types says (MistralModel ignores it); absent: 4096.
+  EXPECT_EQ(windows(mistral, [](auto& j) { j["sliding_window"] = 16; }), std::vector<int>(3, 16));
+  EXPECT_EQ(windows(mistral, [](auto& j) { j.erase("sliding_window"); }), std::vector<int>(3, 4096));
+  EXPECT_EQ(windows(mistral, [](auto& j) {
+              j["sliding_window"] = 16;
+              j["layer_types"] = {"full_attention", "full_attention", "full_attention"};
+            }),
+            std::vector<int>(3, 16));
+  // Qwen2: only with use_sliding_window; layers >= max_window_layers (default 28) slide; layer_types wins.
+  EXPECT_EQ(windows(qwen, [](auto& j) { j["sliding_window"] = 16; }), none);  // use_sliding_window false
+  auto qwen_swa = [&](const std::function<void(nlohmann::json&)>& edit) {
+    return windows(qwen, [&](auto& j) {
+      j["use_sliding_window"] = true;
+      j["sliding_window"] = 16;
+      j.erase("layer_types");
+      edit(j);
+    });
+  };
+  EXPECT_EQ(qwen_swa([](auto& j) { j["max_window_layers"] = 1; }), (std::vector<int>{0, 16, 16}));
+  EXPECT_EQ(qwen_swa([](auto& j) { j["max_window_layers"] = 0; }), std::vector<int>(3, 16));
+  EXPECT_EQ(qwen_swa([](auto& j) { j["max_window_layers"] = 3; }), none);
+  EXPECT_EQ(qwen_swa([](auto& j) { j.erase("max_window_layers"); }), none);  // 28 >= 3 layers
+  EXPECT_EQ(qwen_swa([](auto& j) { j["layer_types"] = {"sliding_attention", "full_attention", "sliding_attention"}; }),
+            (std::vector<int>{16, 0, 16}));
+  EXPECT_EQ(qwen_swa([](auto& j) { j["sliding_window"] = nullptr; }), none);
+  EXPECT_EQ(qwen_swa([](auto& j) {
+              j.erase("sliding_window");
+              j["max_window_layers"] = 2;
+            }),
+            (std::vector<int>{0, 0, 4096}));
+  // Llama has no sliding attention (LlamaAttention ignores both keys).
+  EXPECT_EQ(windows(llama, [](auto& j) {
+              j["sliding_window"] = 16;
+              j["layer_types"] = {"sliding_attention", "sliding_attention", "sliding_attention", "sliding_attention"};
+            }),
+            std::vector<int>(4, 0));
+}
+
+TEST(ModelLoadTest, SlidingWindowErrorsNameTheField) {
+  auto mistral = test::read_json(test::repo_model("mistral-tiny") / "config.json");
+  auto qwen = test::read_json(test::repo_model("qwen2-tiny") / "config.json");
+  qwen["use_sliding_window"] = true;
+  qwen["sliding_window"] = 16;
+  auto err = [](nlohmann::json j, const std::function<void(nlohmann::json&)>& edit) {
+    edit(j);
+    try {
+      ModelConfig::from_json(j, "x/config.json");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  auto has = [](const std::string& msg, const std::string& part) {
+    return msg.find(part) != std::string::npos ? ::testing::AssertionSuccess()
+                                               : ::testing::AssertionFailure() << "'" << msg << "' lacks '" << part << "'";
+  };
+  EXPECT_TRUE(has(err(mistral, [](auto& j) { j["sliding_window"] = 0; }),
+                  "x/config.json: field 'sliding_window' must be a positive integer, got 0"));
+  EXPECT_TRUE(has(err(mistral, [](auto& j) { j["sliding_window"] = -64; }), "'sliding_window' must be a positive integer, got -64"));
+  EXPECT_TRUE(has(err(mistral, [](auto& j) { j["sliding_window"] = "64"; }), "'sliding_window' must be a positive integer"));
+  EXPECT_TRUE(has(err(qwen, [](auto& j) { j["sliding_window"] = 0; }), "'sliding_window' must be a positive integer"));
+  EXPECT_TRUE(has(err(qwen, [](auto& j) { j["layer_types"] = {"full_attention", "sliding_attention"}; }),
+                  "x/config.json: field 'layer_types' has 2 entries, num_hidden_layers is 3"));
+  EXPECT_TRUE(has(err(qwen, [](auto& j) { j["layer_types"] = {"full_attention", "chunked_attention", "full_attention"}; }),
+                  "field 'layer_types[1]' \"chunked_attention\" is not supported (supported: full_attention, sliding_attention)"));
+  EXPECT_TRUE(has(err(qwen, [](auto& j) { j["layer_types"] = {"full_attention", 7, "full_attention"}; }), "'layer_types[1]' 7 is not supported"));
+  EXPECT_TRUE(has(err(qwen, [](auto& j) { j["layer_types"] = "sliding_attention"; }), "field 'layer_types' must be a list"));
+  // layer_types is checked even where transformers does not read it.
+  EXPECT_TRUE(has(err(mistral, [](auto& j) { j["layer_types"] = {"full_attention"}; }), "'layer_types' has 1 entries"));
+  EXPECT_TRUE(has(err(qwen, [](auto& j) { j.erase("layer_types"); j["max_window_layers"] = -1; }),
+                  "field 'max_window_layers' must be a non-negative integer, got -1"));
+  EXPECT_TRUE(has(err(qwen, [](auto& j) { j["use_sliding_window"] = "yes"; }), "field 'use_sliding_window' must be true or false"));
+  EXPECT_EQ(err(qwen, [](auto&) {}), "(no error)");
+  EXPECT_EQ(err(mistral, [](auto&) {}), "(no error)");
 }
 
 TEST(ModelLoadTest, UnknownArchitectureIsAnError) {

@@ -141,7 +141,7 @@ TEST(PromptCacheFileTest, ErrorsNameTheProblem) {
   std::string bytes = small_file();
   std::string v1 = bytes;  // version 1 stored K codes in plain rows (before the tiles of k_code_offset)
   v1[8] = 1;
-  EXPECT_EQ(message(v1), "format version 1, this build reads version 2");
+  EXPECT_EQ(message(v1), "format version 1, this build reads version " + std::to_string(kPromptCacheVersion));
   EXPECT_EQ(message(bytes.substr(0, 100)).rfind("truncated: 100 bytes, the header says", 0), 0u);
   std::string flipped = bytes;
   flipped[bytes.size() / 2] ^= 0x10;
@@ -596,7 +596,7 @@ TEST(PromptCacheCliTest, DamagedFilesWarnOnceAndRunCold) {
       {"truncated: ", edit([](std::string& b) { b.resize(b.size() / 2); })},
       {"checksum mismatch", edit([](std::string& b) { b[b.size() / 3] ^= 0x40; })},
       {"checksum mismatch", edit([](std::string& b) { b[b.size() - 1] ^= 0x01; })},
-      {"format version 7, this build reads version 2", edit([](std::string& b) { b[8] = 7; })},
+      {"format version 7, this build reads version 3", edit([](std::string& b) { b[8] = 7; })},
       {"truncated: 0 bytes", edit([](std::string& b) { b.clear(); })},
       {"not a prompt-cache file", edit([](std::string& b) { b = std::string(4096, 'x'); })},
       {"written for model qwen2-tiny",

@@ -178,7 +178,8 @@ int run_sample(SampleArgs& a) {
     const KVCache& kv = session.cache();
     std::string stored = "stored " + std::to_string(kv.n_stored()) + " tokens";
     if (kv.n_stored() != kv.n_tokens())
-      stored = "stored " + std::to_string(kv.n_stored()) + " of " + std::to_string(kv.n_tokens()) + " (StreamingLLM cap)";
+      stored = "stored " + std::to_string(kv.n_stored()) + " of " + std::to_string(kv.n_tokens()) +
+               (kv.config().streaming() ? " (StreamingLLM cap)" : " (sliding window)");
     std::fprintf(stderr, "kv cache: %s, %s, logical %s, physical %s (%s%s)\n", sopts.kv.describe().c_str(),
                  stored.c_str(), format_bytes(kv.logical_bytes()).c_str(), format_bytes(kv.physical_bytes()).c_str(),
                  sopts.kv.preallocate ? "preallocated" : "on demand",

@@ -208,6 +208,9 @@ PromptCacheIdentity prompt_cache_identity(const Model& model, const Tokenizer& t
   h.field("sink", kv.sink);
   h.field("window", kv.window);
   h.field("positions", position_mode_name(kv.positions));
+  // The windows decide what is stored (config.json's bytes already differ; this is the key saying so).
+  if (shape.any_window())
+    for (int w : shape.layer_window) h.field("layer window", int64_t(w));
   id.config_key = h.digest();
   return id;
 }
@@ -286,13 +289,13 @@ PromptCacheLoad PromptCache::prefill(Session& session, std::span<const int32_t> 
   PromptCacheLoad load;
   const int64_t N = int64_t(prompt.size());
   load.prompt = N;
-  const KVCacheConfig& kv = session.options().kv;
   // Which cached prefixes can be extended into exactly the state of a cold prefill (docs/prompt-cache.md):
-  // KIVI and StreamingLLM apply their policy between fed chunks, which a cold prefill feeds at multiples of
-  // max_append() from position 0: only a prefix on that grid gives the same sequence of forward calls.
+  // KIVI, StreamingLLM and sliding layers apply their policy between fed chunks, which a cold prefill
+  // feeds at multiples of max_append() from position 0: only a prefix on that grid gives the same
+  // sequence of forward calls.
   // A dense cache has no policy, and its rows do not depend on how the prompt was split as long as
   // both pieces are long enough for the batched matmul path (ops.cpp uses a gemv below 5 rows).
-  const int64_t grid = (kv.streaming() || is_kivi(kv.precision)) ? session.cache().max_append() : 1;
+  const int64_t grid = session.cache().has_policy() ? session.cache().max_append() : 1;
 
   bool dir_ok = opts_.file.empty() && !opts_.dir.empty();
   if (dir_ok) {

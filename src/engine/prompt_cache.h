@@ -42,7 +42,7 @@ struct PromptCacheIdentity {
   KVCacheConfig kv;
   // SHA-256 over the architecture, config.json's bytes, name, size and mtime of every weight file,
   // size and mtime of this executable and its SIMD target (they decide the rounding), the tokenizer
-  // fingerprint, the shape above and every KV setting.
+  // fingerprint, the shape above, the layers' sliding windows (when any) and every KV setting.
   Digest config_key{};
 };
 
@@ -62,7 +62,8 @@ std::filesystem::path sidecar_path(const std::filesystem::path& kvcache);
 //   u16+model_name  u16+arch_name                                                 (header_bytes)
 //   i32 ids[n_ids]  f32 logits[vocab]  kv_state[kv_bytes]                         (body)
 //   u64 XXH3-64 over every byte before it
-inline constexpr uint32_t kPromptCacheVersion = 2;
+// 3: each layer's state names its sliding window (KVCache::serialize).
+inline constexpr uint32_t kPromptCacheVersion = 3;
 
 struct CacheFile {
   uint32_t version = kPromptCacheVersion;

@@ -83,6 +83,10 @@ std::string KVCacheConfig::describe() const {
   return s;
 }
 
+bool KVShape::any_window() const {
+  return std::any_of(layer_window.begin(), layer_window.end(), [](int w) { return w > 0; });
+}
+
 size_t kivi_block_bytes_per_head(int G, int D, int bits) {
   return 2 * size_t(G) * packed_bytes(D, bits) + 2 * sizeof(uint16_t) * size_t(D) + 2 * sizeof(uint16_t) * size_t(G);
 }
@@ -156,6 +160,8 @@ constexpr int kChunk = 64;
 struct KVCache::Layer {
   std::vector<int32_t> sinks;  // dense blocks holding the first n_sink tokens
   int n_sink = 0;
+  int native = 0;              // the model's sliding window (0: full attention)
+  int window = 0;              // stream tokens a query sees, itself included (0: all): native and/or StreamingLLM's
   Ring stream;                 // blocks of the tokens after the sinks, oldest first
   size_t n_quant = 0;          // the first n_quant entries of `stream` are quantized
   int64_t begin = 0;           // stream index of the first slot of stream[0] (a multiple of B)
@@ -175,13 +181,16 @@ struct Bounds {
   size_t sink_blocks, dense_stream_blocks, quant_blocks;
 };
 
-Bounds block_bounds(const KVCacheConfig& c, int chunk) {
+// One layer's blocks; window: its stream window (0: none); bounded: at most ctx_size tokens are
+// ever appended.
+Bounds block_bounds(const KVCacheConfig& c, int chunk, int window, bool bounded) {
   const int B = c.group_size;
   Bounds b{};
   b.sink_blocks = c.streaming() ? ceil_div(c.sink, B) : 0;
   // Stream tokens held while a chunk attends: its window (M - 1 before the first query), the chunk,
   // up to B - 1 masked tokens of a partly evicted block, and one block of alignment slack.
-  const size_t window_blocks = c.streaming() ? ceil_div(int64_t(c.window) + chunk + B - 2, B) + 1 : ceil_div(c.ctx_size, B);
+  size_t window_blocks = window > 0 ? ceil_div(int64_t(window) + chunk + B - 2, B) + 1 : ceil_div(c.ctx_size, B);
+  if (bounded) window_blocks = std::min(window_blocks, ceil_div(c.ctx_size, B));
   if (is_kivi(c.precision)) {
     b.dense_stream_blocks = std::min(window_blocks, ceil_div(int64_t(c.residual) + B - 1 + chunk, B) + 1);
     b.quant_blocks = window_blocks;
@@ -206,12 +215,35 @@ KVPool::KVPool(const KVShape& shape, const KVCacheConfig& cfg, size_t dense_bloc
              quant_blocks, cfg.preallocate, keyed ? cfg.group_size : 0) {}
 
 namespace {
-// Per sequence, worst case: full-precision blocks and KIVI groups.
+// Prefill chunk: bounded when a policy (StreamingLLM, KIVI, a sliding layer) limits the
+// full-precision blocks a batched pass may hold.
+int chunk_for(const KVShape& shape, const KVCacheConfig& c) {
+  return (c.streaming() || is_kivi(c.precision) || shape.any_window()) ? kChunk : c.ctx_size;
+}
+// Without StreamingLLM the context is limited by ctx_size unless every layer forgets what leaves its
+// window; a window wider than ctx_size never slides within it, so that limit stays.
+bool unbounded_for(const KVShape& shape, const KVCacheConfig& c) {
+  bool all_slide = true;
+  for (int l = 0; l < shape.n_layers; ++l) all_slide = all_slide && shape.window_of(l) > 0 && shape.window_of(l) <= c.ctx_size;
+  return c.streaming() || all_slide;
+}
+// Stream tokens a query of layer l sees, itself included (0: all): the layer's own window, StreamingLLM's,
+// or the narrower of the two.
+int stream_window(const KVShape& shape, const KVCacheConfig& c, int l) {
+  const int native = shape.window_of(l);
+  return native > 0 && c.streaming() ? std::min(native, c.window) : std::max(native, c.window);
+}
+// Per sequence, worst case: full-precision blocks and KIVI groups, over every layer.
 std::pair<size_t, size_t> blocks_per_sequence(const KVShape& shape, const KVCacheConfig& c) {
-  const int chunk = (c.streaming() || is_kivi(c.precision)) ? kChunk : c.ctx_size;
-  const Bounds b = block_bounds(c, chunk);
-  const size_t L = size_t(shape.n_layers);
-  return {L * (b.sink_blocks + b.dense_stream_blocks), L * b.quant_blocks};
+  const int chunk = chunk_for(shape, c);
+  const bool bounded = !unbounded_for(shape, c);
+  size_t dense = 0, quant = 0;
+  for (int l = 0; l < shape.n_layers; ++l) {
+    const Bounds b = block_bounds(c, chunk, stream_window(shape, c, l), bounded);
+    dense += b.sink_blocks + b.dense_stream_blocks;
+    quant += b.quant_blocks;
+  }
+  return {dense, quant};
 }
 }  // namespace
 
@@ -262,29 +294,46 @@ KVCache::KVCache(const KVShape& shape, const KVCacheConfig& cfg, KVPool* pool)
       quant_pool_(pool_->quant_) {
   cfg_.validate();
   PTLLM_CHECK(shape.n_layers > 0 && shape.n_kv_heads > 0 && shape.head_dim > 0 && shape.head_dim % 2 == 0);
+  PTLLM_CHECK(shape.layer_window.empty() || int(shape.layer_window.size()) == shape.n_layers);
   if (pool)
     PTLLM_CHECK(pool->cfg_.describe() == cfg_.describe() && pool->cfg_.ctx_size == cfg_.ctx_size &&
-                pool->shape_.n_layers == shape.n_layers && pool->shape_.kv_dim() == shape.kv_dim());
-  chunk_ = (cfg_.streaming() || bits_ > 0) ? kChunk : cfg_.ctx_size;
+                pool->shape_.n_layers == shape.n_layers && pool->shape_.kv_dim() == shape.kv_dim() &&
+                pool->shape_.layer_window == shape.layer_window);
+  windows_ = shape.any_window();
+  chunk_ = chunk_for(shape, cfg_);
   const int B = cfg_.group_size;
-  const Bounds b = block_bounds(cfg_, chunk_);
-  const size_t L = size_t(shape.n_layers);
-  if (own_pool_) {
-    dense_pool_ = BlockPool(size_t(B) * dense_token_bytes_, L * (b.sink_blocks + b.dense_stream_blocks), cfg_.preallocate);
-    if (bits_ > 0)
-      quant_pool_ = BlockPool(size_t(shape.n_kv_heads) * kivi_block_bytes_per_head(B, shape.head_dim, bits_),
-                              L * b.quant_blocks, cfg_.preallocate);
-  }
-  layers_.resize(L);
-  for (auto& layer : layers_) {
+  unbounded_ = unbounded_for(shape, cfg_);
+  layers_.resize(size_t(shape.n_layers));
+  size_t dense_blocks = 0, quant_blocks = 0;
+  for (int l = 0; l < shape.n_layers; ++l) {
+    Layer& layer = layers_[size_t(l)];
+    layer.native = shape.window_of(l);
+    layer.window = stream_window(shape, cfg_, l);
+    const Bounds b = block_bounds(cfg_, chunk_, layer.window, !unbounded_);
     layer.sinks.reserve(b.sink_blocks);
     layer.stream = Ring(b.dense_stream_blocks + b.quant_blocks);
+    dense_blocks += b.sink_blocks + b.dense_stream_blocks;
+    quant_blocks += b.quant_blocks;
+  }
+  if (own_pool_) {
+    dense_pool_ = BlockPool(size_t(B) * dense_token_bytes_, dense_blocks, cfg_.preallocate);
+    if (bits_ > 0)
+      quant_pool_ = BlockPool(size_t(shape.n_kv_heads) * kivi_block_bytes_per_head(B, shape.head_dim, bits_),
+                              quant_blocks, cfg_.preallocate);
   }
   if (rotates_at_read()) {
-    // Distances a query can have to a key: within the window (or the context), or to a sink.
+    // Distances a query can have to a key: within the window (or the context), or to a sink; a
+    // sliding layer sees every key, sinks too, at its true distance, less than its window.
     // Plus a block: attention rotates a block's keys by their slot in the block and the query by
     // its distance to the block's first slot, which may be before the first key it sees.
-    max_delta_ = (cfg_.streaming() ? cfg_.sink + cfg_.window + chunk_ : cfg_.ctx_size) + cfg_.group_size;
+    const int64_t full = (cfg_.streaming() ? cfg_.sink + cfg_.window + chunk_ : cfg_.ctx_size) + B;
+    int64_t most = 0;
+    for (const Layer& layer : layers_) {
+      int64_t d = layer.native > 0 ? int64_t(layer.native) + chunk_ + B : full;
+      if (!unbounded_) d = std::min<int64_t>(d, int64_t(cfg_.ctx_size) + B);
+      most = std::max(most, d);
+    }
+    max_delta_ = int(most);
     const int half = shape.head_dim / 2;
     PTLLM_CHECK(int(shape.rope_inv_freq.size()) == half);
     rope_cos_.resize(size_t(max_delta_) * size_t(half));
@@ -298,11 +347,11 @@ KVCache::KVCache(const KVShape& shape, const KVCacheConfig& cfg, KVPool* pool)
 KVCache::~KVCache() { clear(); }  // a shared pool gets every reference back
 
 int KVCache::max_append() const {
-  if (cfg_.streaming() || bits_ > 0) return chunk_;
+  if (has_policy()) return chunk_;
   return int(std::max<int64_t>(0, int64_t(cfg_.ctx_size) - n_tokens()));
 }
 
-bool KVCache::fits(int64_t more) const { return cfg_.streaming() || n_tokens() + more <= cfg_.ctx_size; }
+bool KVCache::fits(int64_t more) const { return unbounded_ || n_tokens() + more <= cfg_.ctx_size; }
 
 int64_t KVCache::n_tokens() const {
   const Layer& L = layers_.back();
@@ -310,9 +359,14 @@ int64_t KVCache::n_tokens() const {
 }
 
 int KVCache::n_stored() const {
-  const Layer& L = layers_.back();
-  const int64_t stream = cfg_.streaming() ? std::min<int64_t>(L.end, cfg_.window) : L.end;
-  return int(L.n_sink + stream);
+  int64_t most = 0;
+  for (const Layer& L : layers_) most = std::max(most, L.n_sink + (L.window > 0 ? std::min<int64_t>(L.end, L.window) : L.end));
+  return int(most);
+}
+
+int64_t KVCache::held_tokens(int layer) const {
+  const Layer& L = layers_[size_t(layer)];
+  return L.n_sink + L.end - L.begin;
 }
 
 void KVCache::append(int layer, const float* k, const float* v, int T) {
@@ -462,6 +516,7 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
   const int B = cfg_.group_size, D = shape_.head_dim, H = shape_.n_kv_heads, half = D / 2;
   const int N = cfg_.sink, M = cfg_.window;
   const bool stream_mode = cfg_.streaming();
+  const int64_t win = L.window, native = L.native;
   const bool rotate = rotates_at_read();
   const float scale = 1.0f / std::sqrt(float(D));
   const int64_t n_total = L.n_sink + L.end;
@@ -473,16 +528,18 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
   const int group = n_heads / H;
   const size_t state_floats = State::floats(group, D);
 
-  // What query t sees: sinks [0, n_sink_vis), stream indices [lo, si] (none when si < lo).
+  // What query t sees: sinks [sink_lo, n_sink_vis) (none when empty), stream indices [lo, si] (none
+  // when si < lo). A sliding layer sees a sink only while it is within its window (the intersection
+  // with what StreamingLLM keeps).
   struct Visible {
-    int64_t n_sink_vis, lo, si;
+    int64_t sink_lo, n_sink_vis, lo, si;
   };
   auto visible = [&](int t) {
     const int64_t i = n_before + t;  // global index of the query
-    Visible v{std::min<int64_t>(L.n_sink, i + 1), 0, -1};
+    Visible v{native > 0 ? std::max<int64_t>(0, i - native + 1) : 0, std::min<int64_t>(L.n_sink, i + 1), 0, -1};
     if (i >= L.n_sink) {
       v.si = i - L.n_sink;
-      v.lo = stream_mode ? std::max<int64_t>(0, v.si - M + 1) : 0;
+      v.lo = win > 0 ? std::max<int64_t>(0, v.si - win + 1) : 0;
       PTLLM_CHECK(v.lo >= L.begin);
     }
     return v;
@@ -501,7 +558,7 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
   };
   auto sees_part = [&](int t, int part) {
     const Visible v = visible(t);
-    if (part == 0) return v.n_sink_vis > 0;
+    if (part == 0) return v.n_sink_vis > v.sink_lo;
     int64_t a, b;
     part_range(v, part, a, b);
     return a <= b;
@@ -652,10 +709,14 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
     };
 
     Visible v[kTile];
-    int64_t q_slot[kTile];  // the query's slot in the cache: its index, capped once the window is full
+    // The query's slot in the cache: its index, capped once StreamingLLM's window is full. Not on a
+    // sliding layer: its keys are all within its window, where cache slots and indices are the same
+    // distance apart, and a sink it sees keeps its true distance too (the one the model was trained on).
+    int64_t q_slot[kTile];
+    const bool cap_slot = stream_mode && native == 0;
     for (int i = 0; i < nt; ++i) {
       v[i] = visible(t0 + i);
-      q_slot[i] = stream_mode ? std::min<int64_t>(n_before + t0 + i, int64_t(N) + M - 1) : n_before + t0 + i;
+      q_slot[i] = cap_slot ? std::min<int64_t>(n_before + t0 + i, int64_t(N) + M - 1) : n_before + t0 + i;
     }
     // Queries [i0, i1) of the tile that see some of a block: an interval, since both ends of the
     // visible range grow with the query index.
@@ -679,17 +740,18 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
     size_t nb = 0;
     auto collect = [&] {
       if (part == 0) {
-        // Sinks: global indices [0, n_sink_vis), cache slot = index.
+        // Sinks: global indices [sink_lo, n_sink_vis), cache slot = index.
         int64_t n_sink = 0;
         for (int i = 0; i < nt; ++i) {
+          const bool any = v[i].sink_lo < v[i].n_sink_vis;
           n_sink = std::max(n_sink, v[i].n_sink_vis);
-          c0[i] = 0;
-          c1[i] = int(v[i].n_sink_vis);
+          c0[i] = any ? int(v[i].sink_lo) : 0;
+          c1[i] = any ? int(v[i].n_sink_vis) : 0;
         }
         for (int64_t s0 = 0; s0 < n_sink; s0 += B) {
           WalkBlock& k = walk.blocks[nb];
           for (int i = 0; i < nt; ++i) {
-            k.a[i] = 0;
+            k.a[i] = int(std::clamp<int64_t>(v[i].sink_lo - s0, 0, B));
             k.b[i] = int(std::clamp<int64_t>(v[i].n_sink_vis - s0, 0, B));
             k.delta0[i] = q_slot[i] - s0;
           }
@@ -941,9 +1003,9 @@ void KVCache::quantize_block(Layer& L, size_t entry) {
 void KVCache::apply_policy(int layer) {
   Layer& L = layers_[size_t(layer)];
   const int B = cfg_.group_size;
-  // StreamingLLM: give back blocks whose every token is out of the last query's window.
-  if (cfg_.streaming()) {
-    const int64_t lo = L.end - cfg_.window;
+  // StreamingLLM or a sliding layer: give back blocks whose every token is out of the last query's window.
+  if (L.window > 0) {
+    const int64_t lo = L.end - L.window;
     while (!L.stream.empty() && L.begin + B <= lo) release_front(L);
   }
   // KIVI: the residual keeps at least R recent tokens; each full group beyond them is quantized.
@@ -965,7 +1027,7 @@ int64_t KVCache::rewind_floor() const {
     if (L.begin == 0 && L.n_quant == 0) continue;
     // Not into quantized or evicted tokens, and the next query's window must still be stored.
     int64_t f = L.n_sink + L.begin + int64_t(L.n_quant) * cfg_.group_size;
-    if (cfg_.streaming() && L.begin > 0) f = std::max<int64_t>(f, L.n_sink + L.begin + cfg_.window - 1);
+    if (L.window > 0 && L.begin > 0) f = std::max<int64_t>(f, L.n_sink + L.begin + L.window - 1);
     floor = std::max(floor, f);
   }
   return floor;
@@ -1027,8 +1089,10 @@ size_t KVCache::logical_bytes() const {
   const int B = cfg_.group_size, D = shape_.head_dim, H = shape_.n_kv_heads;
   size_t total = 0;
   for (const Layer& L : layers_) {
-    total += size_t(L.n_sink) * dense_token_bytes_;
-    const int64_t lo = cfg_.streaming() ? std::max<int64_t>(0, L.end - cfg_.window) : 0;
+    // The sinks and stream tokens the last query saw.
+    const int64_t sink_lo = L.native > 0 ? std::max<int64_t>(0, L.n_sink + L.end - L.native) : 0;
+    total += size_t(std::max<int64_t>(0, L.n_sink - sink_lo)) * dense_token_bytes_;
+    const int64_t lo = L.window > 0 ? std::max<int64_t>(0, L.end - L.window) : 0;
     for (size_t e = 0; e < L.stream.size(); ++e) {
       const int64_t first = L.begin + int64_t(e) * B;
       const int64_t visible = std::max<int64_t>(0, std::min<int64_t>(first + B, L.end) - std::max(first, lo));
@@ -1173,10 +1237,11 @@ bool KVCache::adoption_exact(size_t m, const std::vector<Adopted>& got, size_t* 
   const size_t L = layers_.size();
   const size_t n_sink_blocks = ceil_div(cfg_.streaming() ? cfg_.sink : 0, B);
   const int64_t E = m > n_sink_blocks ? int64_t(m - n_sink_blocks) * B : 0;  // stream tokens
-  const int64_t k0 = cfg_.streaming() ? std::max<int64_t>(0, (E - cfg_.window) / B) : 0;  // evicted
-  const int64_t want = bits_ ? std::max<int64_t>(0, (E - k0 * B - cfg_.residual) / B) : 0;
   *to_quantize = 0;
   for (size_t l = 0; l < L; ++l) {
+    const int64_t w = layers_[l].window;
+    const int64_t k0 = w > 0 ? std::max<int64_t>(0, (E - w) / B) : 0;  // blocks its window evicts
+    const int64_t want = bits_ ? std::max<int64_t>(0, (E - k0 * B - cfg_.residual) / B) : 0;
     int64_t q = 0;
     for (size_t j = n_sink_blocks; j < m; ++j) q += got[j * L + l].quantized ? 1 : 0;
     const int64_t kept = std::max<int64_t>(0, q - k0);
@@ -1229,8 +1294,9 @@ int64_t KVCache::adopt_prefix(std::span<const int32_t> tokens) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Serialization: per layer {n_sink i32, begin i64, end i64, n_quant u32, n_sink_blocks u32,
-// n_entries u32}, then the sink blocks, then per stream entry {quantized u8, block bytes}.
+// Serialization: per layer {n_sink i32, window i32 (the model's sliding window, 0: full attention),
+// begin i64, end i64, n_quant u32, n_sink_blocks u32, n_entries u32}, then the sink blocks, then per
+// stream entry {quantized u8, block bytes}.
 // Little-endian, exact block sizes (the pool's alignment padding is not written).
 
 
@@ -1239,6 +1305,7 @@ void KVCache::serialize(std::string& out) const {
   const size_t quant_bytes = bits_ ? size_t(shape_.n_kv_heads) * kivi_block_bytes_per_head(cfg_.group_size, shape_.head_dim, bits_) : 0;
   for (const Layer& L : layers_) {
     put_bytes<int32_t>(out, L.n_sink);
+    put_bytes<int32_t>(out, L.native);
     put_bytes<int64_t>(out, L.begin);
     put_bytes<int64_t>(out, L.end);
     put_bytes<uint32_t>(out, uint32_t(L.n_quant));
@@ -1266,12 +1333,16 @@ void KVCache::deserialize(std::string_view in) {
     int64_t tokens = -1;
     for (Layer& L : layers_) {
       const int32_t n_sink = r.get<int32_t>();
+      // Another model's windows would leave blocks this one's attention reads, or needs, missing.
+      if (r.get<int32_t>() != L.native) throw Error("KV state was written for a model with other sliding windows");
       const int64_t begin = r.get<int64_t>(), end = r.get<int64_t>();
       const uint32_t n_quant = r.get<uint32_t>(), n_sink_blocks = r.get<uint32_t>(), n_entries = r.get<uint32_t>();
       const bool ok = n_sink >= 0 && n_sink <= (cfg_.streaming() ? cfg_.sink : 0) && begin >= 0 && begin % B == 0 &&
                       begin <= end && n_sink_blocks == ceil_div(n_sink, B) && n_entries == ceil_div(end - begin, B) &&
                       n_entries <= L.stream.capacity() && n_quant <= n_entries && (bits_ > 0 || n_quant == 0) && (tokens < 0 || tokens == n_sink + end) &&
-                      (cfg_.streaming() || n_sink + end <= cfg_.ctx_size);
+                      (unbounded_ || n_sink + end <= cfg_.ctx_size) &&
+                      // the next query's window must still be stored (rewind_floor)
+                      (begin == 0 || (L.window > 0 && begin <= end - L.window + 1));
       if (!ok) throw Error("KV state has inconsistent block counts");
       tokens = n_sink + end;
       for (uint32_t b = 0; b < n_sink_blocks; ++b) {

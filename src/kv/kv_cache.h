@@ -7,7 +7,9 @@
 //   [ quantized blocks: KIVI codes + scales, G = B tokens each ]                  (KIVI only)
 //   [ residual blocks: the most recent tokens, full precision ]
 // Dense block layout: K [kv_head][token][head_dim], then V the same.
-// Policy: after each attention call, blocks entirely out of the StreamingLLM window are given back
+// Each layer has a stream window (0: none): the model's sliding window (KVShape::layer_window),
+// StreamingLLM's, or the narrower of the two when both apply (docs/kv-cache.md "Per-layer windows").
+// Policy: after each attention call, blocks entirely out of the layer's window are given back
 // and the residual's oldest full groups beyond R tokens are quantized (K per channel with scales
 // computed once, V per token). Nothing stored is ever moved to make room.
 // Attention is computed here, over the blocks, with an online softmax; quantized blocks are read
@@ -71,7 +73,12 @@ struct KVShape {
   int n_kv_heads = 0;
   int head_dim = 0;
   std::vector<float> rope_inv_freq;  // [head_dim/2], needed by PositionMode::Cache
+  // [n_layers] the model's sliding window of each layer in tokens (query i sees keys j with
+  // i - W < j <= i), 0 = full attention; empty = every layer full.
+  std::vector<int> layer_window{};  // (braces: aggregate initializers may leave it out without a warning)
   int kv_dim() const { return n_kv_heads * head_dim; }
+  int window_of(int layer) const { return layer_window.empty() ? 0 : layer_window[size_t(layer)]; }
+  bool any_window() const;
 };
 
 // The blocks the sequences of one model and KV configuration draw from: full-precision blocks and
@@ -160,11 +167,18 @@ class KVCache {
 
   // Largest T one append may take (prefill is fed in chunks of at most this).
   int max_append() const;
-  // Whether `more` tokens fit (always, under StreamingLLM).
+  // Whether `more` tokens fit (always under StreamingLLM, and when every layer slides within ctx_size).
   bool fits(int64_t more) const;
-  // Tokens appended so far (the position counter), and tokens attention sees now.
+  // Whether the policy evicts or quantizes between appends (StreamingLLM, KIVI or a sliding layer),
+  // so that how a prompt is cut into appends changes what is stored (the prompt cache's grid).
+  bool has_policy() const { return cfg_.streaming() || bits_ > 0 || windows_; }
+  // Tokens appended so far (the position counter), and tokens attention sees now (the most any layer
+  // sees: a sliding layer sees its window).
   int64_t n_tokens() const;
   int n_stored() const;
+  // Tokens `layer` holds in its blocks now (the sinks and the stream from its first block's first
+  // slot, masked ones included): what its memory grows with.
+  int64_t held_tokens(int layer) const;
 
   // Rewinds to the first n tokens. Possible down to rewind_floor(): tokens already evicted or
   // quantized cannot be restored; below it, throws ptllm::Error and changes nothing.
@@ -222,6 +236,8 @@ class KVCache {
   std::vector<float> rope_cos_, rope_sin_;  // [delta][head_dim/2], PositionMode::Cache
   int max_delta_ = 0;
   int chunk_ = 0;
+  bool windows_ = false;    // some layer slides
+  bool unbounded_ = false;  // no context limit: StreamingLLM, or every layer slides within ctx_size
 };
 
 // Bytes a quantized block of G tokens takes for one KV head: codes for K and V, f16 scale and zero

@@ -1,5 +1,6 @@
 #include "model/config.h"
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -85,7 +86,85 @@ void parse_rope(const Reader& r, ModelConfig& c) {
   }
 }
 
+// transformers' default sliding_window for Mistral and Qwen2 when config.json does not have the key.
+constexpr int kDefaultSlidingWindow = 4096;
+
+// layer_types (transformers 5): one "full_attention" / "sliding_attention" per layer. Checked for
+// every architecture that carries it, read only where transformers reads it (Qwen2).
+std::vector<AttentionKind> parse_layer_types(const Reader& r, int n_layers) {
+  const json& lt = r.j["layer_types"];
+  if (!lt.is_array()) r.bad("layer_types", "must be a list of \"full_attention\" / \"sliding_attention\", got " + lt.dump());
+  if (lt.size() != size_t(n_layers))
+    r.bad("layer_types", "has " + std::to_string(lt.size()) + " entries, num_hidden_layers is " + std::to_string(n_layers));
+  std::vector<AttentionKind> kinds;
+  for (size_t i = 0; i < lt.size(); ++i) {
+    const std::string key = "layer_types[" + std::to_string(i) + "]";
+    if (lt[i] == "full_attention")
+      kinds.push_back(AttentionKind::Full);
+    else if (lt[i] == "sliding_attention")
+      kinds.push_back(AttentionKind::Sliding);
+    else
+      r.bad(key, lt[i].dump() + " is not supported (supported: full_attention, sliding_attention)");
+  }
+  return kinds;
+}
+
+// sliding_window: a positive number of tokens; null: none; absent: transformers' default.
+std::optional<int> parse_window(const Reader& r) {
+  if (!r.j.contains("sliding_window")) return kDefaultSlidingWindow;
+  if (r.j["sliding_window"].is_null()) return std::nullopt;
+  return r.positive_int("sliding_window");
+}
+
+// Which layers slide, as transformers decides it:
+// - Llama: none (LlamaAttention has no window).
+// - Mistral: every layer when sliding_window is set (MistralModel applies config.sliding_window to
+//   all layers and ignores layer_types).
+// - Qwen2 (Qwen2Config.__post_init__): sliding_window counts only with use_sliding_window (default
+//   false); layer_types, when absent, is "sliding_attention" for layers i >= max_window_layers
+//   (default 28) and "full_attention" below. A layer listed as sliding with no window is full.
+void parse_attention_kinds(const Reader& r, ModelConfig& c) {
+  std::vector<AttentionKind> listed;
+  if (r.has("layer_types")) listed = parse_layer_types(r, c.n_layers);
+  std::optional<int> window;
+  switch (c.arch) {
+    case Architecture::Llama:
+      break;
+    case Architecture::Mistral:
+      window = parse_window(r);
+      if (window) listed.assign(size_t(c.n_layers), AttentionKind::Sliding);
+      break;
+    case Architecture::Qwen2: {
+      if (!r.boolean("use_sliding_window", false)) break;
+      window = parse_window(r);
+      if (!window || !listed.empty()) break;
+      int max_window_layers = 28;
+      if (r.has("max_window_layers")) {
+        const json& v = r.j["max_window_layers"];
+        if (!v.is_number_integer() || v.get<long long>() < 0 || v.get<long long>() > (1LL << 31) - 1)
+          r.bad("max_window_layers", "must be a non-negative integer, got " + v.dump());
+        max_window_layers = v.get<int>();
+      }
+      for (int i = 0; i < c.n_layers; ++i)
+        listed.push_back(i >= max_window_layers ? AttentionKind::Sliding : AttentionKind::Full);
+      break;
+    }
+  }
+  c.layer_kinds.assign(size_t(c.n_layers), AttentionKind::Full);
+  if (!window) return;
+  c.layer_kinds = listed;
+  const bool any = std::find(listed.begin(), listed.end(), AttentionKind::Sliding) != listed.end();
+  c.sliding_window = any ? *window : 0;
+}
+
 }  // namespace
+
+std::vector<int> ModelConfig::layer_windows() const {
+  std::vector<int> w(size_t(n_layers), 0);
+  for (size_t i = 0; i < layer_kinds.size() && i < w.size(); ++i)
+    if (layer_kinds[i] == AttentionKind::Sliding) w[i] = sliding_window;
+  return w;
+}
 
 ModelConfig ModelConfig::from_json(const json& j, const std::string& file) {
   if (!j.is_object()) throw Error(file + ": not a JSON object");
@@ -139,6 +218,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& file) {
       break;
   }
   parse_rope(r, c);
+  parse_attention_kinds(r, c);
   if (r.has("dtype") && j["dtype"].is_string())
     c.dtype = j["dtype"].get<std::string>();
   else if (r.has("torch_dtype") && j["torch_dtype"].is_string())

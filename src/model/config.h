@@ -12,6 +12,9 @@ namespace ptllm {
 
 enum class Architecture { Llama, Mistral, Qwen2 };
 enum class RopeType { Default, Llama3 };
+// transformers' layer_types: causal attention over every earlier position, or over the last
+// sliding_window positions only (query i sees keys j with i - sliding_window < j <= i).
+enum class AttentionKind { Full, Sliding };
 
 struct RopeConfig {
   RopeType type = RopeType::Default;
@@ -43,9 +46,15 @@ struct ModelConfig {
   std::string dtype;  // torch_dtype / dtype, informational
   std::optional<int> bos_token_id;
   std::vector<int> eos_token_ids;
+  // Per-layer attention, as transformers resolves it for the architecture (config.cpp,
+  // parse_attention_kinds): [n_layers] kinds, and the window of the Sliding ones (0: no layer slides).
+  std::vector<AttentionKind> layer_kinds;
+  int sliding_window = 0;
 
   int q_dim() const { return n_heads * head_dim; }
   int kv_dim() const { return n_kv_heads * head_dim; }
+  // [n_layers] each layer's window in tokens, 0 for full attention (what KVShape::layer_window takes).
+  std::vector<int> layer_windows() const;
 
   // Throws ptllm::Error naming the file and the field.
   static ModelConfig from_json(const nlohmann::json& j, const std::string& file);

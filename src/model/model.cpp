@@ -121,7 +121,9 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
   return m;
 }
 
-KVShape Model::kv_shape() const { return KVShape{cfg_.n_layers, cfg_.n_kv_heads, cfg_.head_dim, inv_freq_}; }
+KVShape Model::kv_shape() const {
+  return KVShape{cfg_.n_layers, cfg_.n_kv_heads, cfg_.head_dim, inv_freq_, cfg_.layer_windows()};
+}
 
 size_t Model::weight_bytes() const {
   size_t n = 0;
