@@ -319,6 +319,125 @@ class Progress {
   Clock::time_point start_ = Clock::now(), last_ = Clock::now();
 };
 
+// What the report prints, from a finished evaluation.
+struct EvalReport {
+  const EvalArgs& a;
+  const Evaluator& ev;
+  const GreedyResult& greedy;
+  std::vector<ConfigSummary> sums;
+  std::string model, mode;
+  size_t fed = 0;
+  int threads = 0;
+};
+
+std::string report_json(const EvalReport& r) {
+  const EvalArgs& a = r.a;
+  const Evaluator& ev = r.ev;
+  const GreedyResult& greedy = r.greedy;
+  const std::vector<ConfigSummary>& sums = r.sums;
+  const double base_nll = mean(ev.baseline_nll());
+  const std::vector<NllBucket> base_buckets = nll_buckets(ev.positions(), ev.baseline_nll());
+  auto greedy_mean = [&](size_t k) { return mean(greedy.pct[k]); };
+  const std::string& mode = r.mode;
+  const size_t fed = r.fed;
+  nlohmann::json j;
+  j["model"] = r.model;
+  j["text"] = a.text_file;
+  j["mode"] = mode;
+  j["streams"] = ev.streams();
+  j["tokens"] = ev.positions().size();
+  j["tokens_fed"] = fed;
+  if (a.ppl_chunks > 0)
+    j["ppl_chunk_tokens"] = a.ppl_chunks;
+  else
+    j["feed"] = {{"prefill", a.plan.prefill}, {"chunk", a.plan.chunk}};
+  j["threads"] = r.threads;
+  j["baseline"] = {{"name", "fp32 full cache"}, {"mean_nll", base_nll}, {"ppl", std::exp(base_nll)},
+                   {"ppl_stderr", ppl_error(ev.baseline_nll())},
+                   {"buckets", buckets_json(base_buckets)}, {"seconds", ev.baseline_seconds()}};
+  j["configs"] = nlohmann::json::array();
+  for (size_t k = 0; k < sums.size(); ++k) {
+    const ConfigRecord& c = ev.configs()[k];
+    const ConfigSummary& s = sums[k];
+    nlohmann::json o = {{"name", c.spec.name},
+                        {"mean_nll", s.mean_nll},
+                        {"ppl", s.ppl},
+                        {"ppl_stderr", ppl_error(c.nll)},
+                        {"delta_nll", s.delta_nll},
+                        {"delta_ppl_pct", s.delta_ppl_pct},
+                        {"kl_mean", s.kl_mean},
+                        {"kl_median", s.kl_median},
+                        {"kl_p99", s.kl_p99},
+                        {"kl_max", s.kl_max},
+                        {"top1_agreement", s.top1_agreement},
+                        {"buckets", buckets_json(s.buckets)},
+                        {"kv_logical_bytes", c.kv_logical_bytes},
+                        {"kv_physical_bytes", c.kv_physical_bytes},
+                        {"stored_tokens", c.stored_tokens},
+                        {"seconds", c.seconds}};
+    if (!greedy.prompts.empty()) {
+      o["greedy_match_pct"] = greedy_mean(k);
+      o["greedy_match_pct_per_prompt"] = greedy.pct[k];
+    }
+    j["configs"].push_back(std::move(o));
+  }
+  if (!greedy.prompts.empty()) {
+    j["greedy_prompts"] = greedy.prompts;
+    j["greedy_tokens"] = a.greedy_tokens;
+  }
+  return j.dump(2) + "\n";
+}
+
+std::string report_table(const EvalReport& r) {
+  const EvalArgs& a = r.a;
+  const Evaluator& ev = r.ev;
+  const GreedyResult& greedy = r.greedy;
+  const std::vector<ConfigSummary>& sums = r.sums;
+  const double base_nll = mean(ev.baseline_nll());
+  const std::vector<NllBucket> base_buckets = nll_buckets(ev.positions(), ev.baseline_nll());
+  auto greedy_mean = [&](size_t k) { return mean(greedy.pct[k]); };
+  const std::string& mode = r.mode;
+  const size_t fed = r.fed;
+  std::string out = fmt("baseline (fp32, full cache): PPL %.4f ± %.5f, mean NLL %.4f over %zu predictions in %zu %s\n\n",
+                        std::exp(base_nll), ppl_error(ev.baseline_nll()), base_nll, ev.positions().size(), ev.streams(),
+                        mode == "ppl-chunks" ? "chunks" : mode == "documents" ? "documents" : "stream");
+  std::vector<std::vector<std::string>> rows = {{"config", "PPL", "mean NLL", "ΔPPL", "KL mean", "KL median",
+                                                 "KL p99", "KL max", "top-1", "stored", "KV logical",
+                                                 "KV physical", "tok/s"}};
+  for (size_t k = 0; k < sums.size(); ++k) {
+    const ConfigRecord& c = ev.configs()[k];
+    const ConfigSummary& s = sums[k];
+    rows.push_back({c.spec.name, fmt("%.4f ± %.5f", s.ppl, ppl_error(c.nll)), fmt("%.4f", s.mean_nll), fmt("%+.3f%%", s.delta_ppl_pct),
+                    fmt("%.6f", s.kl_mean), fmt("%.6f", s.kl_median), fmt("%.6f", s.kl_p99), fmt("%.6f", s.kl_max),
+                    fmt("%.2f%%", 100 * s.top1_agreement), std::to_string(c.stored_tokens),
+                    format_bytes(c.kv_logical_bytes), format_bytes(c.kv_physical_bytes),
+                    fmt("%.1f", double(fed) / c.seconds)});
+  }
+  out += format_table(rows) + "\nmean NLL by position\n";
+  rows = {{"config"}};
+  for (const auto& b : base_buckets) rows[0].push_back(bucket_label(b));
+  rows.push_back({"baseline"});
+  for (const auto& b : base_buckets) rows.back().push_back(fmt("%.4f", b.mean_nll));
+  for (size_t k = 0; k < sums.size(); ++k) {
+    rows.push_back({ev.configs()[k].spec.name});
+    for (const auto& b : sums[k].buckets) rows.back().push_back(fmt("%.4f", b.mean_nll));
+  }
+  out += format_table(rows);
+  if (!greedy.prompts.empty()) {
+    out += fmt("\ngreedy prefix match vs the baseline, %d tokens per prompt\n", a.greedy_tokens);
+    rows = {{"prompt"}};
+    for (const auto& c : ev.configs()) rows[0].push_back(c.spec.name);
+    for (size_t p = 0; p < greedy.prompts.size(); ++p) {
+      rows.push_back({greedy.prompts[p]});
+      for (const auto& pct : greedy.pct) rows.back().push_back(fmt("%.1f%%", pct[p]));
+    }
+    rows.push_back({"mean"});
+    for (size_t k = 0; k < greedy.pct.size(); ++k) rows.back().push_back(fmt("%.1f%%", greedy_mean(k)));
+    out += format_table(rows);
+  }
+  return out;
+}
+
 int run_eval(EvalArgs& a) {
   const auto t_start = Clock::now();
   if (a.runtime.no_cache)
@@ -357,99 +476,10 @@ int run_eval(EvalArgs& a) {
   GreedyResult greedy;
   if (!greedy_prompts.empty()) greedy = run_greedy(a, std::move(greedy_prompts), *model, tok, specs, pool);
 
-  std::vector<ConfigSummary> sums;
-  for (const auto& c : ev.configs()) sums.push_back(summarize(c, ev));
-  const double base_nll = mean(ev.baseline_nll());
-  const std::vector<NllBucket> base_buckets = nll_buckets(ev.positions(), ev.baseline_nll());
-  auto greedy_mean = [&](size_t k) { return mean(greedy.pct[k]); };
-
-  if (a.json) {
-    nlohmann::json j;
-    j["model"] = dir.string();
-    j["text"] = a.text_file;
-    j["mode"] = mode;
-    j["streams"] = ev.streams();
-    j["tokens"] = ev.positions().size();
-    j["tokens_fed"] = fed;
-    if (a.ppl_chunks > 0)
-      j["ppl_chunk_tokens"] = a.ppl_chunks;
-    else
-      j["feed"] = {{"prefill", a.plan.prefill}, {"chunk", a.plan.chunk}};
-    j["threads"] = pool.size();
-    j["baseline"] = {{"name", "fp32 full cache"}, {"mean_nll", base_nll}, {"ppl", std::exp(base_nll)},
-                     {"ppl_stderr", ppl_error(ev.baseline_nll())},
-                     {"buckets", buckets_json(base_buckets)}, {"seconds", ev.baseline_seconds()}};
-    j["configs"] = nlohmann::json::array();
-    for (size_t k = 0; k < sums.size(); ++k) {
-      const ConfigRecord& c = ev.configs()[k];
-      const ConfigSummary& s = sums[k];
-      nlohmann::json o = {{"name", c.spec.name},
-                          {"mean_nll", s.mean_nll},
-                          {"ppl", s.ppl},
-                          {"ppl_stderr", ppl_error(c.nll)},
-                          {"delta_nll", s.delta_nll},
-                          {"delta_ppl_pct", s.delta_ppl_pct},
-                          {"kl_mean", s.kl_mean},
-                          {"kl_median", s.kl_median},
-                          {"kl_p99", s.kl_p99},
-                          {"kl_max", s.kl_max},
-                          {"top1_agreement", s.top1_agreement},
-                          {"buckets", buckets_json(s.buckets)},
-                          {"kv_logical_bytes", c.kv_logical_bytes},
-                          {"kv_physical_bytes", c.kv_physical_bytes},
-                          {"stored_tokens", c.stored_tokens},
-                          {"seconds", c.seconds}};
-      if (!greedy.prompts.empty()) {
-        o["greedy_match_pct"] = greedy_mean(k);
-        o["greedy_match_pct_per_prompt"] = greedy.pct[k];
-      }
-      j["configs"].push_back(std::move(o));
-    }
-    if (!greedy.prompts.empty()) {
-      j["greedy_prompts"] = greedy.prompts;
-      j["greedy_tokens"] = a.greedy_tokens;
-    }
-    std::printf("%s\n", j.dump(2).c_str());
-  } else {
-    std::string out = fmt("baseline (fp32, full cache): PPL %.4f ± %.5f, mean NLL %.4f over %zu predictions in %zu %s\n\n",
-                          std::exp(base_nll), ppl_error(ev.baseline_nll()), base_nll, ev.positions().size(), ev.streams(),
-                          mode == "ppl-chunks" ? "chunks" : mode == "documents" ? "documents" : "stream");
-    std::vector<std::vector<std::string>> rows = {{"config", "PPL", "mean NLL", "ΔPPL", "KL mean", "KL median",
-                                                   "KL p99", "KL max", "top-1", "stored", "KV logical",
-                                                   "KV physical", "tok/s"}};
-    for (size_t k = 0; k < sums.size(); ++k) {
-      const ConfigRecord& c = ev.configs()[k];
-      const ConfigSummary& s = sums[k];
-      rows.push_back({c.spec.name, fmt("%.4f ± %.5f", s.ppl, ppl_error(c.nll)), fmt("%.4f", s.mean_nll), fmt("%+.3f%%", s.delta_ppl_pct),
-                      fmt("%.6f", s.kl_mean), fmt("%.6f", s.kl_median), fmt("%.6f", s.kl_p99), fmt("%.6f", s.kl_max),
-                      fmt("%.2f%%", 100 * s.top1_agreement), std::to_string(c.stored_tokens),
-                      format_bytes(c.kv_logical_bytes), format_bytes(c.kv_physical_bytes),
-                      fmt("%.1f", double(fed) / c.seconds)});
-    }
-    out += format_table(rows) + "\nmean NLL by position\n";
-    rows = {{"config"}};
-    for (const auto& b : base_buckets) rows[0].push_back(bucket_label(b));
-    rows.push_back({"baseline"});
-    for (const auto& b : base_buckets) rows.back().push_back(fmt("%.4f", b.mean_nll));
-    for (size_t k = 0; k < sums.size(); ++k) {
-      rows.push_back({ev.configs()[k].spec.name});
-      for (const auto& b : sums[k].buckets) rows.back().push_back(fmt("%.4f", b.mean_nll));
-    }
-    out += format_table(rows);
-    if (!greedy.prompts.empty()) {
-      out += fmt("\ngreedy prefix match vs the baseline, %d tokens per prompt\n", a.greedy_tokens);
-      rows = {{"prompt"}};
-      for (const auto& c : ev.configs()) rows[0].push_back(c.spec.name);
-      for (size_t p = 0; p < greedy.prompts.size(); ++p) {
-        rows.push_back({greedy.prompts[p]});
-        for (const auto& pct : greedy.pct) rows.back().push_back(fmt("%.1f%%", pct[p]));
-      }
-      rows.push_back({"mean"});
-      for (size_t k = 0; k < greedy.pct.size(); ++k) rows.back().push_back(fmt("%.1f%%", greedy_mean(k)));
-      out += format_table(rows);
-    }
-    std::fwrite(out.data(), 1, out.size(), stdout);
-  }
+  EvalReport report{a, ev, greedy, {}, dir.string(), mode, fed, pool.size()};
+  for (const auto& c : ev.configs()) report.sums.push_back(summarize(c, ev));
+  const std::string out = a.json ? report_json(report) : report_table(report);
+  std::fwrite(out.data(), 1, out.size(), stdout);
   std::fflush(stdout);
 
   if (!a.plot.empty())
