@@ -191,35 +191,51 @@ TEST(CliHabitsSample, ModelAndLoadLinesComeBeforeTheText) {
   EXPECT_NE(footer, std::string::npos);
 }
 
+// `posttrainllm sample ARGS...` in a child process, stdout and stderr to files.
+pid_t spawn_sample(const std::vector<std::string>& args, const std::filesystem::path& out,
+                   const std::filesystem::path& err) {
+  const pid_t pid = fork();
+  if (pid != 0) return pid;
+  dup2(open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644), 1);
+  dup2(open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644), 2);
+  std::vector<std::string> all = {"posttrainllm", "sample"};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  execv(test::binary().c_str(), argv.data());
+  _exit(127);
+}
+
+std::string slurp(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Waits (at most 60 s) until `ready` holds.
+template <typename F>
+void wait_for(F ready) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!ready() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+}
+
 // Ctrl-C during the generation: the text so far, the footer, exit code 130.
 TEST(CliHabitsSample, CtrlCEndsTheGenerationAndPrintsTheFooter) {
   test::TempDir tmp;
   const auto out = tmp.path / "out", err = tmp.path / "err";
-  const pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    dup2(open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644), 1);
-    dup2(open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644), 2);
-    execl(test::binary().c_str(), "posttrainllm", "sample", "-p", "In the beginning", "-n", "100000000",
-          "--ignore-eos", "--temperature", "0", "--streaming-llm-sink", "4", "--streaming-llm-window", "60",
-          "--threads", "1", static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  auto written = [&] {  // 0 until the child has created the file (file_size gives -1 on an error)
+  const pid_t pid = spawn_sample({"-p", "In the beginning", "-n", "100000000", "--ignore-eos", "--temperature", "0",
+                                  "--streaming-llm-sink", "4", "--streaming-llm-window", "60", "--threads", "1"},
+                                 out, err);
+  ASSERT_GT(pid, 0);
+  wait_for([&] {  // the generation has begun (file_size is -1 until the child creates the file)
     std::error_code ec;
     const auto n = std::filesystem::file_size(out, ec);
-    return ec ? 0 : n;
-  };
-  while (written() < 200 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return !ec && n >= 200;
+  });
   kill(pid, SIGINT);
   int status = 0;
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
-  auto slurp = [](const std::filesystem::path& p) {
-    std::ifstream in(p);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  };
   const std::string e = slurp(err);
   ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status) << "\n" << e;
   EXPECT_EQ(WEXITSTATUS(status), 130) << e;
@@ -227,6 +243,31 @@ TEST(CliHabitsSample, CtrlCEndsTheGenerationAndPrintsTheFooter) {
   EXPECT_TRUE(has(e, "stopped: interrupted (Ctrl-C)")) << e;
   EXPECT_TRUE(has(e, "decode: ")) << e;
   EXPECT_TRUE(has(e, "kv cache: fp32 sink4 w60")) << e;
+}
+
+// A second Ctrl-C ends the process at once: here both come during the prefill of a 140 KB prompt
+// (seconds long), which the first cannot stop.
+TEST(CliHabitsSample, ASecondCtrlCEndsTheProcess) {
+  test::TempDir tmp;
+  std::string text;
+  while (text.size() < 140 * 1024) text += "In the beginning God created the heaven and the earth. ";
+  const auto prompt = write_file(tmp.path / "big.txt", text);
+  const auto out = tmp.path / "out", err = tmp.path / "err";
+  const pid_t pid = spawn_sample({"-f", prompt.string(), "-n", "5", "--streaming-llm-sink", "4",
+                                  "--streaming-llm-window", "252", "--threads", "1"},
+                                 out, err);
+  ASSERT_GT(pid, 0);
+  wait_for([&] { return has(slurp(err), "load: "); });  // the handler is set up right after this line
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  kill(pid, SIGINT);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, WNOHANG), 0) << "the first Ctrl-C ended the process\n" << slurp(err);
+  kill(pid, SIGINT);
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(status)) << "exit code " << WEXITSTATUS(status) << "\n" << slurp(err);
+  EXPECT_EQ(WTERMSIG(status), SIGINT);
+  EXPECT_FALSE(has(slurp(err), "stopped:"));
 }
 
 // ---- every command: values, help, version, unknown commands ------------------------------------
