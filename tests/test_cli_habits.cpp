@@ -346,11 +346,16 @@ TEST(CliHabitsCommands, VersionNamesTheProjectAndTheBuild) {
       << r.out;
   EXPECT_TRUE(has(r.out, "build, ")) << r.out;
   EXPECT_TRUE(has(r.out, "kernels ")) << r.out;
+  auto sub = test::run_command(cli("sample --version"));
+  EXPECT_EQ(sub.code, 0);
+  EXPECT_EQ(sub.out, r.out);
 }
 
 TEST(CliHabitsCommands, UnknownCommandsAreNamed) {
   expect_usage_error({"foo", "unknown command 'foo' (the commands: sample, tokenize, eval, cache, bench, make-model)"});
   expect_usage_error({"cache foo /tmp", "unknown command 'cache foo' (the commands: cache ls, cache inspect, cache prune)"});
+  expect_usage_error({"", "give a command: sample, tokenize, eval, cache, bench, make-model"});
+  expect_usage_error({"cache", "give a command: cache ls, cache inspect, cache prune"});
   expect_usage_error({"sample -p x --no-such-flag", "The following argument was not expected: --no-such-flag"});
 }
 

@@ -314,6 +314,8 @@ std::vector<std::string> preprocess_args(const CLI::App& root, int argc, char** 
     cmd = sub;
     words += args[i] + " ";
   }
+  if (i == args.size() && cmd->get_require_subcommand_min() > 0)
+    throw UsageError("give a command: " + command_list(*cmd, words) + " (--help says what each does)");
   for (; i < args.size() && args[i] != "--"; ++i)
     if (args[i].starts_with('-')) args[i] = rewrite_arg(*cmd, args[i]);
   return args;
