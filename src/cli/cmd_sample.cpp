@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/generation.h"
 #include "cli/options.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -106,36 +107,6 @@ class StepRate {
   double first_s_ = 0;
 };
 
-// llama.cpp's -e: \n \r \t \' \" \\ and \xHH in the prompt (and the stop strings) become the characters.
-std::string process_escapes(const std::string& in) {
-  std::string out;
-  for (size_t i = 0; i < in.size(); ++i) {
-    if (in[i] != '\\' || i + 1 == in.size()) {
-      out += in[i];
-      continue;
-    }
-    const char c = in[++i];
-    switch (c) {
-      case 'n': out += '\n'; break;
-      case 'r': out += '\r'; break;
-      case 't': out += '\t'; break;
-      case '\'': out += '\''; break;
-      case '"': out += '"'; break;
-      case '\\': out += '\\'; break;
-      default:
-        if (c == 'x' && i + 2 < in.size() && std::isxdigit((unsigned char)in[i + 1]) &&
-            std::isxdigit((unsigned char)in[i + 2])) {
-          out += char(std::stoi(in.substr(i + 1, 2), nullptr, 16));
-          i += 2;
-        } else {
-          out += '\\';
-          out += c;  // unknown escapes stay as written
-        }
-    }
-  }
-  return out;
-}
-
 // The prompt text: --prompt, or -f FILE ("-" = standard input) without its final newline (as llama.cpp).
 std::string read_prompt(const SampleArgs& a) {
   if (a.prompt_opt->count() == 0 && a.file_opt->count() == 0)
@@ -156,84 +127,6 @@ std::string read_prompt(const SampleArgs& a) {
   return a.escape ? process_escapes(text) : text;
 }
 
-// Holds back generated text that could be the start of a stop string, so what is printed never
-// holds one and ends where the first stop string begins (llama.cpp's stop/antiprompt handling).
-class StopText {
- public:
-  explicit StopText(std::vector<std::string> stops) : stops_(std::move(stops)) {}
-  // Appends a piece of generated text; returns the text now safe to print.
-  std::string push(const std::string& piece) {
-    pending_ += piece;
-    size_t first = std::string::npos;
-    for (const std::string& s : stops_) {
-      const size_t at = pending_.find(s);
-      if (at < first) first = at, found_ = s;
-    }
-    if (first != std::string::npos) {
-      stopped_ = true;
-      std::string out = pending_.substr(0, first);
-      pending_.clear();
-      return out;
-    }
-    size_t hold = 0;  // the longest end of pending_ that begins a stop string
-    for (const std::string& s : stops_)
-      for (size_t k = std::min(s.size() - 1, pending_.size()); k > hold; --k)
-        if (pending_.compare(pending_.size() - k, k, s, 0, k) == 0) {
-          hold = k;
-          break;
-        }
-    std::string out = pending_.substr(0, pending_.size() - hold);
-    pending_.erase(0, pending_.size() - hold);
-    return out;
-  }
-  // What is held back, at the end of a generation that met no stop string.
-  std::string finish() { return std::exchange(pending_, {}); }
-  bool stopped() const { return stopped_; }
-  const std::string& found() const { return found_; }
-
- private:
-  std::vector<std::string> stops_;
-  std::string pending_;
-  std::string found_;
-  bool stopped_ = false;
-};
-
-// Ctrl-C: the first ends the generation (the footer is still printed); SA_RESETHAND restores the
-// default action, so a second one ends the process.
-volatile std::sig_atomic_t g_interrupted = 0;
-extern "C" void on_sigint(int) { g_interrupted = 1; }
-
-class SigintGuard {
- public:
-  SigintGuard() {
-    struct sigaction sa {};
-    sa.sa_handler = on_sigint;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESETHAND;
-    sigaction(SIGINT, &sa, &old_);
-  }
-  ~SigintGuard() {
-    if (!g_interrupted) sigaction(SIGINT, &old_, nullptr);
-  }
-  SigintGuard(const SigintGuard&) = delete;
-  SigintGuard& operator=(const SigintGuard&) = delete;
-
- private:
-  struct sigaction old_ {};
-};
-
-enum class StopReason { Eos, StopString, TokenLimit, ContextFull, Interrupted };
-
-const char* stop_reason_key(StopReason r) {
-  switch (r) {
-    case StopReason::Eos: return "eos";
-    case StopReason::StopString: return "stop_string";
-    case StopReason::TokenLimit: return "token_limit";
-    case StopReason::ContextFull: return "context_full";
-    case StopReason::Interrupted: return "interrupted";
-  }
-  return "";
-}
 
 struct Generation {
   std::vector<int32_t> tokens;  // the ids of the text (a stopping EOS not included)
@@ -272,7 +165,7 @@ Generation generate(const SampleArgs& a, Session& session, const Tokenizer& tok,
   };
   const auto t_decode = Clock::now();
   for (int i = 0; i < a.tokens; ++i) {
-    if (g_interrupted) {
+    if (interrupted()) {
       g.reason = StopReason::Interrupted;
       break;
     }
