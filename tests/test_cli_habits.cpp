@@ -14,6 +14,7 @@
 #include <set>
 #include <thread>
 
+#include "cli/generation.h"
 #include "core/thread_pool.h"
 #include "engine/eval.h"
 #include "model/model.h"
@@ -518,3 +519,50 @@ TEST_F(EvalHabitsTest, PplHasItsStandardError) {
 
 }  // namespace
 }  // namespace ptllm
+
+// ---- the pieces of src/cli/generation.cpp --------------------------------------------------------
+
+namespace ptllm::cli {
+namespace {
+
+// Feeds `pieces` one by one; returns what was released for printing, "|" between pushes.
+std::string push_all(StopText& st, const std::vector<std::string>& pieces) {
+  std::string out;
+  for (const std::string& p : pieces) {
+    out += st.push(p) + "|";
+    if (st.stopped()) break;
+  }
+  return out;
+}
+
+TEST(StopTextTest, HoldsBackOnlyWhatCouldBeginAStopString) {
+  StopText st({"END", "xyz"});
+  // "E" and "EN" could begin "END": held back; "ENx" cannot (but "x" could begin "xyz").
+  EXPECT_EQ(push_all(st, {"abc", "E", "N", "x", "q"}), "abc|||EN|xq|");
+  EXPECT_FALSE(st.stopped());
+  EXPECT_EQ(st.finish(), "");
+  StopText held({"END"});
+  EXPECT_EQ(push_all(held, {"the E"}), "the |");
+  EXPECT_EQ(held.finish(), "E");  // released at the end of a generation without a stop
+}
+
+TEST(StopTextTest, StopsAtTheEarliestStopStringAcrossPieces) {
+  StopText st({"world", "or"});
+  EXPECT_EQ(push_all(st, {"hello w", "o", "rld and more"}), "hello |||");
+  // "or" and "world" both complete in "hello world": "world" begins first.
+  EXPECT_TRUE(st.stopped());
+  EXPECT_EQ(st.found(), "world");
+  StopText overlap({"aab"});
+  EXPECT_EQ(push_all(overlap, {"a", "a", "a", "b", "c"}), "||a||");  // "aaa": the last two may begin "aab"
+  EXPECT_EQ(overlap.found(), "aab");
+}
+
+TEST(EscapesTest, LlamaCppEscapes) {
+  EXPECT_EQ(process_escapes(R"(a\nb\tc\rd\\e\"f\'g)"), "a\nb\tc\rd\\e\"f'g");
+  EXPECT_EQ(process_escapes(R"(\x41\x4a!)"), "AJ!");
+  EXPECT_EQ(process_escapes(R"(\x4)"), R"(\x4)");  // not two hex digits: as written
+  EXPECT_EQ(process_escapes(R"(\q and \)"), R"(\q and \)");  // unknown and trailing: as written
+}
+
+}  // namespace
+}  // namespace ptllm::cli
