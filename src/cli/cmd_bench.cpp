@@ -108,6 +108,7 @@ int run_parallel(BenchArgs& a, const Model& model, const SessionOptions& sopts, 
 }
 
 int run_bench_command(BenchArgs& a) {
+  if (a.model_dir.empty()) throw UsageError("give the model directory: bench MODEL, or -m MODEL");
   auto model = Model::load(a.model_dir);
   const ModelConfig& cfg = model->config();
   const BenchConfig& b = a.bench;
@@ -200,27 +201,26 @@ int run_bench_command(BenchArgs& a) {
 Command add_bench_command(CLI::App& root) {
   auto a = std::make_shared<BenchArgs>();
   CLI::App* app = root.add_subcommand("bench", "Measure prefill/decode speed, KV bytes, peak RSS and the decode floor");
-  app->add_option("model_dir", a->model_dir, "Hugging Face model directory (no tokenizer needed)")->required();
-  app->add_option("--prompt-tokens,-p", a->bench.prompt_tokens, "Prompt tokens prefilled and timed (default 512)")
-      ->check(CLI::PositiveNumber);
-  app->add_option("--gen-tokens,-n", a->bench.gen_tokens, "Tokens decoded and timed (default 128)")
-      ->check(CLI::PositiveNumber);
-  app->add_option("--repeat,-r", a->bench.repeat, "Runs; speeds are their median (default 3)")
-      ->check(CLI::PositiveNumber);
-  app->add_option("--context", a->bench.context, "Tokens already in the cache before the prompt (default 0)")
-      ->check(CLI::NonNegativeNumber);
-  app->add_option("--seed", a->bench.seed, "Seed of the random token ids (default 1)");
-  app->add_option("--bandwidth-mib", a->bandwidth_mib, "Buffer of the memory-bandwidth test, MiB (default 512)")
-      ->check(CLI::Range(1, 1 << 16));
+  add_model_option(*app, a->model_dir, "Hugging Face model directory (no tokenizer needed)");
+  app->add_option("--prompt-tokens,-p", a->bench.prompt_tokens, "Prompt tokens prefilled and timed")
+      ->check(integer_at_least(1));
+  app->add_option("--gen-tokens,-n", a->bench.gen_tokens, "Tokens decoded and timed")
+      ->check(integer_at_least(1));
+  app->add_option("--repeat,-r", a->bench.repeat, "Runs; speeds are their median")
+      ->check(integer_at_least(1));
+  app->add_option("--context", a->bench.context, "Tokens already in the cache before the prompt")
+      ->check(integer_at_least(0));
+  app->add_option("--seed", a->bench.seed, "Seed of the random token ids")->check(unsigned_integer());
+  app->add_option("--bandwidth-mib", a->bandwidth_mib, "Buffer of the memory-bandwidth test, MiB")
+      ->check(integer_between(1, 1 << 16));
   app->add_flag("--json", a->json, "Print one JSON object instead of text (with --parallel: one per N)");
   app->add_option("--parallel", a->parallel,
                   "N[,N...]: N sequences prefilled one by one, then decoding together in batched steps");
-  app->add_option("--shared-prefix", a->shared_prefix,
-                  "With --parallel: prompt tokens common to every sequence (default 0)")
-      ->check(CLI::NonNegativeNumber);
+  app->add_option("--shared-prefix", a->shared_prefix, "With --parallel: prompt tokens common to every sequence")
+      ->check(integer_at_least(0));
   app->add_option("--kv-budget-mb", a->kv_budget_mb,
-                  "With --parallel: MiB of KV blocks shared by the sequences (default: room for each at its worst)")
-      ->check(CLI::Range(1, 1 << 20));
+                  "With --parallel: MiB of KV blocks shared by the sequences (0: room for each at its worst)")
+      ->check(integer_between(0, 1 << 20));
   add_runtime_options(*app, a->runtime);
   return {app, [a] { return run_bench_command(*a); }};
 }

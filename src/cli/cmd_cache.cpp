@@ -125,7 +125,9 @@ Command add_cache_command(CLI::App& root) {
   CLI::App* prune = app->add_subcommand("prune", "Remove damaged entries, orphan sidecars and temporary files "
                                                   "left by a crash; with --max-mb, least recently used entries too");
   prune->add_option("dir", a->dir, "Prompt-cache directory")->required();
-  prune->add_option("--max-mb", a->max_mb, "Keep at most N MiB")->check(CLI::NonNegativeNumber);
+  prune->add_option("--max-mb", a->max_mb, "Keep at most N MiB (default: no limit)")
+      ->check(number_at_least(0))
+      ->default_str("");
   return {app, [a, ls, inspect, prune] {
             if (ls->parsed()) return run_ls(*a);
             if (inspect->parsed()) return run_inspect(*a);

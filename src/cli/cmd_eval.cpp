@@ -1,6 +1,8 @@
 // posttrainllm eval: what a cache configuration costs in quality (perplexity, KL divergence, top-1
 // agreement, greedy prefix match) against the fp32 full cache, measured through the cached path.
 // Results go to stdout (a table, or one JSON object with --json); progress and timing to stderr.
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -34,6 +36,7 @@ struct EvalArgs {
   int greedy_tokens = 60;
   bool json = false;
   std::string plot;
+  double progress_seconds = 3;
   RuntimeOptions runtime;
 };
 
@@ -98,15 +101,22 @@ struct GreedyResult {
   std::vector<std::vector<double>> pct;
 };
 
-GreedyResult run_greedy(const EvalArgs& a, const Model& model, const Tokenizer& tok,
-                        const std::vector<CacheSpec>& specs, ThreadPool& pool) {
-  GreedyResult g;
-  std::istringstream in(read_text(a.greedy_prompts, "--greedy-prompts"));
+// The prompts of --greedy-prompts, one per line (read before the work starts: a bad path fails at once).
+std::vector<std::string> read_greedy_prompts(const std::string& path) {
+  std::vector<std::string> prompts;
+  std::istringstream in(read_text(path, "--greedy-prompts"));
   for (std::string line; std::getline(in, line);) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (!line.empty()) g.prompts.push_back(line);
+    if (!line.empty()) prompts.push_back(line);
   }
-  if (g.prompts.empty()) throw UsageError(a.greedy_prompts + ": no prompt (one per line) for --greedy-prompts");
+  if (prompts.empty()) throw UsageError(path + ": no prompt (one per line) for --greedy-prompts");
+  return prompts;
+}
+
+GreedyResult run_greedy(const EvalArgs& a, std::vector<std::string> prompts, const Model& model, const Tokenizer& tok,
+                        const std::vector<CacheSpec>& specs, ThreadPool& pool) {
+  GreedyResult g;
+  g.prompts = std::move(prompts);
   g.pct.assign(specs.size(), {});
   for (const auto& prompt : g.prompts) {
     const std::vector<int32_t> ids = tok.encode(prompt, {.add_special = true, .parse_special = false});
@@ -214,44 +224,34 @@ void write_plot(const std::string& path, const Evaluator& ev, const std::string&
   if (!out.flush()) throw Error(path + ": cannot write the plot (--plot)");
 }
 
-int run_eval(EvalArgs& a) {
-  const auto t_start = Clock::now();
-  if (a.runtime.no_cache)
-    throw UsageError("--no-cache has no cache to evaluate: eval scores cache configurations against the fp32 cache");
-  const std::filesystem::path dir = a.model_dir.empty() ? default_model_dir() : std::filesystem::path(a.model_dir);
-  const std::string text = read_text(a.text_file, "--text");
-  auto model = Model::load(dir);
-  Tokenizer tok = Tokenizer::load(dir);
-  const ModelConfig& cfg = model->config();
+// --plot's path must be writable before the work starts: an existing directory, no directory in its place.
+void check_plot_path(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path p(path);
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  std::error_code ec;
+  if (fs::is_directory(p, ec)) throw Error(path + ": a directory, not a file (--plot)");
+  if (!fs::is_directory(dir, ec)) throw Error(path + ": no directory " + dir.string() + " to write the plot in (--plot)");
+  if (fs::exists(p, ec) ? ::access(path.c_str(), W_OK) != 0 : ::access(dir.c_str(), W_OK) != 0)
+    throw Error(path + ": cannot write the plot there (--plot): permission denied");
+}
 
-  KVCacheConfig base = make_session_options(a.runtime, cfg).kv;
-  if (a.runtime.ctx_size == 0) base.ctx_size = 0;  // no --ctx-size: every stream fits (quality, not capacity)
-  const std::vector<CacheSpec> specs =
-      a.configs.empty() ? std::vector<CacheSpec>{{base.describe(), base}} : parse_cache_specs(a.configs, base);
-  ThreadPool pool(resolve_threads(a.runtime));
-  Evaluator ev(*model, specs, pool);
+// One token stream to score: its ids, how it is fed, and the first position scored.
+struct Stream {
+  std::vector<int32_t> ids;
+  FeedPlan plan;
+  int first_scored = 0;
+};
 
-  // The token streams: the text, its documents, or llama.cpp-style chunks of the whole text.
+// The streams of the text: the text itself, its documents, or llama.cpp-style chunks of the whole text.
+std::vector<Stream> make_streams(const EvalArgs& a, const std::string& text, const Tokenizer& tok) {
   const EncodeOptions enc{.add_special = true, .parse_special = false};  // the text is data, not markup
-  const std::string mode = a.ppl_chunks > 0 ? "ppl-chunks" : a.documents ? "documents" : "text";
   std::vector<std::string> docs;
   if (a.documents) {
     docs = split_documents(text);
     if (docs.empty()) throw UsageError(a.text_file + ": no document (--documents splits on lines holding \\x1e)");
   }
-  size_t fed = 0, longest = 0;
-  auto last_report = Clock::now();
-  auto score = [&](std::span<const int32_t> ids, const FeedPlan& plan, int first_scored, size_t index, size_t count) {
-    ev.score_stream(ids, plan, first_scored);
-    fed += ids.size();
-    longest = std::max(longest, ids.size());
-    if (seconds_since(last_report) > 2 || index + 1 == count) {
-      std::fprintf(stderr, "eval: %zu predictions scored, %s %zu/%zu, %.1f s\n", ev.positions().size(),
-                   mode == "ppl-chunks" ? "chunk" : mode == "documents" ? "document" : "stream", index + 1, count,
-                   seconds_since(t_start));
-      last_report = Clock::now();
-    }
-  };
+  std::vector<Stream> streams;
   if (a.ppl_chunks > 0) {
     std::string joined;
     for (const auto& d : docs) joined += d;
@@ -268,118 +268,218 @@ int run_eval(EvalArgs& a) {
       std::vector<int32_t> chunk(ids.begin() + std::ptrdiff_t(c * size_t(a.ppl_chunks)),
                                  ids.begin() + std::ptrdiff_t((c + 1) * size_t(a.ppl_chunks)));
       if (tok.bos_id()) chunk[0] = *tok.bos_id();
-      score(chunk, whole, a.ppl_chunks / 2, c, n_chunks);
+      streams.push_back({std::move(chunk), whole, a.ppl_chunks / 2});
     }
-  } else {
-    const size_t count = a.documents ? docs.size() : 1;
-    for (size_t d = 0; d < count; ++d) {
-      const size_t scored = ev.positions().size();
-      if (a.max_tokens > 0 && scored >= size_t(a.max_tokens)) break;
-      std::vector<int32_t> ids = tok.encode(a.documents ? docs[d] : text, enc);
-      if (a.max_tokens > 0)  // n tokens make n - 1 predictions
-        ids.resize(std::min(ids.size(), size_t(a.max_tokens) - scored + 1));
-      if (ids.size() >= 2) score(ids, a.plan, 0, d, count);
-    }
+    return streams;
   }
+  const size_t count = a.documents ? docs.size() : 1;
+  size_t scored = 0;  // n tokens make n - 1 predictions
+  for (size_t d = 0; d < count; ++d) {
+    if (a.max_tokens > 0 && scored >= size_t(a.max_tokens)) break;
+    std::vector<int32_t> ids = tok.encode(a.documents ? docs[d] : text, enc);
+    if (a.max_tokens > 0) ids.resize(std::min(ids.size(), size_t(a.max_tokens) - scored + 1));
+    if (ids.size() < 2) continue;
+    scored += ids.size() - 1;
+    streams.push_back({std::move(ids), a.plan, 0});
+  }
+  return streams;
+}
+
+// PPL's standard error as llama-perplexity reports it: PPL * sd(nll) / sqrt(n - 1), the error of the
+// mean NLL carried through exp (0 with fewer than two predictions).
+double ppl_error(std::span<const double> nll) {
+  const size_t n = nll.size();
+  if (n < 2) return 0;
+  double sum = 0, sq = 0;
+  for (double v : nll) sum += v, sq += v * v;
+  const double m = sum / double(n), var = sq / double(n) - m * m;
+  return var > 0 ? std::exp(m) * std::sqrt(var / double(n - 1)) : 0;
+}
+
+// A line on stderr every few seconds while the streams are scored (as llama-perplexity prints per
+// chunk): tokens fed, the baseline's running PPL, and the time left at the rate so far.
+class Progress {
+ public:
+  Progress(const Evaluator& ev, size_t total, double every_s) : ev_(ev), total_(total), every_s_(every_s) {}
+  void step(int tokens) {
+    done_ += size_t(tokens);
+    if (seconds_since(last_) < every_s_ || done_ == total_) return;
+    last_ = Clock::now();
+    const double elapsed = seconds_since(start_), eta = elapsed * double(total_ - done_) / double(done_);
+    std::fprintf(stderr, "eval: %zu/%zu tokens (%.0f%%), PPL %.4f so far, %.1f s, ETA %.0f s\n", done_, total_,
+                 100.0 * double(done_) / double(total_), std::exp(mean(ev_.baseline_nll())), elapsed, eta);
+  }
+  size_t done() const { return done_; }
+
+ private:
+  const Evaluator& ev_;
+  size_t total_;
+  double every_s_;
+  size_t done_ = 0;
+  Clock::time_point start_ = Clock::now(), last_ = Clock::now();
+};
+
+// What the report prints, from a finished evaluation.
+struct EvalReport {
+  const EvalArgs& a;
+  const Evaluator& ev;
+  const GreedyResult& greedy;
+  std::vector<ConfigSummary> sums;
+  std::string model, mode;
+  size_t fed = 0;
+  int threads = 0;
+};
+
+std::string report_json(const EvalReport& r) {
+  const EvalArgs& a = r.a;
+  const Evaluator& ev = r.ev;
+  const GreedyResult& greedy = r.greedy;
+  const std::vector<ConfigSummary>& sums = r.sums;
+  const double base_nll = mean(ev.baseline_nll());
+  const std::vector<NllBucket> base_buckets = nll_buckets(ev.positions(), ev.baseline_nll());
+  auto greedy_mean = [&](size_t k) { return mean(greedy.pct[k]); };
+  const std::string& mode = r.mode;
+  const size_t fed = r.fed;
+  nlohmann::json j;
+  j["model"] = r.model;
+  j["text"] = a.text_file;
+  j["mode"] = mode;
+  j["streams"] = ev.streams();
+  j["tokens"] = ev.positions().size();
+  j["tokens_fed"] = fed;
+  if (a.ppl_chunks > 0)
+    j["ppl_chunk_tokens"] = a.ppl_chunks;
+  else
+    j["feed"] = {{"prefill", a.plan.prefill}, {"chunk", a.plan.chunk}};
+  j["threads"] = r.threads;
+  j["baseline"] = {{"name", "fp32 full cache"}, {"mean_nll", base_nll}, {"ppl", std::exp(base_nll)},
+                   {"ppl_stderr", ppl_error(ev.baseline_nll())},
+                   {"buckets", buckets_json(base_buckets)}, {"seconds", ev.baseline_seconds()}};
+  j["configs"] = nlohmann::json::array();
+  for (size_t k = 0; k < sums.size(); ++k) {
+    const ConfigRecord& c = ev.configs()[k];
+    const ConfigSummary& s = sums[k];
+    nlohmann::json o = {{"name", c.spec.name},
+                        {"mean_nll", s.mean_nll},
+                        {"ppl", s.ppl},
+                        {"ppl_stderr", ppl_error(c.nll)},
+                        {"delta_nll", s.delta_nll},
+                        {"delta_ppl_pct", s.delta_ppl_pct},
+                        {"kl_mean", s.kl_mean},
+                        {"kl_median", s.kl_median},
+                        {"kl_p99", s.kl_p99},
+                        {"kl_max", s.kl_max},
+                        {"top1_agreement", s.top1_agreement},
+                        {"buckets", buckets_json(s.buckets)},
+                        {"kv_logical_bytes", c.kv_logical_bytes},
+                        {"kv_physical_bytes", c.kv_physical_bytes},
+                        {"stored_tokens", c.stored_tokens},
+                        {"seconds", c.seconds}};
+    if (!greedy.prompts.empty()) {
+      o["greedy_match_pct"] = greedy_mean(k);
+      o["greedy_match_pct_per_prompt"] = greedy.pct[k];
+    }
+    j["configs"].push_back(std::move(o));
+  }
+  if (!greedy.prompts.empty()) {
+    j["greedy_prompts"] = greedy.prompts;
+    j["greedy_tokens"] = a.greedy_tokens;
+  }
+  return j.dump(2) + "\n";
+}
+
+std::string report_table(const EvalReport& r) {
+  const EvalArgs& a = r.a;
+  const Evaluator& ev = r.ev;
+  const GreedyResult& greedy = r.greedy;
+  const std::vector<ConfigSummary>& sums = r.sums;
+  const double base_nll = mean(ev.baseline_nll());
+  const std::vector<NllBucket> base_buckets = nll_buckets(ev.positions(), ev.baseline_nll());
+  auto greedy_mean = [&](size_t k) { return mean(greedy.pct[k]); };
+  const std::string& mode = r.mode;
+  const size_t fed = r.fed;
+  std::string out = fmt("baseline (fp32, full cache): PPL %.4f ± %.5f, mean NLL %.4f over %zu predictions in %zu %s\n\n",
+                        std::exp(base_nll), ppl_error(ev.baseline_nll()), base_nll, ev.positions().size(), ev.streams(),
+                        mode == "ppl-chunks" ? "chunks" : mode == "documents" ? "documents" : "stream");
+  std::vector<std::vector<std::string>> rows = {{"config", "PPL", "mean NLL", "ΔPPL", "KL mean", "KL median",
+                                                 "KL p99", "KL max", "top-1", "stored", "KV logical",
+                                                 "KV physical", "tok/s"}};
+  for (size_t k = 0; k < sums.size(); ++k) {
+    const ConfigRecord& c = ev.configs()[k];
+    const ConfigSummary& s = sums[k];
+    rows.push_back({c.spec.name, fmt("%.4f ± %.5f", s.ppl, ppl_error(c.nll)), fmt("%.4f", s.mean_nll), fmt("%+.3f%%", s.delta_ppl_pct),
+                    fmt("%.6f", s.kl_mean), fmt("%.6f", s.kl_median), fmt("%.6f", s.kl_p99), fmt("%.6f", s.kl_max),
+                    fmt("%.2f%%", 100 * s.top1_agreement), std::to_string(c.stored_tokens),
+                    format_bytes(c.kv_logical_bytes), format_bytes(c.kv_physical_bytes),
+                    fmt("%.1f", double(fed) / c.seconds)});
+  }
+  out += format_table(rows) + "\nmean NLL by position\n";
+  rows = {{"config"}};
+  for (const auto& b : base_buckets) rows[0].push_back(bucket_label(b));
+  rows.push_back({"baseline"});
+  for (const auto& b : base_buckets) rows.back().push_back(fmt("%.4f", b.mean_nll));
+  for (size_t k = 0; k < sums.size(); ++k) {
+    rows.push_back({ev.configs()[k].spec.name});
+    for (const auto& b : sums[k].buckets) rows.back().push_back(fmt("%.4f", b.mean_nll));
+  }
+  out += format_table(rows);
+  if (!greedy.prompts.empty()) {
+    out += fmt("\ngreedy prefix match vs the baseline, %d tokens per prompt\n", a.greedy_tokens);
+    rows = {{"prompt"}};
+    for (const auto& c : ev.configs()) rows[0].push_back(c.spec.name);
+    for (size_t p = 0; p < greedy.prompts.size(); ++p) {
+      rows.push_back({greedy.prompts[p]});
+      for (const auto& pct : greedy.pct) rows.back().push_back(fmt("%.1f%%", pct[p]));
+    }
+    rows.push_back({"mean"});
+    for (size_t k = 0; k < greedy.pct.size(); ++k) rows.back().push_back(fmt("%.1f%%", greedy_mean(k)));
+    out += format_table(rows);
+  }
+  return out;
+}
+
+int run_eval(EvalArgs& a) {
+  const auto t_start = Clock::now();
+  if (a.runtime.no_cache)
+    throw UsageError("--no-cache has no cache to evaluate: eval scores cache configurations against the fp32 cache");
+  const std::filesystem::path dir = a.model_dir.empty() ? default_model_dir() : std::filesystem::path(a.model_dir);
+  const std::string text = read_text(a.text_file, "--text");
+  std::vector<std::string> greedy_prompts;
+  if (!a.greedy_prompts.empty()) greedy_prompts = read_greedy_prompts(a.greedy_prompts);
+  if (!a.plot.empty()) check_plot_path(a.plot);
+  auto model = Model::load(dir);
+  Tokenizer tok = Tokenizer::load(dir);
+  const ModelConfig& cfg = model->config();
+
+  KVCacheConfig base = make_session_options(a.runtime, cfg).kv;
+  if (a.runtime.ctx_size == 0) base.ctx_size = 0;  // no --ctx-size: every stream fits (quality, not capacity)
+  const std::vector<CacheSpec> specs =
+      a.configs.empty() ? std::vector<CacheSpec>{{base.describe(), base}} : parse_cache_specs(a.configs, base);
+  ThreadPool pool(resolve_threads(a.runtime));
+  Evaluator ev(*model, specs, pool);
+
+  const std::string mode = a.ppl_chunks > 0 ? "ppl-chunks" : a.documents ? "documents" : "text";
+  const std::vector<Stream> streams = make_streams(a, text, tok);
+  size_t total = 0, longest = 0;
+  for (const Stream& s : streams) total += s.ids.size(), longest = std::max(longest, s.ids.size());
+  Progress progress(ev, total, a.progress_seconds);
+  ev.set_progress([&progress](int tokens) { progress.step(tokens); });
+  for (const Stream& s : streams) ev.score_stream(s.ids, s.plan, s.first_scored);
+  const size_t fed = progress.done();
   if (ev.positions().empty()) throw UsageError(a.text_file + ": no token to score (the text needs two tokens or more)");
+  std::fprintf(stderr, "eval: %zu predictions scored in %zu %s, %.1f s\n", ev.positions().size(), ev.streams(),
+               mode == "ppl-chunks" ? "chunks" : mode == "documents" ? "documents" : "stream", seconds_since(t_start));
   if (longest > size_t(cfg.max_position_embeddings))
     std::fprintf(stderr, "warning: a stream of %zu tokens is longer than the model's max_position_embeddings (%d)\n",
                  longest, cfg.max_position_embeddings);
 
   GreedyResult greedy;
-  if (!a.greedy_prompts.empty()) greedy = run_greedy(a, *model, tok, specs, pool);
+  if (!greedy_prompts.empty()) greedy = run_greedy(a, std::move(greedy_prompts), *model, tok, specs, pool);
 
-  std::vector<ConfigSummary> sums;
-  for (const auto& c : ev.configs()) sums.push_back(summarize(c, ev));
-  const double base_nll = mean(ev.baseline_nll());
-  const std::vector<NllBucket> base_buckets = nll_buckets(ev.positions(), ev.baseline_nll());
-  auto greedy_mean = [&](size_t k) { return mean(greedy.pct[k]); };
-
-  if (a.json) {
-    nlohmann::json j;
-    j["model"] = dir.string();
-    j["text"] = a.text_file;
-    j["mode"] = mode;
-    j["streams"] = ev.streams();
-    j["tokens"] = ev.positions().size();
-    j["tokens_fed"] = fed;
-    if (a.ppl_chunks > 0)
-      j["ppl_chunk_tokens"] = a.ppl_chunks;
-    else
-      j["feed"] = {{"prefill", a.plan.prefill}, {"chunk", a.plan.chunk}};
-    j["threads"] = pool.size();
-    j["baseline"] = {{"name", "fp32 full cache"}, {"mean_nll", base_nll}, {"ppl", std::exp(base_nll)},
-                     {"buckets", buckets_json(base_buckets)}, {"seconds", ev.baseline_seconds()}};
-    j["configs"] = nlohmann::json::array();
-    for (size_t k = 0; k < sums.size(); ++k) {
-      const ConfigRecord& c = ev.configs()[k];
-      const ConfigSummary& s = sums[k];
-      nlohmann::json o = {{"name", c.spec.name},
-                          {"mean_nll", s.mean_nll},
-                          {"ppl", s.ppl},
-                          {"delta_nll", s.delta_nll},
-                          {"delta_ppl_pct", s.delta_ppl_pct},
-                          {"kl_mean", s.kl_mean},
-                          {"kl_median", s.kl_median},
-                          {"kl_p99", s.kl_p99},
-                          {"kl_max", s.kl_max},
-                          {"top1_agreement", s.top1_agreement},
-                          {"buckets", buckets_json(s.buckets)},
-                          {"kv_logical_bytes", c.kv_logical_bytes},
-                          {"kv_physical_bytes", c.kv_physical_bytes},
-                          {"stored_tokens", c.stored_tokens},
-                          {"seconds", c.seconds}};
-      if (!greedy.prompts.empty()) {
-        o["greedy_match_pct"] = greedy_mean(k);
-        o["greedy_match_pct_per_prompt"] = greedy.pct[k];
-      }
-      j["configs"].push_back(std::move(o));
-    }
-    if (!greedy.prompts.empty()) {
-      j["greedy_prompts"] = greedy.prompts;
-      j["greedy_tokens"] = a.greedy_tokens;
-    }
-    std::printf("%s\n", j.dump(2).c_str());
-  } else {
-    std::string out = fmt("baseline (fp32, full cache): PPL %.4f, mean NLL %.4f over %zu predictions in %zu %s\n\n",
-                          std::exp(base_nll), base_nll, ev.positions().size(), ev.streams(),
-                          mode == "ppl-chunks" ? "chunks" : mode == "documents" ? "documents" : "stream");
-    std::vector<std::vector<std::string>> rows = {{"config", "PPL", "mean NLL", "ΔPPL", "KL mean", "KL median",
-                                                   "KL p99", "KL max", "top-1", "stored", "KV logical",
-                                                   "KV physical", "tok/s"}};
-    for (size_t k = 0; k < sums.size(); ++k) {
-      const ConfigRecord& c = ev.configs()[k];
-      const ConfigSummary& s = sums[k];
-      rows.push_back({c.spec.name, fmt("%.4f", s.ppl), fmt("%.4f", s.mean_nll), fmt("%+.3f%%", s.delta_ppl_pct),
-                      fmt("%.6f", s.kl_mean), fmt("%.6f", s.kl_median), fmt("%.6f", s.kl_p99), fmt("%.6f", s.kl_max),
-                      fmt("%.2f%%", 100 * s.top1_agreement), std::to_string(c.stored_tokens),
-                      format_bytes(c.kv_logical_bytes), format_bytes(c.kv_physical_bytes),
-                      fmt("%.1f", double(fed) / c.seconds)});
-    }
-    out += format_table(rows) + "\nmean NLL by position\n";
-    rows = {{"config"}};
-    for (const auto& b : base_buckets) rows[0].push_back(bucket_label(b));
-    rows.push_back({"baseline"});
-    for (const auto& b : base_buckets) rows.back().push_back(fmt("%.4f", b.mean_nll));
-    for (size_t k = 0; k < sums.size(); ++k) {
-      rows.push_back({ev.configs()[k].spec.name});
-      for (const auto& b : sums[k].buckets) rows.back().push_back(fmt("%.4f", b.mean_nll));
-    }
-    out += format_table(rows);
-    if (!greedy.prompts.empty()) {
-      out += fmt("\ngreedy prefix match vs the baseline, %d tokens per prompt\n", a.greedy_tokens);
-      rows = {{"prompt"}};
-      for (const auto& c : ev.configs()) rows[0].push_back(c.spec.name);
-      for (size_t p = 0; p < greedy.prompts.size(); ++p) {
-        rows.push_back({greedy.prompts[p]});
-        for (const auto& pct : greedy.pct) rows.back().push_back(fmt("%.1f%%", pct[p]));
-      }
-      rows.push_back({"mean"});
-      for (size_t k = 0; k < greedy.pct.size(); ++k) rows.back().push_back(fmt("%.1f%%", greedy_mean(k)));
-      out += format_table(rows);
-    }
-    std::fwrite(out.data(), 1, out.size(), stdout);
-  }
+  EvalReport report{a, ev, greedy, {}, dir.string(), mode, fed, pool.size()};
+  for (const auto& c : ev.configs()) report.sums.push_back(summarize(c, ev));
+  const std::string out = a.json ? report_json(report) : report_table(report);
+  std::fwrite(out.data(), 1, out.size(), stdout);
   std::fflush(stdout);
 
   if (!a.plot.empty())
@@ -400,36 +500,39 @@ Command add_eval_command(CLI::App& root) {
   auto a = std::make_shared<EvalArgs>();
   CLI::App* app = root.add_subcommand(
       "eval", "Perplexity, KL divergence and greedy match of cache configurations against the fp32 full cache");
-  app->add_option("model_dir", a->model_dir, "Hugging Face model directory (default: the shipped models/kjv-tiny)");
+  add_model_option(*app, a->model_dir, "Hugging Face model directory (default: the shipped models/kjv-tiny)");
   app->add_option("--text", a->text_file, "Text to score, teacher-forced through the cached path")->required();
   app->add_option("--configs", a->configs,
                   "Cache configurations separated by ';', e.g. \"fp32; int4 g32 r128; sink4 w508\" "
                   "(default: the one the cache flags give)");
   app->add_flag("--documents", a->documents, "Score every document of the text (split on lines holding \\x1e)");
   auto* max_tokens = app->add_option("--max-tokens", a->max_tokens, "Stop after N predictions (0 = the whole text)")
-                         ->check(CLI::NonNegativeNumber);
+                         ->check(integer_at_least(0));
   auto* prefill = app->add_option("--prefill", a->plan.prefill,
-                                  "Feed the first N tokens of each stream in one batched pass (default 0)")
-                      ->check(CLI::NonNegativeNumber);
-  auto* chunk = app->add_option("--chunk", a->plan.chunk, "Then feed N tokens per step (default 1, as decode)")
-                    ->check(CLI::PositiveNumber);
+                                  "Feed the first N tokens of each stream in one batched pass")
+                      ->check(integer_at_least(0));
+  auto* chunk = app->add_option("--chunk", a->plan.chunk, "Then feed N tokens per step (1 = as decode)")
+                    ->check(integer_at_least(1));
   auto* ppl = app->add_option("--ppl-chunks", a->ppl_chunks,
                               "llama.cpp's perplexity protocol: chunks of N tokens, each starting with BOS, "
                               "prefilled whole, second half scored")
-                  ->check(CLI::Range(4, 1 << 30))
+                  ->check(integer_at_least(4))
                   ->excludes(max_tokens)
                   ->excludes(prefill)
                   ->excludes(chunk);
   app->add_option("--max-chunks", a->max_chunks, "Score at most K chunks (0 = all)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(integer_at_least(0))
       ->needs(ppl);
   auto* greedy = app->add_option("--greedy-prompts", a->greedy_prompts,
                                  "File of prompts, one per line: greedy prefix match against the baseline");
-  app->add_option("--greedy-tokens", a->greedy_tokens, "Tokens generated per greedy prompt (default 60)")
-      ->check(CLI::PositiveNumber)
+  app->add_option("--greedy-tokens", a->greedy_tokens, "Tokens generated per greedy prompt")
+      ->check(integer_at_least(1))
       ->needs(greedy);
   app->add_flag("--json", a->json, "Print one JSON object instead of the tables");
   app->add_option("--plot", a->plot, "Write an SVG of mean NLL against position for every configuration");
+  app->add_option("--progress-seconds", a->progress_seconds,
+                  "Seconds between progress lines on stderr (tokens, running PPL, ETA)")
+      ->check(number_at_least(0));
   add_runtime_options(*app, a->runtime);
   return {app, [a] { return run_eval(*a); }};
 }

@@ -268,11 +268,11 @@ Command add_make_model_command(CLI::App& root) {
   CLI::App* app = root.add_subcommand("make-model", "Write a random-weight checkpoint with the shapes of a real model");
   app->add_option("out_dir", a->out_dir, "Directory to write config.json and model.safetensors into")->required();
   app->add_option("--shape", a->shape, "Model shape")->required()->check(CLI::IsMember(shape_names()));
-  app->add_option("--dtype", a->dtype, "Weight dtype: bf16 (default), f16 or f32")
+  app->add_option("--dtype", a->dtype, "Weight dtype: bf16, f16 or f32")
       ->check(CLI::IsMember({"bf16", "f16", "f32"}));
-  app->add_option("--seed", a->seed, "Seed of the random weights (default 0)");
-  app->add_option("--threads,-t", a->threads, "Threads generating the weights (default: all cores)")
-      ->check(CLI::NonNegativeNumber);
+  app->add_option("--seed", a->seed, "Seed of the random weights")->check(unsigned_integer());
+  app->add_option("--threads,-t", a->threads, "Threads generating the weights (0 = all cores)")
+      ->check(integer_at_least(0));
   return {app, [a] { return run_make_model(*a); }};
 }
 

@@ -1,13 +1,24 @@
 // posttrainllm sample: generate text from a prompt, streamed to stdout; stats on stderr.
+#include <signal.h>
+
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
+#include <fstream>
+#include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cli/commands.h"
+#include "cli/generation.h"
 #include "cli/options.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -24,9 +35,15 @@ namespace {
 struct SampleArgs {
   std::string model_dir;
   std::string prompt;
+  std::string prompt_file;
+  CLI::Option* prompt_opt = nullptr;
+  CLI::Option* file_opt = nullptr;
+  bool escape = false;
+  std::vector<std::string> stops;
   int tokens = 128;
   bool ignore_eos = false;
-  bool seed_given = false;
+  std::string seed = "-1";  // -1 = random
+  bool json = false;
   SamplingConfig sampling;
   RuntimeOptions runtime;
   std::string cache_prompt;
@@ -90,7 +107,195 @@ class StepRate {
   double first_s_ = 0;
 };
 
+// The prompt text: --prompt, or -f FILE ("-" = standard input) without its final newline (as llama.cpp).
+std::string read_prompt(const SampleArgs& a) {
+  if (a.prompt_opt->count() == 0 && a.file_opt->count() == 0)
+    throw UsageError("give the prompt: -p TEXT, or -f FILE (- for standard input)");
+  std::string text = a.prompt;
+  if (a.file_opt->count()) {
+    std::ostringstream ss;
+    if (a.prompt_file == "-") {
+      ss << std::cin.rdbuf();
+    } else {
+      std::ifstream in(a.prompt_file, std::ios::binary);
+      if (!in) throw Error(a.prompt_file + ": cannot open the prompt file (--file)");
+      ss << in.rdbuf();
+    }
+    text = ss.str();
+    if (!text.empty() && text.back() == '\n') text.pop_back();
+  }
+  return a.escape ? process_escapes(text) : text;
+}
+
+
+struct Generation {
+  std::vector<int32_t> tokens;  // the ids of the text (a stopping EOS not included)
+  std::string text;             // what was printed
+  int sampled = 0;              // ids sampled, a stopping EOS included
+  StopReason reason = StopReason::TokenLimit;
+  std::string stop_string;
+  double ttft_ms = 0;
+  double decode_ms = 0;
+  StepRate rate;
+};
+
+struct Timing {
+  double load_ms = 0;
+  double prefill_ms = 0;
+};
+
+// The decode loop: samples from `logits` (the prompt's), streams text to stdout unless --json.
+Generation generate(const SampleArgs& a, Session& session, const Tokenizer& tok, std::span<float> logits,
+                    Clock::time_point t_prefill) {
+  const ModelConfig& cfg = session.model().config();
+  Sampler sampler(a.sampling);
+  StreamingDetokenizer detok(tok);
+  StopText stop(a.stops);
+  auto is_eos = [&](int32_t id) {
+    for (int e : cfg.eos_token_ids)
+      if (id == e) return true;
+    return tok.eos_id() && *tok.eos_id() == id;
+  };
+  Generation g;
+  auto emit = [&](const std::string& text) {
+    g.text += text;
+    if (a.json || text.empty()) return;
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+  };
+  const auto t_decode = Clock::now();
+  for (int i = 0; i < a.tokens; ++i) {
+    if (interrupted()) {
+      g.reason = StopReason::Interrupted;
+      break;
+    }
+    const int32_t next = sampler.sample(logits, session.history());
+    if (i == 0) g.ttft_ms = ms_since(t_prefill);
+    ++g.sampled;
+    if (is_eos(next) && !a.ignore_eos) {
+      g.reason = StopReason::Eos;
+      break;
+    }
+    g.tokens.push_back(next);
+    emit(stop.push(detok.push(next)));
+    if (stop.stopped()) break;
+    if (i + 1 == a.tokens) break;
+    if (!session.fits(1)) {
+      g.reason = StopReason::ContextFull;
+      break;
+    }
+    if (i == 0) g.rate.start();
+    logits = session.feed({&next, 1});
+    g.rate.step();
+  }
+  if (!stop.stopped()) emit(stop.push(detok.finish()));
+  if (stop.stopped()) {
+    g.reason = StopReason::StopString;
+    g.stop_string = stop.found();
+  } else {
+    emit(stop.finish());
+  }
+  if (!a.json) {
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+  }
+  g.decode_ms = ms_since(t_decode);
+  return g;
+}
+
+std::string stop_line(const SampleArgs& a, const Session& session, const Generation& g) {
+  switch (g.reason) {
+    case StopReason::Eos: return "stopped: end of sequence (EOS)";
+    case StopReason::StopString: return "stopped: the stop string " + nlohmann::json(g.stop_string).dump();
+    case StopReason::TokenLimit: return "stopped: the token limit (--tokens " + std::to_string(a.tokens) + ")";
+    case StopReason::ContextFull:
+      return "stopped: the context is full (" + std::to_string(session.options().kv.ctx_size) + " tokens, --ctx-size)";
+    case StopReason::Interrupted: return "stopped: interrupted (Ctrl-C)";
+  }
+  return "";
+}
+
+double decode_tok_s(const Generation& g, const Timing& t) {
+  const int steps = std::max(0, g.sampled - 1);
+  return steps > 0 ? steps / ((g.decode_ms - (g.ttft_ms - t.prefill_ms)) / 1000) : 0.0;
+}
+
+std::string kv_line(const Session& session) {
+  const SessionOptions& so = session.options();
+  if (!so.use_cache) return "kv cache: none (--no-cache: the whole sequence recomputed every step)";
+  const KVCache& kv = session.cache();
+  std::string stored = "stored " + std::to_string(kv.n_stored()) + " tokens";
+  if (kv.n_stored() != kv.n_tokens())
+    stored = "stored " + std::to_string(kv.n_stored()) + " of " + std::to_string(kv.n_tokens()) +
+             (kv.config().streaming() ? " (StreamingLLM cap)" : " (sliding window)");
+  return "kv cache: " + so.kv.describe() + ", " + stored + ", logical " + format_bytes(kv.logical_bytes()) +
+         ", physical " + format_bytes(kv.physical_bytes()) + " (" + (so.kv.preallocate ? "preallocated" : "on demand") +
+         (so.kv.streaming() ? "" : ", ctx " + std::to_string(so.kv.ctx_size)) + ")";
+}
+
+// The footer after the text: what a user compares with llama.cpp and mlx-lm (model: and load: came
+// before the generation).
+void print_footer(const SampleArgs& a, const Session& session, size_t prompt_tokens, const Generation& g,
+                  const Timing& t) {
+  std::fprintf(stderr, "\n%s\n", stop_line(a, session, g).c_str());
+  std::fprintf(stderr, "prompt: %zu tokens, prefill %.1f tok/s, time to first token %.1f ms\n", prompt_tokens,
+               double(prompt_tokens) / (t.prefill_ms / 1000), g.ttft_ms);
+  std::fprintf(stderr, "decode: %d tokens, %.1f tok/s\n", g.sampled, decode_tok_s(g, t));
+  if (g.rate.steps() >= 2 * StepRate::kSpan)
+    std::fprintf(stderr, "decode speed: steps 1-%d %.1f tok/s, steps %d-%d %.1f tok/s\n", StepRate::kSpan,
+                 g.rate.first_tok_s(), g.rate.steps() - StepRate::kSpan + 1, g.rate.steps(), g.rate.last_tok_s());
+  std::fprintf(stderr, "%s\n", kv_line(session).c_str());
+}
+
+void print_json(const SampleArgs& a, const std::filesystem::path& dir, const Session& session, size_t prompt_tokens,
+                const Generation& g, const Timing& t) {
+  nlohmann::json j = {{"model", dir.string()},
+                      {"seed", a.sampling.seed},
+                      {"prompt_tokens", prompt_tokens},
+                      {"text", g.text},
+                      {"tokens", g.tokens},
+                      {"stop_reason", stop_reason_key(g.reason)}};
+  if (g.reason == StopReason::StopString) j["stop_string"] = g.stop_string;
+  j["timings"] = {{"load_ms", t.load_ms},
+                  {"prefill_ms", t.prefill_ms},
+                  {"ttft_ms", g.ttft_ms},
+                  {"decode_ms", g.decode_ms},
+                  {"prefill_tok_s", double(prompt_tokens) / (t.prefill_ms / 1000)},
+                  {"decode_tokens", g.sampled},
+                  {"decode_tok_s", decode_tok_s(g, t)}};
+  const SessionOptions& so = session.options();
+  if (so.use_cache) {
+    const KVCache& kv = session.cache();
+    j["kv_cache"] = {{"config", so.kv.describe()},        {"stored_tokens", kv.n_stored()},
+                     {"tokens", kv.n_tokens()},           {"logical_bytes", kv.logical_bytes()},
+                     {"physical_bytes", kv.physical_bytes()}, {"preallocated", so.kv.preallocate},
+                     {"ctx_size", so.kv.ctx_size}};
+  } else {
+    j["kv_cache"] = nullptr;
+  }
+  // The JSON carries the text: no escape may be lost, invalid UTF-8 from a byte-level model included.
+  std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  std::fflush(stdout);
+}
+
+// The prompt's ids; warns when the text already begins with BOS and the tokenizer adds it again.
+std::vector<int32_t> encode_prompt(const Tokenizer& tok, const std::string& text) {
+  std::vector<int32_t> ids = tok.encode(text);
+  if (ids.empty()) throw UsageError("the prompt encodes to no tokens; give -p or -f some text");
+  const auto bos = tok.bos_id();
+  if (bos && ids.size() >= 2 && ids[0] == *bos && ids[1] == *bos)
+    std::fprintf(stderr,
+                 "warning: the prompt begins with the BOS token %s and the tokenizer adds BOS again: the model "
+                 "sees two BOS tokens (remove it from the prompt)\n",
+                 tok.id_to_token(*bos).value_or("?").c_str());
+  return ids;
+}
+
 int run_sample(SampleArgs& a) {
+  const std::string prompt_text = read_prompt(a);
+  if (a.escape)
+    for (std::string& s : a.stops) s = process_escapes(s);
+  Timing t;
   const auto t_load = Clock::now();
   const std::filesystem::path dir = a.model_dir.empty() ? default_model_dir() : std::filesystem::path(a.model_dir);
   auto model = Model::load(dir);
@@ -99,22 +304,19 @@ int run_sample(SampleArgs& a) {
   SessionOptions sopts = make_session_options(a.runtime, cfg);
   ThreadPool pool(resolve_threads(a.runtime));
   Session session(*model, sopts, pool);
-  const double load_ms = ms_since(t_load);
+  t.load_ms = ms_since(t_load);
 
-  std::vector<int32_t> prompt = tok.encode(a.prompt);
-  if (prompt.empty()) throw UsageError("the prompt encodes to no tokens; give --prompt some text");
+  const std::vector<int32_t> prompt = encode_prompt(tok, prompt_text);
   if (!sopts.kv.streaming() && int(prompt.size()) > sopts.kv.ctx_size)
     throw Error("the prompt has " + std::to_string(prompt.size()) + " tokens, more than --ctx-size " +
                 std::to_string(sopts.kv.ctx_size));
-  if (!a.seed_given) a.sampling.seed = std::random_device{}();
-  Sampler sampler(a.sampling);
-  StreamingDetokenizer detok(tok);
-  auto is_eos = [&](int32_t id) {
-    for (int e : cfg.eos_token_ids)
-      if (id == e) return true;
-    return tok.eos_id() && *tok.eos_id() == id;
-  };
+  a.sampling.seed = a.seed == "-1" ? uint64_t(std::random_device{}()) : std::stoull(a.seed);
+  std::fprintf(stderr, "model: %s (%s, %s weights), %d threads, seed %llu\n", dir.string().c_str(),
+               cfg.arch_name.c_str(), format_bytes(model->weight_bytes()).c_str(), pool.size(),
+               static_cast<unsigned long long>(a.sampling.seed));
+  std::fprintf(stderr, "load: %.1f ms\n", t.load_ms);
 
+  SigintGuard sigint;
   const auto t_prefill = Clock::now();
   const PromptCacheOptions pc_opts{a.cache_prompt, a.prompt_cache_dir,
                                    uint64_t(a.prompt_cache_max_mb * 1024 * 1024)};
@@ -129,65 +331,12 @@ int run_sample(SampleArgs& a) {
   } else {
     logits = session.feed(prompt);
   }
-  const double prefill_ms = ms_since(t_prefill);
-  double ttft_ms = 0;
-  int generated = 0;
-  std::string stop_note;
-  const auto t_decode = Clock::now();
-  StepRate rate;
-  for (int i = 0; i < a.tokens; ++i) {
-    const int32_t next = sampler.sample(logits, session.history());
-    if (i == 0) ttft_ms = ms_since(t_prefill);
-    ++generated;
-    if (is_eos(next) && !a.ignore_eos) break;
-    std::string piece = detok.push(next);
-    std::fwrite(piece.data(), 1, piece.size(), stdout);
-    std::fflush(stdout);
-    if (i + 1 == a.tokens) break;
-    if (!session.fits(1)) {
-      stop_note = "stopped: the context is full (" + std::to_string(sopts.kv.ctx_size) + " tokens, --ctx-size)";
-      break;
-    }
-    if (i == 0) rate.start();
-    logits = session.feed({&next, 1});
-    rate.step();
-  }
-  std::string rest = detok.finish();
-  std::fwrite(rest.data(), 1, rest.size(), stdout);
-  std::fputc('\n', stdout);
-  std::fflush(stdout);
-  const double decode_ms = ms_since(t_decode);
+  t.prefill_ms = ms_since(t_prefill);
+  const Generation g = generate(a, session, tok, logits, t_prefill);
   if (prompt_cache) report_cache_save(prompt_cache->finish());
-
-  // Footer: what a user compares with llama.cpp and mlx-lm.
-  const int decode_steps = std::max(0, generated - 1);
-  std::fprintf(stderr, "\n");
-  if (!stop_note.empty()) std::fprintf(stderr, "%s\n", stop_note.c_str());
-  std::fprintf(stderr, "model: %s (%s, %s weights), %d threads, seed %llu\n", dir.string().c_str(),
-               cfg.arch_name.c_str(), format_bytes(model->weight_bytes()).c_str(), pool.size(),
-               static_cast<unsigned long long>(a.sampling.seed));
-  std::fprintf(stderr, "load: %.1f ms\n", load_ms);
-  std::fprintf(stderr, "prompt: %zu tokens, prefill %.1f tok/s, time to first token %.1f ms\n", prompt.size(),
-               double(prompt.size()) / (prefill_ms / 1000), ttft_ms);
-  std::fprintf(stderr, "decode: %d tokens, %.1f tok/s\n", generated,
-               decode_steps > 0 ? decode_steps / ((decode_ms - (ttft_ms - prefill_ms)) / 1000) : 0.0);
-  if (rate.steps() >= 2 * StepRate::kSpan)
-    std::fprintf(stderr, "decode speed: steps 1-%d %.1f tok/s, steps %d-%d %.1f tok/s\n", StepRate::kSpan,
-                 rate.first_tok_s(), rate.steps() - StepRate::kSpan + 1, rate.steps(), rate.last_tok_s());
-  if (sopts.use_cache) {
-    const KVCache& kv = session.cache();
-    std::string stored = "stored " + std::to_string(kv.n_stored()) + " tokens";
-    if (kv.n_stored() != kv.n_tokens())
-      stored = "stored " + std::to_string(kv.n_stored()) + " of " + std::to_string(kv.n_tokens()) +
-               (kv.config().streaming() ? " (StreamingLLM cap)" : " (sliding window)");
-    std::fprintf(stderr, "kv cache: %s, %s, logical %s, physical %s (%s%s)\n", sopts.kv.describe().c_str(),
-                 stored.c_str(), format_bytes(kv.logical_bytes()).c_str(), format_bytes(kv.physical_bytes()).c_str(),
-                 sopts.kv.preallocate ? "preallocated" : "on demand",
-                 sopts.kv.streaming() ? "" : (", ctx " + std::to_string(sopts.kv.ctx_size)).c_str());
-  } else {
-    std::fprintf(stderr, "kv cache: none (--no-cache: the whole sequence recomputed every step)\n");
-  }
-  return 0;
+  print_footer(a, session, prompt.size(), g, t);
+  if (a.json) print_json(a, dir, session, prompt.size(), g, t);
+  return g.reason == StopReason::Interrupted ? 130 : 0;
 }
 
 }  // namespace
@@ -195,23 +344,36 @@ int run_sample(SampleArgs& a) {
 Command add_sample_command(CLI::App& root) {
   auto a = std::make_shared<SampleArgs>();
   CLI::App* app = root.add_subcommand("sample", "Generate text from a prompt");
-  app->add_option("model_dir", a->model_dir, "Hugging Face model directory (default: the shipped models/kjv-tiny)");
-  app->add_option("--prompt,-p", a->prompt, "Prompt text")->required();
-  app->add_option("--tokens,-n", a->tokens, "Tokens to generate")->check(CLI::NonNegativeNumber);
+  add_model_option(*app, a->model_dir, "Hugging Face model directory (default: the shipped models/kjv-tiny)");
+  a->prompt_opt = app->add_option("--prompt,-p", a->prompt, "Prompt text");
+  a->file_opt = app->add_option("--file,-f", a->prompt_file,
+                                "Read the prompt from FILE (- = standard input; one final newline dropped)")
+                    ->excludes(a->prompt_opt);
+  app->add_flag("--escape,-e", a->escape, "Process escapes (\\n \\r \\t \\' \\\" \\\\ \\xHH) in the prompt and --stop");
+  app->add_option("--stop", a->stops,
+                  "Stop when the generated text contains STR; the text is printed up to it (repeatable)")
+      ->check(CLI::Validator([](std::string& s) { return s.empty() ? std::string("an empty stop string") : ""; }, ""))
+      ->default_str("");
+  app->add_option("--tokens,-n", a->tokens, "Tokens to generate (fewer at EOS, a stop string, a full context)")
+      ->check(integer_at_least(0));
   app->add_option("--temperature,--temp", a->sampling.temperature, "Sampling temperature (0 = greedy)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(number_at_least(0));
   app->add_option("--top-k", a->sampling.top_k, "Keep the K most likely tokens (0 = off)")
-      ->check(CLI::NonNegativeNumber);
-  app->add_option("--top-p", a->sampling.top_p, "Nucleus sampling threshold (1 = off)")->check(CLI::Range(0.0, 1.0));
+      ->check(integer_at_least(0));
+  app->add_option("--top-p", a->sampling.top_p, "Nucleus sampling threshold (1 = off)")->check(number_between(0, 1));
   app->add_option("--min-p", a->sampling.min_p, "Drop tokens below P times the top probability (0 = off)")
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(number_between(0, 1));
   app->add_option("--repeat-penalty", a->sampling.repeat_penalty, "Penalty for recent tokens (1 = off)")
-      ->check(CLI::PositiveNumber);
+      ->check(number_at_least(0, /*exclusive=*/true));
   app->add_option("--repeat-last-n", a->sampling.repeat_last_n, "Tokens the penalty looks back over (-1 = all)")
-      ->check(CLI::Range(-1, 1 << 30));
-  app->add_option("--seed,-s", a->sampling.seed, "RNG seed (default: random, printed)")
-      ->each([a](const std::string&) { a->seed_given = true; });
+      ->check(integer_between(-1, 1 << 30));
+  app->add_option("--seed,-s", a->seed, "RNG seed (-1 = random, printed in the footer)")
+      ->check(CLI::Validator([](std::string& s) { return s == "-1" ? std::string() : unsigned_integer()(s); }, ""))
+      ->type_name("INT");
   app->add_flag("--ignore-eos", a->ignore_eos, "Keep generating after EOS (EOS stays in the sequence)");
+  app->add_flag("--json", a->json,
+                "Print one JSON object on stdout (text, token ids, timings, stop reason, KV cache) instead of "
+                "the streamed text");
   add_runtime_options(*app, a->runtime);
   CLI::Option* no_cache = app->get_option("--no-cache");
   app->add_option("--cache-prompt", a->cache_prompt,
@@ -224,7 +386,7 @@ Command add_sample_command(CLI::App& root) {
                          ->excludes(no_cache);
   app->add_option("--prompt-cache-max-mb", a->prompt_cache_max_mb,
                   "Keep --prompt-cache-dir under N MiB, removing least recently used entries")
-      ->check(CLI::PositiveNumber)
+      ->check(number_at_least(0, /*exclusive=*/true))
       ->needs(dir);
   return {app, [a] { return run_sample(*a); }};
 }

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "cli/commands.h"
+#include "cli/options.h"
 #include "core/error.h"
 #include "tokenizer/tokenizer.h"
 
@@ -89,6 +90,7 @@ int run_tokenize(const TokenizeArgs& a) {
     throw UsageError("--no-special and --no-parse-special are for encoding, not --decode");
   if (!decoding && a.keep_special) throw UsageError("--keep-special goes with --decode");
 
+  if (a.path.empty()) throw UsageError("give the model directory or tokenizer.json: tokenize PATH, or -m PATH");
   const Tokenizer tok = Tokenizer::load(a.path);
   EncodeOptions opts;
   opts.add_special = !a.no_special;
@@ -129,7 +131,7 @@ Command add_tokenize_command(CLI::App& root) {
   auto args = std::make_shared<TokenizeArgs>();
   CLI::App* app = root.add_subcommand(
       "tokenize", "Encode text to token ids (or decode ids to text) with a model's tokenizer");
-  app->add_option("path", args->path, "model directory or tokenizer.json")->required();
+  add_model_option(*app, args->path, "model directory or tokenizer.json");
   args->text_opt = app->add_option("--text", args->text, "text to encode");
   args->file_opt =
       app->add_option("--file", args->file, "encode the contents of this file (- for stdin)");

@@ -1,14 +1,25 @@
-// posttrainllm: command dispatch. Exit codes: 0 ok, 1 runtime error (bad file, ...), 2 usage error.
+// posttrainllm: command dispatch. Exit codes: 0 ok, 1 runtime error (bad file, ...), 2 usage error;
+// `sample` interrupted by Ctrl-C exits 130 after its footer.
 #include <cstdio>
 #include <exception>
+#include <string>
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/options.h"
 #include "core/error.h"
 
-int main(int argc, char** argv) {
+namespace {
+
+int run(int argc, char** argv) {
   CLI::App app{"posttrainllm: LLM inference with a composable KV-cache engine"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", ptllm::cli::version_text(), "Print the version and build, then exit");
+  // Every command: defaults shown in --help; a repeated option takes its last value (as llama.cpp).
+  app.failure_message([](const CLI::App* cmd, const CLI::Error& e) {
+    return "error: " + std::string(e.what()) + "\nRun with --help for more information.\n";
+  });
+  app.option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   std::vector<ptllm::cli::Command> commands = {
       ptllm::cli::add_sample_command(app),
       ptllm::cli::add_tokenize_command(app),
@@ -17,8 +28,18 @@ int main(int argc, char** argv) {
       ptllm::cli::add_bench_command(app),
       ptllm::cli::add_make_model_command(app),
   };
+  for (auto& c : commands) c.app->set_version_flag("--version", ptllm::cli::version_text(), "Print the version and build");
+  std::vector<std::string> args;
   try {
-    app.parse(argc, argv);
+    args = ptllm::cli::preprocess_args(app, argc, argv);
+  } catch (const ptllm::UsageError& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+  std::vector<char*> ptrs;
+  for (std::string& a : args) ptrs.push_back(a.data());
+  try {
+    app.parse(int(ptrs.size()), ptrs.data());
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
@@ -29,9 +50,16 @@ int main(int argc, char** argv) {
     app.exit(e);
     return 2;
   }
+  for (auto& c : commands)
+    if (c.app->parsed()) return c.run();
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
   try {
-    for (auto& c : commands)
-      if (c.app->parsed()) return c.run();
+    return run(argc, argv);
   } catch (const ptllm::UsageError& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;
@@ -39,5 +67,4 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }
-  return 2;
 }

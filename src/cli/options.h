@@ -1,8 +1,10 @@
 #pragma once
-// Options shared by the commands that run a model (sample now; eval and bench later), filled in one place.
+// Options shared by the commands (the runtime options of the commands that run a model, the model
+// argument, number validators), and the command-line preprocessing every command goes through.
 #include <CLI/CLI.hpp>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "engine/session.h"
 
@@ -14,6 +16,8 @@ struct RuntimeOptions {
   bool preallocate = true;
   bool no_cache = false;
   std::string kv_quantize = "fp32";
+  bool kv_quantize_given = false;
+  std::string cache_type_k, cache_type_v;  // llama.cpp's -ctk/-ctv as typed; empty = not given
   int group_size = 32;
   int residual = 128;
   int sink = 0;
@@ -25,6 +29,26 @@ void add_runtime_options(CLI::App& app, RuntimeOptions& o);
 // Validated session options for a model (throws UsageError for bad values).
 SessionOptions make_session_options(const RuntimeOptions& o, const ModelConfig& cfg);
 int resolve_threads(const RuntimeOptions& o);
+
+// The model directory as a positional MODEL or -m/--model MODEL (llama.cpp's flag); not both.
+void add_model_option(CLI::App& app, std::string& dir, const std::string& description);
+
+// Number validators with short messages ("must be at least 0", "'abc' is not a number"): CLI11's
+// NonNegativeNumber and PositiveNumber print the type's maximum, a 300-digit number for a double.
+CLI::Validator integer_at_least(long long lo, long long hi = 2147483647);
+CLI::Validator integer_between(long long lo, long long hi);
+CLI::Validator unsigned_integer();  // a 64-bit seed
+CLI::Validator number_at_least(double lo, bool exclusive = false);
+CLI::Validator number_between(double lo, double hi);
+
+// Rewrites argv before CLI11 sees it (CLI11 would read llama.cpp's -cnv as -c nv): llama.cpp's
+// multi-letter single-dash flags are mapped to their long names where this runtime has them
+// (-ctk -> --cache-type-k) or refused with a message naming them. Also refuses an unknown command
+// by name. Throws UsageError. `root` must have every command registered.
+std::vector<std::string> preprocess_args(const CLI::App& root, int argc, char** argv);
+
+// "posttrainllm 0.1.0 (git 15792fa, Release, GCC 12.2.0, kernels avx512)".
+std::string version_text();
 
 // The model shipped in the repository (models/kjv-tiny), found next to the binary or the source tree.
 std::filesystem::path default_model_dir();

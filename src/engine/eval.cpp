@@ -265,6 +265,7 @@ void Evaluator::score_stream(std::span<const int32_t> ids, const FeedPlan& plan,
       }
     }
     i += T;
+    if (progress_) progress_(T);
   }
   for (size_t k = 0; k < configs_.size(); ++k) {
     const KVCache& kv = sessions[k]->cache();

@@ -5,6 +5,7 @@
 // each configuration run their own Session in lockstep, so the baseline's next-token distribution is
 // compared position by position without being stored ([tokens][vocab] would not fit for big vocabs).
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -58,6 +59,8 @@ class Evaluator {
   // n-1 (llama.cpp's perplexity scores only a chunk's second half). Throws Error naming the
   // configuration when its Session fails (context full) or its logits are not finite.
   void score_stream(std::span<const int32_t> ids, const FeedPlan& plan, int first_scored = 0);
+  // Called by score_stream after each step with the tokens that step fed (for progress reports).
+  void set_progress(std::function<void(int tokens)> fn) { progress_ = std::move(fn); }
 
   // [n] position of each predicted token within its stream (1 .. stream length - 1).
   const std::vector<int32_t>& positions() const { return positions_; }
@@ -74,6 +77,7 @@ class Evaluator {
   std::vector<double> base_nll_;
   double base_seconds_ = 0;
   size_t streams_ = 0;
+  std::function<void(int)> progress_;
 };
 
 // Mean NLL over a range of positions, both ends inclusive.

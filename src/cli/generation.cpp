@@ -1,0 +1,96 @@
+#include "cli/generation.h"
+
+#include <algorithm>
+#include <cctype>
+#include <csignal>
+#include <utility>
+
+namespace ptllm::cli {
+
+std::string process_escapes(const std::string& in) {
+  std::string out;
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (in[i] != '\\' || i + 1 == in.size()) {
+      out += in[i];
+      continue;
+    }
+    const char c = in[++i];
+    switch (c) {
+      case 'n': out += '\n'; break;
+      case 'r': out += '\r'; break;
+      case 't': out += '\t'; break;
+      case '\'': out += '\''; break;
+      case '"': out += '"'; break;
+      case '\\': out += '\\'; break;
+      default:
+        if (c == 'x' && i + 2 < in.size() && std::isxdigit((unsigned char)in[i + 1]) &&
+            std::isxdigit((unsigned char)in[i + 2])) {
+          out += char(std::stoi(in.substr(i + 1, 2), nullptr, 16));
+          i += 2;
+        } else {
+          out += '\\';
+          out += c;  // unknown escapes stay as written
+        }
+    }
+  }
+  return out;
+}
+
+std::string StopText::push(const std::string& piece) {
+  pending_ += piece;
+  size_t first = std::string::npos;
+  for (const std::string& s : stops_) {
+    const size_t at = pending_.find(s);
+    if (at < first) first = at, found_ = s;
+  }
+  if (first != std::string::npos) {
+    stopped_ = true;
+    std::string out = pending_.substr(0, first);
+    pending_.clear();
+    return out;
+  }
+  size_t hold = 0;  // the longest end of pending_ that begins a stop string
+  for (const std::string& s : stops_)
+    for (size_t k = std::min(s.size() - 1, pending_.size()); k > hold; --k)
+      if (pending_.compare(pending_.size() - k, k, s, 0, k) == 0) {
+        hold = k;
+        break;
+      }
+  std::string out = pending_.substr(0, pending_.size() - hold);
+  pending_.erase(0, pending_.size() - hold);
+  return out;
+}
+
+std::string StopText::finish() { return std::exchange(pending_, {}); }
+
+const char* stop_reason_key(StopReason r) {
+  switch (r) {
+    case StopReason::Eos: return "eos";
+    case StopReason::StopString: return "stop_string";
+    case StopReason::TokenLimit: return "token_limit";
+    case StopReason::ContextFull: return "context_full";
+    case StopReason::Interrupted: return "interrupted";
+  }
+  return "";
+}
+
+namespace {
+volatile std::sig_atomic_t g_interrupted = 0;
+extern "C" void on_sigint(int) { g_interrupted = 1; }
+}  // namespace
+
+SigintGuard::SigintGuard() {
+  struct sigaction sa {};
+  sa.sa_handler = on_sigint;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESETHAND;
+  sigaction(SIGINT, &sa, &old_);
+}
+
+SigintGuard::~SigintGuard() {
+  if (!g_interrupted) sigaction(SIGINT, &old_, nullptr);
+}
+
+bool interrupted() { return g_interrupted != 0; }
+
+}  // namespace ptllm::cli
