@@ -230,6 +230,38 @@ TEST(SharedPool, RunningOutIsRefusedCleanly) {
   EXPECT_NO_THROW(b.feed(random(100)));
 }
 
+// A session rewound to an earlier point and fed again equals one that never went further, also
+// when the rewind lands inside a block other sequences share (it is copied, never written).
+TEST(SharedPool, RewindInsideASharedBlock) {
+  auto model = Model::load(test::repo_model("kjv-tiny"));
+  ThreadPool pool(1);
+  SessionOptions o;
+  o.kv.ctx_size = 256;
+  KVPool kv(model->kv_shape(), o.kv, 3);
+  std::vector<int32_t> p(100);
+  for (size_t i = 0; i < p.size(); ++i) p[i] = int32_t(5 + 7 * i % 4000);
+  Session a(*model, o, pool, &kv), b(*model, o, pool, &kv);
+  a.feed(p);
+  b.feed(p);
+  ASSERT_EQ(b.reused_tokens(), 96);
+  b.truncate(50);  // inside the second block, which a holds too
+  EXPECT_TRUE(b.last_logits().empty());
+  std::vector<int32_t> other(p.begin(), p.begin() + 50);
+  for (int i = 0; i < 30; ++i) other.push_back(int32_t(1000 + i));
+  const auto got = b.feed(std::span(other).subspan(50));
+  Session fresh(*model, o, pool);
+  const auto want = fresh.feed(other);
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size_bytes()), 0);
+  // a's blocks were not written: it continues as a private run of p does.
+  const int32_t next = 3;
+  const auto ga = a.feed({&next, 1});
+  Session pa(*model, o, pool);
+  pa.feed(p);
+  const auto wa = pa.feed({&next, 1});
+  EXPECT_EQ(std::memcmp(ga.data(), wa.data(), wa.size_bytes()), 0);
+  EXPECT_THROW(b.truncate(81), Error);
+}
+
 // A sequence spilled to disk gives its blocks back; restored on the same pool it goes on exactly as
 // if it had never left.
 TEST(SharedPool, SpilledSequenceResumesExactly) {

@@ -24,7 +24,7 @@ Session::Session(const Model& model, const SessionOptions& opts, ThreadPool& poo
 }
 
 std::span<const float> Session::last_logits() const {
-  if (history_.empty()) return {};
+  if (history_.empty() || !logits_valid_) return {};
   const size_t vocab = size_t(model_.config().vocab_size);
   return {logits_.data() + last_row_ * vocab, vocab};
 }
@@ -44,6 +44,7 @@ void Session::restore(std::span<const int32_t> history, std::string_view kv_stat
   if (logits_.size() < vocab) logits_.resize(vocab);
   std::copy(last_logits.begin(), last_logits.end(), logits_.begin());
   last_row_ = 0;
+  logits_valid_ = true;
 }
 
 int Session::max_chunk() const {
@@ -81,6 +82,7 @@ void Session::feed_batch(std::span<Session* const> sessions, std::span<const std
     s.history_.insert(s.history_.end(), tokens[i].begin(), tokens[i].end());
     s.cache_->end_step(s.history_);
     s.reused_ = 0;
+    s.logits_valid_ = true;
   }
 }
 
@@ -118,6 +120,16 @@ void Session::check_room(std::span<Session* const> sessions, std::span<const std
   }
 }
 
+void Session::truncate(int64_t n) {
+  if (n < 0 || n > position())
+    throw Error("cannot rewind to " + std::to_string(n) + " tokens: the session holds " + std::to_string(position()));
+  if (n == position()) return;
+  if (cache_) cache_->truncate(n);
+  history_.resize(size_t(n));
+  last_row_ = 0;
+  logits_valid_ = false;
+}
+
 bool Session::fits(int64_t more) const {
   return cache_ ? cache_->fits(more) : position() + more <= opts_.kv.ctx_size;
 }
@@ -135,6 +147,7 @@ std::span<float> Session::run(std::span<const int32_t> tokens, bool all_logits) 
   const size_t rows = all_logits ? T : 1;
   if (logits_.size() < rows * vocab) logits_.resize(rows * vocab);
   last_row_ = rows - 1;
+  logits_valid_ = true;
 
   if (opts_.use_cache) {
     reused_ = 0;

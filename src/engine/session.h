@@ -42,6 +42,12 @@ class Session {
   // Most tokens one feed_batch() may give this session.
   int max_chunk() const;
 
+  // Rewinds to the first n tokens of the history (a conversation whose template rewrote a turn, a
+  // regenerated reply): the next feed continues from there. Throws ptllm::Error and changes nothing
+  // when the cache cannot go back that far (tokens already evicted or quantized: see
+  // KVCache::rewind_floor) or when n exceeds the history. The last logits are gone until the next feed.
+  void truncate(int64_t n);
+
   // Tokens of the last feed taken from the shared pool instead of computed.
   int64_t reused_tokens() const { return reused_; }
 
@@ -75,6 +81,7 @@ class Session {
   size_t last_row_ = 0;        // row of logits_ holding the last token's logits
   std::vector<int32_t> history_;
   int64_t reused_ = 0;
+  bool logits_valid_ = false;  // false after a rewind, until the next feed
 };
 
 // The default KV capacity: min(max_position_embeddings, 4096), as DESIGN.md says.
