@@ -103,7 +103,7 @@ int run_sample(SampleArgs& a) {
 
   std::vector<int32_t> prompt = tok.encode(a.prompt);
   if (prompt.empty()) throw UsageError("the prompt encodes to no tokens; give --prompt some text");
-  if (!sopts.kv.streaming() && int(prompt.size()) > sopts.kv.ctx_size)
+  if (!session.fits(int64_t(prompt.size())))  // never under StreamingLLM or a model whose every layer slides
     throw Error("the prompt has " + std::to_string(prompt.size()) + " tokens, more than --ctx-size " +
                 std::to_string(sopts.kv.ctx_size));
   if (!a.seed_given) a.sampling.seed = std::random_device{}();
