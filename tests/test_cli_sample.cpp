@@ -89,6 +89,19 @@ TEST(CliSampleTest, StreamingFooterReportsTheCap) {
   EXPECT_NE(r.err.find("int4 g8 r8 sink4 w24 pos=cache"), std::string::npos) << r.err;
 }
 
+// A model whose every layer slides (mistral-swa-tiny, W = 64) has no context limit once --ctx-size
+// holds the window: a generation longer than it runs, and the footer reports the window.
+TEST(CliSampleTest, SlidingWindowModelRunsPastTheContextSize) {
+  const auto dir = test::shared_model("mistral-swa-tiny");
+  if (!std::filesystem::exists(dir / "model.safetensors")) GTEST_SKIP() << dir << " not found";
+  auto r = test::run_command(sample_cmd(dir.string() + " --prompt 'In the beginning God created the heaven and the earth' "
+                                        "--ctx-size 64 --tokens 200 --temperature 0 --ignore-eos"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("decode: 200 tokens"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(" (sliding window)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("stored 64 of "), std::string::npos) << r.err;
+}
+
 // A long generation reports its speed over the first and the last 500 steps (the StreamingLLM check:
 // a bounded window keeps the two equal); a short one does not.
 TEST(CliSampleTest, LongGenerationReportsFirstAndLastStepRates) {

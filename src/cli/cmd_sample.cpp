@@ -307,7 +307,7 @@ int run_sample(SampleArgs& a) {
   t.load_ms = ms_since(t_load);
 
   const std::vector<int32_t> prompt = encode_prompt(tok, prompt_text);
-  if (!sopts.kv.streaming() && int(prompt.size()) > sopts.kv.ctx_size)
+  if (!session.fits(int64_t(prompt.size())))  // never under StreamingLLM or a model whose every layer slides
     throw Error("the prompt has " + std::to_string(prompt.size()) + " tokens, more than --ctx-size " +
                 std::to_string(sopts.kv.ctx_size));
   a.sampling.seed = a.seed == "-1" ? uint64_t(std::random_device{}()) : std::stoull(a.seed);

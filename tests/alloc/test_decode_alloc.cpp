@@ -77,13 +77,17 @@ struct Case {
   KVPrecision precision;
   int sink, window;
   int threads;
+  const char* model = "kjv-tiny";
+  bool shared = false;  // read from ../shared/models (skipped without it)
 };
 
 class DecodeAllocTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(DecodeAllocTest, DecodeStepsAllocateNothing) {
   const Case& c = GetParam();
-  auto model = Model::load(test::repo_model("kjv-tiny"));
+  const std::filesystem::path dir = c.shared ? test::shared_model(c.model) : test::repo_model(c.model);
+  if (!std::filesystem::exists(dir / "model.safetensors")) GTEST_SKIP() << dir << " not found";
+  auto model = Model::load(dir);
   ThreadPool pool(c.threads);
   if (c.threads > 1) {
     // Mark the workers: a job of many one-index parts, each of which the caller skips.
@@ -132,7 +136,10 @@ INSTANTIATE_TEST_SUITE_P(Caches, DecodeAllocTest,
                                            Case{"int4", KVPrecision::Int4, 0, 0, 1},
                                            Case{"int4_streaming", KVPrecision::Int4, 4, 40, 1},
                                            Case{"fp32_2threads", KVPrecision::F32, 0, 0, 2},
-                                           Case{"int4_streaming_2threads", KVPrecision::Int4, 4, 40, 2}),
+                                           Case{"int4_streaming_2threads", KVPrecision::Int4, 4, 40, 2},
+                                           // every layer slides over 64 tokens: blocks given back in the measured steps
+                                           Case{"sliding_fp32", KVPrecision::F32, 0, 0, 1, "mistral-swa-tiny", true},
+                                           Case{"sliding_int4_2threads", KVPrecision::Int4, 0, 0, 2, "mistral-swa-tiny", true}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
