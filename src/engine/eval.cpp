@@ -14,84 +14,6 @@ namespace ptllm {
 
 namespace {
 
-// ---- cache specs -------------------------------------------------------------------------------
-
-enum class TokenForm {
-  Word,    // exactly the key: "fp32"
-  Number,  // the key then digits: "g32", "sink4"
-  Value,   // the key then a word: "pos=cache"
-};
-
-struct SpecArg {
-  std::string_view token;  // as written
-  std::string_view text;   // what follows the key
-  int number = 0;          // TokenForm::Number
-};
-
-// One token form of a cache spec; a new cache option is one more row. apply returns false for a
-// value it does not accept; KVCacheConfig::validate() checks the combination afterwards.
-struct SpecToken {
-  std::string_view key;
-  TokenForm form;
-  std::string_view usage;    // for the list of known tokens
-  std::string_view setting;  // two tokens that set the same setting conflict
-  bool (*apply)(KVCacheConfig&, const SpecArg&);
-};
-
-constexpr auto set_precision = [](KVCacheConfig& c, const SpecArg& a) {
-  c.precision = *parse_kv_precision(a.token);  // the rows below are exactly the precision names
-  return true;
-};
-
-constexpr SpecToken kSpecTokens[] = {
-    {"fp32", TokenForm::Word, "fp32", "precision", set_precision},
-    {"fp16", TokenForm::Word, "fp16", "precision", set_precision},
-    {"bf16", TokenForm::Word, "bf16", "precision", set_precision},
-    {"int8", TokenForm::Word, "int8", "precision", set_precision},
-    {"int4", TokenForm::Word, "int4", "precision", set_precision},
-    {"int2", TokenForm::Word, "int2", "precision", set_precision},
-    {"g", TokenForm::Number, "g<N>", "group size",
-     [](KVCacheConfig& c, const SpecArg& a) { return c.group_size = a.number, true; }},
-    {"r", TokenForm::Number, "r<N>", "residual",
-     [](KVCacheConfig& c, const SpecArg& a) { return c.residual = a.number, true; }},
-    {"sink", TokenForm::Number, "sink<N>", "sink", [](KVCacheConfig& c, const SpecArg& a) { return c.sink = a.number, true; }},
-    {"w", TokenForm::Number, "w<N>", "window", [](KVCacheConfig& c, const SpecArg& a) { return c.window = a.number, true; }},
-    {"pos=", TokenForm::Value, "pos=absolute|cache", "positions",
-     [](KVCacheConfig& c, const SpecArg& a) {
-       if (a.text != "absolute" && a.text != "cache") return false;
-       c.positions = a.text == "cache" ? PositionMode::Cache : PositionMode::Absolute;
-       return true;
-     }},
-};
-
-std::string known_tokens() {
-  std::string s;
-  for (const auto& t : kSpecTokens) (s += s.empty() ? "" : " ") += t.usage;
-  return s;
-}
-
-// The row a token matches, with its argument filled in; nullptr when none does.
-const SpecToken* match_token(std::string_view tok, SpecArg& arg, const std::string& where) {
-  arg.token = tok;
-  for (const auto& t : kSpecTokens) {
-    if (t.form == TokenForm::Word) {
-      if (tok == t.key) return &t;
-      continue;
-    }
-    if (!tok.starts_with(t.key) || tok.size() == t.key.size()) continue;
-    arg.text = tok.substr(t.key.size());
-    if (t.form == TokenForm::Value) return &t;
-    if (!std::all_of(arg.text.begin(), arg.text.end(), [](char c) { return c >= '0' && c <= '9'; })) continue;
-    auto [end, ec] = std::from_chars(arg.text.data(), arg.text.data() + arg.text.size(), arg.number);
-    if (ec != std::errc() || end != arg.text.data() + arg.text.size())
-      throw UsageError(where + "the number in '" + std::string(tok) + "' is too large");
-    return &t;
-  }
-  return nullptr;
-}
-
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-
 // ---- scoring -----------------------------------------------------------------------------------
 
 using Clock = std::chrono::steady_clock;
@@ -132,37 +54,26 @@ std::vector<NllBucket> grouped_means(std::span<const int32_t> positions, std::sp
 
 }  // namespace
 
+namespace {
+bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+}  // namespace
+
 CacheSpec parse_cache_spec(std::string_view spec, const KVCacheConfig& base) {
-  CacheSpec out{"", base};
   const std::string where = "cache spec '" + std::string(spec) + "': ";
-  std::vector<std::pair<std::string_view, std::string_view>> set;  // (setting, token that set it)
-  size_t i = 0;
-  while (i < spec.size()) {
+  CacheSpec out{"", base};
+  for (size_t i = 0; i < spec.size();) {  // the name: the tokens joined by single spaces
     if (is_space(spec[i])) {
       ++i;
       continue;
     }
     size_t j = i;
     while (j < spec.size() && !is_space(spec[j])) ++j;
-    const std::string_view tok = spec.substr(i, j - i);
+    (out.name += out.name.empty() ? "" : " ") += spec.substr(i, j - i);
     i = j;
-    SpecArg arg;
-    const SpecToken* t = match_token(tok, arg, where);
-    if (!t) throw UsageError(where + "unknown token '" + std::string(tok) + "' (known: " + known_tokens() + ")");
-    for (const auto& [setting, by] : set)
-      if (setting == t->setting)
-        throw UsageError(where + "'" + std::string(tok) + "' sets the " + std::string(setting) +
-                         " already set by '" + std::string(by) + "'");
-    set.emplace_back(t->setting, tok);
-    if (!t->apply(out.kv, arg))
-      throw UsageError(where + "bad value in '" + std::string(tok) + "' (expected " + std::string(t->usage) + ")");
-    (out.name += out.name.empty() ? "" : " ") += tok;
   }
-  if (out.name.empty()) throw UsageError("empty cache spec (known tokens: " + known_tokens() + ")");
-  // A spec is self-contained: without pos=, the default for its window applies.
-  if (std::none_of(set.begin(), set.end(), [](const auto& s) { return s.first == "positions"; }))
-    out.kv.positions = default_positions(out.kv);
+  if (out.name.empty()) throw UsageError("empty cache spec (known tokens: " + kv_config_tokens() + ")");
   try {
+    out.kv = parse_kv_config(spec, base);
     sized_for(out.kv, 1).validate();
   } catch (const UsageError& e) {
     throw UsageError(where + e.what());

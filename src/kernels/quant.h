@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/layout.h"
+
 namespace ptllm {
 
 struct QuantRange {
@@ -26,20 +28,6 @@ constexpr float kMinScale = 0x1p-14f;
 // code term (127 / amax stays finite).
 constexpr float kMinQueryMax = 1e-30f;
 
-inline size_t packed_bytes(int n, int bits) { return (size_t(n) * size_t(bits) + 7) / 8; }
-
-// A K group's codes as stored: G rows of pk = packed_bytes(D) bytes, in tiles of 16 keys (the last
-// narrower when G % 16 != 0); a tile's rows are cut into columns of 4 bytes (the last narrower when
-// pk % 4 != 0) and a column holds its bytes of the tile's keys one after another. So 4 bytes of
-// each of 16 keys are 64 consecutive bytes: the order the AVX-512 VNNI kernel multiplies them in
-// (one key a 32-bit lane), read with one load instead of a transpose. Byte b of key j's row:
-// (Keys in key j's tile: 16, or fewer in a narrower last tile.)
-inline size_t k_tile_keys(int j, int G) { return size_t(G - j / 16 * 16 < 16 ? G - j / 16 * 16 : 16); }
-inline size_t k_code_offset(int j, size_t b, size_t pk, int G) {
-  const int t0 = j / 16 * 16;
-  const size_t c = b / 4 * 4, cw = pk - c < 4 ? pk - c : 4;
-  return size_t(t0) * pk + c * k_tile_keys(j, G) + size_t(j - t0) * cw + (b - c);
-}
 // Keys [j0, j0 + n) of a K group, as the kernels take them.
 struct KRows {
   const uint8_t* group;  // the group's codes as stored (k_code_offset)

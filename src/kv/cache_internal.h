@@ -1,0 +1,132 @@
+#pragma once
+// Internal to src/kv: the per-layer bookkeeping of a KVCache (its block table) and the bounds that
+// size its pools, shared by the files that implement KVCache (kv_cache.cpp: storage and counts,
+// attention_cpu.cpp, policy.cpp, prefix.cpp, state.cpp).
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+#include "kv/kv_cache.h"
+
+namespace ptllm {
+namespace kvdetail {
+
+// A fixed-capacity ring of block entries, oldest first (no allocation after construction).
+struct Entry {
+  int32_t id = -1;
+  bool quantized = false;
+};
+
+class Ring {
+ public:
+  explicit Ring(size_t cap = 0) : buf_(cap) {}
+  size_t size() const { return size_; }
+  size_t capacity() const { return buf_.size(); }
+  bool empty() const { return size_ == 0; }
+  // Indexed by a compare, not a division (attention indexes the ring once per block read).
+  Entry& operator[](size_t i) { return buf_[wrap(head_ + i)]; }
+  const Entry& operator[](size_t i) const { return buf_[wrap(head_ + i)]; }
+  void push_back(Entry e) {
+    PTLLM_CHECK(size_ < buf_.size());
+    buf_[wrap(head_ + size_)] = e;
+    ++size_;
+  }
+  void pop_front() {
+    PTLLM_CHECK(size_ > 0);
+    head_ = wrap(head_ + 1);
+    --size_;
+  }
+  void pop_back() {
+    PTLLM_CHECK(size_ > 0);
+    --size_;
+  }
+
+ private:
+  size_t wrap(size_t i) const { return i < buf_.size() ? i : i - buf_.size(); }  // i < 2 capacity
+  std::vector<Entry> buf_;
+  size_t head_ = 0, size_ = 0;
+};
+
+inline size_t ceil_div(int64_t a, int64_t b) { return size_t((a + b - 1) / b); }
+
+// Prefill chunk under StreamingLLM or KIVI: bounds the full-precision blocks a batched pass needs.
+inline constexpr int kChunk = 64;
+
+struct Bounds {
+  size_t sink_blocks, dense_stream_blocks, quant_blocks;
+};
+
+// One layer's blocks; window: its stream window (0: none); bounded: at most ctx_size tokens are
+// ever appended.
+inline Bounds block_bounds(const KVCacheConfig& c, int chunk, int window, bool bounded) {
+  const int B = c.group_size;
+  Bounds b{};
+  b.sink_blocks = c.streaming() ? ceil_div(c.sink, B) : 0;
+  // Stream tokens held while a chunk attends: its window (M - 1 before the first query), the chunk,
+  // up to B - 1 masked tokens of a partly evicted block, and one block of alignment slack.
+  size_t window_blocks = window > 0 ? ceil_div(int64_t(window) + chunk + B - 2, B) + 1 : ceil_div(c.ctx_size, B);
+  if (bounded) window_blocks = std::min(window_blocks, ceil_div(c.ctx_size, B));
+  if (is_kivi(c.precision)) {
+    b.dense_stream_blocks = std::min(window_blocks, ceil_div(int64_t(c.residual) + B - 1 + chunk, B) + 1);
+    b.quant_blocks = window_blocks;
+  } else {
+    b.dense_stream_blocks = window_blocks;
+    b.quant_blocks = 0;
+  }
+  return b;
+}
+
+// Prefill chunk: bounded when a policy (StreamingLLM, KIVI, a sliding layer) limits the
+// full-precision blocks a batched pass may hold.
+inline int chunk_for(const KVShape& shape, const KVCacheConfig& c) {
+  return (c.streaming() || is_kivi(c.precision) || shape.any_window()) ? kChunk : c.ctx_size;
+}
+// Without StreamingLLM the context is limited by ctx_size unless every layer forgets what leaves its
+// window; a window wider than ctx_size never slides within it, so that limit stays.
+inline bool unbounded_for(const KVShape& shape, const KVCacheConfig& c) {
+  bool all_slide = true;
+  for (int l = 0; l < shape.n_layers; ++l) all_slide = all_slide && shape.window_of(l) > 0 && shape.window_of(l) <= c.ctx_size;
+  return c.streaming() || all_slide;
+}
+// Stream tokens a query of layer l sees, itself included (0: all): the layer's own window, StreamingLLM's,
+// or the narrower of the two.
+inline int stream_window(const KVShape& shape, const KVCacheConfig& c, int l) {
+  const int native = shape.window_of(l);
+  return native > 0 && c.streaming() ? std::min(native, c.window) : std::max(native, c.window);
+}
+// Per sequence, worst case: full-precision blocks and KIVI groups, over every layer.
+inline std::pair<size_t, size_t> blocks_per_sequence(const KVShape& shape, const KVCacheConfig& c) {
+  const int chunk = chunk_for(shape, c);
+  const bool bounded = !unbounded_for(shape, c);
+  size_t dense = 0, quant = 0;
+  for (int l = 0; l < shape.n_layers; ++l) {
+    const Bounds b = block_bounds(c, chunk, stream_window(shape, c, l), bounded);
+    dense += b.sink_blocks + b.dense_stream_blocks;
+    quant += b.quant_blocks;
+  }
+  return {dense, quant};
+}
+
+}  // namespace kvdetail
+
+struct KVCache::Layer {
+  std::vector<int32_t> sinks;  // dense blocks holding the first n_sink tokens
+  int n_sink = 0;
+  int native = 0;              // the model's sliding window (0: full attention)
+  int window = 0;              // stream tokens a query sees, itself included (0: all): native and/or StreamingLLM's
+  kvdetail::Ring stream;                // blocks of the tokens after the sinks, oldest first
+  size_t n_quant = 0;          // the first n_quant entries of `stream` are quantized
+  int64_t begin = 0;           // stream index of the first slot of stream[0] (a multiple of B)
+  int64_t end = 0;             // stream tokens appended
+};
+
+// Where one stored token lives.
+struct KVCache::Located {
+  const uint8_t* block;
+  bool quantized;
+  int slot;
+};
+
+}  // namespace ptllm

@@ -1,0 +1,242 @@
+// The shared KV pool and prefix sharing: full blocks published under their content keys after a
+// step, found and adopted by the next sequence whose prompt begins the same way.
+#include "kv/cache_internal.h"
+
+#include <algorithm>
+#include <string>
+#include <xxhash.h>
+
+namespace ptllm {
+
+using namespace kvdetail;
+
+KVPool::KVPool(const KVShape& shape, const KVCacheConfig& cfg, size_t dense_blocks, size_t quant_blocks, bool keyed)
+    : shape_(shape),
+      cfg_(cfg),
+      keyed_(keyed),
+      dense_(size_t(cfg.group_size) * 2 * size_t(shape.kv_dim()) * dtype_size(dense_dtype(cfg.precision)), dense_blocks,
+             cfg.preallocate, keyed ? cfg.group_size : 0),
+      quant_(kivi_bits(cfg.precision) ? size_t(shape.n_kv_heads) * kivi_block_bytes_per_head(cfg.group_size, shape.head_dim,
+                                                                                                kivi_bits(cfg.precision))
+                                      : 0,
+             quant_blocks, cfg.preallocate, keyed ? cfg.group_size : 0) {}
+
+KVPool::KVPool(const KVShape& shape, const KVCacheConfig& cfg, int sequences, size_t budget_bytes)
+    : KVPool(shape, cfg, 0, 0, true) {
+  cfg.validate();
+  PTLLM_CHECK(sequences > 0);
+  auto [dense, quant] = blocks_per_sequence(shape, cfg);
+  dense *= size_t(sequences);
+  quant *= size_t(sequences);
+  const size_t dense_bytes = size_t(cfg.group_size) * 2 * size_t(shape.kv_dim()) * dtype_size(dense_dtype(cfg.precision));
+  const size_t quant_bytes = quant ? size_t(shape.n_kv_heads) * kivi_block_bytes_per_head(cfg.group_size, shape.head_dim,
+                                                                                           kivi_bits(cfg.precision))
+                                   : 0;
+  if (budget_bytes > 0) {
+    const double worst = double(dense * dense_bytes + quant * quant_bytes);
+    const double f = double(budget_bytes) / worst;
+    dense = size_t(double(dense) * f);
+    quant = size_t(double(quant) * f);
+    if (dense < size_t(shape.n_layers))
+      throw UsageError("--kv-budget-mb: " + std::to_string(budget_bytes >> 20) +
+                       " MiB holds less than one block per layer for this model and KV configuration");
+  }
+  dense_ = BlockPool(dense_bytes, dense, cfg.preallocate, cfg.group_size);
+  quant_ = BlockPool(quant_bytes, quant, cfg.preallocate, cfg.group_size);
+}
+
+size_t KVPool::shared_bytes() const {
+  size_t total = 0;
+  for (const BlockPool* p : {&dense_, &quant_}) {
+    size_t n = 0;
+    for (size_t id = 0; id < p->capacity(); ++id)
+      if (p->refs(int32_t(id)) > 1) ++n;
+    total += n * p->block_bytes();
+  }
+  return total;
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// Prefix sharing. The token blocks of a sequence are its sink blocks (the first N tokens in blocks of
+// B, the last one shorter when B does not divide N), then stream blocks of B tokens; every layer
+// stores them alike. A token block's key chains the previous one's with its first index and token
+// ids (XXH3-128), from a root that hashes the KV settings and the shape: two blocks share a key only
+// if every token before and in them is the same, and so are their bytes.
+
+namespace {
+struct Key128 {
+  uint64_t lo, hi;
+};
+
+Key128 root_key(const KVShape& shape, const KVCacheConfig& cfg) {
+  const std::string salt = cfg.describe() + " L" + std::to_string(shape.n_layers) + " H" +
+                           std::to_string(shape.n_kv_heads) + " D" + std::to_string(shape.head_dim);
+  const XXH128_hash_t h = XXH3_128bits(salt.data(), salt.size());
+  return {h.low64, h.high64};
+}
+
+Key128 chain_key(Key128 parent, int64_t start, std::span<const int32_t> tokens) {
+  const XXH128_hash_t t = XXH3_128bits(tokens.data(), tokens.size_bytes());
+  const uint64_t words[5] = {parent.lo, parent.hi, uint64_t(start), t.low64, t.high64};
+  const XXH128_hash_t h = XXH3_128bits(words, sizeof words);
+  return {h.low64, h.high64};
+}
+}  // namespace
+
+KVCache::TokenBlock KVCache::token_block(size_t j) const {
+  const int B = cfg_.group_size, N = cfg_.streaming() ? cfg_.sink : 0;
+  const size_t n_sink_blocks = ceil_div(N, B);
+  if (j < n_sink_blocks) return {int64_t(j) * B, std::min(B, N - int(j) * B)};
+  return {N + int64_t(j - n_sink_blocks) * B, B};
+}
+
+// The block holding token block j in layer L, or -1 when it is not stored (evicted, not yet there).
+int32_t KVCache::block_of(const Layer& L, size_t j, bool* quantized) const {
+  const int B = cfg_.group_size, N = cfg_.streaming() ? cfg_.sink : 0;
+  const size_t n_sink_blocks = ceil_div(N, B);
+  *quantized = false;
+  if (j < n_sink_blocks) return j < L.sinks.size() ? L.sinks[j] : -1;
+  const int64_t entry = int64_t(j - n_sink_blocks) - L.begin / B;
+  if (entry < 0 || entry >= int64_t(L.stream.size())) return -1;
+  *quantized = L.stream[size_t(entry)].quantized;
+  return L.stream[size_t(entry)].id;
+}
+
+void KVCache::end_step(std::span<const int32_t> history) {
+  PTLLM_CHECK(int64_t(history.size()) == n_tokens());
+  if (pool_->keyed()) {
+    if (n_keyed_ == 0) {
+      const Key128 r = root_key(shape_, cfg_);
+      chain_lo_ = r.lo;
+      chain_hi_ = r.hi;
+    }
+    // Publish every token block filled since the last step, in every layer that still stores it.
+    for (TokenBlock tb = token_block(n_keyed_); tb.start + tb.len <= int64_t(history.size());
+         tb = token_block(++n_keyed_)) {
+      const auto ids = history.subspan(size_t(tb.start), size_t(tb.len));
+      const Key128 k = chain_key({chain_lo_, chain_hi_}, tb.start, ids);
+      chain_lo_ = k.lo;
+      chain_hi_ = k.hi;
+      for (size_t l = 0; l < layers_.size(); ++l) {
+        bool quantized;
+        const int32_t id = block_of(layers_[l], n_keyed_, &quantized);
+        if (id >= 0) (quantized ? quant_pool_ : dense_pool_).publish(id, {k.lo, k.hi, int32_t(l), quantized}, ids);
+      }
+    }
+  }
+  for (int l = 0; l < shape_.n_layers; ++l) apply_policy(l);
+}
+
+BlocksNeeded KVCache::blocks_needed(int T) const {
+  // Per layer: the blocks T tokens start (one more for a partly filled one), and as many groups
+  // quantized after them.
+  const size_t per = ceil_div(T, cfg_.group_size) + 1;
+  const size_t L = layers_.size();
+  return {L * per, bits_ ? L * per : 0};
+}
+
+// The longest run of `tokens`' token blocks (the last token left out) that every layer's pool holds,
+// with a reference taken on each: got[block * layers + layer]. A layer's stream blocks are KIVI
+// groups first, then full-precision blocks, as the policy leaves them.
+size_t KVCache::adoptable_blocks(std::span<const int32_t> tokens, std::vector<Adopted>& got) {
+  const size_t L = layers_.size();
+  const size_t n_sink_blocks = ceil_div(cfg_.streaming() ? cfg_.sink : 0, cfg_.group_size);
+  const size_t ring = layers_[0].stream.capacity();
+  std::vector<uint8_t> dense_seen(L, 0);
+  Key128 key = root_key(shape_, cfg_);
+  size_t m = 0;
+  for (TokenBlock tb = token_block(0); tb.start + tb.len < int64_t(tokens.size()); tb = token_block(++m)) {
+    if (m >= n_sink_blocks && m - n_sink_blocks + 2 >= ring) break;  // the ring holds them until the policy runs
+    const auto span = tokens.subspan(size_t(tb.start), size_t(tb.len));
+    key = chain_key(key, tb.start, span);
+    size_t l = 0;
+    for (; l < L; ++l) {
+      const BlockKey k{key.lo, key.hi, int32_t(l), false};
+      Adopted a{dense_pool_.find(k, span), false};
+      if (a.id >= 0) {
+        dense_seen[l] = 1;
+      } else if (bits_ && m >= n_sink_blocks && !dense_seen[l]) {
+        BlockKey q = k;
+        q.quantized = true;
+        a = {quant_pool_.find(q, span), true};
+      }
+      if (a.id < 0) break;
+      got.push_back(a);
+    }
+    if (l < L) {  // a layer misses: give back this block's references
+      for (; l > 0; --l) {
+        const Adopted a = got.back();
+        got.pop_back();
+        (a.quantized ? quant_pool_ : dense_pool_).release(a.id);
+      }
+      break;
+    }
+  }
+  return m;
+}
+
+// Whether m adopted blocks leave no KIVI group where this sequence's own policy, having computed
+// them, would keep full precision; and how many groups that policy would add (*to_quantize).
+bool KVCache::adoption_exact(size_t m, const std::vector<Adopted>& got, size_t* to_quantize) const {
+  const int B = cfg_.group_size;
+  const size_t L = layers_.size();
+  const size_t n_sink_blocks = ceil_div(cfg_.streaming() ? cfg_.sink : 0, B);
+  const int64_t E = m > n_sink_blocks ? int64_t(m - n_sink_blocks) * B : 0;  // stream tokens
+  *to_quantize = 0;
+  for (size_t l = 0; l < L; ++l) {
+    const int64_t w = layers_[l].window;
+    const int64_t k0 = w > 0 ? std::max<int64_t>(0, (E - w) / B) : 0;  // blocks its window evicts
+    const int64_t want = bits_ ? std::max<int64_t>(0, (E - k0 * B - cfg_.residual) / B) : 0;
+    int64_t q = 0;
+    for (size_t j = n_sink_blocks; j < m; ++j) q += got[j * L + l].quantized ? 1 : 0;
+    const int64_t kept = std::max<int64_t>(0, q - k0);
+    if (kept > want) return false;
+    *to_quantize += size_t(want - kept);
+  }
+  return true;
+}
+
+int64_t KVCache::adopt_prefix(std::span<const int32_t> tokens) {
+  PTLLM_CHECK(n_tokens() == 0);
+  if (!shares_pool() || !pool_->keyed()) return 0;
+  const size_t L = layers_.size();
+  std::vector<Adopted> got;
+  size_t m = adoptable_blocks(tokens, got);
+  size_t to_quantize = 0;
+  auto drop_last = [&] {
+    for (size_t l = 0; l < L; ++l) {
+      const Adopted a = got.back();
+      got.pop_back();
+      (a.quantized ? quant_pool_ : dense_pool_).release(a.id);
+    }
+    --m;
+  };
+  while (m > 0 && !adoption_exact(m, got, &to_quantize)) drop_last();
+  // The policy after adoption quantizes what this sequence would have: room for it, or no adoption.
+  if (to_quantize > quant_pool_.available())
+    while (m > 0) drop_last();
+  if (m == 0) return 0;
+  const size_t n_sink_blocks = ceil_div(cfg_.streaming() ? cfg_.sink : 0, cfg_.group_size);
+  for (size_t l = 0; l < L; ++l) {
+    Layer& layer = layers_[l];
+    for (size_t j = 0; j < m; ++j) {
+      const Adopted a = got[j * L + l];
+      if (j < n_sink_blocks) {
+        layer.sinks.push_back(a.id);
+        continue;
+      }
+      layer.stream.push_back({a.id, a.quantized});
+      if (a.quantized) ++layer.n_quant;
+    }
+    const TokenBlock last = token_block(m - 1);
+    const int64_t n = last.start + last.len;
+    layer.n_sink = int(std::min<int64_t>(n, cfg_.streaming() ? cfg_.sink : 0));
+    layer.begin = 0;
+    layer.end = n - layer.n_sink;
+  }
+  n_keyed_ = 0;
+  return n_tokens();
+}
+
+}  // namespace ptllm
