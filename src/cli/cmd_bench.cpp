@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "cli/options.h"
+#include "engine/runtime.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "engine/bench.h"
@@ -109,8 +110,9 @@ int run_parallel(BenchArgs& a, const Model& model, const SessionOptions& sopts, 
 
 int run_bench_command(BenchArgs& a) {
   if (a.model_dir.empty()) throw UsageError("give the model directory: bench MODEL, or -m MODEL");
-  auto model = Model::load(a.model_dir);
-  const ModelConfig& cfg = model->config();
+  Runtime rt({a.model_dir, resolve_threads(a.runtime), false});
+  const Model& model = rt.model();
+  const ModelConfig& cfg = model.config();
   const BenchConfig& b = a.bench;
   const int64_t needed = int64_t(b.context) + b.prompt_tokens + b.gen_tokens;
   const bool streaming = a.runtime.window > 0;
@@ -122,7 +124,7 @@ int run_bench_command(BenchArgs& a) {
     throw UsageError("--context + --prompt-tokens + --gen-tokens (" + std::to_string(needed) +
                      ") exceed --ctx-size " + std::to_string(sopts.kv.ctx_size));
   ThreadPool pool(resolve_threads(a.runtime));
-  if (!a.parallel.empty()) return run_parallel(a, *model, sopts, pool);
+  if (!a.parallel.empty()) return run_parallel(a, model, sopts, pool);
 
   // The bandwidth is measured before and after the timed runs (best of 10 passes each: on a shared
   // machine the best pass is the closest to what the memory can do) and the better of the two sets
@@ -135,7 +137,7 @@ int run_bench_command(BenchArgs& a) {
     before = measure_bandwidth(pool, bw_bytes, kBandwidthTrials);
     reset_peak_rss();
   }
-  const BenchResult r = run_bench(*model, sopts, pool, b);
+  const BenchResult r = run_bench(model, sopts, pool, b);
   const double rss_mib = peak_rss_mib();  // before the bandwidth buffer of the second measurement
   const Bandwidth after = measure_bandwidth(pool, bw_bytes, kBandwidthTrials);
   const Bandwidth bw{std::max(before.read_gb_s, after.read_gb_s), std::max(before.copy_gb_s, after.copy_gb_s)};
@@ -162,7 +164,7 @@ int run_bench_command(BenchArgs& a) {
         {"kv_physical_bytes", r.kv_physical_bytes},
         {"kv_stored_tokens", r.kv_stored},
         {"peak_rss_mb", rss_mib},
-        {"weight_bytes", model->weight_bytes()},
+        {"weight_bytes", model.weight_bytes()},
         {"bytes_per_token", r.weight_bytes_per_token + r.kv_bytes_per_token},
         {"bandwidth_gb_s", bw.read_gb_s},
         {"copy_bandwidth_gb_s", bw.copy_gb_s},
@@ -179,7 +181,7 @@ int run_bench_command(BenchArgs& a) {
     return 0;
   }
   std::printf("model: %s (%s, %s of weights), %d threads, simd %s\n", a.model_dir.c_str(), cfg.arch_name.c_str(),
-              format_bytes(model->weight_bytes()).c_str(), pool.size(), simd.c_str());
+              format_bytes(model.weight_bytes()).c_str(), pool.size(), simd.c_str());
   std::printf("run: %d prompt tokens after %d of context, %d generated; median of %d\n", b.prompt_tokens, b.context,
               b.gen_tokens, b.repeat);
   std::printf("prefill: %.1f tok/s, time to first token %.1f ms\n", r.prefill_tok_s, r.ttft_ms);

@@ -13,6 +13,7 @@
 
 #include "cli/commands.h"
 #include "cli/options.h"
+#include "engine/runtime.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "engine/eval.h"
@@ -447,16 +448,17 @@ int run_eval(EvalArgs& a) {
   std::vector<std::string> greedy_prompts;
   if (!a.greedy_prompts.empty()) greedy_prompts = read_greedy_prompts(a.greedy_prompts);
   if (!a.plot.empty()) check_plot_path(a.plot);
-  auto model = Model::load(dir);
-  Tokenizer tok = Tokenizer::load(dir);
-  const ModelConfig& cfg = model->config();
+  Runtime rt({dir, resolve_threads(a.runtime), true});
+  const Model& model = rt.model();
+  const Tokenizer& tok = rt.tokenizer();
+  const ModelConfig& cfg = model.config();
 
   KVCacheConfig base = make_session_options(a.runtime, cfg).kv;
   if (a.runtime.ctx_size == 0) base.ctx_size = 0;  // no --ctx-size: every stream fits (quality, not capacity)
   const std::vector<CacheSpec> specs =
       a.configs.empty() ? std::vector<CacheSpec>{{base.describe(), base}} : parse_cache_specs(a.configs, base);
-  ThreadPool pool(resolve_threads(a.runtime));
-  Evaluator ev(*model, specs, pool);
+  ThreadPool& pool = rt.pool();
+  Evaluator ev(model, specs, pool);
 
   const std::string mode = a.ppl_chunks > 0 ? "ppl-chunks" : a.documents ? "documents" : "text";
   const std::vector<Stream> streams = make_streams(a, text, tok);
@@ -474,7 +476,7 @@ int run_eval(EvalArgs& a) {
                  longest, cfg.max_position_embeddings);
 
   GreedyResult greedy;
-  if (!greedy_prompts.empty()) greedy = run_greedy(a, std::move(greedy_prompts), *model, tok, specs, pool);
+  if (!greedy_prompts.empty()) greedy = run_greedy(a, std::move(greedy_prompts), model, tok, specs, pool);
 
   EvalReport report{a, ev, greedy, {}, dir.string(), mode, fed, pool.size()};
   for (const auto& c : ev.configs()) report.sums.push_back(summarize(c, ev));
@@ -487,7 +489,7 @@ int run_eval(EvalArgs& a) {
                "mean NLL by position: " + dir.filename().string() + ", " +
                    std::filesystem::path(a.text_file).filename().string());
   std::fprintf(stderr, "model: %s (%s weights), %d threads; %zu tokens fed per configuration; baseline %.1f s",
-               dir.string().c_str(), format_bytes(model->weight_bytes()).c_str(), pool.size(), fed,
+               dir.string().c_str(), format_bytes(model.weight_bytes()).c_str(), pool.size(), fed,
                ev.baseline_seconds());
   for (const auto& c : ev.configs()) std::fprintf(stderr, ", %s %.1f s", c.spec.name.c_str(), c.seconds);
   std::fprintf(stderr, "; total %.1f s\n", seconds_since(t_start));

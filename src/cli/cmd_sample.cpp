@@ -20,6 +20,7 @@
 #include "cli/commands.h"
 #include "cli/generation.h"
 #include "cli/options.h"
+#include "engine/runtime.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "engine/prompt_cache.h"
@@ -298,12 +299,13 @@ int run_sample(SampleArgs& a) {
   Timing t;
   const auto t_load = Clock::now();
   const std::filesystem::path dir = a.model_dir.empty() ? default_model_dir() : std::filesystem::path(a.model_dir);
-  auto model = Model::load(dir);
-  Tokenizer tok = Tokenizer::load(dir);
-  const ModelConfig& cfg = model->config();
+  Runtime rt({dir, resolve_threads(a.runtime), true});
+  const Model& model = rt.model();
+  const Tokenizer& tok = rt.tokenizer();
+  const ModelConfig& cfg = model.config();
   SessionOptions sopts = make_session_options(a.runtime, cfg);
-  ThreadPool pool(resolve_threads(a.runtime));
-  Session session(*model, sopts, pool);
+  ThreadPool& pool = rt.pool();
+  Session session(model, sopts, pool);
   t.load_ms = ms_since(t_load);
 
   const std::vector<int32_t> prompt = encode_prompt(tok, prompt_text);
@@ -312,7 +314,7 @@ int run_sample(SampleArgs& a) {
                 std::to_string(sopts.kv.ctx_size));
   a.sampling.seed = a.seed == "-1" ? uint64_t(std::random_device{}()) : std::stoull(a.seed);
   std::fprintf(stderr, "model: %s (%s, %s weights), %d threads, seed %llu\n", dir.string().c_str(),
-               cfg.arch_name.c_str(), format_bytes(model->weight_bytes()).c_str(), pool.size(),
+               cfg.arch_name.c_str(), format_bytes(model.weight_bytes()).c_str(), pool.size(),
                static_cast<unsigned long long>(a.sampling.seed));
   std::fprintf(stderr, "load: %.1f ms\n", t.load_ms);
 
@@ -324,7 +326,7 @@ int run_sample(SampleArgs& a) {
   std::vector<float> first_logits;  // a restored state's logits, sampled as the cold run samples its own
   std::span<float> logits;
   if (pc_opts.enabled()) {
-    prompt_cache = std::make_unique<PromptCache>(pc_opts, prompt_cache_identity(*model, tok, sopts.kv), tok);
+    prompt_cache = std::make_unique<PromptCache>(pc_opts, prompt_cache_identity(model, tok, sopts.kv), tok);
     report_cache_load(prompt_cache->prefill(session, prompt));
     first_logits.assign(session.last_logits().begin(), session.last_logits().end());
     logits = first_logits;
