@@ -230,6 +230,68 @@ TEST(SharedPool, RunningOutIsRefusedCleanly) {
   EXPECT_NO_THROW(b.feed(random(100)));
 }
 
+// A batch the pool cannot hold is refused whole, mid-generation, with nothing written. Spilling one
+// sequence to disk gives its blocks back: the others go on, each exactly as it would alone, and the
+// spilled one, restored when another ends, goes on as if it had never left.
+TEST(SharedPool, RunningOutMidBatchSpillsASequence) {
+  auto model = Model::load(test::repo_model("kjv-tiny"));
+  const Tokenizer tok = Tokenizer::load(test::repo_model("kjv-tiny"));
+  ThreadPool pool(2);
+  SessionOptions o;
+  o.kv.ctx_size = 256;
+  const size_t block = size_t(o.kv.group_size) * 2 * size_t(model->config().kv_dim()) * sizeof(float);
+  const size_t layers = size_t(model->config().n_layers);
+  KVPool kv(model->kv_shape(), o.kv, 1, layers * 9 * block);  // 9 blocks a layer for 3 sequences
+  test::TempDir dir;
+  const PromptCacheIdentity id = prompt_cache_identity(*model, tok, o.kv);
+  std::vector<std::unique_ptr<Session>> s;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 3; ++i) {
+    prompts.push_back(std::vector<int32_t>(size_t(40 + 10 * i)));
+    for (size_t t = 0; t < prompts.back().size(); ++t) prompts.back()[t] = int32_t(11 + 31 * i + 17 * t);
+    s.push_back(std::make_unique<Session>(*model, o, pool, &kv));
+    s.back()->feed(prompts.back());
+  }
+  std::vector<std::vector<int32_t>> ids(3);
+  ForwardState st;
+  std::vector<Session*> batch{s[0].get(), s[1].get(), s[2].get()};
+  bool spilled = false;
+  for (int step = 0; step < 60;) {
+    std::vector<int32_t> next;
+    std::vector<std::span<const int32_t>> feeds;
+    for (Session* x : batch) next.push_back(argmax(x->last_logits()));
+    for (size_t i = 0; i < batch.size(); ++i) feeds.emplace_back(&next[i], 1);
+    try {
+      Session::feed_batch(batch, feeds, st);
+    } catch (const KVPoolFull&) {
+      ASSERT_FALSE(spilled) << "refused again after a spill";
+      spilled = true;
+      spill_session(*s[2], id, dir.path / "s2.kvcache");
+      s[2].reset();  // its blocks go back
+      batch.pop_back();
+      continue;
+    }
+    for (size_t i = 0; i < batch.size(); ++i) ids[i].push_back(next[i]);
+    ++step;
+  }
+  ASSERT_TRUE(spilled) << "the budget was meant to run out";
+  s[0].reset();  // one ends: the spilled one comes back
+  s[2] = std::make_unique<Session>(*model, o, pool, &kv);
+  restore_session(*s[2], id, dir.path / "s2.kvcache");
+  while (ids[2].size() < 60) {
+    ids[2].push_back(argmax(s[2]->last_logits()));
+    s[2]->feed({&ids[2].back(), 1});
+  }
+  for (int i = 0; i < 3; ++i) {  // every sequence equals its private run
+    Session alone(*model, o, pool);
+    auto lg = alone.feed(prompts[size_t(i)]);
+    for (size_t t = 0; t < ids[size_t(i)].size(); ++t) {
+      ASSERT_EQ(argmax(lg), ids[size_t(i)][t]) << "sequence " << i << " step " << t;
+      lg = alone.feed({&ids[size_t(i)][t], 1});
+    }
+  }
+}
+
 // A session rewound to an earlier point and fed again equals one that never went further, also
 // when the rewind lands inside a block other sequences share (it is copied, never written).
 TEST(SharedPool, RewindInsideASharedBlock) {

@@ -114,7 +114,8 @@ class KVCache {
   // whose full blocks all layers hold (at least the last token is left to compute, so that its
   // logits exist), exactly as computing them here would have left them. Returns the tokens adopted.
   int64_t adopt_prefix(std::span<const int32_t> tokens);
-  // Blocks appending T tokens (and the policy after them) may take, at most.
+  // Blocks appending T tokens (and the policy after them) may take, at most (exact for the
+  // full-precision blocks).
   BlocksNeeded blocks_needed(int T) const;
   const KVPool& pool() const { return *pool_; }
   bool shares_pool() const { return own_pool_ == nullptr; }

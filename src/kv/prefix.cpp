@@ -129,11 +129,22 @@ void KVCache::end_step(std::span<const int32_t> history) {
 }
 
 BlocksNeeded KVCache::blocks_needed(int T) const {
-  // Per layer: the blocks T tokens start (one more for a partly filled one), and as many groups
-  // quantized after them.
-  const size_t per = ceil_div(T, cfg_.group_size) + 1;
-  const size_t L = layers_.size();
-  return {L * per, bits_ ? L * per : 0};
+  // Per layer: the blocks the T tokens open (sinks, then stream blocks), and the groups the policy
+  // may quantize after them (before the window's eviction gives any back: an upper bound). A
+  // quantized group found by key takes nothing; counted anyway.
+  const int B = cfg_.group_size, N = cfg_.streaming() ? cfg_.sink : 0;
+  BlocksNeeded need;
+  for (const Layer& L : layers_) {
+    const int64_t sinks_after = std::min<int64_t>(N, L.n_sink + T);
+    const int64_t end_after = L.end + (T - (sinks_after - L.n_sink));
+    need.dense += ceil_div(sinks_after, B) - L.sinks.size();
+    need.dense += ceil_div(end_after - L.begin, B) - L.stream.size();
+    if (bits_) {
+      const int64_t groups = std::max<int64_t>(0, (end_after - L.begin - cfg_.residual) / B);
+      need.quant += size_t(std::max<int64_t>(0, groups - int64_t(L.n_quant)));
+    }
+  }
+  return need;
 }
 
 // The longest run of `tokens`' token blocks (the last token left out) that every layer's pool holds,
