@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
       ptllm::cli::add_cache_command(app),
       ptllm::cli::add_bench_command(app),
       ptllm::cli::add_make_model_command(app),
+      ptllm::cli::add_template_command(app),
   };
   try {
     app.parse(argc, argv);
