@@ -179,6 +179,23 @@ TEST(ChatEval, LimitsStopRunawayTemplates) {
   EXPECT_NE(error_of("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}").find("recursion"), std::string::npos);
   EXPECT_NE(error_of("{{ 9223372036854775807 + 1 }}").find("overflow"), std::string::npos);
   EXPECT_NE(error_of("{{ [1][::0] }}").find("step cannot be zero"), std::string::npos);
+  EXPECT_EQ(render_str("{{ ('' * 9223372036854775807)|length }}{{ [][::-9223372036854775807 - 1] }}"), "0[]");
+  EXPECT_NE(error_of("{{ range(-9223372036854775807 - 1, 9223372036854775807, 1)|length }}").find("Range too big"), std::string::npos);
+  EXPECT_EQ(render_str("{{ range(0, 9223372036854775807, 9223372036854775807)|list }}"), "[0]");
+}
+
+// Values cannot nest without bound (deep recursion when printing or freeing them), and a
+// namespace cannot hold a namespace (no cycles).
+TEST(ChatEval, NestingIsBounded) {
+  EXPECT_NE(error_of("{% set ns = namespace(x=[]) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x }}")
+                .find("nested too deeply"), std::string::npos);
+  EXPECT_NE(error_of("{% set ns = namespace(x=1) %}{% for i in range(100000) %}{% set ns.x = [ns.x.count] %}{% endfor %}")
+                .find("nested too deeply"), std::string::npos);
+  EXPECT_NE(error_of("{% set ns = namespace() %}{% set ns.me = ns %}").find("cannot hold another namespace"), std::string::npos);
+  EXPECT_NE(error_of("{% set a = namespace() %}{% set b = namespace(a=[a]) %}").find("cannot hold another namespace"), std::string::npos);
+  std::string deep = std::string(300, '[') + std::string(300, ']');
+  EXPECT_THROW(from_json(Json::parse(deep)), ptllm::Error);
+  EXPECT_EQ(render_str("{{ x|length }}", Json::parse("{\"x\": " + std::string(100, '[') + std::string(100, ']') + "}")), "1");
 }
 
 // Mutated real templates: any outcome is fine except a crash (the sanitizer build checks UB).

@@ -192,6 +192,7 @@ void Evaluator::exec_set(const Stmt& s) {
   }
   const Value* ns = lookup(s.targets[0]);
   if (!ns || !ns->is_namespace()) throw EvalError("cannot assign attribute on non-namespace object");
+  if (v.holds_namespace()) throw EvalError("a namespace cannot hold another namespace");
   ns->namespace_dict().set(s.ns_attr, std::move(v));
 }
 

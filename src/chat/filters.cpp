@@ -399,7 +399,8 @@ Value f_format(Evaluator&, const Value& v, CallArgs& a) {
     char buf[128];
     if (c == 's') out += x.str();
     else if (c == 'r') out += x.repr();
-    else if ((c == 'd' || c == 'i') && x.is_number()) out += std::to_string(x.is_float() ? static_cast<int64_t>(x.as_double()) : x.as_int());
+    else if ((c == 'd' || c == 'i') && x.is_number() && std::fabs(x.as_double()) < 9.2e18)
+      out += std::to_string(x.is_float() ? static_cast<int64_t>(x.as_double()) : x.as_int());
     else if (c == 'f' && x.is_number()) {
       std::snprintf(buf, sizeof buf, ("%" + spec + "f").c_str(), x.as_double());
       out += buf;

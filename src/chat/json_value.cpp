@@ -8,7 +8,10 @@
 
 namespace ptllm::chat {
 
-Value from_json(const Json& j) {
+namespace {
+
+Value from_json_at(const Json& j, int depth) {
+  if (depth > 200) throw Error("JSON input nested too deeply (more than 200 levels)");
   switch (j.type()) {
     case Json::value_t::null: return Value::none();
     case Json::value_t::boolean: return Value::boolean(j.get<bool>());
@@ -24,26 +27,30 @@ Value from_json(const Json& j) {
     case Json::value_t::array: {
       List items;
       items.reserve(j.size());
-      for (const auto& e : j) items.push_back(from_json(e));
+      for (const auto& e : j) items.push_back(from_json_at(e, depth + 1));
       return Value::list(std::move(items));
     }
     case Json::value_t::object: {
       Dict d;
       d.items.reserve(j.size());
-      for (const auto& [k, v] : j.items()) d.items.emplace_back(k, from_json(v));
+      for (const auto& [k, v] : j.items()) d.items.emplace_back(k, from_json_at(v, depth + 1));
       return Value::dict(std::move(d));
     }
     default: return Value::none();  // binary / discarded: not produced by the parser
   }
 }
 
+}  // namespace
+
+Value from_json(const Json& j) { return from_json_at(j, 0); }
+
 namespace {
 
 void dump_string(std::string& out, std::string_view s, bool ensure_ascii) {
   out += '"';
   auto hex4 = [&](unsigned v) {
-    char b[8];
-    std::snprintf(b, sizeof b, "\\u%04x", v);
+    char b[16];
+    std::snprintf(b, sizeof b, "\\u%04x", v & 0xFFFFu);
     out += b;
   };
   for (char32_t c : pystr::decode(s)) {

@@ -91,8 +91,8 @@ Value float_arith(Op op, double x, double y) {
 }
 
 Value repeat(const Value& seq, int64_t n) {
-  if (n <= 0) return seq.is_string() ? Value::string("") : Value::list({}, seq.is_tuple());
   const size_t unit = seq.is_string() ? seq.as_string().size() : seq.as_list().size();
+  if (n <= 0 || unit == 0) return seq.is_string() ? Value::string("") : Value::list({}, seq.is_tuple());
   if (unit != 0 && static_cast<uint64_t>(n) > kMaxRepeat / unit) throw EvalError("repeated sequence too large");
   if (seq.is_string()) {
     std::string out;
@@ -184,7 +184,8 @@ Value get_attr(const Value& obj, const std::string& name) {
   } else if (has_method(obj, name)) {
     const Value self = obj;
     const std::string n = name;
-    return Value::callable(name, [self, n](Evaluator& ev, CallArgs& a) { return method(ev, self, n, a); });
+    return Value::callable(name, [self, n](Evaluator& ev, CallArgs& a) { return method(ev, self, n, a); },
+                           self.depth());
   } else if (obj.is_dict()) {
     if (const Value* v = obj.as_dict().find(name)) return *v;
   }

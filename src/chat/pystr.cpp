@@ -105,14 +105,16 @@ std::string encode(std::u32string_view s) {
 
 size_t length(std::string_view s) { return ascii(s) ? s.size() : decode(s).size(); }
 
-size_t SliceIdx::count() const {
-  if (step > 0) return start < stop ? static_cast<size_t>((stop - start - 1) / step + 1) : 0;
-  return start > stop ? static_cast<size_t>((start - stop - 1) / (-step) + 1) : 0;
+size_t SliceIdx::count() const {  // unsigned differences: range() passes any int64 bounds
+  const auto u = [](int64_t x) { return static_cast<uint64_t>(x); };
+  if (step > 0) return start < stop ? static_cast<size_t>((u(stop) - u(start) - 1) / u(step) + 1) : 0;
+  const uint64_t neg_step = u(-(step + 1)) + 1;  // -step without overflow at INT64_MIN
+  return start > stop ? static_cast<size_t>((u(start) - u(stop) - 1) / neg_step + 1) : 0;
 }
 
 SliceIdx slice_indices(int64_t len, std::optional<int64_t> start, std::optional<int64_t> stop,
                        std::optional<int64_t> step) {
-  const int64_t st = step.value_or(1);
+  const int64_t st = std::max<int64_t>(step.value_or(1), -INT64_MAX);  // so that -step exists
   if (st == 0) throw EvalError("slice step cannot be zero");
   auto adjust = [&](std::optional<int64_t> v, int64_t dflt) {
     if (!v) return dflt;

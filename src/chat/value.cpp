@@ -1,5 +1,6 @@
 #include "chat/value.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -66,8 +67,29 @@ Value Value::string(std::string s) {
   v.s_ = std::move(s);
   return v;
 }
+namespace {
+uint16_t nested_depth(int child_depth) {
+  if (child_depth + 1 > Value::kMaxDepth) throw EvalError("values nested too deeply");
+  return static_cast<uint16_t>(child_depth + 1);
+}
+}  // namespace
+
+bool Value::holds_namespace() const {
+  if (kind_ == Kind::Namespace) return true;
+  if (kind_ == Kind::List)
+    for (const auto& x : *list_)
+      if (x.holds_namespace()) return true;
+  if (kind_ == Kind::Dict)
+    for (const auto& [k, x] : dict_->items)
+      if (x.holds_namespace()) return true;
+  return false;
+}
+
 Value Value::list(List items, bool tuple) {
   Value v;
+  int d = 0;
+  for (const auto& x : items) d = std::max(d, static_cast<int>(x.depth_));
+  v.depth_ = nested_depth(d);
   v.kind_ = Kind::List;
   v.tuple_ = tuple;
   v.list_ = std::make_shared<const List>(std::move(items));
@@ -75,17 +97,24 @@ Value Value::list(List items, bool tuple) {
 }
 Value Value::dict(Dict d) {
   Value v;
+  int depth = 0;
+  for (const auto& [k, x] : d.items) depth = std::max(depth, static_cast<int>(x.depth_));
+  v.depth_ = nested_depth(depth);
   v.kind_ = Kind::Dict;
   v.dict_ = std::make_shared<Dict>(std::move(d));
   return v;
 }
 Value Value::ns(Dict d) {
+  for (const auto& [k, x] : d.items)
+    if (x.holds_namespace()) throw EvalError("a namespace cannot hold another namespace");
   Value v = dict(std::move(d));
   v.kind_ = Kind::Namespace;
   return v;
 }
-Value Value::callable(std::string name, std::function<Value(Evaluator&, CallArgs&)> fn) {
+Value Value::callable(std::string name, std::function<Value(Evaluator&, CallArgs&)> fn,
+                       int captured_depth) {
   Value v;
+  v.depth_ = nested_depth(captured_depth);
   v.kind_ = Kind::Callable;
   v.fn_ = std::make_shared<const Callable>(Callable{std::move(name), std::move(fn)});
   return v;

@@ -62,7 +62,15 @@ class Value {
   static Value list(List items, bool tuple = false);
   static Value dict(Dict d);
   static Value ns(Dict d);  // namespace(): the one mutable object templates have
-  static Value callable(std::string name, std::function<Value(Evaluator&, CallArgs&)> fn);
+  static Value callable(std::string name, std::function<Value(Evaluator&, CallArgs&)> fn,
+                        int captured_depth = 0);
+
+  // How deeply lists, dicts and callables nest inside this value (0 for a scalar). Construction
+  // fails past kMaxDepth, and a namespace may not hold a namespace: so printing, comparing and
+  // destroying any value stays a bounded recursion, whatever the template does.
+  static constexpr int kMaxDepth = 256;
+  int depth() const { return depth_; }
+  bool holds_namespace() const;
 
   Kind kind() const { return kind_; }
   bool is_undefined() const { return kind_ == Kind::Undefined; }
@@ -96,6 +104,7 @@ class Value {
   Kind kind_ = Kind::Undefined;
   bool b_ = false;
   bool tuple_ = false;
+  uint16_t depth_ = 0;
   int64_t i_ = 0;
   double f_ = 0;
   std::string s_;
