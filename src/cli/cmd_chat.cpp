@@ -192,7 +192,10 @@ class TurnSource {
       std::fputs("> ", stdout);
       std::fflush(stdout);
     }
-    if (!std::getline(*in_, line)) return false;
+    if (!std::getline(*in_, line)) {
+      if (interactive_) std::fputc('\n', stdout);  // Ctrl-D: end the prompt's line
+      return false;
+    }
     if (!line.empty() && line.back() == '\r') line.pop_back();
     return true;
   }
