@@ -224,7 +224,7 @@ Value f_float(Evaluator&, const Value& v, CallArgs& a) {
 }
 
 Value f_indent(Evaluator&, const Value& v, CallArgs& a) {
-  const Value& w = arg(a, 0, "width", Value::integer(4));
+  const Value w = arg(a, 0, "width", Value::integer(4));  // a copy: the default is a temporary
   const std::string ind = w.is_string() ? w.as_string() : std::string(static_cast<size_t>(std::clamp<int64_t>(w.as_int(), 0, 1000)), ' ');
   const bool first = arg_bool(a, 1, "first", false), blank = arg_bool(a, 2, "blank", false);
   const std::vector<std::string> lines = pystr::splitlines(v.str() + "\n");
