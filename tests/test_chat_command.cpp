@@ -243,6 +243,21 @@ TEST_F(ChatModel, PromptCacheResumesALaterLaunch) {
   for (size_t k = 0; k < 2; ++k) EXPECT_EQ(h[k]["tokens"], c[k]["tokens"]);
 }
 
+// A reply cut at a stop string left its last ids in the KV, which the next rendering lacks: the
+// session is rewound to the first differing token, and stderr says so.
+TEST_F(ChatModel, AStopStringMakesTheNextTurnRewind) {
+  const fs::path conv = write_file(tmp.path / "conv.txt", "In the beginning\nAnd God said\n");
+  auto r = test::run_command(chat_cmd(model, "-f " + conv.string() + " --temperature 0 -n 30 --stop e --json"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto turns = turns_of(r.out);
+  ASSERT_EQ(turns.size(), 2u);
+  ASSERT_EQ(turns[0]["stop_reason"], "stop_string") << r.out;
+  EXPECT_TRUE(has(r.err, "rewound from " + std::to_string(turns[0]["prompt_tokens"].get<int>() +
+                                                          int(turns[0]["tokens"].size())))) << r.err;
+  EXPECT_LT(turns[1]["reused_tokens"].get<int>(), turns[0]["prompt_tokens"].get<int>() + int(turns[0]["tokens"].size()));
+  EXPECT_GE(turns[1]["reused_tokens"].get<int>(), turns[0]["prompt_tokens"].get<int>());
+}
+
 // Ctrl-C while a script is being answered: the reply stops, its footer is printed, exit code 130.
 TEST_F(ChatModel, CtrlCStopsAScriptWithItsFooter) {
   std::string script;

@@ -236,9 +236,10 @@ Reply run_turn(ChatState& st, const std::string& user_text) {
   const std::vector<int32_t> ids = st.rt.tokenizer().encode(text, {.add_special = false});
   if (ids.empty()) throw Error("the chat template rendered a prompt of no tokens");
   TurnStats s;
-  s.turn = ++st.turn;
+  s.turn = st.turn + 1;
   const auto t_turn = Clock::now();
   s.prefill = st.conv.prefill(ids, st.cache);
+  st.turn = s.turn;
   s.prefill_ms = ms_since(t_turn);
   if (!s.prefill.note.empty()) std::fprintf(stderr, "%s\n", s.prefill.note.c_str());
   Reply r;
@@ -289,7 +290,16 @@ int run_chat(ChatArgs& a) {
       continue;
     }
     if (line.empty()) continue;
-    const Reply r = run_turn(st, line);
+    Reply r;
+    try {
+      r = run_turn(st, line);
+    } catch (const Error& e) {
+      if (!source.interactive()) throw;
+      // A person can go on: a template refusing the message, a conversation past --ctx-size.
+      st.messages.erase(st.messages.end() - 1);
+      std::fprintf(stderr, "error: %s (the message was dropped)\n", e.what());
+      continue;
+    }
     if (r.reason == StopReason::Interrupted) {
       if (!source.interactive()) return 130;  // a script interrupted ends; a person goes on typing
       clear_interrupted();
