@@ -243,6 +243,27 @@ TEST_F(ChatModel, PromptCacheResumesALaterLaunch) {
   for (size_t k = 0; k < 2; ++k) EXPECT_EQ(h[k]["tokens"], c[k]["tokens"]);
 }
 
+// The system prompt's state is saved apart: a later launch with the same system prompt and another
+// first message restores it and prefills only the rest.
+TEST_F(ChatModel, PromptCacheKeepsTheSystemPromptForAnotherConversation) {
+  const std::string sys = "--system 'You are a scribe of the house of David, and thou shalt write the words of the LORD.'";
+  const std::string common = " --temperature 0 -n 4 --json " + sys + " --prompt-cache-dir " + (tmp.path / "cache").string();
+  const fs::path a = write_file(tmp.path / "a.txt", "In the beginning\n");
+  const fs::path b = write_file(tmp.path / "b.txt", "And God said unto Moses\n");
+  auto first = test::run_command(chat_cmd(model, "-f " + a.string() + common));
+  ASSERT_EQ(first.code, 0) << first.err;
+  auto second = test::run_command(chat_cmd(model, "-f " + b.string() + common));
+  ASSERT_EQ(second.code, 0) << second.err;
+  const Json t = turns_of(second.out).at(0);
+  EXPECT_GT(t["prompt_cache_tokens"].get<int>(), 16) << second.err;
+  EXPECT_EQ(t["prompt_cache_tokens"], t["reused_tokens"]);
+  EXPECT_EQ(t["prefilled_tokens"].get<int>(), t["prompt_tokens"].get<int>() - t["reused_tokens"].get<int>());
+  // The reply is the one a run without the cache gives.
+  auto cold = test::run_command(chat_cmd(model, "-f " + b.string() + " --temperature 0 -n 4 --json " + sys));
+  ASSERT_EQ(cold.code, 0) << cold.err;
+  EXPECT_EQ(turns_of(cold.out).at(0)["tokens"], t["tokens"]);
+}
+
 // A reply cut at a stop string left its last ids in the KV, which the next rendering lacks: the
 // session is rewound to the first differing token, and stderr says so.
 TEST_F(ChatModel, AStopStringMakesTheNextTurnRewind) {

@@ -3,6 +3,7 @@
 // conversation and prefills only what the session lacks. Replies to stdout, status to stderr.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -216,6 +217,8 @@ struct ChatState {
   Sampler sampler;
   chat_json messages;
   int turn = 0;
+  PromptCacheIdentity cache_id;      // with --prompt-cache-dir
+  std::filesystem::path cache_dir;
 };
 
 chat_json initial_messages(const ChatArgs& a) {
@@ -228,6 +231,29 @@ chat_json initial_messages(const ChatArgs& a) {
   return m;
 }
 
+// A turn's prefill. With a prompt cache, a fresh session and a system prompt, the system prompt's
+// own rendering goes first: its state is saved apart, so that a later launch with the same system
+// prompt and another first message restores it (PromptCache takes the longest cached prefix).
+TurnPrefill prefill_turn(ChatState& st, const std::vector<int32_t>& ids) {
+  const bool has_system = !st.messages.empty() && st.messages[0]["role"] == "system";
+  if (st.cache == nullptr || !st.conv.session().history().empty() || !has_system)
+    return st.conv.prefill(ids, st.cache);
+  const std::string sys_text = st.prompt.render(chat_json::array({st.messages[0]}), false);
+  const std::vector<int32_t> sys = st.rt.tokenizer().encode(sys_text, {.add_special = false});
+  const bool prefix = !sys.empty() && sys.size() < ids.size() && std::equal(sys.begin(), sys.end(), ids.begin());
+  std::error_code ec;
+  if (!prefix || std::filesystem::exists(st.cache_dir / prompt_cache_file_name(st.cache_id, sys), ec))
+    return st.conv.prefill(ids, st.cache);  // saved already: the longest cached prefix is taken
+  const TurnPrefill first = st.conv.prefill(sys, st.cache);
+  report_cache_save(st.cache->finish());
+  TurnPrefill t = st.conv.prefill(ids, st.cache);
+  t.from_cache = first.from_cache;
+  t.reused = first.reused;
+  t.prefilled = t.prompt_tokens - t.reused;
+  if (!first.note.empty()) t.note = first.note + (t.note.empty() ? "" : "\n" + t.note);
+  return t;
+}
+
 // One user turn: render, prefill what is new, generate, remember the reply. Returns the reply.
 Reply run_turn(ChatState& st, const std::string& user_text) {
   st.messages.push_back({{"role", "user"}, {"content", user_text}});
@@ -238,7 +264,7 @@ Reply run_turn(ChatState& st, const std::string& user_text) {
   TurnStats s;
   s.turn = st.turn + 1;
   const auto t_turn = Clock::now();
-  s.prefill = st.conv.prefill(ids, st.cache);
+  s.prefill = prefill_turn(st, ids);
   st.turn = s.turn;
   s.prefill_ms = ms_since(t_turn);
   if (!s.prefill.note.empty()) std::fprintf(stderr, "%s\n", s.prefill.note.c_str());
@@ -266,12 +292,15 @@ int run_chat(ChatArgs& a) {
   Conversation conv(rt.model(), sopts, rt.pool());
   a.sampling.seed = a.seed == "-1" ? uint64_t(std::random_device{}()) : std::stoull(a.seed);
   std::unique_ptr<PromptCache> cache;
+  const PromptCacheIdentity cache_id = a.prompt_cache_dir.empty()
+                                          ? PromptCacheIdentity{}
+                                          : prompt_cache_identity(rt.model(), rt.tokenizer(), sopts.kv);
   if (!a.prompt_cache_dir.empty())
     cache = std::make_unique<PromptCache>(
-        PromptCacheOptions{{}, a.prompt_cache_dir, uint64_t(a.prompt_cache_max_mb * 1024 * 1024)},
-        prompt_cache_identity(rt.model(), rt.tokenizer(), sopts.kv), rt.tokenizer());
+        PromptCacheOptions{{}, a.prompt_cache_dir, uint64_t(a.prompt_cache_max_mb * 1024 * 1024)}, cache_id,
+        rt.tokenizer());
   ChatState st{a, rt, prompt, conv, cache.get(), stop_token_ids(dir, rt.config(), rt.tokenizer()),
-               Sampler(a.sampling), initial_messages(a)};
+               Sampler(a.sampling), initial_messages(a), 0, cache_id, a.prompt_cache_dir};
   std::fprintf(stderr, "model: %s (%s, %s weights), %d threads, seed %llu, chat template %s\n", dir.string().c_str(),
                rt.config().arch_name.c_str(), format_bytes(rt.model().weight_bytes()).c_str(), rt.pool().size(),
                static_cast<unsigned long long>(a.sampling.seed), prompt.origin().c_str());
