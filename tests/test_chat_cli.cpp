@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 namespace fs = std::filesystem;
@@ -90,6 +91,33 @@ TEST(TemplateCli, MessagesFileAndFlags) {
   r = run({(cfg_dir / "tokenizer_config.json").string(), "--messages", m.string(), "--now", "0"});
   EXPECT_EQ(r.out, "<s>1970");
   fs::remove_all(cfg_dir);
+}
+
+// The test corpus through the command: every line as Jinja2 rendered it (or refused it).
+TEST(TemplateCli, RealTemplateOverTheCaseFile) {
+  const std::string data = std::string(PTLLM_SOURCE_DIR) + "/tests/data/";
+  const std::string name = "Qwen-Qwen3-0.6B.jinja";
+  const CliResult r = run({data + "chat_templates/" + name, "--jsonl", data + "chat_cases.jsonl", "--now", "1721995200",
+                           "--chat-template-kwargs", R"({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"})"});
+  ASSERT_EQ(r.code, 0);
+  std::vector<nlohmann::json> want;
+  std::ifstream exp(data + "chat_expected.jsonl");
+  for (std::string line; std::getline(exp, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j["template"] == name) want.push_back(j);
+  }
+  std::istringstream got(r.out);
+  size_t i = 0;
+  for (std::string line; std::getline(got, line); ++i) {
+    ASSERT_LT(i, want.size());
+    const auto j = nlohmann::json::parse(line);
+    if (want[i].contains("error")) {
+      EXPECT_TRUE(j.is_object() && j.contains("error")) << line;
+    } else {
+      EXPECT_EQ(j, want[i]["output"]) << want[i]["case"];
+    }
+  }
+  EXPECT_EQ(i, want.size());
 }
 
 TEST(TemplateCli, ErrorsNameTheFileAndLine) {
