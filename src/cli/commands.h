@@ -16,5 +16,7 @@ Command add_eval_command(CLI::App& root);
 Command add_cache_command(CLI::App& root);
 Command add_bench_command(CLI::App& root);
 Command add_make_model_command(CLI::App& root);
+Command add_template_command(CLI::App& root);
+Command add_chat_command(CLI::App& root);
 
 }  // namespace ptllm::cli

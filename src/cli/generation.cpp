@@ -93,4 +93,6 @@ SigintGuard::~SigintGuard() {
 
 bool interrupted() { return g_interrupted != 0; }
 
+void clear_interrupted() { g_interrupted = 0; }
+
 }  // namespace ptllm::cli

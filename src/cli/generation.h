@@ -49,5 +49,7 @@ class SigintGuard {
   struct sigaction old_ {};
 };
 bool interrupted();
+// Forgets a Ctrl-C once handled (chat: it stopped one reply; the next reply arms a new guard).
+void clear_interrupted();
 
 }  // namespace ptllm::cli

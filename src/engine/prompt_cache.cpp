@@ -284,6 +284,49 @@ std::vector<PromptCache::Candidate> PromptCache::candidates(std::span<const int3
   return out;
 }
 
+void PromptCache::write_async(std::vector<Job> jobs, fs::path used, bool dir_ok) {
+  if (pending_.valid()) pending_.wait();  // one write at a time: save() may follow prefill()
+  pending_ = std::async(std::launch::async, [this, jobs = std::move(jobs), used, dir_ok]() {
+    PromptCacheSave s;
+    std::vector<fs::path> keep;
+    for (const Job& j : jobs) {
+      const uint64_t size = cache_file_size(id_, j.ids.size(), j.kv_state.size());
+      if (dir_ok && opts_.max_bytes && size > opts_.max_bytes) {
+        s.warnings.push_back("not saving " + j.path.string() + ": its " + std::to_string(size) +
+                             " bytes exceed --prompt-cache-max-mb");
+        continue;
+      }
+      try {
+        const int64_t created = now_ms();
+        const uint64_t bytes = write_cache_file(j.path, id_, created, j.ids, j.logits, j.kv_state);
+        s.saved.push_back({j.path, int64_t(j.ids.size()), bytes});
+        keep.push_back(j.path);
+        if (dir_ok)
+          write_json(sidecar_path(j.path), sidecar_json(id_, j.ids, j.path, bytes, created, preview(tok_, j.ids)));
+      } catch (const std::exception& e) {
+        s.warnings.push_back("cannot save " + j.path.string() + ": " + e.what());
+        break;  // the next write would fail the same way (a full disk, a missing directory)
+      }
+    }
+    if (!used.empty()) {
+      try {
+        touch_entry(used);
+        keep.push_back(used);
+      } catch (const std::exception& e) {
+        s.warnings.push_back("cannot mark " + used.string() + " as used: " + e.what());
+      }
+    }
+    if (dir_ok && opts_.max_bytes) {
+      try {
+        s.pruned = prune_cache_dir(opts_.dir, {opts_.max_bytes, false, keep});
+      } catch (const std::exception& e) {
+        s.warnings.push_back(std::string("cannot prune: ") + e.what());
+      }
+    }
+    return s;
+  });
+}
+
 PromptCacheLoad PromptCache::prefill(Session& session, std::span<const int32_t> prompt) {
   PTLLM_CHECK(session.history().empty() && session.has_cache() && !prompt.empty());
   PromptCacheLoad load;
@@ -334,12 +377,6 @@ PromptCacheLoad PromptCache::prefill(Session& session, std::span<const int32_t> 
   const int64_t P = load.reused;
   load.outcome = P == N ? PromptCacheOutcome::Hit : P > 0 ? PromptCacheOutcome::PartialHit : PromptCacheOutcome::Miss;
 
-  struct Job {
-    fs::path path;
-    std::vector<int32_t> ids;
-    std::vector<float> logits;
-    std::string kv_state;
-  };
   std::vector<Job> jobs;
   auto snapshot = [&](int64_t n, fs::path path) {
     Job j{std::move(path), std::vector<int32_t>(prompt.begin(), prompt.begin() + n), {}, {}};
@@ -368,46 +405,21 @@ PromptCacheLoad PromptCache::prefill(Session& session, std::span<const int32_t> 
   const fs::path used = dir_ok && P > 0 ? load.file : fs::path();
   if (jobs.empty() && used.empty() && !(dir_ok && opts_.max_bytes)) return load;
 
-  pending_ = std::async(std::launch::async, [this, jobs = std::move(jobs), used, dir_ok]() {
-    PromptCacheSave s;
-    std::vector<fs::path> keep;
-    for (const Job& j : jobs) {
-      const uint64_t size = cache_file_size(id_, j.ids.size(), j.kv_state.size());
-      if (dir_ok && opts_.max_bytes && size > opts_.max_bytes) {
-        s.warnings.push_back("not saving " + j.path.string() + ": its " + std::to_string(size) +
-                             " bytes exceed --prompt-cache-max-mb");
-        continue;
-      }
-      try {
-        const int64_t created = now_ms();
-        const uint64_t bytes = write_cache_file(j.path, id_, created, j.ids, j.logits, j.kv_state);
-        s.saved.push_back({j.path, int64_t(j.ids.size()), bytes});
-        keep.push_back(j.path);
-        if (dir_ok)
-          write_json(sidecar_path(j.path), sidecar_json(id_, j.ids, j.path, bytes, created, preview(tok_, j.ids)));
-      } catch (const std::exception& e) {
-        s.warnings.push_back("cannot save " + j.path.string() + ": " + e.what());
-        break;  // the next write would fail the same way (a full disk, a missing directory)
-      }
-    }
-    if (!used.empty()) {
-      try {
-        touch_entry(used);
-        keep.push_back(used);
-      } catch (const std::exception& e) {
-        s.warnings.push_back("cannot mark " + used.string() + " as used: " + e.what());
-      }
-    }
-    if (dir_ok && opts_.max_bytes) {
-      try {
-        s.pruned = prune_cache_dir(opts_.dir, {opts_.max_bytes, false, keep});
-      } catch (const std::exception& e) {
-        s.warnings.push_back(std::string("cannot prune: ") + e.what());
-      }
-    }
-    return s;
-  });
+  write_async(std::move(jobs), used, dir_ok);
   return load;
+}
+
+void PromptCache::save(const Session& session) {
+  PTLLM_CHECK(session.has_cache() && !session.history().empty() && !session.last_logits().empty());
+  const bool dir_ok = opts_.file.empty() && !opts_.dir.empty();
+  const std::vector<int32_t>& ids = session.history();
+  Job j{opts_.file.empty() ? opts_.dir / prompt_cache_file_name(id_, ids) : opts_.file, ids, {}, {}};
+  const auto logits = session.last_logits();
+  j.logits.assign(logits.begin(), logits.end());
+  session.cache().serialize(j.kv_state);
+  std::vector<Job> jobs;
+  jobs.push_back(std::move(j));
+  write_async(std::move(jobs), {}, dir_ok);
 }
 
 PromptCacheSave PromptCache::finish() { return pending_.valid() ? pending_.get() : PromptCacheSave{}; }

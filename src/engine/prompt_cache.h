@@ -166,11 +166,23 @@ class PromptCache {
   // copied first: the caller may go on feeding the session). Problems with cache files become
   // warnings; throws only what Session::feed throws.
   PromptCacheLoad prefill(Session& session, std::span<const int32_t> prompt);
-  // Waits for the writes started by prefill().
+  // Saves the session's whole state (its history, KV and last logits) in the background, as
+  // prefill() saves a prompt's: a conversation saves each turn's prompt this way. The state is
+  // copied first. Waits for an earlier write still running (its result is then lost: call finish()
+  // first to report it).
+  void save(const Session& session);
+  // Waits for the writes started by prefill() or save().
   PromptCacheSave finish();
 
  private:
   struct Candidate;
+  struct Job {
+    std::filesystem::path path;
+    std::vector<int32_t> ids;
+    std::vector<float> logits;
+    std::string kv_state;
+  };
+  void write_async(std::vector<Job> jobs, std::filesystem::path used, bool dir_ok);
   std::vector<Candidate> candidates(std::span<const int32_t> prompt, int64_t grid, PromptCacheLoad& load) const;
 
   PromptCacheOptions opts_;

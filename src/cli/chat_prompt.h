@@ -1,0 +1,42 @@
+#pragma once
+// The chat command's view of a chat template: the conversation (a JSON list of messages) in, the
+// prompt text out. The only piece of the command that knows the template interpreter (src/chat/).
+#include <CLI/CLI.hpp>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace ptllm::chat {
+class ChatTemplate;
+}
+
+namespace ptllm::cli {
+
+using chat_json = nlohmann::ordered_json;  // key order kept, as the template interpreter wants
+
+struct ChatPromptOptions {
+  std::string template_file;  // --chat-template FILE ("" = the model's)
+  std::string kwargs;         // --chat-template-kwargs JSON ("" = none)
+};
+
+// --chat-template FILE and --chat-template-kwargs JSON, as llama.cpp spells them.
+void add_chat_prompt_options(CLI::App& app, ChatPromptOptions& o);
+
+class ChatPrompt {
+ public:
+  // The model's template (chat_template.jinja, or tokenizer_config.json's chat_template) or
+  // --chat-template FILE, with the model's special tokens (bos_token, ...). Throws UsageError for
+  // bad --chat-template-kwargs, Error naming the file for a missing or broken template.
+  static ChatPrompt load(const std::filesystem::path& model_dir, const ChatPromptOptions& o);
+  // transformers' apply_chat_template(messages, add_generation_prompt=..., tokenize=False, **kwargs).
+  std::string render(const chat_json& messages, bool add_generation_prompt) const;
+  // Where the template came from (a file path), for the start-up line and errors.
+  const std::string& origin() const;
+
+ private:
+  std::shared_ptr<const chat::ChatTemplate> template_;
+  chat_json kwargs_ = chat_json::object();
+};
+
+}  // namespace ptllm::cli

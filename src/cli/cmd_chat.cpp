@@ -1,0 +1,383 @@
+// posttrainllm chat: a multi-turn conversation through the model's chat template. The
+// conversation's KV stays between turns (engine/conversation.h): each turn renders the whole
+// conversation and prefills only what the session lacks. Replies to stdout, status to stderr.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli/chat_prompt.h"
+#include "cli/commands.h"
+#include "cli/generation.h"
+#include "cli/options.h"
+#include "core/error.h"
+#include "engine/conversation.h"
+#include "engine/prompt_cache.h"
+#include "engine/runtime.h"
+#include "sample/sampler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace ptllm::cli {
+
+namespace {
+
+struct ChatArgs {
+  std::string model_dir;
+  std::string system, system_file, input_file;
+  CLI::Option *system_opt = nullptr, *system_file_opt = nullptr, *input_opt = nullptr;
+  ChatPromptOptions prompt;
+  std::vector<std::string> stops;
+  int tokens = -1;  // per reply; -1 = until EOS, a stop string or a full context
+  std::string seed = "-1";
+  bool json = false;
+  SamplingConfig sampling;
+  RuntimeOptions runtime;
+  std::string prompt_cache_dir;
+  double prompt_cache_max_mb = 0;
+};
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+std::string read_text_file(const std::string& path, const std::string& flag) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot open (" + flag + ")");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct Reply {
+  std::vector<int32_t> tokens;  // sampled ids fed to the session (a stopping EOS not included)
+  std::string text;             // what was printed: special tokens left out, cut at a stop string
+  int sampled = 0;
+  StopReason reason = StopReason::TokenLimit;
+  std::string stop_string;
+  double ttft_ms = 0;  // from the start of the turn's prefill
+  double decode_ms = 0;
+};
+
+// The decode loop of one reply, from the prompt's logits; streams to stdout unless --json.
+Reply generate_reply(const ChatArgs& a, Session& session, const Tokenizer& tok, const std::vector<int32_t>& eos,
+                     Sampler& sampler, Clock::time_point t_turn) {
+  std::vector<float> logits(session.last_logits().begin(), session.last_logits().end());
+  std::span<float> cur = logits;
+  StreamingDetokenizer detok(tok);
+  StopText stop(a.stops);
+  Reply r;
+  auto emit = [&](const std::string& text) {
+    r.text += text;
+    if (a.json || text.empty()) return;
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+  };
+  const auto t_decode = Clock::now();
+  for (int i = 0; a.tokens < 0 || i < a.tokens; ++i) {
+    if (interrupted()) {
+      r.reason = StopReason::Interrupted;
+      break;
+    }
+    const int32_t next = sampler.sample(cur, session.history());
+    if (i == 0) r.ttft_ms = ms_since(t_turn);
+    ++r.sampled;
+    if (std::find(eos.begin(), eos.end(), next) != eos.end()) {
+      r.reason = StopReason::Eos;
+      break;
+    }
+    if (!session.fits(1)) {
+      r.reason = StopReason::ContextFull;
+      break;
+    }
+    r.tokens.push_back(next);
+    cur = session.feed({&next, 1});  // in the KV, so that the next turn need not prefill it
+    emit(stop.push(detok.push(next)));
+    if (stop.stopped()) break;
+  }
+  if (!stop.stopped()) emit(stop.push(detok.finish()));
+  if (stop.stopped()) {
+    r.reason = StopReason::StopString;
+    r.stop_string = stop.found();
+  } else {
+    emit(stop.finish());
+  }
+  if (!a.json) {
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+  }
+  r.decode_ms = ms_since(t_decode);
+  return r;
+}
+
+std::string stop_line(const ChatArgs& a, const Session& session, const Reply& r) {
+  switch (r.reason) {
+    case StopReason::Eos: return "end of sequence (EOS)";
+    case StopReason::StopString: return "the stop string " + nlohmann::json(r.stop_string).dump();
+    case StopReason::TokenLimit: return "the token limit (--tokens " + std::to_string(a.tokens) + ")";
+    case StopReason::ContextFull:
+      return "the context is full (" + std::to_string(session.options().kv.ctx_size) + " tokens, --ctx-size)";
+    case StopReason::Interrupted: return "interrupted (Ctrl-C)";
+  }
+  return "";
+}
+
+struct TurnStats {
+  int turn = 0;
+  TurnPrefill prefill;
+  double prefill_ms = 0;
+};
+
+double decode_tok_s(const Reply& r, const TurnStats& s) {
+  const int steps = std::max(0, r.sampled - 1);
+  const double ms = r.decode_ms - (r.ttft_ms - s.prefill_ms);
+  return steps > 0 && ms > 0 ? steps / (ms / 1000) : 0.0;
+}
+
+// The footer of one turn, on stderr: what was reused, what was computed, how fast, why it stopped.
+void print_footer(const ChatArgs& a, const Session& session, const TurnStats& s, const Reply& r) {
+  const TurnPrefill& p = s.prefill;
+  std::string reused = std::to_string(p.reused) + " reused from the KV";
+  if (p.from_cache > 0) reused = std::to_string(p.reused) + " restored from the prompt cache";
+  std::fprintf(stderr, "[turn %d: prompt %lld tokens, %s, %lld prefilled; time to first token %.1f ms; %d tokens at %.1f tok/s; stopped: %s]\n",
+               s.turn, (long long)p.prompt_tokens, reused.c_str(), (long long)p.prefilled, r.ttft_ms, r.sampled,
+               decode_tok_s(r, s), stop_line(a, session, r).c_str());
+}
+
+void print_json(const TurnStats& s, const Reply& r) {
+  nlohmann::json j = {{"turn", s.turn},
+                      {"text", r.text},
+                      {"tokens", r.tokens},
+                      {"prompt_tokens", s.prefill.prompt_tokens},
+                      {"reused_tokens", s.prefill.reused},
+                      {"prefilled_tokens", s.prefill.prefilled},
+                      {"prompt_cache_tokens", s.prefill.from_cache},
+                      {"stop_reason", stop_reason_key(r.reason)}};
+  if (r.reason == StopReason::StopString) j["stop_string"] = r.stop_string;
+  j["timings"] = {{"prefill_ms", s.prefill_ms}, {"ttft_ms", r.ttft_ms}, {"decode_ms", r.decode_ms},
+                  {"decode_tokens", r.sampled}, {"decode_tok_s", decode_tok_s(r, s)}};
+  std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  std::fflush(stdout);
+}
+
+void report_cache_save(const PromptCacheSave& r) {
+  for (const std::string& w : r.warnings) std::fprintf(stderr, "warning: prompt cache: %s\n", w.c_str());
+  for (const auto& s : r.saved)
+    std::fprintf(stderr, "prompt cache: saved %lld tokens to %s\n", (long long)s.tokens, s.path.c_str());
+}
+
+// Where the user turns come from: -f FILE, standard input when it is not a terminal (one turn per
+// line, for scripts), else the terminal with a prompt.
+class TurnSource {
+ public:
+  explicit TurnSource(const ChatArgs& a) {
+    if (a.input_opt->count() && a.input_file != "-") {
+      file_.open(a.input_file, std::ios::binary);
+      if (!file_) throw Error(a.input_file + ": cannot open the conversation file (--file)");
+      in_ = &file_;
+    }
+    interactive_ = in_ == &std::cin && isatty(STDIN_FILENO) && !a.input_opt->count();
+  }
+  bool interactive() const { return interactive_; }
+  // The next line, without its line ending; false at the end of the input.
+  bool next(std::string& line) {
+    if (interactive_) {
+      std::fputs("> ", stdout);
+      std::fflush(stdout);
+    }
+    if (!std::getline(*in_, line)) {
+      if (interactive_) std::fputc('\n', stdout);  // Ctrl-D: end the prompt's line
+      return false;
+    }
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    return true;
+  }
+
+ private:
+  std::ifstream file_;
+  std::istream* in_ = &std::cin;
+  bool interactive_ = false;
+};
+
+struct ChatState {
+  const ChatArgs& args;
+  Runtime& rt;
+  ChatPrompt& prompt;
+  Conversation& conv;
+  PromptCache* cache;
+  std::vector<int32_t> eos;
+  Sampler sampler;
+  chat_json messages;
+  int turn = 0;
+  PromptCacheIdentity cache_id;      // with --prompt-cache-dir
+  std::filesystem::path cache_dir;
+};
+
+chat_json initial_messages(const ChatArgs& a) {
+  chat_json m = chat_json::array();
+  if (a.system_file_opt->count()) {
+    m.push_back({{"role", "system"}, {"content", read_text_file(a.system_file, "--system-file")}});
+  } else if (a.system_opt->count()) {
+    m.push_back({{"role", "system"}, {"content", a.system}});
+  }
+  return m;
+}
+
+// A turn's prefill. With a prompt cache, a fresh session and a system prompt, the system prompt's
+// own rendering goes first: its state is saved apart, so that a later launch with the same system
+// prompt and another first message restores it (PromptCache takes the longest cached prefix).
+TurnPrefill prefill_turn(ChatState& st, const std::vector<int32_t>& ids) {
+  const bool has_system = !st.messages.empty() && st.messages[0]["role"] == "system";
+  if (st.cache == nullptr || !st.conv.session().history().empty() || !has_system)
+    return st.conv.prefill(ids, st.cache);
+  const std::string sys_text = st.prompt.render(chat_json::array({st.messages[0]}), false);
+  const std::vector<int32_t> sys = st.rt.tokenizer().encode(sys_text, {.add_special = false});
+  const bool prefix = !sys.empty() && sys.size() < ids.size() && std::equal(sys.begin(), sys.end(), ids.begin());
+  std::error_code ec;
+  if (!prefix || std::filesystem::exists(st.cache_dir / prompt_cache_file_name(st.cache_id, sys), ec))
+    return st.conv.prefill(ids, st.cache);  // saved already: the longest cached prefix is taken
+  const TurnPrefill first = st.conv.prefill(sys, st.cache);
+  report_cache_save(st.cache->finish());
+  TurnPrefill t = st.conv.prefill(ids, st.cache);
+  t.from_cache = first.from_cache;
+  t.reused = first.reused;
+  t.prefilled = t.prompt_tokens - t.reused;
+  if (!first.note.empty()) t.note = first.note + (t.note.empty() ? "" : "\n" + t.note);
+  return t;
+}
+
+// One user turn: render, prefill what is new, generate, remember the reply. Returns the reply.
+Reply run_turn(ChatState& st, const std::string& user_text) {
+  st.messages.push_back({{"role", "user"}, {"content", user_text}});
+  const std::string text = st.prompt.render(st.messages, /*add_generation_prompt=*/true);
+  // As transformers' apply_chat_template: the template writes the special tokens itself.
+  const std::vector<int32_t> ids = st.rt.tokenizer().encode(text, {.add_special = false});
+  if (ids.empty()) throw Error("the chat template rendered a prompt of no tokens");
+  TurnStats s;
+  s.turn = st.turn + 1;
+  const auto t_turn = Clock::now();
+  s.prefill = prefill_turn(st, ids);
+  st.turn = s.turn;
+  s.prefill_ms = ms_since(t_turn);
+  if (!s.prefill.note.empty()) std::fprintf(stderr, "%s\n", s.prefill.note.c_str());
+  Reply r;
+  {
+    SigintGuard sigint;
+    r = generate_reply(st.args, st.conv.session(), st.rt.tokenizer(), st.eos, st.sampler, t_turn);
+  }
+  st.messages.push_back({{"role", "assistant"}, {"content", r.text}});
+  if (st.cache) report_cache_save(st.cache->finish());
+  print_footer(st.args, st.conv.session(), s, r);
+  if (st.args.json) print_json(s, r);
+  return r;
+}
+
+int run_chat(ChatArgs& a) {
+  if (a.system_opt->count() && a.system_file_opt->count()) throw UsageError("give one of --system, --system-file");
+  const std::filesystem::path dir = a.model_dir.empty() ? default_model_dir() : std::filesystem::path(a.model_dir);
+  ChatPrompt prompt = ChatPrompt::load(dir, a.prompt);  // template errors before the model loads
+  for (const std::string& s : a.stops)
+    if (s.empty()) throw UsageError("--stop: an empty stop string");
+  TurnSource source(a);
+  Runtime rt(RuntimeConfig{dir, resolve_threads(a.runtime), true});
+  const SessionOptions sopts = make_session_options(a.runtime, rt.config());
+  Conversation conv(rt.model(), sopts, rt.pool());
+  a.sampling.seed = a.seed == "-1" ? uint64_t(std::random_device{}()) : std::stoull(a.seed);
+  std::unique_ptr<PromptCache> cache;
+  const PromptCacheIdentity cache_id = a.prompt_cache_dir.empty()
+                                          ? PromptCacheIdentity{}
+                                          : prompt_cache_identity(rt.model(), rt.tokenizer(), sopts.kv);
+  if (!a.prompt_cache_dir.empty())
+    cache = std::make_unique<PromptCache>(
+        PromptCacheOptions{{}, a.prompt_cache_dir, uint64_t(a.prompt_cache_max_mb * 1024 * 1024)}, cache_id,
+        rt.tokenizer());
+  ChatState st{a, rt, prompt, conv, cache.get(), stop_token_ids(dir, rt.config(), rt.tokenizer()),
+               Sampler(a.sampling), initial_messages(a), 0, cache_id, a.prompt_cache_dir};
+  std::fprintf(stderr, "model: %s (%s, %s weights), %d threads, seed %llu, chat template %s\n", dir.string().c_str(),
+               rt.config().arch_name.c_str(), format_bytes(rt.model().weight_bytes()).c_str(), rt.pool().size(),
+               static_cast<unsigned long long>(a.sampling.seed), prompt.origin().c_str());
+  if (source.interactive())
+    std::fprintf(stderr, "chat: type a message; /reset starts over, /exit or Ctrl-D ends, Ctrl-C stops a reply\n");
+  // A script stopped by Ctrl-C ends, also between turns; on a terminal Ctrl-C stops only a reply.
+  std::optional<SigintGuard> script_sigint;
+  if (!source.interactive()) script_sigint.emplace();
+  std::string line;
+  while (!interrupted() && source.next(line)) {
+    if (line == "/exit") break;
+    if (line == "/reset") {
+      st.messages = initial_messages(a);
+      conv.reset();
+      std::fprintf(stderr, "conversation reset\n");
+      continue;
+    }
+    if (line.empty()) continue;
+    Reply r;
+    try {
+      r = run_turn(st, line);
+    } catch (const Error& e) {
+      if (!source.interactive()) throw;
+      // A person can go on: a template refusing the message, a conversation past --ctx-size.
+      st.messages.erase(st.messages.end() - 1);
+      std::fprintf(stderr, "error: %s (the message was dropped)\n", e.what());
+      continue;
+    }
+    if (r.reason == StopReason::Interrupted) {
+      if (!source.interactive()) return 130;  // a script interrupted ends; a person goes on typing
+      clear_interrupted();
+    }
+  }
+  return interrupted() ? 130 : 0;
+}
+
+}  // namespace
+
+Command add_chat_command(CLI::App& root) {
+  auto a = std::make_shared<ChatArgs>();
+  CLI::App* app = root.add_subcommand("chat", "A multi-turn conversation through the model's chat template");
+  add_model_option(*app, a->model_dir, "Hugging Face model directory (default: the shipped models/kjv-tiny)");
+  a->system_opt = app->add_option("--system", a->system, "The system prompt (llama.cpp's -sys)");
+  a->system_file_opt =
+      app->add_option("--system-file", a->system_file, "Read the system prompt from FILE")->excludes(a->system_opt);
+  a->input_opt = app->add_option("--file,-f", a->input_file,
+                                 "Read the user turns from FILE, one per line (- = standard input); without it "
+                                 "they come from standard input, with a prompt when it is a terminal");
+  add_chat_prompt_options(*app, a->prompt);
+  app->add_option("--stop", a->stops, "End a reply when its text contains STR (repeatable)")->default_str("");
+  app->add_option("--tokens,-n", a->tokens, "Most tokens per reply (-1 = until EOS, a stop string or a full context)")
+      ->check(integer_at_least(-1));
+  app->add_option("--temperature,--temp", a->sampling.temperature, "Sampling temperature (0 = greedy)")
+      ->check(number_at_least(0));
+  app->add_option("--top-k", a->sampling.top_k, "Keep the K most likely tokens (0 = off)")->check(integer_at_least(0));
+  app->add_option("--top-p", a->sampling.top_p, "Nucleus sampling threshold (1 = off)")->check(number_between(0, 1));
+  app->add_option("--min-p", a->sampling.min_p, "Drop tokens below P times the top probability (0 = off)")
+      ->check(number_between(0, 1));
+  app->add_option("--repeat-penalty", a->sampling.repeat_penalty, "Penalty for recent tokens (1 = off)")
+      ->check(number_at_least(0, /*exclusive=*/true));
+  app->add_option("--repeat-last-n", a->sampling.repeat_last_n, "Tokens the penalty looks back over (-1 = all)")
+      ->check(integer_between(-1, 1 << 30));
+  app->add_option("--seed,-s", a->seed, "RNG seed (-1 = random, printed at start)")
+      ->check(CLI::Validator([](std::string& s) { return s == "-1" ? std::string() : unsigned_integer()(s); }, ""))
+      ->type_name("INT");
+  app->add_flag("--json", a->json, "Print one JSON object per turn on stdout (text, ids, token counts, timings, "
+                                   "stop reason) instead of the streamed reply");
+  add_runtime_options(*app, a->runtime);
+  CLI::Option* dir = app->add_option("--prompt-cache-dir", a->prompt_cache_dir,
+                                     "Save each turn's state in DIR; a later launch with the same system prompt "
+                                     "and history restores it instead of prefilling")
+                         ->excludes(app->get_option("--no-cache"));
+  app->add_option("--prompt-cache-max-mb", a->prompt_cache_max_mb,
+                  "Keep --prompt-cache-dir under N MiB, removing least recently used entries")
+      ->check(number_at_least(0, /*exclusive=*/true))
+      ->needs(dir);
+  return {app, [a] { return run_chat(*a); }};
+}
+
+}  // namespace ptllm::cli
