@@ -119,15 +119,7 @@ Reply generate_reply(const ChatArgs& a, Session& session, const Tokenizer& tok, 
 }
 
 std::string stop_line(const ChatArgs& a, const Session& session, const Reply& r) {
-  switch (r.reason) {
-    case StopReason::Eos: return "end of sequence (EOS)";
-    case StopReason::StopString: return "the stop string " + nlohmann::json(r.stop_string).dump();
-    case StopReason::TokenLimit: return "the token limit (--tokens " + std::to_string(a.tokens) + ")";
-    case StopReason::ContextFull:
-      return "the context is full (" + std::to_string(session.options().kv.ctx_size) + " tokens, --ctx-size)";
-    case StopReason::Interrupted: return "interrupted (Ctrl-C)";
-  }
-  return "";
+  return stop_reason_text(r.reason, r.stop_string, a.tokens, session.options().kv.ctx_size);
 }
 
 struct TurnStats {

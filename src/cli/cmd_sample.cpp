@@ -205,15 +205,7 @@ Generation generate(const SampleArgs& a, Session& session, const Tokenizer& tok,
 }
 
 std::string stop_line(const SampleArgs& a, const Session& session, const Generation& g) {
-  switch (g.reason) {
-    case StopReason::Eos: return "stopped: end of sequence (EOS)";
-    case StopReason::StopString: return "stopped: the stop string " + nlohmann::json(g.stop_string).dump();
-    case StopReason::TokenLimit: return "stopped: the token limit (--tokens " + std::to_string(a.tokens) + ")";
-    case StopReason::ContextFull:
-      return "stopped: the context is full (" + std::to_string(session.options().kv.ctx_size) + " tokens, --ctx-size)";
-    case StopReason::Interrupted: return "stopped: interrupted (Ctrl-C)";
-  }
-  return "";
+  return "stopped: " + stop_reason_text(g.reason, g.stop_string, a.tokens, session.options().kv.ctx_size);
 }
 
 double decode_tok_s(const Generation& g, const Timing& t) {

@@ -1,5 +1,7 @@
 #include "cli/generation.h"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cctype>
 #include <csignal>
@@ -94,5 +96,16 @@ SigintGuard::~SigintGuard() {
 bool interrupted() { return g_interrupted != 0; }
 
 void clear_interrupted() { g_interrupted = 0; }
+
+std::string stop_reason_text(StopReason r, const std::string& stop_string, int max_tokens, int ctx_size) {
+  switch (r) {
+    case StopReason::Eos: return "end of sequence (EOS)";
+    case StopReason::StopString: return "the stop string " + nlohmann::json(stop_string).dump();
+    case StopReason::TokenLimit: return "the token limit (--tokens " + std::to_string(max_tokens) + ")";
+    case StopReason::ContextFull: return "the context is full (" + std::to_string(ctx_size) + " tokens, --ctx-size)";
+    case StopReason::Interrupted: return "interrupted (Ctrl-C)";
+  }
+  return "";
+}
 
 }  // namespace ptllm::cli

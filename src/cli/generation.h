@@ -34,6 +34,8 @@ class StopText {
 enum class StopReason { Eos, StopString, TokenLimit, ContextFull, Interrupted };
 // "eos", "stop_string", "token_limit", "context_full", "interrupted" (the JSON values).
 const char* stop_reason_key(StopReason r);
+// What a footer says: "end of sequence (EOS)", "the token limit (--tokens 16)", ...
+std::string stop_reason_text(StopReason r, const std::string& stop_string, int max_tokens, int ctx_size);
 
 // While alive, the first Ctrl-C sets interrupted() instead of ending the process (the caller stops
 // the generation and prints its footer); SA_RESETHAND restores the default action, so a second
