@@ -103,12 +103,10 @@ Reply generate_reply(const ChatArgs& a, Session& session, const Tokenizer& tok, 
     emit(stop.push(detok.push(next)));
     if (stop.stopped()) break;
   }
-  if (!stop.stopped()) emit(stop.push(detok.finish()));
+  if (!stop.stopped()) emit(stop.close(detok.finish()));
   if (stop.stopped()) {
     r.reason = StopReason::StopString;
     r.stop_string = stop.found();
-  } else {
-    emit(stop.finish());
   }
   if (!a.json) {
     std::fputc('\n', stdout);

@@ -189,12 +189,10 @@ Generation generate(const SampleArgs& a, Session& session, const Tokenizer& tok,
     logits = session.feed({&next, 1});
     g.rate.step();
   }
-  if (!stop.stopped()) emit(stop.push(detok.finish()));
+  if (!stop.stopped()) emit(stop.close(detok.finish()));
   if (stop.stopped()) {
     g.reason = StopReason::StopString;
     g.stop_string = stop.found();
-  } else {
-    emit(stop.finish());
   }
   if (!a.json) {
     std::fputc('\n', stdout);

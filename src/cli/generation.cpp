@@ -97,6 +97,13 @@ bool interrupted() { return g_interrupted != 0; }
 
 void clear_interrupted() { g_interrupted = 0; }
 
+std::string StopText::close(const std::string& rest) {
+  if (stopped_) return "";
+  std::string out = push(rest);
+  if (!stopped_) out += finish();
+  return out;
+}
+
 std::string stop_reason_text(StopReason r, const std::string& stop_string, int max_tokens, int ctx_size) {
   switch (r) {
     case StopReason::Eos: return "end of sequence (EOS)";

@@ -21,6 +21,9 @@ class StopText {
   std::string push(const std::string& piece);
   // What is held back, at the end of a generation that met no stop string.
   std::string finish();
+  // The end of a generation: `rest` (the detokenizer's last text) pushed, then what is held back
+  // unless a stop string was met; the text to print.
+  std::string close(const std::string& rest);
   bool stopped() const { return stopped_; }
   const std::string& found() const { return found_; }
 

@@ -57,9 +57,7 @@ void Session::feed_batch(std::span<Session* const> sessions, std::span<const std
   PTLLM_CHECK(sessions.size() == tokens.size() && !sessions.empty());
   const Model& model = sessions[0]->model_;
   const size_t vocab = size_t(model.config().vocab_size);
-  // Batches are small (the sequences decoding together): a fixed-size list, no allocation.
-  constexpr size_t kMaxBatch = 256;
-  PTLLM_CHECK(sessions.size() <= kMaxBatch);
+  PTLLM_CHECK(sessions.size() <= kMaxBatchSequences);
   for (size_t i = 0; i < sessions.size(); ++i) {
     const Session& s = *sessions[i];
     PTLLM_CHECK(&s.model_ == &model && s.cache_ && !tokens[i].empty());
@@ -69,7 +67,7 @@ void Session::feed_batch(std::span<Session* const> sessions, std::span<const std
     PTLLM_CHECK(int(tokens[i].size()) <= s.max_chunk());
   }
   check_room(sessions, tokens);
-  std::array<SequenceBatch, kMaxBatch> items;
+  std::array<SequenceBatch, kMaxBatchSequences> items;
   for (size_t i = 0; i < sessions.size(); ++i) {
     Session& s = *sessions[i];
     if (s.logits_.size() < vocab) s.logits_.resize(vocab);
@@ -88,18 +86,21 @@ void Session::feed_batch(std::span<Session* const> sessions, std::span<const std
 
 // A shared pool must have room for the step's blocks before anything is written (a private pool is
 // sized for the worst case). Sessions on one pool add up.
-void Session::check_room(int T) const {
-  if (!cache_->shares_pool()) return;
-  const BlocksNeeded need = cache_->blocks_needed(T);
-  const KVPool& p = cache_->pool();
+namespace {
+void require_room(const KVPool& p, const BlocksNeeded& need) {
   if (need.dense > p.dense().available() || need.quant > p.quant().available())
-    throw KVPoolFull("KV pool full: " + std::to_string(p.blocks_in_use()) +
-                     " blocks in use; the step needs " + std::to_string(need.dense + need.quant) +
+    throw KVPoolFull("KV pool full: " + std::to_string(p.blocks_in_use()) + " blocks in use; the step needs " +
+                     std::to_string(need.dense + need.quant) +
                      " more (raise --kv-budget-mb, or pause or end a sequence)");
+}
+}  // namespace
+
+void Session::check_room(int T) const {
+  if (cache_->shares_pool()) require_room(cache_->pool(), cache_->blocks_needed(T));
 }
 
 void Session::check_room(std::span<Session* const> sessions, std::span<const std::span<const int32_t>> tokens) {
-  // Distinct pools are few (usually one): sum what each session needs onto its pool's first session.
+  // Distinct pools are few (usually one): each is summed from the first session that draws from it.
   for (size_t i = 0; i < sessions.size(); ++i) {
     const KVCache& c = *sessions[i]->cache_;
     if (!c.shares_pool()) continue;
@@ -113,10 +114,7 @@ void Session::check_room(std::span<Session* const> sessions, std::span<const std
         sum.dense += n.dense;
         sum.quant += n.quant;
       }
-    if (sum.dense > c.pool().dense().available() || sum.quant > c.pool().quant().available())
-      throw KVPoolFull("KV pool full: " + std::to_string(c.pool().blocks_in_use()) +
-                       " blocks in use; the batch needs " + std::to_string(sum.dense + sum.quant) +
-                       " more (raise --kv-budget-mb, or pause or end a sequence)");
+    require_room(c.pool(), sum);
   }
 }
 

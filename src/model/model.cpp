@@ -233,9 +233,8 @@ void Model::attention(int layer, std::span<const SequenceBatch> batch, ForwardSt
   const ModelConfig& c = cfg_;
   const int D = c.head_dim, half = D / 2;
   const size_t qd = size_t(c.q_dim()), kvd = size_t(c.kv_dim());
-  constexpr size_t kMaxBatch = 256;
-  PTLLM_CHECK(batch.size() <= kMaxBatch);
-  std::array<size_t, kMaxBatch> row0;  // each sequence's first row
+  PTLLM_CHECK(batch.size() <= kMaxBatchSequences);
+  std::array<size_t, kMaxBatchSequences> row0;  // each sequence's first row
   size_t r0 = 0, longest = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     const SequenceBatch& s = batch[i];

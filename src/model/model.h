@@ -25,6 +25,9 @@ struct LayerWeights {
   std::vector<float> b_gate, b_up, b_down;
 };
 
+// Most sequences one forward call takes (the per-call lists live on the stack, no allocation).
+inline constexpr size_t kMaxBatchSequences = 256;
+
 // One sequence's share of a forward call: its tokens at positions pos0, pos0+1, ..., appended to its
 // own cache. logits: [T][vocab] when all_logits, else [vocab] for the last token only; null: none.
 struct SequenceBatch {
