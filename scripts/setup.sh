@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 PACKAGES=(build-essential cmake pkg-config
   nlohmann-json3-dev libpcre2-dev libssl-dev libxxhash-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libopenblas-dev)  # OpenBLAS: only the sgemm comparison in bench/bench_kernels.cpp (loaded at run time)
+  libopenblas-dev  # OpenBLAS: only the sgemm comparison in bench/bench_kernels.cpp (loaded at run time)
+  libcpp-httplib-dev)  # the HTTP server of `posttrainllm serve`
 
 missing=()
 for p in "${PACKAGES[@]}"; do
