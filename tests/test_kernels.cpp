@@ -497,7 +497,7 @@ TEST_P(KernelTest, MatmulMatchesScalarTwin) {
   ThreadPool pool1(1), pool3(3);
   for (DType t : {DType::F32, DType::BF16, DType::F16})
     for (const auto& s : shapes)
-      for (int T : {1, 2, 3, 4, 5, 7, 13, 40}) {
+      for (int T : {1, 2, 3, 4, 5, 7, 13, 16, 40}) {
         TestMatrix m(t, s[0], s[1], rng_);
         auto x = random_floats(size_t(T) * size_t(s[1]), rng_);
         auto bias = random_floats(size_t(s[0]), rng_);
@@ -520,7 +520,7 @@ TEST_P(KernelTest, MatmulMatchesScalarTwin) {
 // One thread's share: the columns [r0, r1) and nothing else, for both product kernels.
 TEST_P(KernelTest, ProductKernelsWriteOnlyTheirColumns) {
   TestMatrix m(DType::BF16, 75, 90, rng_);
-  for (int T : {1, 3, 9}) {
+  for (int T : {1, 3, 9, 14}) {  // 9, 14: tiles of 4 weight rows for bf16
     auto x = random_floats(size_t(T) * 90, rng_);
     std::vector<float> y_ref(size_t(T) * 75);
     matmul_ref(x.data(), T, m.w, nullptr, y_ref.data());
@@ -553,7 +553,7 @@ TEST_P(KernelTest, ProductsDoNotDependOnWhereTheWeightsSit) {
   for (DType t : {DType::F32, DType::BF16, DType::F16}) {
     const int rows = 37, cols = 300;
     auto v = random_floats(size_t(rows) * cols, rng_);
-    for (int T : {1, 2, 3, 5, 8}) {  // streamed and packed products
+    for (int T : {1, 2, 3, 5, 8, 16, 20}) {  // streamed (bf16: tiles from 5) and packed products
       auto x = random_floats(size_t(T) * cols, rng_);
       std::vector<float> first;
       const std::vector<size_t> offsets = t == DType::F32 ? std::vector<size_t>{0, 4, 8, 36}

@@ -142,14 +142,18 @@ struct Avx2 {
   }
 
   // Consecutive chunks of 16 bf16 of a row, as (even elements, odd elements) in float32.
+  // 16 bf16 from any address as (even elements, odd elements) in float32.
+  PTLLM_TARGET static void bf16_pairs(const char* p, F& even, F& odd) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(int(0xffff0000u))));
+  }
   struct Bf16Rows {
     const char* p;
     explicit Bf16Rows(const char* row) : p(row) {}
     PTLLM_TARGET void next(F& even, F& odd) {
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+      bf16_pairs(p, even, odd);
       p += 32;
-      even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-      odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(int(0xffff0000u))));
     }
   };
 

@@ -162,6 +162,13 @@ struct Avx512 {
     }
   };
 
+  // 32 bf16 from any address as (even elements, odd elements) in float32.
+  PTLLM_TARGET static void bf16_pairs(const char* p, F& even, F& odd) {
+    const __m512i v = _mm512_loadu_si512(p);
+    even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    odd = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(int(0xffff0000u))));
+  }
+
   PTLLM_TARGET static F round(F x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
   // One vscalefps (y 2^n, rounded once as y times the power would be), zeroing where x < lo.
   PTLLM_TARGET static F ldexp_ge(F y, F n, F x, F lo) {

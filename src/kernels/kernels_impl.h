@@ -10,7 +10,8 @@
 // load_u4_split/load_u2_split (N bytes of codes split by position in the byte), deinterleave and
 // interleave (2N lanes <-> even and odd lanes);
 // round (to nearest), ldexp_ge (x < lo ? 0 : y 2^n for integral n), transpose (N x N),
-// and Bf16Rows (a bf16 row read in consecutive chunks of 2N, as its even and odd elements).
+// and Bf16Rows (a bf16 row read in consecutive chunks of 2N, as its even and odd elements),
+// bf16_pairs (one such chunk from any address).
 #ifndef PTLLM_TARGET
 #error "define PTLLM_TARGET before including kernels_impl.h"
 #endif
@@ -998,12 +999,82 @@ struct Kernels {
     else
       gemv_row<Ld, TT>(x + xo, w.cols, w.data, r, yt, w.rows, bias);
   }
+  // BF16, several rows of x (batched decode, short chunks): a tile of 4 weight rows x TT rows of x.
+  // Each chunk of x is loaded once for the 4 rows and each chunk of a row once for the TT rows of x,
+  // so the loop is bound by its FMAs, not its loads (gemv_row_bf16 loads x once per weight row); the
+// rows are read with plain unaligned loads (after the first pass of x rows, from L1);
+  // the even and odd products go to one accumulator, and the 4 rows' sums are folded at once.
+  // A row's sum is still taken in an order fixed by element index.
+  // Up to 4 rows of x, one weight row at a time streams faster (bench_kernels product/gemv/*).
+  static constexpr int kTileRows = 4, kTileMinT = 5;
+  template <int TT>
+  PTLLM_TARGET static void gemv_tile_bf16(const float* xd, const float* x, int K, const void* w, int r, float* y,
+                                          int ldy, const float* bias) {
+    constexpr int RT = kTileRows;
+    constexpr int C = 2 * N;
+    F acc[RT][TT];
+    PTLLM_UNROLL for (int i = 0; i < RT; ++i) PTLLM_UNROLL for (int t = 0; t < TT; ++t) acc[i][t] = V::zero();
+    const size_t row = size_t(r) * size_t(K);
+    const char* wb = static_cast<const char*>(w) + 2 * row;
+    const int full = K / C * C;
+    for (int k = 0; k < full; k += C) {
+      F xe[TT], xo[TT];
+      PTLLM_UNROLL for (int t = 0; t < TT; ++t) {
+        xe[t] = V::load(xd + size_t(t) * size_t(K) + size_t(k));
+        xo[t] = V::load(xd + size_t(t) * size_t(K) + size_t(k + N));
+      }
+      PTLLM_UNROLL for (int i = 0; i < RT; ++i) {
+        gemv_ahead<size_t(C * 2)>(w, 2 * (row + size_t(i) * size_t(K) + size_t(k)));
+        F e, o;
+        V::bf16_pairs(wb + 2 * (size_t(i) * size_t(K) + size_t(k)), e, o);
+        PTLLM_UNROLL for (int t = 0; t < TT; ++t) acc[i][t] = V::fma(xo[t], o, V::fma(xe[t], e, acc[i][t]));
+      }
+    }
+    for (int k = full; k < K; k += N) {  // the tail, in element order
+      const int n = std::min(N, K - k);
+      PTLLM_UNROLL for (int i = 0; i < RT; ++i) {
+        const F wv = LdBF16::load_n(w, row + size_t(i) * size_t(K) + size_t(k), n);
+        PTLLM_UNROLL for (int t = 0; t < TT; ++t)
+          acc[i][t] = V::fma(V::load_n(x + size_t(t) * size_t(K) + size_t(k), n), wv, acc[i][t]);
+      }
+    }
+    PTLLM_UNROLL for (int t = 0; t < TT; ++t) {
+      float* yt = y + size_t(t) * size_t(ldy) + size_t(r);
+      V::reduce_add4(acc[0][t], acc[1][t], acc[2][t], acc[3][t], yt);
+      if (bias) PTLLM_UNROLL for (int i = 0; i < RT; ++i) yt[i] += bias[r + i];
+    }
+  }
+  // BF16 rows [r0, r1) against T >= 2 rows of x: tiles of 4 rows, then the rows left one at a time.
+  PTLLM_TARGET static void gemv_tiles_bf16(const float* x, const float* xd, int T, const WeightMatrix& w,
+                                           const float* bias, float* y, int r0, int r1) {
+    const int K = w.cols;
+    int r = r0;
+    for (; r + kTileRows <= r1; r += kTileRows) {
+      int t = 0;
+      const auto tile = [&]<int TT>() {
+        const size_t xo = size_t(t) * size_t(K);
+        gemv_tile_bf16<TT>(xd + xo, x + xo, K, w.data, r, y + size_t(t) * size_t(w.rows), w.rows, bias);
+        t += TT;
+      };
+      if constexpr (V::GT >= 4)
+        while (t + 4 <= T) tile.template operator()<4>();
+      while (t + 2 <= T) tile.template operator()<2>();
+      if (t < T) tile.template operator()<1>();
+    }
+    for (; r < r1; ++r) {
+      int t = 0;
+      for (; t + 2 <= T; t += 2) gemv_group<LdBF16, 2>(x, xd, t, w, r, bias, y);
+      for (; t < T; ++t) gemv_group<LdBF16, 1>(x, xd, t, w, r, bias, y);
+    }
+  }
   // Every row of x against weight rows [r0, r1); groups of rows of x share each weight row, read
   // from memory once and then from L1.
   template <class Ld>
   PTLLM_TARGET static void gemv_t(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, int r0,
                                   int r1) {
     const float* xd = std::is_same_v<Ld, LdBF16> ? deinterleave(x, T, w.cols) : nullptr;
+    if constexpr (std::is_same_v<Ld, LdBF16>)
+      if (T >= kTileMinT) return gemv_tiles_bf16(x, xd, T, w, bias, y, r0, r1);
     for (int r = r0; r < r1; ++r) {
       int t = 0;
       if constexpr (V::GT >= 4)

@@ -103,16 +103,20 @@ struct Portable {
   }
 
   // Consecutive chunks of 8 bf16 of a row, as (even elements, odd elements) in float32.
+  // 2N bf16 from any address as (even elements, odd elements) in float32.
+  static void bf16_pairs(const char* p, F& even, F& odd) {
+    U u;
+    std::memcpy(&u, p, sizeof u);
+    const U e = u << 16, o = u & 0xffff0000u;
+    std::memcpy(&even, &e, sizeof even);
+    std::memcpy(&odd, &o, sizeof odd);
+  }
   struct Bf16Rows {
     const char* p;
     explicit Bf16Rows(const char* row) : p(row) {}
     void next(F& even, F& odd) {
-      U u;
-      std::memcpy(&u, p, sizeof u);
-      p += sizeof u;
-      const U e = u << 16, o = u & 0xffff0000u;
-      std::memcpy(&even, &e, sizeof even);
-      std::memcpy(&odd, &o, sizeof odd);
+      bf16_pairs(p, even, odd);
+      p += sizeof(U);
     }
   };
 

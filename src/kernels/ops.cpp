@@ -103,6 +103,9 @@ namespace {
 // memory-bound); beyond it packing converted tiles pays for itself (bench_kernels product/*: the
 // two meet near T = 6 on Zen).
 constexpr int kGemvMaxT = 6;
+// BF16 weights: the gemv's tiles of several weight rows (kernels_impl.h gemv_tiles_bf16) stay ahead
+// of packing up to here (product/gemv/16 and product/gemm/16).
+constexpr int kGemvMaxTBf16 = 16;
 // Fewest weights a thread's share of a gemv holds: below it, handing work to another thread costs
 // more than it saves (tiny models).
 constexpr size_t kGemvMinWeightsPerThread = 32 * 1024;
@@ -111,7 +114,7 @@ constexpr size_t kGemmMaxPartRows = 512;  // matmul, gemm: the widest part a thr
 
 void matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool) {
   const KernelTable& k = active_kernels();
-  if (T <= kGemvMaxT) {
+  if (T <= (w.dtype == DType::BF16 ? kGemvMaxTBf16 : kGemvMaxT)) {
     const size_t min_rows = kGemvMinWeightsPerThread / size_t(std::max(1, w.cols));
     const size_t grain = std::max<size_t>(4, (min_rows + 3) / 4 * 4);
     pool.parallel_for(size_t(w.rows), [&](size_t b, size_t e) { k.gemv(x, T, w, bias, y, int(b), int(e)); }, grain);
