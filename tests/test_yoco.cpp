@@ -416,5 +416,43 @@ TEST_F(TinyYoco, BatchEqualsAlone) {
   }
 }
 
+// The memory reports say which layers store K/V and the bytes: sample's footer and --json, bench
+// --json, eval --json.
+TEST_F(TinyYoco, ReportsNameTheStoringLayers) {
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+    fs::copy_file(test::repo_model("kjv-tiny") / f, tmp_.path / f);
+  const std::string bin = test::binary() + " ";
+  const std::string dir = tmp_.path.string();
+  auto sample = test::run_command(bin + "sample " + dir +
+                                  " --prompt 'In the beginning' --tokens 8 --temperature 0 --ignore-eos --threads 2");
+  ASSERT_EQ(sample.code, 0) << sample.err;
+  EXPECT_TRUE(has(sample.err, "kv layers: 3 of 4 store K/V; logical by layer: 0 "));
+  EXPECT_TRUE(has(sample.err, "; layers 3 read layer 2's"));
+
+  auto bench = test::run_command(bin + "bench " + dir + " -p 40 -n 4 -r 1 --threads 2 --bandwidth-mib 16 --json");
+  ASSERT_EQ(bench.code, 0) << bench.err;
+  const auto b = nlohmann::json::parse(bench.out);
+  EXPECT_EQ(b["kv_layers"]["stored_layers"], nlohmann::json({0, 1, 2}));
+  EXPECT_EQ(b["kv_layers"]["source_layer"], nlohmann::json({0, 1, 2, 2}));
+  const auto bytes = b["kv_layers"]["logical_bytes"].get<std::vector<size_t>>();
+  ASSERT_EQ(bytes.size(), 4u);
+  EXPECT_EQ(bytes[3], 0u);
+  const size_t token = 2 * size_t(model_->kv_shape().kv_dim()) * sizeof(float);
+  EXPECT_EQ(bytes[2], 44 * token);  // the full layer: 40 prompt tokens and 4 generated
+  EXPECT_EQ(bytes[0], 16 * token);  // a sliding layer: its window
+  EXPECT_EQ(bytes[0] + bytes[1] + bytes[2], b["kv_logical_bytes"].get<size_t>());
+
+  const auto text = tmp_.path / "text.txt";
+  std::ofstream(text) << "In the beginning God created the heaven and the earth. And the earth was without form.\n";
+  auto eval = test::run_command(bin + "eval " + dir + " --text " + text.string() + " --configs 'fp32; int8' --json");
+  ASSERT_EQ(eval.code, 0) << eval.err;
+  const auto e = nlohmann::json::parse(eval.out);
+  ASSERT_EQ(e["configs"].size(), 2u);
+  for (const auto& c : e["configs"]) {
+    EXPECT_EQ(c["kv_layers"]["stored_layers"], nlohmann::json({0, 1, 2})) << c["name"];
+    EXPECT_EQ(c["kv_layers"]["logical_bytes"][3], 0) << c["name"];
+  }
+}
+
 }  // namespace
 }  // namespace ptllm
