@@ -378,6 +378,22 @@ TEST_F(TinyYoco, SharedLayerReadsItsDonorsStoredKV) {
   EXPECT_GT(diff, 0.1);
 }
 
+// The reference path (--no-cache: the whole sequence again each step, through a fresh cache) past the
+// sliding layers' windows: the cached path's logits.
+TEST_F(TinyYoco, NoCacheEqualsCachedPastTheWindows) {
+  ThreadPool pool(2);
+  const auto ids = random_ids(31, 300);
+  SessionOptions o = opts();
+  o.use_cache = false;
+  Session ref(*model_, o, pool), cached(*model_, opts(), pool);
+  const auto a = ref.feed(ids);
+  const auto b = cached.feed(ids);
+  double worst = 0;
+  for (size_t v = 0; v < a.size(); ++v) worst = std::max(worst, double(std::fabs(a[v] - b[v])));
+  EXPECT_LT(worst, 1e-4);
+  EXPECT_EQ(argmax(a), argmax(b));
+}
+
 // Several sequences stepped together equal each alone (the shortcut drops rows per sequence).
 TEST_F(TinyYoco, BatchEqualsAlone) {
   ThreadPool pool(2);
