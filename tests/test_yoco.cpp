@@ -339,6 +339,39 @@ TEST_F(TinyYoco, PrefillShortcutEqualsFullPrefill) {
   }
 }
 
+// The rows that go past the donor: the last token of a prompt, none of a chunk before it, every row
+// when all logits are wanted, one per decoding sequence of a batch.
+TEST_F(TinyYoco, ShortcutKeepsOnlyTheWantedRows) {
+  ThreadPool pool(2);
+  const int V = model_->config().vocab_size;
+  KVCacheConfig kv;
+  kv.ctx_size = 512;
+  KVCache a(model_->kv_shape(), kv), b(model_->kv_shape(), kv);
+  ForwardState st;
+  const auto ids = random_ids(5, 40);
+  std::vector<float> logits(ids.size() * size_t(V));
+  model_->forward(ids, 0, a, st, nullptr, false, pool);
+  EXPECT_EQ(st.cross_rows, 0);
+  model_->forward(ids, 0, b, st, logits.data(), false, pool);
+  EXPECT_EQ(st.cross_rows, 1);
+  a.end_step(ids);
+  b.end_step(ids);
+  std::vector<int32_t> more(ids.begin(), ids.begin() + 20);
+  model_->forward(more, 40, a, st, logits.data(), true, pool);
+  EXPECT_EQ(st.cross_rows, 20);
+  const int32_t t1 = 7, t2 = 9;
+  std::vector<float> l1(static_cast<size_t>(V)), l2(static_cast<size_t>(V));
+  const SequenceBatch batch[] = {{&a, {&t1, 1}, 60, l1.data(), false}, {&b, {&t2, 1}, 40, l2.data(), false}};
+  model_->forward(batch, st, pool);
+  EXPECT_EQ(st.cross_rows, 2);
+  // A model without shared layers has no shortcut.
+  const auto llama = Model::load(test::repo_model("kjv-tiny"));
+  KVCache c(llama->kv_shape(), kv);
+  ForwardState st2;
+  llama->forward(ids, 0, c, st2, logits.data(), false, pool);
+  EXPECT_EQ(st2.cross_rows, -1);
+}
+
 // Layer 3 has no K/V: overwriting layer 2's stored K/V (through the state bytes) moves the logits of
 // a model whose layer 3 reads it; the shared layer holds nothing.
 TEST_F(TinyYoco, SharedLayerReadsItsDonorsStoredKV) {

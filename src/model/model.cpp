@@ -212,6 +212,7 @@ void Model::forward(std::span<const SequenceBatch> batch, ForwardState& st, Thre
     }
     if (li == cross_layer_) {
       T = keep_wanted_rows(batch, rows, T, st);  // x, xn, cos, sin: [T'] rows
+      st.cross_rows = T;
       if (T == 0) return;                        // no logits wanted: every K/V needed later is stored
     }
     matmul(st.xn.data(), T, L.wq, bias_or_null(L.bq), st.q.data(), pool);  // q [T][q_dim]

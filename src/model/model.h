@@ -52,6 +52,7 @@ struct ForwardState {
   std::vector<float> gate, up;  // [T][inter]
   std::vector<float> cos, sin;  // [T][head_dim/2]
   std::vector<float> logits;    // [rows wanted][vocab], batches of more than one sequence
+  int cross_rows = -1;  // rows the last call ran past the cross-decoder's donor (-1: no shortcut layer)
 };
 
 class Model {
