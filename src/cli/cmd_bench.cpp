@@ -88,6 +88,7 @@ int run_parallel(BenchArgs& a, const Model& model, const SessionOptions& sopts, 
                                 {"kv_physical_bytes", r.kv_physical_bytes},
                                 {"kv_used_bytes", r.kv_used_bytes},
                                 {"kv_shared_bytes", r.kv_shared_bytes},
+                                {"kv_layers", kv_layers_json(r.kv_layers)},
                                 {"peak_rss_mb", r.peak_rss_mb},
                                 {"prompt_tokens", pc.prompt_tokens},
                                 {"shared_prefix", pc.shared_prefix},
@@ -163,6 +164,7 @@ int run_bench_command(BenchArgs& a) {
         {"kv_logical_bytes", r.kv_logical_bytes},
         {"kv_physical_bytes", r.kv_physical_bytes},
         {"kv_stored_tokens", r.kv_stored},
+        {"kv_layers", kv_layers_json(r.kv_layers)},
         {"peak_rss_mb", rss_mib},
         {"weight_bytes", model.weight_bytes()},
         {"bytes_per_token", r.weight_bytes_per_token + r.kv_bytes_per_token},
@@ -189,6 +191,7 @@ int run_bench_command(BenchArgs& a) {
   if (sopts.use_cache)
     std::printf("kv cache: %s, %d tokens stored, logical %s, physical %s\n", sopts.kv.describe().c_str(), r.kv_stored,
                 format_bytes(r.kv_logical_bytes).c_str(), format_bytes(r.kv_physical_bytes).c_str());
+  if (sopts.use_cache && r.kv_layers.any_shared()) std::printf("%s\n", kv_layers_line(r.kv_layers).c_str());
   std::printf("peak RSS: %.1f MiB\n", rss_mib);
   std::printf("memory bandwidth: read %.1f GB/s, copy %.1f GB/s (%d MiB, best of %d passes before and after the runs:"
               " read %.1f / %.1f GB/s)\n",

@@ -375,6 +375,7 @@ std::string report_json(const EvalReport& r) {
                         {"kv_logical_bytes", c.kv_logical_bytes},
                         {"kv_physical_bytes", c.kv_physical_bytes},
                         {"stored_tokens", c.stored_tokens},
+                        {"kv_layers", kv_layers_json(c.kv_layers)},
                         {"seconds", c.seconds}};
     if (!greedy.prompts.empty()) {
       o["greedy_match_pct"] = greedy_mean(k);
@@ -414,7 +415,11 @@ std::string report_table(const EvalReport& r) {
                     format_bytes(c.kv_logical_bytes), format_bytes(c.kv_physical_bytes),
                     fmt("%.1f", double(fed) / c.seconds)});
   }
-  out += format_table(rows) + "\nmean NLL by position\n";
+  out += format_table(rows);
+  for (size_t k = 0; k < sums.size(); ++k)
+    if (ev.configs()[k].kv_layers.any_shared())
+      out += ev.configs()[k].spec.name + ": " + kv_layers_line(ev.configs()[k].kv_layers) + "\n";
+  out += "\nmean NLL by position\n";
   rows = {{"config"}};
   for (const auto& b : base_buckets) rows[0].push_back(bucket_label(b));
   rows.push_back({"baseline"});

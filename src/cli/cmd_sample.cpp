@@ -236,6 +236,8 @@ void print_footer(const SampleArgs& a, const Session& session, size_t prompt_tok
     std::fprintf(stderr, "decode speed: steps 1-%d %.1f tok/s, steps %d-%d %.1f tok/s\n", StepRate::kSpan,
                  g.rate.first_tok_s(), g.rate.steps() - StepRate::kSpan + 1, g.rate.steps(), g.rate.last_tok_s());
   std::fprintf(stderr, "%s\n", kv_line(session).c_str());
+  if (session.has_cache() && session.cache().shape().any_shared())
+    std::fprintf(stderr, "%s\n", kv_layers_line(kv_layer_report(session.cache())).c_str());
 }
 
 void print_json(const SampleArgs& a, const std::filesystem::path& dir, const Session& session, size_t prompt_tokens,
@@ -260,7 +262,7 @@ void print_json(const SampleArgs& a, const std::filesystem::path& dir, const Ses
     j["kv_cache"] = {{"config", so.kv.describe()},        {"stored_tokens", kv.n_stored()},
                      {"tokens", kv.n_tokens()},           {"logical_bytes", kv.logical_bytes()},
                      {"physical_bytes", kv.physical_bytes()}, {"preallocated", so.kv.preallocate},
-                     {"ctx_size", so.kv.ctx_size}};
+                     {"ctx_size", so.kv.ctx_size},        {"layers", kv_layers_json(kv_layer_report(kv))}};
   } else {
     j["kv_cache"] = nullptr;
   }

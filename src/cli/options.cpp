@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string_view>
+#include <utility>
 
 #include "build_info.h"
 #include "core/error.h"
@@ -358,6 +359,25 @@ std::string format_bytes(size_t bytes) {
   else
     std::snprintf(buf, sizeof buf, "%.2f GiB", double(bytes) / (1024.0 * 1024 * 1024));
   return buf;
+}
+
+std::string kv_layers_line(const KVLayerReport& r) {
+  const std::vector<int> stored = r.stored();
+  std::string s = "kv layers: " + std::to_string(stored.size()) + " of " + std::to_string(r.source.size()) +
+                  " store K/V; logical by layer:";
+  for (size_t i = 0; i < stored.size(); ++i)
+    s += (i ? ", " : " ") + std::to_string(stored[i]) + " " + format_bytes(r.logical_bytes[size_t(stored[i])]);
+  // "layers 5, 6, 7 read layer 4's": one clause per donor.
+  std::vector<std::pair<int, std::string>> readers;
+  for (int l = 0; l < int(r.source.size()); ++l) {
+    const int src = r.source[size_t(l)];
+    if (src == l) continue;
+    auto it = std::find_if(readers.begin(), readers.end(), [&](const auto& x) { return x.first == src; });
+    if (it == readers.end()) readers.emplace_back(src, std::to_string(l));
+    else it->second += ", " + std::to_string(l);
+  }
+  for (const auto& [src, who] : readers) s += "; layers " + who + " read layer " + std::to_string(src) + "'s";
+  return s;
 }
 
 }  // namespace ptllm::cli

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/kv_report.h"
 #include "engine/session.h"
 
 namespace ptllm::cli {
@@ -54,5 +55,8 @@ std::string version_text();
 std::filesystem::path default_model_dir();
 
 std::string format_bytes(size_t bytes);
+// "kv layers: 5 of 8 store K/V; logical by layer: 0 64.0 KiB, ..., 4 1.00 MiB; layers 5, 6, 7 read
+// layer 4's" (the footers of sample and bench, the table of eval, for a model whose layers share K/V).
+std::string kv_layers_line(const KVLayerReport& r);
 
 }  // namespace ptllm::cli

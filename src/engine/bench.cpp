@@ -103,6 +103,7 @@ BenchResult run_bench(const Model& model, const SessionOptions& opts, ThreadPool
     res.kv_physical_bytes = kv.physical_bytes();
     res.kv_stored = kv.n_stored();
     res.kv_tokens = kv.n_tokens();
+    res.kv_layers = kv_layer_report(kv);
     res.kv_bytes_per_token = (kv_before + res.kv_logical_bytes) / 2;
   }
   res.weight_bytes_per_token = decode_weight_bytes(model);
@@ -196,6 +197,7 @@ ParallelBenchResult run_parallel_bench(const Model& model, const SessionOptions&
   res.ttft_first_ms = last.ttft_ms.front();
   res.ttft_last_ms = last.ttft_ms.back();
   for (const auto& s : sessions) res.kv_logical_bytes += s->cache().logical_bytes();
+  res.kv_layers = kv_layer_report(sessions.front()->cache());
   res.kv_physical_bytes = kv->physical_bytes();
   res.kv_used_bytes = kv->used_bytes();
   res.kv_shared_bytes = kv->shared_bytes();

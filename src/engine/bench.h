@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/kv_report.h"
 #include "engine/session.h"
 
 namespace ptllm {
@@ -33,6 +34,7 @@ struct BenchResult {
   size_t kv_logical_bytes = 0, kv_physical_bytes = 0;
   int kv_stored = 0;
   int64_t kv_tokens = 0;
+  KVLayerReport kv_layers;  // which layers store K/V, the bytes of each
   // Bytes one decode step reads: the weights it streams, and the stored K/V attention reads
   // (its logical bytes, averaged over the measured steps).
   size_t weight_bytes_per_token = 0;
@@ -63,6 +65,7 @@ struct ParallelBenchResult {
   double ttft_ms = 0;                 // mean over the sequences of their prompt fed + first token chosen
   double ttft_first_ms = 0, ttft_last_ms = 0;  // the first sequence's and the last one's
   size_t kv_logical_bytes = 0;   // summed over the sequences
+  KVLayerReport kv_layers;       // the first sequence's
   size_t kv_physical_bytes = 0;  // what the shared pool holds allocated
   size_t kv_used_bytes = 0;      // the blocks referenced at the end, each once
   size_t kv_shared_bytes = 0;    // logical bytes held once for several sequences

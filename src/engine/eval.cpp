@@ -183,6 +183,7 @@ void Evaluator::score_stream(std::span<const int32_t> ids, const FeedPlan& plan,
     configs_[k].kv_logical_bytes = kv.logical_bytes();
     configs_[k].kv_physical_bytes = kv.physical_bytes();
     configs_[k].stored_tokens = kv.n_stored();
+    configs_[k].kv_layers = kv_layer_report(kv);
   }
   ++streams_;
 }

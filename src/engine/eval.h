@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/kv_report.h"
 #include "engine/session.h"
 
 namespace ptllm {
@@ -47,6 +48,7 @@ struct ConfigRecord {
   size_t kv_logical_bytes = 0;
   size_t kv_physical_bytes = 0;
   int stored_tokens = 0;
+  KVLayerReport kv_layers;  // which layers store K/V, the bytes of each
   double seconds = 0;  // in this configuration's forward passes
 };
 

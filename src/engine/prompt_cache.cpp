@@ -211,6 +211,9 @@ PromptCacheIdentity prompt_cache_identity(const Model& model, const Tokenizer& t
   // The windows decide what is stored (config.json's bytes already differ; this is the key saying so).
   if (shape.any_window())
     for (int w : shape.layer_window) h.field("layer window", int64_t(w));
+  // So does which layers store K/V (YOCO's KV-shared layers store none: the state holds the others).
+  if (shape.any_shared())
+    for (int l = 0; l < shape.n_layers; ++l) h.field("kv source", int64_t(shape.source_of(l)));
   id.config_key = h.digest();
   return id;
 }

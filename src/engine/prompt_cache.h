@@ -42,7 +42,8 @@ struct PromptCacheIdentity {
   KVCacheConfig kv;
   // SHA-256 over the architecture, config.json's bytes, name, size and mtime of every weight file,
   // size and mtime of this executable and its SIMD target (they decide the rounding), the tokenizer
-  // fingerprint, the shape above, the layers' sliding windows (when any) and every KV setting.
+  // fingerprint, the shape above, the layers' sliding windows (when any), which layer's K/V each
+  // layer reads (when any shares another's: YOCO) and every KV setting.
   Digest config_key{};
 };
 

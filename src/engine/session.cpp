@@ -180,12 +180,14 @@ std::span<float> Session::run(std::span<const int32_t> tokens, bool all_logits) 
   scratch.ctx_size = int(history_.size());
   KVCache fresh(model_.kv_shape(), scratch);
   std::vector<float> all(history_.size() * vocab);
-  // One call, unless the model has sliding layers (their blocks are bounded by a window and a chunk).
+  // One call, unless the model has sliding layers (their blocks are bounded by a window and a chunk:
+  // the policy gives back what left the window after each chunk).
   for (size_t done = 0; done < history_.size();) {
     const size_t n = std::min(history_.size() - done, size_t(fresh.max_append()));
     model_.forward(std::span<const int32_t>(history_).subspan(done, n), int64_t(done), fresh, state_,
                    all.data() + done * vocab, true, pool_);
     done += n;
+    fresh.end_step(std::span<const int32_t>(history_).first(done));
   }
   std::copy(all.begin() + std::ptrdiff_t(all_logits ? n_prev * vocab : all.size() - vocab), all.end(), logits_.begin());
   return {logits_.data(), rows * vocab};

@@ -87,7 +87,8 @@ inline int chunk_for(const KVShape& shape, const KVCacheConfig& c) {
 // window; a window wider than ctx_size never slides within it, so that limit stays.
 inline bool unbounded_for(const KVShape& shape, const KVCacheConfig& c) {
   bool all_slide = true;
-  for (int l = 0; l < shape.n_layers; ++l) all_slide = all_slide && shape.window_of(l) > 0 && shape.window_of(l) <= c.ctx_size;
+  for (int l = 0; l < shape.n_layers; ++l)
+    if (shape.stores(l)) all_slide = all_slide && shape.window_of(l) > 0 && shape.window_of(l) <= c.ctx_size;
   return c.streaming() || all_slide;
 }
 // Stream tokens a query of layer l sees, itself included (0: all): the layer's own window, StreamingLLM's,
@@ -102,6 +103,7 @@ inline std::pair<size_t, size_t> blocks_per_sequence(const KVShape& shape, const
   const bool bounded = !unbounded_for(shape, c);
   size_t dense = 0, quant = 0;
   for (int l = 0; l < shape.n_layers; ++l) {
+    if (!shape.stores(l)) continue;  // a KV-shared layer reads its donor's blocks
     const Bounds b = block_bounds(c, chunk, stream_window(shape, c, l), bounded);
     dense += b.sink_blocks + b.dense_stream_blocks;
     quant += b.quant_blocks;
@@ -111,6 +113,9 @@ inline std::pair<size_t, size_t> blocks_per_sequence(const KVShape& shape, const
 
 }  // namespace kvdetail
 
+// One layer's block table. A KV-shared layer (KVShape::kv_source) keeps an empty one: the model
+// appends to and attends over its donor's (KVCache::kv_layer), and every loop over stored blocks
+// (policy, prefix keys, serialization) walks the storing layers only (KVCache::stored_).
 struct KVCache::Layer {
   std::vector<int32_t> sinks;  // dense blocks holding the first n_sink tokens
   int n_sink = 0;

@@ -80,6 +80,12 @@ std::string KVCacheConfig::describe() const {
   return s;
 }
 
+bool KVShape::any_shared() const {
+  for (int l = 0; l < int(kv_source.size()); ++l)
+    if (kv_source[size_t(l)] != l) return true;
+  return false;
+}
+
 bool KVShape::any_window() const {
   return std::any_of(layer_window.begin(), layer_window.end(), [](int w) { return w > 0; });
 }

@@ -59,8 +59,15 @@ struct KVShape {
   // [n_layers] the model's sliding window of each layer in tokens (query i sees keys j with
   // i - W < j <= i), 0 = full attention; empty = every layer full.
   std::vector<int> layer_window{};  // (braces: aggregate initializers may leave it out without a warning)
+  // [n_layers] the layer whose stored K/V each layer attends to: itself when it stores its own, else
+  // an earlier storing layer with the same window (YOCO's KV-shared layers and their donor, which they
+  // read as a view: they hold no blocks). Empty = every layer stores its own.
+  std::vector<int> kv_source{};
   int kv_dim() const { return n_kv_heads * head_dim; }
   int window_of(int layer) const { return layer_window.empty() ? 0 : layer_window[size_t(layer)]; }
+  int source_of(int layer) const { return kv_source.empty() ? layer : kv_source[size_t(layer)]; }
+  bool stores(int layer) const { return source_of(layer) == layer; }
+  bool any_shared() const;
   bool any_window() const;
 };
 

@@ -28,7 +28,14 @@ KVCache::KVCache(const KVShape& shape, const KVCacheConfig& cfg, KVPool* pool)
   if (pool)
     PTLLM_CHECK(pool->cfg_.describe() == cfg_.describe() && pool->cfg_.ctx_size == cfg_.ctx_size &&
                 pool->shape_.n_layers == shape.n_layers && pool->shape_.kv_dim() == shape.kv_dim() &&
-                pool->shape_.layer_window == shape.layer_window);
+                pool->shape_.layer_window == shape.layer_window && pool->shape_.kv_source == shape.kv_source);
+  PTLLM_CHECK(shape.kv_source.empty() || int(shape.kv_source.size()) == shape.n_layers);
+  for (int l = 0; l < shape.n_layers; ++l) {
+    const int src = shape.source_of(l);
+    // A donor is an earlier storing layer with the same window (the model config checks it).
+    PTLLM_CHECK(src == l || (src >= 0 && src < l && shape.stores(src) && shape.window_of(src) == shape.window_of(l)));
+    if (src == l) stored_.push_back(l);
+  }
   windows_ = shape.any_window();
   chunk_ = chunk_for(shape, cfg_);
   const int B = cfg_.group_size;
@@ -39,6 +46,7 @@ KVCache::KVCache(const KVShape& shape, const KVCacheConfig& cfg, KVPool* pool)
     Layer& layer = layers_[size_t(l)];
     layer.native = shape.window_of(l);
     layer.window = stream_window(shape, cfg_, l);
+    if (!shape.stores(l)) continue;  // no blocks: it reads its donor's
     const Bounds b = block_bounds(cfg_, chunk_, layer.window, !unbounded_);
     layer.sinks.reserve(b.sink_blocks);
     layer.stream = Ring(b.dense_stream_blocks + b.quant_blocks);
@@ -84,7 +92,7 @@ int KVCache::max_append() const {
 bool KVCache::fits(int64_t more) const { return unbounded_ || n_tokens() + more <= cfg_.ctx_size; }
 
 int64_t KVCache::n_tokens() const {
-  const Layer& L = layers_.back();
+  const Layer& L = layers_[size_t(stored_.back())];  // the last layer to append in a step
   return L.n_sink + L.end;
 }
 
@@ -101,7 +109,8 @@ int64_t KVCache::held_tokens(int layer) const {
 
 void KVCache::append(int layer, const float* k, const float* v, int T) {
   Layer& L = layers_[size_t(layer)];
-  PTLLM_CHECK(T <= max_append());  // max_append() reads the last layer, which appends last
+  PTLLM_CHECK(stores(layer));      // a KV-shared layer has no blocks of its own (kv_layer)
+  PTLLM_CHECK(T <= max_append());  // max_append() reads the last storing layer, which appends last
   const int B = cfg_.group_size, D = shape_.head_dim, H = shape_.n_kv_heads;
   const size_t elem = dtype_size(dense_);
   for (int t = 0; t < T; ++t) {
@@ -140,24 +149,29 @@ void KVCache::append(int layer, const float* k, const float* v, int T) {
 }
 
 size_t KVCache::logical_bytes() const {
+  size_t total = 0;
+  for (int l : stored_) total += logical_bytes(l);
+  return total;
+}
+
+size_t KVCache::logical_bytes(int layer) const {
   const int B = cfg_.group_size, D = shape_.head_dim, H = shape_.n_kv_heads;
   size_t total = 0;
-  for (const Layer& L : layers_) {
-    // The sinks and stream tokens the last query saw.
-    const int64_t sink_lo = L.native > 0 ? std::max<int64_t>(0, L.n_sink + L.end - L.native) : 0;
-    total += size_t(std::max<int64_t>(0, L.n_sink - sink_lo)) * dense_token_bytes_;
-    const int64_t lo = L.window > 0 ? std::max<int64_t>(0, L.end - L.window) : 0;
-    for (size_t e = 0; e < L.stream.size(); ++e) {
-      const int64_t first = L.begin + int64_t(e) * B;
-      const int64_t visible = std::max<int64_t>(0, std::min<int64_t>(first + B, L.end) - std::max(first, lo));
-      if (visible == 0) continue;
-      if (L.stream[e].quantized) {
-        // codes for K and V, V scale+zero per token; K scale+zero per channel for the group
-        total += size_t(H) * (size_t(visible) * (2 * packed_bytes(D, bits_) + 2 * sizeof(uint16_t)) +
-                              2 * sizeof(uint16_t) * size_t(D));
-      } else {
-        total += size_t(visible) * dense_token_bytes_;
-      }
+  const Layer& L = layers_[size_t(layer)];
+  // The sinks and stream tokens the last query saw.
+  const int64_t sink_lo = L.native > 0 ? std::max<int64_t>(0, L.n_sink + L.end - L.native) : 0;
+  total += size_t(std::max<int64_t>(0, L.n_sink - sink_lo)) * dense_token_bytes_;
+  const int64_t lo = L.window > 0 ? std::max<int64_t>(0, L.end - L.window) : 0;
+  for (size_t e = 0; e < L.stream.size(); ++e) {
+    const int64_t first = L.begin + int64_t(e) * B;
+    const int64_t visible = std::max<int64_t>(0, std::min<int64_t>(first + B, L.end) - std::max(first, lo));
+    if (visible == 0) continue;
+    if (L.stream[e].quantized) {
+      // codes for K and V, V scale+zero per token; K scale+zero per channel for the group
+      total += size_t(H) * (size_t(visible) * (2 * packed_bytes(D, bits_) + 2 * sizeof(uint16_t)) +
+                            2 * sizeof(uint16_t) * size_t(D));
+    } else {
+      total += size_t(visible) * dense_token_bytes_;
     }
   }
   return total;

@@ -97,7 +97,13 @@ class KVCache {
   // Whether the model must leave q and k unrotated (the cache applies RoPE at read).
   bool rotates_at_read() const { return cfg_.positions == PositionMode::Cache; }
 
-  // Stores T new tokens of `layer`: k, v [T][n_kv_heads * head_dim]. T <= max_append().
+  // The layer whose blocks `layer` appends to and attends over: itself, or for a KV-shared layer
+  // (YOCO) its donor (KVShape::kv_source). A shared layer stores nothing: the model skips its append
+  // and calls attend(kv_layer(layer), ...) with its own queries.
+  int kv_layer(int layer) const { return shape_.source_of(layer); }
+  bool stores(int layer) const { return shape_.stores(layer); }
+
+  // Stores T new tokens of `layer` (a storing layer): k, v [T][n_kv_heads * head_dim]. T <= max_append().
   void append(int layer, const float* k, const float* v, int T);
   // Causal attention of the T tokens just appended to `layer`: query t (global index n_before + t)
   // sees the sinks and its own window. q, out: [T][n_heads][head_dim]. Reads only: the policy runs
@@ -142,6 +148,7 @@ class KVCache {
   void clear();
 
   size_t logical_bytes() const;   // what attention reads for the stored tokens, scales included
+  size_t logical_bytes(int layer) const;  // the same for one layer (0 for a KV-shared one)
   size_t physical_bytes() const;  // what the pools hold allocated (a shared pool: all of it)
 
   // The stored state (every layer's bookkeeping and the bytes of every block in use), for the
@@ -188,6 +195,7 @@ class KVCache {
   uint64_t chain_lo_ = 0, chain_hi_ = 0;
   size_t n_keyed_ = 0;
   std::vector<Layer> layers_;
+  std::vector<int> stored_;  // the layers that store K/V (all but YOCO's KV-shared ones), ascending
   std::vector<float> rope_cos_, rope_sin_;  // [delta][head_dim/2], PositionMode::Cache
   int max_delta_ = 0;
   int chunk_ = 0;

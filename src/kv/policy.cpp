@@ -68,6 +68,7 @@ void KVCache::quantize_block(Layer& L, size_t entry) {
 }
 
 void KVCache::apply_policy(int layer) {
+  if (!stores(layer)) return;  // a KV-shared layer: its donor's policy runs on the blocks it reads
   Layer& L = layers_[size_t(layer)];
   const int B = cfg_.group_size;
   // StreamingLLM or a sliding layer: give back blocks whose every token is out of the last query's window.
@@ -106,7 +107,7 @@ void KVCache::truncate(int64_t n) {
   if (n < rewind_floor())
     throw Error("cannot rewind to " + std::to_string(n) + " tokens: tokens before " + std::to_string(rewind_floor()) +
                 " have been evicted or quantized");
-  if (shares_pool() && dense_pool_.available() < 2 * layers_.size())
+  if (shares_pool() && dense_pool_.available() < 2 * stored_.size())
     throw KVPoolFull("KV pool: no room to rewind (a shared block would be copied)");
   const int B = cfg_.group_size;
   for (Layer& L : layers_) {

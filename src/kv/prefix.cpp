@@ -118,9 +118,9 @@ void KVCache::end_step(std::span<const int32_t> history) {
       const Key128 k = chain_key({chain_lo_, chain_hi_}, tb.start, ids);
       chain_lo_ = k.lo;
       chain_hi_ = k.hi;
-      for (size_t l = 0; l < layers_.size(); ++l) {
+      for (int l : stored_) {
         bool quantized;
-        const int32_t id = block_of(layers_[l], n_keyed_, &quantized);
+        const int32_t id = block_of(layers_[size_t(l)], n_keyed_, &quantized);
         if (id >= 0) (quantized ? quant_pool_ : dense_pool_).publish(id, {k.lo, k.hi, int32_t(l), quantized}, ids);
       }
     }
@@ -134,7 +134,8 @@ BlocksNeeded KVCache::blocks_needed(int T) const {
   // quantized group found by key takes nothing; counted anyway.
   const int B = cfg_.group_size, N = cfg_.streaming() ? cfg_.sink : 0;
   BlocksNeeded need;
-  for (const Layer& L : layers_) {
+  for (int l : stored_) {
+    const Layer& L = layers_[size_t(l)];
     const int64_t sinks_after = std::min<int64_t>(N, L.n_sink + T);
     const int64_t end_after = L.end + (T - (sinks_after - L.n_sink));
     need.dense += ceil_div(sinks_after, B) - L.sinks.size();
@@ -147,11 +148,11 @@ BlocksNeeded KVCache::blocks_needed(int T) const {
   return need;
 }
 
-// The longest run of `tokens`' token blocks (the last token left out) that every layer's pool holds,
-// with a reference taken on each: got[block * layers + layer]. A layer's stream blocks are KIVI
-// groups first, then full-precision blocks, as the policy leaves them.
+// The longest run of `tokens`' token blocks (the last token left out) that every storing layer's pool
+// holds, with a reference taken on each: got[block * stored layers + s] for the layer stored_[s]. A
+// layer's stream blocks are KIVI groups first, then full-precision blocks, as the policy leaves them.
 size_t KVCache::adoptable_blocks(std::span<const int32_t> tokens, std::vector<Adopted>& got) {
-  const size_t L = layers_.size();
+  const size_t L = stored_.size();
   const size_t n_sink_blocks = ceil_div(cfg_.streaming() ? cfg_.sink : 0, cfg_.group_size);
   const size_t ring = layers_[0].stream.capacity();
   std::vector<uint8_t> dense_seen(L, 0);
@@ -163,7 +164,7 @@ size_t KVCache::adoptable_blocks(std::span<const int32_t> tokens, std::vector<Ad
     key = chain_key(key, tb.start, span);
     size_t l = 0;
     for (; l < L; ++l) {
-      const BlockKey k{key.lo, key.hi, int32_t(l), false};
+      const BlockKey k{key.lo, key.hi, int32_t(stored_[l]), false};
       Adopted a{dense_pool_.find(k, span), false};
       if (a.id >= 0) {
         dense_seen[l] = 1;
@@ -191,12 +192,12 @@ size_t KVCache::adoptable_blocks(std::span<const int32_t> tokens, std::vector<Ad
 // them, would keep full precision; and how many groups that policy would add (*to_quantize).
 bool KVCache::adoption_exact(size_t m, const std::vector<Adopted>& got, size_t* to_quantize) const {
   const int B = cfg_.group_size;
-  const size_t L = layers_.size();
+  const size_t L = stored_.size();
   const size_t n_sink_blocks = ceil_div(cfg_.streaming() ? cfg_.sink : 0, B);
   const int64_t E = m > n_sink_blocks ? int64_t(m - n_sink_blocks) * B : 0;  // stream tokens
   *to_quantize = 0;
   for (size_t l = 0; l < L; ++l) {
-    const int64_t w = layers_[l].window;
+    const int64_t w = layers_[size_t(stored_[l])].window;
     const int64_t k0 = w > 0 ? std::max<int64_t>(0, (E - w) / B) : 0;  // blocks its window evicts
     const int64_t want = bits_ ? std::max<int64_t>(0, (E - k0 * B - cfg_.residual) / B) : 0;
     int64_t q = 0;
@@ -211,7 +212,7 @@ bool KVCache::adoption_exact(size_t m, const std::vector<Adopted>& got, size_t* 
 int64_t KVCache::adopt_prefix(std::span<const int32_t> tokens) {
   PTLLM_CHECK(n_tokens() == 0);
   if (!shares_pool() || !pool_->keyed()) return 0;
-  const size_t L = layers_.size();
+  const size_t L = stored_.size();
   std::vector<Adopted> got;
   size_t m = adoptable_blocks(tokens, got);
   size_t to_quantize = 0;
@@ -230,7 +231,7 @@ int64_t KVCache::adopt_prefix(std::span<const int32_t> tokens) {
   if (m == 0) return 0;
   const size_t n_sink_blocks = ceil_div(cfg_.streaming() ? cfg_.sink : 0, cfg_.group_size);
   for (size_t l = 0; l < L; ++l) {
-    Layer& layer = layers_[l];
+    Layer& layer = layers_[size_t(stored_[l])];
     for (size_t j = 0; j < m; ++j) {
       const Adopted a = got[j * L + l];
       if (j < n_sink_blocks) {

@@ -13,13 +13,15 @@ using namespace kvdetail;
 // Serialization: per layer {n_sink i32, window i32 (the model's sliding window, 0: full attention),
 // begin i64, end i64, n_quant u32, n_sink_blocks u32, n_entries u32}, then the sink blocks, then per
 // stream entry {quantized u8, block bytes}.
-// Little-endian, exact block sizes (the pool's alignment padding is not written).
+// Little-endian, exact block sizes (the pool's alignment padding is not written). Only the storing
+// layers are written: a KV-shared layer (YOCO) has no state of its own.
 
 
 void KVCache::serialize(std::string& out) const {
   const size_t dense_bytes = size_t(cfg_.group_size) * dense_token_bytes_;
   const size_t quant_bytes = bits_ ? size_t(shape_.n_kv_heads) * kivi_block_bytes_per_head(cfg_.group_size, shape_.head_dim, bits_) : 0;
-  for (const Layer& L : layers_) {
+  for (int l : stored_) {
+    const Layer& L = layers_[size_t(l)];
     put_bytes<int32_t>(out, L.n_sink);
     put_bytes<int32_t>(out, L.native);
     put_bytes<int64_t>(out, L.begin);
@@ -47,7 +49,8 @@ void KVCache::deserialize(std::string_view in) {
   ByteReader r(in, "KV state");
   try {
     int64_t tokens = -1;
-    for (Layer& L : layers_) {
+    for (int l : stored_) {
+      Layer& L = layers_[size_t(l)];
       const int32_t n_sink = r.get<int32_t>();
       // Another model's windows would leave blocks this one's attention reads, or needs, missing.
       if (r.get<int32_t>() != L.native) throw Error("KV state was written for a model with other sliding windows");

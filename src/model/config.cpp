@@ -16,6 +16,7 @@ std::string_view architecture_name(Architecture a) {
     case Architecture::Llama: return "llama";
     case Architecture::Mistral: return "mistral";
     case Architecture::Qwen2: return "qwen2";
+    case Architecture::YocoLlama: return "yoco_llama";
   }
   return "?";
 }
@@ -130,6 +131,14 @@ void parse_attention_kinds(const Reader& r, ModelConfig& c) {
   switch (c.arch) {
     case Architecture::Llama:
       break;
+    case Architecture::YocoLlama:
+      // modeling_yoco.py's yoco_layout: layer_types as listed (absent: all full); a sliding layer needs
+      // sliding_window >= 1.
+      if (listed.empty()) break;
+      if (std::find(listed.begin(), listed.end(), AttentionKind::Sliding) == listed.end()) break;
+      if (!r.has("sliding_window")) r.bad("sliding_window", "is missing (layer_types lists sliding_attention layers)");
+      window = r.positive_int("sliding_window");
+      break;
     case Architecture::Mistral:
       window = parse_window(r);
       if (window) listed.assign(size_t(c.n_layers), AttentionKind::Sliding);
@@ -157,6 +166,33 @@ void parse_attention_kinds(const Reader& r, ModelConfig& c) {
   c.sliding_window = any ? *window : 0;
 }
 
+// num_kv_shared_layers (YOCO / Gemma 3n): the last n layers read the K/V of the last non-shared layer
+// of their own kind (modeling_yoco.py's yoco_layout). A donor must be earlier and of the same kind:
+// a layout with none is an error naming the field.
+void parse_kv_sharing(const Reader& r, ModelConfig& c) {
+  c.kv_source.resize(size_t(c.n_layers));
+  for (int i = 0; i < c.n_layers; ++i) c.kv_source[size_t(i)] = i;
+  if (!r.has("num_kv_shared_layers")) return;
+  const json& v = r.j["num_kv_shared_layers"];
+  if (!v.is_number_integer() || v.get<long long>() < 0 || v.get<long long>() >= c.n_layers)
+    r.bad("num_kv_shared_layers", "must be an integer in [0, " + std::to_string(c.n_layers - 1) +
+                                      "] (num_hidden_layers is " + std::to_string(c.n_layers) + "), got " + v.dump());
+  c.num_kv_shared_layers = v.get<int>();
+  const int first_shared = c.n_layers - c.num_kv_shared_layers;
+  for (int i = first_shared; i < c.n_layers; ++i) {
+    const AttentionKind kind = c.layer_kinds[size_t(i)];
+    int donor = -1;
+    for (int j = 0; j < first_shared; ++j)
+      if (c.layer_kinds[size_t(j)] == kind) donor = j;
+    if (donor < 0)
+      r.bad("num_kv_shared_layers",
+            "(" + std::to_string(c.num_kv_shared_layers) + ") makes layer " + std::to_string(i) + " (" +
+                (kind == AttentionKind::Sliding ? "sliding_attention" : "full_attention") +
+                ") read K/V from an earlier non-shared layer of the same kind, and layer_types has none");
+    c.kv_source[size_t(i)] = donor;
+  }
+}
+
 }  // namespace
 
 std::vector<int> ModelConfig::layer_windows() const {
@@ -180,9 +216,12 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& file) {
     c.arch = Architecture::Mistral;
   else if (c.arch_name == "Qwen2ForCausalLM")
     c.arch = Architecture::Qwen2;
+  else if (c.arch_name == "YocoLlamaForCausalLM")
+    c.arch = Architecture::YocoLlama;
   else
     throw Error(file + ": architecture '" + c.arch_name +
-                "' is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)");
+                "' is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
+                "YocoLlamaForCausalLM)");
 
   c.vocab_size = r.positive_int("vocab_size");
   c.hidden_size = r.positive_int("hidden_size");
@@ -211,6 +250,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& file) {
       c.qkv_bias = true;
       break;
     case Architecture::Llama:
+    case Architecture::YocoLlama:
       c.qkv_bias = c.o_bias = r.boolean("attention_bias", false);
       c.mlp_bias = r.boolean("mlp_bias", false);
       break;
@@ -219,6 +259,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& file) {
   }
   parse_rope(r, c);
   parse_attention_kinds(r, c);
+  parse_kv_sharing(r, c);
   if (r.has("dtype") && j["dtype"].is_string())
     c.dtype = j["dtype"].get<std::string>();
   else if (r.has("torch_dtype") && j["torch_dtype"].is_string())

@@ -10,7 +10,9 @@
 
 namespace ptllm {
 
-enum class Architecture { Llama, Mistral, Qwen2 };
+// YocoLlama: Llama with YOCO's cross-layer KV sharing (../shared/models/kjv-yoco, modeling_yoco.py):
+// layer_types and sliding_window as written, the last num_kv_shared_layers layers without K/V.
+enum class Architecture { Llama, Mistral, Qwen2, YocoLlama };
 enum class RopeType { Default, Llama3 };
 // transformers' layer_types: causal attention over every earlier position, or over the last
 // sliding_window positions only (query i sees keys j with i - sliding_window < j <= i).
@@ -50,11 +52,19 @@ struct ModelConfig {
   // parse_attention_kinds): [n_layers] kinds, and the window of the Sliding ones (0: no layer slides).
   std::vector<AttentionKind> layer_kinds;
   int sliding_window = 0;
+  // Cross-layer KV sharing (YOCO, arXiv 2405.05254; Gemma 3n's num_kv_shared_layers): [n_layers] the
+  // layer whose K/V each layer attends to, itself when it computes its own. The last
+  // num_kv_shared_layers layers have no k_proj / v_proj and read the last non-shared layer of their
+  // own attention kind (the donor). Any Llama-family config may carry the key.
+  int num_kv_shared_layers = 0;
+  std::vector<int> kv_source;
 
   int q_dim() const { return n_heads * head_dim; }
   int kv_dim() const { return n_kv_heads * head_dim; }
   // [n_layers] each layer's window in tokens, 0 for full attention (what KVShape::layer_window takes).
   std::vector<int> layer_windows() const;
+  // Whether layer l computes and stores K/V of its own (false: it reads kv_source[l]'s).
+  bool stores_kv(int l) const { return kv_source.empty() || kv_source[size_t(l)] == l; }
 
   // Throws ptllm::Error naming the file and the field.
   static ModelConfig from_json(const nlohmann::json& j, const std::string& file);

@@ -98,14 +98,27 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
     LayerWeights& lw = m->layers_[size_t(i)];
     lw.attn_norm = L.vec(p + "input_layernorm.weight", H);
     lw.mlp_norm = L.vec(p + "post_attention_layernorm.weight", H);
+    const bool own_kv = c.stores_kv(i);
     lw.wq = L.matrix(p + "self_attn.q_proj.weight", c.q_dim(), H);
-    lw.wk = L.matrix(p + "self_attn.k_proj.weight", c.kv_dim(), H);
-    lw.wv = L.matrix(p + "self_attn.v_proj.weight", c.kv_dim(), H);
+    if (own_kv) {
+      lw.wk = L.matrix(p + "self_attn.k_proj.weight", c.kv_dim(), H);
+      lw.wv = L.matrix(p + "self_attn.v_proj.weight", c.kv_dim(), H);
+    } else {
+      // A KV-shared layer (num_kv_shared_layers) reads its donor's K/V: weights of its own would be
+      // silently unused, so a file carrying them is not the model config.json describes.
+      for (const char* t : {"k_proj.weight", "v_proj.weight", "k_proj.bias", "v_proj.bias"})
+        if (const TensorView* tv = m->files_.find(p + "self_attn." + t))
+          throw Error(tv->file->string() + ": tensor '" + p + "self_attn." + t + "' exists, but layer " +
+                      std::to_string(i) + " reads layer " + std::to_string(c.kv_source[size_t(i)]) +
+                      "'s K/V (config.json num_kv_shared_layers " + std::to_string(c.num_kv_shared_layers) + ")");
+    }
     lw.wo = L.matrix(p + "self_attn.o_proj.weight", H, c.q_dim());
     if (c.qkv_bias) {
       lw.bq = L.vec(p + "self_attn.q_proj.bias", c.q_dim());
-      lw.bk = L.vec(p + "self_attn.k_proj.bias", c.kv_dim());
-      lw.bv = L.vec(p + "self_attn.v_proj.bias", c.kv_dim());
+      if (own_kv) {
+        lw.bk = L.vec(p + "self_attn.k_proj.bias", c.kv_dim());
+        lw.bv = L.vec(p + "self_attn.v_proj.bias", c.kv_dim());
+      }
     }
     if (c.o_bias) lw.bo = L.vec(p + "self_attn.o_proj.bias", H);
     lw.w_gate = L.matrix(p + "mlp.gate_proj.weight", I, H);
@@ -118,11 +131,12 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
     }
   }
   m->inv_freq_ = rope_inv_freq(c.rope, c.head_dim);
+  if (c.num_kv_shared_layers > 0) m->cross_layer_ = c.n_layers - c.num_kv_shared_layers - 1;
   return m;
 }
 
 KVShape Model::kv_shape() const {
-  return KVShape{cfg_.n_layers, cfg_.n_kv_heads, cfg_.head_dim, inv_freq_, cfg_.layer_windows()};
+  return KVShape{cfg_.n_layers, cfg_.n_kv_heads, cfg_.head_dim, inv_freq_, cfg_.layer_windows(), cfg_.kv_source};
 }
 
 size_t Model::weight_bytes() const {
@@ -155,11 +169,14 @@ size_t rows_of(std::span<const SequenceBatch> batch) {
 
 // The batch's T rows are its sequences' tokens one after another: row r of every buffer below is one
 // token. Everything but attention treats the rows alike, so each weight matrix is read once a step.
+// A KV-shared layer (YOCO) projects no K/V and attends over its donor's. From the cross-decoder's
+// donor on (cross_layer_), rows whose logits nobody wants are dropped: later tokens read only the K/V
+// stored up to the donor, so their outputs would be discarded (the paper's prefill early exit).
 void Model::forward(std::span<const SequenceBatch> batch, ForwardState& st, ThreadPool& pool) const {
   const ModelConfig& c = cfg_;
-  const int T = int(rows_of(batch));
+  int T = int(rows_of(batch));
   const int H = c.hidden_size, I = c.intermediate_size;
-  PTLLM_CHECK(T > 0);
+  PTLLM_CHECK(T > 0 && batch.size() <= kMaxBatchSequences);
   if (st.capacity < T) {
     const size_t t = size_t(T);
     ensure(st.x, t * size_t(H));
@@ -174,21 +191,32 @@ void Model::forward(std::span<const SequenceBatch> batch, ForwardState& st, Thre
     ensure(st.sin, t * size_t(c.head_dim / 2));
     st.capacity = T;
   }
+  Rows rows{};  // each sequence's rows now: all its tokens until cross_layer_
+  for (size_t i = 0; i < batch.size(); ++i) rows[i] = int(batch[i].tokens.size());
 
   // x[r] = E[token r]; the RoPE tables of every row's position, shared by every layer
   embed_and_rope(batch, st);
 
   for (int li = 0; li < c.n_layers; ++li) {
     const LayerWeights& L = layers_[size_t(li)];
-    // Attention block: xn = norm(x); q, k, v projections; per sequence: RoPE, cache, attention;
-    // x += o_proj(att)
+    // Attention block: xn = norm(x); k, v projections (a storing layer), RoPE on k, appended to each
+    // sequence's cache; q projection; per sequence: RoPE on q, attention over the layer's K/V or its
+    // donor's; x += o_proj(att)
     for (int r = 0; r < T; ++r)
       rmsnorm(st.x.data() + size_t(r) * size_t(H), L.attn_norm.data(), st.xn.data() + size_t(r) * size_t(H), H,
               c.rms_norm_eps);
+    if (c.stores_kv(li)) {
+      matmul(st.xn.data(), T, L.wk, bias_or_null(L.bk), st.k.data(), pool);  // k [T][kv_dim]
+      matmul(st.xn.data(), T, L.wv, bias_or_null(L.bv), st.v.data(), pool);  // v [T][kv_dim]
+      append_kv(li, batch, rows, st);
+    }
+    if (li == cross_layer_) {
+      T = keep_wanted_rows(batch, rows, T, st);  // x, xn, cos, sin: [T'] rows
+      st.cross_rows = T;
+      if (T == 0) return;                        // no logits wanted: every K/V needed later is stored
+    }
     matmul(st.xn.data(), T, L.wq, bias_or_null(L.bq), st.q.data(), pool);  // q [T][q_dim]
-    matmul(st.xn.data(), T, L.wk, bias_or_null(L.bk), st.k.data(), pool);  // k [T][kv_dim]
-    matmul(st.xn.data(), T, L.wv, bias_or_null(L.bv), st.v.data(), pool);  // v [T][kv_dim]
-    attention(li, batch, st, pool);                                         // att [T][q_dim]
+    attention(li, batch, rows, st, pool);                                   // att [T][q_dim]
     matmul(st.att.data(), T, L.wo, bias_or_null(L.bo), st.xn.data(), pool);
     for (size_t i = 0; i < size_t(T) * size_t(H); ++i) st.x[i] += st.xn[i];
 
@@ -204,7 +232,7 @@ void Model::forward(std::span<const SequenceBatch> batch, ForwardState& st, Thre
   }
 
   // Final norm and LM head, for the rows whose logits are wanted
-  lm_head(batch, st, pool);
+  lm_head(batch, rows, st, pool);
 }
 
 void Model::embed_and_rope(std::span<const SequenceBatch> batch, ForwardState& st) const {
@@ -223,38 +251,84 @@ void Model::embed_and_rope(std::span<const SequenceBatch> batch, ForwardState& s
     }
 }
 
-// Each sequence's rows: q and k rotated at their positions (unless its cache rotates at read), k and
-// v appended to its cache, its queries attending over its cache. Several decoding sequences attend
-// side by side, one per thread (a nested parallel_for runs inline): one decode token's attention
-// over a short context is too little work to split, and one call per sequence would be as many
-// hand-offs to the pool. A token's output is the same either way (attention never depends on the
-// thread count).
-void Model::attention(int layer, std::span<const SequenceBatch> batch, ForwardState& st, ThreadPool& pool) const {
+// Each sequence's k rows rotated at their positions (unless its cache rotates at read) and appended,
+// with v, to its cache (the pools: one thread).
+void Model::append_kv(int layer, std::span<const SequenceBatch> batch, const Rows& rows, ForwardState& st) const {
+  const ModelConfig& c = cfg_;
+  const int half = c.head_dim / 2;
+  const size_t kvd = size_t(c.kv_dim());
+  size_t r0 = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const SequenceBatch& s = batch[i];
+    const int n = rows[i];
+    PTLLM_CHECK(n == int(s.tokens.size()));  // every token's K/V is stored, before any row is dropped
+    for (int t = 0; t < n && !s.cache->rotates_at_read(); ++t) {
+      const size_t r = r0 + size_t(t);
+      rope_rotate(st.k.data() + r * kvd, c.n_kv_heads, c.head_dim, st.cos.data() + r * size_t(half),
+                  st.sin.data() + r * size_t(half));
+    }
+    s.cache->append(layer, st.k.data() + r0 * kvd, st.v.data() + r0 * kvd, n);
+    r0 += size_t(n);
+  }
+}
+
+// Past the cross-decoder's donor, a sequence keeps the rows whose logits it wants: all of them
+// (teacher forcing), its last token's, or none (a prompt chunk before the last). Its kept rows are its
+// last ones, which is what attend() takes as queries. Rows move towards the front only, in order.
+int Model::keep_wanted_rows(std::span<const SequenceBatch> batch, Rows& rows, int T, ForwardState& st) const {
+  const size_t H = size_t(cfg_.hidden_size), half = size_t(cfg_.head_dim / 2);
+  auto move_row = [](std::vector<float>& buf, size_t width, size_t from, size_t to) {
+    if (from != to) std::copy_n(buf.data() + from * width, width, buf.data() + to * width);
+  };
+  size_t src0 = 0, dst = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const SequenceBatch& s = batch[i];
+    const int n = rows[i];
+    const int keep = !s.logits ? 0 : s.all_logits ? n : std::min(n, 1);
+    for (int t = n - keep; t < n; ++t, ++dst) {
+      const size_t from = src0 + size_t(t);
+      move_row(st.x, H, from, dst);
+      move_row(st.xn, H, from, dst);
+      move_row(st.cos, half, from, dst);
+      move_row(st.sin, half, from, dst);
+    }
+    rows[i] = keep;
+    src0 += size_t(n);
+  }
+  PTLLM_CHECK(src0 == size_t(T));
+  return int(dst);
+}
+
+// Each sequence's query rows: rotated at their positions (unless its cache rotates at read), then
+// attending over its cache's K/V of this layer, or of the donor a KV-shared layer reads (the queries
+// are the last rows[i] tokens appended there). Several decoding sequences attend side by side, one
+// per thread (a nested parallel_for runs inline): one decode token's attention over a short context
+// is too little work to split, and one call per sequence would be as many hand-offs to the pool. A
+// token's output is the same either way (attention never depends on the thread count).
+void Model::attention(int layer, std::span<const SequenceBatch> batch, const Rows& rows, ForwardState& st,
+                      ThreadPool& pool) const {
   const ModelConfig& c = cfg_;
   const int D = c.head_dim, half = D / 2;
-  const size_t qd = size_t(c.q_dim()), kvd = size_t(c.kv_dim());
-  PTLLM_CHECK(batch.size() <= kMaxBatchSequences);
+  const size_t qd = size_t(c.q_dim());
   std::array<size_t, kMaxBatchSequences> row0;  // each sequence's first row
   size_t r0 = 0, longest = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     const SequenceBatch& s = batch[i];
-    const int n = int(s.tokens.size());
+    const int n = rows[i];
     for (int t = 0; t < n && !s.cache->rotates_at_read(); ++t) {
       const size_t r = r0 + size_t(t);
-      const float* cs = st.cos.data() + r * size_t(half);
-      const float* sn = st.sin.data() + r * size_t(half);
-      rope_rotate(st.q.data() + r * qd, c.n_heads, D, cs, sn);
-      rope_rotate(st.k.data() + r * kvd, c.n_kv_heads, D, cs, sn);
+      rope_rotate(st.q.data() + r * qd, c.n_heads, D, st.cos.data() + r * size_t(half),
+                  st.sin.data() + r * size_t(half));
     }
-    s.cache->append(layer, st.k.data() + r0 * kvd, st.v.data() + r0 * kvd, n);  // the pools: one thread
     row0[i] = r0;
     r0 += size_t(n);
     longest = std::max(longest, size_t(n));
   }
   auto attend = [&](size_t i) {
     const SequenceBatch& s = batch[i];
-    s.cache->attend(layer, st.q.data() + row0[i] * qd, int(s.tokens.size()), c.n_heads, st.att.data() + row0[i] * qd,
-                    pool);
+    if (rows[i] == 0) return;
+    s.cache->attend(s.cache->kv_layer(layer), st.q.data() + row0[i] * qd, rows[i], c.n_heads,
+                    st.att.data() + row0[i] * qd, pool);
   };
   if (batch.size() > 1 && longest <= 16) {
     pool.parallel_for(batch.size(), [&](size_t b, size_t e) {
@@ -267,13 +341,15 @@ void Model::attention(int layer, std::span<const SequenceBatch> batch, ForwardSt
 
 // A sequence wants the logits of all its rows or of its last; one matmul computes them all. A lone
 // sequence gets them in place, several through st.logits.
-void Model::lm_head(std::span<const SequenceBatch> batch, ForwardState& st, ThreadPool& pool) const {
+void Model::lm_head(std::span<const SequenceBatch> batch, const Rows& rows, ForwardState& st,
+                    ThreadPool& pool) const {
   const ModelConfig& c = cfg_;
   const int H = c.hidden_size;
   const size_t vocab = size_t(c.vocab_size);
   size_t r0 = 0, n_out = 0;
-  for (const SequenceBatch& s : batch) {
-    const size_t n = s.tokens.size();
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const SequenceBatch& s = batch[i];
+    const size_t n = size_t(rows[i]);
     if (s.logits)
       for (size_t t = s.all_logits ? 0 : n - 1; t < n; ++t, ++n_out)
         rmsnorm(st.x.data() + (r0 + t) * size_t(H), final_norm_.data(), st.xn.data() + n_out * size_t(H), H,

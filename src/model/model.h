@@ -1,6 +1,7 @@
 #pragma once
 // A Llama-family decoder (Llama, Mistral, Qwen2): weights mapped from safetensors and used in their
 // file dtype, and the forward pass. Attention over past tokens is delegated to the KV cache.
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -51,6 +52,7 @@ struct ForwardState {
   std::vector<float> gate, up;  // [T][inter]
   std::vector<float> cos, sin;  // [T][head_dim/2]
   std::vector<float> logits;    // [rows wanted][vocab], batches of more than one sequence
+  int cross_rows = -1;  // rows the last call ran past the cross-decoder's donor (-1: no shortcut layer)
 };
 
 class Model {
@@ -87,9 +89,19 @@ class Model {
   std::vector<float> inv_freq_;  // [head_dim/2] RoPE frequencies
   std::vector<std::unique_ptr<float[]>> aligned_copies_;  // misaligned tensors, copied (rare)
 
+  // YOCO's prefill shortcut: the last layer that stores K/V when every later one reads it (the
+  // cross-decoder's donor), -1 otherwise. From its attention on, only the rows whose logits are wanted
+  // are computed (docs/yoco.md).
+  int cross_layer_ = -1;
+
+  // rows: [batch.size()] each sequence's rows in the buffers now (its tokens, or fewer past cross_layer_).
+  using Rows = std::array<int, kMaxBatchSequences>;
   void embed_and_rope(std::span<const SequenceBatch> batch, ForwardState& st) const;
-  void attention(int layer, std::span<const SequenceBatch> batch, ForwardState& st, ThreadPool& pool) const;
-  void lm_head(std::span<const SequenceBatch> batch, ForwardState& st, ThreadPool& pool) const;
+  void append_kv(int layer, std::span<const SequenceBatch> batch, const Rows& rows, ForwardState& st) const;
+  void attention(int layer, std::span<const SequenceBatch> batch, const Rows& rows, ForwardState& st,
+                 ThreadPool& pool) const;
+  int keep_wanted_rows(std::span<const SequenceBatch> batch, Rows& rows, int T, ForwardState& st) const;
+  void lm_head(std::span<const SequenceBatch> batch, const Rows& rows, ForwardState& st, ThreadPool& pool) const;
 };
 
 // RoPE inverse frequencies for a config (default and llama3 scaling), as transformers computes them.
