@@ -323,8 +323,12 @@ TEST_F(YocoGolden, BatchedDecodeAndPrefixSharing) {
     Session b(*model_, opts(), pool, &kv);
     const auto lb = b.feed(second);
     const int64_t reused = b.reused_tokens();
+    // The private run computes what b took (96 tokens) and then what b computed, in the same
+    // pieces: products of different row counts may round differently (matmul picks its kernel by
+    // the count), so only the same pieces give the same bits.
     Session priv(*model_, opts(), pool);
-    const auto lp = priv.feed(second);
+    priv.feed(std::span(second).first(96));
+    const auto lp = priv.feed(std::span(second).subspan(96));
     EXPECT_EQ(std::memcmp(lb.data(), lp.data(), lp.size_bytes()), 0);
     EXPECT_EQ(reused, 96) << "three whole blocks of 32 of the 100 common tokens";
     int32_t tok = argmax(lb);
