@@ -1,7 +1,7 @@
 #pragma once
 // Internal to src/kv: the per-layer bookkeeping of a KVCache (its block table) and the bounds that
 // size its pools, shared by the files that implement KVCache (kv_cache.cpp: storage and counts,
-// attention_cpu.cpp, policy.cpp, prefix.cpp, state.cpp).
+// attention/attend.cpp, policy.cpp, prefix.cpp, state.cpp).
 #include <algorithm>
 #include <cstdint>
 #include <utility>
