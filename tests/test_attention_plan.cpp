@@ -22,28 +22,24 @@ struct Case {
   bool old_block;  // keep one block before the first one a query sees (not yet released)
 };
 
-// A layer's block table, as the cache would hold it after `total` tokens.
-struct Table {
-  std::vector<int32_t> sinks;  // ids 100 + b
-  kvdetail::Ring stream;       // ids 1000 + e; the first n_quant quantized
-  LayerView view;
-};
-
 int stream_window(const Case& c) {
   return c.native > 0 && c.M > 0 ? std::min(c.native, c.M) : std::max(c.native, c.M);
 }
 
-// (Filled in place: the view points into the table.)
-void make_table(const Case& c, int64_t first_lo, Table& t) {
-  const int n_sink = int(std::min<int64_t>(c.total, c.N));
-  const int64_t end = c.total - n_sink;
-  int64_t begin = first_lo / c.B * c.B;
-  if (c.old_block) begin = std::max<int64_t>(0, begin - c.B);
-  for (int b = 0; b * c.B < n_sink; ++b) t.sinks.push_back(100 + b);
-  const size_t n_blocks = size_t((end - begin + c.B - 1) / c.B);
+// A layer's block table as the cache would hold it after `total` tokens: sinks ids 100 + b, stream
+// ids 1000 + e, the first half of the stream quantized.
+void make_table(const Case& c, int64_t first_lo, kvdetail::BlockTable& t) {
+  t.n_sink = int(std::min<int64_t>(c.total, c.N));
+  t.end = c.total - t.n_sink;
+  t.begin = first_lo / c.B * c.B;
+  if (c.old_block) t.begin = std::max<int64_t>(0, t.begin - c.B);
+  t.native = c.native;
+  t.window = stream_window(c);
+  for (int b = 0; b * c.B < t.n_sink; ++b) t.sinks.push_back(100 + b);
+  const size_t n_blocks = size_t((t.end - t.begin + c.B - 1) / c.B);
   t.stream = kvdetail::Ring(n_blocks + 1);
   for (size_t e = 0; e < n_blocks; ++e) t.stream.push_back({int32_t(1000 + e), e < n_blocks / 2});
-  t.view = LayerView{t.sinks.data(), &t.stream, n_sink, c.native, stream_window(c), begin, end};
+  t.n_quant = n_blocks / 2;
 }
 
 // What query index i sees (global indices) and the distance the plan must give each key.
@@ -69,9 +65,9 @@ void check(const Case& c) {
   const int n_sink = int(std::min<int64_t>(c.total, c.N));
   const int64_t first = c.total - c.T, first_si = first - n_sink, win = stream_window(c);
   const int64_t first_lo = first_si >= 0 && win > 0 ? std::max<int64_t>(0, first_si - win + 1) : 0;
-  Table table;
+  kvdetail::BlockTable table;
   make_table(c, first_lo, table);
-  const Plan plan(table.view, PlanSettings{c.B, c.N, c.M}, c.T);
+  const Plan plan(table, PlanSettings{c.B, c.N, c.M}, c.T);
   ASSERT_EQ(plan.n_before(), first);
   std::vector<PlanBlock> blocks(plan.max_blocks());
   for (int tile : {1, 3, kTile}) {
@@ -99,8 +95,8 @@ void check(const Case& c) {
                 ASSERT_EQ(k.block.id, 100 + index / c.B);
                 ASSERT_FALSE(k.block.quantized);
               } else {
-                const int64_t s = table.view.begin + (k.block.id - 1000) * int64_t(c.B) + j;
-                index = table.view.n_sink + s;
+                const int64_t s = table.begin + (k.block.id - 1000) * int64_t(c.B) + j;
+                index = table.n_sink + s;
                 ASSERT_EQ(k.block.quantized, table.stream[size_t(k.block.id - 1000)].quantized);
               }
               ASSERT_EQ(seen[size_t(t0 + i)].count(index), 0u) << "key " << index << " seen twice";

@@ -161,14 +161,12 @@ class KVCache {
   struct Located;
   Located locate(int layer, int64_t index) const;
   void quantize_block(Layer& L, size_t entry);
-  void release_front(Layer& L);
   void own_block(int32_t& id);
   struct TokenBlock {
     int64_t start;
     int len;
   };
   TokenBlock token_block(size_t j) const;
-  int32_t block_of(const Layer& L, size_t j, bool* quantized) const;
   struct Adopted {
     int32_t id;
     bool quantized;

@@ -8,8 +8,7 @@ namespace ptllm {
 
 void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, ThreadPool& pool) {
   const Layer& L = layers_[size_t(layer)];
-  const attn::LayerView view{L.sinks.data(), &L.stream, L.n_sink, L.native, L.window, L.begin, L.end};
-  const attn::Plan plan(view, attn::PlanSettings{cfg_.group_size, cfg_.sink, cfg_.window}, T);
+  const attn::Plan plan(L, attn::PlanSettings{cfg_.group_size, cfg_.sink, cfg_.window}, T);
   attn::CpuStorage storage;
   storage.dense = &dense_pool_;
   storage.quant = &quant_pool_;

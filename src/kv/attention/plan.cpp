@@ -10,7 +10,7 @@ namespace ptllm::attn {
 
 using kvdetail::ceil_div;
 
-Plan::Plan(const LayerView& layer, const PlanSettings& s, int T)
+Plan::Plan(const kvdetail::BlockTable& layer, const PlanSettings& s, int T)
     : L_(layer), group_size_(s.group_size), sink_(s.sink), window_(s.window), streaming_(s.window > 0), T_(T) {
   const int B = group_size_;
   n_before_ = L_.n_sink + L_.end - T;
@@ -117,7 +117,7 @@ size_t Plan::sink_blocks(const Visible* v, const int64_t* q_slot, int nt, PlanBl
 // Part 1 + k: the stream indices [(p0 + k) * part_len, (p0 + k + 1) * part_len).
 size_t Plan::stream_blocks(const Visible* v, int nt, int part, PlanBlock* out, int* c0, int* c1) const {
   const int B = group_size_;
-  const kvdetail::Ring& stream = *L_.stream;
+  const kvdetail::Ring& stream = L_.stream;
   const int64_t start = (p0_ + part - 1) * part_len_;  // stream index of column 0
   int64_t lo[kTile], hi[kTile], lo_all = std::numeric_limits<int64_t>::max(), hi_all = -1;
   for (int i = 0; i < nt; ++i) {

@@ -6,7 +6,7 @@
 // edge (query i sees no later key), a window's lower edge (the model's sliding window, StreamingLLM's
 // or the narrower of the two) and the sinks (the first tokens, a sliding layer seeing them only
 // while they are within its window). Nothing here reads a key or knows how a backend computes the
-// scores: attention/cpu.h runs a plan on the CPU.
+// scores: attention/cpu.h runs a plan on the CPU. It reads only the layer's block table (block_table.h).
 //
 // A query's keys are cut into parts: part 0 the sinks, then the stream tokens by absolute stream index
 // in runs of part_len (flash-decoding's split, Dao et al. 2023). Parts depend only on token
@@ -15,7 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kv/cache_internal.h"
+#include "kv/block_table.h"
 
 namespace ptllm::attn {
 
@@ -28,17 +28,6 @@ inline constexpr int kPartTokens = 1024;
 
 // Prefill walks the keys for a tile of up to kTile consecutive query tokens at once.
 inline constexpr int kTile = 8;
-
-// One layer's block table as attention reads it (a view of the cache's per-layer bookkeeping).
-struct LayerView {
-  const int32_t* sinks = nullptr;         // [ceil(n_sink / B)] dense blocks of the sinks
-  const kvdetail::Ring* stream = nullptr;  // the stream's blocks, oldest first
-  int n_sink = 0;                          // sink tokens stored
-  int native = 0;                          // the model's sliding window (0: full attention)
-  int window = 0;                          // stream tokens a query sees, itself included (0: all)
-  int64_t begin = 0;                       // stream index of stream[0]'s slot 0 (a multiple of B)
-  int64_t end = 0;                         // stream tokens appended
-};
 
 // The cache settings a plan depends on.
 struct PlanSettings {
@@ -73,8 +62,9 @@ struct PlanBlock {
 
 class Plan {
  public:
-  // The plan of the T queries just appended to the layer (global indices n_before .. n_before + T - 1).
-  Plan(const LayerView& layer, const PlanSettings& s, int T);
+  // The plan of the T queries just appended to the layer's table (global indices n_before ..
+  // n_before + T - 1); the table must outlive the plan.
+  Plan(const kvdetail::BlockTable& layer, const PlanSettings& s, int T);
 
   int queries() const { return T_; }
   int64_t n_before() const { return n_before_; }
@@ -97,7 +87,7 @@ class Plan {
   size_t sink_blocks(const Visible* v, const int64_t* q_slot, int nt, PlanBlock* out, int* c0, int* c1) const;
   size_t stream_blocks(const Visible* v, int nt, int part, PlanBlock* out, int* c0, int* c1) const;
 
-  LayerView L_;
+  const kvdetail::BlockTable& L_;
   int group_size_, sink_, window_;
   bool streaming_;
   int T_;
