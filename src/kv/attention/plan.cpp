@@ -21,6 +21,7 @@ Plan::Plan(const kvdetail::BlockTable& layer, const PlanSettings& s, int T)
   p0_ = first.si >= 0 ? first.lo / part_len_ : 0;
   n_parts_ = 1 + (last.si >= 0 ? int(last.si / part_len_ - p0_ + 1) : 0);
   part_cols_ = int(std::max<int64_t>(part_len_, int64_t(ceil_div(sink_, B)) * B));
+  max_blocks_ = ceil_div(part_cols_, B) + 1;
 }
 
 // A sliding layer sees a sink only while it is within its window (the intersection with what
@@ -97,7 +98,7 @@ size_t Plan::sink_blocks(const Visible* v, const int64_t* q_slot, int nt, PlanBl
   }
   size_t nb = 0;
   for (int64_t s0 = 0; s0 < n_sink; s0 += B) {
-    PTLLM_CHECK(nb < max_blocks());
+    PTLLM_CHECK(nb < max_blocks_);
     PlanBlock& k = out[nb];
     for (int i = 0; i < nt; ++i) {
       k.a[i] = int(std::clamp<int64_t>(v[i].sink_lo - s0, 0, B));
@@ -135,7 +136,7 @@ size_t Plan::stream_blocks(const Visible* v, int nt, int part, PlanBlock* out, i
   for (size_t e = e0; e < stream.size(); ++e) {
     const int64_t first_slot = L_.begin + int64_t(e) * B;
     if (first_slot > hi_all) break;
-    PTLLM_CHECK(nb < max_blocks());
+    PTLLM_CHECK(nb < max_blocks_);
     PlanBlock& k = out[nb];
     for (int i = 0; i < nt; ++i) {
       k.a[i] = int(std::clamp<int64_t>(lo[i] - first_slot, 0, B));

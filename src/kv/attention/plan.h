@@ -72,7 +72,7 @@ class Plan {
   // Columns of a part's scores: part_len stream tokens, or the sinks (whole blocks).
   int part_cols() const { return part_cols_; }
   // Blocks one part of one tile can touch: the room `blocks` needs.
-  size_t max_blocks() const { return kvdetail::ceil_div(part_cols_, group_size_) + 1; }
+  size_t max_blocks() const { return max_blocks_; }
 
   Visible visible(int t) const;
   bool sees_part(int t, int part) const;
@@ -96,6 +96,7 @@ class Plan {
   int64_t p0_;        // part 1 holds the stream indices [p0 * part_len, (p0 + 1) * part_len)
   int n_parts_;
   int part_cols_;
+  size_t max_blocks_;
 };
 
 }  // namespace ptllm::attn
