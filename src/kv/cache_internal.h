@@ -1,55 +1,18 @@
 #pragma once
-// Internal to src/kv: the per-layer bookkeeping of a KVCache (its block table) and the bounds that
-// size its pools, shared by the files that implement KVCache (kv_cache.cpp: storage and counts,
-// attention_cpu.cpp, policy.cpp, prefix.cpp, state.cpp).
+// Internal to src/kv: the per-layer bookkeeping of a KVCache (its block tables, block_table.h) and
+// the bounds that size its pools, shared by the files that implement KVCache (kv_cache.cpp: storage and counts,
+// attention/attend.cpp, policy.cpp, prefix.cpp, state.cpp).
 #include <algorithm>
 #include <cstdint>
 #include <utility>
 #include <vector>
 
 #include "core/error.h"
+#include "kv/block_table.h"
 #include "kv/kv_cache.h"
 
 namespace ptllm {
 namespace kvdetail {
-
-// A fixed-capacity ring of block entries, oldest first (no allocation after construction).
-struct Entry {
-  int32_t id = -1;
-  bool quantized = false;
-};
-
-class Ring {
- public:
-  explicit Ring(size_t cap = 0) : buf_(cap) {}
-  size_t size() const { return size_; }
-  size_t capacity() const { return buf_.size(); }
-  bool empty() const { return size_ == 0; }
-  // Indexed by a compare, not a division (attention indexes the ring once per block read).
-  Entry& operator[](size_t i) { return buf_[wrap(head_ + i)]; }
-  const Entry& operator[](size_t i) const { return buf_[wrap(head_ + i)]; }
-  void push_back(Entry e) {
-    PTLLM_CHECK(size_ < buf_.size());
-    buf_[wrap(head_ + size_)] = e;
-    ++size_;
-  }
-  void pop_front() {
-    PTLLM_CHECK(size_ > 0);
-    head_ = wrap(head_ + 1);
-    --size_;
-  }
-  void pop_back() {
-    PTLLM_CHECK(size_ > 0);
-    --size_;
-  }
-
- private:
-  size_t wrap(size_t i) const { return i < buf_.size() ? i : i - buf_.size(); }  // i < 2 capacity
-  std::vector<Entry> buf_;
-  size_t head_ = 0, size_ = 0;
-};
-
-inline size_t ceil_div(int64_t a, int64_t b) { return size_t((a + b - 1) / b); }
 
 // Prefill chunk under StreamingLLM or KIVI: bounds the full-precision blocks a batched pass needs.
 inline constexpr int kChunk = 64;
@@ -113,19 +76,10 @@ inline std::pair<size_t, size_t> blocks_per_sequence(const KVShape& shape, const
 
 }  // namespace kvdetail
 
-// One layer's block table. A KV-shared layer (KVShape::kv_source) keeps an empty one: the model
-// appends to and attends over its donor's (KVCache::kv_layer), and every loop over stored blocks
-// (policy, prefix keys, serialization) walks the storing layers only (KVCache::stored_).
-struct KVCache::Layer {
-  std::vector<int32_t> sinks;  // dense blocks holding the first n_sink tokens
-  int n_sink = 0;
-  int native = 0;              // the model's sliding window (0: full attention)
-  int window = 0;              // stream tokens a query sees, itself included (0: all): native and/or StreamingLLM's
-  kvdetail::Ring stream;                // blocks of the tokens after the sinks, oldest first
-  size_t n_quant = 0;          // the first n_quant entries of `stream` are quantized
-  int64_t begin = 0;           // stream index of the first slot of stream[0] (a multiple of B)
-  int64_t end = 0;             // stream tokens appended
-};
+// One layer's block table (block_table.h). A KV-shared layer (KVShape::kv_source) keeps an empty
+// one: the model appends to and attends over its donor's (KVCache::kv_layer), and every loop over
+// stored blocks (policy, prefix keys, serialization) walks the storing layers only (KVCache::stored_).
+struct KVCache::Layer : kvdetail::BlockTable {};
 
 // Where one stored token lives.
 struct KVCache::Located {

@@ -92,19 +92,17 @@ int KVCache::max_append() const {
 bool KVCache::fits(int64_t more) const { return unbounded_ || n_tokens() + more <= cfg_.ctx_size; }
 
 int64_t KVCache::n_tokens() const {
-  const Layer& L = layers_[size_t(stored_.back())];  // the last layer to append in a step
-  return L.n_sink + L.end;
+  return layers_[size_t(stored_.back())].tokens();  // the last layer to append in a step
 }
 
 int KVCache::n_stored() const {
   int64_t most = 0;
-  for (const Layer& L : layers_) most = std::max(most, L.n_sink + (L.window > 0 ? std::min<int64_t>(L.end, L.window) : L.end));
+  for (const Layer& L : layers_) most = std::max(most, L.seen());
   return int(most);
 }
 
 int64_t KVCache::held_tokens(int layer) const {
-  const Layer& L = layers_[size_t(layer)];
-  return L.n_sink + L.end - L.begin;
+  return layers_[size_t(layer)].held();
 }
 
 void KVCache::append(int layer, const float* k, const float* v, int T) {
@@ -155,38 +153,22 @@ size_t KVCache::logical_bytes() const {
 }
 
 size_t KVCache::logical_bytes(int layer) const {
-  const int B = cfg_.group_size, D = shape_.head_dim, H = shape_.n_kv_heads;
-  size_t total = 0;
-  const Layer& L = layers_[size_t(layer)];
-  // The sinks and stream tokens the last query saw.
-  const int64_t sink_lo = L.native > 0 ? std::max<int64_t>(0, L.n_sink + L.end - L.native) : 0;
-  total += size_t(std::max<int64_t>(0, L.n_sink - sink_lo)) * dense_token_bytes_;
-  const int64_t lo = L.window > 0 ? std::max<int64_t>(0, L.end - L.window) : 0;
-  for (size_t e = 0; e < L.stream.size(); ++e) {
-    const int64_t first = L.begin + int64_t(e) * B;
-    const int64_t visible = std::max<int64_t>(0, std::min<int64_t>(first + B, L.end) - std::max(first, lo));
-    if (visible == 0) continue;
-    if (L.stream[e].quantized) {
-      // codes for K and V, V scale+zero per token; K scale+zero per channel for the group
-      total += size_t(H) * (size_t(visible) * (2 * packed_bytes(D, bits_) + 2 * sizeof(uint16_t)) +
-                            2 * sizeof(uint16_t) * size_t(D));
-    } else {
-      total += size_t(visible) * dense_token_bytes_;
-    }
+  const int D = shape_.head_dim, H = shape_.n_kv_heads;
+  // KIVI: codes for K and V, V scale+zero per token; K scale+zero per channel for the group.
+  TokenBytes bytes{dense_token_bytes_, 0, 0};
+  if (bits_ > 0) {
+    bytes.quant = size_t(H) * (2 * packed_bytes(D, bits_) + 2 * sizeof(uint16_t));
+    bytes.quant_group = size_t(H) * 2 * sizeof(uint16_t) * size_t(D);
   }
-  return total;
+  return layers_[size_t(layer)].logical_bytes(cfg_.group_size, bytes);
 }
 
 size_t KVCache::physical_bytes() const { return dense_pool_.physical_bytes() + quant_pool_.physical_bytes(); }
 
 KVCache::Located KVCache::locate(int layer, int64_t index) const {
-  const Layer& L = layers_[size_t(layer)];
-  const int B = cfg_.group_size;
-  if (index < L.n_sink) return {dense_pool_.data(L.sinks[size_t(index / B)]), false, int(index % B)};
-  const int64_t s = index - L.n_sink;
-  PTLLM_CHECK(s >= L.begin && s < L.end);
-  const Entry& e = L.stream[size_t((s - L.begin) / B)];
-  return {e.quantized ? quant_pool_.data(e.id) : dense_pool_.data(e.id), e.quantized, int(s % B)};
+  const BlockTable::Where w = layers_[size_t(layer)].locate(index, cfg_.group_size);
+  const Entry& e = w.block;
+  return {e.quantized ? quant_pool_.data(e.id) : dense_pool_.data(e.id), e.quantized, w.slot};
 }
 
 void KVCache::read_key(int layer, int64_t index, int g, float* out) const {

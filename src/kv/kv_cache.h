@@ -12,7 +12,8 @@
 // Policy: after each attention call, blocks entirely out of the layer's window are given back
 // and the residual's oldest full groups beyond R tokens are quantized (K per channel with scales
 // computed once, V per token). Nothing stored is ever moved to make room.
-// Attention is computed here, over the blocks, with an online softmax; quantized blocks are read
+// Attention (attention/plan.h: what each query sees; attention/cpu.h: the CPU executor) reads the
+// blocks in parts merged by their softmax states; quantized blocks are read
 // directly (the query is scaled per group, codes enter dot products), never dequantized to a copy,
 // except K under PositionMode::Cache (a block at a time into a per-thread buffer, to be rotated).
 #include <cstddef>
@@ -167,14 +168,12 @@ class KVCache {
   struct Located;
   Located locate(int layer, int64_t index) const;
   void quantize_block(Layer& L, size_t entry);
-  void release_front(Layer& L);
   void own_block(int32_t& id);
   struct TokenBlock {
     int64_t start;
     int len;
   };
   TokenBlock token_block(size_t j) const;
-  int32_t block_of(const Layer& L, size_t j, bool* quantized) const;
   struct Adopted {
     int32_t id;
     bool quantized;

@@ -13,18 +13,6 @@ using namespace kvdetail;
 // ---------------------------------------------------------------------------------------------
 // Policy: eviction and quantization, after each attention call.
 
-void KVCache::release_front(Layer& L) {
-  const Entry e = L.stream[0];
-  if (e.quantized) {
-    quant_pool_.release(e.id);
-    --L.n_quant;
-  } else {
-    dense_pool_.release(e.id);
-  }
-  L.stream.pop_front();
-  L.begin += cfg_.group_size;
-}
-
 void KVCache::quantize_block(Layer& L, size_t entry) {
   Entry& e = L.stream[entry];
   PTLLM_CHECK(!e.quantized && dense_ == DType::F32);
@@ -74,7 +62,7 @@ void KVCache::apply_policy(int layer) {
   // StreamingLLM or a sliding layer: give back blocks whose every token is out of the last query's window.
   if (L.window > 0) {
     const int64_t lo = L.end - L.window;
-    while (!L.stream.empty() && L.begin + B <= lo) release_front(L);
+    while (!L.stream.empty() && L.begin + B <= lo) L.release_front(dense_pool_, quant_pool_, B);
   }
   // KIVI: the residual keeps at least R recent tokens; each full group beyond them is quantized.
   if (bits_ > 0) {
@@ -91,13 +79,7 @@ void KVCache::apply_policy(int layer) {
 
 int64_t KVCache::rewind_floor() const {
   int64_t floor = 0;
-  for (const Layer& L : layers_) {
-    if (L.begin == 0 && L.n_quant == 0) continue;
-    // Not into quantized or evicted tokens, and the next query's window must still be stored.
-    int64_t f = L.n_sink + L.begin + int64_t(L.n_quant) * cfg_.group_size;
-    if (L.window > 0 && L.begin > 0) f = std::max<int64_t>(f, L.n_sink + L.begin + L.window - 1);
-    floor = std::max(floor, f);
-  }
+  for (const Layer& L : layers_) floor = std::max(floor, L.rewind_floor(cfg_.group_size));
   return floor;
 }
 
@@ -111,18 +93,7 @@ void KVCache::truncate(int64_t n) {
     throw KVPoolFull("KV pool: no room to rewind (a shared block would be copied)");
   const int B = cfg_.group_size;
   for (Layer& L : layers_) {
-    L.n_sink = int(std::min<int64_t>(L.n_sink, n));
-    L.end = std::min<int64_t>(L.end, std::max<int64_t>(0, n - L.n_sink));
-    while (L.sinks.size() > ceil_div(L.n_sink, B)) {
-      dense_pool_.release(L.sinks.back());
-      L.sinks.pop_back();
-    }
-    while (L.stream.size() > ceil_div(L.end - L.begin, B)) {
-      const Entry e = L.stream[L.stream.size() - 1];
-      PTLLM_CHECK(!e.quantized);
-      dense_pool_.release(e.id);
-      L.stream.pop_back();
-    }
+    L.truncate(n, B, dense_pool_);
     // The next append writes into the block now partly filled: it must be this sequence's alone.
     if (L.n_sink < cfg_.sink && L.n_sink % B != 0) own_block(L.sinks.back());
     if ((L.end - L.begin) % B != 0) own_block(L.stream[L.stream.size() - 1].id);
@@ -144,13 +115,7 @@ void KVCache::own_block(int32_t& id) {
 
 void KVCache::clear() {
   n_keyed_ = 0;
-  for (Layer& L : layers_) {
-    for (int32_t id : L.sinks) dense_pool_.release(id);
-    L.sinks.clear();
-    while (!L.stream.empty()) release_front(L);
-    L.n_sink = 0;
-    L.begin = L.end = 0;
-  }
+  for (Layer& L : layers_) L.clear(dense_pool_, quant_pool_, cfg_.group_size);
 }
 
 }  // namespace ptllm

@@ -91,18 +91,6 @@ KVCache::TokenBlock KVCache::token_block(size_t j) const {
   return {N + int64_t(j - n_sink_blocks) * B, B};
 }
 
-// The block holding token block j in layer L, or -1 when it is not stored (evicted, not yet there).
-int32_t KVCache::block_of(const Layer& L, size_t j, bool* quantized) const {
-  const int B = cfg_.group_size, N = cfg_.streaming() ? cfg_.sink : 0;
-  const size_t n_sink_blocks = ceil_div(N, B);
-  *quantized = false;
-  if (j < n_sink_blocks) return j < L.sinks.size() ? L.sinks[j] : -1;
-  const int64_t entry = int64_t(j - n_sink_blocks) - L.begin / B;
-  if (entry < 0 || entry >= int64_t(L.stream.size())) return -1;
-  *quantized = L.stream[size_t(entry)].quantized;
-  return L.stream[size_t(entry)].id;
-}
-
 void KVCache::end_step(std::span<const int32_t> history) {
   PTLLM_CHECK(int64_t(history.size()) == n_tokens());
   if (pool_->keyed()) {
@@ -112,6 +100,7 @@ void KVCache::end_step(std::span<const int32_t> history) {
       chain_hi_ = r.hi;
     }
     // Publish every token block filled since the last step, in every layer that still stores it.
+    const size_t n_sink_blocks = ceil_div(cfg_.streaming() ? cfg_.sink : 0, cfg_.group_size);
     for (TokenBlock tb = token_block(n_keyed_); tb.start + tb.len <= int64_t(history.size());
          tb = token_block(++n_keyed_)) {
       const auto ids = history.subspan(size_t(tb.start), size_t(tb.len));
@@ -119,9 +108,8 @@ void KVCache::end_step(std::span<const int32_t> history) {
       chain_lo_ = k.lo;
       chain_hi_ = k.hi;
       for (int l : stored_) {
-        bool quantized;
-        const int32_t id = block_of(layers_[size_t(l)], n_keyed_, &quantized);
-        if (id >= 0) (quantized ? quant_pool_ : dense_pool_).publish(id, {k.lo, k.hi, int32_t(l), quantized}, ids);
+        const Entry e = layers_[size_t(l)].block_of(n_keyed_, n_sink_blocks, cfg_.group_size);
+        if (e.id >= 0) (e.quantized ? quant_pool_ : dense_pool_).publish(e.id, {k.lo, k.hi, int32_t(l), e.quantized}, ids);
       }
     }
   }
