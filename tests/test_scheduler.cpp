@@ -261,7 +261,9 @@ TEST_F(SchedulerTest, StopCancelsEverything) {
     EXPECT_TRUE(r.reason == FinishReason::Cancelled || r.reason == FinishReason::Length);
   }
   Pending late = submit(*sch, random_prompt(40, 20, vocab()), greedy(4));
-  EXPECT_EQ(wait(late).reason, FinishReason::Error);
+  const RequestResult r = wait(late);
+  EXPECT_EQ(r.reason, FinishReason::Cancelled);
+  EXPECT_EQ(r.error, "the server is shutting down");
   EXPECT_EQ(sch->pool().blocks_in_use(), 0u);
 }
 

@@ -66,10 +66,14 @@ std::string Scheduler::fit_error(const Request& r) const {
 
 void Scheduler::submit(Request r) {
   std::string error = fit_error(r);
+  FinishReason reason = FinishReason::Error;
   auto slot = std::make_unique<Slot>(std::move(r), rt_.tokenizer());
   {
     std::lock_guard lk(mu_);
-    if (error.empty() && (stopping_ || draining_)) error = "the server is shutting down";
+    if (error.empty() && (stopping_ || draining_)) {
+      error = "the server is shutting down";
+      reason = FinishReason::Cancelled;
+    }
     if (error.empty()) {
       ++live_requests_;
       ++stats_.requests;
@@ -77,7 +81,7 @@ void Scheduler::submit(Request r) {
     }
   }
   if (!error.empty()) {
-    slot->result.reason = FinishReason::Error;
+    slot->result.reason = reason;
     slot->result.error = error;
     if (slot->req.on_done) slot->req.on_done(slot->result);
     return;
@@ -94,10 +98,10 @@ void Scheduler::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void Scheduler::drain() {
+bool Scheduler::drain(std::chrono::milliseconds limit) {
   std::unique_lock lk(mu_);
   draining_ = true;
-  idle_.wait(lk, [&] { return live_requests_ == 0 || stopping_; });
+  return idle_.wait_for(lk, limit, [&] { return live_requests_ == 0 || stopping_; });
 }
 
 SchedulerStats Scheduler::stats() const {

@@ -9,6 +9,7 @@
 // back and it waits at the head of the queue to be recomputed (its published blocks usually survive
 // in the pool's cache, so that is mostly adoption). Plain structs only: HTTP lives in server/.
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -88,12 +89,14 @@ class Scheduler {
   Scheduler& operator=(const Scheduler&) = delete;
 
   // Queues a request (FIFO). A prompt that is empty or does not fit the context ends at once with
-  // FinishReason::Error (on_done called before submit returns); so does any request after stop().
+  // FinishReason::Error (on_done called before submit returns); any request after stop() or drain()
+  // ends at once as Cancelled.
   void submit(Request r);
   // Ends every request (queued: Cancelled; running: Cancelled) and stops the thread; idempotent.
   void stop();
-  // Stops taking new requests; those already submitted run to their end. Returns when they have.
-  void drain();
+  // Stops taking new requests (they end Cancelled, "the server is shutting down"); those already
+  // submitted run to their end. Returns true when they have, false when `limit` passed first.
+  bool drain(std::chrono::milliseconds limit = std::chrono::hours(24));
 
   SchedulerStats stats() const;
   const SchedulerConfig& config() const { return cfg_; }
