@@ -128,6 +128,31 @@ TEST(SchedulerSmall, BatchedRequestsEqualEachAloneOnKjvSmall) {
   expect_batched_equals_alone(rt, c, 5, 16);
 }
 
+// A long prompt arriving while another request decodes is prefilled in chunks, each step beside the
+// other's next token: the running stream keeps getting tokens while the prompt is prefilled.
+TEST_F(SchedulerTest, LongPromptDoesNotFreezeARunningStream) {
+  Scheduler sch(*rt_, config(2));
+  std::mutex mu;
+  int a_pieces = 0, a_pieces_at_b = -1;
+  std::promise<void> a_started;
+  bool signalled = false;
+  Pending a = submit(sch, random_prompt(50, 20, vocab()), greedy(120), [&](std::string_view) {
+    std::lock_guard lk(mu);
+    ++a_pieces;
+    if (!signalled) a_started.set_value(), signalled = true;
+  });
+  a_started.get_future().wait();
+  // 448 tokens in chunks of 64: seven steps, each with one of a's tokens beside it.
+  Pending b = submit(sch, random_prompt(51, 448, vocab()), greedy(4), [&](std::string_view) {
+    std::lock_guard lk(mu);
+    if (a_pieces_at_b < 0) a_pieces_at_b = a_pieces;
+  });
+  EXPECT_EQ(wait(b).reason, FinishReason::Length);
+  EXPECT_EQ(wait(a).reason, FinishReason::Length);
+  std::lock_guard lk(mu);
+  EXPECT_GE(a_pieces_at_b, 1 + 6);  // a's first piece, then (at least) one for each of b's first six chunks
+}
+
 // A request cancelled while it generates ends at the next step and gives its blocks back; the one
 // beside it is unaffected.
 TEST_F(SchedulerTest, CancelledRequestFreesItsBlocks) {

@@ -253,7 +253,7 @@ constexpr HabitFlag kHabitFlags[] = {
     {"--flash-attn", "", "flash attention is not a switch here: attention always reads the block KV cache in place (docs/kv-cache.md)"},
     {"-np", "--parallel", kOneSeq},
     {"--parallel", "", kOneSeq},
-    {"-cb", "", kOneSeq},
+    {"-cb", "", "continuous batching is how `posttrainllm serve` always runs; other commands run one sequence"},
     {"-tb", "", "one thread count serves prefill and decode: use --threads (-t)"},
     {"-ub", "", "the prompt is prefilled in one batch; there is no batch size to set"},
     {"-md", "", "speculative decoding is not supported"},
