@@ -3,8 +3,15 @@
 // OpenAI-shaped errors for bad input, the API key, the body limit, a client that disconnects
 // mid-stream (its request cancelled, its blocks freed), and a graceful shutdown.
 #include <httplib.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <fstream>
+#include <regex>
 #include <thread>
 
 #include "chat/chat_template.h"
@@ -305,6 +312,57 @@ TEST_F(ServerTest, ShutdownStopsServing) {
   httplib::Client c = client();
   c.set_connection_timeout(2, 0);
   EXPECT_FALSE(c.Get("/health"));
+}
+
+TEST(ServeCommand, RefusesNoCacheAndBadFlags) {
+  const auto r = test::run_command(test::binary() + " serve --no-cache --port 0");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--no-cache: the server batches sequences"), std::string::npos) << r.err;
+  const auto np = test::run_command(test::binary() + " serve -np 0");
+  EXPECT_EQ(np.code, 2);
+  EXPECT_NE(np.err.find("--parallel"), std::string::npos) << np.err;
+}
+
+// The real binary: --port 0 prints the port, it answers, and SIGTERM ends it with exit code 0.
+TEST(ServeCommand, PortZeroAnswersAndSigtermExitsZero) {
+  test::TempDir tmp;
+  const std::string err = (tmp.path / "err").string(), bin = test::binary();
+  const std::string model = test::repo_model("kjv-tiny").string();
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  std::vector<std::string> args = {bin, "serve", model, "--port", "0", "-t", "1", "-np", "2"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  ASSERT_EQ(posix_spawn(&pid, bin.c_str(), &fa, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&fa);
+  int port = 0;
+  const std::regex listening("listening on http://127\\.0\\.0\\.1:(\\d+)");
+  for (int i = 0; i < 6000 && port == 0; ++i) {  // a bound, not a timing assertion
+    std::ifstream in(err);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    const std::string text = ss.str();
+    std::smatch m;
+    if (std::regex_search(text, m, listening)) port = std::stoi(m[1]);
+    else std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_GT(port, 0) << "the server printed no port";
+  httplib::Client c("127.0.0.1", port);
+  const auto r = c.Post("/v1/completions", R"({"prompt": "In the beginning", "max_tokens": 4, "temperature": 0})",
+                        "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  // No chat template in the shipped model: the chat endpoint says so.
+  expect_error(c.Post("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}]})", "application/json"),
+               400, "no chat template");
+  ASSERT_EQ(kill(pid, SIGTERM), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 }  // namespace
