@@ -213,6 +213,8 @@ TEST_F(ServerTest, BadRequestsGetOpenAIErrors) {
   start();
   expect_error(post("/v1/chat/completions", "{\"messages\": ["), 400, "not valid JSON");
   expect_error(post("/v1/chat/completions", "[1, 2]"), 400, "must be a JSON object");
+  expect_error(post("/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"\xff\xfe\"}]}"), 400,
+               "ill-formed UTF-8");
   expect_error(post("/v1/chat/completions", R"({"messages": []})"), 400, "at least one message", "messages");
   expect_error(post("/v1/chat/completions", R"({"messages": "hi"})"), 400, "expected an array", "messages");
   expect_error(post("/v1/chat/completions", R"({"messages": [{"role": "user", "content": 5}]})"), 400,

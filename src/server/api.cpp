@@ -166,8 +166,16 @@ void read_sampling(const json& body, ApiRequest& r) {
 }  // namespace
 
 ApiRequest parse_request(const std::string& body_text, Endpoint endpoint, uint64_t seed) {
-  const json body = json::parse(body_text, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) throw bad_request("the request body is not valid JSON");
+  json body;
+  try {
+    body = json::parse(body_text);
+  } catch (const json::parse_error& e) {
+    // "[json.exception.parse_error.101] parse error at line 1, column 3: ..." without the prefix
+    // (ill-formed UTF-8 is one of these).
+    const std::string what = e.what();
+    const size_t at = what.find("] ");
+    throw bad_request("the request body is not valid JSON: " + (at == std::string::npos ? what : what.substr(at + 2)));
+  }
   if (!body.is_object()) throw bad_request("the request body must be a JSON object");
   ApiRequest r;
   r.endpoint = endpoint;
