@@ -247,6 +247,28 @@ TEST_F(SchedulerTest, RepeatedPromptReportsCachedTokens) {
   EXPECT_EQ(sch.stats().cached_tokens, 96u);
 }
 
+// Requests arriving together over one long common prefix (a system prompt): prompts are prefilled
+// one at a time, so each later one adopts the prefix the first computed, and replies are unchanged.
+TEST_F(SchedulerTest, SimultaneousRequestsComputeASharedPrefixOnce) {
+  Scheduler sch(*rt_, config(3));
+  const auto system = random_prompt(60, 300, vocab());
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<Pending> pending;
+  for (int i = 0; i < 3; ++i) {
+    prompts.push_back(system);
+    const auto tail = random_prompt(uint32_t(61 + i), 20, vocab());
+    prompts.back().insert(prompts.back().end(), tail.begin(), tail.end());
+    pending.push_back(submit(sch, prompts.back(), greedy(8)));
+  }
+  int64_t cached = 0;
+  for (int i = 0; i < 3; ++i) {
+    const RequestResult r = wait(pending[size_t(i)]);
+    EXPECT_EQ(r.tokens, alone(*rt_, config(3).session, prompts[size_t(i)], 8)) << "request " << i;
+    cached += r.cached_tokens;
+  }
+  EXPECT_EQ(cached, 2 * 288);  // two of the three take the prefix's nine full blocks of 32
+}
+
 // A stop string ends the reply where it begins, with finish reason stop.
 TEST_F(SchedulerTest, StopStringEndsTheReply) {
   const auto p = random_prompt(7, 30, vocab());

@@ -34,7 +34,8 @@ struct Scheduler::Slot {
   StopText stop;
   RequestResult result;
   uint64_t order = 0;     // admission order: the youngest is preempted first
-  bool started = false;   // admitted once (cached_tokens counts the first admission only)
+  bool started = false;   // admitted once (prompt_tokens counts the first admission only)
+  bool cached_counted = false;  // cached_tokens set (at the first adoption)
   bool done = false;
   bool cancelled() const { return req.cancel && req.cancel->load(); }
   int64_t remaining() const { return int64_t(seq.size()) - session->position(); }
@@ -164,25 +165,31 @@ void Scheduler::admit() {
   }
 }
 
-// A session on the pool with the longest prefix the pool holds; kept if its first chunk fits beside
-// one more block per layer for each running sequence (their next decode steps).
+// A session on the pool, kept if its first chunk fits beside one more block per layer for each
+// running sequence (their next decode steps). The pool's prefix is adopted later, at its first
+// chunk (adopt_at_turn).
 bool Scheduler::try_start(Slot& s) {
   s.session = std::make_unique<Session>(rt_.model(), cfg_.session, rt_.pool(), pool_.get());
-  const int64_t adopted = s.session->adopt_prefix(s.seq);
   const int n = int(std::min<int64_t>({s.remaining(), cfg_.prefill_chunk, s.session->max_chunk()}));
   const BlocksNeeded need = s.session->cache().blocks_needed(n);
   const size_t headroom = running_.size() * size_t(rt_.config().n_layers);
   if (need.dense + headroom > pool_->dense().available() || need.quant > pool_->quant().available()) {
-    s.session.reset();  // the adopted references go back
+    s.session.reset();
     return false;
   }
-  if (!s.started) {
-    s.result.cached_tokens = adopted;
-    live_.cached_tokens += uint64_t(adopted);
-    live_.prompt_tokens += uint64_t(s.seq.size());
-    s.started = true;
-  }
+  if (!s.started) live_.prompt_tokens += uint64_t(s.seq.size());
+  s.started = true;
   return true;
+}
+
+// Prompts are prefilled one at a time, oldest first, so by a prompt's first chunk every older one
+// has published its blocks: requests arriving together over one system prompt compute it once.
+void Scheduler::adopt_at_turn(Slot& s) {
+  const int64_t adopted = s.session->adopt_prefix(s.seq);
+  if (s.cached_counted) return;  // a preempted sequence's return is not the client's cache hit
+  s.result.cached_tokens = adopted;
+  live_.cached_tokens += uint64_t(adopted);
+  s.cached_counted = true;
 }
 
 bool Scheduler::fits(const std::vector<Slot*>& batch, const std::vector<std::span<const int32_t>>& feeds) const {
@@ -203,8 +210,9 @@ bool Scheduler::build_batch(std::vector<Slot*>& batch, std::vector<std::span<con
   bool chunked = false;
   for (auto& s : running_) {
     if (s->done) continue;
+    if (s->remaining() > 1 && chunked) continue;  // one prompt chunk a step
+    if (s->session->position() == 0) adopt_at_turn(*s);
     const int64_t pos = s->session->position(), left = s->remaining();
-    if (left > 1 && chunked) continue;  // one prompt chunk a step
     const int64_t n = std::min<int64_t>({left, cfg_.prefill_chunk, s->session->max_chunk()});
     if (left > 1) chunked = true;
     batch.push_back(s.get());

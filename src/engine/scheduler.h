@@ -107,6 +107,7 @@ class Scheduler {
   void loop();
   void admit();
   bool try_start(Slot& s);
+  void adopt_at_turn(Slot& s);
   void step();
   bool build_batch(std::vector<Slot*>& batch, std::vector<std::span<const int32_t>>& feeds);
   bool fits(const std::vector<Slot*>& batch, const std::vector<std::span<const int32_t>>& feeds) const;
