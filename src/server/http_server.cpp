@@ -252,8 +252,8 @@ void HttpServer::Impl::respond(httplib::Response& res, const ApiRequest& r, Chan
                                     int64_t(std::time(nullptr)), cfg.model_name));
 }
 
-// SSE: data: {chunk}\n\n ... data: [DONE]\n\n. A client gone (a failed write, a closed socket seen
-// while waiting) cancels the request; its blocks go back at the scheduler's next step.
+// SSE: data: {chunk}\n\n ... data: [DONE]\n\n. A client gone (a failed write) cancels the request;
+// its blocks go back at the scheduler's next step.
 void HttpServer::Impl::stream(httplib::Response& res, const ApiRequest& r, std::shared_ptr<Channel> ch) {
   struct State {
     bool first = true;
@@ -266,15 +266,18 @@ void HttpServer::Impl::stream(httplib::Response& res, const ApiRequest& r, std::
   res.set_header("Cache-Control", "no-cache");
   auto provider = [this, r, ch, st](size_t, httplib::DataSink& sink) {
     auto send = [&](const std::string& payload) {
-      const std::string event = "data: " + payload + "\n\n";
+      const std::string event = (payload.starts_with(':') ? payload : "data: " + payload) + "\n\n";
       return sink.write(event.data(), event.size());
     };
     auto gone = [&] {
       ch->cancel->store(true);
       return false;
     };
-    auto [text, result] = ch->next(std::chrono::milliseconds(200));
+    auto [text, result] = ch->next(std::chrono::milliseconds(500));
     if (!sink.is_writable()) return gone();
+    // Nothing new (queued, or a long prefill): an SSE comment, which clients ignore, so that a
+    // client gone meanwhile is noticed by a failed write and its request cancelled.
+    if (!st->first && text.empty() && !result) return send(": waiting") ? true : gone();
     if ((st->first || !text.empty()) &&
         !send(dump(chunk_json(r, text, nullptr, st->first, st->id, st->created, cfg.model_name))))
       return gone();
