@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <future>
 #include <regex>
 #include <thread>
 
@@ -303,6 +304,44 @@ TEST_F(ServerTest, ClientDisconnectMidStreamCancelsTheRequest) {
   const auto after = post("/v1/chat/completions", chat_body("x", 2).dump());
   ASSERT_TRUE(after);
   EXPECT_EQ(after->status, 200);
+}
+
+// shutdown() while a reply streams: the reply runs to its end (finish reason, [DONE]), then the
+// server stops.
+TEST_F(ServerTest, ShutdownFinishesTheStreamInFlight) {
+  start();
+  json body = chat_body("In the beginning", 200);
+  body["stream"] = true;
+  std::promise<void> first_chunk;
+  std::string got;
+  std::thread reader([&] {
+    httplib::Client c = client();
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/chat/completions";
+    req.body = body.dump();
+    req.set_header("Content-Type", "application/json");
+    bool signalled = false;
+    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+      got.append(data, n);
+      if (!signalled) first_chunk.set_value(), signalled = true;
+      return true;
+    };
+    c.send(req);
+    if (!signalled) first_chunk.set_value();
+  });
+  first_chunk.get_future().wait();
+  srv_->shutdown(std::chrono::seconds(60));
+  reader.join();
+  thread_.join();
+  const auto events = sse_events(got);
+  ASSERT_GE(events.size(), 3u) << got;
+  EXPECT_EQ(events.back(), "[DONE]");
+  const json last = json::parse(events[events.size() - 2]);
+  EXPECT_TRUE(last["choices"][0]["finish_reason"].is_string()) << got;
+  sch_->stop();  // the scheduler's last snapshot of its counters
+  EXPECT_EQ(sch_->stats().cancelled, 0u);
+  EXPECT_EQ(sch_->stats().finished, 1u);
 }
 
 // shutdown(): run() returns, the port closes, and a request after it gets no answer.

@@ -311,6 +311,7 @@ void Scheduler::finish(Slot& s, FinishReason r, std::string error) {
   if (r == FinishReason::Cancelled) ++live_.cancelled;
   else if (r == FinishReason::Error) ++live_.failed;
   else ++live_.finished;
+  publish_stats();  // whoever the reply reaches sees counters that include it
   if (s.req.on_done) s.req.on_done(s.result);
   std::lock_guard lk(mu_);
   if (live_requests_ > 0) --live_requests_;
