@@ -113,6 +113,30 @@ void expect_batched_equals_alone(Runtime& rt, SchedulerConfig cfg, int n, int st
   EXPECT_EQ(sch.stats().finished, uint64_t(n));
 }
 
+// Session::adopt_prefix (what the scheduler calls before feeding a prompt in chunks) takes the
+// pool's full blocks of the prompt, leaves the rest to feed_batch, and the result is what a private
+// session computes; a private session adopts nothing.
+TEST_F(SchedulerTest, SessionAdoptPrefixThenFeedBatch) {
+  SessionOptions o = config(1).session;
+  KVPool pool(rt_->model().kv_shape(), o.kv, 2);
+  const auto p = random_prompt(70, 150, vocab());
+  {
+    Session first(rt_->model(), o, rt_->pool(), &pool);
+    first.feed(p);
+    Session second(rt_->model(), o, rt_->pool(), &pool);
+    EXPECT_EQ(second.adopt_prefix(p), 128);  // four full blocks of 32; the last 22 tokens are computed
+    EXPECT_EQ(second.position(), 128);
+    std::vector<Session*> ss{&second};
+    std::vector<std::span<const int32_t>> feeds{std::span<const int32_t>(p).subspan(128)};
+    ForwardState st;
+    Session::feed_batch(ss, feeds, st);
+    Session priv(rt_->model(), o, rt_->pool());
+    EXPECT_EQ(priv.adopt_prefix(p), 0);
+    EXPECT_EQ(argmax(second.last_logits()), argmax(priv.feed(p)));
+  }
+  EXPECT_EQ(pool.blocks_in_use(), 0u);
+}
+
 // Seven requests over three slots: queued, admitted at step boundaries, prefilled in chunks beside
 // the others' decode steps; each gets exactly the ids it gets alone.
 TEST_F(SchedulerTest, BatchedRequestsEqualEachAlone) { expect_batched_equals_alone(*rt_, config(3), 7, 24); }
