@@ -26,4 +26,12 @@ fi
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j"$(nproc)"
 
+# The openai npm client for the server's client tests (ctest node_openai_client) and
+# scripts/serve_load.mjs; optional: without npm those tests are skipped.
+if command -v npm >/dev/null 2>&1; then
+  (cd tests/node && npm ci --no-audit --no-fund)
+else
+  echo "npm not found: the openai-client tests of posttrainllm serve will be skipped"
+fi
+
 ./build/posttrainllm sample --prompt "In the beginning" --tokens 48 --temperature 0

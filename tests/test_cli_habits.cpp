@@ -353,9 +353,9 @@ TEST(CliHabitsCommands, VersionNamesTheProjectAndTheBuild) {
 }
 
 TEST(CliHabitsCommands, UnknownCommandsAreNamed) {
-  expect_usage_error({"foo", "unknown command 'foo' (the commands: sample, tokenize, eval, cache, bench, make-model, template, chat)"});
+  expect_usage_error({"foo", "unknown command 'foo' (the commands: sample, tokenize, eval, cache, bench, make-model, template, chat, serve)"});
   expect_usage_error({"cache foo /tmp", "unknown command 'cache foo' (the commands: cache ls, cache inspect, cache prune)"});
-  expect_usage_error({"", "give a command: sample, tokenize, eval, cache, bench, make-model, template, chat"});
+  expect_usage_error({"", "give a command: sample, tokenize, eval, cache, bench, make-model, template, chat, serve"});
   expect_usage_error({"cache", "give a command: cache ls, cache inspect, cache prune"});
   expect_usage_error({"sample -p x --no-such-flag", "The following argument was not expected: --no-such-flag"});
 }
@@ -368,7 +368,7 @@ TEST(CliHabitsCommands, LlamaCppMultiLetterFlagsAreRefusedByName) {
            {"sample -p x --n-gpu-layers 99", "--n-gpu-layers: GPU offload is not supported"},
            {"bench " + tiny() + " -ngl=99", "-ngl: GPU offload is not supported"},
            {"sample -p x -fa", "-fa: flash attention is not a switch here"},
-           {"sample -p x -np 4", "-np: parallel sequences are not supported (one sequence per process)"},
+           {"sample -p x -np 4", "-np: this command runs one sequence: parallel sequences are `posttrainllm serve --parallel N`"},
            {"sample -p x -sys 'be brief'", "-sys: a system prompt goes through a chat template"},
            {"sample -p x -tb 2", "-tb: one thread count serves prefill and decode: use --threads (-t)"},
            {"sample -p x -xyz", "-xyz: unknown option (an option of more than one letter takes two dashes: --xyz)"},

@@ -71,9 +71,10 @@ ChatPrompt ChatPrompt::load(const fs::path& model_dir, const ChatPromptOptions& 
   return p;
 }
 
-std::string ChatPrompt::render(const chat_json& messages, bool add_generation_prompt) const {
+std::string ChatPrompt::render(const chat_json& messages, bool add_generation_prompt, const chat_json& tools) const {
   chat::ChatRequest r;
   r.messages = messages;
+  r.tools = tools;
   r.add_generation_prompt = add_generation_prompt;
   r.kwargs = kwargs_;
   return template_->render(r);

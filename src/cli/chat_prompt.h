@@ -29,8 +29,9 @@ class ChatPrompt {
   // --chat-template FILE, with the model's special tokens (bos_token, ...). Throws UsageError for
   // bad --chat-template-kwargs, Error naming the file for a missing or broken template.
   static ChatPrompt load(const std::filesystem::path& model_dir, const ChatPromptOptions& o);
-  // transformers' apply_chat_template(messages, add_generation_prompt=..., tokenize=False, **kwargs).
-  std::string render(const chat_json& messages, bool add_generation_prompt) const;
+  // transformers' apply_chat_template(messages, add_generation_prompt=..., tools=..., tokenize=False,
+  // **kwargs); tools null: none.
+  std::string render(const chat_json& messages, bool add_generation_prompt, const chat_json& tools = nullptr) const;
   // Where the template came from (a file path), for the start-up line and errors.
   const std::string& origin() const;
 

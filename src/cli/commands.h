@@ -18,5 +18,6 @@ Command add_bench_command(CLI::App& root);
 Command add_make_model_command(CLI::App& root);
 Command add_template_command(CLI::App& root);
 Command add_chat_command(CLI::App& root);
+Command add_serve_command(CLI::App& root);
 
 }  // namespace ptllm::cli

@@ -223,7 +223,7 @@ struct HabitFlag {
 
 constexpr std::string_view kGpu = "GPU offload is not supported (this runtime runs on the CPU)";
 constexpr std::string_view kChat = "conversation mode is a command of its own: use `posttrainllm chat`";
-constexpr std::string_view kOneSeq = "parallel sequences are not supported (one sequence per process)";
+constexpr std::string_view kOneSeq = "this command runs one sequence: parallel sequences are `posttrainllm serve --parallel N`";
 constexpr std::string_view kDownload =
     "downloading models is not supported: pass a local Hugging Face model directory (-m DIR)";
 
@@ -252,9 +252,9 @@ constexpr HabitFlag kHabitFlags[] = {
     {"-nkvo", "", "the KV cache always lives in CPU memory"},
     {"-fa", "", "flash attention is not a switch here: attention always reads the block KV cache in place (docs/kv-cache.md)"},
     {"--flash-attn", "", "flash attention is not a switch here: attention always reads the block KV cache in place (docs/kv-cache.md)"},
-    {"-np", "", kOneSeq},
+    {"-np", "--parallel", kOneSeq},
     {"--parallel", "", kOneSeq},
-    {"-cb", "", kOneSeq},
+    {"-cb", "", "continuous batching is how `posttrainllm serve` always runs; other commands run one sequence"},
     {"-tb", "", "one thread count serves prefill and decode: use --threads (-t)"},
     {"-ub", "", "the prompt is prefilled in one batch; there is no batch size to set"},
     {"-md", "", "speculative decoding is not supported"},

@@ -132,6 +132,17 @@ bool Session::fits(int64_t more) const {
   return cache_ ? cache_->fits(more) : position() + more <= opts_.kv.ctx_size;
 }
 
+int64_t Session::adopt_prefix(std::span<const int32_t> prompt) {
+  PTLLM_CHECK(history_.empty());
+  reused_ = 0;
+  if (!cache_ || !cache_->shares_pool()) return 0;
+  // A prompt's blocks other sequences already computed are taken, not computed again.
+  reused_ = cache_->adopt_prefix(prompt);
+  history_.insert(history_.end(), prompt.begin(), prompt.begin() + std::ptrdiff_t(reused_));
+  if (reused_ > 0) cache_->end_step(history_);
+  return reused_;
+}
+
 std::span<float> Session::feed(std::span<const int32_t> tokens) { return run(tokens, false); }
 std::span<float> Session::feed_all(std::span<const int32_t> tokens) { return run(tokens, true); }
 
@@ -150,13 +161,7 @@ std::span<float> Session::run(std::span<const int32_t> tokens, bool all_logits) 
   if (opts_.use_cache) {
     reused_ = 0;
     size_t done = 0;
-    if (history_.empty() && !all_logits && cache_->shares_pool()) {
-      // A prompt's blocks other sequences already computed are taken, not computed again.
-      reused_ = cache_->adopt_prefix(tokens);
-      done = size_t(reused_);
-      history_.insert(history_.end(), tokens.begin(), tokens.begin() + std::ptrdiff_t(done));
-      if (done > 0) cache_->end_step(history_);
-    }
+    if (history_.empty() && !all_logits) done = size_t(adopt_prefix(tokens));
     // In chunks the cache can take at once (StreamingLLM and KIVI bound their full-precision blocks).
     while (done < T) {
       const size_t n = std::min(T - done, size_t(cache_->max_append()));

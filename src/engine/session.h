@@ -50,6 +50,11 @@ class Session {
 
   // Tokens of the last feed taken from the shared pool instead of computed.
   int64_t reused_tokens() const { return reused_; }
+  // On a fresh session drawing from a shared pool: takes the pool's blocks for the longest prefix of
+  // `prompt` it holds (at least the last token is left to feed) and returns how many tokens that is;
+  // what feed() does first on its own, for a caller that feeds the rest in chunks (feed_batch).
+  // 0 with a private pool or without room.
+  int64_t adopt_prefix(std::span<const int32_t> prompt);
 
   // Whether `more` tokens can still be fed (always, under StreamingLLM).
   bool fits(int64_t more) const;

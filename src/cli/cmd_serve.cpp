@@ -1,0 +1,158 @@
+// posttrainllm serve: the OpenAI-compatible HTTP server (server/) over the Scheduler (engine/):
+// continuous batching of up to --parallel sequences on one shared KV pool. SIGTERM or Ctrl-C stops
+// it gracefully: new requests get 503, those in flight finish, the process exits 0.
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "chat/chat_template.h"
+#include "cli/chat_prompt.h"
+#include "cli/commands.h"
+#include "cli/options.h"
+#include "core/error.h"
+#include "engine/conversation.h"
+#include "engine/runtime.h"
+#include "engine/scheduler.h"
+#include "server/http_server.h"
+
+namespace ptllm::cli {
+
+namespace {
+
+struct ServeArgs {
+  std::string model_dir;
+  std::string alias;
+  server::ServerConfig http;
+  int parallel = 4;
+  int kv_budget_mb = 0;
+  int prefill_chunk = 256;
+  int max_body_mb = 8;
+  RuntimeOptions runtime;
+  ChatPromptOptions chat;
+};
+
+// The model's chat template as the server's renderer; none (a warning) when the model has none and
+// no --chat-template was given. A broken template stops the start.
+std::function<std::string(const server::json&, const server::json&)> chat_renderer(const std::filesystem::path& dir,
+                                                                                     const ChatPromptOptions& o) {
+  std::shared_ptr<ChatPrompt> prompt;
+  try {
+    prompt = std::make_shared<ChatPrompt>(ChatPrompt::load(dir, o));
+  } catch (const chat::TemplateError&) {
+    throw;
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    if (!o.template_file.empty()) throw;
+    std::fprintf(stderr, "warning: %s: /v1/chat/completions answers 400 until the server is started with one\n", e.what());
+    return {};
+  }
+  std::fprintf(stderr, "chat template: %s\n", prompt->origin().c_str());
+  return [prompt](const server::json& messages, const server::json& tools) {
+    return prompt->render(messages, /*add_generation_prompt=*/true, tools);
+  };
+}
+
+// SIGTERM and SIGINT are blocked in every thread (the mask is inherited) and taken by one waiting
+// thread, which stops the server; run() then returns on the main thread.
+class SignalStop {
+ public:
+  SignalStop() {
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGTERM);
+    sigaddset(&set_, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set_, nullptr);
+    signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is a failed write, not the end of the process
+  }
+  void watch(server::HttpServer& srv) {
+    thread_ = std::thread([this, &srv] {
+      int sig = 0;
+      sigwait(&set_, &sig);
+      if (!done_) std::fprintf(stderr, "%s: finishing the requests in flight, then exiting\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+      srv.shutdown();
+    });
+  }
+  // After run() returned: wakes the waiting thread if no signal came, and joins it.
+  void finish() {
+    done_ = true;
+    if (thread_.joinable()) {
+      pthread_kill(thread_.native_handle(), SIGTERM);
+      thread_.join();
+    }
+  }
+
+ private:
+  sigset_t set_;
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
+
+int run_serve(ServeArgs& a) {
+  if (a.runtime.no_cache) throw UsageError("--no-cache: the server batches sequences over a shared KV cache; it needs one");
+  SignalStop signals;  // before any thread exists
+  const std::filesystem::path dir = a.model_dir.empty() ? default_model_dir() : std::filesystem::path(a.model_dir);
+  Runtime rt({dir, resolve_threads(a.runtime), true});
+  SchedulerConfig sc;
+  sc.session = make_session_options(a.runtime, rt.config());
+  sc.parallel = a.parallel;
+  sc.kv_budget_bytes = size_t(a.kv_budget_mb) << 20;
+  sc.prefill_chunk = a.prefill_chunk;
+  sc.eos_ids = stop_token_ids(dir, rt.config(), rt.tokenizer());
+  a.http.render_chat = chat_renderer(dir, a.chat);
+  a.http.model_name = a.alias.empty() ? dir.filename().string() : a.alias;
+  a.http.max_body_bytes = size_t(a.max_body_mb) << 20;
+  Scheduler scheduler(rt, sc);
+  server::HttpServer srv(rt, scheduler, a.http);
+  const int port = srv.bind();
+  std::fprintf(stderr, "model: %s (%s), %d threads, %d parallel sequences, KV pool %s (%s)\n", dir.string().c_str(),
+               rt.config().arch_name.c_str(), rt.pool().size(), a.parallel,
+               format_bytes(scheduler.pool().dense().capacity() * scheduler.pool().dense().block_bytes() +
+                            scheduler.pool().quant().capacity() * scheduler.pool().quant().block_bytes())
+                   .c_str(),
+               sc.session.kv.describe().c_str());
+  std::fprintf(stderr, "listening on http://%s:%d\n", a.http.host.c_str(), port);
+  std::fflush(stderr);
+  signals.watch(srv);
+  srv.run();
+  signals.finish();
+  scheduler.stop();
+  std::fprintf(stderr, "stopped\n");
+  return 0;
+}
+
+}  // namespace
+
+Command add_serve_command(CLI::App& root) {
+  auto a = std::make_shared<ServeArgs>();
+  CLI::App* app = root.add_subcommand("serve", "An OpenAI-compatible HTTP server with continuous batching");
+  add_model_option(*app, a->model_dir, "Hugging Face model directory (default: the shipped models/kjv-tiny)");
+  app->add_option("--host", a->http.host, "Address to listen on (loopback by default; 0.0.0.0 exposes it)");
+  app->add_option("--port", a->http.port, "Port to listen on (0 = any free port, printed at start)")
+      ->check(integer_between(0, 65535));
+  app->add_option("--parallel", a->parallel, "Sequences decoding together (llama-server's -np); more requests wait")
+      ->check(integer_between(1, 255));
+  app->add_option("--api-key", a->http.api_key, "Require Authorization: Bearer KEY on every endpoint but /health");
+  app->add_option("--kv-budget-mb", a->kv_budget_mb,
+                  "MiB of KV blocks shared by all sequences (0 = room for --parallel sequences of --ctx-size)")
+      ->check(integer_between(0, 1 << 20));
+  app->add_option("--prefill-chunk", a->prefill_chunk,
+                  "Most prompt tokens one step prefills beside the others' decode tokens")
+      ->check(integer_between(1, 1 << 16));
+  app->add_option("--alias,-a", a->alias, "The model id /v1/models lists (default: the model directory's name)");
+  app->add_option("--timeout", a->http.timeout_s, "Read and write timeout of a connection, seconds")
+      ->check(integer_between(1, 86400));
+  app->add_option("--max-body-mb", a->max_body_mb, "Largest request body, MiB (larger: 413)")
+      ->check(integer_between(1, 1024));
+  app->add_option("--threads-http", a->http.http_threads, "Connections served at once (0 = 2 x --parallel + 4)")
+      ->check(integer_between(0, 4096));
+  add_chat_prompt_options(*app, a->chat);
+  add_runtime_options(*app, a->runtime);
+  return {app, [a] { return run_serve(*a); }};
+}
+
+}  // namespace ptllm::cli

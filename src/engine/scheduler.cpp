@@ -1,0 +1,355 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/error.h"
+#include "engine/runtime.h"
+#include "engine/stop_text.h"
+#include "tokenizer/tokenizer.h"
+
+namespace ptllm {
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::Stop: return "stop";
+    case FinishReason::Length: return "length";
+    case FinishReason::Cancelled: return "cancelled";
+    case FinishReason::Error: return "error";
+  }
+  return "";
+}
+
+// One request's life: queued (no session), running (a session on the pool), done.
+struct Scheduler::Slot {
+  Slot(Request r, const Tokenizer& tok)
+      : req(std::move(r)), seq(req.prompt), sampler(req.params.sampling), detok(tok), stop(req.params.stops) {
+    result.prompt_tokens = int64_t(req.prompt.size());
+  }
+  Request req;
+  std::vector<int32_t> seq;  // the prompt, then every sampled id; the last one unfed while decoding
+  std::unique_ptr<Session> session;  // null while queued (or preempted)
+  Sampler sampler;
+  StreamingDetokenizer detok;
+  StopText stop;
+  RequestResult result;
+  uint64_t order = 0;     // admission order: the youngest is preempted first
+  bool started = false;   // admitted once (prompt_tokens counts the first admission only)
+  bool cached_counted = false;  // cached_tokens set (at the first adoption)
+  bool done = false;
+  bool cancelled() const { return req.cancel && req.cancel->load(); }
+  int64_t remaining() const { return int64_t(seq.size()) - session->position(); }
+};
+
+Scheduler::Scheduler(Runtime& rt, const SchedulerConfig& cfg) : rt_(rt), cfg_(cfg) {
+  PTLLM_CHECK(cfg_.session.use_cache && cfg_.parallel >= 1 && cfg_.prefill_chunk >= 1);
+  if (size_t(cfg_.parallel) >= kMaxBatchSequences)
+    throw UsageError("--parallel: at most " + std::to_string(kMaxBatchSequences - 1) + " sequences");
+  cfg_.session.kv.validate();
+  pool_ = std::make_unique<KVPool>(rt_.model().kv_shape(), cfg_.session.kv, cfg_.parallel, cfg_.kv_budget_bytes);
+  publish_stats();
+  thread_ = std::thread([this] { loop(); });
+}
+
+Scheduler::~Scheduler() { stop(); }
+
+std::string Scheduler::fit_error(const Request& r) const {
+  const KVCacheConfig& kv = cfg_.session.kv;
+  if (r.prompt.empty()) return "the prompt is empty";
+  if (!kv.streaming() && int64_t(r.prompt.size()) > kv.ctx_size)
+    return "the prompt has " + std::to_string(r.prompt.size()) + " tokens, more than the context of " +
+           std::to_string(kv.ctx_size) + " tokens (--ctx-size)";
+  if (r.params.max_tokens < 1) return "max_tokens must be at least 1";
+  for (const std::string& s : r.params.stops)
+    if (s.empty()) return "a stop string is empty";
+  return "";
+}
+
+void Scheduler::submit(Request r) {
+  std::string error = fit_error(r);
+  FinishReason reason = FinishReason::Error;
+  auto slot = std::make_unique<Slot>(std::move(r), rt_.tokenizer());
+  {
+    std::lock_guard lk(mu_);
+    if (error.empty() && (stopping_ || draining_)) {
+      error = "the server is shutting down";
+      reason = FinishReason::Cancelled;
+    }
+    if (error.empty()) {
+      ++live_requests_;
+      ++stats_.requests;
+      queue_.push_back(std::move(slot));
+    }
+  }
+  if (!error.empty()) {
+    slot->result.reason = reason;
+    slot->result.error = error;
+    if (slot->req.on_done) slot->req.on_done(slot->result);
+    return;
+  }
+  wake_.notify_one();
+}
+
+void Scheduler::stop() {
+  {
+    std::lock_guard lk(mu_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+bool Scheduler::drain(std::chrono::milliseconds limit) {
+  std::unique_lock lk(mu_);
+  draining_ = true;
+  return idle_.wait_for(lk, limit, [&] { return live_requests_ == 0 || stopping_; });
+}
+
+SchedulerStats Scheduler::stats() const {
+  std::lock_guard lk(mu_);
+  SchedulerStats s = stats_;
+  s.queued = queue_.size();
+  return s;
+}
+
+void Scheduler::loop() {
+  for (;;) {
+    {
+      std::unique_lock lk(mu_);
+      wake_.wait(lk, [&] { return stopping_ || !queue_.empty() || !running_.empty(); });
+      if (stopping_) break;
+    }
+    reap();
+    admit();
+    if (!running_.empty()) step();
+    reap();
+    publish_stats();
+  }
+  // Stopping: whatever has not ended is cancelled (its blocks given back with its session).
+  for (auto& s : running_) finish(*s, FinishReason::Cancelled);
+  std::deque<std::unique_ptr<Slot>> rest;
+  {
+    std::lock_guard lk(mu_);
+    rest.swap(queue_);
+  }
+  for (auto& s : rest) finish(*s, FinishReason::Cancelled);
+  running_.clear();
+  publish_stats();
+}
+
+void Scheduler::admit() {
+  while (running_.size() < size_t(cfg_.parallel)) {
+    std::unique_ptr<Slot> s;
+    {
+      std::lock_guard lk(mu_);
+      if (queue_.empty()) return;
+      s = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    if (s->cancelled()) {
+      finish(*s, FinishReason::Cancelled);
+      continue;
+    }
+    if (!try_start(*s)) {
+      if (running_.empty()) {
+        finish(*s, FinishReason::Error,
+               "the KV pool cannot hold this prompt (" + std::to_string(s->seq.size()) + " tokens; raise --kv-budget-mb)");
+        continue;
+      }
+      std::lock_guard lk(mu_);
+      queue_.push_front(std::move(s));  // it keeps its place: first in line when room comes
+      return;
+    }
+    s->order = ++admitted_;
+    running_.push_back(std::move(s));
+  }
+}
+
+// A session on the pool, kept if its first chunk fits beside one more block per layer for each
+// running sequence (their next decode steps). The pool's prefix is adopted later, at its first
+// chunk (adopt_at_turn).
+bool Scheduler::try_start(Slot& s) {
+  s.session = std::make_unique<Session>(rt_.model(), cfg_.session, rt_.pool(), pool_.get());
+  const int n = int(std::min<int64_t>({s.remaining(), cfg_.prefill_chunk, s.session->max_chunk()}));
+  const BlocksNeeded need = s.session->cache().blocks_needed(n);
+  const size_t headroom = running_.size() * size_t(rt_.config().n_layers);
+  if (need.dense + headroom > pool_->dense().available() || need.quant > pool_->quant().available()) {
+    s.session.reset();
+    return false;
+  }
+  if (!s.started) live_.prompt_tokens += uint64_t(s.seq.size());
+  s.started = true;
+  return true;
+}
+
+// Prompts are prefilled one at a time, oldest first, so by a prompt's first chunk every older one
+// has published its blocks: requests arriving together over one system prompt compute it once.
+void Scheduler::adopt_at_turn(Slot& s) {
+  const int64_t adopted = s.session->adopt_prefix(s.seq);
+  if (s.cached_counted) return;  // a preempted sequence's return is not the client's cache hit
+  s.result.cached_tokens = adopted;
+  live_.cached_tokens += uint64_t(adopted);
+  s.cached_counted = true;
+}
+
+bool Scheduler::fits(const std::vector<Slot*>& batch, const std::vector<std::span<const int32_t>>& feeds) const {
+  BlocksNeeded sum;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const BlocksNeeded n = batch[i]->session->cache().blocks_needed(int(feeds[i].size()));
+    sum.dense += n.dense;
+    sum.quant += n.quant;
+  }
+  return sum.dense <= pool_->dense().available() && sum.quant <= pool_->quant().available();
+}
+
+// Every decoding sequence's next token and the oldest prefilling sequence's next chunk; without
+// room, the chunk waits; false when even the decode tokens do not fit.
+bool Scheduler::build_batch(std::vector<Slot*>& batch, std::vector<std::span<const int32_t>>& feeds) {
+  batch.clear();
+  feeds.clear();
+  bool chunked = false;
+  for (auto& s : running_) {
+    if (s->done) continue;
+    if (s->remaining() > 1 && chunked) continue;  // one prompt chunk a step
+    if (s->session->position() == 0) adopt_at_turn(*s);
+    const int64_t pos = s->session->position(), left = s->remaining();
+    const int64_t n = std::min<int64_t>({left, cfg_.prefill_chunk, s->session->max_chunk()});
+    if (left > 1) chunked = true;
+    batch.push_back(s.get());
+    feeds.emplace_back(s->seq.data() + pos, size_t(n));
+  }
+  if (fits(batch, feeds)) return true;
+  for (size_t i = 0; i < batch.size(); ++i)
+    if (batch[i]->remaining() > 1) {
+      batch.erase(batch.begin() + std::ptrdiff_t(i));
+      feeds.erase(feeds.begin() + std::ptrdiff_t(i));
+      break;
+    }
+  return !batch.empty() && fits(batch, feeds);
+}
+
+void Scheduler::preempt_youngest() {
+  auto it = std::max_element(running_.begin(), running_.end(),
+                             [](const auto& a, const auto& b) { return a->order < b->order; });
+  std::unique_ptr<Slot> s = std::move(*it);
+  running_.erase(it);
+  s->session.reset();  // its blocks go back; the published ones stay findable for its return
+  ++live_.preempted;
+  std::lock_guard lk(mu_);
+  queue_.push_front(std::move(s));
+}
+
+void Scheduler::step() {
+  std::vector<Slot*> batch;
+  std::vector<std::span<const int32_t>> feeds;
+  while (!build_batch(batch, feeds)) {
+    if (running_.size() == 1) {
+      finish(*running_[0], FinishReason::Error, "the KV pool is full (raise --kv-budget-mb)");
+      return;
+    }
+    preempt_youngest();
+  }
+  size_t prefill = 0, decode = 0;
+  for (const auto& f : feeds) (f.size() > 1 ? prefill : decode) += f.size();
+  std::vector<Session*> sessions;
+  for (Slot* s : batch) sessions.push_back(s->session.get());
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    Session::feed_batch(sessions, feeds, state_);
+  } catch (const KVPoolFull&) {
+    preempt_youngest();  // fits() said it would fit: a KIVI estimate was short; nothing was changed
+    return;
+  } catch (const Error& e) {
+    for (Slot* s : batch) finish(*s, FinishReason::Error, e.what());
+    return;
+  }
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  live_.prefill_seconds += dt * double(prefill) / double(prefill + decode);
+  live_.decode_seconds += dt * double(decode) / double(prefill + decode);
+  live_.prefill_tokens += prefill;
+  ++live_.steps;
+  for (Slot* s : batch)
+    if (s->remaining() == 0) sample_next(*s);
+}
+
+void Scheduler::sample_next(Slot& s) {
+  const auto lg = s.session->last_logits();
+  logits_.assign(lg.begin(), lg.end());
+  const int32_t id = s.sampler.sample(logits_, s.session->history());
+  ++s.result.completion_tokens;
+  ++live_.generated_tokens;
+  const bool eos = std::find(cfg_.eos_ids.begin(), cfg_.eos_ids.end(), id) != cfg_.eos_ids.end();
+  if (eos && !s.req.params.ignore_eos) return finish(s, FinishReason::Stop);
+  s.result.tokens.push_back(id);
+  const std::string piece = s.stop.push(s.detok.push(id));
+  s.result.text += piece;
+  if (!piece.empty() && s.req.on_text) s.req.on_text(piece);
+  if (s.stop.stopped()) {
+    s.result.stop_string = s.stop.found();
+    return finish(s, FinishReason::Stop);
+  }
+  if (s.result.completion_tokens >= s.req.params.max_tokens || !s.session->fits(1))
+    return finish(s, FinishReason::Length);
+  s.seq.push_back(id);
+}
+
+void Scheduler::finish(Slot& s, FinishReason r, std::string error) {
+  if (s.done) return;
+  if ((r == FinishReason::Stop || r == FinishReason::Length) && !s.stop.stopped()) {
+    const std::string rest = s.stop.close(s.detok.finish());
+    s.result.text += rest;
+    if (!rest.empty() && s.req.on_text) s.req.on_text(rest);
+    if (s.stop.stopped()) {  // the detokenizer's last bytes completed a stop string
+      s.result.stop_string = s.stop.found();
+      r = FinishReason::Stop;
+    }
+  }
+  s.done = true;
+  s.session.reset();  // the blocks go back now
+  s.result.reason = r;
+  s.result.error = std::move(error);
+  if (r == FinishReason::Cancelled) ++live_.cancelled;
+  else if (r == FinishReason::Error) ++live_.failed;
+  else ++live_.finished;
+  publish_stats();  // whoever the reply reaches sees counters that include it
+  if (s.req.on_done) s.req.on_done(s.result);
+  std::lock_guard lk(mu_);
+  if (live_requests_ > 0) --live_requests_;
+  if (live_requests_ == 0) idle_.notify_all();
+}
+
+// Cancelled requests end (running or queued); ended ones leave the running set.
+void Scheduler::reap() {
+  for (auto& s : running_)
+    if (s->cancelled()) finish(*s, FinishReason::Cancelled);
+  std::erase_if(running_, [](const auto& s) { return s->done; });
+  std::vector<std::unique_ptr<Slot>> gone;
+  {
+    std::lock_guard lk(mu_);
+    for (auto it = queue_.begin(); it != queue_.end();)
+      if ((*it)->cancelled()) {
+        gone.push_back(std::move(*it));
+        it = queue_.erase(it);
+      } else {
+        ++it;
+      }
+  }
+  for (auto& s : gone) finish(*s, FinishReason::Cancelled);
+}
+
+void Scheduler::publish_stats() {
+  SchedulerStats s = live_;
+  s.running = running_.size();
+  s.blocks_total = pool_->dense().capacity() + pool_->quant().capacity();
+  s.blocks_used = pool_->blocks_in_use();
+  s.blocks_cached = pool_->dense().cached() + pool_->quant().cached();
+  size_t shared = 0;
+  for (const BlockPool* p : {&pool_->dense(), &pool_->quant()})
+    for (size_t id = 0; id < p->capacity(); ++id) shared += p->refs(int32_t(id)) > 1;
+  s.blocks_shared = shared;
+  std::lock_guard lk(mu_);
+  s.requests = stats_.requests;
+  stats_ = s;
+}
+
+}  // namespace ptllm

@@ -1,0 +1,142 @@
+#pragma once
+// Continuous batching over one shared KV pool (vLLM v1's scheduler is the model): requests wait in
+// a FIFO queue; one thread steps every running sequence together. Each step is one batched forward
+// (Session::feed_batch) holding one decode token of every decoding sequence and at most one chunk of
+// a prompt still being prefilled, so a long new prompt does not freeze the others' streams. A request
+// joins at a step boundary when a slot (--parallel) is free and the pool has room; a prompt's prefix
+// already in the pool (a shared system prompt, a resent conversation) is adopted, not computed.
+// When the pool runs out mid-generation the youngest sequence is preempted: its blocks are given
+// back and it waits at the head of the queue to be recomputed (its published blocks usually survive
+// in the pool's cache, so that is mostly adoption). Plain structs only: HTTP lives in server/.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "engine/session.h"
+#include "sample/sampler.h"
+
+namespace ptllm {
+
+class Runtime;
+
+struct SchedulerConfig {
+  SessionOptions session;       // every sequence's KV options (use_cache must be true)
+  int parallel = 4;             // sequences running at once (-np)
+  size_t kv_budget_bytes = 0;   // 0: room for `parallel` sequences of ctx_size tokens each
+  int prefill_chunk = 256;      // most prompt tokens one step feeds
+  std::vector<int32_t> eos_ids; // ids that end a reply (stop_token_ids)
+};
+
+enum class FinishReason { Stop, Length, Cancelled, Error };
+// "stop", "length", "cancelled", "error".
+const char* finish_reason_name(FinishReason r);
+
+struct GenerationParams {
+  SamplingConfig sampling;       // temperature 0: greedy
+  int max_tokens = 16;           // tokens to generate at most
+  std::vector<std::string> stops;  // non-empty strings; the text ends where the first one begins
+  bool ignore_eos = false;
+};
+
+struct RequestResult {
+  FinishReason reason = FinishReason::Length;
+  std::string text;              // everything streamed
+  std::vector<int32_t> tokens;   // ids generated (a stopping EOS not included)
+  int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;     // prompt tokens taken from the pool instead of computed
+  int64_t completion_tokens = 0; // ids sampled, a stopping EOS included
+  std::string stop_string;       // the stop string met (reason Stop), else empty
+  std::string error;             // reason Error: why
+};
+
+struct Request {
+  std::vector<int32_t> prompt;
+  GenerationParams params;
+  // Both called on the scheduler thread, so they must not block: on_text with each piece of text
+  // safe to show (stop strings held back), on_done exactly once at the end, whatever the end.
+  std::function<void(std::string_view text)> on_text;
+  std::function<void(const RequestResult&)> on_done;
+  // Set by the client's side (a disconnect): the request ends at the next step, its blocks freed.
+  std::shared_ptr<std::atomic<bool>> cancel;
+};
+
+// What /metrics shows; a snapshot the scheduler thread takes after each step.
+struct SchedulerStats {
+  uint64_t requests = 0, finished = 0, cancelled = 0, failed = 0, preempted = 0;
+  uint64_t prompt_tokens = 0, cached_tokens = 0, prefill_tokens = 0, generated_tokens = 0;
+  double prefill_seconds = 0, decode_seconds = 0;  // forward passes, split by their token share
+  uint64_t steps = 0;
+  size_t queued = 0, running = 0;
+  size_t blocks_total = 0, blocks_used = 0, blocks_cached = 0, blocks_shared = 0;
+};
+
+class Scheduler {
+ public:
+  // Builds the shared pool (throws ptllm::Error / UsageError for a bad budget) and starts the thread.
+  Scheduler(Runtime& rt, const SchedulerConfig& cfg);
+  ~Scheduler();  // stop(), then joins
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a request (FIFO). A prompt that is empty or does not fit the context ends at once with
+  // FinishReason::Error (on_done called before submit returns); any request after stop() or drain()
+  // ends at once as Cancelled.
+  void submit(Request r);
+  // Ends every request (queued: Cancelled; running: Cancelled) and stops the thread; idempotent.
+  void stop();
+  // Stops taking new requests (they end Cancelled, "the server is shutting down"); those already
+  // submitted run to their end. Returns true when they have, false when `limit` passed first.
+  bool drain(std::chrono::milliseconds limit = std::chrono::hours(24));
+
+  SchedulerStats stats() const;
+  const SchedulerConfig& config() const { return cfg_; }
+  const KVPool& pool() const { return *pool_; }  // read it only while the scheduler is idle (tests)
+
+ private:
+  struct Slot;
+  void loop();
+  void admit();
+  bool try_start(Slot& s);
+  void adopt_at_turn(Slot& s);
+  void step();
+  bool build_batch(std::vector<Slot*>& batch, std::vector<std::span<const int32_t>>& feeds);
+  bool fits(const std::vector<Slot*>& batch, const std::vector<std::span<const int32_t>>& feeds) const;
+  void preempt_youngest();
+  void after_step(Slot& s);
+  void sample_next(Slot& s);
+  void finish(Slot& s, FinishReason r, std::string error = {});
+  void reap();
+  void publish_stats();
+  std::string fit_error(const Request& r) const;
+
+  Runtime& rt_;
+  SchedulerConfig cfg_;
+  std::unique_ptr<KVPool> pool_;
+  ForwardState state_;  // the batch's activations, reused every step
+  std::vector<float> logits_;  // [vocab] a copy the sampler may modify
+
+  mutable std::mutex mu_;
+  std::condition_variable wake_, idle_;
+  std::deque<std::unique_ptr<Slot>> queue_;  // waiting, FIFO (a preempted one at the front); under mu_
+  bool stopping_ = false, draining_ = false;  // under mu_
+  size_t live_requests_ = 0;                  // submitted and not yet ended; under mu_
+  SchedulerStats stats_;                      // under mu_ (the published snapshot)
+
+  // Owned by the scheduler thread.
+  std::vector<std::unique_ptr<Slot>> running_;
+  SchedulerStats live_;
+  uint64_t admitted_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace ptllm

@@ -1,0 +1,318 @@
+#include "server/api.h"
+
+#include <cmath>
+#include <limits>
+
+namespace ptllm::server {
+
+json ApiError::body() const {
+  json e = {{"message", message}, {"type", type}, {"param", nullptr}, {"code", nullptr}};
+  if (!param.empty()) e["param"] = param;
+  if (!code.empty()) e["code"] = code;
+  return {{"error", e}};
+}
+
+ApiError bad_request(std::string message, std::string param, std::string code) {
+  ApiError e;
+  e.message = std::move(message);
+  e.param = std::move(param);
+  e.code = std::move(code);
+  return e;
+}
+
+namespace {
+
+const char* type_name(const json& v) {
+  if (v.is_null()) return "null";
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_number()) return "a number";
+  if (v.is_string()) return "a string";
+  if (v.is_array()) return "an array";
+  return "an object";
+}
+
+[[noreturn]] void wrong_type(const std::string& field, const char* want, const json& got) {
+  throw bad_request(field + ": expected " + std::string(want) + ", got " + type_name(got), field);
+}
+
+// The field when present and not null, else nullptr.
+const json* field(const json& body, const char* name) {
+  const auto it = body.find(name);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+void read_number(const json& body, const char* name, double lo, double hi, float& out) {
+  const json* v = field(body, name);
+  if (!v) return;
+  if (!v->is_number()) wrong_type(name, "a number", *v);
+  const double d = v->get<double>();
+  if (!std::isfinite(d) || d < lo || d > hi)
+    throw bad_request(std::string(name) + ": must be between " + json(lo).dump() + " and " + json(hi).dump() +
+                          " (got " + v->dump() + ")",
+                      name);
+  out = float(d);
+}
+
+bool read_int(const json& body, const char* name, int64_t lo, int64_t hi, int64_t& out) {
+  const json* v = field(body, name);
+  if (!v) return false;
+  if (!v->is_number_integer()) wrong_type(name, "an integer", *v);
+  const int64_t i = v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX) ? INT64_MAX : v->get<int64_t>();
+  if (i < lo || i > hi)
+    throw bad_request(std::string(name) + ": must be between " + std::to_string(lo) + " and " + std::to_string(hi) +
+                          " (got " + v->dump() + ")",
+                      name);
+  out = i;
+  return true;
+}
+
+bool read_bool(const json& body, const char* name, bool& out) {
+  const json* v = field(body, name);
+  if (!v) return false;
+  if (!v->is_boolean()) wrong_type(name, "a boolean", *v);
+  out = v->get<bool>();
+  return true;
+}
+
+std::vector<std::string> read_stops(const json& body) {
+  const json* v = field(body, "stop");
+  if (!v) return {};
+  const json list = v->is_array() ? *v : json::array({*v});
+  std::vector<std::string> out;
+  for (const json& s : list) {
+    if (!s.is_string()) wrong_type("stop", "a string or an array of strings", *v);
+    if (s.get<std::string>().empty()) throw bad_request("stop: a stop string is empty", "stop");
+    out.push_back(s.get<std::string>());
+  }
+  return out;
+}
+
+void read_content(const json& content, const std::string& at) {
+  if (content.is_null() || content.is_string()) return;
+  if (!content.is_array()) wrong_type(at, "a string or an array of content parts", content);
+  for (size_t i = 0; i < content.size(); ++i) {
+    const json& part = content[i];
+    const std::string p = at + "[" + std::to_string(i) + "]";
+    if (!part.is_object()) wrong_type(p, "an object", part);
+    const auto type = part.find("type");
+    if (type == part.end() || !type->is_string()) throw bad_request(p + ".type: expected a string", p);
+    if (*type != "text")
+      throw bad_request(p + ".type: only \"text\" content parts are supported (got " + type->dump() + ")", p);
+    const auto text = part.find("text");
+    if (text == part.end() || !text->is_string()) throw bad_request(p + ".text: expected a string", p);
+  }
+}
+
+json read_messages(const json& body) {
+  const json* m = field(body, "messages");
+  if (!m) throw bad_request("messages: required", "messages");
+  if (!m->is_array()) wrong_type("messages", "an array", *m);
+  if (m->empty()) throw bad_request("messages: must hold at least one message", "messages");
+  for (size_t i = 0; i < m->size(); ++i) {
+    const json& msg = (*m)[i];
+    const std::string at = "messages[" + std::to_string(i) + "]";
+    if (!msg.is_object()) wrong_type(at, "an object", msg);
+    const auto role = msg.find("role");
+    if (role == msg.end() || !role->is_string()) throw bad_request(at + ".role: expected a string", at + ".role");
+    static const char* kRoles[] = {"system", "developer", "user", "assistant", "tool"};
+    if (std::find(std::begin(kRoles), std::end(kRoles), role->get<std::string>()) == std::end(kRoles))
+      throw bad_request(at + ".role: unknown role " + role->dump(), at + ".role");
+    const auto content = msg.find("content");
+    const bool calls = msg.contains("tool_calls");
+    if (content == msg.end() && !calls) throw bad_request(at + ".content: required", at + ".content");
+    if (content != msg.end()) read_content(*content, at + ".content");
+  }
+  return *m;
+}
+
+void read_prompt(const json& body, ApiRequest& r) {
+  const json* p = field(body, "prompt");
+  if (!p) throw bad_request("prompt: required", "prompt");
+  json v = *p;
+  if (v.is_array() && v.size() == 1 && v[0].is_string()) v = v[0];  // ["text"]: one prompt
+  if (v.is_string()) {
+    r.prompt_text = v.get<std::string>();
+    if (r.prompt_text.empty()) throw bad_request("prompt: empty", "prompt");
+    return;
+  }
+  if (!v.is_array()) wrong_type("prompt", "a string or an array of token ids", v);
+  if (v.empty()) throw bad_request("prompt: empty", "prompt");
+  for (const json& id : v) {
+    if (!id.is_number_integer()) throw bad_request("prompt: only one prompt per request (n = 1): a string or an array of token ids", "prompt");
+    r.prompt_ids.push_back(id.get<int32_t>());
+  }
+}
+
+void read_sampling(const json& body, ApiRequest& r) {
+  SamplingConfig& s = r.params.sampling;
+  read_number(body, "temperature", 0, 2, s.temperature);
+  read_number(body, "top_p", 0, 1, s.top_p);
+  read_number(body, "min_p", 0, 1, s.min_p);
+  read_number(body, "repeat_penalty", 0.01, 10, s.repeat_penalty);
+  int64_t i = 0;
+  if (read_int(body, "top_k", 0, 1 << 30, i)) s.top_k = int(i);
+  if (const json* seed = field(body, "seed")) {
+    if (!seed->is_number_integer()) wrong_type("seed", "an integer", *seed);
+    s.seed = seed->is_number_unsigned() ? seed->get<uint64_t>() : uint64_t(seed->get<int64_t>());
+  }
+  for (const char* name : {"presence_penalty", "frequency_penalty"}) {
+    float p = 0;
+    read_number(body, name, -2, 2, p);
+    if (p != 0)
+      throw bad_request(std::string(name) + ": not supported by this server; use repeat_penalty (1 = off)", name);
+  }
+}
+
+}  // namespace
+
+ApiRequest parse_request(const std::string& body_text, Endpoint endpoint, uint64_t seed) {
+  json body;
+  try {
+    body = json::parse(body_text);
+  } catch (const json::parse_error& e) {
+    // "[json.exception.parse_error.101] parse error at line 1, column 3: ..." without the prefix
+    // (ill-formed UTF-8 is one of these).
+    const std::string what = e.what();
+    const size_t at = what.find("] ");
+    throw bad_request("the request body is not valid JSON: " + (at == std::string::npos ? what : what.substr(at + 2)));
+  }
+  if (!body.is_object()) throw bad_request("the request body must be a JSON object");
+  ApiRequest r;
+  r.endpoint = endpoint;
+  if (const json* m = field(body, "model")) {
+    if (!m->is_string()) wrong_type("model", "a string", *m);
+    r.model = m->get<std::string>();
+  }
+  if (endpoint == Endpoint::Chat) {
+    r.messages = read_messages(body);
+    if (const json* t = field(body, "tools")) {
+      if (!t->is_array()) wrong_type("tools", "an array", *t);
+      r.tools = *t;
+    }
+  } else {
+    read_prompt(body, r);
+  }
+  r.params.sampling.seed = seed;
+  read_sampling(body, r);
+  int64_t n = 0;
+  r.params.max_tokens = endpoint == Endpoint::Completion ? 16 : 0;  // chat: until the context is full
+  for (const char* name : {"max_tokens", "max_completion_tokens"})
+    if (read_int(body, name, 1, 1 << 30, n)) {
+      r.params.max_tokens = int(n);
+      r.max_tokens_given = true;
+    }
+  if (endpoint == Endpoint::Completion) r.max_tokens_given = true;
+  if (read_int(body, "n", 1, 1 << 30, n) && n != 1) throw bad_request("n: only n = 1 is supported", "n");
+  r.params.stops = read_stops(body);
+  read_bool(body, "stream", r.stream);
+  if (const json* so = field(body, "stream_options")) {
+    if (!so->is_object()) wrong_type("stream_options", "an object", *so);
+    read_bool(*so, "include_usage", r.include_usage);
+  }
+  return r;
+}
+
+const char* openai_finish_reason(FinishReason r) { return r == FinishReason::Stop ? "stop" : "length"; }
+
+json usage_json(const RequestResult& res) {
+  return {{"prompt_tokens", res.prompt_tokens},
+          {"completion_tokens", res.completion_tokens},
+          {"total_tokens", res.prompt_tokens + res.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", res.cached_tokens}}}};
+}
+
+namespace {
+
+json envelope(const ApiRequest& r, bool chunk, const std::string& id, int64_t created, const std::string& model) {
+  const char* object = r.endpoint == Endpoint::Chat ? (chunk ? "chat.completion.chunk" : "chat.completion")
+                                                    : "text_completion";
+  return {{"id", id}, {"object", object}, {"created", created}, {"model", model}, {"system_fingerprint", "posttrainllm"}};
+}
+
+}  // namespace
+
+json response_json(const ApiRequest& r, const RequestResult& res, const std::string& id, int64_t created,
+                   const std::string& model) {
+  json out = envelope(r, false, id, created, model);
+  json choice = {{"index", 0}};
+  if (r.endpoint == Endpoint::Chat)
+    choice["message"] = {{"role", "assistant"}, {"content", res.text}};
+  else
+    choice["text"] = res.text;
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = openai_finish_reason(res.reason);
+  out["choices"] = json::array({choice});
+  out["usage"] = usage_json(res);
+  return out;
+}
+
+json chunk_json(const ApiRequest& r, const std::string& text, const RequestResult* res, bool first,
+                const std::string& id, int64_t created, const std::string& model) {
+  json out = envelope(r, true, id, created, model);
+  json choice = {{"index", 0}};
+  if (r.endpoint == Endpoint::Chat) {
+    json delta = json::object();
+    if (first) delta["role"] = "assistant";
+    if (!res || !text.empty()) delta["content"] = text;
+    choice["delta"] = delta;
+  } else {
+    choice["text"] = text;
+  }
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = res ? json(openai_finish_reason(res->reason)) : json(nullptr);
+  out["choices"] = json::array({choice});
+  if (r.include_usage) out["usage"] = nullptr;
+  return out;
+}
+
+json usage_chunk_json(const ApiRequest& r, const RequestResult& res, const std::string& id, int64_t created,
+                      const std::string& model) {
+  json out = envelope(r, true, id, created, model);
+  out["choices"] = json::array();
+  out["usage"] = usage_json(res);
+  return out;
+}
+
+namespace {
+
+void metric(std::string& out, const char* name, const char* type, const char* help, double value) {
+  out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + name + " ";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g\n", value);
+  out += buf;
+}
+
+}  // namespace
+
+std::string metrics_text(const SchedulerStats& s, int parallel) {
+  std::string o;
+  metric(o, "ptllm_requests_total", "counter", "Requests submitted to the scheduler", double(s.requests));
+  metric(o, "ptllm_requests_finished_total", "counter", "Requests ended by stop or length", double(s.finished));
+  metric(o, "ptllm_requests_cancelled_total", "counter", "Requests cancelled (client gone, shutdown)", double(s.cancelled));
+  metric(o, "ptllm_requests_failed_total", "counter", "Requests ended by an error", double(s.failed));
+  metric(o, "ptllm_requests_preempted_total", "counter", "Sequences preempted for KV room (recomputed later)", double(s.preempted));
+  metric(o, "ptllm_prompt_tokens_total", "counter", "Prompt tokens of admitted requests", double(s.prompt_tokens));
+  metric(o, "ptllm_prompt_tokens_cached_total", "counter", "Prompt tokens taken from the KV pool instead of computed", double(s.cached_tokens));
+  metric(o, "ptllm_prefill_tokens_total", "counter", "Prompt tokens computed", double(s.prefill_tokens));
+  metric(o, "ptllm_generated_tokens_total", "counter", "Tokens generated", double(s.generated_tokens));
+  metric(o, "ptllm_prefill_seconds_total", "counter", "Forward-pass time attributed to prefill", s.prefill_seconds);
+  metric(o, "ptllm_decode_seconds_total", "counter", "Forward-pass time attributed to decode", s.decode_seconds);
+  metric(o, "ptllm_prefill_tokens_per_second", "gauge", "Prefill throughput over the server's life",
+         s.prefill_seconds > 0 ? double(s.prefill_tokens) / s.prefill_seconds : 0);
+  metric(o, "ptllm_decode_tokens_per_second", "gauge", "Decode throughput over the server's life",
+         s.decode_seconds > 0 ? double(s.generated_tokens) / s.decode_seconds : 0);
+  metric(o, "ptllm_prefix_cache_hit_ratio", "gauge", "Cached prompt tokens over prompt tokens",
+         s.prompt_tokens > 0 ? double(s.cached_tokens) / double(s.prompt_tokens) : 0);
+  metric(o, "ptllm_steps_total", "counter", "Batched forward passes", double(s.steps));
+  metric(o, "ptllm_requests_queued", "gauge", "Requests waiting for a slot or KV room", double(s.queued));
+  metric(o, "ptllm_requests_running", "gauge", "Sequences in the running batch", double(s.running));
+  metric(o, "ptllm_parallel_slots", "gauge", "Sequences that may run at once (--parallel)", double(parallel));
+  metric(o, "ptllm_kv_blocks_total", "gauge", "KV blocks in the pool", double(s.blocks_total));
+  metric(o, "ptllm_kv_blocks_used", "gauge", "KV blocks referenced by a sequence", double(s.blocks_used));
+  metric(o, "ptllm_kv_blocks_shared", "gauge", "KV blocks referenced by more than one sequence", double(s.blocks_shared));
+  metric(o, "ptllm_kv_blocks_cached", "gauge", "Unreferenced KV blocks kept for prefix reuse (reclaimable)", double(s.blocks_cached));
+  metric(o, "ptllm_kv_blocks_free", "gauge", "KV blocks not referenced (cached ones included)", double(s.blocks_total - s.blocks_used));
+  return o;
+}
+
+}  // namespace ptllm::server

@@ -1,0 +1,65 @@
+#pragma once
+// The OpenAI API's JSON, in and out, with no HTTP: a request body becomes a plain ApiRequest (or an
+// ApiError naming the field and the problem), a RequestResult becomes a response or a stream chunk.
+// The HTTP layer (server/http_server.cpp) only moves bytes between these and the Scheduler.
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/scheduler.h"
+
+namespace ptllm::server {
+
+using json = nlohmann::ordered_json;  // key order kept: the chat template sees messages as sent
+
+// An error crossing the HTTP boundary: a status and OpenAI's {"error": {message, type, code, param}}.
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string code;   // "" -> null
+  std::string param;  // the offending field, "" -> null
+  json body() const;
+};
+
+ApiError bad_request(std::string message, std::string param = {}, std::string code = {});
+
+enum class Endpoint { Chat, Completion };
+
+struct ApiRequest {
+  Endpoint endpoint = Endpoint::Chat;
+  std::string model;            // as sent ("" when absent)
+  json messages;                // chat: the validated messages
+  json tools;                   // chat: null or the tools list, passed to the template
+  std::string prompt_text;      // completion: a text prompt
+  std::vector<int32_t> prompt_ids;  // completion: a prompt of token ids
+  GenerationParams params;
+  bool max_tokens_given = false;
+  bool stream = false;
+  bool include_usage = false;
+};
+
+// Parses and checks a body; throws ApiError. Sampling defaults are llama-server's; the seed is
+// `seed` unless the body gives one.
+ApiRequest parse_request(const std::string& body, Endpoint endpoint, uint64_t seed);
+
+// The response of a finished request: chat.completion or text_completion.
+json response_json(const ApiRequest& r, const RequestResult& res, const std::string& id, int64_t created,
+                   const std::string& model);
+// A streamed chunk: `text` as the delta (chat: the first chunk carries the role), or the last one
+// with the finish reason (res not null).
+json chunk_json(const ApiRequest& r, const std::string& text, const RequestResult* res, bool first,
+                const std::string& id, int64_t created, const std::string& model);
+json usage_json(const RequestResult& res);
+// The usage-only chunk of stream_options.include_usage (choices empty).
+json usage_chunk_json(const ApiRequest& r, const RequestResult& res, const std::string& id, int64_t created,
+                      const std::string& model);
+// "stop" or "length" for OpenAI (a cancelled or failed request has no finish reason).
+const char* openai_finish_reason(FinishReason r);
+
+// GET /metrics: the Prometheus text exposition of the scheduler's counters and the pool.
+std::string metrics_text(const SchedulerStats& s, int parallel);
+
+}  // namespace ptllm::server

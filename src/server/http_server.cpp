@@ -1,0 +1,362 @@
+#include "server/http_server.h"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <ctime>
+#include <mutex>
+#include <optional>
+#include <random>
+
+#include "core/error.h"
+#include "engine/runtime.h"
+#include "engine/scheduler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace ptllm::server {
+
+namespace {
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+void send_json(httplib::Response& res, int status, const json& j) {
+  res.status = status;
+  res.set_content(dump(j), "application/json");
+}
+
+void send_error(httplib::Response& res, const ApiError& e) { send_json(res, e.status, e.body()); }
+
+ApiError error_of(int status, std::string message, std::string type, std::string code = {}) {
+  ApiError e;
+  e.status = status;
+  e.message = std::move(message);
+  e.type = std::move(type);
+  e.code = std::move(code);
+  return e;
+}
+
+// Constant time in the expected key's length whatever `given` holds (no early exit on a mismatch).
+bool same_secret(const std::string& given, const std::string& expected) {
+  unsigned char diff = given.size() != expected.size();
+  for (size_t i = 0; i < expected.size(); ++i)
+    diff |= static_cast<unsigned char>((i < given.size() ? given[i] : 0) ^ expected[i]);
+  return diff == 0;
+}
+
+// What the scheduler's thread hands one HTTP thread: text as it comes, then the result.
+struct Channel {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string text;
+  std::optional<RequestResult> result;
+  std::shared_ptr<std::atomic<bool>> cancel = std::make_shared<std::atomic<bool>>(false);
+
+  void push(std::string_view t) {
+    std::lock_guard lk(mu);
+    text += t;
+    cv.notify_one();
+  }
+  void finish(const RequestResult& r) {
+    std::lock_guard lk(mu);
+    result = r;
+    cv.notify_one();
+  }
+  // Waits up to `wait` for news; takes the text so far and, at the end, the result.
+  std::pair<std::string, std::optional<RequestResult>> next(std::chrono::milliseconds wait) {
+    std::unique_lock lk(mu);
+    cv.wait_for(lk, wait, [&] { return !text.empty() || result.has_value(); });
+    std::pair<std::string, std::optional<RequestResult>> out{std::exchange(text, {}), std::nullopt};
+    if (result && out.first.empty()) out.second = result;
+    return out;
+  }
+  RequestResult wait_result() {
+    std::unique_lock lk(mu);
+    cv.wait(lk, [&] { return result.has_value(); });
+    return *result;
+  }
+  bool ended() {
+    std::lock_guard lk(mu);
+    return result.has_value();
+  }
+};
+
+// A request the scheduler ended without an answer, as an HTTP error.
+ApiError result_error(const RequestResult& r) {
+  if (r.reason == FinishReason::Cancelled)
+    return error_of(503, r.error.empty() ? "the request was cancelled (the server is shutting down)" : r.error,
+                    "server_error", "unavailable");
+  return error_of(400, r.error, "invalid_request_error");
+}
+
+std::string random_id(const char* prefix) {
+  static std::mutex mu;
+  static std::mt19937_64 rng(std::random_device{}());
+  std::lock_guard lk(mu);
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%s%016llx", prefix, static_cast<unsigned long long>(rng()));
+  return buf;
+}
+
+uint64_t random_seed() {
+  static std::mutex mu;
+  static std::mt19937_64 rng(std::random_device{}());
+  std::lock_guard lk(mu);
+  return rng();
+}
+
+}  // namespace
+
+struct HttpServer::Impl {
+  Runtime& rt;
+  Scheduler& sch;
+  ServerConfig cfg;
+  httplib::Server http;
+  std::mutex mu;
+  std::condition_variable cv;
+  int in_flight = 0;  // generation requests not yet answered; under mu
+
+  Impl(Runtime& r, Scheduler& s, ServerConfig c) : rt(r), sch(s), cfg(std::move(c)) {}
+
+  void enter() {
+    std::lock_guard lk(mu);
+    ++in_flight;
+  }
+  void leave() {
+    std::lock_guard lk(mu);
+    if (--in_flight == 0) cv.notify_all();
+  }
+
+  void setup();
+  bool authorized(const httplib::Request& req, httplib::Response& res);
+  std::vector<int32_t> prompt_ids(const ApiRequest& r);
+  void generate(const httplib::Request& req, httplib::Response& res, Endpoint ep);
+  void respond(httplib::Response& res, const ApiRequest& r, Channel& ch);
+  void stream(httplib::Response& res, const ApiRequest& r, std::shared_ptr<Channel> ch);
+  void tokenize(const httplib::Request& req, httplib::Response& res);
+  void detokenize(const httplib::Request& req, httplib::Response& res);
+};
+
+bool HttpServer::Impl::authorized(const httplib::Request& req, httplib::Response& res) {
+  if (cfg.api_key.empty() || req.path == "/health") return true;
+  const std::string auth = req.get_header_value("Authorization");
+  const std::string bearer = "Bearer ";
+  const std::string given = auth.rfind(bearer, 0) == 0 ? auth.substr(bearer.size()) : std::string();
+  if (same_secret(given, cfg.api_key)) return true;
+  send_error(res, error_of(401, auth.empty() ? "missing API key: send the header Authorization: Bearer KEY"
+                                             : "invalid API key",
+                           "authentication_error", "invalid_api_key"));
+  return false;
+}
+
+void HttpServer::Impl::setup() {
+  http.set_payload_max_length(cfg.max_body_bytes);
+  http.set_read_timeout(cfg.timeout_s, 0);
+  http.set_write_timeout(cfg.timeout_s, 0);
+  http.set_keep_alive_timeout(5);
+  const int threads = cfg.http_threads > 0 ? cfg.http_threads : 2 * sch.config().parallel + 4;
+  http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    return authorized(req, res) ? httplib::Server::HandlerResponse::Unhandled
+                                : httplib::Server::HandlerResponse::Handled;
+  });
+  // Statuses httplib sets itself (404, 413, 400 for an unreadable request) get an OpenAI body.
+  http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    if (res.status == 413)
+      return send_error(res, error_of(413, "the request body is larger than the limit of " +
+                                               std::to_string(cfg.max_body_bytes) + " bytes",
+                                      "invalid_request_error", "payload_too_large"));
+    if (res.status == 404)
+      return send_error(res, error_of(404, "unknown endpoint " + req.method + " " + req.path,
+                                      "invalid_request_error", "not_found"));
+    send_error(res, error_of(res.status, "the request could not be read", "invalid_request_error"));
+  });
+  http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+    send_error(res, error_of(500, "internal server error", "server_error"));
+  });
+  http.Post("/v1/chat/completions", [this](const auto& q, auto& s) { generate(q, s, Endpoint::Chat); });
+  http.Post("/v1/completions", [this](const auto& q, auto& s) { generate(q, s, Endpoint::Completion); });
+  http.Post("/tokenize", [this](const auto& q, auto& s) { tokenize(q, s); });
+  http.Post("/detokenize", [this](const auto& q, auto& s) { detokenize(q, s); });
+  http.Get("/health", [](const auto&, auto& s) { send_json(s, 200, {{"status", "ok"}}); });
+  http.Get("/v1/models", [this](const auto&, auto& s) {
+    const json model = {{"id", cfg.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "posttrainllm"}};
+    send_json(s, 200, {{"object", "list"}, {"data", json::array({model})}});
+  });
+  http.Get("/metrics", [this](const auto&, auto& s) {
+    s.set_content(metrics_text(sch.stats(), sch.config().parallel), "text/plain; version=0.0.4");
+  });
+}
+
+std::vector<int32_t> HttpServer::Impl::prompt_ids(const ApiRequest& r) {
+  const Tokenizer& tok = rt.tokenizer();
+  if (r.endpoint == Endpoint::Completion) {
+    if (r.prompt_text.empty()) {
+      for (int32_t id : r.prompt_ids)
+        if (id < 0 || id >= rt.config().vocab_size)
+          throw bad_request("prompt: token id " + std::to_string(id) + " is outside the vocabulary", "prompt");
+      return r.prompt_ids;
+    }
+    return tok.encode(r.prompt_text);  // as `posttrainllm sample` encodes -p (BOS added when the model wants it)
+  }
+  if (!cfg.render_chat)
+    throw bad_request("this model has no chat template: restart the server with --chat-template FILE, or use "
+                      "/v1/completions");
+  std::string text;
+  try {
+    text = cfg.render_chat(r.messages, r.tools);
+  } catch (const Error& e) {
+    throw bad_request(std::string("the chat template refused the messages: ") + e.what(), "messages");
+  }
+  // The template writes the special tokens itself (as `posttrainllm chat` encodes its turns).
+  return tok.encode(text, {.add_special = false});
+}
+
+void HttpServer::Impl::generate(const httplib::Request& req, httplib::Response& res, Endpoint ep) {
+  try {
+    ApiRequest r = parse_request(req.body, ep, random_seed());
+    if (!r.model.empty() && r.model != cfg.model_name)
+      throw error_of(404, "the model " + json(r.model).dump() + " does not exist; this server serves " +
+                              json(cfg.model_name).dump(),
+                     "invalid_request_error", "model_not_found");
+    Request sr;
+    sr.prompt = prompt_ids(r);
+    const KVCacheConfig& kv = sch.config().session.kv;
+    const int64_t n = int64_t(sr.prompt.size());
+    if (n == 0) throw bad_request("the prompt encodes to no tokens");
+    if (!kv.streaming() && n >= kv.ctx_size)
+      throw bad_request("the prompt has " + std::to_string(n) + " tokens; the context holds " +
+                            std::to_string(kv.ctx_size) + " (the prompt and at least one generated token)",
+                        "messages", "context_length_exceeded");
+    if (!r.max_tokens_given) r.params.max_tokens = int(kv.streaming() ? kv.ctx_size : kv.ctx_size - n);
+    sr.params = r.params;
+    auto ch = std::make_shared<Channel>();
+    sr.cancel = ch->cancel;
+    sr.on_text = [ch](std::string_view t) { ch->push(t); };
+    sr.on_done = [ch](const RequestResult& rr) { ch->finish(rr); };
+    enter();
+    sch.submit(std::move(sr));
+    if (r.stream && !ch->ended()) return stream(res, r, ch);  // leave() when the stream ends
+    respond(res, r, *ch);
+    leave();
+  } catch (const ApiError& e) {
+    send_error(res, e);
+  }
+}
+
+void HttpServer::Impl::respond(httplib::Response& res, const ApiRequest& r, Channel& ch) {
+  const RequestResult rr = ch.wait_result();
+  if (rr.reason == FinishReason::Error || rr.reason == FinishReason::Cancelled) return send_error(res, result_error(rr));
+  send_json(res, 200, response_json(r, rr, random_id(r.endpoint == Endpoint::Chat ? "chatcmpl-" : "cmpl-"),
+                                    int64_t(std::time(nullptr)), cfg.model_name));
+}
+
+// SSE: data: {chunk}\n\n ... data: [DONE]\n\n. A client gone (a failed write) cancels the request;
+// its blocks go back at the scheduler's next step.
+void HttpServer::Impl::stream(httplib::Response& res, const ApiRequest& r, std::shared_ptr<Channel> ch) {
+  struct State {
+    bool first = true;
+    std::string id;
+    int64_t created = 0;
+  };
+  auto st = std::make_shared<State>();
+  st->id = random_id(r.endpoint == Endpoint::Chat ? "chatcmpl-" : "cmpl-");
+  st->created = int64_t(std::time(nullptr));
+  res.set_header("Cache-Control", "no-cache");
+  auto provider = [this, r, ch, st](size_t, httplib::DataSink& sink) {
+    auto send = [&](const std::string& payload) {
+      const std::string event = (payload.starts_with(':') ? payload : "data: " + payload) + "\n\n";
+      return sink.write(event.data(), event.size());
+    };
+    auto gone = [&] {
+      ch->cancel->store(true);
+      return false;
+    };
+    auto [text, result] = ch->next(std::chrono::milliseconds(500));
+    if (!sink.is_writable()) return gone();
+    // Nothing new (queued, or a long prefill): an SSE comment, which clients ignore, so that a
+    // client gone meanwhile is noticed by a failed write and its request cancelled.
+    if (!st->first && text.empty() && !result) return send(": waiting") ? true : gone();
+    if ((st->first || !text.empty()) &&
+        !send(dump(chunk_json(r, text, nullptr, st->first, st->id, st->created, cfg.model_name))))
+      return gone();
+    st->first = false;
+    if (!result) return true;
+    if (result->reason == FinishReason::Error || result->reason == FinishReason::Cancelled) {
+      send(dump(result_error(*result).body()));
+    } else {
+      if (!send(dump(chunk_json(r, "", &*result, false, st->id, st->created, cfg.model_name)))) return gone();
+      if (r.include_usage && !send(dump(usage_chunk_json(r, *result, st->id, st->created, cfg.model_name))))
+        return gone();
+    }
+    send("[DONE]");
+    sink.done();
+    return true;
+  };
+  res.set_chunked_content_provider("text/event-stream", provider, [this, ch](bool ok) {
+    if (!ok) ch->cancel->store(true);
+    leave();
+  });
+}
+
+void HttpServer::Impl::tokenize(const httplib::Request& req, httplib::Response& res) {
+  const json body = json::parse(req.body, nullptr, false);
+  if (body.is_discarded() || !body.is_object()) return send_error(res, bad_request("the request body must be a JSON object"));
+  const auto content = body.find("content");
+  if (content == body.end() || !content->is_string())
+    return send_error(res, bad_request("content: expected a string", "content"));
+  bool special = false;
+  if (const auto it = body.find("add_special"); it != body.end()) {
+    if (!it->is_boolean()) return send_error(res, bad_request("add_special: expected a boolean", "add_special"));
+    special = it->get<bool>();
+  }
+  send_json(res, 200, {{"tokens", rt.tokenizer().encode(content->get<std::string>(), {.add_special = special})}});
+}
+
+void HttpServer::Impl::detokenize(const httplib::Request& req, httplib::Response& res) {
+  const json body = json::parse(req.body, nullptr, false);
+  if (body.is_discarded() || !body.is_object()) return send_error(res, bad_request("the request body must be a JSON object"));
+  const auto tokens = body.find("tokens");
+  if (tokens == body.end() || !tokens->is_array()) return send_error(res, bad_request("tokens: expected an array of token ids", "tokens"));
+  std::vector<int32_t> ids;
+  for (const json& t : *tokens) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= rt.config().vocab_size)
+      return send_error(res, bad_request("tokens: " + t.dump() + " is not a token id of this model", "tokens"));
+    ids.push_back(t.get<int32_t>());
+  }
+  send_json(res, 200, {{"content", rt.tokenizer().decode(ids)}});
+}
+
+HttpServer::HttpServer(Runtime& rt, Scheduler& scheduler, ServerConfig cfg)
+    : impl_(std::make_unique<Impl>(rt, scheduler, std::move(cfg))) {
+  impl_->setup();
+}
+
+HttpServer::~HttpServer() = default;
+
+int HttpServer::bind() {
+  Impl& m = *impl_;
+  const int port = m.cfg.port == 0 ? m.http.bind_to_any_port(m.cfg.host) : m.cfg.port;
+  if (m.cfg.port != 0 && !m.http.bind_to_port(m.cfg.host, m.cfg.port)) {
+    throw Error("cannot listen on " + m.cfg.host + ":" + std::to_string(m.cfg.port) +
+                " (the address is in use or not this machine's; --host, --port)");
+  }
+  if (port < 0) throw Error("cannot listen on " + m.cfg.host + " (--host)");
+  return port;
+}
+
+void HttpServer::run() { impl_->http.listen_after_bind(); }
+
+void HttpServer::shutdown(std::chrono::milliseconds grace) {
+  Impl& m = *impl_;
+  const bool drained = m.sch.drain(grace);  // new requests now end at once with 503
+  if (!drained) m.sch.stop();               // past the grace: what still runs is cancelled
+  {
+    std::unique_lock lk(m.mu);
+    m.cv.wait_for(lk, std::chrono::seconds(5), [&] { return m.in_flight == 0; });  // the last chunks written
+  }
+  m.http.stop();
+}
+
+}  // namespace ptllm::server

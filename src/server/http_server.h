@@ -1,0 +1,54 @@
+#pragma once
+// The OpenAI-compatible HTTP server (cpp-httplib): each request reads as one path, parse JSON
+// (server/api.h) -> render the chat template -> tokenize -> Scheduler -> respond or stream (SSE).
+// The engine sees plain structs; a client sees OpenAI-shaped errors, never a path or a trace.
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "server/api.h"
+
+namespace ptllm {
+class Runtime;
+class Scheduler;
+}  // namespace ptllm
+
+namespace ptllm::server {
+
+struct ServerConfig {
+  std::string host = "127.0.0.1";
+  int port = 8080;              // 0: any free port (bind() says which)
+  std::string api_key;          // "": no authentication
+  std::string model_name;       // the id /v1/models lists and responses carry
+  size_t max_body_bytes = size_t(8) << 20;  // larger bodies: 413
+  int http_threads = 0;         // connections served at once (0: 2 x parallel + 4); more wait in line
+  int timeout_s = 60;           // read and write timeouts of a connection (slow clients)
+  // messages and tools (null when none) to the prompt text; throws ptllm::Error when the template
+  // refuses them. Empty: the model has no chat template and /v1/chat/completions says so.
+  std::function<std::string(const json& messages, const json& tools)> render_chat;
+};
+
+class HttpServer {
+ public:
+  HttpServer(Runtime& rt, Scheduler& scheduler, ServerConfig cfg);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds the socket; returns the port (the chosen one for port 0). Throws ptllm::Error.
+  int bind();
+  // Serves until shutdown(); returns then.
+  void run();
+  // Graceful stop (SIGTERM): new generation requests get 503, those in flight run to their end
+  // (at most `grace`, then they are cancelled), then the listener closes and run() returns.
+  void shutdown(std::chrono::milliseconds grace = std::chrono::seconds(30));
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ptllm::server

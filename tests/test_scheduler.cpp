@@ -1,0 +1,342 @@
+// The Scheduler (continuous batching over one shared KV pool): requests stepped together give what
+// each gives alone; a cancelled request gives its blocks back; a pool too small for all requests
+// queues and preempts them and every one completes; a repeated prompt is served from the pool.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <random>
+
+#include "engine/runtime.h"
+#include "engine/scheduler.h"
+#include "engine/session.h"
+#include "sample/sampler.h"
+#include "test_util.h"
+#include "tokenizer/tokenizer.h"
+
+namespace ptllm {
+namespace {
+
+std::vector<int32_t> random_prompt(uint32_t seed, int n, int vocab) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> id(3, vocab - 1);
+  std::vector<int32_t> p(size_t(n), 0);
+  for (auto& x : p) x = id(rng);
+  return p;
+}
+
+// The reference: one private Session, greedy, every step fed alone.
+std::vector<int32_t> alone(Runtime& rt, const SessionOptions& o, const std::vector<int32_t>& prompt, int steps) {
+  Session s(rt.model(), o, rt.pool());
+  std::span<float> lg = s.feed(prompt);
+  std::vector<int32_t> ids;
+  for (int i = 0; i < steps; ++i) {
+    ids.push_back(argmax(lg));
+    if (i + 1 < steps) lg = s.feed({&ids.back(), 1});
+  }
+  return ids;
+}
+
+GenerationParams greedy(int max_tokens) {
+  GenerationParams g;
+  g.sampling.temperature = 0;
+  g.max_tokens = max_tokens;
+  g.ignore_eos = true;
+  return g;
+}
+
+// A submitted request and the future of its result.
+struct Pending {
+  std::shared_ptr<std::promise<RequestResult>> done = std::make_shared<std::promise<RequestResult>>();
+  std::future<RequestResult> result = done->get_future();
+  std::shared_ptr<std::atomic<bool>> cancel = std::make_shared<std::atomic<bool>>(false);
+};
+
+Pending submit(Scheduler& sch, std::vector<int32_t> prompt, GenerationParams g,
+               std::function<void(std::string_view)> on_text = {}) {
+  Pending p;
+  Request r;
+  r.prompt = std::move(prompt);
+  r.params = std::move(g);
+  r.cancel = p.cancel;
+  r.on_text = std::move(on_text);
+  r.on_done = [d = p.done](const RequestResult& res) { d->set_value(res); };
+  sch.submit(std::move(r));
+  return p;
+}
+
+RequestResult wait(Pending& p) {
+  // A bound so that a scheduler bug fails the test instead of hanging it (not a timing assertion).
+  if (p.result.wait_for(std::chrono::minutes(5)) != std::future_status::ready) {
+    ADD_FAILURE() << "request did not finish";
+    return {};
+  }
+  return p.result.get();
+}
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { rt_ = new Runtime({test::repo_model("kjv-tiny"), 2, true}); }
+  static void TearDownTestSuite() {
+    delete rt_;
+    rt_ = nullptr;
+  }
+  static SchedulerConfig config(int parallel) {
+    SchedulerConfig c;
+    c.session.kv.ctx_size = 512;
+    c.parallel = parallel;
+    c.prefill_chunk = 64;  // prompts below are longer: prefill is cut into chunks between decodes
+    c.eos_ids = {1};
+    return c;
+  }
+  int vocab() const { return rt_->config().vocab_size; }
+  static Runtime* rt_;
+};
+Runtime* SchedulerTest::rt_ = nullptr;
+
+void expect_batched_equals_alone(Runtime& rt, SchedulerConfig cfg, int n, int steps) {
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < n; ++i) prompts.push_back(random_prompt(uint32_t(100 + i), 7 + 37 * i, rt.config().vocab_size));
+  Scheduler sch(rt, cfg);
+  std::vector<Pending> pending;
+  for (const auto& p : prompts) pending.push_back(submit(sch, p, greedy(steps)));
+  for (int i = 0; i < n; ++i) {
+    const RequestResult r = wait(pending[size_t(i)]);
+    EXPECT_EQ(r.reason, FinishReason::Length);
+    EXPECT_EQ(r.completion_tokens, steps);
+    EXPECT_EQ(r.tokens, alone(rt, cfg.session, prompts[size_t(i)], steps)) << "request " << i;
+    EXPECT_EQ(r.text, rt.tokenizer().decode(r.tokens)) << "request " << i;
+  }
+  sch.drain();
+  EXPECT_EQ(sch.pool().blocks_in_use(), 0u);
+  EXPECT_EQ(sch.stats().finished, uint64_t(n));
+}
+
+// Session::adopt_prefix (what the scheduler calls before feeding a prompt in chunks) takes the
+// pool's full blocks of the prompt, leaves the rest to feed_batch, and the result is what a private
+// session computes; a private session adopts nothing.
+TEST_F(SchedulerTest, SessionAdoptPrefixThenFeedBatch) {
+  SessionOptions o = config(1).session;
+  KVPool pool(rt_->model().kv_shape(), o.kv, 2);
+  const auto p = random_prompt(70, 150, vocab());
+  {
+    Session first(rt_->model(), o, rt_->pool(), &pool);
+    first.feed(p);
+    Session second(rt_->model(), o, rt_->pool(), &pool);
+    EXPECT_EQ(second.adopt_prefix(p), 128);  // four full blocks of 32; the last 22 tokens are computed
+    EXPECT_EQ(second.position(), 128);
+    std::vector<Session*> ss{&second};
+    std::vector<std::span<const int32_t>> feeds{std::span<const int32_t>(p).subspan(128)};
+    ForwardState st;
+    Session::feed_batch(ss, feeds, st);
+    Session priv(rt_->model(), o, rt_->pool());
+    EXPECT_EQ(priv.adopt_prefix(p), 0);
+    EXPECT_EQ(argmax(second.last_logits()), argmax(priv.feed(p)));
+  }
+  EXPECT_EQ(pool.blocks_in_use(), 0u);
+}
+
+// Seven requests over three slots: queued, admitted at step boundaries, prefilled in chunks beside
+// the others' decode steps; each gets exactly the ids it gets alone.
+TEST_F(SchedulerTest, BatchedRequestsEqualEachAlone) { expect_batched_equals_alone(*rt_, config(3), 7, 24); }
+
+TEST(SchedulerSmall, BatchedRequestsEqualEachAloneOnKjvSmall) {
+  if (!std::filesystem::exists(test::shared_model("kjv-small") / "config.json"))
+    GTEST_SKIP() << "kjv-small not found under " << test::shared_dir() << " (set PTLLM_SHARED)";
+  Runtime rt({test::shared_model("kjv-small"), 2, true});
+  SchedulerConfig c;
+  c.session.kv.ctx_size = 512;
+  c.parallel = 4;
+  c.prefill_chunk = 64;
+  expect_batched_equals_alone(rt, c, 5, 16);
+}
+
+// A long prompt arriving while another request decodes is prefilled in chunks, each step beside the
+// other's next token: the running stream keeps getting tokens while the prompt is prefilled.
+TEST_F(SchedulerTest, LongPromptDoesNotFreezeARunningStream) {
+  Scheduler sch(*rt_, config(2));
+  std::mutex mu;
+  int a_pieces = 0, a_pieces_at_b = -1;
+  std::promise<void> a_started;
+  bool signalled = false;
+  Pending a = submit(sch, random_prompt(50, 20, vocab()), greedy(120), [&](std::string_view) {
+    std::lock_guard lk(mu);
+    ++a_pieces;
+    if (!signalled) a_started.set_value(), signalled = true;
+  });
+  a_started.get_future().wait();
+  // 448 tokens in chunks of 64: seven steps, each with one of a's tokens beside it.
+  Pending b = submit(sch, random_prompt(51, 448, vocab()), greedy(4), [&](std::string_view) {
+    std::lock_guard lk(mu);
+    if (a_pieces_at_b < 0) a_pieces_at_b = a_pieces;
+  });
+  EXPECT_EQ(wait(b).reason, FinishReason::Length);
+  EXPECT_EQ(wait(a).reason, FinishReason::Length);
+  std::lock_guard lk(mu);
+  EXPECT_GE(a_pieces_at_b, 1 + 6);  // a's first piece, then (at least) one for each of b's first six chunks
+}
+
+// A request cancelled while it generates ends at the next step and gives its blocks back; the one
+// beside it is unaffected.
+TEST_F(SchedulerTest, CancelledRequestFreesItsBlocks) {
+  Scheduler sch(*rt_, config(2));
+  const auto pa = random_prompt(1, 90, vocab()), pb = random_prompt(2, 50, vocab());
+  std::shared_ptr<std::atomic<bool>> flag;
+  std::atomic<int> pieces{0};
+  Pending a = submit(sch, pa, greedy(300), [&](std::string_view) {
+    if (++pieces == 3) flag->store(true);  // the client goes away after three pieces of text
+  });
+  flag = a.cancel;
+  Pending b = submit(sch, pb, greedy(30));
+  const RequestResult ra = wait(a), rb = wait(b);
+  EXPECT_EQ(ra.reason, FinishReason::Cancelled);
+  EXPECT_LT(ra.completion_tokens, 300);
+  EXPECT_GE(ra.completion_tokens, 3);
+  EXPECT_EQ(rb.reason, FinishReason::Length);
+  EXPECT_EQ(rb.tokens, alone(*rt_, config(2).session, pb, 30));
+  sch.drain();
+  EXPECT_EQ(sch.pool().blocks_in_use(), 0u);
+  EXPECT_EQ(sch.stats().cancelled, 1u);
+}
+
+// A request cancelled before it starts never takes a block.
+TEST_F(SchedulerTest, CancelledWhileQueued) {
+  Scheduler sch(*rt_, config(1));
+  Pending a = submit(sch, random_prompt(3, 40, vocab()), greedy(40));
+  Pending b;
+  b.cancel->store(true);
+  Request r;
+  r.prompt = random_prompt(4, 40, vocab());
+  r.params = greedy(40);
+  r.cancel = b.cancel;
+  r.on_done = [d = b.done](const RequestResult& res) { d->set_value(res); };
+  sch.submit(std::move(r));
+  EXPECT_EQ(wait(b).reason, FinishReason::Cancelled);
+  EXPECT_EQ(wait(a).reason, FinishReason::Length);
+  sch.drain();
+  EXPECT_EQ(sch.pool().blocks_in_use(), 0u);
+}
+
+// Room for about two of the five sequences at once (40 blocks; each ends holding 4 layers x 5
+// blocks): the others wait, the youngest is preempted when the pool runs out, and all complete
+// with the ids they get alone.
+TEST_F(SchedulerTest, PoolTooSmallQueuesAndAllComplete) {
+  SchedulerConfig c = config(4);
+  const size_t block = size_t(c.session.kv.group_size) * 2 * size_t(rt_->model().kv_shape().kv_dim()) * sizeof(float);
+  c.kv_budget_bytes = 40 * block;
+  Scheduler sch(*rt_, c);
+  ASSERT_LE(sch.pool().dense().capacity(), 40u);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<Pending> pending;
+  for (int i = 0; i < 5; ++i) {
+    prompts.push_back(random_prompt(uint32_t(20 + i), 100, vocab()));
+    pending.push_back(submit(sch, prompts.back(), greedy(40)));
+  }
+  for (int i = 0; i < 5; ++i) {
+    const RequestResult r = wait(pending[size_t(i)]);
+    EXPECT_EQ(r.reason, FinishReason::Length) << r.error;
+    EXPECT_EQ(r.tokens, alone(*rt_, c.session, prompts[size_t(i)], 40)) << "request " << i;
+  }
+  sch.drain();
+  EXPECT_EQ(sch.pool().blocks_in_use(), 0u);
+}
+
+// A prompt no pool of this size can hold is an error, not a hang.
+TEST_F(SchedulerTest, PromptLargerThanThePoolFails) {
+  SchedulerConfig c = config(2);
+  const size_t block = size_t(c.session.kv.group_size) * 2 * size_t(rt_->model().kv_shape().kv_dim()) * sizeof(float);
+  c.kv_budget_bytes = 8 * block;  // two blocks per layer: 64 tokens
+  Scheduler sch(*rt_, c);
+  Pending p = submit(sch, random_prompt(5, 200, vocab()), greedy(4));
+  const RequestResult r = wait(p);
+  EXPECT_EQ(r.reason, FinishReason::Error);
+  EXPECT_NE(r.error.find("--kv-budget-mb"), std::string::npos) << r.error;
+  sch.drain();
+  EXPECT_EQ(sch.pool().blocks_in_use(), 0u);
+}
+
+// The same prompt twice: the second time its full blocks come from the pool (cached_tokens), and
+// the reply is the same.
+TEST_F(SchedulerTest, RepeatedPromptReportsCachedTokens) {
+  Scheduler sch(*rt_, config(2));
+  const auto p = random_prompt(6, 100, vocab());
+  Pending first = submit(sch, p, greedy(12));
+  const RequestResult r1 = wait(first);
+  Pending second = submit(sch, p, greedy(12));
+  const RequestResult r2 = wait(second);
+  EXPECT_EQ(r1.cached_tokens, 0);
+  EXPECT_EQ(r2.cached_tokens, 96);  // the three full blocks of 32; the rest is computed
+  EXPECT_EQ(r2.tokens, r1.tokens);
+  EXPECT_EQ(sch.stats().cached_tokens, 96u);
+}
+
+// Requests arriving together over one long common prefix (a system prompt): prompts are prefilled
+// one at a time, so each later one adopts the prefix the first computed, and replies are unchanged.
+TEST_F(SchedulerTest, SimultaneousRequestsComputeASharedPrefixOnce) {
+  Scheduler sch(*rt_, config(3));
+  const auto system = random_prompt(60, 300, vocab());
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<Pending> pending;
+  for (int i = 0; i < 3; ++i) {
+    prompts.push_back(system);
+    const auto tail = random_prompt(uint32_t(61 + i), 20, vocab());
+    prompts.back().insert(prompts.back().end(), tail.begin(), tail.end());
+    pending.push_back(submit(sch, prompts.back(), greedy(8)));
+  }
+  int64_t cached = 0;
+  for (int i = 0; i < 3; ++i) {
+    const RequestResult r = wait(pending[size_t(i)]);
+    EXPECT_EQ(r.tokens, alone(*rt_, config(3).session, prompts[size_t(i)], 8)) << "request " << i;
+    cached += r.cached_tokens;
+  }
+  EXPECT_EQ(cached, 2 * 288);  // two of the three take the prefix's nine full blocks of 32
+}
+
+// A stop string ends the reply where it begins, with finish reason stop.
+TEST_F(SchedulerTest, StopStringEndsTheReply) {
+  const auto p = random_prompt(7, 30, vocab());
+  const std::string full = rt_->tokenizer().decode(alone(*rt_, config(1).session, p, 40));
+  ASSERT_GT(full.size(), 20u);
+  const std::string stop = full.substr(full.size() / 2, 3);
+  Scheduler sch(*rt_, config(1));
+  GenerationParams g = greedy(40);
+  g.stops = {stop};
+  Pending pr = submit(sch, p, g);
+  const RequestResult r = wait(pr);
+  EXPECT_EQ(r.reason, FinishReason::Stop);
+  EXPECT_EQ(r.stop_string, stop);
+  EXPECT_EQ(r.text, full.substr(0, full.find(stop)));
+}
+
+TEST_F(SchedulerTest, BadRequestsFailAtOnce) {
+  Scheduler sch(*rt_, config(1));
+  Pending longer = submit(sch, random_prompt(8, 600, vocab()), greedy(4));
+  const RequestResult r = wait(longer);
+  EXPECT_EQ(r.reason, FinishReason::Error);
+  EXPECT_NE(r.error.find("more than the context of 512"), std::string::npos) << r.error;
+  Pending empty = submit(sch, {}, greedy(4));
+  EXPECT_EQ(wait(empty).error, "the prompt is empty");
+  Pending zero = submit(sch, random_prompt(9, 5, vocab()), greedy(0));
+  EXPECT_EQ(wait(zero).reason, FinishReason::Error);
+}
+
+// stop() ends what is queued and running as cancelled, and later requests fail at once.
+TEST_F(SchedulerTest, StopCancelsEverything) {
+  auto sch = std::make_unique<Scheduler>(*rt_, config(1));
+  std::vector<Pending> pending;
+  for (int i = 0; i < 3; ++i) pending.push_back(submit(*sch, random_prompt(uint32_t(30 + i), 20, vocab()), greedy(400)));
+  sch->stop();
+  for (auto& p : pending) {
+    const RequestResult r = wait(p);
+    EXPECT_TRUE(r.reason == FinishReason::Cancelled || r.reason == FinishReason::Length);
+  }
+  Pending late = submit(*sch, random_prompt(40, 20, vocab()), greedy(4));
+  const RequestResult r = wait(late);
+  EXPECT_EQ(r.reason, FinishReason::Cancelled);
+  EXPECT_EQ(r.error, "the server is shutting down");
+  EXPECT_EQ(sch->pool().blocks_in_use(), 0u);
+}
+
+}  // namespace
+}  // namespace ptllm
