@@ -2,11 +2,14 @@
 // Paths and small helpers shared by the tests.
 #include <sys/wait.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -111,6 +114,25 @@ inline RunResult run_command(const std::string& cmd) {
   r.out = slurp(out_path);
   r.err = slurp(err_path);
   return r;
+}
+
+// Next-token NLL at every position of `logits` [n][vocab] for ids[1..n] (teacher forcing).
+inline std::vector<double> nll_of(std::span<const float> logits, const std::vector<int32_t>& ids, int V) {
+  std::vector<double> out;
+  for (size_t t = 0; t + 1 < ids.size(); ++t) {
+    const float* row = logits.data() + t * size_t(V);
+    const float mx = *std::max_element(row, row + V);
+    double lse = 0;
+    for (int i = 0; i < V; ++i) lse += std::exp(double(row[i]) - mx);
+    out.push_back(std::log(lse) + mx - row[ids[t + 1]]);
+  }
+  return out;
+}
+
+inline double mean(const std::vector<double>& x) {
+  double s = 0;
+  for (double v : x) s += v;
+  return s / double(x.size());
 }
 
 inline std::string binary() { return PTLLM_BINARY; }

@@ -19,24 +19,8 @@
 namespace ptllm {
 namespace {
 
-// Next-token NLL at every position of `logits` [n][vocab] for ids[1..n].
-std::vector<double> nll_of(std::span<const float> logits, const std::vector<int32_t>& ids, int V) {
-  std::vector<double> out;
-  for (size_t t = 0; t + 1 < ids.size(); ++t) {
-    const float* row = logits.data() + t * size_t(V);
-    const float mx = *std::max_element(row, row + V);
-    double lse = 0;
-    for (int i = 0; i < V; ++i) lse += std::exp(double(row[i]) - mx);
-    out.push_back(std::log(lse) + mx - row[ids[t + 1]]);
-  }
-  return out;
-}
-
-double mean(const std::vector<double>& x) {
-  double s = 0;
-  for (double v : x) s += v;
-  return s / double(x.size());
-}
+using test::mean;
+using test::nll_of;
 
 class YocoGolden : public ::testing::Test {
  protected:
