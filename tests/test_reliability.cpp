@@ -324,6 +324,32 @@ TEST(CacheOwnershipTest, TemporaryNamesAreRecognisedExactly) {
     EXPECT_EQ(temporary_writer(n), std::nullopt) << n;
 }
 
+TEST(AtomicWriteTest, AFileAppearsWholeOrNotAtAllAndLeavesNoTemporary) {
+  test::TempDir tmp;
+  const fs::path p = tmp.path / "out.bin";
+  spit(p, "old");
+  {
+    AtomicFile f(p);
+    f.write("new ");
+    EXPECT_EQ(slurp(p), "old");  // nothing under the final name until commit()
+    EXPECT_EQ(files_in(tmp.path).size(), 2u);
+  }  // abandoned: the temporary goes, the old file stays
+  EXPECT_EQ(files_in(tmp.path), std::vector<std::string>{"out.bin"});
+  EXPECT_EQ(slurp(p), "old");
+  {
+    AtomicFile f(p);
+    f.write("new ");
+    f.write("bytes");
+    EXPECT_EQ(f.commit(), 9u);
+  }
+  EXPECT_EQ(slurp(p), "new bytes");
+  EXPECT_EQ(write_file_atomically(p, {"a", "", "bc"}), 3u);
+  EXPECT_EQ(slurp(p), "abc");
+  EXPECT_EQ(files_in(tmp.path), std::vector<std::string>{"out.bin"});
+  // A directory that does not exist: an error naming the temporary.
+  EXPECT_TRUE(has(error_of([&] { write_file_atomically(tmp.path / "no" / "x", {"a"}); }), "cannot create"));
+}
+
 // ---------------------------------------------------------------------------------------------
 // (e) signals and full disks during a save
 
