@@ -65,7 +65,9 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : file_(path
   const uint64_t data_size = size - 8 - header_len;
 
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
-  for (auto& [name, info] : j.items()) {
+  for (auto& item : j.items()) {
+    const std::string& name = item.key();  // (not a structured binding: clang 14 cannot capture one)
+    json& info = item.value();
     if (name == "__metadata__") continue;
     auto bad = [&](const std::string& what) -> Error {
       return Error(fname + ": tensor '" + name + "': " + what);
