@@ -418,6 +418,16 @@ TEST(TokenizerFileTest, UnknownBosTokenEmptyVocabAndDuplicateIdsAreErrors) {
   EXPECT_TRUE(has(e, "far past")) << e;
 }
 
+// Found by fuzz_tokenizer (fuzz/regressions/fuzz_tokenizer/): a number too large for a double threw
+// json::out_of_range, which escaped Tokenizer::load as an exception naming no file.
+TEST(TokenizerFileTest, ANumberOutOfRangeIsAnErrorNamingTheFile) {
+  test::TempDir tmp;
+  spit(tmp.path / "tokenizer.json", R"({"model": {"type": "BPE", "dropout": 1e999, "vocab": {}, "merges": []}})");
+  const std::string e = error_of([&] { Tokenizer::load(tmp.path / "tokenizer.json"); });
+  EXPECT_TRUE(has(e, (tmp.path / "tokenizer.json").string() + ": bad JSON")) << e;
+  EXPECT_TRUE(has(e, "out_of_range")) << e;
+}
+
 TEST(TokenizerFileTest, DeeplyNestedSequencesAreRefused) {
   test::TempDir tmp;
   for (const char* kind : {"pre_tokenizer", "normalizer", "decoder"}) {

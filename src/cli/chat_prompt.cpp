@@ -32,7 +32,7 @@ chat_json parse_kwargs(const std::string& text) {
   chat_json j;
   try {
     j = chat_json::parse(text);
-  } catch (const chat_json::parse_error& e) {
+  } catch (const chat_json::exception& e) {  // out_of_range too (1e999)
     throw UsageError("--chat-template-kwargs: not valid JSON (" + std::string(e.what()) + ")");
   }
   if (!j.is_object()) throw UsageError("--chat-template-kwargs: expected a JSON object, e.g. '{\"enable_thinking\": false}'");

@@ -38,7 +38,7 @@ std::string read_file(const std::filesystem::path& p, uint64_t max_bytes = kMaxJ
 json parse_json(const std::string& bytes, const std::string& file) {
   try {
     return json::parse(bytes);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number such as 1e999
     throw Error(file + ": bad JSON: " + e.what());
   }
 }
