@@ -283,12 +283,17 @@ TEST(PromptCacheDirTest, PruneRemovesDamagedEntriesOrphansAndStaleTemporaries) {
   const std::vector<int32_t> ids = {1};
   for (const char* name : {"good", "bad"})
     write_cache_file(tmp.path / (std::string(name) + ".kvcache"), small_identity(), 0, ids, small_logits(), "kv");
-  write_file(tmp.path / "good.meta.json", "{}");
-  write_file(tmp.path / "bad.meta.json", "{}");
-  write_file(tmp.path / "orphan.meta.json", "{}");
+  // Sidecars of ours name their cache file; "notes.meta.json" is another program's and stays.
+  for (const char* name : {"good", "bad", "orphan"})
+    write_file(tmp.path / (std::string(name) + ".meta.json"),
+               R"({"format_version": 3, "config_key": "00", "file": ")" + std::string(name) + R"(.kvcache"})");
+  write_file(tmp.path / "notes.meta.json", "{}");
+  // A temporary whose writer is gone (pid 1 is init: never a writer of ours, so take an old one),
+  // and one of this process, a writer at work.
   write_file(tmp.path / "x.kvcache.tmp-1-00000000", "partial");
   set_mtime(tmp.path / "x.kvcache.tmp-1-00000000", 1700000000);
-  write_file(tmp.path / "y.kvcache.tmp-2-00000000", "a writer at work");
+  const std::string live = "y.kvcache.tmp-" + std::to_string(getpid()) + "-00000000";
+  write_file(tmp.path / live, "a writer at work");
   std::string bad = read_file(tmp.path / "bad.kvcache");
   bad[bad.size() / 2] ^= 1;
   write_file(tmp.path / "bad.kvcache", bad);
@@ -299,8 +304,9 @@ TEST(PromptCacheDirTest, PruneRemovesDamagedEntriesOrphansAndStaleTemporaries) {
   PruneOptions opts;
   opts.remove_damaged = true;
   prune_cache_dir(tmp.path, opts);
-  EXPECT_EQ(files_in(tmp.path),
-            (std::vector<std::string>{"good.kvcache", "good.meta.json", "y.kvcache.tmp-2-00000000"}));
+  std::vector<std::string> expect = {"good.kvcache", "good.meta.json", "notes.meta.json", live};
+  std::sort(expect.begin(), expect.end());
+  EXPECT_EQ(files_in(tmp.path), expect);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -584,6 +590,7 @@ TEST(PromptCacheCliTest, DamagedFilesWarnOnceAndRunCold) {
   struct Damage {
     const char* expect;
     std::function<void()> apply;
+    bool ours = true;  // still a file of ours (replaced by the save); another program's is left as it is
   };
   auto edit = [&](auto fn) {
     return [&, fn] {
@@ -598,7 +605,7 @@ TEST(PromptCacheCliTest, DamagedFilesWarnOnceAndRunCold) {
       {"checksum mismatch", edit([](std::string& b) { b[b.size() - 1] ^= 0x01; })},
       {"format version 7, this build reads version 3", edit([](std::string& b) { b[8] = 7; })},
       {"truncated: 0 bytes", edit([](std::string& b) { b.clear(); })},
-      {"not a prompt-cache file", edit([](std::string& b) { b = std::string(4096, 'x'); })},
+      {"not a prompt-cache file", edit([](std::string& b) { b = std::string(4096, 'x'); }), false},
       {"written for model qwen2-tiny",
        [&] { sample("And God said", kGreedy + flag + " " + test::repo_model("qwen2-tiny").string()); }},
       {"written with KV setting 'int8 g32 r128', this run uses 'fp32'",
@@ -614,9 +621,15 @@ TEST(PromptCacheCliTest, DamagedFilesWarnOnceAndRunCold) {
     ASSERT_EQ(r.code, 0) << r.err;
     EXPECT_EQ(r.out, cold.out);
     EXPECT_EQ(count_lines_with(r.err, "warning: prompt cache: ignoring " + file.string() + ": "), 1u) << r.err;
-    EXPECT_EQ(count_lines_with(r.err, "warning"), 1u) << r.err;
+    EXPECT_EQ(count_lines_with(r.err, "warning"), d.ours ? 1u : 2u) << r.err;
     EXPECT_TRUE(has(r.err, d.expect)) << r.err;
     EXPECT_TRUE(has(r.err, "prompt cache: miss, 96 tokens prefilled")) << r.err;
+    if (!d.ours) {
+      EXPECT_TRUE(has(r.err, "warning: prompt cache: not saving " + file.string() +
+                                 ": it is not a prompt-cache file (left as it is)")) << r.err;
+      EXPECT_EQ(read_file(file), std::string(4096, 'x'));
+      continue;
+    }
     EXPECT_TRUE(has(r.err, "prompt cache: saved 96 tokens to " + file.string())) << r.err;
     EXPECT_TRUE(has(sample(kB, kGreedy + flag).err, "prompt cache: hit, 96 tokens")) << "not replaced";
   }

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/file_io.h"
 #include "chat/parser.h"
 
 namespace ptllm::chat {
@@ -12,14 +13,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw Error(path + ": read error");
-  return ss.str();
-}
+std::string read_file(const std::string& path) { return read_whole_file(path, kMaxJsonConfigBytes, "a chat template"); }
 
 Json read_json(const std::string& path) {
   const std::string text = read_file(path);

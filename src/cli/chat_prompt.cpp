@@ -5,6 +5,7 @@
 
 #include "chat/chat_template.h"
 #include "core/error.h"
+#include "core/file_io.h"
 
 namespace ptllm::cli {
 
@@ -21,11 +22,9 @@ void add_chat_prompt_options(CLI::App& app, ChatPromptOptions& o) {
 namespace {
 
 std::string read_file(const fs::path& path, const std::string& what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path.string() + ": cannot open " + what);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw Error(path.string() + ": cannot open " + what);
+  return read_whole_file(path, kMaxJsonConfigBytes, what);
 }
 
 chat_json parse_kwargs(const std::string& text) {
@@ -33,7 +32,7 @@ chat_json parse_kwargs(const std::string& text) {
   chat_json j;
   try {
     j = chat_json::parse(text);
-  } catch (const chat_json::parse_error& e) {
+  } catch (const chat_json::exception& e) {  // out_of_range too (1e999)
     throw UsageError("--chat-template-kwargs: not valid JSON (" + std::string(e.what()) + ")");
   }
   if (!j.is_object()) throw UsageError("--chat-template-kwargs: expected a JSON object, e.g. '{\"enable_thinking\": false}'");

@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "core/error.h"
+#include "core/file_io.h"
 #include "engine/prompt_cache.h"
 
 namespace ptllm::cli {
@@ -25,10 +26,9 @@ struct CacheArgs {
 
 // The sidecar's field, or "" when the sidecar is missing or unreadable (it is informational only).
 std::string sidecar_field(const fs::path& kvcache, const char* key) {
-  std::ifstream in(sidecar_path(kvcache));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
+  const fs::path side = sidecar_path(kvcache);
+  if (!is_prompt_cache_sidecar(side)) return "";
+  const nlohmann::json j = nlohmann::json::parse(read_whole_file(side, kMaxJsonConfigBytes, "a sidecar"), nullptr, false);
   return j.is_object() && j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : "";
 }
 
@@ -104,6 +104,7 @@ int run_prune(const CacheArgs& a) {
   PruneOptions opts;
   opts.remove_damaged = true;
   if (a.max_mb >= 0) opts.max_bytes = uint64_t(a.max_mb * 1024 * 1024);
+  const CacheDirLock lock(a.dir);  // not in the middle of another process's save
   const PruneResult r = prune_cache_dir(a.dir, opts);
   for (const fs::path& p : r.removed) std::printf("removed %s\n", p.c_str());
   std::printf("removed %zu files (%s), %s left\n", r.removed.size(), format_bytes(r.bytes_freed).c_str(),

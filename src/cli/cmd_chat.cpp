@@ -21,6 +21,7 @@
 #include "cli/generation.h"
 #include "cli/options.h"
 #include "core/error.h"
+#include "core/file_io.h"
 #include "engine/conversation.h"
 #include "engine/prompt_cache.h"
 #include "engine/runtime.h"
@@ -50,11 +51,9 @@ using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
 std::string read_text_file(const std::string& path, const std::string& flag) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open (" + flag + ")");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) throw Error(path + ": cannot open (" + flag + ")");
+  return read_whole_file(path, kMaxTextBytes, "the file given to " + flag);
 }
 
 struct Reply {

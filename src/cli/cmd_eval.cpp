@@ -15,6 +15,7 @@
 #include "cli/options.h"
 #include "engine/runtime.h"
 #include "core/error.h"
+#include "core/file_io.h"
 #include "core/thread_pool.h"
 #include "engine/eval.h"
 #include "model/model.h"
@@ -45,11 +46,9 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 std::string read_text(const std::filesystem::path& p, const char* flag) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw Error(p.string() + ": cannot read the file given to " + flag);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  std::error_code ec;
+  if (!std::filesystem::exists(p, ec)) throw Error(p.string() + ": cannot read the file given to " + flag);
+  return read_whole_file(p, kMaxTextBytes, std::string("the file given to ") + flag);
 }
 
 template <typename... A>
@@ -220,9 +219,11 @@ void write_plot(const std::string& path, const Evaluator& ev, const std::string&
       << "/><text x=\"" << W - R + 42 << "\" y=\"" << ly + 4 << "\">" << xml_escape(series[s].name) << "</text>\n";
   }
   o << "</svg>\n";
-  std::ofstream out(path, std::ios::binary);
-  out << o.str();
-  if (!out.flush()) throw Error(path + ": cannot write the plot (--plot)");
+  try {
+    write_file_atomically(path, {o.str()});
+  } catch (const Error& e) {
+    throw Error(path + ": cannot write the plot (--plot): " + e.what());
+  }
 }
 
 // --plot's path must be writable before the work starts: an existing directory, no directory in its place.

@@ -17,6 +17,7 @@
 #include "cli/options.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/file_io.h"
 #include "core/thread_pool.h"
 
 namespace ptllm::cli {
@@ -224,14 +225,14 @@ int run_make_model(const MakeModelArgs& a) {
   std::string h = header.dump();
   h.append((8 - h.size() % 8) % 8, ' ');
 
-  // Written to a temporary name and renamed: an interrupted run leaves no half model behind.
-  const fs::path weights = dir / "model.safetensors", tmp = dir / "model.safetensors.tmp";
-  std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-  if (!out) throw Error(tmp.string() + ": cannot write");
-  uint8_t len[8];
-  for (int i = 0; i < 8; ++i) len[i] = uint8_t((uint64_t(h.size()) >> (8 * i)) & 0xff);
-  out.write(reinterpret_cast<const char*>(len), 8);
-  out.write(h.data(), std::streamsize(h.size()));
+  // Written to a temporary name, synced and renamed (core/file_io.h): an interrupted run leaves no
+  // half model behind.
+  const fs::path weights = dir / "model.safetensors";
+  AtomicFile out(weights);
+  char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = char((uint64_t(h.size()) >> (8 * i)) & 0xff);
+  out.write({len, 8});
+  out.write(h);
 
   ThreadPool pool(a.threads > 0 ? a.threads : ThreadPool::default_threads());
   constexpr size_t kBatchChunks = 32;  // chunks generated in parallel, then written (64 MiB of bf16)
@@ -247,15 +248,11 @@ int run_make_model(const MakeModelArgs& a) {
           fill(t, ti, a.seed, dtype, first + s, m, buf.data() + s * esize);
         }
       });
-      out.write(reinterpret_cast<const char*>(buf.data()), std::streamsize(count * esize));
+      out.write({reinterpret_cast<const char*>(buf.data()), count * esize});
     }
   }
-  out.close();
-  if (!out) throw Error(tmp.string() + ": write failed (disk full?)");
-  fs::rename(tmp, weights);
-  std::ofstream cfg(dir / "config.json");
-  cfg << config_json(shape, torch_dtype).dump(2) << "\n";
-  if (!cfg) throw Error((dir / "config.json").string() + ": write failed");
+  out.commit();
+  write_file_atomically(dir / "config.json", {config_json(shape, torch_dtype).dump(2), "\n"});
   std::fprintf(stderr, "wrote %s: %s shape, %s, %.1f M parameters, %s\n", dir.string().c_str(), shape.name,
                torch_dtype, double(params) / 1e6, format_bytes(fs::file_size(weights)).c_str());
   return 0;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -22,6 +23,7 @@
 #include "cli/options.h"
 #include "engine/runtime.h"
 #include "core/error.h"
+#include "core/file_io.h"
 #include "core/thread_pool.h"
 #include "engine/prompt_cache.h"
 #include "engine/session.h"
@@ -118,9 +120,10 @@ std::string read_prompt(const SampleArgs& a) {
     if (a.prompt_file == "-") {
       ss << std::cin.rdbuf();
     } else {
-      std::ifstream in(a.prompt_file, std::ios::binary);
-      if (!in) throw Error(a.prompt_file + ": cannot open the prompt file (--file)");
-      ss << in.rdbuf();
+      std::error_code ec;
+      if (!std::filesystem::exists(a.prompt_file, ec))
+        throw Error(a.prompt_file + ": cannot open the prompt file (--file)");
+      ss << read_whole_file(a.prompt_file, kMaxTextBytes, "a prompt file (--file)");
     }
     text = ss.str();
     if (!text.empty() && text.back() == '\n') text.pop_back();
@@ -158,15 +161,16 @@ Generation generate(const SampleArgs& a, Session& session, const Tokenizer& tok,
     return tok.eos_id() && *tok.eos_id() == id;
   };
   Generation g;
+  bool stdout_closed = false;  // EPIPE: nobody reads the text any more (SIGPIPE is ignored, main.cpp)
   auto emit = [&](const std::string& text) {
     g.text += text;
     if (a.json || text.empty()) return;
     std::fwrite(text.data(), 1, text.size(), stdout);
-    std::fflush(stdout);
+    if (std::fflush(stdout) != 0 && errno == EPIPE) stdout_closed = true;
   };
   const auto t_decode = Clock::now();
   for (int i = 0; i < a.tokens; ++i) {
-    if (interrupted()) {
+    if (interrupted() || stdout_closed) {
       g.reason = StopReason::Interrupted;
       break;
     }

@@ -12,6 +12,7 @@
 #include "chat/chat_template.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/file_io.h"
 
 namespace ptllm::cli {
 
@@ -35,10 +36,7 @@ std::string read_all(const std::string& path) {
     ss << std::cin.rdbuf();
     return ss.str();
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open");
-  ss << in.rdbuf();
-  return ss.str();
+  return read_whole_file(path, kMaxTextBytes, "an input file");
 }
 
 // One request: {"messages": [...], "tools": [...], "add_generation_prompt": bool, "kwargs": {...}}

@@ -12,6 +12,7 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "core/error.h"
+#include "core/file_io.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ptllm::cli {
@@ -47,11 +48,7 @@ std::string read_all(const std::string& path) {
     ss << std::cin.rdbuf();
     return ss.str();
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return read_whole_file(path, kMaxTextBytes, "an input file");
 }
 
 // "1 2 3", "1,2,3" or "[1, 2, 3]".

@@ -1,5 +1,6 @@
 // posttrainllm: command dispatch. Exit codes: 0 ok, 1 runtime error (bad file, ...), 2 usage error;
 // `sample` interrupted by Ctrl-C exits 130 after its footer.
+#include <csignal>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -61,6 +62,11 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A save that reaches `ulimit -f` gets EFBIG (a one-line warning, the temporary removed) instead
+  // of SIGXFSZ killing the run; a closed stdout (`| head -c 1`) gets EPIPE (sample stops generating)
+  // instead of SIGPIPE killing the process in the middle of a save.
+  std::signal(SIGXFSZ, SIG_IGN);
+  std::signal(SIGPIPE, SIG_IGN);
   try {
     return run(argc, argv);
   } catch (const ptllm::UsageError& e) {

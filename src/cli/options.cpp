@@ -187,6 +187,11 @@ void add_runtime_options(CLI::App& app, RuntimeOptions& o) {
 
 SessionOptions make_session_options(const RuntimeOptions& o, const ModelConfig& cfg) {
   SessionOptions s;
+  // Positions past max_position_embeddings are outside what the model was trained for, and a
+  // capacity is memory (the history alone is 4 bytes a token): refused before anything is sized by it.
+  if (o.ctx_size > cfg.max_position_embeddings)
+    throw UsageError("--ctx-size " + std::to_string(o.ctx_size) + " is more than the model's max_position_embeddings (" +
+                     std::to_string(cfg.max_position_embeddings) + ", config.json)");
   s.kv.ctx_size = o.ctx_size > 0 ? o.ctx_size : default_ctx_size(cfg);
   s.kv.preallocate = o.preallocate;
   s.kv.precision = *parse_kv_precision(resolve_kv_type(o));

@@ -10,16 +10,19 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/file_io.h"
 
 namespace ptllm {
 
 MappedFile::MappedFile(const std::filesystem::path& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO in a file's place is an error below, not a wait for a writer forever.
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) throw Error(path.string() + ": cannot open: " + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const std::string what = file_type_name(st.st_mode);
     ::close(fd);
-    throw Error(path.string() + ": not a regular file");
+    throw Error(path.string() + ": is " + what + ", not a regular file");
   }
   size_ = size_t(st.st_size);
   if (size_ > 0) {

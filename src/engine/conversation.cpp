@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/file_io.h"
 #include "engine/prompt_cache.h"
 #include "tokenizer/tokenizer.h"
 
@@ -67,8 +68,8 @@ std::vector<int32_t> stop_token_ids(const std::filesystem::path& model_dir, cons
   const std::filesystem::path gen = model_dir / "generation_config.json";
   std::error_code ec;
   if (std::filesystem::exists(gen, ec)) {
-    std::ifstream in(gen);
-    const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    const nlohmann::json j =
+        nlohmann::json::parse(read_whole_file(gen, kMaxJsonConfigBytes, "generation_config.json"), nullptr, false);
     if (j.is_discarded() || !j.is_object()) throw Error(gen.string() + ": not a valid JSON object");
     if (auto it = j.find("eos_token_id"); it != j.end() && !it->is_null()) {
       const nlohmann::json list = it->is_array() ? *it : nlohmann::json::array({*it});

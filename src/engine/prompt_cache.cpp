@@ -71,12 +71,7 @@ std::optional<FileStamp> stamp(const fs::path& p) {
   return FileStamp{uint64_t(st.st_size), int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
 }
 
-std::string read_small_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+std::string read_small_file(const fs::path& p) { return read_whole_file(p, kMaxJsonConfigBytes, "a JSON file"); }
 
 bool is_prefix(std::span<const int32_t> a, std::span<const int32_t> b) {
   return a.size() <= b.size() && std::equal(a.begin(), a.end(), b.begin());
@@ -129,8 +124,12 @@ void write_json(const fs::path& path, const nlohmann::json& j) {
 // Marks an entry used now: its mtime (what LRU pruning reads) and the sidecar's "last_used".
 void touch_entry(const fs::path& kvcache) {
   const int64_t now = now_ms();
-  if (::utimensat(AT_FDCWD, kvcache.c_str(), nullptr, 0) != 0) throw Error(std::string("cannot touch: ") + std::strerror(errno));
+  if (::utimensat(AT_FDCWD, kvcache.c_str(), nullptr, 0) != 0) {
+    if (errno == ENOENT) return;  // pruned by another process since it was read: nothing to mark
+    throw Error(std::string("cannot touch: ") + std::strerror(errno));
+  }
   const fs::path side = sidecar_path(kvcache);
+  if (!is_prompt_cache_sidecar(side)) return;
   nlohmann::json j = nlohmann::json::parse(read_small_file(side), nullptr, false);
   if (j.is_object()) {
     j["last_used"] = iso_time(now);
@@ -292,7 +291,13 @@ void PromptCache::write_async(std::vector<Job> jobs, fs::path used, bool dir_ok)
   pending_ = std::async(std::launch::async, [this, jobs = std::move(jobs), used, dir_ok]() {
     PromptCacheSave s;
     std::vector<fs::path> keep;
+    std::optional<CacheDirLock> lock;
+    if (dir_ok) lock.emplace(opts_.dir);
     for (const Job& j : jobs) {
+      if (const auto why = not_replaceable(j.path)) {
+        s.warnings.push_back("not saving " + j.path.string() + ": " + *why + " (left as it is)");
+        continue;
+      }
       const uint64_t size = cache_file_size(id_, j.ids.size(), j.kv_state.size());
       if (dir_ok && opts_.max_bytes && size > opts_.max_bytes) {
         s.warnings.push_back("not saving " + j.path.string() + ": its " + std::to_string(size) +
@@ -304,7 +309,7 @@ void PromptCache::write_async(std::vector<Job> jobs, fs::path used, bool dir_ok)
         const uint64_t bytes = write_cache_file(j.path, id_, created, j.ids, j.logits, j.kv_state);
         s.saved.push_back({j.path, int64_t(j.ids.size()), bytes});
         keep.push_back(j.path);
-        if (dir_ok)
+        if (dir_ok && !not_replaceable(sidecar_path(j.path), true))
           write_json(sidecar_path(j.path), sidecar_json(id_, j.ids, j.path, bytes, created, preview(tok_, j.ids)));
       } catch (const std::exception& e) {
         s.warnings.push_back("cannot save " + j.path.string() + ": " + e.what());

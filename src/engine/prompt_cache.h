@@ -18,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/file_io.h"
 #include "kv/kv_cache.h"
 
 namespace ptllm {
@@ -94,8 +95,16 @@ uint64_t write_cache_file(const std::filesystem::path& path, const PromptCacheId
                           std::span<const int32_t> ids, std::span<const float> logits, std::string_view kv_state);
 // The size write_cache_file() would write.
 uint64_t cache_file_size(const PromptCacheIdentity& id, uint64_t n_ids, uint64_t kv_bytes);
-// The same atomic write for any bytes (the sidecars): returns the bytes written, throws ptllm::Error.
-uint64_t write_file_atomically(const std::filesystem::path& path, std::initializer_list<std::string_view> parts);
+// (The same atomic write for any bytes, the sidecars': write_file_atomically() of core/file_io.h.)
+
+// A regular file starting with this format's magic (any version): one this program wrote.
+bool is_prompt_cache_file(const std::filesystem::path& path);
+// A sidecar this program wrote: a JSON object with format_version and config_key whose "file" is
+// the cache file beside it.
+bool is_prompt_cache_sidecar(const std::filesystem::path& path);
+// Why a save must not rename over `path` (nullopt: it is missing, or a file of ours): a save never
+// replaces another program's file, a symbolic link, a device or a FIFO.
+std::optional<std::string> not_replaceable(const std::filesystem::path& path, bool sidecar = false);
 
 // ---------------------------------------------------------------------------------------------
 // A cache directory.
@@ -106,14 +115,31 @@ struct CacheEntry {
   int64_t last_used_ms = 0;    // the file's mtime, set on every use
   std::optional<CacheFile> header;  // header and ids, when they could be read
   std::string problem;              // why not
+  bool ours = false;                // the file has this format's magic (is_prompt_cache_file)
 };
 // Every *.kvcache entry, most recently used first. Throws ptllm::Error when the directory cannot be read.
 std::vector<CacheEntry> list_cache_dir(const std::filesystem::path& dir);
 
+// An exclusive lock on a cache directory (flock on the directory itself), held by a writer while it
+// saves its entries and sidecars and prunes, and by `cache prune`: concurrent processes then never
+// prune an entry whose sidecar is still being written, nor each other's in the middle of a save, and
+// a temporary seen by a pruner belongs to a writer that is gone. Released when the process dies.
+// Best effort: where the directory cannot be opened nothing is locked (nor written).
+class CacheDirLock {
+ public:
+  explicit CacheDirLock(const std::filesystem::path& dir);
+  ~CacheDirLock();
+  CacheDirLock(const CacheDirLock&) = delete;
+  CacheDirLock& operator=(const CacheDirLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 struct PruneOptions {
   std::optional<uint64_t> max_bytes;  // remove least recently used entries until the rest take at most this
-  bool remove_damaged = false;        // also entries that fail full verification, orphan sidecars and
-                                      // temporary files older than an hour (left by a crash)
+  bool remove_damaged = false;        // also entries of ours that fail full verification and orphan
+                                      // sidecars of ours (temporaries of writers that are gone: always)
   std::vector<std::filesystem::path> keep;  // never removed
 };
 struct PruneResult {

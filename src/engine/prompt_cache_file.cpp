@@ -1,6 +1,7 @@
 // The prompt-cache file (format in prompt_cache.h) and directory management. Kept apart from the
 // Session side so that the fuzzer builds the reader with nothing but core/, kernels/ and kv/.
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -15,9 +16,11 @@
 #include <optional>
 #include <random>
 #include <utility>
+#include <nlohmann/json.hpp>
 
 #include "core/bytes.h"
 #include "core/error.h"
+#include "core/file_io.h"
 #include "engine/prompt_cache.h"
 
 namespace ptllm {
@@ -30,6 +33,7 @@ constexpr char kMagic[8] = {'P', 'T', 'L', 'L', 'M', 'K', 'V', 'C'};
 constexpr size_t kPreamble = 24;        // magic, version, header_bytes, file_size
 constexpr size_t kMaxHeader = 1 << 16;  // two names of at most 64 KiB together, and the fixed fields
 constexpr size_t kTrailer = 8;          // the checksum
+constexpr uint64_t kMaxSidecarBytes = 1 << 20;
 
 // A name: u16 length, then its bytes.
 std::string get_name(ByteReader& r) {
@@ -37,13 +41,14 @@ std::string get_name(ByteReader& r) {
   return std::string(r.bytes(n), n);
 }
 
-std::string errno_text() { return std::strerror(errno); }
-
 std::optional<uint64_t> size_of(const fs::path& p) {
   struct stat st {};
   if (::stat(p.c_str(), &st) != 0) return std::nullopt;
   return uint64_t(st.st_size);
 }
+
+// Errors without the path: the callers name the file.
+RegularFile open_cache_file(const fs::path& path) { return RegularFile(path, false); }
 
 // The fixed part of the header and both names.
 struct HeaderFields {
@@ -159,35 +164,6 @@ std::string encode_head(const PromptCacheIdentity& id, int64_t created_ms, std::
   return head;
 }
 
-struct Fd {
-  int fd = -1;
-  explicit Fd(int f) : fd(f) {}
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-};
-
-void read_exact(int fd, char* dst, size_t n, uint64_t offset, const fs::path& path) {
-  while (n > 0) {
-    const ssize_t got = ::pread(fd, dst, std::min<size_t>(n, size_t(1) << 30), off_t(offset));
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0) throw Error("cannot read: " + errno_text());
-    if (got == 0) throw Error("truncated while reading");
-    dst += got;
-    n -= size_t(got);
-    offset += uint64_t(got);
-  }
-}
-
-uint64_t open_regular(const fs::path& path, Fd& f) {
-  if (f.fd < 0) throw Error("cannot open: " + errno_text());
-  struct stat st {};
-  if (::fstat(f.fd, &st) != 0 || !S_ISREG(st.st_mode)) throw Error("not a regular file");
-  return uint64_t(st.st_size);
-}
-
 }  // namespace
 
 std::string to_hex(std::span<const uint8_t> bytes) {
@@ -208,48 +184,6 @@ std::string iso_time(int64_t ms) {
   char buf[32];
   std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
   return buf;
-}
-
-// A temporary file in the same directory (so that rename is atomic): fsync, rename, fsync of the directory.
-uint64_t write_file_atomically(const fs::path& path, std::initializer_list<std::string_view> parts) {
-  thread_local std::mt19937_64 rng{std::random_device{}()};
-  char suffix[48];
-  std::snprintf(suffix, sizeof suffix, ".tmp-%d-%08llx", int(::getpid()), static_cast<unsigned long long>(rng() & 0xffffffffu));
-  const fs::path tmp = path.string() + suffix;
-  Fd f(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
-  if (f.fd < 0) throw Error("cannot create " + tmp.string() + ": " + errno_text());
-  auto fail = [&](const std::string& what) {
-    const std::string msg = what + ": " + errno_text();
-    ::unlink(tmp.c_str());
-    throw Error(msg);
-  };
-  std::vector<iovec> iov;
-  uint64_t total = 0;
-  for (std::string_view p : parts) {
-    if (!p.empty()) iov.push_back({const_cast<char*>(p.data()), p.size()});
-    total += p.size();
-  }
-  for (size_t i = 0; i < iov.size();) {
-    const ssize_t n = ::writev(f.fd, iov.data() + i, int(iov.size() - i));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) fail("cannot write");
-    for (size_t left = size_t(n); left > 0;) {  // a short write: skip what went out
-      const size_t take = std::min(left, iov[i].iov_len);
-      iov[i].iov_base = static_cast<char*>(iov[i].iov_base) + take;
-      iov[i].iov_len -= take;
-      left -= take;
-      if (iov[i].iov_len == 0) ++i;
-    }
-  }
-  if (::fsync(f.fd) != 0) fail("cannot sync");
-  const int fd = std::exchange(f.fd, -1);
-  if (::close(fd) != 0) fail("cannot write");
-  if (::rename(tmp.c_str(), path.c_str()) != 0) fail("cannot rename to " + path.string());
-  // The rename itself is durable only once the directory is synced.
-  const fs::path parent = path.has_parent_path() ? path.parent_path() : fs::path(".");
-  Fd dir(::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dir.fd >= 0) ::fsync(dir.fd);
-  return total;
 }
 
 uint64_t cache_file_size(const PromptCacheIdentity& id, uint64_t n_ids, uint64_t kv_bytes) {
@@ -293,14 +227,14 @@ CacheFile decode_cache_file(std::string_view bytes) {
 }
 
 CacheFile read_cache_header(const fs::path& path) {
-  Fd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  const uint64_t size = open_regular(path, f);
+  const RegularFile f = open_cache_file(path);
+  const uint64_t size = f.size();
   char pre[kPreamble];
   const size_t n_pre = size_t(std::min<uint64_t>(size, kPreamble));
-  read_exact(f.fd, pre, n_pre, 0, path);
+  f.read_at(pre, n_pre, 0);
   const Preamble p = decode_preamble({pre, n_pre}, size);
   std::string header(p.header_bytes, '\0');
-  read_exact(f.fd, header.data(), header.size(), kPreamble, path);
+  f.read_at(header.data(), header.size(), kPreamble);
   const HeaderFields h = decode_header(header);
   const size_t at = check_body(p, h);
   CacheFile out;
@@ -309,16 +243,15 @@ CacheFile read_cache_header(const fs::path& path) {
   out.created_ms = h.created_ms;
   out.file_size = size;
   std::string ids(h.n_ids * 4, '\0');
-  read_exact(f.fd, ids.data(), ids.size(), at, path);
+  f.read_at(ids.data(), ids.size(), at);
   out.ids = decode_ids(ids.data(), h.n_ids, h.id.vocab_size);
   return out;
 }
 
 CacheFile read_cache_file(const fs::path& path, std::string& buffer) {
-  Fd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  const uint64_t size = open_regular(path, f);
-  buffer.resize(size);
-  read_exact(f.fd, buffer.data(), size, 0, path);
+  const RegularFile f = open_cache_file(path);
+  buffer.resize(f.size());
+  f.read_at(buffer.data(), buffer.size(), 0);
   return decode_cache_file(buffer);
 }
 
@@ -337,6 +270,57 @@ uint64_t write_cache_file(const fs::path& path, const PromptCacheIdentity& id, i
 
 // ---------------------------------------------------------------------------------------------
 
+bool is_prompt_cache_file(const fs::path& path) {
+  try {
+    const RegularFile f(path);
+    char magic[sizeof kMagic];
+    if (f.size() < sizeof magic) return false;
+    f.read_at(magic, sizeof magic, 0);
+    return std::memcmp(magic, kMagic, sizeof kMagic) == 0;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+bool is_prompt_cache_sidecar(const fs::path& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || uint64_t(st.st_size) > kMaxSidecarBytes) return false;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(read_whole_file(path, kMaxSidecarBytes, "a sidecar"), nullptr, false);
+    fs::path kv = path;
+    kv.replace_extension().replace_extension(".kvcache");  // x.meta.json -> x.kvcache
+    return j.is_object() && j.contains("format_version") && j["format_version"].is_number_unsigned() &&
+           j.contains("config_key") && j.contains("file") && j["file"] == kv.filename().string();
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+std::optional<std::string> not_replaceable(const fs::path& path, bool sidecar) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return std::nullopt;
+    return std::string("cannot stat it: ") + std::strerror(errno);
+  }
+  if (!S_ISREG(st.st_mode)) return "it is " + file_type_name(st.st_mode) + ", not a file of ours";
+  if (st.st_size == 0) return std::nullopt;  // nothing to lose (`touch` made it, or a crash of another writer)
+  if (sidecar ? !is_prompt_cache_sidecar(path) : !is_prompt_cache_file(path))
+    return sidecar ? "it is not a prompt-cache sidecar" : "it is not a prompt-cache file";
+  return std::nullopt;
+}
+
+CacheDirLock::CacheDirLock(const fs::path& dir) {
+  // flock on the directory itself: no lock file to leave behind, and it works on a read-only one.
+  fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd_ < 0) return;
+  while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
+  }
+}
+
+CacheDirLock::~CacheDirLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock
+}
+
 std::vector<CacheEntry> list_cache_dir(const fs::path& dir) {
   std::vector<CacheEntry> out;
   std::error_code ec;
@@ -351,7 +335,9 @@ std::vector<CacheEntry> list_cache_dir(const fs::path& dir) {
     e.path = p;
     e.bytes = uint64_t(st.st_size);
     e.last_used_ms = int64_t(st.st_mtim.tv_sec) * 1000 + st.st_mtim.tv_nsec / 1000000;
-    if (auto side = size_of(sidecar_path(p))) e.bytes += *side;
+    e.ours = is_prompt_cache_file(p);
+    if (const fs::path side = sidecar_path(p); e.ours && is_prompt_cache_sidecar(side))
+      if (auto n = size_of(side)) e.bytes += *n;
     try {
       e.header = read_cache_header(p);
     } catch (const Error& err) {
@@ -366,9 +352,13 @@ std::vector<CacheEntry> list_cache_dir(const fs::path& dir) {
   return out;
 }
 
+// Only what this program wrote is ever removed: cache files with its magic, sidecars naming their
+// cache file, and temporaries named by write_file_atomically() whose writer is gone. Another
+// program's "video.kvcache" or "notes.meta.json" stays, and does not count against the bound.
 PruneResult prune_cache_dir(const fs::path& dir, const PruneOptions& opts) {
   PruneResult r;
   std::vector<CacheEntry> entries = list_cache_dir(dir);
+  std::erase_if(entries, [](const CacheEntry& e) { return !e.ours; });
   auto kept = [&](const fs::path& p) {
     return std::any_of(opts.keep.begin(), opts.keep.end(), [&](const fs::path& k) { return k.filename() == p.filename(); });
   };
@@ -379,6 +369,27 @@ PruneResult prune_cache_dir(const fs::path& dir, const PruneOptions& opts) {
       r.bytes_freed += *size;
     }
   };
+  auto remove_entry = [&](const fs::path& kvcache) {
+    const fs::path side = sidecar_path(kvcache);
+    const bool side_ours = is_prompt_cache_sidecar(side);
+    remove_file(kvcache);
+    if (side_ours) remove_file(side);
+  };
+  // Temporaries of killed writers (SIGKILL, a power cut): always, so that they never fill the directory.
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const fs::path& p = it->path();
+    const std::string name = p.filename().string();
+    const bool ours = name.find(".kvcache.tmp-") != std::string::npos || name.find(".meta.json.tmp-") != std::string::npos;
+    if (ours && is_stale_temporary(p)) {
+      remove_file(p);
+    } else if (opts.remove_damaged && name.ends_with(".meta.json") && is_prompt_cache_sidecar(p)) {
+      fs::path kv = p;
+      kv.replace_extension().replace_extension(".kvcache");  // x.meta.json -> x.kvcache
+      struct stat st {};
+      if (::lstat(kv.c_str(), &st) != 0 && errno == ENOENT) remove_file(p);
+    }
+  }
   if (opts.remove_damaged) {
     std::string buffer;
     std::erase_if(entries, [&](const CacheEntry& e) {
@@ -388,35 +399,17 @@ PruneResult prune_cache_dir(const fs::path& dir, const PruneOptions& opts) {
         read_cache_file(e.path, buffer);
         return false;
       } catch (const Error&) {
-        remove_file(e.path);
-        remove_file(sidecar_path(e.path));
+        remove_entry(e.path);
         return true;
       }
     });
-    const auto now = fs::file_time_type::clock::now();
-    std::error_code ec;
-    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-      const fs::path& p = it->path();
-      const std::string name = p.filename().string();
-      std::error_code ec2;
-      if (name.ends_with(".meta.json")) {
-        fs::path kv = p;
-        kv.replace_extension().replace_extension(".kvcache");  // x.meta.json -> x.kvcache
-        if (!fs::exists(kv, ec2) && !ec2) remove_file(p);
-      } else if (name.find(".kvcache.tmp-") != std::string::npos || name.find(".meta.json.tmp-") != std::string::npos) {
-        // A writer still at work renames its temporary within seconds; an hour-old one was left by a crash.
-        const auto t = fs::last_write_time(p, ec2);
-        if (!ec2 && now - t > std::chrono::hours(1)) remove_file(p);
-      }
-    }
   }
   uint64_t total = 0;
   for (const CacheEntry& e : entries) total += e.bytes;
   if (opts.max_bytes) {
     for (auto it = entries.rbegin(); it != entries.rend() && total > *opts.max_bytes; ++it) {  // oldest use first
       if (kept(it->path)) continue;
-      remove_file(it->path);
-      remove_file(sidecar_path(it->path));
+      remove_entry(it->path);
       total -= it->bytes;
     }
   }

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/file_io.h"
 
 namespace ptllm {
 
@@ -193,6 +194,34 @@ void parse_kv_sharing(const Reader& r, ModelConfig& c) {
   }
 }
 
+// Shape arithmetic from untrusted numbers, in 64 bits and bounded before anything is sized by it:
+// the forward pass computes q_dim() and kv_dim() in int, and a product that wraps (134217732 heads
+// of 128 is 2^34 + 512, exactly 128 in 32 bits) would pass the tensor shape checks and then write out
+// of bounds; a layer count is an allocation before the first tensor is looked up. The bounds are
+// far above any real checkpoint (hidden 16384 and 126 layers for Llama 3.1 405B).
+constexpr int64_t kMaxLayers = 4096;
+constexpr int64_t kMaxWidth = int64_t(1) << 20;  // hidden, intermediate, heads * head_dim
+constexpr int64_t kMaxVocab = int64_t(1) << 24;
+
+void check_shape_bounds(const Reader& r, const ModelConfig& c) {
+  auto at_most = [&](const std::string& key, int64_t v, int64_t max) {
+    if (v > max) r.bad(key, "is " + std::to_string(v) + ", more than " + std::to_string(max) + " (the most this build supports)");
+  };
+  at_most("num_hidden_layers", c.n_layers, kMaxLayers);
+  at_most("vocab_size", c.vocab_size, kMaxVocab);
+  at_most("hidden_size", c.hidden_size, kMaxWidth);
+  at_most("intermediate_size", c.intermediate_size, kMaxWidth);
+  at_most("head_dim", c.head_dim, kMaxWidth);
+  for (const auto& [key, heads] : {std::pair<const char*, int64_t>{"num_attention_heads", c.n_heads},
+                                   std::pair<const char*, int64_t>{"num_key_value_heads", c.n_kv_heads}}) {
+    const int64_t width = heads * int64_t(c.head_dim);  // both below 2^31: no overflow in 64 bits
+    if (width > kMaxWidth)
+      r.bad(key, "(" + std::to_string(heads) + ") * head_dim (" + std::to_string(c.head_dim) + ") = " +
+                     std::to_string(width) + ", more than " + std::to_string(kMaxWidth) +
+                     " (the widest attention this build supports)");
+  }
+}
+
 }  // namespace
 
 std::vector<int> ModelConfig::layer_windows() const {
@@ -240,6 +269,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& file) {
     c.head_dim = c.hidden_size / c.n_heads;
   }
   if (c.head_dim % 2 != 0) r.bad("head_dim", "must be even for RoPE");
+  check_shape_bounds(r, c);
   c.max_position_embeddings = r.has("max_position_embeddings") ? r.positive_int("max_position_embeddings") : 4096;
   if (r.has("rms_norm_eps")) c.rms_norm_eps = float(r.positive_number(j, "rms_norm_eps"));
   c.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
@@ -278,11 +308,10 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& file) {
 }
 
 ModelConfig ModelConfig::load(const std::filesystem::path& config_json) {
-  std::ifstream in(config_json);
-  if (!in) throw Error(config_json.string() + ": cannot open (is this a Hugging Face model directory?)");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  json j = json::parse(ss.str(), nullptr, false);
+  std::error_code ec;
+  if (!std::filesystem::exists(config_json, ec))
+    throw Error(config_json.string() + ": cannot open (is this a Hugging Face model directory?)");
+  json j = json::parse(read_whole_file(config_json, kMaxJsonConfigBytes, "config.json"), nullptr, false);
   if (j.is_discarded()) throw Error(config_json.string() + ": not valid JSON");
   return from_json(j, config_json.string());
 }

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/file_io.h"
 
 namespace ptllm {
 
@@ -49,13 +50,24 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : file_(path
     throw Error(fname + ": header length " + std::to_string(header_len) + " exceeds the file size (" +
                 std::to_string(size) + " bytes): truncated or not a safetensors file");
   const char* hdr = reinterpret_cast<const char*>(file_.data() + 8);
-  json j = json::parse(hdr, hdr + header_len, nullptr, false);
+  // A JSON object keeps the last of two equal keys: a header naming a tensor twice is refused instead.
+  std::set<std::string> names;
+  std::string twice;
+  const json::parser_callback_t dup = [&](int depth, json::parse_event_t ev, json& parsed) {
+    if (ev == json::parse_event_t::key && depth == 1 && twice.empty() && !names.insert(parsed.get<std::string>()).second)
+      twice = parsed.get<std::string>();
+    return true;
+  };
+  json j = json::parse(hdr, hdr + header_len, dup, false);
   if (j.is_discarded() || !j.is_object()) throw Error(fname + ": safetensors header is not a valid JSON object");
+  if (!twice.empty()) throw Error(fname + ": tensor '" + twice + "' appears twice in the safetensors header");
   const uint8_t* data_start = file_.data() + 8 + header_len;
   const uint64_t data_size = size - 8 - header_len;
 
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
-  for (auto& [name, info] : j.items()) {
+  for (auto& item : j.items()) {
+    const std::string& name = item.key();  // (not a structured binding: clang 14 cannot capture one)
+    json& info = item.value();
     if (name == "__metadata__") continue;
     auto bad = [&](const std::string& what) -> Error {
       return Error(fname + ": tensor '" + name + "': " + what);
@@ -72,7 +84,8 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : file_(path
     for (const auto& d : info["shape"]) {
       if (!d.is_number_unsigned()) throw bad("shape has a non-integer or negative dimension");
       uint64_t dim = d.get<uint64_t>();
-      if (dim != 0 && numel > std::numeric_limits<uint64_t>::max() / 8 / dim) throw bad("shape is too large");
+      if (dim > (uint64_t(1) << 62) || (dim != 0 && numel > std::numeric_limits<uint64_t>::max() / 8 / dim))
+        throw bad("shape is too large");
       numel *= dim;
       t.shape.push_back(int64_t(dim));
     }
@@ -106,10 +119,7 @@ WeightFiles WeightFiles::open(const std::filesystem::path& dir) {
   if (std::filesystem::exists(single)) {
     w.files_.push_back(std::make_unique<SafetensorsFile>(single));
   } else if (std::filesystem::exists(index)) {
-    std::ifstream in(index);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    json j = json::parse(ss.str(), nullptr, false);
+    json j = json::parse(read_whole_file(index, kMaxJsonConfigBytes, "a shard index"), nullptr, false);
     if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
       throw Error(index.string() + ": not a valid index (expected an object with 'weight_map')");
     std::set<std::string> shards;

@@ -118,9 +118,18 @@ BpeModel::BpeModel(const json& m, const JsonPath& at) {
 
   const json& vocab = need(m, "vocab", at);
   if (!vocab.is_object()) (at / "vocab").fail("expected an object of token: id");
+  if (vocab.empty()) (at / "vocab").fail("is empty");
   vocab_.reserve(vocab.size());
+  // Ids are dense in every real vocabulary; a few gaps (filled by added tokens) are fine, an id far
+  // past the size is a table of that many entries and refused.
+  const size_t max_id = vocab.size() + (size_t(1) << 20);
   for (const auto& [token, id_json] : vocab.items()) {
     const int32_t id = to_id(id_json, at / "vocab" / token);
+    if (size_t(id) > max_id)
+      (at / "vocab" / token).fail("id " + std::to_string(id) + " is far past the vocabulary's " +
+                                  std::to_string(vocab.size()) + " entries");
+    if (size_t(id) < has_id_.size() && has_id_[size_t(id)])
+      (at / "vocab" / token).fail("id " + std::to_string(id) + " is also the id of '" + id_to_token_[size_t(id)] + "'");
     vocab_[token] = id;
     if (static_cast<size_t>(id) >= id_to_token_.size()) {
       id_to_token_.resize(id + 1);

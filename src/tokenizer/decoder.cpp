@@ -333,6 +333,7 @@ void parse_into(const json& j, const JsonPath& at, std::vector<std::unique_ptr<S
     step->start = get_size(j, "start", at);
     step->stop = get_size(j, "stop", at);
   } else if (type == "Sequence") {
+    at.check_nesting();
     const json& list = need(j, "decoders", at);
     if (!list.is_array()) (at / "decoders").fail("expected an array");
     for (size_t i = 0; i < list.size(); ++i) parse_into(list[i], (at / "decoders")[i], steps);

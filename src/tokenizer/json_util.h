@@ -1,5 +1,6 @@
 #pragma once
 // Reading tokenizer.json with errors that name the file and the field ("<file>: a.b[2]: ...").
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -22,6 +23,13 @@ struct JsonPath {
   JsonPath operator[](size_t i) const { return {file, path + "[" + std::to_string(i) + "]"}; }
   [[noreturn]] void fail(const std::string& what) const {
     throw Error(file + ": " + (path.empty() ? "" : path + ": ") + what);
+  }
+  // A Sequence nested in a Sequence: refused past kMaxNesting levels, before the recursion (and the
+  // path, which grows with the depth: memory quadratic in it) goes on.
+  static constexpr size_t kMaxNesting = 32;
+  void check_nesting() const {
+    if (size_t(std::count(path.begin(), path.end(), '[')) >= kMaxNesting)
+      fail("Sequence nested more than " + std::to_string(kMaxNesting) + " levels deep");
   }
 };
 

@@ -55,6 +55,7 @@ std::unique_ptr<Normalizer> parse_normalizer(const json& j, const JsonPath& at) 
     return std::make_unique<Replace>(get_pattern(j, at), get_string(j, "content", at));
   if (type == "Prepend") return std::make_unique<Prepend>(get_string(j, "prepend", at));
   if (type == "Sequence") {
+    at.check_nesting();
     const json& list = need(j, "normalizers", at);
     if (!list.is_array()) (at / "normalizers").fail("expected an array");
     std::vector<std::unique_ptr<Normalizer>> steps;

@@ -243,6 +243,7 @@ std::unique_ptr<PreTokenizer> parse(const json& j, const JsonPath& at, bool last
   if (type == "Digits")
     return std::make_unique<Digits>(get_bool(j, "individual_digits", at, false));
   if (type == "Sequence") {
+    at.check_nesting();
     const json& list = need(j, "pretokenizers", at);
     if (!list.is_array()) (at / "pretokenizers").fail("expected an array");
     std::vector<std::unique_ptr<PreTokenizer>> steps;

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/file_io.h"
 #include "tokenizer/added_vocab.h"
 #include "tokenizer/bpe.h"
 #include "tokenizer/decoder.h"
@@ -30,19 +31,14 @@ struct TemplateItem {
 };
 using Template = std::vector<TemplateItem>;
 
-std::string read_file(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw Error(p.string() + ": cannot open");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw Error(p.string() + ": read error");
-  return ss.str();
+std::string read_file(const std::filesystem::path& p, uint64_t max_bytes = kMaxJsonConfigBytes) {
+  return read_whole_file(p, max_bytes, p.filename().string());
 }
 
 json parse_json(const std::string& bytes, const std::string& file) {
   try {
     return json::parse(bytes);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number such as 1e999
     throw Error(file + ": bad JSON: " + e.what());
   }
 }
@@ -124,6 +120,7 @@ void parse_post_processor(const json& j, const JsonPath& at, std::vector<Templat
   } else if (type == "ByteLevel") {
     // only trims offsets: nothing to do for ids
   } else if (type == "Sequence") {
+    at.check_nesting();
     const json& list = tok::need(j, "processors", at);
     if (!list.is_array()) (at / "processors").fail("expected an array");
     for (size_t i = 0; i < list.size(); ++i)
@@ -223,7 +220,7 @@ Tokenizer Tokenizer::load(const std::filesystem::path& path) {
   }
   if (!fs::exists(json_path)) throw Error(json_path.string() + ": no such file");
   const std::string file = json_path.string();
-  const std::string bytes = read_file(json_path);
+  const std::string bytes = read_file(json_path, kMaxTokenizerJsonBytes);
   std::string config_bytes;
   json config = json::object();
   if (!config_path.empty() && fs::exists(config_path)) {
@@ -264,8 +261,15 @@ Tokenizer Tokenizer::load(const std::filesystem::path& path) {
     throw Error(file + ": " + e.what());
   }
 
-  if (auto t = config_token(config, "bos_token")) impl->bos = impl->token_to_id(*t);
-  if (auto t = config_token(config, "eos_token")) impl->eos = impl->token_to_id(*t);
+  // A bos_token or eos_token that is not a token would silently drop BOS (the output changes): refused.
+  for (const auto& [key, slot] : {std::pair<const char*, std::optional<int32_t>*>{"bos_token", &impl->bos},
+                                  std::pair<const char*, std::optional<int32_t>*>{"eos_token", &impl->eos}}) {
+    if (auto t = config_token(config, key)) {
+      *slot = impl->token_to_id(*t);
+      if (!*slot)
+        throw Error(config_path.string() + ": " + key + " '" + *t + "' is not a token of " + file);
+    }
+  }
   // transformers replaces the post-processor with "[bos] $A [eos]" when the config says
   // add_bos_token or add_eos_token (an absent one counts as false).
   if (config.contains("add_bos_token") || config.contains("add_eos_token")) {

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Runs bad inputs across the CLI and prints docs/errors.md's table (the message each gets, as run).
+#   scripts/errors_table.sh > docs/errors.md.table
+set -uo pipefail
+cd "$(dirname "$0")/.."
+B=${PTLLM_BIN:-build/posttrainllm}
+M=models/kjv-tiny
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+
+# A copy of kjv-tiny with one file replaced: mk NAME FILE CONTENT-COMMAND
+mk() {
+  local d="$T/$1"
+  mkdir -p "$d"
+  for f in $M/*; do [ "$(basename "$f")" = "$2" ] || ln -sf "$PWD/$f" "$d/"; done
+  echo "$d"
+}
+cfg() {  # a config.json with one edit (python expression on c)
+  local d; d=$(mk "$1" config.json)
+  python3 -c "import json,sys; c=json.load(open('$M/config.json')); $2; json.dump(c, open('$d/config.json','w'))"
+  echo "$d"
+}
+tokjson() {  # tokenizer.json edited (t) and tokenizer_config.json edited (k)
+  local d; d=$(mk "$1" tokenizer.json); rm -f "$d/tokenizer_config.json"
+  python3 -c "
+import json; t=json.load(open('$M/tokenizer.json')); k=json.load(open('$M/tokenizer_config.json'))
+$2
+json.dump(t, open('$d/tokenizer.json','w')); json.dump(k, open('$d/tokenizer_config.json','w'))"
+  echo "$d"
+}
+
+row() {  # row "INPUT" command...
+  local what=$1; shift
+  local out rc
+  out=$(cd "$PWD" && timeout 30 "$@" 2>&1 </dev/null | grep -E '^(error|warning)|status: damaged' | sed "s#$T#DIR#g" | head -3 | tr '\n' ' ')
+  rc=${PIPESTATUS[0]}
+  out=${out//|/\\|}
+  printf '| %s | `%s` |\n' "$what" "${out% }"
+}
+
+S="sample $M -p hi -n 1"
+F="sample $M -n 1"
+mkfifo "$T/fifo"
+: > "$T/empty"
+printf '{"a": ' > "$T/trunc.json"
+head -c 100 /dev/urandom > "$T/random.bin"
+printf 'hello\n' > "$T/notes.txt"
+truncate -s 3G "$T/huge.txt"
+
+echo "| Bad input | Message |"
+echo "|---|---|"
+row "model directory missing" $B sample "$T/none" -p hi
+row "config.json missing" $B sample "$(mk noconfig config.json)" -p hi
+d=$(mk cfgempty config.json); : > "$d/config.json"; row "config.json empty" $B sample "$d" -p hi
+d=$(mk cfgtrunc config.json); cp "$T/trunc.json" "$d/config.json"; row "config.json truncated" $B sample "$d" -p hi
+d=$(mk cfgfifo config.json); ln -s "$T/fifo" "$d/config.json"; row "config.json a FIFO" $B sample "$d" -p hi
+d=$(mk cfgdev config.json); ln -s /dev/zero "$d/config.json"; row "config.json -> /dev/zero" $B sample "$d" -p hi
+d=$(mk cfghuge config.json); ln -s "$T/huge.txt" "$d/config.json"; row "config.json of 3 GB" $B sample "$d" -p hi
+row "num_attention_heads 134217732 (wraps in 32 bits)" $B sample "$(cfg heads 'c["num_attention_heads"]=134217732; c["num_key_value_heads"]=134217732')" -p hi
+row "num_hidden_layers 10000000" $B sample "$(cfg layers 'c["num_hidden_layers"]=10000000')" -p hi
+row "num_hidden_layers 1e7 (a float)" $B sample "$(cfg layersf 'c["num_hidden_layers"]=1e7')" -p hi
+row "vocab_size -1" $B sample "$(cfg vocab 'c["vocab_size"]=-1')" -p hi
+row "hidden_size a string" $B sample "$(cfg hs 'c["hidden_size"]="128"')" -p hi
+row "unsupported architecture" $B sample "$(cfg arch 'c["architectures"]=["GPT2LMHeadModel"]')" -p hi
+row "hidden_size mismatching the weights" $B sample "$(cfg hs2 'c["hidden_size"]=256')" -p hi
+d=$(mk stnone model.safetensors); row "model.safetensors missing" $B sample "$d" -p hi
+d=$(mk stempty model.safetensors); : > "$d/model.safetensors"; row "model.safetensors empty" $B sample "$d" -p hi
+d=$(mk sttrunc model.safetensors); head -c 1000 $M/model.safetensors > "$d/model.safetensors"; row "model.safetensors truncated" $B sample "$d" -p hi
+d=$(mk sthdr model.safetensors); python3 -c "import struct,sys; sys.stdout.buffer.write(struct.pack('<Q', 2<<30) + b'{}')" > "$d/model.safetensors"; row "safetensors header length 2 GB" $B sample "$d" -p hi
+d=$(mk strand model.safetensors); cp "$T/random.bin" "$d/model.safetensors"; row "model.safetensors random bytes" $B sample "$d" -p hi
+d=$(mk stdup model.safetensors); python3 -c "
+import struct,sys; h=b'{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}'
+sys.stdout.buffer.write(struct.pack('<Q', len(h)) + h + b'\0'*8)" > "$d/model.safetensors"; row "a tensor named twice in the header" $B sample "$d" -p hi
+d=$(mk stfifo model.safetensors); ln -s "$T/fifo" "$d/model.safetensors"; row "model.safetensors a FIFO" $B sample "$d" -p hi
+d=$(mk toknone tokenizer.json); row "tokenizer.json missing" $B sample "$d" -p hi
+d=$(mk tokempty tokenizer.json); : > "$d/tokenizer.json"; row "tokenizer.json empty" $B sample "$d" -p hi
+d=$(mk toktrunc tokenizer.json); head -c 5000 $M/tokenizer.json > "$d/tokenizer.json"; row "tokenizer.json truncated" $B sample "$d" -p hi
+d=$(mk tokfifo tokenizer.json); ln -s "$T/fifo" "$d/tokenizer.json"; row "tokenizer.json a FIFO" $B sample "$d" -p hi
+d=$(mk tokzero tokenizer.json); ln -s /dev/zero "$d/tokenizer.json"; row "tokenizer.json -> /dev/zero" $B sample "$d" -p hi
+row "tokenizer.json: empty vocab" $B sample "$(tokjson tv 't["model"]["vocab"]={}; t["model"]["merges"]=[]; t["added_tokens"]=[]')" -p hi
+row "tokenizer.json: two tokens with one id" $B sample "$(tokjson td 't["model"]["vocab"]["zzzz"]=5')" -p hi
+row "tokenizer.json: Sequence nested 200 deep" $B sample "$(tokjson tn '
+p=t["pre_tokenizer"]
+for i in range(200): p={"type":"Sequence","pretokenizers":[p]}
+t["pre_tokenizer"]=p')" -p hi
+row "tokenizer_config.json: unknown bos_token" $B sample "$(tokjson tb 'k["bos_token"]="<start>"')" -p hi
+d=$(mk tcfgtrunc tokenizer_config.json); cp "$T/trunc.json" "$d/tokenizer_config.json"; row "tokenizer_config.json truncated" $B sample "$d" -p hi
+row "-f missing file" $B $F -f "$T/none.txt"
+row "-f a FIFO" $B $F -f "$T/fifo"
+row "eval --text missing" $B eval $M --text "$T/none.txt"
+row "eval --text a FIFO" $B eval $M --text "$T/fifo"
+row "eval --text /dev/zero" $B eval $M --text /dev/zero
+row "eval --text of 3 GB" $B eval $M --text "$T/huge.txt"
+row "eval --text empty" $B eval $M --text "$T/empty"
+row "--temperature nan" $B $S --temperature nan
+row "--top-p 2" $B $S --top-p 2
+row "--min-p nan" $B $S --min-p nan
+row "--repeat-penalty nan" $B $S --repeat-penalty nan
+row "--seed ''" $B $S --seed ''
+row "--seed abc" $B $S --seed abc
+row "--prompt-cache-max-mb nan" $B $S --prompt-cache-dir "$T/pc" --prompt-cache-max-mb nan
+row "--ctx-size 2000000000" $B $S --ctx-size 2000000000 --no-kv-preallocate
+row "--ctx-size 0" $B $S --ctx-size 0
+row "--kv-quantize int3" $B $S --kv-quantize int3
+row "--cache-prompt a text file (kept)" $B $S --cache-prompt "$T/notes.txt"
+row "--cache-prompt a FIFO" $B $S --cache-prompt "$T/fifo"
+row "--cache-prompt /dev/null" $B $S --cache-prompt /dev/null
+row "--cache-prompt random bytes" $B $S --cache-prompt "$T/random.bin"
+row "--prompt-cache-dir a file" $B $S --prompt-cache-dir "$T/notes.txt"
+row "a save at ulimit -f" sh -c "ulimit -f 8; exec $B $S --prompt-cache-dir $T/small"
+row "cache inspect a missing file" $B cache inspect "$T/none.kvcache"
+row "cache inspect a FIFO" $B cache inspect "$T/fifo"
+row "cache inspect random bytes" $B cache inspect "$T/random.bin"
+row "cache ls a missing directory" $B cache ls "$T/nodir"
+row "tokenize --file a FIFO" $B tokenize $M --file "$T/fifo"
+row "template a missing file" $B template "$T/none.jinja" --messages "$T/none.json"
