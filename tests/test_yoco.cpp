@@ -388,8 +388,13 @@ TEST_F(TinyYoco, SharedLayerReadsItsDonorsStoredKV) {
   // bytes. Scale its V (the second half of the block) so that attention's output changes.
   const size_t block = size_t(32) * 2 * size_t(model_->kv_shape().kv_dim()) * sizeof(float);
   std::string changed = state;
-  float* vals = reinterpret_cast<float*>(changed.data() + changed.size() - block / 2);
-  for (size_t i = 0; i < block / 2 / sizeof(float); ++i) vals[i] *= -3.0f;
+  char* vals = changed.data() + changed.size() - block / 2;  // not float-aligned: copied in and out
+  for (size_t i = 0; i < block / 2 / sizeof(float); ++i) {
+    float v;
+    std::memcpy(&v, vals + i * sizeof(float), sizeof v);
+    v *= -3.0f;
+    std::memcpy(vals + i * sizeof(float), &v, sizeof v);
+  }
   auto next_logits = [&](const std::string& kv) {
     Session t(*model_, opts(), pool);
     const auto last = s.last_logits();
