@@ -56,15 +56,7 @@ std::string read_text_file(const std::string& path, const std::string& flag) {
   return read_whole_file(path, kMaxTextBytes, "the file given to " + flag);
 }
 
-struct Reply {
-  std::vector<int32_t> tokens;  // sampled ids fed to the session (a stopping EOS not included)
-  std::string text;             // what was printed: special tokens left out, cut at a stop string
-  int sampled = 0;
-  StopReason reason = StopReason::TokenLimit;
-  std::string stop_string;
-  double ttft_ms = 0;  // from the start of the turn's prefill
-  double decode_ms = 0;
-};
+using Reply = GeneratedText;  // ttft_ms: from the start of the turn's prefill
 
 // The decode loop of one reply, from the prompt's logits; streams to stdout unless --json.
 Reply generate_reply(const ChatArgs& a, Session& session, const Tokenizer& tok, const std::vector<int32_t>& eos,
@@ -74,15 +66,10 @@ Reply generate_reply(const ChatArgs& a, Session& session, const Tokenizer& tok, 
   StreamingDetokenizer detok(tok);
   StopText stop(a.stops);
   Reply r;
-  auto emit = [&](const std::string& text) {
-    r.text += text;
-    if (a.json || text.empty()) return;
-    std::fwrite(text.data(), 1, text.size(), stdout);
-    std::fflush(stdout);
-  };
+  TextStream out(r, a.json);
   const auto t_decode = Clock::now();
   for (int i = 0; a.tokens < 0 || i < a.tokens; ++i) {
-    if (interrupted()) {
+    if (interrupted() || out.closed()) {
       r.reason = StopReason::Interrupted;
       break;
     }
@@ -99,18 +86,10 @@ Reply generate_reply(const ChatArgs& a, Session& session, const Tokenizer& tok, 
     }
     r.tokens.push_back(next);
     cur = session.feed({&next, 1});  // in the KV, so that the next turn need not prefill it
-    emit(stop.push(detok.push(next)));
+    out.emit(stop.push(detok.push(next)));
     if (stop.stopped()) break;
   }
-  if (!stop.stopped()) emit(stop.close(detok.finish()));
-  if (stop.stopped()) {
-    r.reason = StopReason::StopString;
-    r.stop_string = stop.found();
-  }
-  if (!a.json) {
-    std::fputc('\n', stdout);
-    std::fflush(stdout);
-  }
+  out.end(stop, detok);
   r.decode_ms = ms_since(t_decode);
   return r;
 }

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
-#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -132,14 +131,7 @@ std::string read_prompt(const SampleArgs& a) {
 }
 
 
-struct Generation {
-  std::vector<int32_t> tokens;  // the ids of the text (a stopping EOS not included)
-  std::string text;             // what was printed
-  int sampled = 0;              // ids sampled, a stopping EOS included
-  StopReason reason = StopReason::TokenLimit;
-  std::string stop_string;
-  double ttft_ms = 0;
-  double decode_ms = 0;
+struct Generation : GeneratedText {
   StepRate rate;
 };
 
@@ -161,16 +153,10 @@ Generation generate(const SampleArgs& a, Session& session, const Tokenizer& tok,
     return tok.eos_id() && *tok.eos_id() == id;
   };
   Generation g;
-  bool stdout_closed = false;  // EPIPE: nobody reads the text any more (SIGPIPE is ignored, main.cpp)
-  auto emit = [&](const std::string& text) {
-    g.text += text;
-    if (a.json || text.empty()) return;
-    std::fwrite(text.data(), 1, text.size(), stdout);
-    if (std::fflush(stdout) != 0 && errno == EPIPE) stdout_closed = true;
-  };
+  TextStream out(g, a.json);
   const auto t_decode = Clock::now();
   for (int i = 0; i < a.tokens; ++i) {
-    if (interrupted() || stdout_closed) {
+    if (interrupted() || out.closed()) {
       g.reason = StopReason::Interrupted;
       break;
     }
@@ -182,7 +168,7 @@ Generation generate(const SampleArgs& a, Session& session, const Tokenizer& tok,
       break;
     }
     g.tokens.push_back(next);
-    emit(stop.push(detok.push(next)));
+    out.emit(stop.push(detok.push(next)));
     if (stop.stopped()) break;
     if (i + 1 == a.tokens) break;
     if (!session.fits(1)) {
@@ -193,15 +179,7 @@ Generation generate(const SampleArgs& a, Session& session, const Tokenizer& tok,
     logits = session.feed({&next, 1});
     g.rate.step();
   }
-  if (!stop.stopped()) emit(stop.close(detok.finish()));
-  if (stop.stopped()) {
-    g.reason = StopReason::StopString;
-    g.stop_string = stop.found();
-  }
-  if (!a.json) {
-    std::fputc('\n', stdout);
-    std::fflush(stdout);
-  }
+  out.end(stop, detok);
   g.decode_ms = ms_since(t_decode);
   return g;
 }

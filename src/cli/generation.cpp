@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <csignal>
+#include <cstdio>
 #include <utility>
 
 namespace ptllm::cli {
@@ -81,6 +83,25 @@ std::string stop_reason_text(StopReason r, const std::string& stop_string, int m
     case StopReason::Interrupted: return "interrupted (Ctrl-C)";
   }
   return "";
+}
+
+void TextStream::emit(const std::string& text) {
+  out_.text += text;
+  if (quiet_ || text.empty()) return;
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  if (std::fflush(stdout) != 0 && errno == EPIPE) closed_ = true;
+}
+
+void TextStream::end(StopText& stop, StreamingDetokenizer& detok) {
+  if (!stop.stopped()) emit(stop.close(detok.finish()));
+  if (stop.stopped()) {
+    out_.reason = StopReason::StopString;
+    out_.stop_string = stop.found();
+  }
+  if (!quiet_) {
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+  }
 }
 
 }  // namespace ptllm::cli

@@ -3,10 +3,12 @@
 // strings held back until they cannot begin a stop string, the stop reason, and Ctrl-C.
 #include <signal.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "engine/stop_text.h"
+#include "tokenizer/tokenizer.h"
 
 namespace ptllm::cli {
 
@@ -21,6 +23,34 @@ enum class StopReason { Eos, StopString, TokenLimit, ContextFull, Interrupted };
 const char* stop_reason_key(StopReason r);
 // What a footer says: "end of sequence (EOS)", "the token limit (--tokens 16)", ...
 std::string stop_reason_text(StopReason r, const std::string& stop_string, int max_tokens, int ctx_size);
+
+// What the decode loop of sample and chat produced.
+struct GeneratedText {
+  std::vector<int32_t> tokens;  // the ids of the text, fed to the session (a stopping EOS not included)
+  std::string text;             // what was printed: special tokens left out, cut at a stop string
+  int sampled = 0;              // ids sampled, a stopping EOS included
+  StopReason reason = StopReason::TokenLimit;
+  std::string stop_string;
+  double ttft_ms = 0;
+  double decode_ms = 0;
+};
+
+// A generation's text as it streams: kept in out.text and, unless quiet (--json), written to stdout
+// at once. closed(): nobody reads stdout any more (EPIPE; SIGPIPE is ignored, main.cpp).
+class TextStream {
+ public:
+  TextStream(GeneratedText& out, bool quiet) : out_(out), quiet_(quiet) {}
+  void emit(const std::string& text);
+  bool closed() const { return closed_; }
+  // The end of the generation: the detokenizer's rest through the stop strings (unless one was
+  // met), out.reason / out.stop_string set when one was, and the line ended on a terminal.
+  void end(StopText& stop, StreamingDetokenizer& detok);
+
+ private:
+  GeneratedText& out_;
+  bool quiet_;
+  bool closed_ = false;
+};
 
 // While alive, the first Ctrl-C sets interrupted() instead of ending the process (the caller stops
 // the generation and prints its footer); SA_RESETHAND restores the default action, so a second
