@@ -9,6 +9,8 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "kernels/affine.h"
+#include "kernels/ggml.h"
 #include "kernels/quant.h"
 #include "kernels/simd.h"
 
@@ -70,6 +72,8 @@ void load_from(const void* src, DType t, float* dst, int n) {
 }
 
 void weight_row(const WeightMatrix& w, int r, float* out) {
+  if (w.format == WeightFormat::Affine) return affine_dequant_row(w, r, out);
+  if (w.format == WeightFormat::Ggml) return ggml_dequant_row(w, r, out);
   load_from(static_cast<const uint8_t*>(w.data) + size_t(r) * size_t(w.cols) * dtype_size(w.dtype), w.dtype, out,
             w.cols);
 }
@@ -113,6 +117,8 @@ constexpr size_t kGemmMaxPartRows = 512;  // matmul, gemm: the widest part a thr
 }  // namespace
 
 void matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool) {
+  if (w.format == WeightFormat::Affine) return affine_matmul(x, T, w, bias, y, pool);
+  if (w.format == WeightFormat::Ggml) return ggml_matmul(x, T, w, bias, y, pool);
   const KernelTable& k = active_kernels();
   if (T <= (w.dtype == DType::BF16 ? kGemvMaxTBf16 : kGemvMaxT)) {
     const size_t min_rows = kGemvMinWeightsPerThread / size_t(std::max(1, w.cols));

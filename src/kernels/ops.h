@@ -1,24 +1,16 @@
 #pragma once
 // Math kernels. They know nothing of the model: plain arrays in, plain arrays out, float32 math.
-// Weights are read in their stored dtype (F32, F16 or BF16), never copied to float32 as a whole.
+// Weights are read in their stored format (kernels/weights.h), never copied to float32 as a whole.
 // Each kernel runs the best SIMD target of the CPU (kernels/simd.h) and has a scalar reference
 // twin (*_ref, plain loops the compiler is told not to vectorize) that the tests compare it with.
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "kernels/weights.h"
 
 namespace ptllm {
 
 class ThreadPool;
-
-// A row-major weight matrix as stored in the checkpoint: [rows][cols].
-struct WeightMatrix {
-  DType dtype = DType::F32;
-  const void* data = nullptr;
-  int rows = 0;
-  int cols = 0;
-  size_t nbytes() const { return size_t(rows) * size_t(cols) * dtype_size(dtype); }
-};
 
 // y[t][r] = sum_k x[t][k] * W[r][k] + bias[r]      x: [T][cols], y: [T][rows], bias: [rows] or null
 // Split over the pool by output columns: a matrix-vector product streaming the weights for small T
@@ -27,7 +19,7 @@ void matmul(const float* x, int T, const WeightMatrix& w, const float* bias, flo
 // Scalar reference twin of matmul (one thread, plain loops, double accumulation), for tests.
 void matmul_ref(const float* x, int T, const WeightMatrix& w, const float* bias, float* y);
 
-// Row `r` of w converted to float32: out [cols].
+// Row `r` of w converted to float32 (any format): out [cols].
 void weight_row(const WeightMatrix& w, int r, float* out);
 
 float dot(const float* a, const float* b, int n);

@@ -7,6 +7,8 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "kernels/affine.h"
+#include "kernels/ggml.h"
 #include "kernels/ops.h"
 #include "kernels/quant.h"
 
@@ -201,8 +203,12 @@ void kivi_v_block_ref(const float* p, int ld_p, int nq, const uint8_t* codes, co
 void matmul_ref(const float* x, int T, const WeightMatrix& w, const float* bias, float* y) {
   std::vector<float> row(size_t(w.cols));
   for (int r = 0; r < w.rows; ++r) {
-    load_from_ref(static_cast<const uint8_t*>(w.data) + size_t(r) * size_t(w.cols) * dtype_size(w.dtype), w.dtype,
-                  row.data(), w.cols);
+    if (w.format == WeightFormat::Affine)
+      affine_dequant_row(w, r, row.data());
+    else if (w.format == WeightFormat::Ggml)
+      ggml_dequant_row(w, r, row.data());
+    else
+      load_from_ref(static_cast<const uint8_t*>(w.data) + size_t(r) * w.row_bytes(), w.dtype, row.data(), w.cols);
     for (int t = 0; t < T; ++t) {
       double s = bias ? bias[r] : 0.0;
       for (int k = 0; k < w.cols; ++k) s += double(x[size_t(t) * size_t(w.cols) + size_t(k)]) * row[size_t(k)];

@@ -59,13 +59,13 @@ struct Loader {
   }
   WeightMatrix matrix(const std::string& name, int rows, int cols) const {
     const TensorView& t = tensor(name, {rows, cols});
-    if (reinterpret_cast<uintptr_t>(t.data) % dtype_size(t.dtype) == 0) return WeightMatrix{t.dtype, t.data, rows, cols};
+    if (reinterpret_cast<uintptr_t>(t.data) % dtype_size(t.dtype) == 0) return dense_matrix(t.dtype, t.data, rows, cols);
     // The format does not promise aligned data (writers pad the header to 8 bytes, but a file may
     // not): such a tensor is copied once into aligned memory instead of being read misaligned.
     const size_t words = (t.nbytes + sizeof(float) - 1) / sizeof(float);
     aligned_copies.emplace_back(new float[words]);
     std::memcpy(aligned_copies.back().get(), t.data, t.nbytes);
-    return WeightMatrix{t.dtype, aligned_copies.back().get(), rows, cols};
+    return dense_matrix(t.dtype, aligned_copies.back().get(), rows, cols);
   }
   std::vector<float> vec(const std::string& name, int n) const {
     const TensorView& t = tensor(name, {n});
