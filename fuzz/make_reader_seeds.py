@@ -87,6 +87,20 @@ def main():
             req["tools"] = c["tools"]
         add("fuzz_chat_template", read(t) + SEP + json.dumps(req).encode())
 
+    # Request bodies as the OpenAI clients send them, from the chat cases and a few completions.
+    for c in cases:
+        req = {"model": "m", "messages": c["messages"], "temperature": 0.7, "top_p": 0.9, "max_tokens": 32,
+               "stream": True, "stream_options": {"include_usage": True}, "stop": ["\n\n", "END"], "seed": 7}
+        if "tools" in c:
+            req["tools"] = c["tools"]
+        add("fuzz_request", json.dumps(req).encode())
+    for req in ({"prompt": "In the beginning", "max_tokens": 8, "temperature": 0},
+                {"prompt": [1, 2, 3, 70000], "stop": "x", "n": 1, "top_k": 40, "min_p": 0.05},
+                {"prompt": ["one"], "repeat_penalty": 1.1, "stream": False, "max_completion_tokens": 4},
+                {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+                 "presence_penalty": 0, "frequency_penalty": 0}):
+        add("fuzz_request", json.dumps(req).encode())
+
     for target, items in seeds.items():
         d = os.path.join(out, target)
         os.makedirs(d, exist_ok=True)

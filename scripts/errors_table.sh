@@ -101,6 +101,8 @@ row "--seed abc" $B $S --seed abc
 row "--prompt-cache-max-mb nan" $B $S --prompt-cache-dir "$T/pc" --prompt-cache-max-mb nan
 row "--ctx-size 2000000000" $B $S --ctx-size 2000000000 --no-kv-preallocate
 row "--ctx-size 0" $B $S --ctx-size 0
+big=$(cfg bigctx "c['max_position_embeddings']=1<<30")
+row "--ctx-size 1073741824 (more than RAM)" $B sample "$big" -p hi -n 1 --ctx-size 1073741824
 row "--kv-quantize int3" $B $S --kv-quantize int3
 row "--cache-prompt a text file (kept)" $B $S --cache-prompt "$T/notes.txt"
 row "--cache-prompt a FIFO" $B $S --cache-prompt "$T/fifo"

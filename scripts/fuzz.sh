@@ -9,18 +9,23 @@
 #   scripts/fuzz.sh          # 60 s per target
 #   scripts/fuzz.sh 600      # the long runs (10 CPU-minutes each)
 #   FUZZ_TARGETS="fuzz_config fuzz_encode" scripts/fuzz.sh 30
+#   FUZZ_JOBS=9 scripts/fuzz.sh 600   # the targets side by side, one core each (a many-core machine)
+#   FUZZ_NO_BUILD=1 ...                # run the binaries already in $FUZZ_BUILD/fuzz (built elsewhere)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_PER_TARGET=${1:-60}
 B=${FUZZ_BUILD:-build-fuzz}
-ALL="fuzz_cache_file fuzz_safetensors fuzz_config fuzz_tokenizer fuzz_tokenizer_config fuzz_encode fuzz_detokenizer fuzz_chat_template"
+ALL="fuzz_cache_file fuzz_safetensors fuzz_config fuzz_tokenizer fuzz_tokenizer_config fuzz_encode fuzz_detokenizer fuzz_chat_template fuzz_request"
 TARGETS=${FUZZ_TARGETS:-$ALL}
 
-if [ ! -f "$B/CMakeCache.txt" ]; then
+JOBS=${FUZZ_JOBS:-1}
+if [ -n "${FUZZ_NO_BUILD:-}" ]; then
+  :
+elif [ ! -f "$B/CMakeCache.txt" ]; then
   CC=${CC:-clang-14} CXX=${CXX:-clang++-14} cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPTLLM_FUZZ=ON \
     -DPTLLM_SANITIZE=address,undefined -DPTLLM_BUILD_TESTS=OFF -DPTLLM_BUILD_BENCH=OFF >/dev/null
 fi
-cmake --build "$B" -j"${FUZZ_BUILD_JOBS:-2}" --target fuzz_all >/dev/null
+[ -n "${FUZZ_NO_BUILD:-}" ] || cmake --build "$B" -j"${FUZZ_BUILD_JOBS:-2}" --target fuzz_all >/dev/null
 
 SEEDS="$B/seeds"
 rm -rf "$SEEDS"
@@ -30,14 +35,13 @@ python3 fuzz/make_reader_seeds.py . "$SEEDS"
 dict_of() {
   case "$1" in
     fuzz_chat_template|fuzz_tokenizer_config) echo "-dict=fuzz/jinja.dict" ;;
-    fuzz_safetensors|fuzz_config|fuzz_tokenizer) echo "-dict=fuzz/json.dict" ;;
+    fuzz_safetensors|fuzz_config|fuzz_tokenizer|fuzz_request) echo "-dict=fuzz/json.dict" ;;
     *) echo "" ;;
   esac
 }
 
-status=0
-printf '%-24s %12s %10s %10s  %s\n' TARGET INPUTS COVERAGE FEATURES CRASHES
-for t in $TARGETS; do
+run_target() {
+  local t=$1 corpus art log bad inputs cov ft found
   corpus="$B/corpus/$t" art="$B/artifacts/$t" log="$B/logs/$t.log"
   mkdir -p "$corpus" "$art" "$(dirname "$log")" "$SEEDS/$t"
   rm -f "$art"/*
@@ -59,6 +63,22 @@ for t in $TARGETS; do
   found=$(find "$art" -type f | wc -l)
   bad=$((bad + found))
   printf '%-24s %12s %10s %10s  %s\n' "$t" "${inputs:-?}" "${cov:-?}" "${ft:-?}" "$found${found:+ }$( [ "$found" -gt 0 ] && echo "(in $art)")"
-  [ "$bad" -eq 0 ] || status=1
+  [ "$bad" -eq 0 ]
+}
+
+status=0
+printf '%-24s %12s %10s %10s  %s\n' TARGET INPUTS COVERAGE FEATURES CRASHES
+mkdir -p "$B/logs"
+running=0
+for t in $TARGETS; do
+  if [ "$JOBS" -le 1 ]; then
+    run_target "$t" || status=1
+    continue
+  fi
+  run_target "$t" >"$B/logs/$t.line" &
+  running=$((running + 1))
+  if [ "$running" -ge "$JOBS" ]; then wait -n || status=1; running=$((running - 1)); fi
 done
+while [ "$running" -gt 0 ]; do wait -n || status=1; running=$((running - 1)); done
+if [ "$JOBS" -gt 1 ]; then for t in $TARGETS; do cat "$B/logs/$t.line"; done; fi
 exit $status

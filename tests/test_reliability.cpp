@@ -117,6 +117,23 @@ TEST(ConfigBoundsTest, CtxSizeAboveMaxPositionEmbeddingsIsAUsageError) {
   EXPECT_EQ(run_limited((test::binary() + kSample + " --ctx-size 2048")).code, 0);
 }
 
+// A capacity the model allows but the machine cannot hold: the sizes, before anything is allocated
+// (kjv-tiny stores kilobytes a token: 2^30 of them are terabytes).
+TEST(ConfigBoundsTest, ACtxSizeBeyondTheMachinesMemoryIsRefusedWithTheSizes) {
+  json c = kjv_config();
+  c["max_position_embeddings"] = 1 << 30;
+  test::TempDir tmp;
+  const std::string model = model_with_config(tmp.path / "m", c).string();
+  const auto r = run_limited(test::binary() + " sample " + model + " -p hi -n 1 --ctx-size 1073741824");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_TRUE(has(r.err, "the KV cache needs")) << r.err;
+  EXPECT_TRUE(has(r.err, "of memory available (MemAvailable")) << r.err;
+  EXPECT_FALSE(has(r.err, "bad_alloc")) << r.err;
+  // Without preallocation the blocks come as the context grows: only their bookkeeping is counted.
+  EXPECT_EQ(run_limited(test::binary() + " sample " + model + " -p hi -n 1 --ctx-size 1048576 --no-kv-preallocate").code,
+            0);
+}
+
 TEST(SafetensorsTest, ATensorNamedTwiceInTheHeaderIsRefused) {
   test::TempDir tmp;
   const fs::path p = tmp.path / "model.safetensors";
@@ -380,6 +397,8 @@ TEST(CacheSaveSignalsTest, AClosedStdoutStillSavesAWholeFile) {
                                    "--threads 1 --cache-prompt " + f.string() + " | head -c 1)");
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out.size(), 1u);
+  // Told as what it is, not as a Ctrl-C.
+  EXPECT_NE(r.err.find("stopped: stdout was closed (nobody reads the output)"), std::string::npos) << r.err;
   std::string buffer;
   EXPECT_EQ(error_of([&] { read_cache_file(f, buffer); }), "");
   EXPECT_EQ(files_in(tmp.path), std::vector<std::string>{"p.kvcache"});

@@ -70,7 +70,7 @@ Reply generate_reply(const ChatArgs& a, Session& session, const Tokenizer& tok, 
   const auto t_decode = Clock::now();
   for (int i = 0; a.tokens < 0 || i < a.tokens; ++i) {
     if (interrupted() || out.closed()) {
-      r.reason = StopReason::Interrupted;
+      r.reason = interrupted() ? StopReason::Interrupted : StopReason::OutputClosed;
       break;
     }
     const int32_t next = sampler.sample(cur, session.history());
@@ -297,6 +297,7 @@ int run_chat(ChatArgs& a) {
       std::fprintf(stderr, "error: %s (the message was dropped)\n", e.what());
       continue;
     }
+    if (r.reason == StopReason::OutputClosed) return 0;  // nobody reads the replies any more
     if (r.reason == StopReason::Interrupted) {
       if (!source.interactive()) return 130;  // a script interrupted ends; a person goes on typing
       clear_interrupted();

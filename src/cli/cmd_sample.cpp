@@ -157,7 +157,7 @@ Generation generate(const SampleArgs& a, Session& session, const Tokenizer& tok,
   const auto t_decode = Clock::now();
   for (int i = 0; i < a.tokens; ++i) {
     if (interrupted() || out.closed()) {
-      g.reason = StopReason::Interrupted;
+      g.reason = interrupted() ? StopReason::Interrupted : StopReason::OutputClosed;
       break;
     }
     const int32_t next = sampler.sample(logits, session.history());

@@ -48,6 +48,7 @@ const char* stop_reason_key(StopReason r) {
     case StopReason::TokenLimit: return "token_limit";
     case StopReason::ContextFull: return "context_full";
     case StopReason::Interrupted: return "interrupted";
+    case StopReason::OutputClosed: return "output_closed";
   }
   return "";
 }
@@ -81,6 +82,7 @@ std::string stop_reason_text(StopReason r, const std::string& stop_string, int m
     case StopReason::TokenLimit: return "the token limit (--tokens " + std::to_string(max_tokens) + ")";
     case StopReason::ContextFull: return "the context is full (" + std::to_string(ctx_size) + " tokens, --ctx-size)";
     case StopReason::Interrupted: return "interrupted (Ctrl-C)";
+    case StopReason::OutputClosed: return "stdout was closed (nobody reads the output)";
   }
   return "";
 }

@@ -18,8 +18,9 @@ std::string process_escapes(const std::string& in);
 // StopText (stop strings held back until they cannot begin one) lives in engine/ (the server uses it too).
 using ptllm::StopText;
 
-enum class StopReason { Eos, StopString, TokenLimit, ContextFull, Interrupted };
-// "eos", "stop_string", "token_limit", "context_full", "interrupted" (the JSON values).
+enum class StopReason { Eos, StopString, TokenLimit, ContextFull, Interrupted, OutputClosed };
+// "eos", "stop_string", "token_limit", "context_full", "interrupted", "output_closed" (the JSON values;
+// output_closed: stdout was closed by its reader, `| head -c 100`).
 const char* stop_reason_key(StopReason r);
 // What a footer says: "end of sequence (EOS)", "the token limit (--tokens 16)", ...
 std::string stop_reason_text(StopReason r, const std::string& stop_string, int max_tokens, int ctx_size);

@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 
 #include "core/error.h"
+#include "core/memory.h"
 
 namespace ptllm {
 
@@ -20,12 +21,29 @@ uint8_t* alloc_aligned(size_t bytes, size_t align = kAlign) {
   if (!p) throw Error("KV cache: cannot allocate " + std::to_string(bytes) + " bytes");
   return static_cast<uint8_t*>(p);
 }
+// The block size rounded to kAlign, once the pool is known to fit: the arena (when preallocated)
+// and the per-block bookkeeping against the memory this machine has left, refused with the sizes
+// before any of it is allocated (a --ctx-size of 2^30 tokens is a message, not a bad_alloc or the
+// OOM killer).
+size_t checked_block_bytes(size_t block_bytes, size_t capacity, bool preallocate, int tokens_per_block) {
+  const size_t aligned = (block_bytes + kAlign - 1) / kAlign * kAlign;
+  const double per_block = double(preallocate ? aligned : 0) + 64.0 + 4.0 * tokens_per_block;
+  const double need = per_block * double(capacity);
+  const std::optional<size_t> avail = available_memory_bytes();
+  if (avail && need > double(*avail))
+    throw Error("the KV cache needs " + memory_size_text(size_t(need)) + " (" + std::to_string(capacity) +
+                " blocks of " + memory_size_text(aligned) + (preallocate ? ", preallocated" : " of bookkeeping") +
+                "), more than the " + memory_size_text(*avail) +
+                " of memory available (MemAvailable, /proc/meminfo): lower --ctx-size (serve: --parallel or "
+                "--kv-budget-mb) or pick a smaller --kv-quantize");
+  return aligned;
+}
 }  // namespace
 
 void BlockPool::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
 
 BlockPool::BlockPool(size_t block_bytes, size_t capacity, bool preallocate, int tokens_per_block)
-    : block_bytes_((block_bytes + kAlign - 1) / kAlign * kAlign),
+    : block_bytes_(checked_block_bytes(block_bytes, capacity, preallocate, tokens_per_block)),
       capacity_(capacity),
       tokens_per_block_(tokens_per_block),
       ptr_(capacity, nullptr),
