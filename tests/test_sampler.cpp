@@ -113,5 +113,29 @@ TEST(SamplerTest, RepetitionPenaltySteersAwayFromRecentTokens) {
   EXPECT_FLOAT_EQ(d[2], -1.5f);  // negative logits are multiplied
 }
 
+// OpenAI's additive penalties: presence once per distinct recent token, frequency per occurrence,
+// both over the last repeat_last_n tokens only.
+TEST(SamplerTest, PresenceAndFrequencyPenaltiesSubtractPerTokenAndPerOccurrence) {
+  SamplingConfig c = plain(0.f);
+  c.presence_penalty = 0.5f;
+  c.frequency_penalty = 0.25f;
+  c.repeat_last_n = 4;
+  Sampler s(c);
+  std::vector<float> l = {2.0f, 1.9f, 1.0f, 0.0f};
+  EXPECT_EQ(s.sample(l, std::vector<int32_t>{0, 9, 0, 1, 0, 2, 0}), 1);  // the last 4: 1, 0, 2, 0
+  EXPECT_FLOAT_EQ(l[0], 2.0f - 0.5f - 2 * 0.25f);
+  EXPECT_FLOAT_EQ(l[1], 1.9f - 0.5f - 0.25f);
+  EXPECT_FLOAT_EQ(l[2], 1.0f - 0.5f - 0.25f);
+  EXPECT_FLOAT_EQ(l[3], 0.0f);
+  // Negative values reward repetition, as OpenAI allows; with the repetition penalty, it goes first.
+  c.presence_penalty = -1.0f;
+  c.frequency_penalty = 0.0f;
+  c.repeat_penalty = 2.0f;
+  Sampler r(c);
+  std::vector<float> m = {3.0f, 2.0f};
+  EXPECT_EQ(r.sample(m, std::vector<int32_t>{1}), 0);
+  EXPECT_FLOAT_EQ(m[1], 2.0f / 2.0f + 1.0f);
+}
+
 }  // namespace
 }  // namespace ptllm

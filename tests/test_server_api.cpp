@@ -21,6 +21,7 @@ TEST(ServerApi, ChatFieldsBecomeGenerationParams) {
   const ApiRequest r = parse_request(R"({"model": "m", "messages": [{"role": "system", "content": "s"},
       {"role": "user", "content": [{"type": "text", "text": "hi"}]}], "max_completion_tokens": 9, "temperature": 0.5,
       "top_p": 0.9, "top_k": 5, "min_p": 0.1, "repeat_penalty": 1.1, "seed": 42, "stop": ["a", "bc"],
+      "presence_penalty": 0.5, "frequency_penalty": -0.25, "repeat_last_n": 32,
       "stream": true, "stream_options": {"include_usage": true}, "tools": [{"type": "function"}], "n": 1})",
                                      Endpoint::Chat, 7);
   EXPECT_EQ(r.model, "m");
@@ -32,6 +33,9 @@ TEST(ServerApi, ChatFieldsBecomeGenerationParams) {
   EXPECT_EQ(r.params.sampling.top_k, 5);
   EXPECT_FLOAT_EQ(r.params.sampling.min_p, 0.1f);
   EXPECT_FLOAT_EQ(r.params.sampling.repeat_penalty, 1.1f);
+  EXPECT_FLOAT_EQ(r.params.sampling.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(r.params.sampling.frequency_penalty, -0.25f);
+  EXPECT_EQ(r.params.sampling.repeat_last_n, 32);
   EXPECT_EQ(r.params.sampling.seed, 42u);
   EXPECT_EQ(r.params.stops, (std::vector<std::string>{"a", "bc"}));
   EXPECT_TRUE(r.stream);
@@ -60,9 +64,10 @@ TEST(ServerApi, ErrorsNameTheField) {
   EXPECT_EQ(error_of(R"({"messages": [{"role": "user", "content": "x"}], "top_p": 1.5})").param, "top_p");
   EXPECT_EQ(error_of(R"({"messages": [{"role": "user", "content": "x"}], "seed": "1"})").param, "seed");
   EXPECT_EQ(error_of(R"({"messages": [{"role": "user", "content": "x"}], "stream": "yes"})").param, "stream");
-  const ApiError pen = error_of(R"({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 0.5})");
-  EXPECT_EQ(pen.param, "presence_penalty");
-  EXPECT_NE(pen.message.find("repeat_penalty"), std::string::npos);
+  EXPECT_EQ(error_of(R"({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 2.5})").param,
+            "presence_penalty");
+  EXPECT_EQ(error_of(R"({"messages": [{"role": "user", "content": "x"}], "frequency_penalty": "1"})").param,
+            "frequency_penalty");
   EXPECT_EQ(error_of(R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})").param, "messages[0].content[0]");
   EXPECT_EQ(error_of(R"({"messages": [{"role": "user"}]})").param, "messages[0].content");
   EXPECT_EQ(error_of(R"({})").param, "messages");

@@ -332,17 +332,7 @@ Command add_sample_command(CLI::App& root) {
       ->default_str("");
   app->add_option("--tokens,-n", a->tokens, "Tokens to generate (fewer at EOS, a stop string, a full context)")
       ->check(integer_at_least(0));
-  app->add_option("--temperature,--temp", a->sampling.temperature, "Sampling temperature (0 = greedy)")
-      ->check(number_at_least(0));
-  app->add_option("--top-k", a->sampling.top_k, "Keep the K most likely tokens (0 = off)")
-      ->check(integer_at_least(0));
-  app->add_option("--top-p", a->sampling.top_p, "Nucleus sampling threshold (1 = off)")->check(number_between(0, 1));
-  app->add_option("--min-p", a->sampling.min_p, "Drop tokens below P times the top probability (0 = off)")
-      ->check(number_between(0, 1));
-  app->add_option("--repeat-penalty", a->sampling.repeat_penalty, "Penalty for recent tokens (1 = off)")
-      ->check(number_at_least(0, /*exclusive=*/true));
-  app->add_option("--repeat-last-n", a->sampling.repeat_last_n, "Tokens the penalty looks back over (-1 = all)")
-      ->check(integer_between(-1, 1 << 30));
+  add_sampling_options(*app, a->sampling);
   app->add_option("--seed,-s", a->seed, "RNG seed (-1 = random, printed in the footer)")
       ->check(CLI::Validator([](std::string& s) { return s == "-1" ? std::string() : unsigned_integer()(s); }, ""))
       ->type_name("INT");

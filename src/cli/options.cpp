@@ -207,6 +207,24 @@ SessionOptions make_session_options(const RuntimeOptions& o, const ModelConfig& 
   return s;
 }
 
+void add_sampling_options(CLI::App& app, SamplingConfig& s) {
+  app.add_option("--temperature,--temp", s.temperature, "Sampling temperature (0 = greedy)")->check(number_at_least(0));
+  app.add_option("--top-k", s.top_k, "Keep the K most likely tokens (0 = off)")->check(integer_at_least(0));
+  app.add_option("--top-p", s.top_p, "Nucleus sampling threshold (1 = off)")->check(number_between(0, 1));
+  app.add_option("--min-p", s.min_p, "Drop tokens below P times the top probability (0 = off)")
+      ->check(number_between(0, 1));
+  app.add_option("--repeat-penalty", s.repeat_penalty, "Penalty for recent tokens (1 = off)")
+      ->check(number_at_least(0, /*exclusive=*/true));
+  app.add_option("--repeat-last-n", s.repeat_last_n, "Tokens the penalties look back over (-1 = all)")
+      ->check(integer_between(-1, 1 << 30));
+  app.add_option("--presence-penalty", s.presence_penalty,
+                 "Subtracted once from the logit of every token among the recent ones (0 = off)")
+      ->check(number_between(-2, 2));
+  app.add_option("--frequency-penalty", s.frequency_penalty,
+                 "Subtracted from a recent token's logit per time it occurs (0 = off)")
+      ->check(number_between(-2, 2));
+}
+
 int resolve_threads(const RuntimeOptions& o) { return o.threads > 0 ? o.threads : ThreadPool::default_threads(); }
 
 void add_model_option(CLI::App& app, std::string& dir, const std::string& description) {

@@ -8,6 +8,7 @@
 
 #include "engine/kv_report.h"
 #include "engine/session.h"
+#include "sample/sampler.h"
 
 namespace ptllm::cli {
 
@@ -27,6 +28,8 @@ struct RuntimeOptions {
 };
 
 void add_runtime_options(CLI::App& app, RuntimeOptions& o);
+// --temperature, --top-k, --top-p, --min-p and the penalties (sample and chat; the seed is the command's).
+void add_sampling_options(CLI::App& app, SamplingConfig& s);
 // Validated session options for a model (throws UsageError for bad values).
 SessionOptions make_session_options(const RuntimeOptions& o, const ModelConfig& cfg);
 int resolve_threads(const RuntimeOptions& o);

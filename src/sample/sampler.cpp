@@ -41,18 +41,22 @@ Sampler::Sampler(const SamplingConfig& cfg) : cfg_(cfg), rng_(cfg.seed) {}
 
 int32_t Sampler::sample(std::span<float> logits, std::span<const int32_t> history) {
   const int vocab = int(logits.size());
-  if (cfg_.repeat_penalty != 1.0f && cfg_.repeat_last_n != 0) {
-    // CTRL-style penalty (as transformers and llama.cpp): shrink the logits of recent tokens.
+  const bool penalties = cfg_.repeat_penalty != 1.0f || cfg_.presence_penalty != 0.0f || cfg_.frequency_penalty != 0.0f;
+  if (penalties && cfg_.repeat_last_n != 0) {
+    // Over the recent tokens, each distinct one once (llama.cpp's penalties sampler): the CTRL-style
+    // repetition penalty shrinks its logit (as transformers), then the additive ones subtract.
     size_t n = cfg_.repeat_last_n < 0 ? history.size() : std::min(history.size(), size_t(cfg_.repeat_last_n));
     auto recent = history.subspan(history.size() - n);
-    std::vector<bool>& seen = seen_;
-    seen.assign(size_t(vocab), false);
+    count_.assign(size_t(vocab), 0);
     for (int32_t id : recent)
-      if (id >= 0 && id < vocab && !seen[size_t(id)]) {
-        seen[size_t(id)] = true;
-        float& l = logits[size_t(id)];
-        l = l > 0 ? l / cfg_.repeat_penalty : l * cfg_.repeat_penalty;
-      }
+      if (id >= 0 && id < vocab) ++count_[size_t(id)];
+    for (int32_t id : recent) {
+      if (id < 0 || id >= vocab || count_[size_t(id)] == 0) continue;
+      float& l = logits[size_t(id)];
+      l = l > 0 ? l / cfg_.repeat_penalty : l * cfg_.repeat_penalty;
+      l -= float(count_[size_t(id)]) * cfg_.frequency_penalty + cfg_.presence_penalty;
+      count_[size_t(id)] = 0;  // done: the next occurrence is skipped
+    }
   }
   if (cfg_.temperature <= 0.f) return argmax(logits);
 

@@ -1,5 +1,6 @@
 #pragma once
-// Token samplers: greedy at temperature 0; otherwise repetition penalty -> top-k -> top-p -> min-p ->
+// Token samplers: the penalties (repetition, presence, frequency) first, then greedy at temperature
+// 0; otherwise top-k -> top-p -> min-p ->
 // temperature -> a draw from a seeded RNG (llama.cpp's order).
 #include <cstdint>
 #include <span>
@@ -13,7 +14,11 @@ struct SamplingConfig {
   float top_p = 0.95f;        // 1 = off
   float min_p = 0.05f;        // 0 = off
   float repeat_penalty = 1.0f;  // 1 = off
-  int repeat_last_n = 64;     // tokens of history the penalty looks at
+  int repeat_last_n = 64;     // tokens of history the penalties look at
+  // OpenAI's (and llama.cpp's) additive penalties over the same tokens: a token's logit loses
+  // frequency_penalty per time it occurs and presence_penalty once if it occurs at all. 0 = off.
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
   uint64_t seed = 0;
 };
 
@@ -40,7 +45,7 @@ class Sampler {
   // Scratch reused across steps: no allocation per step after the first.
   std::vector<std::pair<float, int32_t>> cand_;
   std::vector<float> prob_;
-  std::vector<bool> seen_;
+  std::vector<int32_t> count_;
 };
 
 // Index of the largest logit (the first one on ties, as torch.argmax).

@@ -155,12 +155,9 @@ void read_sampling(const json& body, ApiRequest& r) {
     if (!seed->is_number_integer()) wrong_type("seed", "an integer", *seed);
     s.seed = seed->is_number_unsigned() ? seed->get<uint64_t>() : uint64_t(seed->get<int64_t>());
   }
-  for (const char* name : {"presence_penalty", "frequency_penalty"}) {
-    float p = 0;
-    read_number(body, name, -2, 2, p);
-    if (p != 0)
-      throw bad_request(std::string(name) + ": not supported by this server; use repeat_penalty (1 = off)", name);
-  }
+  read_number(body, "presence_penalty", -2, 2, s.presence_penalty);
+  read_number(body, "frequency_penalty", -2, 2, s.frequency_penalty);
+  if (read_int(body, "repeat_last_n", -1, 1 << 30, i)) s.repeat_last_n = int(i);
 }
 
 }  // namespace
