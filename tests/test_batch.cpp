@@ -10,6 +10,7 @@
 #include "engine/session.h"
 #include "model/model.h"
 #include "sample/sampler.h"
+#include "test_greedy.h"
 #include "test_util.h"
 
 namespace ptllm {
@@ -68,13 +69,9 @@ TEST_P(BatchEquivalence, TogetherEqualsAlone) {
   std::vector<std::vector<float>> alone_logits(n);
   for (int i = 0; i < n; ++i) {
     Session s(*model_, options(), pool);
-    std::span<float> lg = s.feed(prompts[size_t(i)]);
-    for (int t = 0; t < steps; ++t) {
-      const int32_t next = argmax(lg);
-      alone_ids[size_t(i)].push_back(next);
-      lg = s.feed({&next, 1});
-    }
-    alone_logits[size_t(i)].assign(lg.begin(), lg.end());
+    test::Greedy g = test::greedy(s, prompts[size_t(i)], steps);
+    alone_ids[size_t(i)] = std::move(g.ids);
+    alone_logits[size_t(i)] = std::move(g.last_logits);
   }
 
   std::vector<std::unique_ptr<Session>> sessions;

@@ -15,6 +15,7 @@
 #include "kv/kv_cache.h"
 #include "model/model.h"
 #include "sample/sampler.h"
+#include "test_greedy.h"
 #include "test_util.h"
 
 namespace ptllm {
@@ -107,13 +108,8 @@ bool dense(KVPrecision p) { return !is_kivi(p); }
 // Greedy continuation of `p` for `steps` tokens; returns the ids and the last logits.
 std::pair<std::vector<int32_t>, std::vector<float>> continue_greedy(Session& s, const std::vector<int32_t>& p,
                                                                     int steps) {
-  std::span<float> lg = s.feed(p);
-  std::vector<int32_t> ids;
-  for (int i = 0; i < steps; ++i) {
-    ids.push_back(argmax(lg));
-    lg = s.feed({&ids.back(), 1});
-  }
-  return {ids, std::vector<float>(lg.begin(), lg.end())};
+  test::Greedy g = test::greedy(s, p, steps);
+  return {std::move(g.ids), std::move(g.last_logits)};
 }
 
 TEST_P(SharedPrefix, SharedEqualsPrivateAndLeavesNoReference) {

@@ -12,6 +12,7 @@
 #include "engine/scheduler.h"
 #include "engine/session.h"
 #include "sample/sampler.h"
+#include "test_greedy.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -29,13 +30,7 @@ std::vector<int32_t> random_prompt(uint32_t seed, int n, int vocab) {
 // The reference: one private Session, greedy, every step fed alone.
 std::vector<int32_t> alone(Runtime& rt, const SessionOptions& o, const std::vector<int32_t>& prompt, int steps) {
   Session s(rt.model(), o, rt.pool());
-  std::span<float> lg = s.feed(prompt);
-  std::vector<int32_t> ids;
-  for (int i = 0; i < steps; ++i) {
-    ids.push_back(argmax(lg));
-    if (i + 1 < steps) lg = s.feed({&ids.back(), 1});
-  }
-  return ids;
+  return test::greedy(s, prompt, steps, -1, /*feed_last=*/false).ids;
 }
 
 GenerationParams greedy(int max_tokens) {

@@ -21,6 +21,7 @@
 #include "engine/session.h"
 #include "sample/sampler.h"
 #include "server/http_server.h"
+#include "test_greedy.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -89,17 +90,7 @@ class ServerTest : public ::testing::Test {
     SessionOptions o;
     o.kv.ctx_size = 512;
     Session s(rt_->model(), o, rt_->pool());
-    std::span<float> lg = s.feed(ids);
-    std::vector<int32_t> out;
-    for (int i = 0; i < steps; ++i) {
-      out.push_back(argmax(lg));
-      if (out.back() == 1) {
-        out.pop_back();
-        break;
-      }
-      lg = s.feed({&out.back(), 1});
-    }
-    return rt_->tokenizer().decode(out);
+    return rt_->tokenizer().decode(test::greedy(s, ids, steps, /*stop=*/1).ids);
   }
   static json chat_body(const std::string& user, int max_tokens) {
     return {{"model", "kjv-tiny"},
