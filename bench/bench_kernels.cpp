@@ -3,6 +3,8 @@
 //   prefill/<shape>/{ours_bf16,ours_f32,openblas_f32}   matmul at the prefill shapes of Llama-3.2-1B
 //       (512 tokens) next to OpenBLAS sgemm on the same shapes and threads
 //   product/{gemv,gemm}/<T>           the two product kernels at small T (where matmul switches)
+//   product/{bf16,ggml_<type>}/{gemv,gemm}/<T>/<N>x<K>   matmul over llama.cpp's block formats
+//       (Q4_K, Q6_K, Q8_0, Q4_0) beside bf16 at the same shapes: decode (T = 1, 8), prefill (64, 256)
 //   decode/gemv_bf16, decode/read     a decode-size weight stream against a plain read of as many bytes
 // Threads: PTLLM_BENCH_THREADS (default: all cores), for our pool and OpenBLAS alike. OpenBLAS is
 // loaded at run time (libopenblas.so.0, from libopenblas0 / libopenblas-dev); without it the
@@ -15,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -22,6 +25,7 @@
 
 #include "core/dtype.h"
 #include "core/thread_pool.h"
+#include "kernels/ggml.h"
 #include "kernels/ops.h"
 #include "kernels/quant.h"
 #include "kernels/simd.h"
@@ -401,6 +405,54 @@ void register_products() {
     }
 }
 
+// ---- llama.cpp's block formats beside bf16 ------------------------------------------------------
+
+// One matrix per (format, shape), built once (the K-quant reference quantizers take a second or two
+// on the larger shape) and kept for the process.
+const std::vector<uint8_t>& bench_weights(const std::string& fmt, int N, int K) {
+  static std::map<std::string, std::vector<uint8_t>> cache;
+  const std::string key = fmt + "/" + std::to_string(N) + "x" + std::to_string(K);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  const auto wf = random_floats(size_t(N) * size_t(K), -0.05f, 0.05f);
+  std::vector<uint8_t> bytes;
+  if (fmt == "bf16") {
+    const auto w = as_16bit(wf, DType::BF16);
+    bytes.resize(w.size() * 2);
+    std::memcpy(bytes.data(), w.data(), bytes.size());
+  } else {
+    const WeightMatrix shape = ggml_matrix(ggml_type_by_name(fmt.substr(5)), nullptr, N, K);
+    bytes.resize(shape.nbytes());
+    for (int r = 0; r < N; ++r)
+      ggml_quantize_row(shape.ggml, wf.data() + size_t(r) * size_t(K), K, bytes.data() + size_t(r) * shape.row_bytes());
+  }
+  return cache.emplace(key, std::move(bytes)).first->second;
+}
+
+void register_ggml_products() {
+  const std::pair<int, int> shapes[] = {{2048, 2048}, {5632, 2048}};
+  for (const char* fmt : {"bf16", "ggml_Q4_K", "ggml_Q6_K", "ggml_Q8_0", "ggml_Q4_0"})
+    for (const auto& [N, K] : shapes)
+      for (int T : {1, 8, 64, 256}) {
+        const std::string kind = T <= 8 ? "gemv" : "gemm";
+        const std::string name = std::string("product/") + fmt + "/" + kind + "/" + std::to_string(T) + "/" +
+                                 std::to_string(N) + "x" + std::to_string(K);
+        benchmark::RegisterBenchmark(name.c_str(), [fmt = std::string(fmt), N, K, T](benchmark::State& st) {
+          const std::vector<uint8_t>& w = bench_weights(fmt, N, K);
+          const WeightMatrix m = fmt == "bf16" ? WeightMatrix{DType::BF16, w.data(), N, K}
+                                               : ggml_matrix(ggml_type_by_name(fmt.substr(5)), w.data(), N, K);
+          auto x = random_floats(size_t(T) * size_t(K));
+          std::vector<float> y(size_t(T) * size_t(N));
+          for (auto _ : st) {
+            matmul(x.data(), T, m, nullptr, y.data(), pool());
+            benchmark::ClobberMemory();
+          }
+          st.counters["tok/s"] = benchmark::Counter(double(T) * double(st.iterations()), benchmark::Counter::kIsRate);
+          st.SetBytesProcessed(int64_t(st.iterations()) * int64_t(m.nbytes()));
+        })->UseRealTime();
+      }
+}
+
 // ---- decode: a weight stream larger than any cache, against a plain read ------------------------
 
 constexpr size_t kStreamBytes = size_t(512) << 20;
@@ -454,6 +506,7 @@ int main(int argc, char** argv) {
   register_kernels();
   register_prefill();
   register_products();
+  register_ggml_products();
   register_decode();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

@@ -197,6 +197,10 @@ TEST(GgmlLayout, BadInputIsAnError) {
     EXPECT_NE(std::string(e.what()).find("Q4_K"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("48"), std::string::npos) << e.what();
   }
+  EXPECT_EQ(ggml_type_by_name("Q6_K"), GgmlType::Q6_K);
+  EXPECT_EQ(ggml_type_by_name("Q8_0"), GgmlType::Q8_0);
+  EXPECT_THROW(ggml_type_by_name("Q7_K"), Error);
+  EXPECT_THROW(ggml_type_by_name(""), Error);
   EXPECT_THROW(ggml_quantize_row(GgmlType::Q2_K, x.data(), 256, b.data()), Error);
   EXPECT_THROW(ggml_dequant_blocks(GgmlType(99), b.data(), 32, x.data()), Error);
   ThreadPool pool(1);

@@ -11,6 +11,7 @@
 // int8 per block: |x_i - d q_i| <= d / 2 with d = max|x| / 127 over the block, so a product's
 // error is at most sum_i |w_i| d / 2 (about 0.4% of sum |w_i x_i| for well-spread activations).
 #include <cstdint>
+#include <string_view>
 
 #include "kernels/weights.h"
 
@@ -18,6 +19,8 @@ namespace ptllm {
 
 class ThreadPool;
 
+// The type named `name` ("Q4_K", as ggml_type_info names it); ptllm::Error for an unknown name.
+GgmlType ggml_type_by_name(std::string_view name);
 // Whether the kernels read type t (ggml_dequant_row and ggml_matmul accept it).
 bool ggml_supported(GgmlType t);
 // Row r of w as float32: out [cols].

@@ -168,13 +168,15 @@ PTLLM_GGML_TARGET void dot_k45(const uint8_t* row, int nb, const GgmlActs& a, in
   for (int b = 0; b < nb; ++b) {
     const uint8_t* blk = row + size_t(b) * bytes_per;
     const uint8_t* qs = blk + (FIVE ? 48 : 16);
-    int16_t sc[8], mn[16];
-    for (int j = 0; j < 8; ++j) {
-      const GgmlScaleMin sm = ggml_k_scale_min(blk + 4, j);
-      sc[j] = sm.scale;
-      mn[2 * j] = mn[2 * j + 1] = sm.min;  // beside x's sums of 16
-    }
-    const I mins = load(mn);
+    // The 12 scale bytes (ggml.h, GgmlScaleMin) as 8 scales then 8 mins, in registers.
+    uint32_t u[3];
+    std::memcpy(u, blk + 4, 12);
+    const __m128i sm = _mm_setr_epi32(int(u[0] & 0x3f3f3f3fu),
+                                      int((u[2] & 0x0f0f0f0fu) | ((u[0] >> 6) & 0x03030303u) << 4),
+                                      int(u[1] & 0x3f3f3f3fu),
+                                      int(((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4));
+    const I scales = _mm256_permute4x64_epi64(_mm256_cvtepu8_epi16(sm), 0x44);  // scales 0-7, both halves
+    const I mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm));           // m0 m0 m1 m1 .. m7 m7
     [[maybe_unused]] I qh;
     if constexpr (FIVE) qh = load(blk + 16);
     I isum[NT];
@@ -186,7 +188,8 @@ PTLLM_GGML_TARGET void dot_k45(const uint8_t* row, int nb, const GgmlActs& a, in
         c0 = _mm256_or_si256(c0, _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(qh, 2 * i), 4), bytes(0x10)));
         c1 = _mm256_or_si256(c1, _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(qh, 2 * i + 1), 4), bytes(0x10)));
       }
-      const I s0 = _mm256_set1_epi16(sc[2 * i]), s1 = _mm256_set1_epi16(sc[2 * i + 1]);
+      const I s0 = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(int16_t(0x0100 + 0x0202 * (2 * i))));
+      const I s1 = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(int16_t(0x0100 + 0x0202 * (2 * i + 1))));
       PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
         const int8_t* q = x.q[t] + 256 * b + 64 * i;
         isum[t] = madd_acc(isum[t], _mm256_maddubs_epi16(c0, load(q)), s0);
@@ -215,8 +218,7 @@ PTLLM_GGML_TARGET void dot_q6k(const uint8_t* row, int nb, const GgmlActs& a, in
   const I lo4 = bytes(0x0f), hi2 = bytes(0x30);
   for (int b = 0; b < nb; ++b) {
     const uint8_t* blk = row + size_t(b) * 210u;
-    const auto* sc = reinterpret_cast<const int8_t*>(blk + 192);
-    const I sc16 = _mm256_cvtepi8_epi16(load128(sc));
+    const I sc16 = _mm256_cvtepi8_epi16(load128(blk + 192));
     I isum[NT];
     PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t)  // - 32 sum_g sc_g sum_g(x)
         isum[t] = _mm256_sub_epi32(_mm256_setzero_si256(),
@@ -230,9 +232,11 @@ PTLLM_GGML_TARGET void dot_q6k(const uint8_t* row, int nb, const GgmlActs& a, in
           _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), lo4),
                           _mm256_and_si256(_mm256_srli_epi16(qh, 2), hi2)),
       };
+      // Scales 8h .. 8h + 7 in both halves; chunk s takes scale 2s in its low half, 2s + 1 above.
+      const I half = h == 0 ? _mm256_permute4x64_epi64(sc16, 0x44) : _mm256_permute4x64_epi64(sc16, 0xee);
       PTLLM_GGML_UNROLL for (int s = 0; s < 4; ++s) {
-        const int g = 8 * h + 2 * s;
-        const I scv = _mm256_set_m128i(_mm_set1_epi16(sc[g + 1]), _mm_set1_epi16(sc[g]));
+        const I scv = _mm256_shuffle_epi8(half, _mm256_set_m128i(_mm_set1_epi16(int16_t(0x0100 + 0x0202 * (2 * s + 1))),
+                                                                 _mm_set1_epi16(int16_t(0x0100 + 0x0202 * (2 * s)))));
         PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
           const I p = _mm256_maddubs_epi16(c[s], load(x.q[t] + 256 * b + 128 * h + 32 * s));
           isum[t] = madd_acc(isum[t], p, scv);

@@ -457,6 +457,12 @@ GgmlScaleMin ggml_k_scale_min(const uint8_t* s, int j) {
   return {uint8_t((s[j + 4] & 0xf) | (s[j - 4] >> 6) << 4), uint8_t((s[j + 4] >> 4) | (s[j] >> 6) << 4)};
 }
 
+GgmlType ggml_type_by_name(std::string_view name) {
+  for (uint32_t id = 0; id <= 40; ++id)
+    if (!name.empty() && ggml_type_info(GgmlType(id)).name == name) return GgmlType(id);
+  throw Error("GGML tensor type \"" + std::string(name) + "\": unknown");
+}
+
 bool ggml_supported(GgmlType t) {
   switch (t) {
     case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1: case GgmlType::Q8_0:
