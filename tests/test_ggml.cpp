@@ -6,6 +6,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -16,6 +19,7 @@
 #include "kernels/ggml.h"
 #include "kernels/ops.h"
 #include "kernels/simd.h"
+#include "test_util.h"
 
 namespace ptllm {
 namespace {
@@ -297,6 +301,113 @@ TEST(GgmlQuantize, ZeroAndConstantRows) {
     for (float v : dequant(t, quantize(t, zeros), 256)) ASSERT_EQ(v, 0.f) << ggml_type_info(t).name;
     const auto y = dequant(t, quantize(t, ones), 256);
     for (float v : y) ASSERT_NEAR(v, 0.75f, 0.75f / 16) << ggml_type_info(t).name;
+  }
+}
+
+// ---- byte for byte against llama-quantize -------------------------------------------------------
+
+// Just enough of GGUF (v3) to find tensors: name -> (type, dims, bytes). Test-only, bounds-checked.
+struct GgufTensors {
+  struct Tensor {
+    GgmlType type;
+    std::vector<uint64_t> dims;
+    const uint8_t* data;
+  };
+  std::vector<uint8_t> bytes;
+  std::map<std::string, Tensor> tensors;
+
+  explicit GgufTensors(const std::filesystem::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+    size_t pos = 0;
+    auto take = [&](size_t n) {
+      if (pos + n > bytes.size()) throw Error(path.string() + ": truncated at byte " + std::to_string(pos));
+      const uint8_t* p = bytes.data() + pos;
+      pos += n;
+      return p;
+    };
+    auto u32 = [&] { uint32_t v; std::memcpy(&v, take(4), 4); return v; };
+    auto u64 = [&] { uint64_t v; std::memcpy(&v, take(8), 8); return v; };
+    auto str = [&] { const uint64_t n = u64(); const auto* p = take(size_t(n)); return std::string(p, p + n); };
+    if (std::string(reinterpret_cast<const char*>(take(4)), 4) != "GGUF") throw Error(path.string() + ": not GGUF");
+    const uint32_t version = u32();
+    if (version != 3) throw Error(path.string() + ": GGUF version " + std::to_string(version));
+    const uint64_t n_tensors = u64(), n_kv = u64();
+    uint64_t alignment = 32;
+    const size_t scalar_size[13] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
+    auto skip_value = [&](uint32_t type, auto& self) -> void {
+      if (type == 8) {
+        str();
+      } else if (type == 9) {
+        const uint32_t et = u32();
+        const uint64_t n = u64();
+        for (uint64_t i = 0; i < n; ++i) self(et, self);
+      } else if (type < 13) {
+        take(scalar_size[type]);
+      } else {
+        throw Error(path.string() + ": metadata type " + std::to_string(type));
+      }
+    };
+    for (uint64_t i = 0; i < n_kv; ++i) {
+      const std::string key = str();
+      const uint32_t type = u32();
+      if (key == "general.alignment" && type == 4) alignment = u32();
+      else skip_value(type, skip_value);
+    }
+    std::vector<std::pair<std::string, std::pair<Tensor, uint64_t>>> infos;
+    for (uint64_t i = 0; i < n_tensors; ++i) {
+      std::string name = str();
+      Tensor t{};
+      const uint32_t nd = u32();
+      for (uint32_t d = 0; d < nd; ++d) t.dims.push_back(u64());
+      t.type = GgmlType(u32());
+      infos.push_back({std::move(name), {t, u64()}});
+    }
+    const size_t data = (pos + alignment - 1) / alignment * alignment;
+    for (auto& [name, ti] : infos) {
+      auto& [t, offset] = ti;
+      const GgmlTypeInfo info = ggml_type_info(t.type);
+      uint64_t n = 1;
+      for (uint64_t d : t.dims) n *= d;
+      const uint64_t nbytes = n / uint64_t(std::max(1, info.block_elems)) * uint64_t(info.block_bytes);
+      if (info.name.empty() || data + offset + nbytes > bytes.size()) throw Error(path.string() + ": tensor " + name);
+      t.data = bytes.data() + data + offset;
+      tensors.emplace(name, t);
+    }
+  }
+};
+
+// llama-quantize (no importance matrix) writes what the reference quantizers write: every
+// quantized tensor of kjv-tiny's Q8_0 and Q4_0 files, re-quantized here from the F32 file, byte
+// for byte.
+TEST(GgmlQuantize, SameBytesAsLlamaQuantize) {
+  const auto dir = test::shared_model("gguf");
+  if (!std::filesystem::exists(dir / "kjv-tiny-F32.gguf")) GTEST_SKIP() << "no " << dir << "/kjv-tiny-F32.gguf";
+  const GgufTensors f32(dir / "kjv-tiny-F32.gguf");
+  for (const char* file : {"kjv-tiny-Q8_0.gguf", "kjv-tiny-Q4_0.gguf"}) {
+    const GgufTensors q(dir / file);
+    int compared = 0;
+    for (const auto& [name, t] : q.tensors) {
+      if (!ggml_quantizable(t.type)) continue;
+      const auto it = f32.tensors.find(name);
+      ASSERT_NE(it, f32.tensors.end()) << name;
+      ASSERT_EQ(it->second.type, GgmlType::F32) << name;
+      ASSERT_EQ(it->second.dims, t.dims) << name;
+      const int cols = int(t.dims[0]);
+      size_t rows = 1;
+      for (size_t d = 1; d < t.dims.size(); ++d) rows *= size_t(t.dims[d]);
+      const WeightMatrix shape = ggml_matrix(t.type, nullptr, int(rows), cols);
+      std::vector<float> x(static_cast<size_t>(cols));
+      std::vector<uint8_t> mine(shape.row_bytes());
+      for (size_t r = 0; r < rows; ++r) {
+        std::memcpy(x.data(), it->second.data + r * size_t(cols) * 4, size_t(cols) * 4);
+        ggml_quantize_row(t.type, x.data(), cols, mine.data());
+        ASSERT_EQ(0, std::memcmp(mine.data(), t.data + r * shape.row_bytes(), mine.size()))
+            << file << " " << name << " (" << ggml_type_info(t.type).name << ") row " << r;
+      }
+      ++compared;
+    }
+    EXPECT_GE(compared, 7) << file;  // the attention and MLP matrices of each layer at least
   }
 }
 
