@@ -566,6 +566,55 @@ INSTANTIATE_TEST_SUITE_P(
                       ProductCase{GgmlType::Q5_0, 21, 96}, ProductCase{GgmlType::Q5_1, 21, 96}),
     [](const ::testing::TestParamInfo<ProductCase>& i) { return std::string(ggml_type_info(i.param.type).name); });
 
+// Real blocks: one tensor of each quantized type in kjv-small's Q4_K_M file (Q4_K, Q6_K, and the
+// Q8_0 / Q5_0 llama-quantize falls back to for 1376-wide rows), every variant against the float
+// product within the activation-rounding bound.
+TEST(GgmlProductReal, KjvSmallQ4_K_MTensors) {
+  const auto path = test::shared_model("gguf") / "kjv-small-Q4_K_M.gguf";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "no " << path;
+  const GgufTensors f(path);
+  std::map<GgmlType, std::string> first;
+  for (const auto& [name, t] : f.tensors)
+    if (ggml_supported(t.type) && t.dims.size() == 2) first.emplace(t.type, name);
+  for (GgmlType want : {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q5_0})
+    EXPECT_TRUE(first.count(want)) << ggml_type_info(want).name;
+  std::mt19937 rng(41);
+  std::normal_distribution<float> g(0.f, 1.f);
+  int nk = 0;
+  const GgmlKernel* const* ks = ggml_kernels(&nk);
+  for (const auto& [type, name] : first) {
+    const auto& t = f.tensors.at(name);
+    const int cols = int(t.dims[0]), rows = int(t.dims[1]), T = 2, block = ggml_act_block(type);
+    const WeightMatrix w = ggml_matrix(type, t.data, rows, cols);
+    std::vector<float> x(size_t(T) * size_t(cols));
+    for (auto& v : x) v = g(rng);
+    std::vector<int8_t> q(x.size());
+    std::vector<float> d(size_t(T) * size_t(cols / block));
+    std::vector<int16_t> sums(size_t(T) * size_t(cols / 16));
+    ggml_quantize_acts(x.data(), cols, block, 0, T, q.data(), d.data(), sums.data());
+    const GgmlActs a{T, cols, block, q.data(), d.data(), sums.data()};
+    std::vector<float> want(size_t(T) * size_t(rows)), bound(want.size()), got(want.size());
+    matmul_ref(x.data(), T, w, nullptr, want.data());
+    std::vector<float> row(static_cast<size_t>(cols));
+    for (int r = 0; r < rows; ++r) {
+      ggml_dequant_row(w, r, row.data());
+      for (int tt = 0; tt < T; ++tt) {
+        double b = 0, mag = 0;
+        for (int k = 0; k < cols; ++k) {
+          b += std::fabs(row[size_t(k)]) * d[size_t(tt) * size_t(cols / block) + size_t(k / block)] / 2;
+          mag += std::fabs(row[size_t(k)] * x[size_t(tt) * size_t(cols) + size_t(k)]);
+        }
+        bound[size_t(tt) * size_t(rows) + size_t(r)] = float(b + 1e-5 * mag);
+      }
+    }
+    for (int i = 0; i < nk; ++i) {
+      ks[i]->rows(w, a, nullptr, got.data(), 0, rows);
+      for (size_t j = 0; j < got.size(); ++j)
+        ASSERT_NEAR(got[j], want[j], bound[j]) << ks[i]->name << " " << name << " (" << ggml_type_info(type).name << ")";
+    }
+  }
+}
+
 // Q2_K and Q3_K have no integer kernels: the generic product, still equal to the float reference.
 TEST(GgmlProductGeneric, Q2_KAndQ3_K) {
   std::mt19937 rng(31);
