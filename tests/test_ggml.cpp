@@ -490,6 +490,39 @@ TEST_P(GgmlProduct, EveryVariantMatchesTheScalarTwin) {
   }
 }
 
+// x's quantization: every variant gives the scalar's bytes, scales and sums exactly, on rows with
+// rounding ties, a zero block and large magnitudes.
+TEST(GgmlActs, EveryVariantQuantizesXAsTheScalar) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> g(0.f, 3.f);
+  int nk = 0;
+  const GgmlKernel* const* ks = ggml_kernels(&nk);
+  for (int block : {32, 256}) {
+    const int K = 768, T = 5;
+    std::vector<float> x(size_t(T) * K);
+    for (auto& v : x) v = g(rng);
+    for (int i = 0; i < 32; ++i) x[size_t(i)] = 0.f;  // a zero block
+    // A block of max 127 (scale 1) holding half-integers: ties, rounded to even.
+    for (int i = 0; i < 32; ++i) x[size_t(K + 256 + i)] = float(i) - 15.5f;
+    x[size_t(K + 256)] = 127.f;
+    x[size_t(2 * K + 5)] = 1e6f;
+    std::vector<int8_t> q0(x.size()), q1(x.size());
+    std::vector<float> d0(size_t(T) * (K / block)), d1(d0.size());
+    std::vector<int16_t> s0(size_t(T) * (K / 16)), s1(s0.size());
+    ks[0]->quantize(x.data(), K, block, 0, T, q0.data(), d0.data(), s0.data());
+    int nonzero = 0;
+    for (int8_t v : q0) nonzero += v != 0;
+    EXPECT_GT(nonzero, int(x.size()) / 2);
+    for (int i = 1; i < nk; ++i) {
+      ks[i]->quantize(x.data(), K, block, 0, 2, q1.data(), d1.data(), s1.data());
+      ks[i]->quantize(x.data(), K, block, 2, T, q1.data(), d1.data(), s1.data());
+      EXPECT_EQ(q1, q0) << ks[i]->name << " block " << block;
+      EXPECT_EQ(d1, d0) << ks[i]->name << " block " << block;
+      EXPECT_EQ(s1, s0) << ks[i]->name << " block " << block;
+    }
+  }
+}
+
 // The scalar twin against the float product (matmul_ref over dequantized rows): off by no more than
 // rounding x to int8 per block, sum_k |w_k| d_b(k) / 2, plus float rounding.
 TEST_P(GgmlProduct, ScalarTwinWithinTheActivationRoundingBound) {

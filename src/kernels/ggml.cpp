@@ -158,7 +158,7 @@ void scalar_rows(const WeightMatrix& w, const GgmlActs& a, const float* bias, fl
   }
 }
 
-constexpr GgmlKernel kScalar{"scalar", scalar_rows};
+
 
 bool cpu_has_vnni() {
 #if defined(__x86_64__)
@@ -222,6 +222,10 @@ void ggml_quantize_acts(const float* x, int K, int block, int t0, int t1, int8_t
   }
 }
 
+namespace {
+constexpr GgmlKernel kScalar{"scalar", scalar_rows, ggml_quantize_acts};
+}  // namespace
+
 const GgmlKernel* const* ggml_kernels(int* n) {
   static const std::vector<const GgmlKernel*> list = [] {
     std::vector<const GgmlKernel*> l{&kScalar};
@@ -263,13 +267,12 @@ void ggml_matmul(const float* x, int T, const WeightMatrix& w, const float* bias
   if (q.size() < size_t(T) * size_t(K)) q.resize(size_t(T) * size_t(K));
   if (d.size() < size_t(T) * size_t(K / block)) d.resize(size_t(T) * size_t(K / block));
   if (sums.size() < size_t(T) * size_t(K / 16)) sums.resize(size_t(T) * size_t(K / 16));
+  const GgmlKernel& k = ggml_active_kernel();
   const size_t t_grain = std::max<size_t>(1, 64 * 1024 / size_t(K));
   pool.parallel_for(
-      size_t(T),
-      [&](size_t b, size_t e) { ggml_quantize_acts(x, K, block, int(b), int(e), q.data(), d.data(), sums.data()); },
+      size_t(T), [&](size_t b, size_t e) { k.quantize(x, K, block, int(b), int(e), q.data(), d.data(), sums.data()); },
       t_grain);
   const GgmlActs a{T, K, block, q.data(), d.data(), sums.data()};
-  const GgmlKernel& k = ggml_active_kernel();
   // Parts of whole 16-row tiles (the kernels' row tile); a gemv's at least kMinWeightsPerThread
   // weights, a gemm's about two per thread (each part walks all of x once).
   const size_t rows = size_t(w.rows);

@@ -67,6 +67,8 @@ void ggml_quantize_acts(const float* x, int K, int block, int t0, int t1, int8_t
 struct GgmlKernel {
   const char* name;
   void (*rows)(const WeightMatrix& w, const GgmlActs& a, const float* bias, float* y, int r0, int r1);
+  // ggml_quantize_acts, bit for bit.
+  void (*quantize)(const float* x, int K, int block, int t0, int t1, int8_t* q, float* d, int16_t* sums);
 };
 // The variants this CPU runs, the scalar first.
 const GgmlKernel* const* ggml_kernels(int* n);

@@ -296,7 +296,49 @@ PTLLM_GGML_TARGET void ggml_rows(const WeightMatrix& w, const GgmlActs& a, const
   }
 }
 
-constexpr GgmlKernel kKernel{PTLLM_GGML_NAME, ggml_rows};
+// ggml_quantize_acts, bit for bit: the same max, the same products x * (127 / max), rounded to
+// nearest even by vcvtps2dq as lrint does (|x * id| <= 127 after rounding, so no clamp is needed).
+PTLLM_GGML_TARGET inline int hsum_i32(I v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+  return _mm_cvtsi128_si32(s);
+}
+PTLLM_GGML_TARGET void quantize_acts(const float* x, int K, int block, int t0, int t1, int8_t* q, float* d,
+                                     int16_t* sums) {
+  const int nd = K / block;
+  const F abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const I order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes the packs' lane interleave
+  for (int t = t0; t < t1; ++t) {
+    const float* xt = x + size_t(t) * size_t(K);
+    int8_t* qt = q + size_t(t) * size_t(K);
+    int16_t* st = sums + size_t(t) * size_t(K / 16);
+    for (int b = 0; b < nd; ++b) {
+      const float* xb = xt + size_t(b) * size_t(block);
+      F m = _mm256_setzero_ps();
+      for (int i = 0; i < block; i += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(xb + i), abs_mask));
+      __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+      h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+      h = _mm_max_ss(h, _mm_movehdup_ps(h));
+      const float amax = _mm_cvtss_f32(h);
+      d[size_t(t) * size_t(nd) + size_t(b)] = amax / 127.f;
+      const F id = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+      for (int i = 0; i < block; i += 32) {
+        const I v0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + i), id));
+        const I v1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + i + 8), id));
+        const I v2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + i + 16), id));
+        const I v3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + i + 24), id));
+        const int g = (b * block + i) / 16;
+        st[g] = int16_t(hsum_i32(_mm256_add_epi32(v0, v1)));
+        st[g + 1] = int16_t(hsum_i32(_mm256_add_epi32(v2, v3)));
+        const I packed = _mm256_packs_epi16(_mm256_packs_epi32(v0, v1), _mm256_packs_epi32(v2, v3));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(qt + b * block + i), _mm256_permutevar8x32_epi32(packed, order));
+      }
+    }
+  }
+}
+
+constexpr GgmlKernel kKernel{PTLLM_GGML_NAME, ggml_rows, quantize_acts};
 
 }  // namespace
 }  // namespace ptllm
