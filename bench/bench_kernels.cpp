@@ -4,7 +4,8 @@
 //       (512 tokens) next to OpenBLAS sgemm on the same shapes and threads
 //   product/{gemv,gemm}/<T>           the two product kernels at small T (where matmul switches)
 //   product/{bf16,ggml_<type>}/{gemv,gemm}/<T>/<N>x<K>   matmul over llama.cpp's block formats
-//       (Q4_K, Q6_K, Q8_0, Q4_0) beside bf16 at the same shapes: decode (T = 1, 8), prefill (64, 256)
+//       (Q4_K, Q6_K, Q8_0, Q4_0) beside bf16 at the same shapes: decode (T = 1, 8), prefill (64, 256);
+//       2048x2048, 5632x2048, and kjv-small's 1376x512 and 8192x512
 //   decode/gemv_bf16, decode/read     a decode-size weight stream against a plain read of as many bytes
 // Threads: PTLLM_BENCH_THREADS (default: all cores), for our pool and OpenBLAS alike. OpenBLAS is
 // loaded at run time (libopenblas.so.0, from libopenblas0 / libopenblas-dev); without it the
@@ -430,7 +431,9 @@ const std::vector<uint8_t>& bench_weights(const std::string& fmt, int N, int K) 
 }
 
 void register_ggml_products() {
-  const std::pair<int, int> shapes[] = {{2048, 2048}, {5632, 2048}};
+  // Llama-like 2048 / 5632 shapes, and kjv-small's (the GGUF speed target): its MLP up/gate
+  // 1376x512 and its tied Q6_K output 8192x512.
+  const std::pair<int, int> shapes[] = {{2048, 2048}, {5632, 2048}, {1376, 512}, {8192, 512}};
   for (const char* fmt : {"bf16", "ggml_Q4_K", "ggml_Q6_K", "ggml_Q8_0", "ggml_Q4_0"})
     for (const auto& [N, K] : shapes)
       for (int T : {1, 8, 64, 256}) {
