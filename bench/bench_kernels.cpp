@@ -1,5 +1,6 @@
 // Kernel benchmarks (docs/performance.md):
 //   kernel/<name>/{simd,scalar}/<n>   each SIMD kernel (best target) against its scalar twin, one core
+//       (ggml_<type>_rows64: 64 rows of a block format against one quantized row of x)
 //   prefill/<shape>/{ours_bf16,ours_f32,openblas_f32}   matmul at the prefill shapes of Llama-3.2-1B
 //       (512 tokens) next to OpenBLAS sgemm on the same shapes and threads
 //   product/{gemv,gemm}/<T>           the two product kernels at small T (where matmul switches)
@@ -304,6 +305,31 @@ void register_kernels() {
     return std::pair<Body, Body>{[=] { rope_rotate(x->data(), n / 64, 64, c->data(), s->data()); },
                                  [=] { rope_rotate_ref(x->data(), n / 64, 64, c->data(), s->data()); }};
   });
+  // llama.cpp's block formats on one core: 64 weight rows of n values against one row of x already
+  // quantized (ggml.h), the active variant against the scalar twin.
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0}) {
+    register_kernel("ggml_" + std::string(ggml_type_info(t).name) + "_rows64", [t](int n) {
+      const WeightMatrix shape = ggml_matrix(t, nullptr, 64, n);
+      auto w = std::make_shared<std::vector<uint8_t>>(shape.nbytes());
+      const auto wf = random_floats(size_t(64) * size_t(n), -0.05f, 0.05f);
+      for (int r = 0; r < 64; ++r)
+        ggml_quantize_row(t, wf.data() + size_t(r) * size_t(n), n, w->data() + size_t(r) * shape.row_bytes());
+      const int block = ggml_act_block(t);
+      const auto x = random_floats(size_t(n));
+      auto q = std::make_shared<std::vector<int8_t>>(size_t(n));
+      auto d = std::make_shared<std::vector<float>>(size_t(n / block));
+      auto sums = std::make_shared<std::vector<int16_t>>(size_t(n / 16));
+      ggml_quantize_acts(x.data(), n, block, 0, 1, q->data(), d->data(), sums->data());
+      auto y = std::make_shared<std::vector<float>>(64);
+      const WeightMatrix m = ggml_matrix(t, w->data(), 64, n);
+      const GgmlActs a{1, n, block, q->data(), d->data(), sums->data()};
+      int nk = 0;
+      const GgmlKernel* scalar = ggml_kernels(&nk)[0];
+      const GgmlKernel* simd = &ggml_active_kernel();
+      return std::pair<Body, Body>{[=] { simd->rows(m, a, nullptr, y->data(), 0, 64); },
+                                   [=] { scalar->rows(m, a, nullptr, y->data(), 0, 64); }};
+    });
+  }
   // Products on one core: n = the inner dimension; 64 weight rows (bf16), T = 1 and T = 16.
   for (int T : {1, 16}) {
     register_kernel("matmul_bf16_T" + std::to_string(T), [T](int n) {
