@@ -1,8 +1,12 @@
 // Kernel benchmarks (docs/performance.md):
 //   kernel/<name>/{simd,scalar}/<n>   each SIMD kernel (best target) against its scalar twin, one core
+//       (ggml_<type>_rows64: 64 rows of a block format against one quantized row of x)
 //   prefill/<shape>/{ours_bf16,ours_f32,openblas_f32}   matmul at the prefill shapes of Llama-3.2-1B
 //       (512 tokens) next to OpenBLAS sgemm on the same shapes and threads
 //   product/{gemv,gemm}/<T>           the two product kernels at small T (where matmul switches)
+//   product/{bf16,ggml_<type>}/{gemv,gemm}/<T>/<N>x<K>   matmul over llama.cpp's block formats
+//       (Q4_K, Q6_K, Q8_0, Q4_0) beside bf16 at the same shapes: decode (T = 1, 8), prefill (64, 256);
+//       2048x2048, 5632x2048, and kjv-small's 1376x512 and 8192x512
 //   decode/gemv_bf16, decode/read     a decode-size weight stream against a plain read of as many bytes
 // Threads: PTLLM_BENCH_THREADS (default: all cores), for our pool and OpenBLAS alike. OpenBLAS is
 // loaded at run time (libopenblas.so.0, from libopenblas0 / libopenblas-dev); without it the
@@ -15,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -22,6 +27,7 @@
 
 #include "core/dtype.h"
 #include "core/thread_pool.h"
+#include "kernels/ggml.h"
 #include "kernels/ops.h"
 #include "kernels/quant.h"
 #include "kernels/simd.h"
@@ -299,6 +305,31 @@ void register_kernels() {
     return std::pair<Body, Body>{[=] { rope_rotate(x->data(), n / 64, 64, c->data(), s->data()); },
                                  [=] { rope_rotate_ref(x->data(), n / 64, 64, c->data(), s->data()); }};
   });
+  // llama.cpp's block formats on one core: 64 weight rows of n values against one row of x already
+  // quantized (ggml.h), the active variant against the scalar twin.
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0}) {
+    register_kernel("ggml_" + std::string(ggml_type_info(t).name) + "_rows64", [t](int n) {
+      const WeightMatrix shape = ggml_matrix(t, nullptr, 64, n);
+      auto w = std::make_shared<std::vector<uint8_t>>(shape.nbytes());
+      const auto wf = random_floats(size_t(64) * size_t(n), -0.05f, 0.05f);
+      for (int r = 0; r < 64; ++r)
+        ggml_quantize_row(t, wf.data() + size_t(r) * size_t(n), n, w->data() + size_t(r) * shape.row_bytes());
+      const int block = ggml_act_block(t);
+      const auto x = random_floats(size_t(n));
+      auto q = std::make_shared<std::vector<int8_t>>(size_t(n));
+      auto d = std::make_shared<std::vector<float>>(size_t(n / block));
+      auto sums = std::make_shared<std::vector<int16_t>>(size_t(n / 16));
+      ggml_quantize_acts(x.data(), n, block, 0, 1, q->data(), d->data(), sums->data());
+      auto y = std::make_shared<std::vector<float>>(64);
+      const WeightMatrix m = ggml_matrix(t, w->data(), 64, n);
+      const GgmlActs a{1, n, block, q->data(), d->data(), sums->data()};
+      int nk = 0;
+      const GgmlKernel* scalar = ggml_kernels(&nk)[0];
+      const GgmlKernel* simd = &ggml_active_kernel();
+      return std::pair<Body, Body>{[=] { simd->rows(m, a, nullptr, y->data(), 0, 64); },
+                                   [=] { scalar->rows(m, a, nullptr, y->data(), 0, 64); }};
+    });
+  }
   // Products on one core: n = the inner dimension; 64 weight rows (bf16), T = 1 and T = 16.
   for (int T : {1, 16}) {
     register_kernel("matmul_bf16_T" + std::to_string(T), [T](int n) {
@@ -401,6 +432,56 @@ void register_products() {
     }
 }
 
+// ---- llama.cpp's block formats beside bf16 ------------------------------------------------------
+
+// One matrix per (format, shape), built once (the K-quant reference quantizers take a second or two
+// on the larger shape) and kept for the process.
+const std::vector<uint8_t>& bench_weights(const std::string& fmt, int N, int K) {
+  static std::map<std::string, std::vector<uint8_t>> cache;
+  const std::string key = fmt + "/" + std::to_string(N) + "x" + std::to_string(K);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  const auto wf = random_floats(size_t(N) * size_t(K), -0.05f, 0.05f);
+  std::vector<uint8_t> bytes;
+  if (fmt == "bf16") {
+    const auto w = as_16bit(wf, DType::BF16);
+    bytes.resize(w.size() * 2);
+    std::memcpy(bytes.data(), w.data(), bytes.size());
+  } else {
+    const WeightMatrix shape = ggml_matrix(ggml_type_by_name(fmt.substr(5)), nullptr, N, K);
+    bytes.resize(shape.nbytes());
+    for (int r = 0; r < N; ++r)
+      ggml_quantize_row(shape.ggml, wf.data() + size_t(r) * size_t(K), K, bytes.data() + size_t(r) * shape.row_bytes());
+  }
+  return cache.emplace(key, std::move(bytes)).first->second;
+}
+
+void register_ggml_products() {
+  // Llama-like 2048 / 5632 shapes, and kjv-small's (the GGUF speed target): its MLP up/gate
+  // 1376x512 and its tied Q6_K output 8192x512.
+  const std::pair<int, int> shapes[] = {{2048, 2048}, {5632, 2048}, {1376, 512}, {8192, 512}};
+  for (const char* fmt : {"bf16", "ggml_Q4_K", "ggml_Q6_K", "ggml_Q8_0", "ggml_Q4_0"})
+    for (const auto& [N, K] : shapes)
+      for (int T : {1, 8, 64, 256}) {
+        const std::string kind = T <= 8 ? "gemv" : "gemm";
+        const std::string name = std::string("product/") + fmt + "/" + kind + "/" + std::to_string(T) + "/" +
+                                 std::to_string(N) + "x" + std::to_string(K);
+        benchmark::RegisterBenchmark(name.c_str(), [fmt = std::string(fmt), N, K, T](benchmark::State& st) {
+          const std::vector<uint8_t>& w = bench_weights(fmt, N, K);
+          const WeightMatrix m = fmt == "bf16" ? WeightMatrix{DType::BF16, w.data(), N, K}
+                                               : ggml_matrix(ggml_type_by_name(fmt.substr(5)), w.data(), N, K);
+          auto x = random_floats(size_t(T) * size_t(K));
+          std::vector<float> y(size_t(T) * size_t(N));
+          for (auto _ : st) {
+            matmul(x.data(), T, m, nullptr, y.data(), pool());
+            benchmark::ClobberMemory();
+          }
+          st.counters["tok/s"] = benchmark::Counter(double(T) * double(st.iterations()), benchmark::Counter::kIsRate);
+          st.SetBytesProcessed(int64_t(st.iterations()) * int64_t(m.nbytes()));
+        })->UseRealTime();
+      }
+}
+
 // ---- decode: a weight stream larger than any cache, against a plain read ------------------------
 
 constexpr size_t kStreamBytes = size_t(512) << 20;
@@ -454,6 +535,7 @@ int main(int argc, char** argv) {
   register_kernels();
   register_prefill();
   register_products();
+  register_ggml_products();
   register_decode();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

@@ -1,59 +1,183 @@
+// The products over llama.cpp's block formats: x quantized once per call (shared by the threads),
+// then one of the kernel variants (ggml.h) over each thread's rows. This file holds the scalar
+// variant, the reference twin of the SIMD ones (ggml_kernels_impl.h): the same integer sums, per
+// block, scaled in float in the same places.
 #include "kernels/ggml.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/ops.h"
+#include "kernels/simd.h"
 
 namespace ptllm {
 
 namespace {
+
 float f16_at(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
   return f16_to_f32(h);
 }
 
-// Q8_0: f16 d, 32 int8 q; value = d * q.
-void dequant_q8_0(const uint8_t* b, float* out) {
-  const float d = f16_at(b);
-  for (int i = 0; i < 32; ++i) out[i] = d * float(int8_t(b[2 + i]));
-}
-// Q4_0: f16 d, 16 bytes; value i (i < 16) from the low nibble of byte i, value i + 16 from its high
-// nibble; value = d * (nibble - 8).
-void dequant_q4_0(const uint8_t* b, float* out) {
-  const float d = f16_at(b);
-  for (int i = 0; i < 16; ++i) {
-    out[i] = d * float(int(b[2 + i] & 0x0f) - 8);
-    out[i + 16] = d * float(int(b[2 + i] >> 4) - 8);
+// Whether a type has integer kernels (the rest: Q2_K, Q3_K, go through the generic product).
+bool has_int_kernel(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1: case GgmlType::Q8_0:
+    case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K:
+      return true;
+    default: return false;
   }
 }
-}  // namespace
 
-bool ggml_supported(GgmlType t) { return t == GgmlType::Q8_0 || t == GgmlType::Q4_0; }
+// ---- the scalar twin: one row of weights against one row of quantized x ------------------------
 
-void ggml_dequant_row(const WeightMatrix& w, int r, float* out) {
-  const GgmlTypeInfo info = ggml_type_info(w.ggml);
-  const auto* row = static_cast<const uint8_t*>(w.data) + size_t(r) * w.row_bytes();
-  const int blocks = w.cols / info.block_elems;
-  for (int i = 0; i < blocks; ++i) {
-    const uint8_t* b = row + size_t(i) * size_t(info.block_bytes);
-    float* o = out + size_t(i) * size_t(info.block_elems);
-    switch (w.ggml) {
-      case GgmlType::Q8_0: dequant_q8_0(b, o); break;
-      case GgmlType::Q4_0: dequant_q4_0(b, o); break;
-      default: throw Error("GGML tensor type " + std::string(info.name) + ": not supported by the kernels");
+// The 32 codes of a 32-value block as stored integers (Q4/Q5: without the offset).
+void codes_32(GgmlType t, const uint8_t* b, int* c) {
+  switch (t) {
+    case GgmlType::Q8_0:
+      for (int j = 0; j < 32; ++j) c[j] = int8_t(b[2 + j]);
+      return;
+    case GgmlType::Q4_0:
+    case GgmlType::Q4_1: {
+      const uint8_t* qs = b + (t == GgmlType::Q4_0 ? 2 : 4);
+      for (int j = 0; j < 16; ++j) c[j] = qs[j] & 0xf, c[j + 16] = qs[j] >> 4;
+      return;
+    }
+    default: {  // Q5_0, Q5_1
+      const int o = t == GgmlType::Q5_0 ? 2 : 4;
+      uint32_t qh;
+      std::memcpy(&qh, b + o, 4);
+      const uint8_t* qs = b + o + 4;
+      for (int j = 0; j < 16; ++j) {
+        c[j] = (qs[j] & 0xf) | int((qh >> j) & 1) << 4;
+        c[j + 16] = (qs[j] >> 4) | int((qh >> (j + 16)) & 1) << 4;
+      }
     }
   }
 }
 
-// The generic product: each row dequantized once, then dotted with every x row. The SIMD kernels
-// that read the blocks in place replace it.
-void ggml_matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool) {
-  if (!ggml_supported(w.ggml))
-    throw Error("GGML tensor type " + std::string(ggml_type_info(w.ggml).name) + ": not supported by the kernels");
+// Q8_0, Q4_0, Q5_0 (signed codes: Q4_0 minus 8, Q5_0 minus 16): sum_b d_b d8_b dot(c, q).
+// Q4_1, Q5_1: sum_b d8_b (d_b dot(c, q) + m_b sum(q)).
+float dot_32(GgmlType t, const uint8_t* row, int nb, const int8_t* q, const float* d8, const int16_t* sums) {
+  const GgmlTypeInfo info = ggml_type_info(t);
+  const int offset = t == GgmlType::Q4_0 ? 8 : t == GgmlType::Q5_0 ? 16 : 0;
+  const bool with_min = t == GgmlType::Q4_1 || t == GgmlType::Q5_1;
+  float acc = 0.f;
+  int c[32];
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + size_t(b) * size_t(info.block_bytes);
+    codes_32(t, blk, c);
+    int s = 0;
+    for (int j = 0; j < 32; ++j) s += (c[j] - offset) * q[32 * b + j];
+    acc += f16_at(blk) * d8[b] * float(s);
+    if (with_min) acc += f16_at(blk + 2) * d8[b] * float(sums[2 * b] + sums[2 * b + 1]);
+  }
+  return acc;
+}
+
+// Q4_K, Q5_K: sum_b d8_b (d_b sum_j sc_j dot_j - dmin_b sum_j m_j sum_j(q)), j over 32-value
+// sub-blocks, dot_j in integers.
+float dot_k45(GgmlType t, const uint8_t* row, int nb, const int8_t* q, const float* d8, const int16_t* sums) {
+  const bool five = t == GgmlType::Q5_K;
+  const int bytes = five ? 176 : 144;
+  float acc = 0.f;
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + size_t(b) * size_t(bytes);
+    const uint8_t* qh = blk + 16;
+    const uint8_t* qs = blk + (five ? 48 : 16);
+    const int8_t* qb = q + 256 * b;
+    int isum = 0, msum = 0;
+    for (int j = 0; j < 8; ++j) {
+      const GgmlScaleMin sm = ggml_k_scale_min(blk + 4, j);
+      const uint8_t* p = qs + 32 * (j / 2);
+      int s = 0;
+      for (int l = 0; l < 32; ++l) {
+        int c = j % 2 == 0 ? p[l] & 0xf : p[l] >> 4;
+        if (five) c |= ((qh[l] >> j) & 1) << 4;
+        s += c * qb[32 * j + l];
+      }
+      isum += int(sm.scale) * s;
+      msum += int(sm.min) * (sums[16 * b + 2 * j] + sums[16 * b + 2 * j + 1]);
+    }
+    acc += d8[b] * f16_at(blk) * float(isum);
+    acc += d8[b] * -f16_at(blk + 2) * float(msum);
+  }
+  return acc;
+}
+
+// Q6_K: sum_b d_b d8_b sum_g sc_g (dot_g(c, q) - 32 sum_g(q)), g over 16-value groups.
+float dot_q6k(const uint8_t* row, int nb, const int8_t* q, const float* d8, const int16_t* sums) {
+  float acc = 0.f;
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + size_t(b) * 210u;
+    const auto* sc = reinterpret_cast<const int8_t*>(blk + 192);
+    const int8_t* qb = q + 256 * b;
+    int isum = 0;
+    for (int half = 0; half < 2; ++half) {
+      const uint8_t* ql = blk + 64 * half;
+      const uint8_t* qh = blk + 128 + 32 * half;
+      for (int s = 0; s < 4; ++s)
+        for (int part = 0; part < 2; ++part) {
+          const int g = 8 * half + 2 * s + part;
+          int dot = 0;
+          for (int l = 16 * part; l < 16 * part + 16; ++l) {
+            const int lo = s < 2 ? ql[l + 32 * s] & 0xf : ql[l + 32 * (s - 2)] >> 4;
+            dot += (lo | ((qh[l] >> (2 * s)) & 3) << 4) * qb[128 * half + 32 * s + l];
+          }
+          isum += int(sc[g]) * (dot - 32 * sums[16 * b + g]);
+        }
+    }
+    acc += f16_at(blk + 208) * d8[b] * float(isum);
+  }
+  return acc;
+}
+
+void scalar_rows(const WeightMatrix& w, const GgmlActs& a, const float* bias, float* y, int r0, int r1) {
+  const int nb = w.cols / ggml_type_info(w.ggml).block_elems;
+  const int nd = a.K / a.block;
+  for (int r = r0; r < r1; ++r) {
+    const auto* row = static_cast<const uint8_t*>(w.data) + size_t(r) * w.row_bytes();
+    for (int t = 0; t < a.T; ++t) {
+      const int8_t* q = a.q + size_t(t) * size_t(a.K);
+      const float* d8 = a.d + size_t(t) * size_t(nd);
+      const int16_t* sums = a.sums + size_t(t) * size_t(a.K / 16);
+      float v;
+      switch (w.ggml) {
+        case GgmlType::Q4_K: case GgmlType::Q5_K: v = dot_k45(w.ggml, row, nb, q, d8, sums); break;
+        case GgmlType::Q6_K: v = dot_q6k(row, nb, q, d8, sums); break;
+        default: v = dot_32(w.ggml, row, nb, q, d8, sums); break;
+      }
+      y[size_t(t) * size_t(w.rows) + size_t(r)] = v + (bias ? bias[r] : 0.f);
+    }
+  }
+}
+
+
+
+bool cpu_has_vnni() {
+#if defined(__x86_64__)
+  return __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
+}
+
+// Fewest weights a thread's share of a product holds (as ops.cpp's gemv): below it, handing work to
+// another thread costs more than it saves.
+constexpr size_t kMinWeightsPerThread = 32 * 1024;
+// Rows of x at or below which the product is a gemv (each weight row read once, decoded in
+// registers for all of them).
+constexpr int kGemvMaxT = 4;
+
+// The generic product (types without integer kernels): each row dequantized once, then dotted with
+// every x row.
+void generic_matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool) {
   pool.parallel_for(size_t(w.rows), [&](size_t b, size_t e) {
     std::vector<float> row(size_t(w.cols));
     for (size_t r = b; r < e; ++r) {
@@ -63,6 +187,104 @@ void ggml_matmul(const float* x, int T, const WeightMatrix& w, const float* bias
             dot(x + size_t(t) * size_t(w.cols), row.data(), w.cols) + (bias ? bias[r] : 0.f);
     }
   });
+}
+
+}  // namespace
+
+int ggml_act_block(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q2_K: case GgmlType::Q3_K: case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K:
+      return 256;
+    default: return 32;
+  }
+}
+
+void ggml_quantize_acts(const float* x, int K, int block, int t0, int t1, int8_t* q, float* d, int16_t* sums) {
+  const int nd = K / block;
+  for (int t = t0; t < t1; ++t) {
+    const float* xt = x + size_t(t) * size_t(K);
+    int8_t* qt = q + size_t(t) * size_t(K);
+    for (int b = 0; b < nd; ++b) {
+      const float* xb = xt + size_t(b) * size_t(block);
+      float amax = 0.f;
+      for (int i = 0; i < block; ++i) amax = std::max(amax, std::fabs(xb[i]));
+      const float db = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
+      d[size_t(t) * size_t(nd) + size_t(b)] = db;
+      int8_t* qb = qt + size_t(b) * size_t(block);
+      for (int i = 0; i < block; ++i) qb[i] = int8_t(std::clamp(int(std::lrint(xb[i] * id)), -127, 127));
+    }
+    int16_t* st = sums + size_t(t) * size_t(K / 16);
+    for (int g = 0; g < K / 16; ++g) {
+      int s = 0;
+      for (int i = 0; i < 16; ++i) s += qt[16 * g + i];
+      st[g] = int16_t(s);
+    }
+  }
+}
+
+namespace {
+constexpr GgmlKernel kScalar{"scalar", scalar_rows, ggml_quantize_acts};
+}  // namespace
+
+const GgmlKernel* const* ggml_kernels(int* n) {
+  static const std::vector<const GgmlKernel*> list = [] {
+    std::vector<const GgmlKernel*> l{&kScalar};
+    if (kernel_table(SimdTarget::AVX2) && detail::ggml_avx2_kernel()) l.push_back(detail::ggml_avx2_kernel());
+    if (kernel_table(SimdTarget::AVX512)) {
+      if (detail::ggml_avx512_kernel()) l.push_back(detail::ggml_avx512_kernel());
+      if (cpu_has_vnni() && detail::ggml_avx512vnni_kernel()) l.push_back(detail::ggml_avx512vnni_kernel());
+    }
+    return l;
+  }();
+  *n = int(list.size());
+  return list.data();
+}
+
+const GgmlKernel& ggml_active_kernel() {
+  switch (active_simd_target()) {
+    case SimdTarget::AVX512:
+      if (cpu_has_vnni() && detail::ggml_avx512vnni_kernel()) return *detail::ggml_avx512vnni_kernel();
+      if (detail::ggml_avx512_kernel()) return *detail::ggml_avx512_kernel();
+      [[fallthrough]];
+    case SimdTarget::AVX2:
+      if (detail::ggml_avx2_kernel()) return *detail::ggml_avx2_kernel();
+      [[fallthrough]];
+    default: return kScalar;
+  }
+}
+
+void ggml_matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool) {
+  if (!ggml_supported(w.ggml))
+    throw Error("GGML tensor type " + std::string(ggml_type_info(w.ggml).name) + ": not supported by the kernels");
+  if (!has_int_kernel(w.ggml)) return generic_matmul(x, T, w, bias, y, pool);
+  const int K = w.cols, block = ggml_act_block(w.ggml);
+  PTLLM_CHECK(K % block == 0);
+  // x quantized once, into buffers reused by every call of this thread (the pool's workers only
+  // read them).
+  thread_local std::vector<int8_t> q;
+  thread_local std::vector<float> d;
+  thread_local std::vector<int16_t> sums;
+  if (q.size() < size_t(T) * size_t(K)) q.resize(size_t(T) * size_t(K));
+  if (d.size() < size_t(T) * size_t(K / block)) d.resize(size_t(T) * size_t(K / block));
+  if (sums.size() < size_t(T) * size_t(K / 16)) sums.resize(size_t(T) * size_t(K / 16));
+  const GgmlKernel& k = ggml_active_kernel();
+  const size_t t_grain = std::max<size_t>(1, 64 * 1024 / size_t(K));
+  pool.parallel_for(
+      size_t(T), [&](size_t b, size_t e) { k.quantize(x, K, block, int(b), int(e), q.data(), d.data(), sums.data()); },
+      t_grain);
+  const GgmlActs a{T, K, block, q.data(), d.data(), sums.data()};
+  // Parts of whole 16-row tiles (the kernels' row tile); a gemv's at least kMinWeightsPerThread
+  // weights, a gemm's about two per thread (each part walks all of x once).
+  const size_t rows = size_t(w.rows);
+  size_t grain;
+  if (T <= kGemvMaxT) {
+    grain = std::max<size_t>(16, kMinWeightsPerThread / size_t(K));
+  } else {
+    const size_t per = (rows + 2 * size_t(pool.size()) - 1) / (2 * size_t(pool.size()));
+    grain = std::min<size_t>(512, per);
+  }
+  grain = std::max<size_t>(16, (grain + 15) / 16 * 16);
+  pool.parallel_for(rows, [&](size_t b, size_t e) { k.rows(w, a, bias, y, int(b), int(e)); }, grain);
 }
 
 }  // namespace ptllm

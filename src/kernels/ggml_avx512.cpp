@@ -1,0 +1,18 @@
+// The products over llama.cpp's block formats for AVX-512 without VNNI (Skylake-X): the AVX2 kernels with
+// EVEX encodings and 32 registers (ggml_kernels_impl.h).
+#include "kernels/ggml.h"
+
+#if defined(__x86_64__)
+#define PTLLM_GGML_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#define PTLLM_GGML_VNNI 0
+#define PTLLM_GGML_NAME "avx512"
+#include "kernels/ggml_kernels_impl.h"
+
+namespace ptllm {
+const GgmlKernel* detail::ggml_avx512_kernel() { return &kKernel; }
+}  // namespace ptllm
+#else
+namespace ptllm {
+const GgmlKernel* detail::ggml_avx512_kernel() { return nullptr; }
+}  // namespace ptllm
+#endif

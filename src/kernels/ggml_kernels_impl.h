@@ -1,0 +1,345 @@
+// The SIMD products over llama.cpp's block formats, written once over 256-bit integer vectors and
+// compiled per target: each ggml_<target>.cpp defines PTLLM_GGML_TARGET (a target attribute),
+// PTLLM_GGML_VNNI (0 or 1) and PTLLM_GGML_NAME, then includes this file. Internal linkage only, so
+// code built for one instruction set is never picked by the linker for another.
+//
+// Each kernel reads a weight row's blocks in place against NT <= 4 rows of quantized x (ggml.h,
+// GgmlActs) at once, so the codes are unpacked into registers once per NT rows of x:
+// - 32-value types: the block's codes become 32 signed bytes (Q4_0: nibble - 8, Q5_0: - 16, Q8_0 as
+//   stored) and meet x's codes through |w| * sign(x, w) (vpmaddubsw / vpdpbusd take unsigned x
+//   signed bytes); Q4_1/Q5_1 keep unsigned codes and add m * sum(x) per block. One float FMA a
+//   block: the int32 lanes times d_w d_x.
+// - K-quants: unsigned codes (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63) times x's bytes in pairs
+//   (vpmaddubsw: at most 2 * 63 * 127, no saturation), the int16 pairs times the sub-block scales
+//   into int32 (vpmaddwd, or vpdpwssd with VNNI) over the whole 256-value block; mins (Q4_K/Q5_K)
+//   and Q6_K's -32 offset from x's sums of 16 times the scales, also in integers. One float FMA
+//   per 256 values and row of x.
+// Products are exact integers per block; only the float accumulation differs from the scalar twin
+// (lane order), by rounding.
+#ifndef PTLLM_GGML_TARGET
+#error "define PTLLM_GGML_TARGET before including ggml_kernels_impl.h"
+#endif
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/ggml.h"
+
+namespace ptllm {
+namespace {
+
+#if defined(__clang__)
+#define PTLLM_GGML_UNROLL _Pragma("unroll")
+#else
+#define PTLLM_GGML_UNROLL _Pragma("GCC unroll 8")
+#endif
+
+using I = __m256i;
+using F = __m256;
+
+// A block's f16 scale through F16C (exact, as f16_to_f32; one conversion per 32 weights of the
+// 32-value types, where the scalar conversion's branches would cost as much as the block's product).
+PTLLM_GGML_TARGET inline float f16_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
+}
+
+PTLLM_GGML_TARGET inline I load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+PTLLM_GGML_TARGET inline __m128i load128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
+PTLLM_GGML_TARGET inline I bytes(int v) { return _mm256_set1_epi8(char(v)); }
+
+// acc + sum of four adjacent u8 x s8 products in each int32 lane.
+PTLLM_GGML_TARGET inline I dot_u8s8(I acc, I u, I s) {
+#if PTLLM_GGML_VNNI
+  return _mm256_dpbusd_epi32(acc, u, s);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+}
+// acc + pairs of int16 products in each int32 lane.
+PTLLM_GGML_TARGET inline I madd_acc(I acc, I a, I b) {
+#if PTLLM_GGML_VNNI
+  return _mm256_dpwssd_epi32(acc, a, b);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
+}
+PTLLM_GGML_TARGET inline float hsum(F v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+// 32 bytes, 0x10 where bit i of v is set (byte i), else 0: Q5's fifth bits.
+PTLLM_GGML_TARGET inline I bits_to_0x10(uint32_t v) {
+  const I rep = _mm256_shuffle_epi8(_mm256_set1_epi32(int(v)),
+                                    _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2,
+                                                     2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const I m = _mm256_set1_epi64x(int64_t(0x8040201008040201ull));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(rep, m), m), bytes(0x10));
+}
+// A block's 16 nibbles as 32 bytes: low nibbles (values 0-15) in the low half, high ones above.
+PTLLM_GGML_TARGET inline I nibbles_32(const uint8_t* qs) {
+  const __m128i b = load128(qs);
+  const I both = _mm256_set_m128i(_mm_srli_epi16(b, 4), b);
+  return _mm256_and_si256(both, bytes(0x0f));
+}
+
+// Pointers to rows t0.. of quantized x, and one product's float accumulators.
+template <int NT>
+struct Rows {
+  const int8_t* q[NT];
+  const float* d[NT];
+  const int16_t* s[NT];
+  PTLLM_GGML_TARGET Rows(const GgmlActs& a, int t0) {
+    PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
+      q[t] = a.q + size_t(t0 + t) * size_t(a.K);
+      d[t] = a.d + size_t(t0 + t) * size_t(a.K / a.block);
+      s[t] = a.sums + size_t(t0 + t) * size_t(a.K / 16);
+    }
+  }
+};
+
+// ---- 32-value blocks ---------------------------------------------------------------------------
+
+// The block's 32 codes as bytes: signed ones (Q8_0, Q4_0, Q5_0) or unsigned ones (Q4_1, Q5_1).
+template <GgmlType T>
+PTLLM_GGML_TARGET inline I codes_32(const uint8_t* b) {
+  if constexpr (T == GgmlType::Q8_0) {
+    return load(b + 2);
+  } else if constexpr (T == GgmlType::Q4_0) {
+    return _mm256_sub_epi8(nibbles_32(b + 2), bytes(8));
+  } else if constexpr (T == GgmlType::Q4_1) {
+    return nibbles_32(b + 4);
+  } else {
+    constexpr int o = T == GgmlType::Q5_0 ? 2 : 4;
+    uint32_t qh;
+    std::memcpy(&qh, b + o, 4);
+    const I c = _mm256_or_si256(nibbles_32(b + o + 4), bits_to_0x10(qh));
+    return T == GgmlType::Q5_0 ? _mm256_sub_epi8(c, bytes(16)) : c;
+  }
+}
+
+template <GgmlType T, int NT>
+PTLLM_GGML_TARGET void dot_32(const uint8_t* row, int nb, const GgmlActs& a, int t0, float* out) {
+  constexpr int bytes_per = T == GgmlType::Q8_0 ? 34 : T == GgmlType::Q4_0 ? 18 : T == GgmlType::Q4_1 ? 20
+                                                   : T == GgmlType::Q5_0 ? 22 : 24;
+  constexpr bool with_min = T == GgmlType::Q4_1 || T == GgmlType::Q5_1;
+  const Rows<NT> x(a, t0);
+  F acc[NT];
+  float off[NT];
+  PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps(), off[t] = 0.f;
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + size_t(b) * bytes_per;
+    const I c = codes_32<T>(blk);
+    const float dw = f16_at(blk);
+    if constexpr (with_min) {
+      const float m = f16_at(blk + 2);
+      PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
+        const I p = dot_u8s8(_mm256_setzero_si256(), c, load(x.q[t] + 32 * b));
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * x.d[t][b]), acc[t]);
+        off[t] += m * x.d[t][b] * float(x.s[t][2 * b] + x.s[t][2 * b + 1]);
+      }
+    } else {
+      const I ac = _mm256_sign_epi8(c, c);  // |c| (-128 -> 128 as an unsigned byte)
+      PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
+        const I p = dot_u8s8(_mm256_setzero_si256(), ac, _mm256_sign_epi8(load(x.q[t] + 32 * b), c));
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * x.d[t][b]), acc[t]);
+      }
+    }
+  }
+  PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) out[t] = hsum(acc[t]) + off[t];
+}
+
+// ---- K-quants ----------------------------------------------------------------------------------
+
+// Q4_K / Q5_K: per 64 values 32 bytes of nibbles (sub-block 2i low, 2i + 1 high), Q5_K's fifth
+// bits at bits 2i, 2i + 1 of qh[l].
+template <bool FIVE, int NT>
+PTLLM_GGML_TARGET void dot_k45(const uint8_t* row, int nb, const GgmlActs& a, int t0, float* out) {
+  constexpr int bytes_per = FIVE ? 176 : 144;
+  const Rows<NT> x(a, t0);
+  F acc[NT];
+  PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  const I lo4 = bytes(0x0f);
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + size_t(b) * bytes_per;
+    const uint8_t* qs = blk + (FIVE ? 48 : 16);
+    // The 12 scale bytes (ggml.h, GgmlScaleMin) as 8 scales then 8 mins, in registers.
+    uint32_t u[3];
+    std::memcpy(u, blk + 4, 12);
+    const __m128i sm = _mm_setr_epi32(int(u[0] & 0x3f3f3f3fu),
+                                      int((u[2] & 0x0f0f0f0fu) | ((u[0] >> 6) & 0x03030303u) << 4),
+                                      int(u[1] & 0x3f3f3f3fu),
+                                      int(((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4));
+    const I scales = _mm256_permute4x64_epi64(_mm256_cvtepu8_epi16(sm), 0x44);  // scales 0-7, both halves
+    const I mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm));           // m0 m0 m1 m1 .. m7 m7
+    [[maybe_unused]] I qh;
+    if constexpr (FIVE) qh = load(blk + 16);
+    I isum[NT];
+    PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
+    PTLLM_GGML_UNROLL for (int i = 0; i < 4; ++i) {
+      const I v = load(qs + 32 * i);
+      I c0 = _mm256_and_si256(v, lo4), c1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+      if constexpr (FIVE) {
+        c0 = _mm256_or_si256(c0, _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(qh, 2 * i), 4), bytes(0x10)));
+        c1 = _mm256_or_si256(c1, _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(qh, 2 * i + 1), 4), bytes(0x10)));
+      }
+      const I s0 = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(int16_t(0x0100 + 0x0202 * (2 * i))));
+      const I s1 = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(int16_t(0x0100 + 0x0202 * (2 * i + 1))));
+      PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
+        const int8_t* q = x.q[t] + 256 * b + 64 * i;
+        isum[t] = madd_acc(isum[t], _mm256_maddubs_epi16(c0, load(q)), s0);
+        isum[t] = madd_acc(isum[t], _mm256_maddubs_epi16(c1, load(q + 32)), s1);
+      }
+    }
+    const float d = f16_at(blk), dmin = f16_at(blk + 2);
+    PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
+      const float d8 = x.d[t][b];
+      const I msum = _mm256_madd_epi16(load(x.s[t] + 16 * b), mins);
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_set1_ps(d * d8), acc[t]);
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(-dmin * d8), acc[t]);
+    }
+  }
+  PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) out[t] = hsum(acc[t]);
+}
+
+// Q6_K: per 128 values 64 bytes of ql and 32 of qh; chunk s (32 values) takes ql[32 (s % 2) + l]'s
+// low (s < 2) or high nibble and bits 2s, 2s + 1 of qh[l]; its two 16-value groups have their own
+// scale (the low and high 128-bit halves of the vpmaddubsw result).
+template <int NT>
+PTLLM_GGML_TARGET void dot_q6k(const uint8_t* row, int nb, const GgmlActs& a, int t0, float* out) {
+  const Rows<NT> x(a, t0);
+  F acc[NT];
+  PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  const I lo4 = bytes(0x0f), hi2 = bytes(0x30);
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + size_t(b) * 210u;
+    const I sc16 = _mm256_cvtepi8_epi16(load128(blk + 192));
+    I isum[NT];
+    PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t)  // - 32 sum_g sc_g sum_g(x)
+        isum[t] = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                   _mm256_slli_epi32(_mm256_madd_epi16(load(x.s[t] + 16 * b), sc16), 5));
+    PTLLM_GGML_UNROLL for (int h = 0; h < 2; ++h) {
+      const I l0 = load(blk + 64 * h), l1 = load(blk + 64 * h + 32), qh = load(blk + 128 + 32 * h);
+      const I c[4] = {
+          _mm256_or_si256(_mm256_and_si256(l0, lo4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), hi2)),
+          _mm256_or_si256(_mm256_and_si256(l1, lo4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), hi2)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), lo4), _mm256_and_si256(qh, hi2)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), lo4),
+                          _mm256_and_si256(_mm256_srli_epi16(qh, 2), hi2)),
+      };
+      // Scales 8h .. 8h + 7 in both halves; chunk s takes scale 2s in its low half, 2s + 1 above.
+      const I half = h == 0 ? _mm256_permute4x64_epi64(sc16, 0x44) : _mm256_permute4x64_epi64(sc16, 0xee);
+      PTLLM_GGML_UNROLL for (int s = 0; s < 4; ++s) {
+        const I scv = _mm256_shuffle_epi8(half, _mm256_set_m128i(_mm_set1_epi16(int16_t(0x0100 + 0x0202 * (2 * s + 1))),
+                                                                 _mm_set1_epi16(int16_t(0x0100 + 0x0202 * (2 * s)))));
+        PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
+          const I p = _mm256_maddubs_epi16(c[s], load(x.q[t] + 256 * b + 128 * h + 32 * s));
+          isum[t] = madd_acc(isum[t], p, scv);
+        }
+      }
+    }
+    const float d = f16_at(blk + 208);
+    PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t)
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_set1_ps(d * x.d[t][b]), acc[t]);
+  }
+  PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) out[t] = hsum(acc[t]);
+}
+
+// ---- rows ---------------------------------------------------------------------------------------
+
+template <int NT>
+PTLLM_GGML_TARGET void dot_rows(GgmlType type, const uint8_t* row, int nb, const GgmlActs& a, int t0, float* out) {
+  switch (type) {
+    case GgmlType::Q4_K: return dot_k45<false, NT>(row, nb, a, t0, out);
+    case GgmlType::Q5_K: return dot_k45<true, NT>(row, nb, a, t0, out);
+    case GgmlType::Q6_K: return dot_q6k<NT>(row, nb, a, t0, out);
+    case GgmlType::Q8_0: return dot_32<GgmlType::Q8_0, NT>(row, nb, a, t0, out);
+    case GgmlType::Q4_0: return dot_32<GgmlType::Q4_0, NT>(row, nb, a, t0, out);
+    case GgmlType::Q4_1: return dot_32<GgmlType::Q4_1, NT>(row, nb, a, t0, out);
+    case GgmlType::Q5_0: return dot_32<GgmlType::Q5_0, NT>(row, nb, a, t0, out);
+    default: return dot_32<GgmlType::Q5_1, NT>(row, nb, a, t0, out);
+  }
+}
+
+// Rows [r0, r1) in tiles of kRowTile: a tile's blocks (16 rows of 5632 Q4_K values: 50 KB) stay in
+// L2 while every group of four rows of x passes over them, so a prefill reads the weights from
+// memory once.
+constexpr int kRowTile = 16;
+
+PTLLM_GGML_TARGET void ggml_rows(const WeightMatrix& w, const GgmlActs& a, const float* bias, float* y, int r0,
+                                 int r1) {
+  const int nb = w.cols / ggml_type_info(w.ggml).block_elems;
+  const size_t rb = w.row_bytes();
+  const auto* data = static_cast<const uint8_t*>(w.data);
+  float out[4];
+  for (int rt = r0; rt < r1; rt += kRowTile) {
+    const int re = std::min(r1, rt + kRowTile);
+    for (int t0 = 0; t0 < a.T; t0 += 4) {
+      const int nt = std::min(4, a.T - t0);
+      for (int r = rt; r < re; ++r) {
+        const uint8_t* row = data + size_t(r) * rb;
+        switch (nt) {
+          case 4: dot_rows<4>(w.ggml, row, nb, a, t0, out); break;
+          case 3: dot_rows<3>(w.ggml, row, nb, a, t0, out); break;
+          case 2: dot_rows<2>(w.ggml, row, nb, a, t0, out); break;
+          default: dot_rows<1>(w.ggml, row, nb, a, t0, out); break;
+        }
+        const float bv = bias ? bias[r] : 0.f;
+        for (int t = 0; t < nt; ++t) y[size_t(t0 + t) * size_t(w.rows) + size_t(r)] = out[t] + bv;
+      }
+    }
+  }
+}
+
+// ggml_quantize_acts, bit for bit: the same max, the same products x * (127 / max), rounded to
+// nearest even by vcvtps2dq as lrint does (|x * id| <= 127 after rounding, so no clamp is needed).
+PTLLM_GGML_TARGET inline int hsum_i32(I v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+  return _mm_cvtsi128_si32(s);
+}
+PTLLM_GGML_TARGET void quantize_acts(const float* x, int K, int block, int t0, int t1, int8_t* q, float* d,
+                                     int16_t* sums) {
+  const int nd = K / block;
+  const F abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const I order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes the packs' lane interleave
+  for (int t = t0; t < t1; ++t) {
+    const float* xt = x + size_t(t) * size_t(K);
+    int8_t* qt = q + size_t(t) * size_t(K);
+    int16_t* st = sums + size_t(t) * size_t(K / 16);
+    for (int b = 0; b < nd; ++b) {
+      const float* xb = xt + size_t(b) * size_t(block);
+      F m = _mm256_setzero_ps();
+      for (int i = 0; i < block; i += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(xb + i), abs_mask));
+      __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+      h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+      h = _mm_max_ss(h, _mm_movehdup_ps(h));
+      const float amax = _mm_cvtss_f32(h);
+      d[size_t(t) * size_t(nd) + size_t(b)] = amax / 127.f;
+      const F id = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+      for (int i = 0; i < block; i += 32) {
+        const I v0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + i), id));
+        const I v1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + i + 8), id));
+        const I v2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + i + 16), id));
+        const I v3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + i + 24), id));
+        const int g = (b * block + i) / 16;
+        st[g] = int16_t(hsum_i32(_mm256_add_epi32(v0, v1)));
+        st[g + 1] = int16_t(hsum_i32(_mm256_add_epi32(v2, v3)));
+        const I packed = _mm256_packs_epi16(_mm256_packs_epi32(v0, v1), _mm256_packs_epi32(v2, v3));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(qt + b * block + i), _mm256_permutevar8x32_epi32(packed, order));
+      }
+    }
+  }
+}
+
+constexpr GgmlKernel kKernel{PTLLM_GGML_NAME, ggml_rows, quantize_acts};
+
+}  // namespace
+}  // namespace ptllm
