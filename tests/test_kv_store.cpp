@@ -1,6 +1,7 @@
 // The block store of `serve --kv-store` (issue 23): the value format (anything that does not verify
 // is a miss), pools exchanging token blocks through a store (what one scheduler computed, another
-// loads instead of computing, with the same output).
+// loads instead of computing, with the same output), and the Redis client against a redis-server of
+// the test's own: round trip, expiry, a Redis that is down, paused (slow) or back again.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -14,7 +15,9 @@
 #include "engine/runtime.h"
 #include "engine/scheduler.h"
 #include "engine/session.h"
+#include "redis_server.h"
 #include "sample/sampler.h"
+#include "store/redis_store.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -96,6 +99,27 @@ TEST(KVStoreValue, KeysSeparateIdentitiesAndBlocks) {
   EXPECT_NE(k, kv_store_key("ptllm", digest_of(2), h));
   EXPECT_NE(k, kv_store_key("ptllm", digest_of(1), {1, 3}));
   EXPECT_NE(k, kv_store_key("other", digest_of(1), h));
+}
+
+TEST(KVStoreUrl, ParsesAndRefusesWithTheFlagsName) {
+  const store::RedisAddress a = store::parse_redis_url("redis://cache.local:6380/3");
+  EXPECT_EQ(a.host, "cache.local");
+  EXPECT_EQ(a.port, 6380);
+  EXPECT_EQ(a.db, 3);
+  const store::RedisAddress b = store::parse_redis_url("redis://:pw@127.0.0.1");
+  EXPECT_EQ(b.host, "127.0.0.1");
+  EXPECT_EQ(b.port, 6379);
+  EXPECT_EQ(b.password, "pw");
+  EXPECT_EQ(store::parse_redis_url("redis://[::1]:7000/").host, "::1");
+  for (const char* bad : {"http://x:1", "redis://", "redis://h:0", "redis://h:99999", "redis://h:12ab", "redis://h/x",
+                          "redis://user@h"}) {
+    try {
+      store::parse_redis_url(bad);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("--kv-store"), std::string::npos) << e.what();
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -299,6 +323,173 @@ TEST_F(StoreSchedulerTest, APolicyCacheIsRefused) {
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("--kv-store"), std::string::npos) << e.what();
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The Redis client.
+
+class RedisStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!store::redis_available()) GTEST_SKIP() << "built without hiredis (libhiredis-dev)";
+    if (!test::RedisServer::available()) GTEST_SKIP() << "redis-server is not installed";
+  }
+  static std::unique_ptr<KVStore> open(const std::string& url, RateLimitedLog* log = nullptr, int ttl = 0,
+                                       uint64_t max_bytes = 0) {
+    store::RedisStoreOptions o;
+    o.url = url;
+    o.timeout_ms = 200;
+    o.ttl_s = ttl;
+    o.max_bytes = max_bytes;
+    return store::open_redis_store(o, log);
+  }
+};
+
+TEST_F(RedisStoreTest, PutThenGetInOneRoundTrip) {
+  test::RedisServer redis;
+  ASSERT_TRUE(redis.running());
+  auto s = open(redis.url());
+  const std::string big(300000, 'x');
+  s->put("t:a", "alpha");
+  s->put("t:b", big);
+  ASSERT_TRUE(s->flush(std::chrono::seconds(30)));
+  const std::vector<std::string> keys = {"t:a", "t:none", "t:b"};
+  const auto v = s->get(keys);
+  ASSERT_EQ(v.size(), 3u);
+  ASSERT_TRUE(v[0]);
+  EXPECT_EQ(*v[0], "alpha");
+  EXPECT_FALSE(v[1]);
+  ASSERT_TRUE(v[2]);
+  EXPECT_EQ(*v[2], big);
+  const KVStoreStats st = s->stats();
+  EXPECT_EQ(st.lookups, 1u);
+  EXPECT_EQ(st.keys_looked_up, 3u);
+  EXPECT_EQ(st.writes, 2u);
+  EXPECT_EQ(st.bytes_out, 5 + big.size());
+  EXPECT_EQ(st.bytes_in, 5 + big.size());
+  EXPECT_EQ(st.errors, 0u);
+  EXPECT_EQ(st.dropped_writes, 0u);
+}
+
+TEST_F(RedisStoreTest, ValuesExpireAfterTheirTtl) {
+  test::RedisServer redis;
+  auto s = open(redis.url(), nullptr, /*ttl=*/1);
+  s->put("t:ttl", "v");
+  ASSERT_TRUE(s->flush(std::chrono::seconds(30)));
+  const std::vector<std::string> keys = {"t:ttl"};
+  EXPECT_TRUE(s->get(keys)[0]);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2200));  // Redis expires by its clock
+  EXPECT_FALSE(s->get(keys)[0]);
+}
+
+TEST_F(RedisStoreTest, ARedisThatIsDownIsAMissAndAWarning) {
+  std::vector<std::string> lines;
+  std::mutex mu;
+  RateLimitedLog log(std::chrono::milliseconds(0));
+  log.sink = [&](const std::string& l) {
+    std::lock_guard lk(mu);
+    lines.push_back(l);
+  };
+  auto s = open("redis://127.0.0.1:" + std::to_string(test::free_port()), &log);
+  const std::vector<std::string> keys = {"t:a", "t:b"};
+  const auto v = s->get(keys);
+  EXPECT_FALSE(v[0]);
+  EXPECT_FALSE(v[1]);
+  s->put("t:a", "alpha");
+  EXPECT_TRUE(s->flush(std::chrono::seconds(30)));
+  const KVStoreStats st = s->stats();
+  EXPECT_GE(st.errors, 1u);
+  EXPECT_EQ(st.dropped_writes, 1u);
+  EXPECT_EQ(st.writes, 0u);
+  EXPECT_EQ(st.lookups, 0u);
+  std::lock_guard lk(mu);
+  ASSERT_FALSE(lines.empty());
+  EXPECT_NE(lines[0].find("cannot connect to 127.0.0.1"), std::string::npos) << lines[0];
+}
+
+TEST_F(RedisStoreTest, APausedRedisTimesOutAsAMissThenItIsUsedAgain) {
+  test::RedisServer redis;
+  auto s = open(redis.url());
+  s->put("t:a", "alpha");
+  ASSERT_TRUE(s->flush(std::chrono::seconds(30)));
+  const std::vector<std::string> keys = {"t:a"};
+  ASSERT_TRUE(s->get(keys)[0]);
+  redis.pause();
+  EXPECT_FALSE(s->get(keys)[0]);  // the 200 ms read timeout
+  EXPECT_FALSE(s->get(keys)[0]);  // the backoff: a miss without waiting
+  EXPECT_GE(s->stats().errors, 1u);
+  redis.resume();
+  // Reconnected after the backoff (100 ms after the first failure, then doubling).
+  bool back = false;
+  for (int i = 0; i < 100 && !back; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    back = s->get(keys)[0].has_value();
+  }
+  EXPECT_TRUE(back);
+}
+
+TEST_F(RedisStoreTest, ARestartedRedisIsReconnected) {
+  test::RedisServer redis;
+  auto s = open(redis.url());
+  const std::vector<std::string> keys = {"t:a"};
+  redis.kill();
+  EXPECT_FALSE(s->get(keys)[0]);
+  ASSERT_TRUE(redis.start());  // empty again: no persistence
+  bool back = false;
+  for (int i = 0; i < 100 && !back; ++i) {
+    s->put("t:a", "again");
+    ASSERT_TRUE(s->flush(std::chrono::seconds(30)));
+    back = s->get(keys)[0].has_value();
+    if (!back) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(back);
+}
+
+TEST_F(RedisStoreTest, OverMaxBytesWritesAreSkipped) {
+  test::RedisServer redis;
+  auto s = open(redis.url(), nullptr, 0, /*max_bytes=*/1);  // Redis always uses more than a byte
+  s->put("t:a", "alpha");
+  s->put("t:b", "beta");
+  ASSERT_TRUE(s->flush(std::chrono::seconds(30)));
+  const std::vector<std::string> keys = {"t:a", "t:b"};
+  const auto v = s->get(keys);
+  EXPECT_FALSE(v[0]);
+  EXPECT_FALSE(v[1]);
+  EXPECT_EQ(s->stats().dropped_writes, 2u);
+  EXPECT_EQ(s->stats().writes, 0u);
+}
+
+// The scheduler over a real Redis that dies mid-run: every answer stays right.
+TEST_F(RedisStoreTest, SchedulersKeepAnsweringWhenRedisDies) {
+  Runtime rt({test::repo_model("kjv-tiny"), 2, true});
+  SchedulerConfig c;
+  c.session.kv.ctx_size = 512;
+  c.parallel = 2;
+  c.prefill_chunk = 64;
+  c.store_identity = prompt_cache_identity(rt.model(), rt.tokenizer(), c.session.kv).config_key;
+  const auto p1 = random_prompt(41, 170, rt.config().vocab_size), p2 = random_prompt(42, 120, rt.config().vocab_size);
+  RequestResult ref1, ref2;
+  {
+    Scheduler single(rt, c);
+    ref1 = run(single, p1, 8);
+    ref2 = run(single, p2, 8);
+  }
+  test::RedisServer redis;
+  auto sa = open(redis.url()), sb = open(redis.url());
+  SchedulerConfig ca = c, cb = c;
+  ca.store = sa.get();
+  cb.store = sb.get();
+  Scheduler a(rt, ca), b(rt, cb);
+  EXPECT_EQ(run(a, p1, 8).tokens, ref1.tokens);
+  ASSERT_TRUE(sa->flush(std::chrono::seconds(30)));
+  const RequestResult hit = run(b, p1, 8);
+  EXPECT_EQ(hit.tokens, ref1.tokens);
+  EXPECT_EQ(hit.store_tokens, 160);
+  redis.kill();
+  EXPECT_EQ(run(a, p2, 8).tokens, ref2.tokens);
+  EXPECT_EQ(run(b, p2, 8).tokens, ref2.tokens);
+  EXPECT_EQ(run(a, p1, 8).tokens, ref1.tokens);  // from A's own pool
+  EXPECT_GE(b.stats().store_io.errors, 1u);
 }
 
 }  // namespace

@@ -113,6 +113,7 @@ class BlockExchange {
               size_t n);
 
   KVStore& store() { return store_; }
+  const KVStore& store() const { return store_; }
 
  private:
   KVStore& store_;

@@ -115,9 +115,14 @@ bool Scheduler::drain(std::chrono::milliseconds limit) {
 }
 
 SchedulerStats Scheduler::stats() const {
-  std::lock_guard lk(mu_);
-  SchedulerStats s = stats_;
-  s.queued = queue_.size();
+  SchedulerStats s;
+  {
+    std::lock_guard lk(mu_);
+    s = stats_;
+    s.queued = queue_.size();
+  }
+  // The store's counters now: its writer thread goes on after the last step.
+  if (exchange_) s.store_io = exchange_->store().stats();
   return s;
 }
 
