@@ -54,10 +54,11 @@ std::string kv_store_key(std::string_view prefix, const Digest& identity, const 
   return k;
 }
 
-std::string encode_block_value(const Digest& identity, const BlockHash& h, std::span<const int32_t> ids,
-                               std::string_view payload) {
+namespace {
+// A value up to its payload (which the caller appends, then seal_value).
+std::string value_head(const Digest& identity, const BlockHash& h, std::span<const int32_t> ids, size_t payload_bytes) {
   std::string out;
-  out.reserve(kHeaderBytes + ids.size_bytes() + payload.size() + 8);
+  out.reserve(kHeaderBytes + ids.size_bytes() + payload_bytes + 8);
   out.append(kMagic, sizeof kMagic);
   put_bytes<uint32_t>(out, kKVStoreVersion);
   put_bytes<uint32_t>(out, kHeaderBytes);
@@ -66,10 +67,18 @@ std::string encode_block_value(const Digest& identity, const BlockHash& h, std::
   put_bytes<uint64_t>(out, h.hi);
   put_bytes<uint32_t>(out, uint32_t(ids.size()));
   put_bytes<uint32_t>(out, 0);
-  put_bytes<uint64_t>(out, uint64_t(payload.size()));
+  put_bytes<uint64_t>(out, uint64_t(payload_bytes));
   out.append(reinterpret_cast<const char*>(ids.data()), ids.size_bytes());
+  return out;
+}
+void seal_value(std::string& v) { put_bytes<uint64_t>(v, XXH64(v.data(), v.size(), 0)); }
+}  // namespace
+
+std::string encode_block_value(const Digest& identity, const BlockHash& h, std::span<const int32_t> ids,
+                               std::string_view payload) {
+  std::string out = value_head(identity, h, ids, payload.size());
   out.append(payload);
-  put_bytes<uint64_t>(out, XXH64(out.data(), out.size(), 0));
+  seal_value(out);
   return out;
 }
 
@@ -146,9 +155,11 @@ size_t BlockExchange::save(KVPool& pool, std::span<const int32_t> tokens, std::s
   size_t queued = 0;
   for (size_t j = first; j < n; ++j) {
     const auto ids = tokens.subspan(j * B, B);
-    scratch_.clear();
-    if (!pool.read_block(hashes[j], ids, scratch_)) continue;
-    store_.put(kv_store_key(prefix_, identity_, hashes[j]), encode_block_value(identity_, hashes[j], ids, scratch_));
+    // The block's bytes are copied once, into the value (the writer thread sends it).
+    std::string v = value_head(identity_, hashes[j], ids, pool.exchange_bytes());
+    if (!pool.read_block(hashes[j], ids, v)) continue;
+    seal_value(v);
+    store_.put(kv_store_key(prefix_, identity_, hashes[j]), std::move(v));
     ++queued;
   }
   return queued;

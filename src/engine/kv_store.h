@@ -119,7 +119,6 @@ class BlockExchange {
   KVStore& store_;
   Digest identity_;
   std::string prefix_;
-  std::string scratch_;
   RateLimitedLog log_;
 };
 
