@@ -2,10 +2,15 @@
 // and pool) sharing one redis-server of the test's own (issue 23): a conversation started on A and
 // continued on B prefills only the new turn on B (usage.prompt_tokens_details.cached_tokens says
 // so, on /v1/chat/completions and /v1/completions) with the answer of a single server; a corrupted
-// value is a miss and the right answer; Redis killed mid-run: both keep answering correctly.
+// value is a miss and the right answer; Redis killed mid-run: both keep answering correctly. And the
+// same with two `posttrainllm serve` processes (the flags, the identity each process computes).
+#include <fcntl.h>
 #include <httplib.h>
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <regex>
+#include <sstream>
 #include <thread>
 
 #include "chat/chat_template.h"
@@ -250,6 +255,100 @@ TEST_F(KVStoreServerTest, RedisKilledMidRunBothReplicasKeepAnswering) {
   const auto health = c.Get("/health");
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 200);
+}
+
+
+// `posttrainllm serve --kv-store` on a free port: started, its port read from stderr, SIGTERM at the end.
+struct ServeProcess {
+  ServeProcess(const std::string& redis_url, const std::filesystem::path& dir, const char* name) {
+    err = (dir / name).string();
+    const std::string bin = test::binary(), model = test::repo_model("kjv-tiny").string();
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    std::vector<std::string> args = {bin, "serve", model, "--port", "0", "-t", "1", "-np", "2", "-c", "512",
+                                     "--kv-store", redis_url, "--kv-store-prefix", "proc"};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    if (posix_spawn(&pid, bin.c_str(), &fa, nullptr, argv.data(), environ) != 0) pid = 0;
+    posix_spawn_file_actions_destroy(&fa);
+    const std::regex listening("listening on http://127\\.0\\.0\\.1:(\\d+)");
+    for (int i = 0; i < 6000 && port == 0 && pid > 0; ++i) {  // a bound, not a timing assertion
+      std::smatch m;
+      const std::string text = log();
+      if (std::regex_search(text, m, listening)) port = std::stoi(m[1]);
+      else std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  ~ServeProcess() {
+    if (pid > 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  }
+  std::string log() const {
+    std::ifstream in(err);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  int stop() {  // SIGTERM; the exit code
+    kill(pid, SIGTERM);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    pid = 0;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  json post(const json& body) const {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(120, 0);
+    const auto r = c.Post("/v1/completions", body.dump(), "application/json");
+    if (!r || r->status != 200) {
+      ADD_FAILURE() << "no answer: " << (r ? r->body : std::string("no response"));
+      return json::object();
+    }
+    return json::parse(r->body);
+  }
+  double metric(const std::string& name) const {
+    httplib::Client c("127.0.0.1", port);
+    const auto r = c.Get("/metrics");
+    const std::string key = "\n" + name + " ";
+    const size_t at = r ? r->body.find(key) : std::string::npos;
+    return at == std::string::npos ? -1 : std::stod(r->body.substr(at + key.size()));
+  }
+  std::string err;
+  pid_t pid = 0;
+  int port = 0;
+};
+
+TEST(KVStoreServeProcesses, TwoProcessesShareTheirBlocksThroughRedis) {
+  if (!store::redis_available()) GTEST_SKIP() << "built without hiredis (libhiredis-dev)";
+  if (!test::RedisServer::available()) GTEST_SKIP() << "redis-server is not installed";
+  test::RedisServer redis;
+  test::TempDir tmp;
+  ServeProcess a(redis.url(), tmp.path, "a.err"), b(redis.url(), tmp.path, "b.err");
+  ASSERT_GT(a.port, 0) << a.log();
+  ASSERT_GT(b.port, 0) << b.log();
+  EXPECT_NE(a.log().find("kv store: redis://127.0.0.1:" + std::to_string(redis.port()) + "/0, keys proc:"), std::string::npos)
+      << a.log();
+  const json turn1 = {{"prompt", kSystem}, {"max_tokens", 16}, {"temperature", 0}};
+  const json r1 = a.post(turn1);
+  // A's blocks reach Redis from its writer thread: wait until it wrote all it queued (a bound).
+  for (int i = 0; i < 3000 && a.metric("ptllm_kv_store_writes_total") < a.metric("ptllm_kv_store_puts_total"); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_GT(a.metric("ptllm_kv_store_writes_total"), 0);
+  const std::string history = std::string(kSystem) + r1["choices"][0]["text"].get<std::string>() + " And God said";
+  const json turn2 = {{"prompt", history}, {"max_tokens", 12}, {"temperature", 0}};
+  const json on_b = b.post(turn2);
+  const json on_a = a.post(turn2);  // A answers from its own pool: the single-server answer
+  EXPECT_EQ(on_b["choices"][0]["text"], on_a["choices"][0]["text"]);
+  const int p1 = r1["usage"]["prompt_tokens"];
+  EXPECT_GE(on_b["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), (p1 / 32) * 32);
+  EXPECT_EQ(on_b["usage"]["prompt_tokens_details"]["cached_tokens"], on_a["usage"]["prompt_tokens_details"]["cached_tokens"]);
+  EXPECT_GT(b.metric("ptllm_kv_store_hits_total"), 0);
+  EXPECT_EQ(a.stop(), 0);
+  EXPECT_EQ(b.stop(), 0);
 }
 
 }  // namespace
