@@ -351,5 +351,36 @@ TEST(KVStoreServeProcesses, TwoProcessesShareTheirBlocksThroughRedis) {
   EXPECT_EQ(b.stop(), 0);
 }
 
+TEST(KVStoreServeProcesses, BadStoreFlagsAreRefusedWithTheirNames) {
+  const std::string serve = test::binary() + " serve " + test::repo_model("kjv-tiny").string() + " --port 0 ";
+  const auto url = test::run_command(serve + "--kv-store http://127.0.0.1:6379");
+  EXPECT_EQ(url.code, 2);
+  EXPECT_NE(url.err.find("--kv-store http://127.0.0.1:6379: expected redis://"), std::string::npos) << url.err;
+  const auto port = test::run_command(serve + "--kv-store redis://127.0.0.1:99999");
+  EXPECT_EQ(port.code, 2);
+  EXPECT_NE(port.err.find("the port '99999'"), std::string::npos) << port.err;
+  const auto prefix = test::run_command(serve + "--kv-store-prefix 'a:b'");
+  EXPECT_EQ(prefix.code, 2);
+  EXPECT_NE(prefix.err.find("--kv-store-prefix"), std::string::npos) << prefix.err;
+  // A policy cache (KIVI) cannot exchange its blocks: refused, naming the configuration.
+  const auto kivi = test::run_command(serve + "--kv-store redis://127.0.0.1:1 --kv-quantize int4");
+  EXPECT_EQ(kivi.code, 2);
+  EXPECT_NE(kivi.err.find("this run stores int4"), std::string::npos) << kivi.err;
+}
+
+// A Redis that is not there at the start: a warning, and the server answers as without a store.
+TEST(KVStoreServeProcesses, ARedisDownAtTheStartIsAWarningNotAnError) {
+  if (!store::redis_available()) GTEST_SKIP() << "built without hiredis (libhiredis-dev)";
+  test::TempDir tmp;
+  ServeProcess a("redis://127.0.0.1:" + std::to_string(test::free_port()), tmp.path, "a.err");
+  ASSERT_GT(a.port, 0) << a.log();
+  EXPECT_NE(a.log().find("warning: kv store: cannot connect to 127.0.0.1:"), std::string::npos) << a.log();
+  const json r = a.post({{"prompt", kSystem}, {"max_tokens", 8}, {"temperature", 0}});
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(r["usage"]["completion_tokens"], 8);
+  EXPECT_GE(a.metric("ptllm_kv_store_errors_total"), 1);
+  EXPECT_EQ(a.stop(), 0);
+}
+
 }  // namespace
 }  // namespace ptllm
