@@ -373,12 +373,12 @@ TEST_F(RedisStoreTest, PutThenGetInOneRoundTrip) {
 
 TEST_F(RedisStoreTest, ValuesExpireAfterTheirTtl) {
   test::RedisServer redis;
-  auto s = open(redis.url(), nullptr, /*ttl=*/1);
+  auto s = open(redis.url(), nullptr, /*ttl=*/2);
   s->put("t:ttl", "v");
   ASSERT_TRUE(s->flush(std::chrono::seconds(30)));
   const std::vector<std::string> keys = {"t:ttl"};
   EXPECT_TRUE(s->get(keys)[0]);
-  std::this_thread::sleep_for(std::chrono::milliseconds(2200));  // Redis expires by its clock
+  std::this_thread::sleep_for(std::chrono::milliseconds(3200));  // Redis expires by its clock
   EXPECT_FALSE(s->get(keys)[0]);
 }
 
@@ -457,6 +457,24 @@ TEST_F(RedisStoreTest, OverMaxBytesWritesAreSkipped) {
   EXPECT_FALSE(v[1]);
   EXPECT_EQ(s->stats().dropped_writes, 2u);
   EXPECT_EQ(s->stats().writes, 0u);
+}
+
+TEST_F(RedisStoreTest, APutBeyondTheQueueIsDroppedNotWaitedFor) {
+  test::RedisServer redis;
+  store::RedisStoreOptions o;
+  o.url = redis.url();
+  o.queue_bytes = 64;  // key and value bytes waiting at most
+  auto s = store::open_redis_store(o);
+  s->put("t:big", std::string(100, 'b'));  // more than the whole queue: dropped at once
+  s->put("t:small", "s");
+  ASSERT_TRUE(s->flush(std::chrono::seconds(30)));
+  const std::vector<std::string> keys = {"t:big", "t:small"};
+  const auto v = s->get(keys);
+  EXPECT_FALSE(v[0]);
+  ASSERT_TRUE(v[1]);
+  EXPECT_EQ(*v[1], "s");
+  EXPECT_EQ(s->stats().dropped_writes, 1u);
+  EXPECT_EQ(s->stats().writes, 1u);
 }
 
 // The scheduler over a real Redis that dies mid-run: every answer stays right.
