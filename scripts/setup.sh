@@ -9,7 +9,8 @@ PACKAGES=(build-essential cmake pkg-config
   nlohmann-json3-dev libpcre2-dev libssl-dev libxxhash-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev  # OpenBLAS: only the sgemm comparison in bench/bench_kernels.cpp (loaded at run time)
-  libcpp-httplib-dev)  # the HTTP server of `posttrainllm serve`
+  libcpp-httplib-dev  # the HTTP server of `posttrainllm serve`
+  libhiredis-dev redis-server)  # serve --kv-store (Redis) and its tests, which start their own redis-server
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -16,9 +16,11 @@
 #include "cli/options.h"
 #include "core/error.h"
 #include "engine/conversation.h"
+#include "engine/prompt_cache.h"
 #include "engine/runtime.h"
 #include "engine/scheduler.h"
 #include "server/http_server.h"
+#include "store/redis_store.h"
 
 namespace ptllm::cli {
 
@@ -34,6 +36,10 @@ struct ServeArgs {
   int max_body_mb = 8;
   RuntimeOptions runtime;
   ChatPromptOptions chat;
+  store::RedisStoreOptions store;  // --kv-store (url empty: none)
+  std::string store_prefix = "ptllm";
+  int store_max_mb = 0;
+  int store_queue_mb = 128;
 };
 
 // The model's chat template as the server's renderer; none (a warning) when the model has none and
@@ -103,6 +109,15 @@ int run_serve(ServeArgs& a) {
   sc.kv_budget_bytes = size_t(a.kv_budget_mb) << 20;
   sc.prefill_chunk = a.prefill_chunk;
   sc.eos_ids = stop_token_ids(dir, rt.config(), rt.tokenizer());
+  std::unique_ptr<KVStore> store;
+  if (!a.store.url.empty()) {
+    a.store.max_bytes = uint64_t(a.store_max_mb) << 20;
+    a.store.queue_bytes = size_t(a.store_queue_mb) << 20;
+    store = store::open_redis_store(a.store);
+    sc.store = store.get();
+    sc.store_identity = prompt_cache_identity(rt.model(), rt.tokenizer(), sc.session.kv).config_key;
+    sc.store_prefix = a.store_prefix;
+  }
   a.http.render_chat = chat_renderer(dir, a.chat);
   a.http.model_name = a.alias.empty() ? dir.filename().string() : a.alias;
   a.http.max_body_bytes = size_t(a.max_body_mb) << 20;
@@ -115,12 +130,18 @@ int run_serve(ServeArgs& a) {
                             scheduler.pool().quant().capacity() * scheduler.pool().quant().block_bytes())
                    .c_str(),
                sc.session.kv.describe().c_str());
+  if (store)
+    std::fprintf(stderr, "kv store: %s, keys %s:%s:*%s\n", store->describe().c_str(), a.store_prefix.c_str(),
+                 to_hex(std::span<const uint8_t>(sc.store_identity.data(), 16)).c_str(),
+                 a.store.ttl_s > 0 ? (", expiring after " + std::to_string(a.store.ttl_s) + " s").c_str() : "");
   std::fprintf(stderr, "listening on http://%s:%d\n", a.http.host.c_str(), port);
   std::fflush(stderr);
   signals.watch(srv);
   srv.run();
   signals.finish();
   scheduler.stop();
+  if (store && !store->flush(std::chrono::seconds(5)))
+    std::fprintf(stderr, "warning: kv store: writes still queued at exit were dropped\n");
   std::fprintf(stderr, "stopped\n");
   return 0;
 }
@@ -150,6 +171,24 @@ Command add_serve_command(CLI::App& root) {
       ->check(integer_between(1, 1024));
   app->add_option("--threads-http", a->http.http_threads, "Connections served at once (0 = 2 x --parallel + 4)")
       ->check(integer_between(0, 4096));
+  app->add_option("--kv-store", a->store.url,
+                  "Share full prefix blocks with other replicas through Redis: redis://[:PASSWORD@]HOST[:PORT][/DB]");
+  app->add_option("--kv-store-prefix", a->store_prefix, "First part of every key in the store")
+      ->check([](const std::string& v) -> std::string {
+        if (v.empty() || v.size() > 64) return "must be 1 to 64 characters";
+        for (char c : v)
+          if (c <= ' ' || c == ':' || c > '~') return "must be printable ASCII without spaces or ':'";
+        return "";
+      });
+  app->add_option("--kv-store-ttl", a->store.ttl_s, "Seconds a block stays in the store after it was written (0 = no expiry)")
+      ->check(integer_between(0, 1 << 30));
+  app->add_option("--kv-store-max-mb", a->store_max_mb,
+                  "Skip writes while Redis uses at least this many MiB (0 = no check; or give Redis maxmemory + allkeys-lru)")
+      ->check(integer_between(0, 1 << 30));
+  app->add_option("--kv-store-timeout-ms", a->store.timeout_ms, "Connect and read/write timeout of the store")
+      ->check(integer_between(1, 60000));
+  app->add_option("--kv-store-queue-mb", a->store_queue_mb, "Most MiB of blocks waiting to be written (more are dropped)")
+      ->check(integer_between(1, 1 << 16));
   add_chat_prompt_options(*app, a->chat);
   add_runtime_options(*app, a->runtime);
   return {app, [a] { return run_serve(*a); }};

@@ -36,6 +36,8 @@ struct Scheduler::Slot {
   uint64_t order = 0;     // admission order: the youngest is preempted first
   bool started = false;   // admitted once (prompt_tokens counts the first admission only)
   bool cached_counted = false;  // cached_tokens set (at the first adoption)
+  std::vector<BlockHash> hashes;  // chained hashes of seq's first full blocks (with a store)
+  size_t saved_blocks = 0;        // blocks of the history put to the store or taken from elsewhere
   bool done = false;
   bool cancelled() const { return req.cancel && req.cancel->load(); }
   int64_t remaining() const { return int64_t(seq.size()) - session->position(); }
@@ -47,6 +49,13 @@ Scheduler::Scheduler(Runtime& rt, const SchedulerConfig& cfg) : rt_(rt), cfg_(cf
     throw UsageError("--parallel: at most " + std::to_string(kMaxBatchSequences - 1) + " sequences");
   cfg_.session.kv.validate();
   pool_ = std::make_unique<KVPool>(rt_.model().kv_shape(), cfg_.session.kv, cfg_.parallel, cfg_.kv_budget_bytes);
+  if (cfg_.store) {
+    if (!pool_->exchangeable())
+      throw UsageError("--kv-store: blocks are exchanged for dense KV caches (fp32, fp16, bf16) without StreamingLLM "
+                       "on models without sliding-window layers; this run stores " + cfg_.session.kv.describe() +
+                       (rt_.model().kv_shape().any_window() ? " on a model with sliding-window layers" : ""));
+    exchange_ = std::make_unique<BlockExchange>(*cfg_.store, cfg_.store_identity, cfg_.store_prefix);
+  }
   publish_stats();
   thread_ = std::thread([this] { loop(); });
 }
@@ -106,9 +115,14 @@ bool Scheduler::drain(std::chrono::milliseconds limit) {
 }
 
 SchedulerStats Scheduler::stats() const {
-  std::lock_guard lk(mu_);
-  SchedulerStats s = stats_;
-  s.queued = queue_.size();
+  SchedulerStats s;
+  {
+    std::lock_guard lk(mu_);
+    s = stats_;
+    s.queued = queue_.size();
+  }
+  // The store's counters now: its writer thread goes on after the last step.
+  if (exchange_) s.store_io = exchange_->store().stats();
   return s;
 }
 
@@ -184,12 +198,59 @@ bool Scheduler::try_start(Slot& s) {
 
 // Prompts are prefilled one at a time, oldest first, so by a prompt's first chunk every older one
 // has published its blocks: requests arriving together over one system prompt compute it once.
+// With a store, the blocks past the pool's own prefix are first loaded from it (held until adopted).
 void Scheduler::adopt_at_turn(Slot& s) {
+  std::vector<int32_t> held;
+  size_t local = 0;
+  const size_t loaded = exchange_ ? load_from_store(s, held, &local) : 0;
   const int64_t adopted = s.session->adopt_prefix(s.seq);
+  pool_->release_held(held);  // the session holds its own references now; the rest stay findable
+  const size_t B = size_t(cfg_.session.kv.group_size);
+  s.saved_blocks = size_t(adopted) / B;  // computed elsewhere: here before, or by another replica
   if (s.cached_counted) return;  // a preempted sequence's return is not the client's cache hit
   s.result.cached_tokens = adopted;
   live_.cached_tokens += uint64_t(adopted);
+  const size_t adopted_blocks = size_t(adopted) / B;
+  const size_t from_store = adopted_blocks > local ? std::min(adopted_blocks - local, loaded) : 0;
+  s.result.store_tokens = int64_t(from_store * B);
+  live_.store_tokens += from_store * B;
   s.cached_counted = true;
+}
+
+// The prompt's full blocks (the last token left out, as adoption leaves it): the run the pool holds
+// is held, the next ones are looked up in the store in one round trip and loaded. Returns the
+// blocks loaded; *local_blocks: those the pool held.
+size_t Scheduler::load_from_store(Slot& s, std::vector<int32_t>& held, size_t* local_blocks) {
+  const KVCacheConfig& kv = cfg_.session.kv;
+  const size_t B = size_t(kv.group_size);
+  // Adoption leaves two blocks of the ring for the tail (KVCache::adoptable_blocks).
+  const size_t ring = (size_t(kv.ctx_size) + B - 1) / B;
+  const size_t n = std::min((s.seq.size() - 1) / B, ring > 2 ? ring - 2 : 0);
+  *local_blocks = 0;
+  if (n == 0) return 0;
+  pool_->extend_block_hashes(s.seq, n, s.hashes);
+  size_t local = 0;
+  while (local < n && pool_->hold_block(s.hashes[local], std::span(s.seq).subspan(local * B, B), held)) ++local;
+  *local_blocks = local;
+  if (local == n) return 0;
+  // Room left for this prompt's first chunk and every running sequence's next block.
+  const size_t layers = size_t(rt_.config().n_layers);
+  const size_t reserve = (running_.size() + (size_t(cfg_.prefill_chunk) + B - 1) / B + 1) * layers;
+  const BlockExchange::Lookup r = exchange_->load(*pool_, s.seq, s.hashes, local, n, reserve, held);
+  live_.store_hits += r.hits;
+  live_.store_misses += r.looked_up - r.hits;
+  live_.store_rejected += r.rejected;
+  return r.hits;
+}
+
+// The full blocks this sequence computed since the last call go to the store (queued, not waited for).
+void Scheduler::save_to_store(Slot& s) {
+  const std::vector<int32_t>& hist = s.session->history();
+  const size_t n = hist.size() / size_t(cfg_.session.kv.group_size);
+  if (n <= s.saved_blocks) return;
+  pool_->extend_block_hashes(hist, n, s.hashes);
+  live_.store_puts += exchange_->save(*pool_, hist, s.hashes, s.saved_blocks, n);
+  s.saved_blocks = n;
 }
 
 bool Scheduler::fits(const std::vector<Slot*>& batch, const std::vector<std::span<const int32_t>>& feeds) const {
@@ -268,6 +329,8 @@ void Scheduler::step() {
   live_.decode_seconds += dt * double(decode) / double(prefill + decode);
   live_.prefill_tokens += prefill;
   ++live_.steps;
+  if (exchange_)
+    for (Slot* s : batch) save_to_store(*s);
   for (Slot* s : batch)
     if (s->remaining() == 0) sample_next(*s);
 }
@@ -347,6 +410,10 @@ void Scheduler::publish_stats() {
   for (const BlockPool* p : {&pool_->dense(), &pool_->quant()})
     for (size_t id = 0; id < p->capacity(); ++id) shared += p->refs(int32_t(id)) > 1;
   s.blocks_shared = shared;
+  if (exchange_) {
+    s.store = true;
+    s.store_io = exchange_->store().stats();
+  }
   std::lock_guard lk(mu_);
   s.requests = stats_.requests;
   stats_ = s;

@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/kv_store.h"
 #include "engine/session.h"
 #include "sample/sampler.h"
 
@@ -35,6 +36,13 @@ struct SchedulerConfig {
   size_t kv_budget_bytes = 0;   // 0: room for `parallel` sequences of ctx_size tokens each
   int prefill_chunk = 256;      // most prompt tokens one step feeds
   std::vector<int32_t> eos_ids; // ids that end a reply (stop_token_ids)
+  // A block store shared with other replicas (engine/kv_store.h), or null. A prompt's full blocks
+  // missing from the pool after its local prefix are looked up there in one round trip and loaded
+  // instead of computed; every full block a sequence computes is put there. It needs an exchangeable
+  // pool (KVPool::exchangeable: dense, no StreamingLLM, no sliding layer).
+  KVStore* store = nullptr;
+  Digest store_identity{};          // PromptCacheIdentity::config_key of this model and KV settings
+  std::string store_prefix = "ptllm";  // the keys' first part (--kv-store-prefix)
 };
 
 enum class FinishReason { Stop, Length, Cancelled, Error };
@@ -54,6 +62,7 @@ struct RequestResult {
   std::vector<int32_t> tokens;   // ids generated (a stopping EOS not included)
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;     // prompt tokens taken from the pool instead of computed
+  int64_t store_tokens = 0;      // of those, tokens loaded from the block store (SchedulerConfig::store)
   int64_t completion_tokens = 0; // ids sampled, a stopping EOS included
   std::string stop_string;       // the stop string met (reason Stop), else empty
   std::string error;             // reason Error: why
@@ -78,6 +87,12 @@ struct SchedulerStats {
   uint64_t steps = 0;
   size_t queued = 0, running = 0;
   size_t blocks_total = 0, blocks_used = 0, blocks_cached = 0, blocks_shared = 0;
+  // The block store (when SchedulerConfig::store is set): token blocks looked up and loaded (hits),
+  // looked up and not loaded (misses; rejected: present but failing verification), the prompt tokens
+  // they held, blocks queued to be put; and the store's own transport counters.
+  bool store = false;
+  uint64_t store_hits = 0, store_misses = 0, store_rejected = 0, store_tokens = 0, store_puts = 0;
+  KVStoreStats store_io;
 };
 
 class Scheduler {
@@ -108,6 +123,8 @@ class Scheduler {
   void admit();
   bool try_start(Slot& s);
   void adopt_at_turn(Slot& s);
+  size_t load_from_store(Slot& s, std::vector<int32_t>& held, size_t* local_blocks);
+  void save_to_store(Slot& s);
   void step();
   bool build_batch(std::vector<Slot*>& batch, std::vector<std::span<const int32_t>>& feeds);
   bool fits(const std::vector<Slot*>& batch, const std::vector<std::span<const int32_t>>& feeds) const;
@@ -122,6 +139,7 @@ class Scheduler {
   Runtime& rt_;
   SchedulerConfig cfg_;
   std::unique_ptr<KVPool> pool_;
+  std::unique_ptr<BlockExchange> exchange_;  // with a store
   ForwardState state_;  // the batch's activations, reused every step
   std::vector<float> logits_;  // [vocab] a copy the sampler may modify
 

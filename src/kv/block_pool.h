@@ -18,6 +18,12 @@
 
 namespace ptllm {
 
+// A token block's chained content hash (kv/prefix.cpp), the same in every layer.
+struct BlockHash {
+  uint64_t lo = 0, hi = 0;
+  bool operator==(const BlockHash&) const = default;
+};
+
 struct BlockKey {
   uint64_t lo = 0, hi = 0;  // chained 128-bit hash (kv_cache.cpp: chain_key)
   int32_t layer = -1;

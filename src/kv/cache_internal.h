@@ -4,6 +4,7 @@
 // attention/attend.cpp, policy.cpp, prefix.cpp, state.cpp).
 #include <algorithm>
 #include <cstdint>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -60,6 +61,12 @@ inline int stream_window(const KVShape& shape, const KVCacheConfig& c, int l) {
   const int native = shape.window_of(l);
   return native > 0 && c.streaming() ? std::min(native, c.window) : std::max(native, c.window);
 }
+// The prefix keys of token blocks (prefix.cpp): a root over the KV settings and the shape, then
+// key(block j) = H(key(block j-1), its first index, its token ids).
+using Key128 = BlockHash;
+Key128 root_key(const KVShape& shape, const KVCacheConfig& cfg);
+Key128 chain_key(Key128 parent, int64_t start, std::span<const int32_t> tokens);
+
 // Per sequence, worst case: full-precision blocks and KIVI groups, over every layer.
 inline std::pair<size_t, size_t> blocks_per_sequence(const KVShape& shape, const KVCacheConfig& c) {
   const int chunk = chunk_for(shape, c);

@@ -63,6 +63,30 @@ class KVPool {
   // Blocks referenced now (both kinds).
   size_t blocks_in_use() const { return dense_.in_use() + quant_.in_use(); }
 
+  // Exchanging token blocks with a store outside the process (kv/exchange.cpp, engine/kv_store.h).
+  // A token block is B tokens of every storing layer; its bytes are each layer's full-precision block
+  // in the prompt-cache file's layout (KVCache::serialize), layers in order.
+  // Whether they can be exchanged: dense storage, no StreamingLLM, no sliding layer, so that a token
+  // block's bytes depend only on the tokens up to its end, not on what a policy did later.
+  bool exchangeable() const;
+  // Bytes of one token block, every storing layer.
+  size_t exchange_bytes() const;
+  // Extends `hashes` (the chained content hashes of tokens' blocks, from the first) to the first
+  // n_blocks token blocks of `tokens` (which must hold n_blocks * B tokens).
+  void extend_block_hashes(std::span<const int32_t> tokens, size_t n_blocks, std::vector<BlockHash>& hashes) const;
+  // The token block (hash h, token ids ids) if every storing layer holds it: a reference taken on each
+  // (ids appended to `held`), else false and nothing held.
+  bool hold_block(const BlockHash& h, std::span<const int32_t> ids, std::vector<int32_t>& held);
+  // Appends the bytes of the token block to `out` if every storing layer holds it (else false).
+  bool read_block(const BlockHash& h, std::span<const int32_t> ids, std::string& out);
+  // Writes `bytes` (exchange_bytes() of them) into fresh blocks and publishes them as computing them
+  // would have, holding a reference on each; a layer that already holds the block keeps its own.
+  // False (nothing held, nothing changed) when the pool has no free block left.
+  bool import_block(const BlockHash& h, std::span<const int32_t> ids, std::string_view bytes,
+                    std::vector<int32_t>& held);
+  // Drops the references hold_block / import_block took.
+  void release_held(std::vector<int32_t>& held);
+
  private:
   friend class KVCache;
   KVPool(const KVShape& shape, const KVCacheConfig& cfg, size_t dense_blocks, size_t quant_blocks, bool keyed);

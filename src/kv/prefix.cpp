@@ -64,25 +64,19 @@ size_t KVPool::shared_bytes() const {
 // ids (XXH3-128), from a root that hashes the KV settings and the shape: two blocks share a key only
 // if every token before and in them is the same, and so are their bytes.
 
-namespace {
-struct Key128 {
-  uint64_t lo, hi;
-};
-
-Key128 root_key(const KVShape& shape, const KVCacheConfig& cfg) {
+Key128 kvdetail::root_key(const KVShape& shape, const KVCacheConfig& cfg) {
   const std::string salt = cfg.describe() + " L" + std::to_string(shape.n_layers) + " H" +
                            std::to_string(shape.n_kv_heads) + " D" + std::to_string(shape.head_dim);
   const XXH128_hash_t h = XXH3_128bits(salt.data(), salt.size());
   return {h.low64, h.high64};
 }
 
-Key128 chain_key(Key128 parent, int64_t start, std::span<const int32_t> tokens) {
+Key128 kvdetail::chain_key(Key128 parent, int64_t start, std::span<const int32_t> tokens) {
   const XXH128_hash_t t = XXH3_128bits(tokens.data(), tokens.size_bytes());
   const uint64_t words[5] = {parent.lo, parent.hi, uint64_t(start), t.low64, t.high64};
   const XXH128_hash_t h = XXH3_128bits(words, sizeof words);
   return {h.low64, h.high64};
 }
-}  // namespace
 
 KVCache::TokenBlock KVCache::token_block(size_t j) const {
   const int B = cfg_.group_size, N = cfg_.streaming() ? cfg_.sink : 0;

@@ -309,6 +309,26 @@ std::string metrics_text(const SchedulerStats& s, int parallel) {
   metric(o, "ptllm_kv_blocks_shared", "gauge", "KV blocks referenced by more than one sequence", double(s.blocks_shared));
   metric(o, "ptllm_kv_blocks_cached", "gauge", "Unreferenced KV blocks kept for prefix reuse (reclaimable)", double(s.blocks_cached));
   metric(o, "ptllm_kv_blocks_free", "gauge", "KV blocks not referenced (cached ones included)", double(s.blocks_total - s.blocks_used));
+  if (s.store) {  // serve --kv-store
+    const KVStoreStats& io = s.store_io;
+    metric(o, "ptllm_kv_store_hits_total", "counter", "Token blocks loaded from the block store instead of computed", double(s.store_hits));
+    metric(o, "ptllm_kv_store_misses_total", "counter", "Token blocks looked up in the store and not loaded", double(s.store_misses));
+    metric(o, "ptllm_kv_store_rejected_total", "counter", "Store values that failed verification (counted as misses)", double(s.store_rejected));
+    metric(o, "ptllm_kv_store_prompt_tokens_total", "counter", "Prompt tokens loaded from the store", double(s.store_tokens));
+    metric(o, "ptllm_kv_store_puts_total", "counter", "Token blocks queued to be written to the store", double(s.store_puts));
+    metric(o, "ptllm_kv_store_writes_total", "counter", "Token blocks written to the store", double(io.writes));
+    metric(o, "ptllm_kv_store_dropped_writes_total", "counter", "Writes dropped (queue full, store down or over --kv-store-max-mb)", double(io.dropped_writes));
+    metric(o, "ptllm_kv_store_errors_total", "counter", "Store failures: connections, timeouts, error replies", double(io.errors));
+    metric(o, "ptllm_kv_store_bytes_in_total", "counter", "Value bytes read from the store", double(io.bytes_in));
+    metric(o, "ptllm_kv_store_bytes_out_total", "counter", "Value bytes written to the store", double(io.bytes_out));
+    metric(o, "ptllm_kv_store_keys_looked_up_total", "counter", "Keys asked for in lookups", double(io.keys_looked_up));
+    o += "# HELP ptllm_kv_store_lookup_seconds Time of a lookup round trip (one per prompt)\n"
+         "# TYPE ptllm_kv_store_lookup_seconds summary\n";
+    char buf[128];
+    std::snprintf(buf, sizeof buf, "ptllm_kv_store_lookup_seconds_sum %.17g\nptllm_kv_store_lookup_seconds_count %llu\n",
+                  io.lookup_seconds, static_cast<unsigned long long>(io.lookups));
+    o += buf;
+  }
   return o;
 }
 

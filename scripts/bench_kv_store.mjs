@@ -1,0 +1,150 @@
+// The targets of issue 23 (serve --kv-store), for a quiet machine:
+//  1. cross-replica reuse: replica B's time to first token for a 2,000-token history that replica A
+//     computed and put to Redis, against a cold prefill of a history of the same length on a server
+//     without a store (target: at least 10x lower);
+//  2. the store's cost when every block misses: tokens per second of a workload with no reuse
+//     (distinct prompts) with --kv-store against the same server without it (target: at most 5% fewer).
+// Starts its own redis-server (no persistence, a temporary directory) and `posttrainllm serve`
+// processes; needs only Node 20 (fetch), no npm packages. Examples:
+//   node scripts/bench_kv_store.mjs --binary build/posttrainllm --model ../shared/models/kjv-small
+//   node scripts/bench_kv_store.mjs --model models/kjv-tiny --history 400 --reps 2 --requests 8   (a quick check)
+import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { startServer } from '../tests/node/harness.mjs';
+
+const args = process.argv.slice(2);
+const opt = (name, dflt) => {
+  const i = args.indexOf(name);
+  return i >= 0 ? args[i + 1] : dflt;
+};
+const binary = opt('--binary', 'build/posttrainllm');
+const model = opt('--model', '../shared/models/kjv-small');
+const threads = opt('--threads', '2');
+const history = Number(opt('--history', '2000'));     // tokens of the history (target 1)
+const reps = Number(opt('--reps', '5'));              // histories measured (medians reported)
+const requests = Number(opt('--requests', '32'));     // requests of the no-reuse workload (target 2)
+const concurrency = Number(opt('--concurrency', '4'));
+const promptLen = Number(opt('--prompt', '512'));     // their prompt tokens
+const genTokens = Number(opt('--gen', '64'));         // their generated tokens
+const ctx = String(Math.max(history + 64, promptLen + genTokens + 8));
+
+function freePort() {
+  return new Promise((resolve) => {
+    const s = net.createServer();
+    s.listen(0, '127.0.0.1', () => {
+      const { port } = s.address();
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+async function startRedis() {
+  const port = await freePort();
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ptllm-redis-'));
+  const proc = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no',
+                                      '--dir', dir, '--loglevel', 'warning'], { stdio: 'ignore' });
+  for (let i = 0; i < 200; ++i) {
+    const ok = await new Promise((resolve) => {
+      const c = net.connect(port, '127.0.0.1', () => c.write('PING\r\n'));
+      c.on('data', (d) => { c.destroy(); resolve(d.toString().startsWith('+PONG')); });
+      c.on('error', () => resolve(false));
+    });
+    if (ok) return { url: `redis://127.0.0.1:${port}`, stop: () => { proc.kill('SIGTERM'); fs.rmSync(dir, { recursive: true, force: true }); } };
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  throw new Error('redis-server did not answer PING');
+}
+
+const post = async (srv, p, body) => {
+  const r = await fetch(`http://127.0.0.1:${srv.port}${p}`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body) });
+  const j = await r.json();
+  if (!r.ok) throw new Error(`${p}: ${r.status} ${JSON.stringify(j)}`);
+  return j;
+};
+const metric = async (srv, name) => {
+  const t = await (await fetch(`http://127.0.0.1:${srv.port}/metrics`)).text();
+  const m = t.match(new RegExp(`^${name} (\\S+)$`, 'm'));
+  return m ? Number(m[1]) : NaN;
+};
+const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
+
+// Distinct token-id prompts from the corpus (or the README when the corpus is absent), each begun by
+// its own text so that no two share a block.
+async function prompts(srv, n, len) {
+  const corpus = ['../shared/corpus/val.txt', 'README.md'].find((f) => fs.existsSync(f));
+  const text = fs.readFileSync(corpus, 'utf8');
+  const ids = (await post(srv, '/tokenize', { content: text.slice(0, 400000) })).tokens;
+  if (ids.length < n * len) throw new Error(`the corpus holds ${ids.length} tokens, fewer than ${n} x ${len}`);
+  return Array.from({ length: n }, (_, i) => ids.slice(i * len, (i + 1) * len));
+}
+
+// TTFT of one request: its time with max_tokens 1 (prefill and one sampled token), non-streamed.
+async function ttft(srv, ids) {
+  const t0 = performance.now();
+  const r = await post(srv, '/v1/completions', { prompt: ids, max_tokens: 1, temperature: 0 });
+  return { ms: performance.now() - t0, cached: r.usage.prompt_tokens_details.cached_tokens, text: r.choices[0].text };
+}
+
+const redis = await startRedis();
+const serve = (extra) => startServer(binary, model, ['-t', threads, '-c', ctx, '-np', String(concurrency), ...extra]);
+try {
+  // 1. Cross-replica TTFT.
+  const a = await serve(['--kv-store', redis.url]);
+  const b = await serve(['--kv-store', redis.url]);
+  const cold = await serve([]);
+  const hs = await prompts(cold, 2 * reps, history);
+  const coldMs = [], warmMs = [];
+  for (let i = 0; i < reps; ++i) {
+    const c = await ttft(cold, hs[2 * i]);
+    coldMs.push(c.ms);
+    const before = await metric(a, 'ptllm_kv_store_writes_total');
+    const ra = await ttft(a, hs[2 * i + 1]);
+    const blocks = Math.floor((history) / 32);
+    for (let t = 0; t < 600 && (await metric(a, 'ptllm_kv_store_writes_total')) - before < blocks; ++t)
+      await new Promise((r) => setTimeout(r, 50));
+    const rb = await ttft(b, hs[2 * i + 1]);
+    if (rb.text !== ra.text) throw new Error(`replica B answered ${JSON.stringify(rb.text)}, A ${JSON.stringify(ra.text)}`);
+    warmMs.push(rb.ms);
+    console.log(`history ${i}: cold ${c.ms.toFixed(1)} ms; replica B ${rb.ms.toFixed(1)} ms with ${rb.cached} of ${history} tokens cached`);
+  }
+  const hits = await metric(b, 'ptllm_kv_store_hits_total');
+  const lookups = await metric(b, 'ptllm_kv_store_lookup_seconds_count');
+  const lookupSum = await metric(b, 'ptllm_kv_store_lookup_seconds_sum');
+  console.log(`TTFT of a ${history}-token history: cold prefill ${median(coldMs).toFixed(1)} ms (median of ${reps}), ` +
+              `second replica ${median(warmMs).toFixed(1)} ms: ${(median(coldMs) / median(warmMs)).toFixed(1)}x lower ` +
+              `(target: at least 10x); B: ${hits} blocks from Redis in ${lookups} lookups, ${(1000 * lookupSum / lookups).toFixed(2)} ms each`);
+  for (const s of [a, b, cold]) await s.stop();
+
+  // 2. Throughput with every block missing, against no store. The two servers run one after the
+  // other, alternating, so that a machine's drift does not favour either.
+  const rates = { store: [], none: [] };
+  for (let round = 0; round < 2; ++round) {
+    for (const mode of round === 0 ? ['none', 'store'] : ['store', 'none']) {
+      const srv = await serve(mode === 'store' ? ['--kv-store', redis.url, '--kv-store-prefix', `miss${round}`] : []);
+      const ps = (await prompts(srv, requests + 1, promptLen)).slice(1);
+      const t0 = performance.now();
+      let next = 0, tokens = 0;
+      await Promise.all(Array.from({ length: concurrency }, async () => {
+        while (next < ps.length) {
+          const p = ps[next++];
+          const r = await post(srv, '/v1/completions', { prompt: p, max_tokens: genTokens, temperature: 0 });
+          tokens += r.usage.prompt_tokens + r.usage.completion_tokens;
+        }
+      }));
+      const s = (performance.now() - t0) / 1000;
+      rates[mode].push(tokens / s);
+      const misses = mode === 'store' ? await metric(srv, 'ptllm_kv_store_misses_total') : 0;
+      console.log(`${mode === 'store' ? '--kv-store' : 'no store  '}: ${requests} requests, ${tokens} tokens in ${s.toFixed(2)} s = ` +
+                  `${(tokens / s).toFixed(1)} tok/s${mode === 'store' ? ` (store misses ${misses}, hits ${await metric(srv, 'ptllm_kv_store_hits_total')})` : ''}`);
+      await srv.stop();
+    }
+  }
+  const st = rates.store.reduce((x, y) => x + y) / rates.store.length, no = rates.none.reduce((x, y) => x + y) / rates.none.length;
+  console.log(`no reuse: ${st.toFixed(1)} tok/s with --kv-store, ${no.toFixed(1)} without: ` +
+              `${(100 * (1 - st / no)).toFixed(1)}% fewer (target: at most 5%)`);
+} finally {
+  redis.stop();
+}

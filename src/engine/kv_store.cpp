@@ -1,0 +1,168 @@
+#include "engine/kv_store.h"
+
+#include <cstdio>
+#include <cstring>
+#include <xxhash.h>
+
+#include "core/bytes.h"
+#include "core/error.h"
+#include "kv/kv_cache.h"
+
+namespace ptllm {
+
+namespace {
+constexpr char kMagic[8] = {'P', 'T', 'L', 'L', 'M', 'K', 'V', 'B'};
+constexpr uint32_t kHeaderBytes = 80;
+
+std::string hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+}  // namespace
+
+void RateLimitedLog::warn(const std::string& message) {
+  std::string line;
+  {
+    std::lock_guard lk(mu_);
+    const auto now = std::chrono::steady_clock::now();
+    if (any_ && now - last_ < every_) {
+      ++suppressed_;
+      return;
+    }
+    line = "warning: kv store: " + message;
+    if (suppressed_ > 0) line += " (" + std::to_string(suppressed_) + " more warnings since the last one)";
+    suppressed_ = 0;
+    last_ = now;
+    any_ = true;
+  }
+  if (sink) {
+    sink(line);
+  } else {
+    std::fprintf(stderr, "%s\n", line.c_str());
+    std::fflush(stderr);
+  }
+}
+
+std::string kv_store_key(std::string_view prefix, const Digest& identity, const BlockHash& h) {
+  std::string k(prefix);
+  k += ':';
+  k += to_hex(std::span<const uint8_t>(identity.data(), 16));
+  k += ':';
+  k += hex64(h.hi);
+  k += hex64(h.lo);
+  return k;
+}
+
+namespace {
+// A value up to its payload (which the caller appends, then seal_value).
+std::string value_head(const Digest& identity, const BlockHash& h, std::span<const int32_t> ids, size_t payload_bytes) {
+  std::string out;
+  out.reserve(kHeaderBytes + ids.size_bytes() + payload_bytes + 8);
+  out.append(kMagic, sizeof kMagic);
+  put_bytes<uint32_t>(out, kKVStoreVersion);
+  put_bytes<uint32_t>(out, kHeaderBytes);
+  out.append(reinterpret_cast<const char*>(identity.data()), identity.size());
+  put_bytes<uint64_t>(out, h.lo);
+  put_bytes<uint64_t>(out, h.hi);
+  put_bytes<uint32_t>(out, uint32_t(ids.size()));
+  put_bytes<uint32_t>(out, 0);
+  put_bytes<uint64_t>(out, uint64_t(payload_bytes));
+  out.append(reinterpret_cast<const char*>(ids.data()), ids.size_bytes());
+  return out;
+}
+void seal_value(std::string& v) { put_bytes<uint64_t>(v, XXH64(v.data(), v.size(), 0)); }
+}  // namespace
+
+std::string encode_block_value(const Digest& identity, const BlockHash& h, std::span<const int32_t> ids,
+                               std::string_view payload) {
+  std::string out = value_head(identity, h, ids, payload.size());
+  out.append(payload);
+  seal_value(out);
+  return out;
+}
+
+std::optional<std::string_view> decode_block_value(std::string_view value, const Digest& identity, const BlockHash& h,
+                                                   std::span<const int32_t> ids, size_t payload_bytes,
+                                                   std::string* why) {
+  auto no = [&](const char* reason) -> std::optional<std::string_view> {
+    if (why) *why = reason;
+    return std::nullopt;
+  };
+  const size_t expect = kHeaderBytes + ids.size_bytes() + payload_bytes + 8;
+  if (value.size() < kHeaderBytes + 8 || std::memcmp(value.data(), kMagic, sizeof kMagic) != 0)
+    return no("not a block value of posttrainllm (magic)");
+  ByteReader r(value, "kv store value");
+  r.bytes(sizeof kMagic);
+  if (r.get<uint32_t>() != kKVStoreVersion) return no("another format version");
+  if (r.get<uint32_t>() != kHeaderBytes) return no("a header of another size");
+  if (value.size() != expect) return no("a value of another size");
+  // The checksum first: every field below is then what was written.
+  uint64_t sum;
+  std::memcpy(&sum, value.data() + value.size() - 8, 8);
+  if (XXH64(value.data(), value.size() - 8, 0) != sum) return no("a checksum mismatch (damaged value)");
+  if (std::memcmp(r.bytes(identity.size()), identity.data(), identity.size()) != 0)
+    return no("written for another model, tokenizer, build or KV configuration");
+  const uint64_t lo = r.get<uint64_t>(), hi = r.get<uint64_t>();
+  if (lo != h.lo || hi != h.hi) return no("another block's hash");
+  if (r.get<uint32_t>() != ids.size() || r.get<uint32_t>() != 0 || r.get<uint64_t>() != payload_bytes)
+    return no("other block dimensions");
+  if (std::memcmp(r.bytes(ids.size_bytes()), ids.data(), ids.size_bytes()) != 0) return no("other token ids");
+  return value.substr(r.pos(), payload_bytes);
+}
+
+BlockExchange::BlockExchange(KVStore& store, Digest identity, std::string prefix)
+    : store_(store), identity_(identity), prefix_(std::move(prefix)) {}
+
+BlockExchange::Lookup BlockExchange::load(KVPool& pool, std::span<const int32_t> tokens,
+                                          std::span<const BlockHash> hashes, size_t first, size_t n, size_t reserve,
+                                          std::vector<int32_t>& held) {
+  Lookup out;
+  const size_t B = size_t(pool.config().group_size);
+  PTLLM_CHECK(n <= hashes.size() && tokens.size() >= n * B);
+  if (first >= n || !pool.exchangeable()) return out;
+  // Blocks beyond what the pool can take are not asked for: each takes one block per storing layer.
+  const size_t per_block = pool.exchange_bytes() / pool.dense().block_bytes();
+  const size_t avail = pool.dense().available();
+  const size_t room = avail > reserve ? (avail - reserve) / per_block : 0;
+  n = std::min(n, first + room);
+  if (first >= n) return out;
+  std::vector<std::string> keys;
+  for (size_t j = first; j < n; ++j) keys.push_back(kv_store_key(prefix_, identity_, hashes[j]));
+  out.looked_up = keys.size();
+  const std::vector<std::optional<std::string>> values = store_.get(keys);
+  for (size_t j = first; j < n; ++j) {
+    const std::optional<std::string>& v = values[j - first];
+    if (!v) break;
+    const auto ids = tokens.subspan(j * B, B);
+    std::string why;
+    const auto payload = decode_block_value(*v, identity_, hashes[j], ids, pool.exchange_bytes(), &why);
+    if (!payload) {
+      ++out.rejected;
+      log_.warn("ignoring the value of " + keys[j - first] + ": " + why);
+      break;
+    }
+    if (!pool.import_block(hashes[j], ids, *payload, held)) break;
+    ++out.hits;
+  }
+  return out;
+}
+
+size_t BlockExchange::save(KVPool& pool, std::span<const int32_t> tokens, std::span<const BlockHash> hashes,
+                           size_t first, size_t n) {
+  const size_t B = size_t(pool.config().group_size);
+  PTLLM_CHECK(n <= hashes.size() && tokens.size() >= n * B);
+  size_t queued = 0;
+  for (size_t j = first; j < n; ++j) {
+    const auto ids = tokens.subspan(j * B, B);
+    // The block's bytes are copied once, into the value (the writer thread sends it).
+    std::string v = value_head(identity_, hashes[j], ids, pool.exchange_bytes());
+    if (!pool.read_block(hashes[j], ids, v)) continue;
+    seal_value(v);
+    store_.put(kv_store_key(prefix_, identity_, hashes[j]), std::move(v));
+    ++queued;
+  }
+  return queued;
+}
+
+}  // namespace ptllm

@@ -1,0 +1,125 @@
+#pragma once
+// Token blocks shared across processes through a key-value store (issue 23; LMCache's and SGLang
+// HiCache's design: chunks keyed by a chained prefix hash, values in Redis). One replica computes a
+// prompt's full blocks and puts them; another, missing them in its own pool, looks them up and loads
+// them instead of computing them.
+//
+// The store is a cache that never changes an output: a value is used only when its header, format
+// version, identity (the prompt cache's: model, tokenizer, binary, every KV setting), block hash,
+// token ids, length and XXH64 checksum all verify; anything else is a miss. A store that is down or
+// slow is a miss too (the implementation logs a warning and counts an error), never an error to a
+// client. The implementation (store/redis_store.h) lives above the engine; the engine sees this
+// interface only.
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/prompt_cache.h"
+#include "kv/block_pool.h"
+
+namespace ptllm {
+
+// What a store's transport did (the engine counts hits and misses itself: SchedulerStats).
+struct KVStoreStats {
+  uint64_t lookups = 0;          // get() calls that reached the store (one round trip each)
+  uint64_t keys_looked_up = 0;
+  double lookup_seconds = 0;     // their time, summed
+  uint64_t bytes_in = 0;         // value bytes received
+  uint64_t bytes_out = 0;        // value bytes written
+  uint64_t writes = 0;           // values written
+  uint64_t dropped_writes = 0;   // puts not written: the queue was full, the store down or over its size
+  uint64_t errors = 0;           // failed connections, timeouts, error replies
+};
+
+class KVStore {
+ public:
+  virtual ~KVStore() = default;
+  // The values under `keys` in one round trip: values[i] for keys[i], nullopt where absent. A store
+  // that is unreachable, slow (its read timeout) or answering errors gives all misses. Never throws.
+  virtual std::vector<std::optional<std::string>> get(std::span<const std::string> keys) = 0;
+  // Queues a write and returns at once (never blocks a scheduler step): dropped and counted when the
+  // queue is full. Never throws.
+  virtual void put(std::string key, std::string value) = 0;
+  // Waits until every queued write was attempted, at most `limit`; true when it was.
+  virtual bool flush(std::chrono::milliseconds limit) = 0;
+  virtual KVStoreStats stats() const = 0;
+  // "redis://127.0.0.1:6379/0": for the log.
+  virtual std::string describe() const = 0;
+};
+
+// Warnings of a failing store, at most one per `every` (the rest counted and said with the next);
+// thread-safe. Writes "warning: kv store: MESSAGE" to stderr, or to `sink` when given (tests).
+class RateLimitedLog {
+ public:
+  explicit RateLimitedLog(std::chrono::milliseconds every = std::chrono::seconds(10)) : every_(every) {}
+  void warn(const std::string& message);
+  std::function<void(const std::string&)> sink;
+
+ private:
+  std::chrono::milliseconds every_;
+  std::mutex mu_;
+  std::chrono::steady_clock::time_point last_{};
+  bool any_ = false;
+  uint64_t suppressed_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Keys and values.
+//
+// Key: NAME ":" hex(first 16 bytes of the identity) ":" hex(block hash, hi then lo): two replicas of
+// different builds or settings never read each other's blocks.
+// Value (little-endian):
+//   "PTLLMKVB"  u32 version  u32 header_bytes (64)  identity[32]  u64 hash_lo  u64 hash_hi
+//   u32 n_ids  u32 0  u64 payload_bytes                                        (header, 80 bytes)
+//   i32 ids[n_ids]  payload[payload_bytes]  u64 XXH64 over every byte before it
+// The payload is the token block's bytes as KVPool::read_block gives them (the prompt-cache file's).
+inline constexpr uint32_t kKVStoreVersion = 1;
+
+std::string kv_store_key(std::string_view prefix, const Digest& identity, const BlockHash& h);
+std::string encode_block_value(const Digest& identity, const BlockHash& h, std::span<const int32_t> ids,
+                               std::string_view payload);
+// The payload of `value` when it verifies against everything expected (identity, block hash, token
+// ids, payload size, checksum); nullopt otherwise, with the reason in *why when given.
+std::optional<std::string_view> decode_block_value(std::string_view value, const Digest& identity, const BlockHash& h,
+                                                   std::span<const int32_t> ids, size_t payload_bytes,
+                                                   std::string* why = nullptr);
+
+// The engine's side of a store: a shared pool's token blocks to keys and values and back.
+class BlockExchange {
+ public:
+  // identity: PromptCacheIdentity::config_key of the pool's model, tokenizer and KV settings.
+  BlockExchange(KVStore& store, Digest identity, std::string prefix);
+
+  struct Lookup {
+    size_t looked_up = 0;        // keys asked for (0: no round trip)
+    size_t hits = 0;             // blocks loaded into the pool
+    size_t rejected = 0;         // values present that did not verify
+  };
+  // Loads token blocks first..n-1 of `tokens` (hashes: their chained hashes, at least n) into `pool`
+  // from the store in one round trip: the consecutive run of verified values from `first`, as far as
+  // the pool has more than `reserve` free blocks. Each loaded block is published and held (its ids
+  // appended to `held`, released by the caller with KVPool::release_held once adopted).
+  Lookup load(KVPool& pool, std::span<const int32_t> tokens, std::span<const BlockHash> hashes, size_t first,
+              size_t n, size_t reserve, std::vector<int32_t>& held);
+  // Puts token blocks first..n-1 of `tokens` that the pool holds (queued: returns at once).
+  // Returns the blocks queued.
+  size_t save(KVPool& pool, std::span<const int32_t> tokens, std::span<const BlockHash> hashes, size_t first,
+              size_t n);
+
+  KVStore& store() { return store_; }
+  const KVStore& store() const { return store_; }
+
+ private:
+  KVStore& store_;
+  Digest identity_;
+  std::string prefix_;
+  RateLimitedLog log_;
+};
+
+}  // namespace ptllm

@@ -1,0 +1,88 @@
+// Token blocks in and out of a shared pool as bytes, for a block store outside the process
+// (engine/kv_store.h): what one replica computed, another loads instead of computing.
+#include <cstring>
+
+#include "kv/cache_internal.h"
+
+namespace ptllm {
+
+using namespace kvdetail;
+
+bool KVPool::exchangeable() const {
+  return keyed_ && !is_kivi(cfg_.precision) && !cfg_.streaming() && !shape_.any_window();
+}
+
+size_t KVPool::exchange_bytes() const {
+  size_t stored = 0;
+  for (int l = 0; l < shape_.n_layers; ++l) stored += shape_.stores(l) ? 1 : 0;
+  return stored * dense_.block_bytes();
+}
+
+void KVPool::extend_block_hashes(std::span<const int32_t> tokens, size_t n_blocks, std::vector<BlockHash>& hashes) const {
+  const size_t B = size_t(cfg_.group_size);
+  PTLLM_CHECK(tokens.size() >= n_blocks * B);
+  for (size_t j = hashes.size(); j < n_blocks; ++j) {
+    const Key128 parent = j == 0 ? root_key(shape_, cfg_) : hashes[j - 1];
+    hashes.push_back(chain_key(parent, int64_t(j * B), tokens.subspan(j * B, B)));
+  }
+}
+
+bool KVPool::hold_block(const BlockHash& h, std::span<const int32_t> ids, std::vector<int32_t>& held) {
+  PTLLM_CHECK(exchangeable() && ids.size() == size_t(cfg_.group_size));
+  const size_t mark = held.size();
+  for (int l = 0; l < shape_.n_layers; ++l) {
+    if (!shape_.stores(l)) continue;
+    const int32_t id = dense_.find({h.lo, h.hi, int32_t(l), false}, ids);
+    if (id < 0) {
+      while (held.size() > mark) {
+        dense_.release(held.back());
+        held.pop_back();
+      }
+      return false;
+    }
+    held.push_back(id);
+  }
+  return true;
+}
+
+bool KVPool::read_block(const BlockHash& h, std::span<const int32_t> ids, std::string& out) {
+  std::vector<int32_t> held;
+  if (!hold_block(h, ids, held)) return false;
+  for (int32_t id : held) out.append(reinterpret_cast<const char*>(dense_.data(id)), dense_.block_bytes());
+  release_held(held);
+  return true;
+}
+
+bool KVPool::import_block(const BlockHash& h, std::span<const int32_t> ids, std::string_view bytes,
+                          std::vector<int32_t>& held) {
+  PTLLM_CHECK(exchangeable() && ids.size() == size_t(cfg_.group_size) && bytes.size() == exchange_bytes());
+  const size_t mark = held.size(), n = dense_.block_bytes();
+  size_t at = 0;
+  for (int l = 0; l < shape_.n_layers; ++l) {
+    if (!shape_.stores(l)) continue;
+    const BlockKey key{h.lo, h.hi, int32_t(l), false};
+    int32_t id = dense_.find(key, ids);  // this layer's block is here already (another sequence computed it)
+    if (id < 0) {
+      id = dense_.acquire();
+      if (id < 0) {
+        while (held.size() > mark) {
+          dense_.release(held.back());
+          held.pop_back();
+        }
+        return false;
+      }
+      std::memcpy(dense_.data(id), bytes.data() + at, n);
+      PTLLM_CHECK(dense_.publish(id, key, ids));  // find() just said no block holds the key
+    }
+    held.push_back(id);
+    at += n;
+  }
+  return true;
+}
+
+void KVPool::release_held(std::vector<int32_t>& held) {
+  for (int32_t id : held) dense_.release(id);
+  held.clear();
+}
+
+}  // namespace ptllm

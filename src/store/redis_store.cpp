@@ -1,0 +1,338 @@
+// KVStore over Redis with hiredis (Debian's libhiredis-dev, 0.14 and later): blocking contexts with
+// timeouts, one for lookups (the scheduler's thread) and one for the writer thread (a hiredis
+// context is not thread-safe).
+#include <hiredis/hiredis.h>
+#include <sys/time.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+#include "store/redis_store.h"
+
+namespace ptllm::store {
+
+bool redis_available() { return true; }
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct ReplyDeleter {
+  void operator()(redisReply* r) const { freeReplyObject(r); }
+};
+using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
+
+// One connection, reconnected on demand after a failure, with a backoff between attempts.
+class Connection {
+ public:
+  Connection(RedisAddress addr, int timeout_ms) : addr_(std::move(addr)) {
+    tv_.tv_sec = timeout_ms / 1000;
+    tv_.tv_usec = (timeout_ms % 1000) * 1000;
+  }
+  ~Connection() { close(); }
+
+  // The context, connected now if needed; null while a previous failure's backoff runs (then
+  // *error stays empty) or when connecting failed (*error says why).
+  redisContext* get(std::string* error) {
+    if (c_) return c_;
+    if (Clock::now() < retry_at_) return nullptr;
+    c_ = redisConnectWithTimeout(addr_.host.c_str(), addr_.port, tv_);
+    if (!c_ || c_->err) {
+      *error = "cannot connect to " + where() + ": " + (c_ ? std::string(c_->errstr) : "out of memory");
+      broken();
+      return nullptr;
+    }
+    redisSetTimeout(c_, tv_);
+    redisEnableKeepAlive(c_);
+    if (!addr_.password.empty() && !command_ok({"AUTH", addr_.password}, error)) return nullptr;
+    if (addr_.db != 0 && !command_ok({"SELECT", std::to_string(addr_.db)}, error)) return nullptr;
+    backoff_ = std::chrono::milliseconds(0);
+    return c_;
+  }
+  // The connection failed (an I/O error, a timeout: hiredis leaves the context unusable): closed,
+  // retried after a backoff that doubles up to 5 s.
+  void broken() {
+    close();
+    backoff_ = std::clamp(backoff_ * 2, std::chrono::milliseconds(100), std::chrono::milliseconds(5000));
+    retry_at_ = Clock::now() + backoff_;
+  }
+  std::string where() const { return addr_.host + ":" + std::to_string(addr_.port); }
+  // A command's reply; null on a connection failure (the connection is then broken(), *error set).
+  Reply command(const std::vector<std::string>& args, std::string* error) {
+    std::vector<const char*> argv;
+    std::vector<size_t> lens;
+    for (const std::string& a : args) {
+      argv.push_back(a.data());
+      lens.push_back(a.size());
+    }
+    return command(int(argv.size()), argv.data(), lens.data(), error);
+  }
+  Reply command(int argc, const char** argv, const size_t* lens, std::string* error) {
+    Reply r(static_cast<redisReply*>(redisCommandArgv(c_, argc, argv, lens)));
+    if (!r) {
+      *error = io_error();
+      broken();
+    }
+    return r;
+  }
+  std::string io_error() const {
+    const std::string what = c_ && c_->err ? std::string(c_->errstr) : "no reply";
+    return where() + ": " + (what.find("temporarily unavailable") != std::string::npos ? "timed out" : what);
+  }
+
+ private:
+  bool command_ok(const std::vector<std::string>& args, std::string* error) {
+    Reply r = command(args, error);
+    if (!r) return false;
+    if (r->type == REDIS_REPLY_ERROR) {
+      *error = where() + ": " + args[0] + " refused: " + std::string(r->str, r->len);
+      broken();
+      return false;
+    }
+    return true;
+  }
+  void close() {
+    if (c_) redisFree(c_);
+    c_ = nullptr;
+  }
+
+  RedisAddress addr_;
+  timeval tv_{};
+  redisContext* c_ = nullptr;
+  Clock::time_point retry_at_{};
+  std::chrono::milliseconds backoff_{0};
+};
+
+class RedisStore final : public KVStore {
+ public:
+  RedisStore(const RedisStoreOptions& o, RedisAddress addr, RateLimitedLog* log)
+      : opts_(o),
+        url_("redis://" + addr.host + ":" + std::to_string(addr.port) + "/" + std::to_string(addr.db)),
+        reads_(addr, o.timeout_ms), writes_(addr, o.timeout_ms), log_(log ? log : &own_log_) {
+    std::string error;
+    if (!reads_.get(&error)) {
+      log_->warn(error + " (every lookup misses until it answers)");
+      count_error();
+    }
+    writer_ = std::thread([this] { write_loop(); });
+  }
+  ~RedisStore() override {
+    {
+      std::lock_guard lk(mu_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    writer_.join();
+  }
+
+  std::vector<std::optional<std::string>> get(std::span<const std::string> keys) override {
+    std::vector<std::optional<std::string>> out(keys.size());
+    if (keys.empty()) return out;
+    std::lock_guard lk(read_mu_);
+    std::string error;
+    if (!reads_.get(&error)) {
+      if (!error.empty()) fail(error);
+      return out;
+    }
+    std::vector<const char*> argv{"MGET"};
+    std::vector<size_t> lens{4};
+    for (const std::string& k : keys) {
+      argv.push_back(k.data());
+      lens.push_back(k.size());
+    }
+    const auto t0 = Clock::now();
+    Reply r = reads_.command(int(argv.size()), argv.data(), lens.data(), &error);
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (!r) {
+      fail("lookup: " + error);
+      return out;
+    }
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != keys.size()) {
+      fail("lookup: MGET answered " + (r->type == REDIS_REPLY_ERROR ? std::string(r->str, r->len) : "an unexpected reply"));
+      return out;
+    }
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const redisReply* e = r->element[i];
+      if (e->type == REDIS_REPLY_STRING) {
+        out[i].emplace(e->str, e->len);
+        bytes += e->len;
+      }
+    }
+    std::lock_guard sk(stats_mu_);
+    ++stats_.lookups;
+    stats_.keys_looked_up += keys.size();
+    stats_.lookup_seconds += dt;
+    stats_.bytes_in += bytes;
+    return out;
+  }
+
+  void put(std::string key, std::string value) override {
+    {
+      std::lock_guard lk(mu_);
+      const size_t n = key.size() + value.size();
+      if (queued_bytes_ + n > opts_.queue_bytes || stopping_) {
+        std::lock_guard sk(stats_mu_);
+        ++stats_.dropped_writes;
+        return;
+      }
+      queued_bytes_ += n;
+      queue_.emplace_back(std::move(key), std::move(value));
+    }
+    wake_.notify_one();
+  }
+
+  bool flush(std::chrono::milliseconds limit) override {
+    std::unique_lock lk(mu_);
+    return idle_.wait_for(lk, limit, [&] { return queue_.empty() && !writing_; });
+  }
+
+  KVStoreStats stats() const override {
+    std::lock_guard sk(stats_mu_);
+    return stats_;
+  }
+
+  std::string describe() const override { return url_; }
+
+ private:
+  void count_error() {
+    std::lock_guard sk(stats_mu_);
+    ++stats_.errors;
+  }
+  void fail(const std::string& error) {
+    count_error();
+    log_->warn(error + " (a miss; generation goes on without the store)");
+  }
+  void dropped(size_t n) {
+    std::lock_guard sk(stats_mu_);
+    stats_.dropped_writes += n;
+  }
+
+  // Redis's used_memory, asked at most once a second; false when it is at or over --kv-store-max-mb.
+  bool under_max_bytes() {
+    if (opts_.max_bytes == 0) return true;
+    const auto now = Clock::now();
+    if (now - memory_checked_ < std::chrono::seconds(1)) return used_memory_ < opts_.max_bytes;
+    memory_checked_ = now;
+    std::string error;
+    Reply r = writes_.command({"INFO", "memory"}, &error);
+    if (!r) {
+      fail("INFO memory: " + error);
+      return false;
+    }
+    if (r->type == REDIS_REPLY_STRING) {
+      const std::string_view info(r->str, r->len);
+      const size_t at = info.find("used_memory:");
+      if (at != std::string_view::npos) used_memory_ = std::strtoull(r->str + at + 12, nullptr, 10);
+    }
+    if (used_memory_ >= opts_.max_bytes)
+      log_->warn("Redis at " + writes_.where() + " uses " + std::to_string(used_memory_ >> 20) +
+                 " MiB, at or over --kv-store-max-mb: writes are skipped until it uses less");
+    return used_memory_ < opts_.max_bytes;
+  }
+
+  // Pipelined SETs: every command of a batch sent, then every reply read.
+  void write_batch(std::vector<std::pair<std::string, std::string>>& batch) {
+    std::string error;
+    redisContext* c = writes_.get(&error);
+    if (!c) {
+      if (!error.empty()) fail("write: " + error);
+      return dropped(batch.size());
+    }
+    if (!under_max_bytes()) return dropped(batch.size());
+    const std::string ttl = std::to_string(opts_.ttl_s);
+    for (const auto& [k, v] : batch) {
+      const char* argv[5] = {"SET", k.data(), v.data(), "EX", ttl.data()};
+      const size_t lens[5] = {3, k.size(), v.size(), 2, ttl.size()};
+      redisAppendCommandArgv(c, opts_.ttl_s > 0 ? 5 : 3, argv, lens);
+    }
+    size_t done = 0;
+    uint64_t bytes = 0, written = 0, refused = 0;
+    std::string refusal;
+    for (; done < batch.size(); ++done) {
+      void* raw = nullptr;
+      if (redisGetReply(c, &raw) != REDIS_OK) break;
+      Reply r(static_cast<redisReply*>(raw));
+      if (r->type == REDIS_REPLY_ERROR) {  // e.g. OOM under maxmemory with noeviction
+        ++refused;
+        refusal.assign(r->str, r->len);
+      } else {
+        ++written;
+        bytes += batch[done].second.size();
+      }
+    }
+    {
+      std::lock_guard sk(stats_mu_);
+      stats_.writes += written;
+      stats_.bytes_out += bytes;
+      stats_.dropped_writes += refused + (batch.size() - done);
+      stats_.errors += refused > 0 ? 1 : 0;
+    }
+    if (refused > 0) log_->warn("write: Redis at " + writes_.where() + " refused " + std::to_string(refused) + " SET: " + refusal);
+    if (done < batch.size()) {
+      fail("write: " + writes_.io_error());
+      writes_.broken();
+    }
+  }
+
+  void write_loop() {
+    constexpr size_t kBatch = 32;  // SETs per pipeline round (bounds hiredis's output buffer)
+    std::vector<std::pair<std::string, std::string>> batch;
+    for (;;) {
+      {
+        std::unique_lock lk(mu_);
+        writing_ = false;
+        if (queue_.empty()) idle_.notify_all();
+        wake_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopping, and everything queued was attempted
+        batch.clear();
+        while (!queue_.empty() && batch.size() < kBatch) {
+          queued_bytes_ -= queue_.front().first.size() + queue_.front().second.size();
+          batch.push_back(std::move(queue_.front()));
+          queue_.pop_front();
+        }
+        writing_ = true;
+      }
+      write_batch(batch);
+    }
+  }
+
+  RedisStoreOptions opts_;
+  std::string url_;
+  std::mutex read_mu_;  // the lookup connection (one caller at a time)
+  Connection reads_;
+  Connection writes_;   // the writer thread's
+  RateLimitedLog own_log_;
+  RateLimitedLog* log_;
+
+  std::mutex mu_;
+  std::condition_variable wake_, idle_;
+  std::deque<std::pair<std::string, std::string>> queue_;  // under mu_
+  size_t queued_bytes_ = 0;                                // under mu_
+  bool writing_ = false, stopping_ = false;                // under mu_
+
+  mutable std::mutex stats_mu_;
+  KVStoreStats stats_;
+
+  // The writer thread's.
+  Clock::time_point memory_checked_{};
+  uint64_t used_memory_ = 0;
+  std::thread writer_;
+};
+
+}  // namespace
+
+std::unique_ptr<KVStore> open_redis_store(const RedisStoreOptions& opts, RateLimitedLog* log) {
+  RedisAddress addr = parse_redis_url(opts.url);
+  if (opts.timeout_ms < 1) throw UsageError("--kv-store-timeout-ms: must be at least 1");
+  return std::make_unique<RedisStore>(opts, std::move(addr), log);
+}
+
+}  // namespace ptllm::store

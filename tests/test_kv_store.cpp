@@ -1,0 +1,514 @@
+// The block store of `serve --kv-store` (issue 23): the value format (anything that does not verify
+// is a miss), pools exchanging token blocks through a store (what one scheduler computed, another
+// loads instead of computing, with the same output), and the Redis client against a redis-server of
+// the test's own: round trip, expiry, a Redis that is down, paused (slow) or back again.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <future>
+#include <map>
+#include <random>
+
+#include "engine/kv_store.h"
+#include "engine/prompt_cache.h"
+#include "engine/runtime.h"
+#include "engine/scheduler.h"
+#include "engine/session.h"
+#include "redis_server.h"
+#include "sample/sampler.h"
+#include "store/redis_store.h"
+#include "test_util.h"
+#include "tokenizer/tokenizer.h"
+
+namespace ptllm {
+namespace {
+
+Digest digest_of(uint8_t seed) {
+  Digest d{};
+  for (size_t i = 0; i < d.size(); ++i) d[i] = uint8_t(seed + 7 * i);
+  return d;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The value format.
+
+struct ValueCase {
+  Digest id = digest_of(3);
+  BlockHash h{0x1234567890abcdefULL, 0xfedcba0987654321ULL};
+  std::vector<int32_t> ids = std::vector<int32_t>(32);
+  std::string payload;
+  ValueCase() {
+    std::mt19937 rng(5);
+    for (auto& x : ids) x = int32_t(rng() % 8192);
+    for (int i = 0; i < 1000; ++i) payload += char(rng());
+  }
+  std::string value() const { return encode_block_value(id, h, ids, payload); }
+  std::optional<std::string_view> decode(std::string_view v, std::string* why = nullptr) const {
+    return decode_block_value(v, id, h, ids, payload.size(), why);
+  }
+};
+
+TEST(KVStoreValue, RoundTripGivesThePayloadBack) {
+  ValueCase c;
+  const std::string v = c.value();
+  EXPECT_EQ(v.size(), 80 + 32 * 4 + c.payload.size() + 8);
+  const auto p = c.decode(v);
+  ASSERT_TRUE(p);
+  EXPECT_EQ(*p, c.payload);
+}
+
+TEST(KVStoreValue, AnythingThatDoesNotVerifyIsAMiss) {
+  ValueCase c;
+  const std::string v = c.value();
+  std::string why;
+  // Every single flipped byte (header, ids, payload, checksum) is caught.
+  for (size_t at = 0; at < v.size(); at += 7) {
+    std::string bad = v;
+    bad[at] = char(bad[at] ^ 0x40);
+    EXPECT_FALSE(c.decode(bad, &why)) << "byte " << at;
+  }
+  EXPECT_FALSE(c.decode(v.substr(0, v.size() - 1), &why));
+  EXPECT_NE(why.find("size"), std::string::npos) << why;
+  EXPECT_FALSE(c.decode(v + "x"));
+  EXPECT_FALSE(c.decode(""));
+  EXPECT_FALSE(c.decode("hello world, not a block value at all, but long enough to have a header and more; ok"));
+  // Wrong identity (another model, tokenizer, build or KV setting), block hash, token ids, size.
+  EXPECT_FALSE(decode_block_value(v, digest_of(4), c.h, c.ids, c.payload.size(), &why));
+  EXPECT_NE(why.find("another model"), std::string::npos) << why;
+  EXPECT_FALSE(decode_block_value(v, c.id, {c.h.lo + 1, c.h.hi}, c.ids, c.payload.size(), &why));
+  EXPECT_NE(why.find("hash"), std::string::npos) << why;
+  std::vector<int32_t> other = c.ids;
+  other[31] += 1;
+  EXPECT_FALSE(decode_block_value(v, c.id, c.h, other, c.payload.size(), &why));
+  EXPECT_NE(why.find("token ids"), std::string::npos) << why;
+  EXPECT_FALSE(decode_block_value(v, c.id, c.h, c.ids, c.payload.size() + 4, &why));
+  // A value re-checksummed after a change of version is refused for its version.
+  std::string newer = v;
+  newer[8] = 2;
+  EXPECT_FALSE(c.decode(newer, &why));
+  EXPECT_NE(why.find("version"), std::string::npos) << why;
+}
+
+TEST(KVStoreValue, KeysSeparateIdentitiesAndBlocks) {
+  const BlockHash h{1, 2};
+  const std::string k = kv_store_key("ptllm", digest_of(1), h);
+  EXPECT_EQ(k.rfind("ptllm:", 0), 0u);
+  EXPECT_EQ(k.size(), 6 + 32 + 1 + 32);
+  EXPECT_EQ(k.substr(k.size() - 32), "00000000000000020000000000000001");
+  EXPECT_NE(k, kv_store_key("ptllm", digest_of(2), h));
+  EXPECT_NE(k, kv_store_key("ptllm", digest_of(1), {1, 3}));
+  EXPECT_NE(k, kv_store_key("other", digest_of(1), h));
+}
+
+TEST(KVStoreUrl, ParsesAndRefusesWithTheFlagsName) {
+  const store::RedisAddress a = store::parse_redis_url("redis://cache.local:6380/3");
+  EXPECT_EQ(a.host, "cache.local");
+  EXPECT_EQ(a.port, 6380);
+  EXPECT_EQ(a.db, 3);
+  const store::RedisAddress b = store::parse_redis_url("redis://:pw@127.0.0.1");
+  EXPECT_EQ(b.host, "127.0.0.1");
+  EXPECT_EQ(b.port, 6379);
+  EXPECT_EQ(b.password, "pw");
+  EXPECT_EQ(store::parse_redis_url("redis://[::1]:7000/").host, "::1");
+  for (const char* bad : {"http://x:1", "redis://", "redis://h:0", "redis://h:99999", "redis://h:12ab", "redis://h/x",
+                          "redis://user@h"}) {
+    try {
+      store::parse_redis_url(bad);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("--kv-store"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Schedulers exchanging blocks through a store (in memory here; Redis below).
+
+class MemoryStore final : public KVStore {
+ public:
+  std::vector<std::optional<std::string>> get(std::span<const std::string> keys) override {
+    std::lock_guard lk(mu_);
+    ++stats_.lookups;
+    std::vector<std::optional<std::string>> out;
+    for (const auto& k : keys) {
+      auto it = map_.find(k);
+      if (it == map_.end()) out.emplace_back();
+      else out.emplace_back(it->second);
+    }
+    stats_.keys_looked_up += keys.size();
+    return out;
+  }
+  void put(std::string key, std::string value) override {
+    std::lock_guard lk(mu_);
+    ++stats_.writes;
+    map_[std::move(key)] = std::move(value);
+  }
+  bool flush(std::chrono::milliseconds) override { return true; }
+  KVStoreStats stats() const override {
+    std::lock_guard lk(mu_);
+    return stats_;
+  }
+  std::string describe() const override { return "memory"; }
+  // Changes every value: f(key, value).
+  template <typename F>
+  void edit(F f) {
+    std::lock_guard lk(mu_);
+    for (auto& [k, v] : map_) f(k, v);
+  }
+  size_t size() const {
+    std::lock_guard lk(mu_);
+    return map_.size();
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, std::string> map_;
+  KVStoreStats stats_;
+};
+
+std::vector<int32_t> random_prompt(uint32_t seed, int n, int vocab) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> id(3, vocab - 1);
+  std::vector<int32_t> p(size_t(n), 0);
+  for (auto& x : p) x = id(rng);
+  return p;
+}
+
+RequestResult run(Scheduler& sch, std::vector<int32_t> prompt, int max_tokens) {
+  auto done = std::make_shared<std::promise<RequestResult>>();
+  auto fut = done->get_future();
+  Request r;
+  r.prompt = std::move(prompt);
+  r.params.sampling.temperature = 0;
+  r.params.max_tokens = max_tokens;
+  r.params.ignore_eos = true;
+  r.on_done = [done](const RequestResult& res) { done->set_value(res); };
+  sch.submit(std::move(r));
+  // A bound so that a bug fails the test instead of hanging it (not a timing assertion).
+  if (fut.wait_for(std::chrono::minutes(5)) != std::future_status::ready) {
+    ADD_FAILURE() << "request did not finish";
+    return {};
+  }
+  return fut.get();
+}
+
+class StoreSchedulerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { rt_ = new Runtime({test::repo_model("kjv-tiny"), 2, true}); }
+  static void TearDownTestSuite() {
+    delete rt_;
+    rt_ = nullptr;
+  }
+  static SchedulerConfig config(KVStore* store) {
+    SchedulerConfig c;
+    c.session.kv.ctx_size = 512;
+    c.parallel = 2;
+    c.prefill_chunk = 64;
+    c.eos_ids = {1};
+    c.store = store;
+    if (store) c.store_identity = prompt_cache_identity(rt_->model(), rt_->tokenizer(), c.session.kv).config_key;
+    return c;
+  }
+  int vocab() const { return rt_->config().vocab_size; }
+  static Runtime* rt_;
+};
+Runtime* StoreSchedulerTest::rt_ = nullptr;
+
+// A conversation's first turn on A, its second on B (another pool): B loads the history's blocks
+// from the store, computes only the rest, and answers what one scheduler answers alone.
+TEST_F(StoreSchedulerTest, SecondReplicaLoadsTheHistoryAndAnswersTheSame) {
+  const auto turn1 = random_prompt(11, 200, vocab());
+  // One scheduler alone, both turns: the reference.
+  std::vector<int32_t> turn2 = turn1;
+  RequestResult ref1, ref2;
+  {
+    Scheduler single(*rt_, config(nullptr));
+    ref1 = run(single, turn1, 20);
+    turn2.insert(turn2.end(), ref1.tokens.begin(), ref1.tokens.end());
+    const auto more = random_prompt(12, 30, vocab());
+    turn2.insert(turn2.end(), more.begin(), more.end());
+    ref2 = run(single, turn2, 16);
+  }
+  // A fed turn1 and 19 of its 20 replies: 219 tokens, six full blocks of 32.
+  EXPECT_EQ(ref2.cached_tokens, 192);
+  MemoryStore store;
+  Scheduler a(*rt_, config(&store)), b(*rt_, config(&store));
+  const RequestResult a1 = run(a, turn1, 20);
+  EXPECT_EQ(a1.tokens, ref1.tokens);
+  EXPECT_EQ(a1.cached_tokens, 0);
+  EXPECT_EQ(store.size(), 6u);  // every full block A computed
+  const uint64_t lookups_before = store.stats().lookups;  // A's one, its blocks all absent
+  EXPECT_EQ(lookups_before, 1u);
+  const RequestResult b2 = run(b, turn2, 16);
+  EXPECT_EQ(b2.tokens, ref2.tokens);
+  EXPECT_EQ(b2.cached_tokens, 192);
+  EXPECT_EQ(b2.store_tokens, 192);
+  const SchedulerStats sb = b.stats();
+  EXPECT_TRUE(sb.store);
+  EXPECT_EQ(sb.store_hits, 6u);
+  EXPECT_EQ(sb.store_misses, 1u);  // the seventh block (of the new turn) was asked for, absent
+  EXPECT_EQ(sb.prefill_tokens, turn2.size() - 192);
+  EXPECT_EQ(sb.store_io.lookups, lookups_before + 1);  // one round trip for B's prompt
+  // B put only what it computed: the blocks of the new turn and its reply.
+  EXPECT_EQ(sb.store_puts, (turn2.size() + 15) / 32 - 6);
+  // Again on B: now from B's own pool, without asking the store for those blocks.
+  const RequestResult b3 = run(b, turn2, 16);
+  EXPECT_EQ(b3.tokens, ref2.tokens);
+  EXPECT_EQ(b3.store_tokens, 0);
+  EXPECT_GE(b3.cached_tokens, 192);
+  EXPECT_EQ(b.stats().store_hits, 6u);
+  a.drain();
+  b.drain();
+  EXPECT_EQ(a.pool().blocks_in_use(), 0u);
+  EXPECT_EQ(b.pool().blocks_in_use(), 0u);
+}
+
+TEST_F(StoreSchedulerTest, ADamagedOrForeignValueIsAMissAndTheSameAnswer) {
+  const auto prompt = random_prompt(21, 150, vocab());
+  RequestResult ref;
+  {
+    Scheduler single(*rt_, config(nullptr));
+    ref = run(single, prompt, 12);
+  }
+  for (int damage = 0; damage < 2; ++damage) {
+    MemoryStore store;
+    Scheduler a(*rt_, config(&store));
+    EXPECT_EQ(run(a, prompt, 12).tokens, ref.tokens);
+    ASSERT_GT(store.size(), 0u);
+    if (damage == 0) {
+      store.edit([](const std::string&, std::string& v) { v[v.size() / 2] = char(v[v.size() / 2] ^ 1); });
+    } else {  // well-formed values of another identity (another build, say) under this one's keys
+      store.edit([](const std::string&, std::string& v) {
+        BlockHash h;
+        std::memcpy(&h.lo, v.data() + 48, 8);
+        std::memcpy(&h.hi, v.data() + 56, 8);
+        std::vector<int32_t> ids(32);
+        std::memcpy(ids.data(), v.data() + 80, 128);
+        v = encode_block_value(digest_of(9), h, ids, std::string_view(v).substr(208, v.size() - 208 - 8));
+      });
+    }
+    Scheduler b(*rt_, config(&store));
+    const RequestResult r = run(b, prompt, 12);
+    EXPECT_EQ(r.tokens, ref.tokens);
+    EXPECT_EQ(r.cached_tokens, 0);
+    EXPECT_EQ(b.stats().store_rejected, 1u);  // the first block fails; the chain stops there
+    EXPECT_EQ(b.stats().store_hits, 0u);
+  }
+}
+
+TEST_F(StoreSchedulerTest, AnotherIdentityNeverSeesTheBlocks) {
+  const auto prompt = random_prompt(31, 150, vocab());
+  MemoryStore store;
+  Scheduler a(*rt_, config(&store));
+  run(a, prompt, 4);
+  SchedulerConfig other = config(&store);
+  other.store_identity[0] ^= 1;  // another build or model
+  Scheduler b(*rt_, other);
+  const RequestResult r = run(b, prompt, 4);
+  EXPECT_EQ(r.cached_tokens, 0);
+  EXPECT_EQ(b.stats().store_hits, 0u);
+  EXPECT_EQ(b.stats().store_rejected, 0u);  // other keys: absent, not refused
+  EXPECT_GT(b.stats().store_misses, 0u);
+}
+
+TEST_F(StoreSchedulerTest, APolicyCacheIsRefused) {
+  MemoryStore store;
+  SchedulerConfig c = config(&store);
+  c.session.kv.precision = KVPrecision::Int4;
+  c.session.kv.positions = PositionMode::Absolute;
+  try {
+    Scheduler s(*rt_, c);
+    ADD_FAILURE() << "an int4 cache was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("--kv-store"), std::string::npos) << e.what();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The Redis client.
+
+class RedisStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!store::redis_available()) GTEST_SKIP() << "built without hiredis (libhiredis-dev)";
+    if (!test::RedisServer::available()) GTEST_SKIP() << "redis-server is not installed";
+  }
+  static std::unique_ptr<KVStore> open(const std::string& url, RateLimitedLog* log = nullptr, int ttl = 0,
+                                       uint64_t max_bytes = 0) {
+    store::RedisStoreOptions o;
+    o.url = url;
+    o.timeout_ms = 200;
+    o.ttl_s = ttl;
+    o.max_bytes = max_bytes;
+    return store::open_redis_store(o, log);
+  }
+};
+
+TEST_F(RedisStoreTest, PutThenGetInOneRoundTrip) {
+  test::RedisServer redis;
+  ASSERT_TRUE(redis.running());
+  auto s = open(redis.url());
+  const std::string big(300000, 'x');
+  s->put("t:a", "alpha");
+  s->put("t:b", big);
+  ASSERT_TRUE(s->flush(std::chrono::seconds(30)));
+  const std::vector<std::string> keys = {"t:a", "t:none", "t:b"};
+  const auto v = s->get(keys);
+  ASSERT_EQ(v.size(), 3u);
+  ASSERT_TRUE(v[0]);
+  EXPECT_EQ(*v[0], "alpha");
+  EXPECT_FALSE(v[1]);
+  ASSERT_TRUE(v[2]);
+  EXPECT_EQ(*v[2], big);
+  const KVStoreStats st = s->stats();
+  EXPECT_EQ(st.lookups, 1u);
+  EXPECT_EQ(st.keys_looked_up, 3u);
+  EXPECT_EQ(st.writes, 2u);
+  EXPECT_EQ(st.bytes_out, 5 + big.size());
+  EXPECT_EQ(st.bytes_in, 5 + big.size());
+  EXPECT_EQ(st.errors, 0u);
+  EXPECT_EQ(st.dropped_writes, 0u);
+}
+
+TEST_F(RedisStoreTest, ValuesExpireAfterTheirTtl) {
+  test::RedisServer redis;
+  auto s = open(redis.url(), nullptr, /*ttl=*/2);
+  s->put("t:ttl", "v");
+  ASSERT_TRUE(s->flush(std::chrono::seconds(30)));
+  const std::vector<std::string> keys = {"t:ttl"};
+  EXPECT_TRUE(s->get(keys)[0]);
+  std::this_thread::sleep_for(std::chrono::milliseconds(3200));  // Redis expires by its clock
+  EXPECT_FALSE(s->get(keys)[0]);
+}
+
+TEST_F(RedisStoreTest, ARedisThatIsDownIsAMissAndAWarning) {
+  std::vector<std::string> lines;
+  std::mutex mu;
+  RateLimitedLog log(std::chrono::milliseconds(0));
+  log.sink = [&](const std::string& l) {
+    std::lock_guard lk(mu);
+    lines.push_back(l);
+  };
+  auto s = open("redis://127.0.0.1:" + std::to_string(test::free_port()), &log);
+  const std::vector<std::string> keys = {"t:a", "t:b"};
+  const auto v = s->get(keys);
+  EXPECT_FALSE(v[0]);
+  EXPECT_FALSE(v[1]);
+  s->put("t:a", "alpha");
+  EXPECT_TRUE(s->flush(std::chrono::seconds(30)));
+  const KVStoreStats st = s->stats();
+  EXPECT_GE(st.errors, 1u);
+  EXPECT_EQ(st.dropped_writes, 1u);
+  EXPECT_EQ(st.writes, 0u);
+  EXPECT_EQ(st.lookups, 0u);
+  std::lock_guard lk(mu);
+  ASSERT_FALSE(lines.empty());
+  EXPECT_NE(lines[0].find("cannot connect to 127.0.0.1"), std::string::npos) << lines[0];
+}
+
+TEST_F(RedisStoreTest, APausedRedisTimesOutAsAMissThenItIsUsedAgain) {
+  test::RedisServer redis;
+  auto s = open(redis.url());
+  s->put("t:a", "alpha");
+  ASSERT_TRUE(s->flush(std::chrono::seconds(30)));
+  const std::vector<std::string> keys = {"t:a"};
+  ASSERT_TRUE(s->get(keys)[0]);
+  redis.pause();
+  EXPECT_FALSE(s->get(keys)[0]);  // the 200 ms read timeout
+  EXPECT_FALSE(s->get(keys)[0]);  // the backoff: a miss without waiting
+  EXPECT_GE(s->stats().errors, 1u);
+  redis.resume();
+  // Reconnected after the backoff (100 ms after the first failure, then doubling).
+  bool back = false;
+  for (int i = 0; i < 100 && !back; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    back = s->get(keys)[0].has_value();
+  }
+  EXPECT_TRUE(back);
+}
+
+TEST_F(RedisStoreTest, ARestartedRedisIsReconnected) {
+  test::RedisServer redis;
+  auto s = open(redis.url());
+  const std::vector<std::string> keys = {"t:a"};
+  redis.kill();
+  EXPECT_FALSE(s->get(keys)[0]);
+  ASSERT_TRUE(redis.start());  // empty again: no persistence
+  bool back = false;
+  for (int i = 0; i < 100 && !back; ++i) {
+    s->put("t:a", "again");
+    ASSERT_TRUE(s->flush(std::chrono::seconds(30)));
+    back = s->get(keys)[0].has_value();
+    if (!back) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(back);
+}
+
+TEST_F(RedisStoreTest, OverMaxBytesWritesAreSkipped) {
+  test::RedisServer redis;
+  auto s = open(redis.url(), nullptr, 0, /*max_bytes=*/1);  // Redis always uses more than a byte
+  s->put("t:a", "alpha");
+  s->put("t:b", "beta");
+  ASSERT_TRUE(s->flush(std::chrono::seconds(30)));
+  const std::vector<std::string> keys = {"t:a", "t:b"};
+  const auto v = s->get(keys);
+  EXPECT_FALSE(v[0]);
+  EXPECT_FALSE(v[1]);
+  EXPECT_EQ(s->stats().dropped_writes, 2u);
+  EXPECT_EQ(s->stats().writes, 0u);
+}
+
+TEST_F(RedisStoreTest, APutBeyondTheQueueIsDroppedNotWaitedFor) {
+  test::RedisServer redis;
+  store::RedisStoreOptions o;
+  o.url = redis.url();
+  o.queue_bytes = 64;  // key and value bytes waiting at most
+  auto s = store::open_redis_store(o);
+  s->put("t:big", std::string(100, 'b'));  // more than the whole queue: dropped at once
+  s->put("t:small", "s");
+  ASSERT_TRUE(s->flush(std::chrono::seconds(30)));
+  const std::vector<std::string> keys = {"t:big", "t:small"};
+  const auto v = s->get(keys);
+  EXPECT_FALSE(v[0]);
+  ASSERT_TRUE(v[1]);
+  EXPECT_EQ(*v[1], "s");
+  EXPECT_EQ(s->stats().dropped_writes, 1u);
+  EXPECT_EQ(s->stats().writes, 1u);
+}
+
+// The scheduler over a real Redis that dies mid-run: every answer stays right.
+TEST_F(RedisStoreTest, SchedulersKeepAnsweringWhenRedisDies) {
+  Runtime rt({test::repo_model("kjv-tiny"), 2, true});
+  SchedulerConfig c;
+  c.session.kv.ctx_size = 512;
+  c.parallel = 2;
+  c.prefill_chunk = 64;
+  c.store_identity = prompt_cache_identity(rt.model(), rt.tokenizer(), c.session.kv).config_key;
+  const auto p1 = random_prompt(41, 170, rt.config().vocab_size), p2 = random_prompt(42, 120, rt.config().vocab_size);
+  RequestResult ref1, ref2;
+  {
+    Scheduler single(rt, c);
+    ref1 = run(single, p1, 8);
+    ref2 = run(single, p2, 8);
+  }
+  test::RedisServer redis;
+  auto sa = open(redis.url()), sb = open(redis.url());
+  SchedulerConfig ca = c, cb = c;
+  ca.store = sa.get();
+  cb.store = sb.get();
+  Scheduler a(rt, ca), b(rt, cb);
+  EXPECT_EQ(run(a, p1, 8).tokens, ref1.tokens);
+  ASSERT_TRUE(sa->flush(std::chrono::seconds(30)));
+  const RequestResult hit = run(b, p1, 8);
+  EXPECT_EQ(hit.tokens, ref1.tokens);
+  EXPECT_EQ(hit.store_tokens, 160);
+  redis.kill();
+  EXPECT_EQ(run(a, p2, 8).tokens, ref2.tokens);
+  EXPECT_EQ(run(b, p2, 8).tokens, ref2.tokens);
+  EXPECT_EQ(run(a, p1, 8).tokens, ref1.tokens);  // from A's own pool
+  EXPECT_GE(b.stats().store_io.errors, 1u);
+}
+
+}  // namespace
+}  // namespace ptllm

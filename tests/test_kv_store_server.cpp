@@ -1,0 +1,390 @@
+// Two `serve` replicas (in-process HTTP servers on two loopback ports, each with its own scheduler
+// and pool) sharing one redis-server of the test's own (issue 23): a conversation started on A and
+// continued on B prefills only the new turn on B (usage.prompt_tokens_details.cached_tokens says
+// so, on /v1/chat/completions and /v1/completions) with the answer of a single server; a corrupted
+// value is a miss and the right answer; Redis killed mid-run: both keep answering correctly. And the
+// same with two `posttrainllm serve` processes (the flags, the identity each process computes).
+#include <fcntl.h>
+#include <httplib.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "chat/chat_template.h"
+#include "engine/kv_store.h"
+#include "engine/prompt_cache.h"
+#include "engine/runtime.h"
+#include "engine/scheduler.h"
+#include "redis_server.h"
+#include "server/http_server.h"
+#include "store/redis_store.h"
+#include "test_util.h"
+#include "tokenizer/tokenizer.h"
+
+namespace ptllm {
+namespace {
+
+using server::json;
+
+const char* kChatML =
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+const char* kSystem =
+    "In the beginning God created the heaven and the earth. And the earth was without form, and void; and "
+    "darkness was upon the face of the deep. And the Spirit of God moved upon the face of the waters. And God "
+    "said, Let there be light: and there was light. And God saw the light, that it was good: and God divided the "
+    "light from the darkness. And God called the light Day, and the darkness he called Night. And the evening "
+    "and the morning were the first day.";
+
+// One replica: a scheduler (with or without a store) and its HTTP server on a free port.
+struct Replica {
+  Replica(Runtime& rt, const chat::ChatTemplate& tmpl, const std::string& redis_url) {
+    SchedulerConfig sc;
+    sc.session.kv.ctx_size = 512;
+    sc.parallel = 2;
+    sc.prefill_chunk = 64;
+    sc.eos_ids = {1};
+    if (!redis_url.empty()) {
+      store::RedisStoreOptions o;
+      o.url = redis_url;
+      o.timeout_ms = 200;
+      store = store::open_redis_store(o);
+      sc.store = store.get();
+      sc.store_identity = prompt_cache_identity(rt.model(), rt.tokenizer(), sc.session.kv).config_key;
+    }
+    sch = std::make_unique<Scheduler>(rt, sc);
+    server::ServerConfig cfg;
+    cfg.port = 0;
+    cfg.model_name = "kjv-tiny";
+    cfg.render_chat = [&tmpl](const json& messages, const json&) {
+      chat::ChatRequest r;
+      r.messages = messages;
+      r.add_generation_prompt = true;
+      return tmpl.render(r);
+    };
+    srv = std::make_unique<server::HttpServer>(rt, *sch, cfg);
+    port = srv->bind();
+    thread = std::thread([this] { srv->run(); });
+  }
+  ~Replica() {
+    srv->shutdown(std::chrono::seconds(5));
+    thread.join();
+    srv.reset();
+    sch.reset();
+  }
+  json post(const std::string& path, const json& body) const {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(120, 0);
+    const auto r = c.Post(path.c_str(), body.dump(), "application/json");
+    if (!r) {
+      ADD_FAILURE() << "no response from " << path;
+      return json::object();
+    }
+    EXPECT_EQ(r->status, 200) << r->body;
+    return json::parse(r->body, nullptr, false);
+  }
+  // A metric's value from /metrics (-1 when absent).
+  double metric(const std::string& name) const {
+    httplib::Client c("127.0.0.1", port);
+    const auto r = c.Get("/metrics");
+    if (!r) return -1;
+    const std::string key = "\n" + name + " ";
+    const size_t at = r->body.find(key);
+    return at == std::string::npos ? -1 : std::stod(r->body.substr(at + key.size()));
+  }
+  void flush() const {
+    if (store) {
+      EXPECT_TRUE(store->flush(std::chrono::seconds(30)));
+    }
+  }
+
+  std::unique_ptr<KVStore> store;
+  std::unique_ptr<Scheduler> sch;
+  std::unique_ptr<server::HttpServer> srv;
+  std::thread thread;
+  int port = 0;
+};
+
+class KVStoreServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    rt_ = new Runtime({test::repo_model("kjv-tiny"), 2, true});
+    tmpl_ = new chat::ChatTemplate(chat::ChatTemplate::from_string(kChatML));
+  }
+  static void TearDownTestSuite() {
+    delete rt_;
+    delete tmpl_;
+  }
+  void SetUp() override {
+    if (!store::redis_available()) GTEST_SKIP() << "built without hiredis (libhiredis-dev)";
+    if (!test::RedisServer::available()) GTEST_SKIP() << "redis-server is not installed";
+  }
+  static json chat(const json& messages, int max_tokens) {
+    return {{"model", "kjv-tiny"}, {"messages", messages}, {"max_tokens", max_tokens}, {"temperature", 0}};
+  }
+  static json first_turn() {
+    return json::array({{{"role", "system"}, {"content", kSystem}},
+                        {{"role", "user"}, {"content", "And God made the firmament"}}});
+  }
+  static json second_turn(const std::string& reply) {
+    json m = first_turn();
+    m.push_back({{"role", "assistant"}, {"content", reply}});
+    m.push_back({{"role", "user"}, {"content", "And the evening and the morning were the second day"}});
+    return m;
+  }
+  static std::string content(const json& r) { return r["choices"][0]["message"]["content"]; }
+  static int cached(const json& r) { return r["usage"]["prompt_tokens_details"]["cached_tokens"]; }
+  static Runtime* rt_;
+  static chat::ChatTemplate* tmpl_;
+};
+Runtime* KVStoreServerTest::rt_ = nullptr;
+chat::ChatTemplate* KVStoreServerTest::tmpl_ = nullptr;
+
+TEST_F(KVStoreServerTest, AConversationContinuedOnAnotherReplicaPrefillsOnlyTheNewTurn) {
+  // A single server (no store), both turns: the reference.
+  std::string reply1, reply2;
+  int ref_cached = 0;
+  std::string text1, text2;
+  {
+    Replica single(*rt_, *tmpl_, "");
+    reply1 = content(single.post("/v1/chat/completions", chat(first_turn(), 24)));
+    const json r2 = single.post("/v1/chat/completions", chat(second_turn(reply1), 16));
+    reply2 = content(r2);
+    ref_cached = cached(r2);
+    text1 = single.post("/v1/completions", {{"prompt", kSystem}, {"max_tokens", 20}, {"temperature", 0}})["choices"][0]["text"];
+    text2 = single.post("/v1/completions", {{"prompt", std::string(kSystem) + text1 + " And God said"},
+                                            {"max_tokens", 12}, {"temperature", 0}})["choices"][0]["text"];
+  }
+  ASSERT_GT(ref_cached, 64);  // the first turn's blocks, from the single server's pool
+  test::RedisServer redis;
+  ASSERT_TRUE(redis.running());
+  Replica a(*rt_, *tmpl_, redis.url()), b(*rt_, *tmpl_, redis.url());
+
+  // Chat: turn 1 on A, turn 2 on B.
+  const json a1 = a.post("/v1/chat/completions", chat(first_turn(), 24));
+  EXPECT_EQ(content(a1), reply1);
+  EXPECT_EQ(cached(a1), 0);
+  a.flush();
+  const json b2 = b.post("/v1/chat/completions", chat(second_turn(reply1), 16));
+  EXPECT_EQ(content(b2), reply2);
+  EXPECT_EQ(cached(b2), ref_cached);  // the whole history but its last partial block: only the new turn computed
+  const int prompt2 = b2["usage"]["prompt_tokens"];
+  EXPECT_EQ(b.metric("ptllm_prefill_tokens_total"), prompt2 - ref_cached);
+  EXPECT_EQ(b.metric("ptllm_kv_store_hits_total"), ref_cached / 32);
+  EXPECT_EQ(b.metric("ptllm_kv_store_prompt_tokens_total"), ref_cached);
+  EXPECT_EQ(b.metric("ptllm_kv_store_lookup_seconds_count"), 1);
+  EXPECT_GT(b.metric("ptllm_kv_store_bytes_in_total"), 0);
+  EXPECT_EQ(b.metric("ptllm_kv_store_errors_total"), 0);
+  EXPECT_EQ(a.metric("ptllm_kv_store_writes_total"), a.metric("ptllm_kv_store_puts_total"));  // flushed, all written
+  EXPECT_GT(a.metric("ptllm_kv_store_bytes_out_total"), 0);
+
+  // Completions: the same the other way round (B first, A continues).
+  const json c1 = b.post("/v1/completions", {{"prompt", kSystem}, {"max_tokens", 20}, {"temperature", 0}});
+  EXPECT_EQ(c1["choices"][0]["text"], text1);
+  b.flush();
+  const json c2 = a.post("/v1/completions", {{"prompt", std::string(kSystem) + text1 + " And God said"},
+                                             {"max_tokens", 12}, {"temperature", 0}});
+  EXPECT_EQ(c2["choices"][0]["text"], text2);
+  const int p1 = c1["usage"]["prompt_tokens"];
+  EXPECT_GE(cached(c2), (p1 / 32) * 32);  // at least the first prompt's full blocks came from B
+  EXPECT_GT(a.metric("ptllm_kv_store_hits_total"), 0);
+}
+
+TEST_F(KVStoreServerTest, ACorruptedValueIsAMissAndTheRightAnswer) {
+  std::string reply1, reply2;
+  {
+    Replica single(*rt_, *tmpl_, "");
+    reply1 = content(single.post("/v1/chat/completions", chat(first_turn(), 24)));
+    reply2 = content(single.post("/v1/chat/completions", chat(second_turn(reply1), 16)));
+  }
+  test::RedisServer redis;
+  Replica a(*rt_, *tmpl_, redis.url());
+  EXPECT_EQ(content(a.post("/v1/chat/completions", chat(first_turn(), 24))), reply1);
+  a.flush();
+  // The key of the conversation's first block, its value damaged in Redis.
+  chat::ChatRequest req;
+  req.messages = second_turn(reply1);
+  req.add_generation_prompt = true;
+  const std::string prompt = tmpl_->render(req);
+  const auto ids = rt_->tokenizer().encode(prompt, {.add_special = false});
+  std::vector<BlockHash> hashes;
+  a.sch->pool().extend_block_hashes(ids, 1, hashes);
+  const Digest identity = prompt_cache_identity(rt_->model(), rt_->tokenizer(), a.sch->config().session.kv).config_key;
+  const std::vector<std::string> key = {kv_store_key("ptllm", identity, hashes[0])};
+  store::RedisStoreOptions o;
+  o.url = redis.url();
+  auto raw = store::open_redis_store(o);
+  auto v = raw->get(key);
+  ASSERT_TRUE(v[0]) << "A did not put its first block";
+  std::string bad = *v[0];
+  bad[bad.size() / 2] = char(bad[bad.size() / 2] ^ 0x10);
+  raw->put(key[0], bad);
+  ASSERT_TRUE(raw->flush(std::chrono::seconds(30)));
+
+  Replica b(*rt_, *tmpl_, redis.url());
+  const json b2 = b.post("/v1/chat/completions", chat(second_turn(reply1), 16));
+  EXPECT_EQ(content(b2), reply2);
+  EXPECT_EQ(cached(b2), 0);
+  EXPECT_EQ(b.metric("ptllm_kv_store_rejected_total"), 1);
+  EXPECT_EQ(b.metric("ptllm_kv_store_hits_total"), 0);
+}
+
+TEST_F(KVStoreServerTest, RedisKilledMidRunBothReplicasKeepAnswering) {
+  std::string reply1, reply2, other;
+  const json third = json::array({{{"role", "user"}, {"content", "And God called the firmament Heaven"}}});
+  {
+    Replica single(*rt_, *tmpl_, "");
+    reply1 = content(single.post("/v1/chat/completions", chat(first_turn(), 24)));
+    reply2 = content(single.post("/v1/chat/completions", chat(second_turn(reply1), 16)));
+    other = content(single.post("/v1/chat/completions", chat(third, 16)));
+  }
+  test::RedisServer redis;
+  Replica a(*rt_, *tmpl_, redis.url()), b(*rt_, *tmpl_, redis.url());
+  EXPECT_EQ(content(a.post("/v1/chat/completions", chat(first_turn(), 24))), reply1);
+  redis.kill();
+  EXPECT_EQ(content(b.post("/v1/chat/completions", chat(second_turn(reply1), 16))), reply2);
+  EXPECT_EQ(content(a.post("/v1/chat/completions", chat(second_turn(reply1), 16))), reply2);
+  EXPECT_EQ(content(b.post("/v1/chat/completions", chat(third, 16))), other);
+  EXPECT_EQ(content(a.post("/v1/chat/completions", chat(third, 16))), other);
+  EXPECT_GE(b.metric("ptllm_kv_store_errors_total"), 1);
+  httplib::Client c("127.0.0.1", a.port);
+  const auto health = c.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+}
+
+
+// `posttrainllm serve --kv-store` on a free port: started, its port read from stderr, SIGTERM at the end.
+struct ServeProcess {
+  ServeProcess(const std::string& redis_url, const std::filesystem::path& dir, const char* name) {
+    err = (dir / name).string();
+    const std::string bin = test::binary(), model = test::repo_model("kjv-tiny").string();
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    std::vector<std::string> args = {bin, "serve", model, "--port", "0", "-t", "1", "-np", "2", "-c", "512",
+                                     "--kv-store", redis_url, "--kv-store-prefix", "proc"};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    if (posix_spawn(&pid, bin.c_str(), &fa, nullptr, argv.data(), environ) != 0) pid = 0;
+    posix_spawn_file_actions_destroy(&fa);
+    const std::regex listening("listening on http://127\\.0\\.0\\.1:(\\d+)");
+    for (int i = 0; i < 6000 && port == 0 && pid > 0; ++i) {  // a bound, not a timing assertion
+      std::smatch m;
+      const std::string text = log();
+      if (std::regex_search(text, m, listening)) port = std::stoi(m[1]);
+      else std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  ~ServeProcess() {
+    if (pid > 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  }
+  std::string log() const {
+    std::ifstream in(err);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  int stop() {  // SIGTERM; the exit code
+    kill(pid, SIGTERM);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    pid = 0;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  json post(const json& body) const {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(120, 0);
+    const auto r = c.Post("/v1/completions", body.dump(), "application/json");
+    if (!r || r->status != 200) {
+      ADD_FAILURE() << "no answer: " << (r ? r->body : std::string("no response"));
+      return json::object();
+    }
+    return json::parse(r->body);
+  }
+  double metric(const std::string& name) const {
+    httplib::Client c("127.0.0.1", port);
+    const auto r = c.Get("/metrics");
+    const std::string key = "\n" + name + " ";
+    const size_t at = r ? r->body.find(key) : std::string::npos;
+    return at == std::string::npos ? -1 : std::stod(r->body.substr(at + key.size()));
+  }
+  std::string err;
+  pid_t pid = 0;
+  int port = 0;
+};
+
+TEST(KVStoreServeProcesses, TwoProcessesShareTheirBlocksThroughRedis) {
+  if (!store::redis_available()) GTEST_SKIP() << "built without hiredis (libhiredis-dev)";
+  if (!test::RedisServer::available()) GTEST_SKIP() << "redis-server is not installed";
+  test::RedisServer redis;
+  test::TempDir tmp;
+  ServeProcess a(redis.url(), tmp.path, "a.err"), b(redis.url(), tmp.path, "b.err");
+  ASSERT_GT(a.port, 0) << a.log();
+  ASSERT_GT(b.port, 0) << b.log();
+  EXPECT_NE(a.log().find("kv store: redis://127.0.0.1:" + std::to_string(redis.port()) + "/0, keys proc:"), std::string::npos)
+      << a.log();
+  const json turn1 = {{"prompt", kSystem}, {"max_tokens", 16}, {"temperature", 0}};
+  const json r1 = a.post(turn1);
+  // A's blocks reach Redis from its writer thread: wait until it wrote all it queued (a bound).
+  for (int i = 0; i < 3000 && a.metric("ptllm_kv_store_writes_total") < a.metric("ptllm_kv_store_puts_total"); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_GT(a.metric("ptllm_kv_store_writes_total"), 0);
+  const std::string history = std::string(kSystem) + r1["choices"][0]["text"].get<std::string>() + " And God said";
+  const json turn2 = {{"prompt", history}, {"max_tokens", 12}, {"temperature", 0}};
+  const json on_b = b.post(turn2);
+  const json on_a = a.post(turn2);  // A answers from its own pool: the single-server answer
+  EXPECT_EQ(on_b["choices"][0]["text"], on_a["choices"][0]["text"]);
+  const int p1 = r1["usage"]["prompt_tokens"];
+  EXPECT_GE(on_b["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), (p1 / 32) * 32);
+  EXPECT_EQ(on_b["usage"]["prompt_tokens_details"]["cached_tokens"], on_a["usage"]["prompt_tokens_details"]["cached_tokens"]);
+  EXPECT_GT(b.metric("ptllm_kv_store_hits_total"), 0);
+  EXPECT_EQ(a.stop(), 0);
+  EXPECT_EQ(b.stop(), 0);
+}
+
+TEST(KVStoreServeProcesses, BadStoreFlagsAreRefusedWithTheirNames) {
+  const std::string serve = test::binary() + " serve " + test::repo_model("kjv-tiny").string() + " --port 0 ";
+  const auto url = test::run_command(serve + "--kv-store http://127.0.0.1:6379");
+  EXPECT_EQ(url.code, 2);
+  EXPECT_NE(url.err.find("--kv-store http://127.0.0.1:6379: expected redis://"), std::string::npos) << url.err;
+  const auto port = test::run_command(serve + "--kv-store redis://127.0.0.1:99999");
+  EXPECT_EQ(port.code, 2);
+  EXPECT_NE(port.err.find("the port '99999'"), std::string::npos) << port.err;
+  const auto prefix = test::run_command(serve + "--kv-store-prefix 'a:b'");
+  EXPECT_EQ(prefix.code, 2);
+  EXPECT_NE(prefix.err.find("--kv-store-prefix"), std::string::npos) << prefix.err;
+  // A policy cache (KIVI) cannot exchange its blocks: refused, naming the configuration.
+  const auto kivi = test::run_command(serve + "--kv-store redis://127.0.0.1:1 --kv-quantize int4");
+  EXPECT_EQ(kivi.code, 2);
+  if (store::redis_available()) {
+    EXPECT_NE(kivi.err.find("this run stores int4"), std::string::npos) << kivi.err;
+  } else {  // a build without hiredis says so first
+    EXPECT_NE(kivi.err.find("no Redis client"), std::string::npos) << kivi.err;
+  }
+}
+
+// A Redis that is not there at the start: a warning, and the server answers as without a store.
+TEST(KVStoreServeProcesses, ARedisDownAtTheStartIsAWarningNotAnError) {
+  if (!store::redis_available()) GTEST_SKIP() << "built without hiredis (libhiredis-dev)";
+  test::TempDir tmp;
+  ServeProcess a("redis://127.0.0.1:" + std::to_string(test::free_port()), tmp.path, "a.err");
+  ASSERT_GT(a.port, 0) << a.log();
+  EXPECT_NE(a.log().find("warning: kv store: cannot connect to 127.0.0.1:"), std::string::npos) << a.log();
+  const json r = a.post({{"prompt", kSystem}, {"max_tokens", 8}, {"temperature", 0}});
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(r["usage"]["completion_tokens"], 8);
+  EXPECT_GE(a.metric("ptllm_kv_store_errors_total"), 1);
+  EXPECT_EQ(a.stop(), 0);
+}
+
+}  // namespace
+}  // namespace ptllm
