@@ -177,19 +177,19 @@ TEST(AffineKernelTest, QuantizedXLayoutAndSums) {
 // Bits 3 and 6 (and group sizes the fast path does not take) keep the generic product: exact.
 TEST(AffineKernelTest, OtherBitsTakeTheGenericProduct) {
   ThreadPool pool(2);
-  for (int bits : {3, 6}) {
-    const int rows = 11, cols = 128, T = 3;
+  for (auto [bits, gs] : {std::pair{3, 64}, std::pair{6, 64}, std::pair{4, 96}}) {
+    const int rows = 11, cols = 192, T = 3;
     std::vector<uint32_t> codes(size_t(rows) * cols * bits / 32);
     std::mt19937 rng(3);
     for (auto& c : codes) c = uint32_t(rng());
-    std::vector<uint16_t> sc(size_t(rows) * 2, f32_to_bf16(0.05f)), bi(size_t(rows) * 2, f32_to_bf16(-0.3f));
-    const WeightMatrix w = affine_matrix(codes.data(), sc.data(), bi.data(), DType::BF16, bits, 64, rows, cols);
+    std::vector<uint16_t> sc(size_t(rows) * 3, f32_to_bf16(0.05f)), bi(size_t(rows) * 3, f32_to_bf16(-0.3f));
+    const WeightMatrix w = affine_matrix(codes.data(), sc.data(), bi.data(), DType::BF16, bits, gs, rows, cols);
     EXPECT_FALSE(affine_fast(w));
     const auto x = random_x(T, cols, 9);
     std::vector<float> y(size_t(T) * rows), want(y.size());
     matmul(x.data(), T, w, nullptr, y.data(), pool);
     matmul_ref(x.data(), T, w, nullptr, want.data());
-    for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y[i], want[i], 1e-4f * (1 + std::fabs(want[i]))) << bits;
+    for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y[i], want[i], 1e-4f * (1 + std::fabs(want[i]))) << bits << " bits g" << gs;
   }
 }
 

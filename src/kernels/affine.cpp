@@ -139,8 +139,8 @@ std::vector<AffineKernel> available_affine_kernels() {
 }
 
 bool affine_fast(const WeightMatrix& w) {
-  return (w.bits == 2 || w.bits == 4 || w.bits == 8) && w.group_size % kQ8Block == 0 && w.group_size > 0 &&
-         w.cols % w.group_size == 0;
+  const bool pow2 = w.group_size > 0 && (w.group_size & (w.group_size - 1)) == 0;  // mlx: 32, 64, 128
+  return (w.bits == 2 || w.bits == 4 || w.bits == 8) && pow2 && w.group_size >= kQ8Block && w.cols % w.group_size == 0;
 }
 
 void affine_matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool,

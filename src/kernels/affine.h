@@ -2,7 +2,7 @@
 // MLX-layout affine-quantized weights (kernels/weights.h, WeightFormat::Affine): the products and
 // the row dequantization, each with a scalar reference twin.
 //
-// The products for bits 2, 4 and 8 (group sizes that are multiples of 32) read the codes in place
+// The products for bits 2, 4 and 8 (group sizes 32, 64, 128, ...: powers of two) read the codes in place
 // and round x to int8 once per call, per block of 32 columns (kernels/affine_q8.h: the block's
 // scale d_b = max |x| / 127 and its exact float sums), so that the code term is a sum of exact
 // integer products (AVX-512 VNNI vpdpbusd: unsigned codes times signed bytes):
@@ -45,7 +45,7 @@ constexpr int kAffineGemvMaxT = 8;
 // is not available.
 void affine_matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool,
                    AffineKernel k, AffinePath path = AffinePath::Auto);
-// Whether the fast products take w (bits 2, 4, 8; group size a multiple of 32).
+// Whether the fast products take w (bits 2, 4, 8; group size a power of two, at least 32).
 bool affine_fast(const WeightMatrix& w);
 
 // Scalar twin of the fast products (plain loops, double sums): the same int8 x and integer sums.

@@ -29,6 +29,7 @@ struct Avx2Affine {
   }
   PTLLM_AFFINE_TARGET static I srl32(I v, int n) { return _mm256_srli_epi32(v, n); }
   PTLLM_AFFINE_TARGET static I and_i(I a, I b) { return _mm256_and_si256(a, b); }
+  PTLLM_AFFINE_TARGET static I add_i(I a, I b) { return _mm256_add_epi32(a, b); }
   PTLLM_AFFINE_TARGET static I set1_u8(uint8_t v) { return _mm256_set1_epi8(char(v)); }
   // u < 16: a pair of products is at most 2 * 15 * 127, no saturation in 16 bits.
   PTLLM_AFFINE_TARGET static I dot4(I acc, I u, I s) {

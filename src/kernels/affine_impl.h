@@ -4,7 +4,7 @@
 //
 // V provides: I (an integer register of RB bytes, L = RB / 4 int32 lanes), F (L floats); zero_i,
 // load_i (any address), load_i_n (the first n bytes, zeros after), bcst32 (one dword to every lane),
-// srl32 (shift right each lane), and_i, set1_u8; dot4 / dot8 (acc[l] += sum of the 4 byte products
+// srl32 (shift right each lane), and_i, add_i, set1_u8; dot4 / dot8 (acc[l] += sum of the 4 byte products
 // of lane l, unsigned codes below 16 / 256 times signed int8); cvt (int32 to float), zero_f,
 // load_f(_n), store_f(_n), set1_f, mul, fma (a * b + c), perm (lanes of a picked by idx),
 // reduce_add; load_bf16_n / load_f16_n (the first n of 16-bit floats, as float32); GTT (rows of x
@@ -75,8 +75,8 @@ struct AffineKernels {
   }
   // sum_g s_g xc_g + b_g xs_g over the row's groups, added lane-wise to acc (affine_q8.h).
   template <class Ld>
-  PTLLM_AFFINE_TARGET static F group_terms(const WeightMatrix& w, int r, const float* xs, const float* xc, F acc) {
-    const int G = w.cols / w.group_size;
+  PTLLM_AFFINE_TARGET static F group_terms(const WeightMatrix& w, int G, int r, const float* xs, const float* xc,
+                                           F acc) {
     for (int g = 0; g < G; g += L) {
       const int n = std::min(L, G - g);
       const size_t i = size_t(r) * size_t(G) + size_t(g);
@@ -90,39 +90,50 @@ struct AffineKernels {
   // A chunk is RB bytes of a row (C = RB * KPB columns, x in the gemv's split order): unpacked into
   // KPB registers, each dotted with its RB bytes of x; lane l then holds the sum of one block of x
   // (didx) within one group (sidx), scaled by both.
+  // Chunk c of a row (codes z, scales n from group c * C / gs) against rows [t0, t0 + TT) of x.
+  template <int BITS, class Ld, int TT>
+  PTLLM_AFFINE_TARGET static void gemv_chunk(const AffineX& x, int t0, I z, const void* scales, int c, int gsh, int n,
+                                             I didx, I sidx, F* acc) {
+    constexpr int KPB = 8 / BITS, C = RB * KPB;
+    I u[KPB];
+    unpack<BITS>(z, u);
+    const F sl = V::perm(Ld::load_n(scales, size_t(c * C) >> gsh, n), sidx);
+    PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
+      const int8_t* q = x.q + size_t(t0 + t) * x.ldq + size_t(c) * C;
+      I ai = V::zero_i();
+      PTLLM_AFFINE_UNROLL for (int s = 0; s < KPB; ++s) ai = dot<BITS>(ai, u[s], V::load_i(q + s * RB));
+      const F dl = V::perm(V::load_f(x.d + size_t(t0 + t) * x.ldd + size_t(c * C / kQ8Block)), didx);
+      acc[t] = V::fma(V::cvt(ai), V::mul(dl, sl), acc[t]);
+    }
+  }
   template <int BITS, class Ld, int TT>
   PTLLM_AFFINE_TARGET static void gemv_rows(const AffineX& x, int t0, const WeightMatrix& w, const float* bias,
                                             float* y, int r0, int r1) {
     constexpr int KPB = 8 / BITS, C = RB * KPB;
     const size_t rb = w.row_bytes();
-    const int chunks = int((rb + RB - 1) / RB), gs = w.group_size, G = w.cols / gs;
+    const int full = int(rb / RB), gs = w.group_size, gsh = __builtin_ctz(unsigned(gs)), G = w.cols >> gsh;
     alignas(64) int32_t di[L], si[L];
-    for (int l = 0; l < L; ++l) di[l] = 4 * KPB * l / kQ8Block, si[l] = 4 * KPB * l / gs;
+    for (int l = 0; l < L; ++l) di[l] = 4 * KPB * l / kQ8Block, si[l] = (4 * KPB * l) >> gsh;
     const I didx = V::load_i(di), sidx = V::load_i(si);
-    const int ng = std::max(1, C / gs);  // groups a chunk spans
+    const int ng = std::max(1, C >> gsh);  // groups a chunk spans
     for (int r = r0; r < r1; ++r) {
       const uint8_t* row = static_cast<const uint8_t*>(w.data) + size_t(r) * rb;
+      const void* sc = static_cast<const char*>(w.scales) + size_t(r) * size_t(G) * dtype_size(w.dtype);
       F acc[TT];
       PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) acc[t] = V::zero_f();
-      for (int c = 0; c < chunks; ++c) {
-        const size_t at = size_t(c) * RB;
-        for (size_t b = 0; b < size_t(RB); b += 64) __builtin_prefetch(row + at + b + kAhead);
-        const I z = at + RB <= rb ? V::load_i(row + at) : V::load_i_n(row + at, int(rb - at));
-        I u[KPB];
-        unpack<BITS>(z, u);
-        const int g0 = c * C / gs;
-        const F sl = V::perm(Ld::load_n(w.scales, size_t(r) * size_t(G) + size_t(g0), std::min(ng, G - g0)), sidx);
-        PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
-          const int8_t* q = x.q + size_t(t0 + t) * x.ldq + size_t(c) * C;
-          I ai = V::zero_i();
-          PTLLM_AFFINE_UNROLL for (int s = 0; s < KPB; ++s) ai = dot<BITS>(ai, u[s], V::load_i(q + s * RB));
-          const F dl = V::perm(V::load_f(x.d + size_t(t0 + t) * x.ldd + size_t(c * C / kQ8Block)), didx);
-          acc[t] = V::fma(V::cvt(ai), V::mul(dl, sl), acc[t]);
-        }
+      for (int c = 0; c < full; ++c) {
+        const uint8_t* p = row + size_t(c) * RB;
+        PTLLM_AFFINE_UNROLL for (int b = 0; b < RB; b += 64) __builtin_prefetch(p + b + kAhead);
+        gemv_chunk<BITS, Ld, TT>(x, t0, V::load_i(p), sc, c, gsh, ng, didx, sidx, acc);
+      }
+      if (size_t(full) * RB < rb) {  // a last, narrower chunk
+        const int g0 = (full * C) >> gsh;
+        gemv_chunk<BITS, Ld, TT>(x, t0, V::load_i_n(row + size_t(full) * RB, int(rb - size_t(full) * RB)), sc, full, gsh,
+                                 std::min(ng, G - g0), didx, sidx, acc);
       }
       PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
         const size_t xt = size_t(t0 + t) * x.ldg;
-        const F a = group_terms<Ld>(w, r, x.xs + xt, x.xc + xt, acc[t]);
+        const F a = group_terms<Ld>(w, G, r, x.xs + xt, x.xc + xt, acc[t]);
         y[size_t(t0 + t) * size_t(w.rows) + size_t(r)] = V::reduce_add(a) + (bias ? bias[r] : 0.f);
       }
     }
@@ -146,29 +157,48 @@ struct AffineKernels {
     float scale[KC / kQ8Block][L];        // [group][row]
     float bias[KC / kQ8Block][L];
   };
+  // out[q][i] = dword q of rows[i] (null: 0), q < n: V::transpose_dwords where the target has
+  // one (16 x 16 in registers), else one dword at a time.
+  PTLLM_AFFINE_TARGET static void transpose_dwords(const uint8_t* const* rows, int n, uint32_t (*out)[L]) {
+    if constexpr (requires { V::transpose_dwords(rows, n, out); }) {
+      V::transpose_dwords(rows, n, out);
+    } else {
+      for (int i = 0; i < L; ++i)
+        for (int q = 0; q < n; ++q) {
+          uint32_t v = 0;
+          if (rows[i]) std::memcpy(&v, rows[i] + 4 * q, 4);
+          out[q][i] = v;
+        }
+    }
+  }
   template <int BITS, class Ld>
   PTLLM_AFFINE_TARGET static void gemm_t(const AffineX& x, const WeightMatrix& w, const float* bias, float* y, int r0,
                                          int r1) {
     static thread_local Tile tile;
     const size_t rb = w.row_bytes();
-    const int K = w.cols, gs = w.group_size, G = K / gs;
+    const int K = w.cols, gsh = __builtin_ctz(unsigned(w.group_size)), G = K >> gsh;
     for (int jr = r0; jr < r1; jr += L) {
       const int nr = std::min(L, r1 - jr);
       for (int k0 = 0; k0 < K; k0 += KC) {
-        const int kc = std::min(KC, K - k0), nq = kc / kQ8Block * BITS, ng = kc / gs;
-        for (int i = 0; i < L; ++i) {  // rows past nr: zeros
-          const uint8_t* row = static_cast<const uint8_t*>(w.data) + size_t(jr + std::min(i, nr - 1)) * rb +
-                               size_t(k0) * BITS / 8;
-          for (int q = 0; q < nq; ++q) {
-            uint32_t v = 0;
-            if (i < nr) std::memcpy(&v, row + 4 * q, 4);
-            tile.code[q][i] = v;
+        const int kc = std::min(KC, K - k0), nq = kc / kQ8Block * BITS, ng = kc >> gsh;
+        const uint8_t* rows[L];  // rows past nr: null (zeros)
+        for (int i = 0; i < L; ++i)
+          rows[i] = i < nr ? static_cast<const uint8_t*>(w.data) + size_t(jr + i) * rb + size_t(k0) * BITS / 8 : nullptr;
+        transpose_dwords(rows, nq, tile.code);
+        // Scales and biases: each row's as float32 (L groups at a time), then transposed the same way.
+        for (int g = 0; g < ng; g += L) {
+          const int n = std::min(L, ng - g);
+          alignas(64) float s[L][L], b[L][L];
+          const uint8_t *sr[L], *br[L];
+          for (int i = 0; i < L; ++i) {
+            const size_t at = size_t(jr + std::min(i, nr - 1)) * size_t(G) + size_t((k0 >> gsh) + g);
+            V::store_f(s[i], Ld::load_n(w.scales, at, n));
+            V::store_f(b[i], Ld::load_n(w.biases, at, n));
+            sr[i] = i < nr ? reinterpret_cast<const uint8_t*>(s[i]) : nullptr;
+            br[i] = i < nr ? reinterpret_cast<const uint8_t*>(b[i]) : nullptr;
           }
-          for (int g = 0; g < ng; ++g) {
-            const size_t at = size_t(jr + i) * size_t(G) + size_t(k0 / gs + g);
-            tile.scale[g][i] = i < nr ? affine_param(w.scales, w.dtype, at) : 0.f;
-            tile.bias[g][i] = i < nr ? affine_param(w.biases, w.dtype, at) : 0.f;
-          }
+          transpose_dwords(sr, n, reinterpret_cast<uint32_t(*)[L]>(tile.scale[g]));
+          transpose_dwords(br, n, reinterpret_cast<uint32_t(*)[L]>(tile.bias[g]));
         }
         int t = 0;
         for (; t + GTT <= x.T; t += GTT) gemm_block<BITS, GTT>(tile, x, t, w, bias, y, jr, nr, k0, kc);
@@ -182,7 +212,7 @@ struct AffineKernels {
   PTLLM_AFFINE_TARGET static void gemm_block(const Tile& tile, const AffineX& x, int t0, const WeightMatrix& w,
                                              const float* bias, float* y, int jr, int nr, int k0, int kc) {
     constexpr int KPB = 8 / BITS, DPB = BITS;  // codes a byte, dwords a block
-    const int gs = w.group_size, nb = kc / kQ8Block;
+    const int gsh = __builtin_ctz(unsigned(w.group_size)), nb = kc / kQ8Block;
     F acc[TT];
     PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) acc[t] = V::zero_f();
     for (int b = 0; b < nb; ++b) {
@@ -192,17 +222,21 @@ struct AffineKernels {
         unpack<BITS>(V::load_i(tile.code[b * DPB + q]), v);
         PTLLM_AFFINE_UNROLL for (int s = 0; s < KPB; ++s) u[s * DPB + q] = v[s];
       }
-      const F sv = V::load_f(tile.scale[b * kQ8Block / gs]);
+      const F sv = V::load_f(tile.scale[(b * kQ8Block) >> gsh]);
       PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
         const int8_t* q = x.q + size_t(t0 + t) * x.ldq + size_t(k0 + b * kQ8Block);
-        I ai = V::zero_i();
-        PTLLM_AFFINE_UNROLL for (int j = 0; j < KPB * DPB; ++j) ai = dot<BITS>(ai, u[j], V::bcst32(q + 4 * j));
+        I a0 = V::zero_i(), a1 = V::zero_i();  // two chains of 4
+        PTLLM_AFFINE_UNROLL for (int j = 0; j < KPB * DPB; j += 2) {
+          a0 = dot<BITS>(a0, u[j], V::bcst32(q + 4 * j));
+          a1 = dot<BITS>(a1, u[j + 1], V::bcst32(q + 4 * j + 4));
+        }
+        const I ai = V::add_i(a0, a1);
         const float d = x.d[size_t(t0 + t) * x.ldd + size_t(k0 / kQ8Block + b)];
         acc[t] = V::fma(V::cvt(ai), V::mul(sv, V::set1_f(d)), acc[t]);
       }
     }
-    const int g0 = k0 / gs;
-    for (int g = 0; g < kc / gs; ++g) {
+    const int g0 = k0 >> gsh;
+    for (int g = 0; g < kc >> gsh; ++g) {
       const F sv = V::load_f(tile.scale[g]), bv = V::load_f(tile.bias[g]);
       PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
         const size_t xt = size_t(t0 + t) * x.ldg + size_t(g0 + g);

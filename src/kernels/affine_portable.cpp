@@ -34,6 +34,7 @@ struct PortableAffine {
   }
   static I srl32(I v, int n) { return I(U(v) >> n); }
   static I and_i(I a, I b) { return a & b; }
+  static I add_i(I a, I b) { return a + b; }
   static I set1_u8(uint8_t v) {
     const int32_t w = int32_t(uint32_t(v) * 0x01010101u);
     return I{w, w, w, w};
