@@ -39,36 +39,55 @@ AffineX quantize_affine_x(const float* x, int T, int K, int bits, int group_size
   buf.xs.resize(size_t(T) * ldg);
   buf.xc.resize(size_t(T) * ldg);
   buf.qsum.resize(size_t(T) * size_t(nb));
+  buf.xsb.resize(size_t(T) * size_t(nb));
   const float m = float(1 << (bits - 1));
+  PTLLM_CHECK(chunk == 0 || (chunk % kQ8Block == 0 && (chunk & (chunk - 1)) == 0) || kpb == 1);
+  const int ks = kpb == 4 ? 2 : kpb == 2 ? 1 : 0, stride = chunk >> ks;  // split order: C / KPB bytes a run
   const auto rows = [&](size_t t0, size_t t1) {
     for (size_t t = t0; t < t1; ++t) {
       const float* xt = x + t * size_t(K);
       int8_t* q = buf.q.data() + t * ldq;
       float* d = buf.d.data() + t * ldd;
       int* qsum = buf.qsum.data() + t * size_t(nb);
+      float* xsb = buf.xsb.data() + t * size_t(nb);
       for (int b = 0; b < nb; ++b) {
-        float amax = 0.f;
-        for (int i = 0; i < kQ8Block; ++i) amax = std::max(amax, std::fabs(xt[b * kQ8Block + i]));
+        const int k = b * kQ8Block;
+        const float* xb = xt + k;
+        float amax = 0.f, sum = 0.f;
+#pragma omp simd reduction(max : amax) reduction(+ : sum)
+        for (int i = 0; i < kQ8Block; ++i) {
+          const float a = std::fabs(xb[i]);
+          amax = amax > a ? amax : a;
+          sum += xb[i];
+        }
         const bool some = amax > 0.f && std::isfinite(amax);
         const float inv = some ? 127.f / amax : 0.f;
         d[b] = some ? amax / 127.f : 0.f;
+        int8_t tq[kQ8Block];
         int s = 0;
+#pragma omp simd reduction(+ : s)
         for (int i = 0; i < kQ8Block; ++i) {
-          const int k = b * kQ8Block + i;
-          const float rq = std::nearbyint(xt[k] * inv);  // |rq| <= 127; NaN (xs carries it): 0
+          const float rq = std::nearbyint(xb[i] * inv);  // |rq| <= 127; NaN (xs carries it): 0
           const int v = rq == rq ? int(rq) : 0;
-          const size_t at = chunk ? size_t(k / chunk * chunk + k % chunk % kpb * (chunk / kpb) + k % chunk / kpb)
-                                  : size_t(k);
-          q[at] = int8_t(v);
+          tq[i] = int8_t(v);
           s += v;
         }
         qsum[b] = s;
+        xsb[b] = sum;
+        if (chunk == 0 || kpb == 1) {
+          std::memcpy(q + k, tq, kQ8Block);
+        } else {  // column j of the chunk to (j % KPB) * (C / KPB) + j / KPB
+          int8_t* at = q + (k & ~(chunk - 1)) + ((k & (chunk - 1)) >> ks);
+          for (int r = 0; r < kpb; ++r)
+            for (int i = 0; i < kQ8Block / kpb; ++i) at[r * stride + i] = tq[i * kpb + r];
+        }
       }
       for (int g = 0; g < G; ++g) {
         float xs = 0.f, qs = 0.f;
-        for (int k = g * group_size; k < (g + 1) * group_size; ++k) xs += xt[k];
-        for (int b = g * group_size / kQ8Block; b < (g + 1) * group_size / kQ8Block; ++b)
+        for (int b = g * group_size / kQ8Block; b < (g + 1) * group_size / kQ8Block; ++b) {
+          xs += xsb[b];
           qs += d[b] * float(qsum[b]);
+        }
         buf.xs[t * ldg + size_t(g)] = xs;
         buf.xc[t * ldg + size_t(g)] = m * (xs - qs);
       }

@@ -5,7 +5,7 @@
 // x row t is rounded once per call, per block of kQ8Block = 32 columns b:
 //   d_b = max_{k in b} |x_k| / 127,  q_k = round(x_k / d_b) in [-127, 127]  (d_b = 0: q = 0),
 // and per weight group g (group_size columns, whole blocks):
-//   xs_g = sum_{k in g} x_k                      (exact float sum, for the bias term)
+//   xs_g = sum_{k in g} x_k                      (float sums by block, for the bias term)
 //   xc_g = m (xs_g - sum_{b in g} d_b sum_{k in b} q_k),   m = 2^(bits - 1) the middle code,
 // so that  sum_{k in g} (s_g c_k + b_g) x_k  ~=  s_g (sum_{b in g} d_b sum_{k in b} c_k q_k + xc_g) + b_g xs_g,
 // which is the exact sum with x_k replaced by d_b q_k in the centred term s_g (c_k - m) x_k only:
@@ -44,6 +44,7 @@ struct AffineXBuffers {
   std::vector<int8_t> q;
   std::vector<float> d, xs, xc;
   std::vector<int> qsum;  // [T][K / 32] sum_{k in b} q_k
+  std::vector<float> xsb;  // [T][K / 32] sum_{k in b} x_k
 };
 // Quantizes x [T][K] for weights of `bits` bits and groups of group_size columns, in the split
 // order of chunk C (0: plain); rows split over the pool (null: this thread).
