@@ -94,7 +94,7 @@ AffineX quantize_affine_x(const float* x, int T, int K, int bits, int group_size
     }
   };
   if (pool)
-    pool->parallel_for(size_t(T), rows, std::max<size_t>(1, size_t(16384 / K)));
+    pool->parallel_for(size_t(T), rows, std::max<size_t>(1, size_t(16384 / std::max(K, 1))));
   else
     rows(0, size_t(T));
   return AffineX{T, K, bits, chunk, buf.q.data(), buf.d.data(), buf.xs.data(), buf.xc.data(), ldq, ldd, ldg};

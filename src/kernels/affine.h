@@ -4,7 +4,7 @@
 //
 // The products for bits 2, 4 and 8 (group sizes 32, 64, 128, ...: powers of two) read the codes in place
 // and round x to int8 once per call, per block of 32 columns (kernels/affine_q8.h: the block's
-// scale d_b = max |x| / 127 and its exact float sums), so that the code term is a sum of exact
+// scale d_b = max |x| / 127 and its float sums), so that the code term is a sum of exact
 // integer products (AVX-512 VNNI vpdpbusd: unsigned codes times signed bytes):
 //   y[t][r] = bias[r] + sum_g s_g (sum_{b in g} d_b sum_{k in b} c_k q_k + xc_g) + b_g xs_g.
 // Error bound: x_k is replaced by d_b q_k in the centred term s_g (c_k - m) x_k only (m = 2^(bits-1)),
