@@ -4,11 +4,11 @@
 //
 // V provides: I (an integer register of RB bytes, L = RB / 4 int32 lanes), F (L floats); zero_i,
 // load_i (any address), load_i_n (the first n bytes, zeros after), bcst32 (one dword to every lane),
-// srl32 (shift right each lane), and_i, add_i, set1_u8; dot4 / dot8 (acc[l] += sum of the 4 byte products
-// of lane l, unsigned codes below 16 / 256 times signed int8); cvt (int32 to float), zero_f,
+// srl32 (shift right each lane), and_i, add_i, set1_u8; dot4 / dot8 (acc[l] += sum of the 4 byte
+// products of lane l, unsigned codes below 16 / 256 times signed int8); cvt (int32 to float), zero_f,
 // load_f(_n), store_f(_n), set1_f, mul, fma (a * b + c), perm (lanes of a picked by idx),
 // reduce_add; load_bf16_n / load_f16_n (the first n of 16-bit floats, as float32); GTT (rows of x
-// sharing each unpacked weight register).
+// sharing each unpacked weight register); optionally transpose_dwords (the gemm's tile packing).
 #ifndef PTLLM_AFFINE_TARGET
 #error "define PTLLM_AFFINE_TARGET before including affine_impl.h"
 #endif
@@ -89,8 +89,8 @@ struct AffineKernels {
   // ---- gemv: rows [t0, t0 + TT) of x against weight rows [r0, r1), the codes read in place -----
   // A chunk is RB bytes of a row (C = RB * KPB columns, x in the gemv's split order): unpacked into
   // KPB registers, each dotted with its RB bytes of x; lane l then holds the sum of one block of x
-  // (didx) within one group (sidx), scaled by both.
-  // Chunk c of a row (codes z, scales n from group c * C / gs) against rows [t0, t0 + TT) of x.
+  // (didx) within one group (sidx), scaled by both. gemv_chunk: chunk c (codes z, n scales from
+  // group c * C / gs on).
   template <int BITS, class Ld, int TT>
   PTLLM_AFFINE_TARGET static void gemv_chunk(const AffineX& x, int t0, I z, const void* scales, int c, int gsh, int n,
                                              I didx, I sidx, F* acc) {
