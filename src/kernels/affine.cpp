@@ -106,6 +106,7 @@ const AffineKernelTable* affine_table(AffineKernel k) {
   switch (k) {
     case AffineKernel::Portable: return affine_portable_kernels();
     case AffineKernel::AVX2: return kernel_table(SimdTarget::AVX2) ? affine_avx2_kernels() : nullptr;
+    case AffineKernel::AVX2Vnni: return kernel_table(SimdTarget::AVX2) ? affine_avx2_vnni_kernels() : nullptr;
     case AffineKernel::AVX512: return kernel_table(SimdTarget::AVX512) ? affine_avx512_kernels() : nullptr;
     case AffineKernel::AVX512Vnni: return kernel_table(SimdTarget::AVX512) ? affine_avx512_vnni_kernels() : nullptr;
   }
@@ -115,7 +116,7 @@ const AffineKernelTable* affine_table(AffineKernel k) {
 AffineKernel default_kernel() {
   switch (active_simd_target()) {
     case SimdTarget::AVX512: return affine_table(AffineKernel::AVX512Vnni) ? AffineKernel::AVX512Vnni : AffineKernel::AVX512;
-    case SimdTarget::AVX2: return AffineKernel::AVX2;
+    case SimdTarget::AVX2: return affine_table(AffineKernel::AVX2Vnni) ? AffineKernel::AVX2Vnni : AffineKernel::AVX2;
     default: return AffineKernel::Portable;
   }
 }
@@ -144,6 +145,7 @@ std::string_view affine_kernel_name(AffineKernel k) {
   switch (k) {
     case AffineKernel::Portable: return "portable";
     case AffineKernel::AVX2: return "avx2";
+    case AffineKernel::AVX2Vnni: return "avx2-vnni";
     case AffineKernel::AVX512: return "avx512";
     case AffineKernel::AVX512Vnni: return "avx512-vnni";
   }
@@ -152,7 +154,8 @@ std::string_view affine_kernel_name(AffineKernel k) {
 
 std::vector<AffineKernel> available_affine_kernels() {
   std::vector<AffineKernel> out;
-  for (AffineKernel k : {AffineKernel::Portable, AffineKernel::AVX2, AffineKernel::AVX512, AffineKernel::AVX512Vnni})
+  for (AffineKernel k : {AffineKernel::Portable, AffineKernel::AVX2, AffineKernel::AVX2Vnni, AffineKernel::AVX512,
+                         AffineKernel::AVX512Vnni})
     if (affine_table(k)) out.push_back(k);
   return out;
 }

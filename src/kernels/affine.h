@@ -34,8 +34,8 @@ void affine_dequant_row(const WeightMatrix& w, int r, float* out);
 void affine_matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool);
 
 // The SIMD kernels of the products, slowest first; the default follows kernels/simd.h's active
-// target (AVX-512: with VNNI where the CPU has it).
-enum class AffineKernel : uint8_t { Portable, AVX2, AVX512, AVX512Vnni };
+// target (AVX-512, AVX2: with VNNI where the CPU has it).
+enum class AffineKernel : uint8_t { Portable, AVX2, AVX2Vnni, AVX512, AVX512Vnni };
 enum class AffinePath : uint8_t { Auto, Gemv, Gemm };
 std::string_view affine_kernel_name(AffineKernel k);
 std::vector<AffineKernel> available_affine_kernels();

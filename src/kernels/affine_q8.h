@@ -75,6 +75,7 @@ struct AffineKernelTable {
 // nullptr where the target is not compiled in or this CPU lacks it.
 const AffineKernelTable* affine_portable_kernels();
 const AffineKernelTable* affine_avx2_kernels();
+const AffineKernelTable* affine_avx2_vnni_kernels();    // and AVX-VNNI
 const AffineKernelTable* affine_avx512_kernels();       // AVX-512 F/BW/VL/DQ, no VNNI
 const AffineKernelTable* affine_avx512_vnni_kernels();  // and VNNI
 
