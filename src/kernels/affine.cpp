@@ -129,7 +129,8 @@ constexpr size_t kGemmMaxPartRows = 512;
 // The generic product (bits 3 and 6): each row dequantized once, then dotted with every x row.
 void generic_matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool) {
   pool.parallel_for(size_t(w.rows), [&](size_t b, size_t e) {
-    std::vector<float> row(size_t(w.cols));
+    thread_local std::vector<float> row;  // a thread's, grown once
+    if (row.size() < size_t(w.cols)) row.resize(size_t(w.cols));
     for (size_t r = b; r < e; ++r) {
       affine_dequant_row(w, int(r), row.data());
       for (int t = 0; t < T; ++t)
