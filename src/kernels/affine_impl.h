@@ -157,6 +157,11 @@ struct AffineKernels {
     float scale[KC / kQ8Block][L];        // [group][row]
     float bias[KC / kQ8Block][L];
   };
+  // One tile a thread, whatever the bits and dtype (thread-local storage, no allocation).
+  static Tile& tile_buffer() {
+    static thread_local Tile t;
+    return t;
+  }
   // out[q][i] = dword q of rows[i] (null: 0), q < n: V::transpose_dwords where the target has
   // one (16 x 16 in registers), else one dword at a time.
   PTLLM_AFFINE_TARGET static void transpose_dwords(const uint8_t* const* rows, int n, uint32_t (*out)[L]) {
@@ -174,7 +179,7 @@ struct AffineKernels {
   template <int BITS, class Ld>
   PTLLM_AFFINE_TARGET static void gemm_t(const AffineX& x, const WeightMatrix& w, const float* bias, float* y, int r0,
                                          int r1) {
-    static thread_local Tile tile;
+    Tile& tile = tile_buffer();
     const size_t rb = w.row_bytes();
     const int K = w.cols, gsh = __builtin_ctz(unsigned(w.group_size)), G = K >> gsh;
     for (int jr = r0; jr < r1; jr += L) {
