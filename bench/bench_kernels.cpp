@@ -8,6 +8,9 @@
 //       (Q4_K, Q6_K, Q8_0, Q4_0) beside bf16 at the same shapes: decode (T = 1, 8), prefill (64, 256);
 //       2048x2048, 5632x2048, and kjv-small's 1376x512 and 8192x512
 //   decode/gemv_bf16, decode/read     a decode-size weight stream against a plain read of as many bytes
+//   product/{bf16,affine4,affine8}/{gemv,gemm}/<T>/<N>x<K>   matmul over bf16 weights next to the
+//       MLX-layout 4- and 8-bit products (group 64, bf16 scales; kernels/affine.h) on the same shapes
+//   decode/gemv_affine{4,8}           decode/gemv_bf16's matrices, 4- and 8-bit
 // Threads: PTLLM_BENCH_THREADS (default: all cores), for our pool and OpenBLAS alike. OpenBLAS is
 // loaded at run time (libopenblas.so.0, from libopenblas0 / libopenblas-dev); without it the
 // openblas_* benchmarks are skipped.
@@ -28,6 +31,7 @@
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 #include "kernels/ggml.h"
+#include "kernels/affine.h"
 #include "kernels/ops.h"
 #include "kernels/quant.h"
 #include "kernels/simd.h"
@@ -482,6 +486,66 @@ void register_ggml_products() {
       }
 }
 
+// ---- MLX-layout affine products next to bf16 ------------------------------------------------------
+
+// Random codes and scales (group 64, bf16 scales and biases), the matrix of N x K.
+struct AffineBench {
+  std::vector<uint32_t> codes;
+  std::vector<uint16_t> scales, biases;
+  WeightMatrix w;
+  AffineBench(int bits, int N, int K) {
+    codes.resize(size_t(N) * size_t(K) * size_t(bits) / 32);
+    std::mt19937 rng(11);
+    for (auto& c : codes) c = uint32_t(rng());
+    const auto s = random_floats(size_t(N) * size_t(K / 64), 0.001f, 0.01f);
+    scales = as_16bit(s, DType::BF16);
+    biases = as_16bit(random_floats(s.size(), -0.5f, 0.5f), DType::BF16);
+    w = affine_matrix(codes.data(), scales.data(), biases.data(), DType::BF16, bits, 64, N, K);
+  }
+};
+
+void register_affine_products() {
+  const std::pair<int, int> shapes[] = {{2048, 2048}, {5632, 2048}};
+  // gemm/8 and gemm/16 next to gemv/8 and gemv/16 say where kAffineGemvMaxT belongs (affine only:
+  // bf16's matmul takes its gemv up to T = 16).
+  const std::pair<const char*, int> runs[] = {{"gemv", 1},  {"gemv", 8},  {"gemv", 16}, {"gemm", 8},
+                                              {"gemm", 16}, {"gemm", 64}, {"gemm", 256}};
+  for (const char* fmt : {"bf16", "affine4", "affine8"})
+    for (auto [N, K] : shapes)
+      for (auto [path, T] : runs) {
+        if (std::string(fmt) == "bf16" && std::string(path) == "gemm" && T <= 16) continue;
+        const std::string name = std::string("product/") + fmt + "/" + path + "/" + std::to_string(T) + "/" +
+                                 std::to_string(N) + "x" + std::to_string(K);
+        benchmark::RegisterBenchmark(name.c_str(), [fmt = std::string(fmt), path = std::string(path), T = T, N = N,
+                                                    K = K](benchmark::State& st) {
+          auto x = random_floats(size_t(T) * size_t(K));
+          std::vector<float> y(size_t(T) * size_t(N));
+          std::vector<uint16_t> wb;
+          std::unique_ptr<AffineBench> q;
+          WeightMatrix m;
+          if (fmt == "bf16") {
+            wb = as_16bit(random_floats(size_t(N) * size_t(K), -0.05f, 0.05f), DType::BF16);
+            m = WeightMatrix{DType::BF16, wb.data(), N, K};
+          } else {
+            q = std::make_unique<AffineBench>(fmt == "affine4" ? 4 : 8, N, K);
+            m = q->w;
+          }
+          const AffinePath p = path == "gemv" ? AffinePath::Gemv : AffinePath::Gemm;
+          const AffineKernel k = available_affine_kernels().back();
+          for (auto _ : st) {
+            if (fmt == "bf16")
+              matmul(x.data(), T, m, nullptr, y.data(), pool());  // its own gemv up to T = 16, then gemm
+            else
+              affine_matmul(x.data(), T, m, nullptr, y.data(), pool(), k, p);
+            benchmark::ClobberMemory();
+          }
+          st.counters["tok/s"] = benchmark::Counter(double(T) * double(st.iterations()), benchmark::Counter::kIsRate);
+          st.counters["GB/s"] = benchmark::Counter(double(m.nbytes()) * double(st.iterations()) / 1e9,
+                                                   benchmark::Counter::kIsRate);
+        })->UseRealTime();
+      }
+}
+
 // ---- decode: a weight stream larger than any cache, against a plain read ------------------------
 
 constexpr size_t kStreamBytes = size_t(512) << 20;
@@ -509,6 +573,20 @@ void register_decode() {
     }
     st.SetBytesProcessed(int64_t(st.iterations()) * int64_t(kStreamBytes));
   })->UseRealTime()->Unit(benchmark::kMillisecond);
+  for (int bits : {4, 8})
+    benchmark::RegisterBenchmark(("decode/gemv_affine" + std::to_string(bits)).c_str(), [bits](benchmark::State& st) {
+      // decode/gemv_bf16's 16 matrices of 8192 x 2048, as codes (group 64, bf16 scales).
+      const int N = 8192, K = 2048, count = int(kStreamBytes / (size_t(N) * K * 2));
+      std::vector<std::unique_ptr<AffineBench>> ms;
+      for (int i = 0; i < count; ++i) ms.push_back(std::make_unique<AffineBench>(bits, N, K));
+      auto x = random_floats(K);
+      std::vector<float> y(N);
+      for (auto _ : st) {
+        for (const auto& m : ms) matmul(x.data(), 1, m->w, nullptr, y.data(), pool());
+        benchmark::ClobberMemory();
+      }
+      st.SetBytesProcessed(int64_t(st.iterations()) * int64_t(count) * int64_t(ms[0]->w.nbytes()));
+    })->UseRealTime()->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("decode/read", [](benchmark::State& st) {
     const size_t n = kStreamBytes / sizeof(float);
     auto buf = aligned_buffer<float>(n, 0.5f);
@@ -536,6 +614,7 @@ int main(int argc, char** argv) {
   register_prefill();
   register_products();
   register_ggml_products();
+  register_affine_products();
   register_decode();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

@@ -82,13 +82,18 @@ TEST(WeightFormatTest, ProductsOverEveryFormatMatchTheScalarTwin) {
   for (const WeightMatrix& w : {affine_matrix(codes.data(), sc.data(), bi.data(), DType::BF16, 4, 64, rows, cols),
                                 ggml_matrix(GgmlType::Q8_0, q8.data(), rows, cols)}) {
     matmul(x.data(), T, w, bias.data(), y.data(), pool);
-    matmul_ref(x.data(), T, w, bias.data(), want.data());
-    // GGML products round x to int8 per 32 values (kernels/ggml.h): |x| <= 1 moves each by at most
-    // 1 / 254, so a product by at most sum_k |w_k| / 254.
+    // Affine products round x to int8 (kernels/affine.h): their twin rounds it the same way. GGML
+    // products round x to int8 per 32 values too (kernels/ggml.h): |x| <= 1 moves each by at most
+    // 1 / 254, so a product by at most sum_k |w_k| / 254 from the float one.
     std::vector<float> row(cols), wsum(rows, 0.f);
-    for (int r = 0; r < rows && w.format == WeightFormat::Ggml; ++r) {
-      weight_row(w, r, row.data());
-      for (float v : row) wsum[size_t(r)] += std::abs(v) / 254.f;
+    if (w.format == WeightFormat::Affine) {
+      affine_matmul_q8_ref(x.data(), T, w, bias.data(), want.data());
+    } else {
+      matmul_ref(x.data(), T, w, bias.data(), want.data());
+      for (int r = 0; r < rows; ++r) {
+        weight_row(w, r, row.data());
+        for (float v : row) wsum[size_t(r)] += std::abs(v) / 254.f;
+      }
     }
     for (size_t i = 0; i < y.size(); ++i)
       ASSERT_NEAR(y[i], want[i], 1e-4f * (1 + std::abs(want[i])) + wsum[i % size_t(rows)]) << w.format_name();

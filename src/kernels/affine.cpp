@@ -1,27 +1,18 @@
 #include "kernels/affine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "core/thread_pool.h"
+#include "kernels/affine_q8.h"
 #include "kernels/ops.h"
+#include "kernels/simd.h"
 
 namespace ptllm {
-
-namespace {
-float scale_at(const void* p, DType t, size_t i) {
-  const auto* b = static_cast<const uint8_t*>(p);
-  if (t == DType::F32) {
-    float f;
-    std::memcpy(&f, b + 4 * i, 4);
-    return f;
-  }
-  uint16_t h;
-  std::memcpy(&h, b + 2 * i, 2);
-  return t == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
-}
-}  // namespace
 
 void affine_dequant_row(const WeightMatrix& w, int r, float* out) {
   const auto* row = static_cast<const uint8_t*>(w.data) + size_t(r) * w.row_bytes();
@@ -33,15 +24,113 @@ void affine_dequant_row(const WeightMatrix& w, int r, float* out) {
     std::memcpy(&v, row + bit / 8, std::min<size_t>(4, w.row_bytes() - bit / 8));
     const uint32_t code = (v >> (bit % 8)) & mask;
     const size_t g = size_t(r) * groups + size_t(k / w.group_size);
-    out[k] = scale_at(w.scales, w.dtype, g) * float(code) + scale_at(w.biases, w.dtype, g);
+    out[k] = affine_param(w.scales, w.dtype, g) * float(code) + affine_param(w.biases, w.dtype, g);
   }
 }
 
-// The generic product: each row dequantized once, then dotted with every x row. The SIMD kernels
-// that read the codes in place replace it.
-void affine_matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool) {
+AffineX quantize_affine_x(const float* x, int T, int K, int bits, int group_size, int chunk, AffineXBuffers& buf,
+                          ThreadPool* pool) {
+  PTLLM_CHECK(K % kQ8Block == 0 && group_size % kQ8Block == 0 && K % group_size == 0);
+  const int kpb = 8 / bits, G = K / group_size, nb = K / kQ8Block;
+  const size_t ldq = chunk ? size_t((K + chunk - 1) / chunk * chunk) : size_t(K);
+  const size_t ldd = ldq / kQ8Block + 16, ldg = size_t(G);
+  buf.q.assign(size_t(T) * ldq, 0);
+  buf.d.assign(size_t(T) * ldd, 0.f);
+  buf.xs.resize(size_t(T) * ldg);
+  buf.xc.resize(size_t(T) * ldg);
+  buf.qsum.resize(size_t(T) * size_t(nb));
+  buf.xsb.resize(size_t(T) * size_t(nb));
+  const float m = float(1 << (bits - 1));
+  PTLLM_CHECK(chunk == 0 || (chunk % kQ8Block == 0 && (chunk & (chunk - 1)) == 0) || kpb == 1);
+  const int ks = kpb == 4 ? 2 : kpb == 2 ? 1 : 0, stride = chunk >> ks;  // split order: C / KPB bytes a run
+  const auto rows = [&](size_t t0, size_t t1) {
+    for (size_t t = t0; t < t1; ++t) {
+      const float* xt = x + t * size_t(K);
+      int8_t* q = buf.q.data() + t * ldq;
+      float* d = buf.d.data() + t * ldd;
+      int* qsum = buf.qsum.data() + t * size_t(nb);
+      float* xsb = buf.xsb.data() + t * size_t(nb);
+      for (int b = 0; b < nb; ++b) {
+        const int k = b * kQ8Block;
+        const float* xb = xt + k;
+        float amax = 0.f, sum = 0.f;
+#pragma omp simd reduction(max : amax) reduction(+ : sum)
+        for (int i = 0; i < kQ8Block; ++i) {
+          const float a = std::fabs(xb[i]);
+          amax = amax > a ? amax : a;
+          sum += xb[i];
+        }
+        const bool some = amax > 0.f && std::isfinite(amax);
+        const float inv = some ? 127.f / amax : 0.f;
+        d[b] = some ? amax / 127.f : 0.f;
+        int8_t tq[kQ8Block];
+        int s = 0;
+#pragma omp simd reduction(+ : s)
+        for (int i = 0; i < kQ8Block; ++i) {
+          const float rq = std::nearbyint(xb[i] * inv);  // |rq| <= 127; NaN (xs carries it): 0
+          const int v = rq == rq ? int(rq) : 0;
+          tq[i] = int8_t(v);
+          s += v;
+        }
+        qsum[b] = s;
+        xsb[b] = sum;
+        if (chunk == 0 || kpb == 1) {
+          std::memcpy(q + k, tq, kQ8Block);
+        } else {  // column j of the chunk to (j % KPB) * (C / KPB) + j / KPB
+          int8_t* at = q + (k & ~(chunk - 1)) + ((k & (chunk - 1)) >> ks);
+          for (int r = 0; r < kpb; ++r)
+            for (int i = 0; i < kQ8Block / kpb; ++i) at[r * stride + i] = tq[i * kpb + r];
+        }
+      }
+      for (int g = 0; g < G; ++g) {
+        float xs = 0.f, qs = 0.f;
+        for (int b = g * group_size / kQ8Block; b < (g + 1) * group_size / kQ8Block; ++b) {
+          xs += xsb[b];
+          qs += d[b] * float(qsum[b]);
+        }
+        buf.xs[t * ldg + size_t(g)] = xs;
+        buf.xc[t * ldg + size_t(g)] = m * (xs - qs);
+      }
+    }
+  };
+  if (pool)
+    pool->parallel_for(size_t(T), rows, std::max<size_t>(1, size_t(16384 / std::max(K, 1))));
+  else
+    rows(0, size_t(T));
+  return AffineX{T, K, bits, chunk, buf.q.data(), buf.d.data(), buf.xs.data(), buf.xc.data(), ldq, ldd, ldg};
+}
+
+namespace {
+
+const AffineKernelTable* affine_table(AffineKernel k) {
+  switch (k) {
+    case AffineKernel::Portable: return affine_portable_kernels();
+    case AffineKernel::AVX2: return kernel_table(SimdTarget::AVX2) ? affine_avx2_kernels() : nullptr;
+    case AffineKernel::AVX2Vnni: return kernel_table(SimdTarget::AVX2) ? affine_avx2_vnni_kernels() : nullptr;
+    case AffineKernel::AVX512: return kernel_table(SimdTarget::AVX512) ? affine_avx512_kernels() : nullptr;
+    case AffineKernel::AVX512Vnni: return kernel_table(SimdTarget::AVX512) ? affine_avx512_vnni_kernels() : nullptr;
+  }
+  return nullptr;
+}
+
+AffineKernel default_kernel() {
+  switch (active_simd_target()) {
+    case SimdTarget::AVX512: return affine_table(AffineKernel::AVX512Vnni) ? AffineKernel::AVX512Vnni : AffineKernel::AVX512;
+    case SimdTarget::AVX2: return affine_table(AffineKernel::AVX2Vnni) ? AffineKernel::AVX2Vnni : AffineKernel::AVX2;
+    default: return AffineKernel::Portable;
+  }
+}
+
+// As ops.cpp's matmul: a gemv share holds at least this many weights (tiny models do not
+// over-split); a gemm share whole tiles, about two a thread, at most kGemmMaxPartRows rows.
+constexpr size_t kGemvMinWeightsPerThread = 32 * 1024;
+constexpr size_t kGemmMaxPartRows = 512;
+
+// The generic product (bits 3 and 6): each row dequantized once, then dotted with every x row.
+void generic_matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool) {
   pool.parallel_for(size_t(w.rows), [&](size_t b, size_t e) {
-    std::vector<float> row(size_t(w.cols));
+    thread_local std::vector<float> row;  // a thread's, grown once
+    if (row.size() < size_t(w.cols)) row.resize(size_t(w.cols));
     for (size_t r = b; r < e; ++r) {
       affine_dequant_row(w, int(r), row.data());
       for (int t = 0; t < T; ++t)
@@ -49,6 +138,58 @@ void affine_matmul(const float* x, int T, const WeightMatrix& w, const float* bi
             dot(x + size_t(t) * size_t(w.cols), row.data(), w.cols) + (bias ? bias[r] : 0.f);
     }
   });
+}
+
+}  // namespace
+
+std::string_view affine_kernel_name(AffineKernel k) {
+  switch (k) {
+    case AffineKernel::Portable: return "portable";
+    case AffineKernel::AVX2: return "avx2";
+    case AffineKernel::AVX2Vnni: return "avx2-vnni";
+    case AffineKernel::AVX512: return "avx512";
+    case AffineKernel::AVX512Vnni: return "avx512-vnni";
+  }
+  return "?";
+}
+
+std::vector<AffineKernel> available_affine_kernels() {
+  std::vector<AffineKernel> out;
+  for (AffineKernel k : {AffineKernel::Portable, AffineKernel::AVX2, AffineKernel::AVX2Vnni, AffineKernel::AVX512,
+                         AffineKernel::AVX512Vnni})
+    if (affine_table(k)) out.push_back(k);
+  return out;
+}
+
+bool affine_fast(const WeightMatrix& w) {
+  const bool pow2 = w.group_size > 0 && (w.group_size & (w.group_size - 1)) == 0;  // mlx: 32, 64, 128
+  return (w.bits == 2 || w.bits == 4 || w.bits == 8) && pow2 && w.group_size >= kQ8Block && w.cols % w.group_size == 0;
+}
+
+void affine_matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool,
+                   AffineKernel k, AffinePath path) {
+  const AffineKernelTable* kt = affine_table(k);
+  if (!kt) throw Error("affine kernel " + std::string(affine_kernel_name(k)) + " is not available on this CPU");
+  if (!affine_fast(w)) return generic_matmul(x, T, w, bias, y, pool);
+  const bool gemv = path == AffinePath::Gemv || (path == AffinePath::Auto && T <= kAffineGemvMaxT);
+  // x rounded once per call, shared by the threads.
+  thread_local AffineXBuffers buf;
+  const int chunk = gemv ? kt->reg_bytes * 8 / w.bits : kQ8Block;
+  const AffineX ax = quantize_affine_x(x, T, w.cols, w.bits, w.group_size, chunk, buf, &pool);
+  if (gemv) {
+    const size_t min_rows = kGemvMinWeightsPerThread / size_t(std::max(1, w.cols));
+    const size_t grain = std::max<size_t>(4, (min_rows + 3) / 4 * 4);
+    pool.parallel_for(size_t(w.rows), [&](size_t b, size_t e) { kt->gemv(ax, w, bias, y, int(b), int(e)); }, grain);
+  } else {
+    const size_t tr = size_t(kt->tile_rows);
+    const size_t per = std::min(kGemmMaxPartRows, (size_t(w.rows) + 2 * pool.size() - 1) / (2 * pool.size()));
+    pool.parallel_for(size_t(w.rows), [&](size_t b, size_t e) { kt->gemm(ax, w, bias, y, int(b), int(e)); },
+                      std::max(tr, (per + tr - 1) / tr * tr));
+  }
+}
+
+void affine_matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool) {
+  affine_matmul(x, T, w, bias, y, pool, default_kernel());
 }
 
 }  // namespace ptllm

@@ -1,6 +1,25 @@
 #pragma once
 // MLX-layout affine-quantized weights (kernels/weights.h, WeightFormat::Affine): the products and
 // the row dequantization, each with a scalar reference twin.
+//
+// The products for bits 2, 4 and 8 (group sizes 32, 64, 128, ...: powers of two) read the codes in place
+// and round x to int8 once per call, per block of 32 columns (kernels/affine_q8.h: the block's
+// scale d_b = max |x| / 127 and its float sums), so that the code term is a sum of exact
+// integer products (AVX-512 VNNI vpdpbusd: unsigned codes times signed bytes):
+//   y[t][r] = bias[r] + sum_g s_g (sum_{b in g} d_b sum_{k in b} c_k q_k + xc_g) + b_g xs_g.
+// Error bound: x_k is replaced by d_b q_k in the centred term s_g (c_k - m) x_k only (m = 2^(bits-1)),
+// so |y - exact| <= sum_k |s_g (c_k - m)| d_b / 2 (plus float32 rounding): relative to the term,
+// at most 1 / 254 of the block's largest |x|, as llama.cpp's Q8_0 activations.
+// - gemv (decode, small T): a row's codes streamed once, each register of codes unpacked (a shift
+//   and a mask) and dotted with x stored in the matching "split order", every row of x in turn.
+// - gemm (prefill, larger T): tiles of L rows (16 with AVX-512) x 512 columns, the packed codes
+//   transposed by dwords into a per-thread buffer (12 KiB), one weight row a lane, reused by every
+//   row of x: each lane sums a whole block of 32 columns before it is scaled.
+// Bits 3 and 6 take the generic product: each row dequantized (affine_dequant_row), then dotted.
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
 #include "kernels/weights.h"
 
 namespace ptllm {
@@ -13,5 +32,23 @@ class ThreadPool;
 void affine_dequant_row(const WeightMatrix& w, int r, float* out);
 // y[t][r] = sum_k x[t][k] * W[r][k] + bias[r], as ops.h's matmul (which forwards here).
 void affine_matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool);
+
+// The SIMD kernels of the products, slowest first; the default follows kernels/simd.h's active
+// target (AVX-512, AVX2: with VNNI where the CPU has it).
+enum class AffineKernel : uint8_t { Portable, AVX2, AVX2Vnni, AVX512, AVX512Vnni };
+enum class AffinePath : uint8_t { Auto, Gemv, Gemm };
+std::string_view affine_kernel_name(AffineKernel k);
+std::vector<AffineKernel> available_affine_kernels();
+// Rows of x up to which Auto takes the gemv.
+constexpr int kAffineGemvMaxT = 8;
+// affine_matmul through kernel k and the given path (tests, benchmarks). Throws ptllm::Error if k
+// is not available.
+void affine_matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool,
+                   AffineKernel k, AffinePath path = AffinePath::Auto);
+// Whether the fast products take w (bits 2, 4, 8; group size a power of two, at least 32).
+bool affine_fast(const WeightMatrix& w);
+
+// Scalar twin of the fast products (plain loops, double sums): the same int8 x and integer sums.
+void affine_matmul_q8_ref(const float* x, int T, const WeightMatrix& w, const float* bias, float* y);
 
 }  // namespace ptllm

@@ -11,9 +11,12 @@
 #include <dirent.h>
 #include <new>
 #include <thread>
+#include <vector>
 
 #include "core/thread_pool.h"
 #include "engine/session.h"
+#include "kernels/ops.h"
+#include "kernels/weights.h"
 #include "sample/sampler.h"
 #include "test_util.h"
 
@@ -141,6 +144,23 @@ INSTANTIATE_TEST_SUITE_P(Caches, DecodeAllocTest,
                                            Case{"sliding_fp32", KVPrecision::F32, 0, 0, 1, "mistral-swa-tiny", true},
                                            Case{"sliding_int4_2threads", KVPrecision::Int4, 0, 0, 2, "mistral-swa-tiny", true}),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// The MLX-layout affine products (kernels/affine.h) size their int8 x and tiles once: after a first
+// call of each shape, decode-sized (gemv) and prefill-sized (gemm) calls allocate nothing.
+TEST(AffineAllocTest, ProductsAllocateNothingAfterTheFirstCall) {
+  const int rows = 96, cols = 256, T = 24;
+  std::vector<uint32_t> codes(size_t(rows) * cols * 4 / 32, 0x76543210u);
+  std::vector<uint16_t> sc(size_t(rows) * cols / 64, 0x3c00), bi(sc.size(), 0);  // f16 1.0, 0.0
+  const WeightMatrix w = affine_matrix(codes.data(), sc.data(), bi.data(), DType::F16, 4, 64, rows, cols);
+  std::vector<float> x(size_t(T) * cols, 0.5f), y(size_t(T) * rows);
+  ThreadPool pool(1);
+  for (int t : {1, T}) matmul(x.data(), t, w, nullptr, y.data(), pool);
+  const long before = g_news.load();
+  for (int i = 0; i < 20; ++i)
+    for (int t : {1, 4, T}) matmul(x.data(), t, w, nullptr, y.data(), pool);
+  EXPECT_EQ(g_news.load() - before, 0) << "allocations in 60 affine products";
+  EXPECT_NEAR(y[0], 0.5f * 32 * (0 + 1 + 2 + 3 + 4 + 5 + 6 + 7), 1e-3f) << "the product ran";
+}
 
 }  // namespace
 }  // namespace ptllm

@@ -1,0 +1,17 @@
+// The affine products for AVX-512 with VNNI (kernels/affine_avx512.h): Ice Lake, Zen 4 and later.
+#define PTLLM_AFFINE_VNNI 1
+#include "kernels/affine_avx512.h"
+
+namespace ptllm {
+#if defined(__x86_64__)
+namespace {
+constexpr AffineKernelTable kTable = AffineKernels<Avx512Affine>::table("avx512-vnni");
+}
+const AffineKernelTable* affine_avx512_vnni_kernels() {
+  static const bool ok = affine_avx512_kernels() && __builtin_cpu_supports("avx512vnni");
+  return ok ? &kTable : nullptr;
+}
+#else
+const AffineKernelTable* affine_avx512_vnni_kernels() { return nullptr; }
+#endif
+}  // namespace ptllm

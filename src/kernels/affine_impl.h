@@ -1,0 +1,311 @@
+// The affine (MLX-layout) products written once over a traits type V and compiled once per SIMD
+// target (affine_<target>.cpp define PTLLM_AFFINE_TARGET and V, then include this file; everything
+// here has internal linkage). Layouts and error bound: kernels/affine.h.
+//
+// V provides: I (an integer register of RB bytes, L = RB / 4 int32 lanes), F (L floats); zero_i,
+// load_i (any address), load_i_n (the first n bytes, zeros after), bcst32 (one dword to every lane),
+// srl32 (shift right each lane), and_i, add_i, set1_u8; dot4 / dot8 (acc[l] += sum of the 4 byte
+// products of lane l, unsigned codes below 16 / 256 times signed int8); cvt (int32 to float), zero_f,
+// load_f(_n), store_f(_n), set1_f, mul, fma (a * b + c), perm (lanes of a picked by idx),
+// reduce_add; load_bf16_n / load_f16_n (the first n of 16-bit floats, as float32); GTT (rows of x
+// sharing each unpacked weight register); optionally transpose_dwords (the gemm's tile packing).
+#ifndef PTLLM_AFFINE_TARGET
+#error "define PTLLM_AFFINE_TARGET before including affine_impl.h"
+#endif
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "core/dtype.h"
+#include "kernels/affine_q8.h"
+
+namespace ptllm {
+namespace {
+
+#if defined(__clang__)
+#define PTLLM_AFFINE_UNROLL _Pragma("unroll")
+#else
+#define PTLLM_AFFINE_UNROLL _Pragma("GCC unroll 16")
+#endif
+
+template <class V>
+struct AffineKernels {
+  using I = typename V::I;
+  using F = typename V::F;
+  static constexpr int RB = V::RB, L = RB / 4, GTT = V::GTT;
+  // gemm: columns of a packed weight tile (a tile: L weight rows, one a lane).
+  static constexpr int KC = 512;
+
+  // Scales and biases of a row by group index, as float32.
+  struct LdF32 {
+    PTLLM_AFFINE_TARGET static F load_n(const void* p, size_t i, int n) {
+      return V::load_f_n(static_cast<const float*>(p) + i, n);
+    }
+  };
+  struct LdBF16 {
+    PTLLM_AFFINE_TARGET static F load_n(const void* p, size_t i, int n) {
+      return V::load_bf16_n(static_cast<const uint16_t*>(p) + i, n);
+    }
+  };
+  struct LdF16 {
+    PTLLM_AFFINE_TARGET static F load_n(const void* p, size_t i, int n) {
+      return V::load_f16_n(static_cast<const uint16_t*>(p) + i, n);
+    }
+  };
+
+  template <int BITS>
+  PTLLM_AFFINE_TARGET static I dot(I acc, I codes, I q) {
+    if constexpr (BITS == 8)
+      return V::dot8(acc, codes, q);
+    else
+      return V::dot4(acc, codes, q);
+  }
+  // A register of packed codes -> KPB registers of one code a byte: u[s] holds the codes at bits
+  // [s * BITS, (s + 1) * BITS) of each byte (affine_q8.h, "split order").
+  template <int BITS>
+  PTLLM_AFFINE_TARGET static void unpack(I z, I* u) {
+    if constexpr (BITS == 8) {
+      u[0] = z;
+    } else {
+      const I m = V::set1_u8(uint8_t((1u << BITS) - 1u));
+      PTLLM_AFFINE_UNROLL for (int s = 0; s < 8 / BITS; ++s) u[s] = V::and_i(s == 0 ? z : V::srl32(z, BITS * s), m);
+    }
+  }
+  // sum_g s_g xc_g + b_g xs_g over the row's groups, added lane-wise to acc (affine_q8.h).
+  template <class Ld>
+  PTLLM_AFFINE_TARGET static F group_terms(const WeightMatrix& w, int G, int r, const float* xs, const float* xc,
+                                           F acc) {
+    for (int g = 0; g < G; g += L) {
+      const int n = std::min(L, G - g);
+      const size_t i = size_t(r) * size_t(G) + size_t(g);
+      acc = V::fma(Ld::load_n(w.scales, i, n), V::load_f_n(xc + g, n),
+                   V::fma(Ld::load_n(w.biases, i, n), V::load_f_n(xs + g, n), acc));
+    }
+    return acc;
+  }
+
+  // ---- gemv: rows [t0, t0 + TT) of x against weight rows [r0, r1), the codes read in place -----
+  // A chunk is RB bytes of a row (C = RB * KPB columns, x in the gemv's split order): unpacked into
+  // KPB registers, each dotted with its RB bytes of x; lane l then holds the sum of one block of x
+  // (didx) within one group (sidx), scaled by both. gemv_chunk: chunk c (codes z, n scales from
+  // group c * C / gs on).
+  template <int BITS, class Ld, int TT>
+  PTLLM_AFFINE_TARGET static void gemv_chunk(const AffineX& x, int t0, I z, const void* scales, int c, int gsh, int n,
+                                             I didx, I sidx, F* acc) {
+    constexpr int KPB = 8 / BITS, C = RB * KPB;
+    I u[KPB];
+    unpack<BITS>(z, u);
+    const F sl = V::perm(Ld::load_n(scales, size_t(c * C) >> gsh, n), sidx);
+    PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
+      const int8_t* q = x.q + size_t(t0 + t) * x.ldq + size_t(c) * C;
+      I ai = V::zero_i();
+      PTLLM_AFFINE_UNROLL for (int s = 0; s < KPB; ++s) ai = dot<BITS>(ai, u[s], V::load_i(q + s * RB));
+      const F dl = V::perm(V::load_f(x.d + size_t(t0 + t) * x.ldd + size_t(c * C / kQ8Block)), didx);
+      acc[t] = V::fma(V::cvt(ai), V::mul(dl, sl), acc[t]);
+    }
+  }
+  template <int BITS, class Ld, int TT>
+  PTLLM_AFFINE_TARGET static void gemv_rows(const AffineX& x, int t0, const WeightMatrix& w, const float* bias,
+                                            float* y, int r0, int r1) {
+    constexpr int KPB = 8 / BITS, C = RB * KPB;
+    const size_t rb = w.row_bytes();
+    const int full = int(rb / RB), gs = w.group_size, gsh = __builtin_ctz(unsigned(gs)), G = w.cols >> gsh;
+    alignas(64) int32_t di[L], si[L];
+    for (int l = 0; l < L; ++l) di[l] = 4 * KPB * l / kQ8Block, si[l] = (4 * KPB * l) >> gsh;
+    const I didx = V::load_i(di), sidx = V::load_i(si);
+    const int ng = std::max(1, C >> gsh);  // groups a chunk spans
+    for (int r = r0; r < r1; ++r) {
+      const uint8_t* row = static_cast<const uint8_t*>(w.data) + size_t(r) * rb;
+      const void* sc = static_cast<const char*>(w.scales) + size_t(r) * size_t(G) * dtype_size(w.dtype);
+      F acc[TT];
+      PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) acc[t] = V::zero_f();
+      for (int c = 0; c < full; ++c) {
+        const uint8_t* p = row + size_t(c) * RB;
+        PTLLM_AFFINE_UNROLL for (int b = 0; b < RB; b += 64) __builtin_prefetch(p + b + kAhead);
+        gemv_chunk<BITS, Ld, TT>(x, t0, V::load_i(p), sc, c, gsh, ng, didx, sidx, acc);
+      }
+      if (size_t(full) * RB < rb) {  // a last, narrower chunk
+        const int g0 = (full * C) >> gsh;
+        gemv_chunk<BITS, Ld, TT>(x, t0, V::load_i_n(row + size_t(full) * RB, int(rb - size_t(full) * RB)), sc, full, gsh,
+                                 std::min(ng, G - g0), didx, sidx, acc);
+      }
+      PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
+        const size_t xt = size_t(t0 + t) * x.ldg;
+        const F a = group_terms<Ld>(w, G, r, x.xs + xt, x.xc + xt, acc[t]);
+        y[size_t(t0 + t) * size_t(w.rows) + size_t(r)] = V::reduce_add(a) + (bias ? bias[r] : 0.f);
+      }
+    }
+  }
+  template <int BITS, class Ld>
+  PTLLM_AFFINE_TARGET static void gemv_t(const AffineX& x, const WeightMatrix& w, const float* bias, float* y, int r0,
+                                         int r1) {
+    int t = 0;
+    for (; t + GTT <= x.T; t += GTT) gemv_rows<BITS, Ld, GTT>(x, t, w, bias, y, r0, r1);
+    for (; t + 2 <= x.T; t += 2) gemv_rows<BITS, Ld, 2>(x, t, w, bias, y, r0, r1);
+    if (t < x.T) gemv_rows<BITS, Ld, 1>(x, t, w, bias, y, r0, r1);
+  }
+
+  // ---- gemm: tiles of L weight rows x KC columns, one row a lane, reused by every row of x -------
+  // The tile holds the packed codes as stored, transposed by dwords: tile[q][i] = dword q of the
+  // tile's columns of row i (a thread's L1-sized buffer, never more). A block of 32 columns is
+  // BITS dwords a row; each, unpacked, meets one dword of x broadcast (x in the per-block split
+  // order, chunk 32), so lane i sums a whole block of row i: one scaling per block and row of x.
+  struct alignas(64) Tile {
+    uint32_t code[KC / kQ8Block * 8][L];  // [dword][row]
+    float scale[KC / kQ8Block][L];        // [group][row]
+    float bias[KC / kQ8Block][L];
+  };
+  // One tile a thread, whatever the bits and dtype (thread-local storage, no allocation).
+  static Tile& tile_buffer() {
+    static thread_local Tile t;
+    return t;
+  }
+  // out[q][i] = dword q of rows[i] (null: 0), q < n: V::transpose_dwords where the target has
+  // one (16 x 16 in registers), else one dword at a time.
+  PTLLM_AFFINE_TARGET static void transpose_dwords(const uint8_t* const* rows, int n, uint32_t (*out)[L]) {
+    if constexpr (requires { V::transpose_dwords(rows, n, out); }) {
+      V::transpose_dwords(rows, n, out);
+    } else {
+      for (int i = 0; i < L; ++i)
+        for (int q = 0; q < n; ++q) {
+          uint32_t v = 0;
+          if (rows[i]) std::memcpy(&v, rows[i] + 4 * q, 4);
+          out[q][i] = v;
+        }
+    }
+  }
+  template <int BITS, class Ld>
+  PTLLM_AFFINE_TARGET static void gemm_t(const AffineX& x, const WeightMatrix& w, const float* bias, float* y, int r0,
+                                         int r1) {
+    Tile& tile = tile_buffer();
+    const size_t rb = w.row_bytes();
+    const int K = w.cols, gsh = __builtin_ctz(unsigned(w.group_size)), G = K >> gsh;
+    for (int jr = r0; jr < r1; jr += L) {
+      const int nr = std::min(L, r1 - jr);
+      for (int k0 = 0; k0 < K; k0 += KC) {
+        const int kc = std::min(KC, K - k0), nq = kc / kQ8Block * BITS, ng = kc >> gsh;
+        const uint8_t* rows[L];  // rows past nr: null (zeros)
+        for (int i = 0; i < L; ++i)
+          rows[i] = i < nr ? static_cast<const uint8_t*>(w.data) + size_t(jr + i) * rb + size_t(k0) * BITS / 8 : nullptr;
+        transpose_dwords(rows, nq, tile.code);
+        // Scales and biases: each row's as float32 (L groups at a time), then transposed the same way.
+        for (int g = 0; g < ng; g += L) {
+          const int n = std::min(L, ng - g);
+          alignas(64) float s[L][L], b[L][L];
+          const uint8_t *sr[L], *br[L];
+          for (int i = 0; i < L; ++i) {
+            const size_t at = size_t(jr + std::min(i, nr - 1)) * size_t(G) + size_t((k0 >> gsh) + g);
+            V::store_f(s[i], Ld::load_n(w.scales, at, n));
+            V::store_f(b[i], Ld::load_n(w.biases, at, n));
+            sr[i] = i < nr ? reinterpret_cast<const uint8_t*>(s[i]) : nullptr;
+            br[i] = i < nr ? reinterpret_cast<const uint8_t*>(b[i]) : nullptr;
+          }
+          transpose_dwords(sr, n, reinterpret_cast<uint32_t(*)[L]>(tile.scale[g]));
+          transpose_dwords(br, n, reinterpret_cast<uint32_t(*)[L]>(tile.bias[g]));
+        }
+        int t = 0;
+        for (; t + GTT <= x.T; t += GTT) gemm_block<BITS, GTT>(tile, x, t, w, bias, y, jr, nr, k0, kc);
+        for (; t < x.T; ++t) gemm_block<BITS, 1>(tile, x, t, w, bias, y, jr, nr, k0, kc);
+      }
+    }
+  }
+  // Rows [t0, t0 + TT) of x against the packed tile (columns [k0, k0 + kc)): y's tile columns get
+  // the block sums and the group terms, and, with the first columns, the bias.
+  template <int BITS, int TT>
+  PTLLM_AFFINE_TARGET static void gemm_block(const Tile& tile, const AffineX& x, int t0, const WeightMatrix& w,
+                                             const float* bias, float* y, int jr, int nr, int k0, int kc) {
+    constexpr int KPB = 8 / BITS, DPB = BITS;  // codes a byte, dwords a block
+    const int gsh = __builtin_ctz(unsigned(w.group_size)), nb = kc / kQ8Block;
+    F acc[TT];
+    PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) acc[t] = V::zero_f();
+    for (int b = 0; b < nb; ++b) {
+      I u[KPB * DPB];  // u[s * DPB + q]: dword q of the block, the codes at bit s * BITS of each byte
+      PTLLM_AFFINE_UNROLL for (int q = 0; q < DPB; ++q) {
+        I v[KPB];
+        unpack<BITS>(V::load_i(tile.code[b * DPB + q]), v);
+        PTLLM_AFFINE_UNROLL for (int s = 0; s < KPB; ++s) u[s * DPB + q] = v[s];
+      }
+      const F sv = V::load_f(tile.scale[(b * kQ8Block) >> gsh]);
+      PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
+        const int8_t* q = x.q + size_t(t0 + t) * x.ldq + size_t(k0 + b * kQ8Block);
+        I a0 = V::zero_i(), a1 = V::zero_i();  // two chains of 4
+        PTLLM_AFFINE_UNROLL for (int j = 0; j < KPB * DPB; j += 2) {
+          a0 = dot<BITS>(a0, u[j], V::bcst32(q + 4 * j));
+          a1 = dot<BITS>(a1, u[j + 1], V::bcst32(q + 4 * j + 4));
+        }
+        const I ai = V::add_i(a0, a1);
+        const float d = x.d[size_t(t0 + t) * x.ldd + size_t(k0 / kQ8Block + b)];
+        acc[t] = V::fma(V::cvt(ai), V::mul(sv, V::set1_f(d)), acc[t]);
+      }
+    }
+    const int g0 = k0 >> gsh;
+    for (int g = 0; g < kc >> gsh; ++g) {
+      const F sv = V::load_f(tile.scale[g]), bv = V::load_f(tile.bias[g]);
+      PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
+        const size_t xt = size_t(t0 + t) * x.ldg + size_t(g0 + g);
+        acc[t] = V::fma(sv, V::set1_f(x.xc[xt]), V::fma(bv, V::set1_f(x.xs[xt]), acc[t]));
+      }
+    }
+    PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
+      float* yt = y + size_t(t0 + t) * size_t(w.rows) + size_t(jr);
+      const F before = k0 > 0 ? V::load_f_n(yt, nr) : bias ? V::load_f_n(bias + jr, nr) : V::zero_f();
+      const F a = V::add(acc[t], before);
+      if (nr == L)
+        V::store_f(yt, a);
+      else
+        V::store_f_n(yt, a, nr);
+    }
+  }
+
+  // By bits (2, 4, 8) and the scales' dtype.
+  template <template <int, class> class Fn>
+  PTLLM_AFFINE_TARGET static void by_format(const AffineX& x, const WeightMatrix& w, const float* bias, float* y,
+                                            int r0, int r1) {
+    switch (w.dtype) {
+      case DType::BF16: return by_bits<Fn, LdBF16>(x, w, bias, y, r0, r1);
+      case DType::F16: return by_bits<Fn, LdF16>(x, w, bias, y, r0, r1);
+      default: return by_bits<Fn, LdF32>(x, w, bias, y, r0, r1);
+    }
+  }
+  template <template <int, class> class Fn, class Ld>
+  PTLLM_AFFINE_TARGET static void by_bits(const AffineX& x, const WeightMatrix& w, const float* bias, float* y,
+                                          int r0, int r1) {
+    switch (w.bits) {
+      case 8: return Fn<8, Ld>::run(x, w, bias, y, r0, r1);
+      case 4: return Fn<4, Ld>::run(x, w, bias, y, r0, r1);
+      default: return Fn<2, Ld>::run(x, w, bias, y, r0, r1);
+    }
+  }
+  template <int BITS, class Ld>
+  struct Gemv {
+    PTLLM_AFFINE_TARGET static void run(const AffineX& x, const WeightMatrix& w, const float* bias, float* y, int r0,
+                                        int r1) {
+      gemv_t<BITS, Ld>(x, w, bias, y, r0, r1);
+    }
+  };
+  template <int BITS, class Ld>
+  struct Gemm {
+    PTLLM_AFFINE_TARGET static void run(const AffineX& x, const WeightMatrix& w, const float* bias, float* y, int r0,
+                                        int r1) {
+      gemm_t<BITS, Ld>(x, w, bias, y, r0, r1);
+    }
+  };
+  PTLLM_AFFINE_TARGET static void gemv(const AffineX& x, const WeightMatrix& w, const float* bias, float* y, int r0,
+                                       int r1) {
+    by_format<Gemv>(x, w, bias, y, r0, r1);
+  }
+  PTLLM_AFFINE_TARGET static void gemm(const AffineX& x, const WeightMatrix& w, const float* bias, float* y, int r0,
+                                       int r1) {
+    by_format<Gemm>(x, w, bias, y, r0, r1);
+  }
+  static constexpr AffineKernelTable table(const char* name) { return AffineKernelTable{name, RB, L, gemv, gemm}; }
+
+  static constexpr size_t kAhead = 4096;  // the weight stream asked for this far ahead (as the bf16 gemv)
+};
+
+#undef PTLLM_AFFINE_UNROLL
+
+}  // namespace
+}  // namespace ptllm

@@ -1,0 +1,197 @@
+// The affine (MLX-layout) products of kernels/affine.h: every SIMD kernel against the scalar twin
+// (the same int8 x, so the same integer sums), on awkward sizes, both paths, every bits / group /
+// scale dtype; and the twin against the exact product within the activation rounding's bound.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/thread_pool.h"
+#include "kernels/affine.h"
+#include "kernels/affine_q8.h"
+#include "kernels/ops.h"
+
+namespace ptllm {
+namespace {
+
+// A random affine matrix as mlx writes one: codes uniform, scales of either sign, biases about
+// -m * scale (weights centred on 0), stored as `dt`.
+struct Affine {
+  std::vector<uint32_t> codes;
+  std::vector<uint8_t> scales, biases;
+  WeightMatrix w;
+  Affine(int rows, int cols, int bits, int gs, DType dt, unsigned seed) {
+    std::mt19937 rng(seed);
+    codes.resize(size_t(rows) * size_t(cols) * size_t(bits) / 32);
+    for (auto& c : codes) c = uint32_t(rng());
+    const size_t G = size_t(rows) * size_t(cols / gs), es = dt == DType::F32 ? 4 : 2;
+    scales.resize(G * es);
+    biases.resize(G * es);
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    const float m = float(1 << (bits - 1));
+    for (size_t g = 0; g < G; ++g) {
+      const float s = 0.02f * u(rng), b = -m * s + 0.01f * u(rng);
+      store_as_ref(&s, scales.data() + g * es, dt, 1);
+      store_as_ref(&b, biases.data() + g * es, dt, 1);
+    }
+    w = affine_matrix(codes.data(), scales.data(), biases.data(), dt, bits, gs, rows, cols);
+  }
+};
+
+std::vector<float> random_x(int T, int K, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> n(0.f, 1.f);
+  std::vector<float> x(size_t(T) * size_t(K));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = n(rng) * (i % 97 == 0 ? 8.f : 1.f);  // a few outliers
+  return x;
+}
+
+// sum_k |W[r][k] x[t][k]|: the scale of float32 rounding in any order of the sums.
+std::vector<double> magnitude(const float* x, int T, const WeightMatrix& w) {
+  std::vector<double> out(size_t(T) * size_t(w.rows));
+  std::vector<float> row(size_t(w.cols));
+  for (int r = 0; r < w.rows; ++r) {
+    affine_dequant_row(w, r, row.data());
+    for (int t = 0; t < T; ++t) {
+      double s = 0;
+      for (int k = 0; k < w.cols; ++k) s += std::fabs(double(row[size_t(k)]) * x[size_t(t) * size_t(w.cols) + size_t(k)]);
+      out[size_t(t) * size_t(w.rows) + size_t(r)] = s;
+    }
+  }
+  return out;
+}
+
+std::string name_of(const WeightMatrix& w, int T) {
+  return w.format_name() + " " + std::to_string(w.rows) + "x" + std::to_string(w.cols) + " T=" + std::to_string(T);
+}
+
+// Every kernel, both paths, against the twin: the integer sums are exact, so only float32 rounding
+// of the scaled sums differs (a few ulps of the magnitude).
+TEST(AffineKernelTest, EveryKernelAndPathMatchesTheScalarTwin) {
+  ThreadPool pool(3);
+  const auto kernels = available_affine_kernels();
+  ASSERT_FALSE(kernels.empty());
+  unsigned seed = 1;
+  for (int bits : {2, 4, 8})
+    for (int gs : {32, 64, 128})
+      for (DType dt : {DType::BF16, DType::F16, DType::F32})
+        // rows: not a multiple of any tile; cols: one group, and several groups that end part way
+        // through a gemv chunk (the gemm's 512-column tiles too, for the widest).
+        for (auto [rows, cols] : {std::pair{3, gs}, std::pair{37, 5 * gs}, std::pair{19, 5 * 128 + gs}}) {
+          const Affine a(rows, cols, bits, gs, dt, ++seed);
+          std::vector<float> bias(static_cast<size_t>(rows));
+          for (size_t i = 0; i < bias.size(); ++i) bias[i] = 0.1f * float(i % 7) - 0.3f;
+          for (int T = 1; T <= 20; T += (rows == 37 ? 1 : 3)) {
+            const auto x = random_x(T, cols, seed * 31 + unsigned(T));
+            std::vector<float> want(size_t(T) * size_t(rows)), y(want.size());
+            affine_matmul_q8_ref(x.data(), T, a.w, bias.data(), want.data());
+            const auto mag = magnitude(x.data(), T, a.w);
+            for (AffineKernel k : kernels)
+              for (AffinePath p : {AffinePath::Gemv, AffinePath::Gemm}) {
+                std::fill(y.begin(), y.end(), NAN);
+                affine_matmul(x.data(), T, a.w, bias.data(), y.data(), pool, k, p);
+                for (size_t i = 0; i < y.size(); ++i)
+                  ASSERT_NEAR(y[i], want[i], 2e-6 * (mag[i] + 1.0))
+                      << name_of(a.w, T) << " " << affine_kernel_name(k) << (p == AffinePath::Gemv ? " gemv" : " gemm")
+                      << " at " << i;
+              }
+          }
+        }
+}
+
+// The twin against the exact product (matmul_ref: the dequantized weights, x unrounded): within
+// kernels/affine.h's bound, sum_k |s_g (c_k - m)| d_b / 2 with d_b = max_b |x| / 127; and ops.h's
+// matmul takes the same path as affine_matmul.
+TEST(AffineKernelTest, ErrorWithinTheActivationRoundingBound) {
+  ThreadPool pool(2);
+  const int rows = 29, T = 7;
+  for (int bits : {2, 4, 8})
+    for (int gs : {32, 128}) {
+      const int cols = 4 * gs;
+      const Affine a(rows, cols, bits, gs, DType::BF16, unsigned(bits * 100 + gs));
+      const auto x = random_x(T, cols, 5);
+      std::vector<float> got(size_t(T) * rows), exact(got.size()), viaops(got.size());
+      affine_matmul_q8_ref(x.data(), T, a.w, nullptr, got.data());
+      matmul_ref(x.data(), T, a.w, nullptr, exact.data());
+      matmul(x.data(), T, a.w, nullptr, viaops.data(), pool);
+      std::vector<float> fast(got.size());
+      affine_matmul(x.data(), T, a.w, nullptr, fast.data(), pool);
+      const auto mag = magnitude(x.data(), T, a.w);
+      const int G = cols / gs;
+      const float m = float(1 << (bits - 1));
+      double worst = 0;
+      for (int t = 0; t < T; ++t)
+        for (int r = 0; r < rows; ++r) {
+          double bound = 0;
+          for (int k = 0; k < cols; ++k) {
+            const int bit = k * bits;
+            const int c = (reinterpret_cast<const uint8_t*>(a.codes.data()) + size_t(r) * a.w.row_bytes())[bit / 8] >>
+                              (bit % 8) & ((1 << bits) - 1);
+            const float s = affine_param(a.w.scales, DType::BF16, size_t(r) * G + size_t(k / gs));
+            float amax = 0;
+            for (int i = k / 32 * 32; i < k / 32 * 32 + 32; ++i) amax = std::max(amax, std::fabs(x[size_t(t) * cols + i]));
+            bound += std::fabs(s * (float(c) - m)) * amax / 254.0;
+          }
+          const size_t i = size_t(t) * rows + size_t(r);
+          bound += 1e-5 * (mag[i] + 1.0);
+          EXPECT_LE(std::fabs(double(got[i]) - exact[i]), bound) << bits << " bits g" << gs << " at " << i;
+          EXPECT_EQ(viaops[i], fast[i]) << "matmul forwards to affine_matmul";
+          worst = std::max(worst, std::fabs(double(got[i]) - exact[i]) / bound);
+        }
+      EXPECT_GT(worst, 0.0) << "the int8 x rounds (a twin equal to the exact product would be suspect)";
+    }
+}
+
+// x's split order: column j of a chunk of C at (j % KPB) * (C / KPB) + j / KPB; per block of 32
+// the scale max |x| / 127, q = round(x / d); the group sums as affine_q8.h defines them.
+TEST(AffineKernelTest, QuantizedXLayoutAndSums) {
+  const int K = 96, gs = 32;  // a chunk of 64 and a half-filled one
+  std::vector<float> x(K);
+  for (int k = 0; k < K; ++k) x[size_t(k)] = float(k % 32) - 10.f + (k >= 64 ? 0.25f : 0.f);
+  AffineXBuffers buf;
+  const AffineX ax = quantize_affine_x(x.data(), 1, K, 4, gs, 64, buf, nullptr);
+  EXPECT_EQ(ax.ldq, 128u);
+  for (int b = 0; b < 3; ++b) EXPECT_FLOAT_EQ(ax.d[b], (b == 2 ? 21.25f : 21.f) / 127.f) << b;
+  for (int k = 0; k < K; ++k) {
+    const int j = k % 64, at = k / 64 * 64 + (j % 2) * 32 + j / 2;
+    EXPECT_EQ(ax.q[at], int8_t(std::nearbyint(x[size_t(k)] / ax.d[k / 32]))) << k;
+  }
+  for (int at = 64; at < 128; ++at) {  // the second chunk holds 32 columns: positions 0-15 and 32-47
+    if ((at - 64) % 32 >= 16) {
+      EXPECT_EQ(ax.q[at], 0) << "padding at " << at;
+    }
+  }
+  for (int g = 0; g < 3; ++g) {
+    float xs = 0, qs = 0;
+    for (int k = g * 32; k < g * 32 + 32; ++k) xs += x[size_t(k)];
+    for (int k = g * 32; k < g * 32 + 32; ++k) qs += float(std::nearbyint(x[size_t(k)] / ax.d[g]));
+    EXPECT_FLOAT_EQ(ax.xs[g], xs);
+    EXPECT_NEAR(ax.xc[g], 8.f * (xs - ax.d[g] * qs), 1e-4f);
+  }
+}
+
+// Bits 3 and 6 (and group sizes the fast path does not take) keep the generic product: exact.
+TEST(AffineKernelTest, OtherBitsTakeTheGenericProduct) {
+  ThreadPool pool(2);
+  for (auto [bits, gs] : {std::pair{3, 64}, std::pair{6, 64}, std::pair{4, 96}}) {
+    const int rows = 11, cols = 192, T = 3;
+    std::vector<uint32_t> codes(size_t(rows) * cols * bits / 32);
+    std::mt19937 rng(3);
+    for (auto& c : codes) c = uint32_t(rng());
+    std::vector<uint16_t> sc(size_t(rows) * 3, f32_to_bf16(0.05f)), bi(size_t(rows) * 3, f32_to_bf16(-0.3f));
+    const WeightMatrix w = affine_matrix(codes.data(), sc.data(), bi.data(), DType::BF16, bits, gs, rows, cols);
+    EXPECT_FALSE(affine_fast(w));
+    const auto x = random_x(T, cols, 9);
+    std::vector<float> y(size_t(T) * rows), want(y.size());
+    matmul(x.data(), T, w, nullptr, y.data(), pool);
+    matmul_ref(x.data(), T, w, nullptr, want.data());
+    for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y[i], want[i], 1e-4f * (1 + std::fabs(want[i]))) << bits << " bits g" << gs;
+  }
+}
+
+}  // namespace
+}  // namespace ptllm
