@@ -104,7 +104,8 @@ int run_serve(ServeArgs& a) {
   sc.prefill_chunk = a.prefill_chunk;
   sc.eos_ids = stop_token_ids(dir, rt.config(), rt.tokenizer());
   a.http.render_chat = chat_renderer(dir, a.chat);
-  a.http.model_name = a.alias.empty() ? dir.filename().string() : a.alias;
+  // The directory's name, or a .gguf file's without the extension.
+  a.http.model_name = !a.alias.empty() ? a.alias : rt.model().gguf() ? dir.stem().string() : dir.filename().string();
   a.http.max_body_bytes = size_t(a.max_body_mb) << 20;
   Scheduler scheduler(rt, sc);
   server::HttpServer srv(rt, scheduler, a.http);

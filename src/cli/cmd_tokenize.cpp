@@ -13,6 +13,7 @@
 #include "cli/options.h"
 #include "core/error.h"
 #include "core/file_io.h"
+#include "engine/runtime.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ptllm::cli {
@@ -88,7 +89,7 @@ int run_tokenize(const TokenizeArgs& a) {
   if (!decoding && a.keep_special) throw UsageError("--keep-special goes with --decode");
 
   if (a.path.empty()) throw UsageError("give the model directory or tokenizer.json: tokenize PATH, or -m PATH");
-  const Tokenizer tok = Tokenizer::load(a.path);
+  const Tokenizer tok = load_tokenizer(a.path);
   EncodeOptions opts;
   opts.add_special = !a.no_special;
   opts.parse_special = !a.no_parse_special;
