@@ -42,7 +42,9 @@ chat_json parse_kwargs(const std::string& text) {
 
 // A GGUF file's tokenizer_config.json equivalent: tokenizer.chat_template and the special tokens.
 chat::Json gguf_config(const fs::path& file) {
-  return chat::Json::parse(gguf_vocab_to_json(gguf_vocab(GgufFile::open(file))).config.dump());
+  // Invalid UTF-8 in a token or the template (GGUF strings are any bytes) becomes U+FFFD.
+  return chat::Json::parse(gguf_vocab_to_json(gguf_vocab(GgufFile::open(file)))
+                               .config.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 
 // --chat-template FILE: the file's text with the special tokens of the model's tokenizer_config.json.

@@ -222,10 +222,41 @@ GgufTokenizerJson gguf_vocab_to_json(const GgufVocab& v) {
   return out;
 }
 
+namespace {
+
+// Every field of the vocabulary, length-prefixed: what the tokenizer's fingerprint hashes. (Not the
+// synthesized JSON's dump: a GGUF token may be any bytes, which JSON cannot serialize.)
+std::string vocab_bytes(const GgufVocab& v) {
+  std::string out;
+  auto str = [&](const std::string& s) {
+    const uint64_t n = s.size();
+    out.append(reinterpret_cast<const char*>(&n), sizeof n);
+    out += s;
+  };
+  auto num = [&](int64_t x) { out.append(reinterpret_cast<const char*>(&x), sizeof x); };
+  str("gguf vocabulary 1");
+  str(v.model);
+  str(v.pre);
+  num(int64_t(v.tokens.size()));
+  for (const auto& t : v.tokens) str(t);
+  num(int64_t(v.scores.size()));
+  out.append(reinterpret_cast<const char*>(v.scores.data()), v.scores.size() * sizeof(float));
+  num(int64_t(v.types.size()));
+  out.append(reinterpret_cast<const char*>(v.types.data()), v.types.size() * sizeof(int32_t));
+  num(int64_t(v.merges.size()));
+  for (const auto& m : v.merges) str(m);
+  for (const auto& id : {v.bos, v.eos, v.eot, v.unk, v.pad}) num(id ? *id : -1);
+  for (const auto& b : {v.add_bos, v.add_eos, v.add_space_prefix}) num(b ? int64_t(*b) : -1);
+  str(v.chat_template.value_or(""));
+  return out;
+}
+
+}  // namespace
+
 Tokenizer tokenizer_from_gguf_vocab(const GgufVocab& v) {
   const GgufTokenizerJson j = gguf_vocab_to_json(v);
   const std::string name = v.source + " (tokenizer.ggml.*)";
-  return Tokenizer::from_json(j.tokenizer, j.config, name, name, j.tokenizer.dump() + j.config.dump());
+  return Tokenizer::from_json(j.tokenizer, j.config, name, name, vocab_bytes(v));
 }
 
 namespace {
