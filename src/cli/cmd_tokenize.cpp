@@ -129,7 +129,7 @@ Command add_tokenize_command(CLI::App& root) {
   auto args = std::make_shared<TokenizeArgs>();
   CLI::App* app = root.add_subcommand(
       "tokenize", "Encode text to token ids (or decode ids to text) with a model's tokenizer");
-  add_model_option(*app, args->path, "model directory or tokenizer.json");
+  add_model_option(*app, args->path, "model directory, tokenizer.json or .gguf file");
   args->text_opt = app->add_option("--text", args->text, "text to encode");
   args->file_opt =
       app->add_option("--file", args->file, "encode the contents of this file (- for stdin)");
