@@ -100,6 +100,53 @@ def main():
                 {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
                  "presence_penalty": 0, "frequency_penalty": 0}):
         add("fuzz_request", json.dumps(req).encode())
+    # GGUF: small files of every metadata type, a gpt2 and a llama vocabulary, a few tensors; and the
+    # shipped llama.cpp file's header (metadata and tensor infos) with its data cut off.
+    def gguf_str(b):
+        return struct.pack("<Q", len(b)) + b
+
+    def gguf_file(kvs, tensors, alignment=32):
+        out = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kvs))
+        for key, typ, payload in kvs:
+            out += gguf_str(key.encode()) + struct.pack("<I", typ) + payload
+        off, data = 0, b""
+        for name, dims, typ, raw in tensors:
+            out += gguf_str(name.encode()) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<Q", d) for d in dims)
+            out += struct.pack("<IQ", typ, off)
+            pad = (-len(raw)) % alignment
+            data += raw + b"\0" * pad
+            off += len(raw) + pad
+        out += b"\0" * ((-len(out)) % alignment)
+        return out + data
+
+    def arr(typ, items, fmt=None):
+        body = b"".join(gguf_str(x) for x in items) if fmt is None else b"".join(struct.pack(fmt, x) for x in items)
+        return struct.pack("<IQ", typ, len(items)) + body
+
+    u32 = lambda v: struct.pack("<I", v)
+    tokens = [b"<s>", b"</s>", b"a", b"b", b"ab", b"\xc4\xa0", b"\xc4\xa0a"]
+    common = [("general.architecture", 8, gguf_str(b"llama")), ("llama.block_count", 4, u32(1)),
+              ("llama.embedding_length", 4, u32(32)), ("llama.feed_forward_length", 4, u32(32)),
+              ("llama.attention.head_count", 4, u32(2)), ("llama.attention.head_count_kv", 4, u32(1)),
+              ("llama.rope.freq_base", 6, struct.pack("<f", 10000.0)), ("general.alignment", 4, u32(32)),
+              ("tokenizer.ggml.tokens", 9, arr(8, tokens)),
+              ("tokenizer.ggml.token_type", 9, arr(5, [3, 3, 1, 1, 1, 1, 1], "<i")),
+              ("tokenizer.ggml.bos_token_id", 4, u32(0)), ("tokenizer.ggml.add_bos_token", 7, b"\1")]
+    every = [("u8", 0, b"\x07"), ("i8", 1, b"\xff"), ("u16", 2, b"\1\2"), ("i16", 3, b"\xff\xff"),
+             ("u64", 10, struct.pack("<Q", 1 << 40)), ("i64", 11, struct.pack("<q", -5)),
+             ("f64", 12, struct.pack("<d", 0.25)), ("nested", 9, struct.pack("<IQ", 9, 2) + arr(4, [1, 2], "<I") +
+                                                   arr(8, [b"x"]))]
+    tens = [("token_embd.weight", [32, 7], 0, struct.pack("<224f", *([0.5] * 224))),
+            ("output_norm.weight", [32], 0, struct.pack("<32f", *([1.0] * 32))),
+            ("blk.0.attn_q.weight", [32, 32], 8, (b"\0\x3c" + bytes(range(32))) * 32)]
+    add("fuzz_gguf", gguf_file(common + every + [("tokenizer.ggml.model", 8, gguf_str(b"gpt2")),
+                                                 ("tokenizer.ggml.pre", 8, gguf_str(b"llama-bpe")),
+                                                 ("tokenizer.ggml.merges", 9, arr(8, [b"a b", b"\xc4\xa0 a"]))], tens))
+    add("fuzz_gguf", gguf_file(common + [("tokenizer.ggml.model", 8, gguf_str(b"llama")),
+                                         ("tokenizer.ggml.scores", 9, arr(6, [0, 0, -1, -2, -3, -4, -5], "<f"))],
+                               tens[:2], 64))
+    real = read(os.path.join(repo, "tests", "data", "gguf", "kjv-tiny-Q8_0.gguf"))
+    add("fuzz_gguf", real[:300000])
 
     for target, items in seeds.items():
         d = os.path.join(out, target)

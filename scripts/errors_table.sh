@@ -116,3 +116,20 @@ row "cache inspect random bytes" $B cache inspect "$T/random.bin"
 row "cache ls a missing directory" $B cache ls "$T/nodir"
 row "tokenize --file a FIFO" $B tokenize $M --file "$T/fifo"
 row "template a missing file" $B template "$T/none.jinja" --messages "$T/none.json"
+# GGUF files (docs/gguf.md)
+Q=tests/data/gguf/kjv-tiny-Q8_0.gguf
+row ".gguf missing" $B sample "$T/none.gguf" -p hi
+: > "$T/empty.gguf"; row ".gguf empty" $B sample "$T/empty.gguf" -p hi
+head -c 100000 $Q > "$T/trunc.gguf"; row ".gguf truncated in the metadata" $B sample "$T/trunc.gguf" -p hi
+head -c 1500000 $Q > "$T/trunc2.gguf"; row ".gguf truncated in the tensor data" $B sample "$T/trunc2.gguf" -p hi
+cp "$T/random.bin" "$T/random.gguf"; row ".gguf random bytes" $B sample "$T/random.gguf" -p hi
+ln -s "$T/fifo" "$T/fifo.gguf"; row ".gguf a FIFO" $B sample "$T/fifo.gguf" -p hi
+python3 -c "
+import sys; d=bytearray(open('$Q','rb').read()); i=d.find(b'llama', 0, 200); d[i:i+5]=b'gemma'; open('$T/arch.gguf','wb').write(d)"
+row ".gguf unsupported architecture" $B sample "$T/arch.gguf" -p hi
+python3 -c "
+import struct; d=bytearray(open('$Q','rb').read()); struct.pack_into('<Q', d, 8, 1<<40); open('$T/count.gguf','wb').write(d)"
+row ".gguf tensor count 2^40" $B sample "$T/count.gguf" -p hi
+[ -f ../shared/models/gguf/kjv-small-Q4_K_M.gguf ] && row ".gguf of a block type the kernels lack" $B sample ../shared/models/gguf/kjv-small-Q4_K_M.gguf -p hi
+row "chat on a .gguf without tokenizer.chat_template" $B chat $Q -f "$T/notes.txt"
+row "quantize --type Q4_K" $B quantize $M "$T/out.gguf" --type Q4_K

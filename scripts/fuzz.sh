@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_PER_TARGET=${1:-60}
 B=${FUZZ_BUILD:-build-fuzz}
-ALL="fuzz_cache_file fuzz_safetensors fuzz_config fuzz_tokenizer fuzz_tokenizer_config fuzz_encode fuzz_detokenizer fuzz_chat_template fuzz_request"
+ALL="fuzz_cache_file fuzz_safetensors fuzz_config fuzz_tokenizer fuzz_tokenizer_config fuzz_encode fuzz_detokenizer fuzz_chat_template fuzz_request fuzz_gguf"
 TARGETS=${FUZZ_TARGETS:-$ALL}
 
 JOBS=${FUZZ_JOBS:-1}

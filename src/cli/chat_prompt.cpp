@@ -6,6 +6,7 @@
 #include "chat/chat_template.h"
 #include "core/error.h"
 #include "core/file_io.h"
+#include "model/gguf_model.h"
 
 namespace ptllm::cli {
 
@@ -39,9 +40,21 @@ chat_json parse_kwargs(const std::string& text) {
   return j;
 }
 
+// A GGUF file's tokenizer_config.json equivalent: tokenizer.chat_template and the special tokens.
+chat::Json gguf_config(const fs::path& file) {
+  // Invalid UTF-8 in a token or the template (GGUF strings are any bytes) becomes U+FFFD.
+  return chat::Json::parse(gguf_vocab_to_json(gguf_vocab(GgufFile::open(file)))
+                               .config.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+}
+
 // --chat-template FILE: the file's text with the special tokens of the model's tokenizer_config.json.
 chat::ChatTemplate load_override(const fs::path& model_dir, const std::string& file) {
   const std::string source = read_file(file, "the chat template (--chat-template)");
+  if (is_gguf_path(model_dir)) {
+    chat::Json cfg = gguf_config(model_dir);
+    cfg["chat_template"] = source;
+    return chat::ChatTemplate::from_config(cfg, file);
+  }
   const fs::path cfg_path = model_dir / "tokenizer_config.json";
   std::error_code ec;
   if (!fs::exists(cfg_path, ec)) return chat::ChatTemplate::from_string(source, file);
@@ -61,6 +74,14 @@ ChatPrompt ChatPrompt::load(const fs::path& model_dir, const ChatPromptOptions& 
     return p;
   }
   try {
+    if (is_gguf_path(model_dir)) {
+      const chat::Json cfg = gguf_config(model_dir);
+      if (!cfg.contains("chat_template"))
+        throw Error(model_dir.string() + ": metadata 'tokenizer.chat_template' is missing (no chat template)");
+      p.template_ = std::make_shared<const chat::ChatTemplate>(
+          chat::ChatTemplate::from_config(cfg, model_dir.string() + " (tokenizer.chat_template)"));
+      return p;
+    }
     p.template_ = std::make_shared<const chat::ChatTemplate>(chat::ChatTemplate::load(model_dir.string()));
   } catch (const chat::TemplateError&) {
     throw;

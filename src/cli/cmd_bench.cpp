@@ -206,7 +206,7 @@ int run_bench_command(BenchArgs& a) {
 Command add_bench_command(CLI::App& root) {
   auto a = std::make_shared<BenchArgs>();
   CLI::App* app = root.add_subcommand("bench", "Measure prefill/decode speed, KV bytes, peak RSS and the decode floor");
-  add_model_option(*app, a->model_dir, "Hugging Face model directory (no tokenizer needed)");
+  add_model_option(*app, a->model_dir, "Hugging Face model directory or .gguf file (no tokenizer needed)");
   app->add_option("--prompt-tokens,-p", a->bench.prompt_tokens, "Prompt tokens prefilled and timed")
       ->check(integer_at_least(1));
   app->add_option("--gen-tokens,-n", a->bench.gen_tokens, "Tokens decoded and timed")

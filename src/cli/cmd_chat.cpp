@@ -311,7 +311,7 @@ int run_chat(ChatArgs& a) {
 Command add_chat_command(CLI::App& root) {
   auto a = std::make_shared<ChatArgs>();
   CLI::App* app = root.add_subcommand("chat", "A multi-turn conversation through the model's chat template");
-  add_model_option(*app, a->model_dir, "Hugging Face model directory (default: the shipped models/kjv-tiny)");
+  add_model_option(*app, a->model_dir, "Hugging Face model directory or .gguf file (default: the shipped models/kjv-tiny)");
   a->system_opt = app->add_option("--system", a->system, "The system prompt (llama.cpp's -sys)");
   a->system_file_opt =
       app->add_option("--system-file", a->system_file, "Read the system prompt from FILE")->excludes(a->system_opt);

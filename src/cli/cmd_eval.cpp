@@ -508,7 +508,7 @@ Command add_eval_command(CLI::App& root) {
   auto a = std::make_shared<EvalArgs>();
   CLI::App* app = root.add_subcommand(
       "eval", "Perplexity, KL divergence and greedy match of cache configurations against the fp32 full cache");
-  add_model_option(*app, a->model_dir, "Hugging Face model directory (default: the shipped models/kjv-tiny)");
+  add_model_option(*app, a->model_dir, "Hugging Face model directory or .gguf file (default: the shipped models/kjv-tiny)");
   app->add_option("--text", a->text_file, "Text to score, teacher-forced through the cached path")->required();
   app->add_option("--configs", a->configs,
                   "Cache configurations separated by ';', e.g. \"fp32; int4 g32 r128; sink4 w508\" "

@@ -320,7 +320,7 @@ int run_sample(SampleArgs& a) {
 Command add_sample_command(CLI::App& root) {
   auto a = std::make_shared<SampleArgs>();
   CLI::App* app = root.add_subcommand("sample", "Generate text from a prompt");
-  add_model_option(*app, a->model_dir, "Hugging Face model directory (default: the shipped models/kjv-tiny)");
+  add_model_option(*app, a->model_dir, "Hugging Face model directory or .gguf file (default: the shipped models/kjv-tiny)");
   a->prompt_opt = app->add_option("--prompt,-p", a->prompt, "Prompt text");
   a->file_opt = app->add_option("--file,-f", a->prompt_file,
                                 "Read the prompt from FILE (- = standard input; one final newline dropped)")

@@ -119,7 +119,8 @@ int run_serve(ServeArgs& a) {
     sc.store_prefix = a.store_prefix;
   }
   a.http.render_chat = chat_renderer(dir, a.chat);
-  a.http.model_name = a.alias.empty() ? dir.filename().string() : a.alias;
+  // The directory's name, or a .gguf file's without the extension.
+  a.http.model_name = !a.alias.empty() ? a.alias : rt.model().gguf() ? dir.stem().string() : dir.filename().string();
   a.http.max_body_bytes = size_t(a.max_body_mb) << 20;
   Scheduler scheduler(rt, sc);
   server::HttpServer srv(rt, scheduler, a.http);
@@ -151,7 +152,7 @@ int run_serve(ServeArgs& a) {
 Command add_serve_command(CLI::App& root) {
   auto a = std::make_shared<ServeArgs>();
   CLI::App* app = root.add_subcommand("serve", "An OpenAI-compatible HTTP server with continuous batching");
-  add_model_option(*app, a->model_dir, "Hugging Face model directory (default: the shipped models/kjv-tiny)");
+  add_model_option(*app, a->model_dir, "Hugging Face model directory or .gguf file (default: the shipped models/kjv-tiny)");
   app->add_option("--host", a->http.host, "Address to listen on (loopback by default; 0.0.0.0 exposes it)");
   app->add_option("--port", a->http.port, "Port to listen on (0 = any free port, printed at start)")
       ->check(integer_between(0, 65535));

@@ -13,6 +13,7 @@
 #include "cli/options.h"
 #include "core/error.h"
 #include "core/file_io.h"
+#include "engine/runtime.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ptllm::cli {
@@ -88,7 +89,7 @@ int run_tokenize(const TokenizeArgs& a) {
   if (!decoding && a.keep_special) throw UsageError("--keep-special goes with --decode");
 
   if (a.path.empty()) throw UsageError("give the model directory or tokenizer.json: tokenize PATH, or -m PATH");
-  const Tokenizer tok = Tokenizer::load(a.path);
+  const Tokenizer tok = load_tokenizer(a.path);
   EncodeOptions opts;
   opts.add_special = !a.no_special;
   opts.parse_special = !a.no_parse_special;
@@ -128,7 +129,7 @@ Command add_tokenize_command(CLI::App& root) {
   auto args = std::make_shared<TokenizeArgs>();
   CLI::App* app = root.add_subcommand(
       "tokenize", "Encode text to token ids (or decode ids to text) with a model's tokenizer");
-  add_model_option(*app, args->path, "model directory or tokenizer.json");
+  add_model_option(*app, args->path, "model directory, tokenizer.json or .gguf file");
   args->text_opt = app->add_option("--text", args->text, "text to encode");
   args->file_opt =
       app->add_option("--file", args->file, "encode the contents of this file (- for stdin)");

@@ -229,7 +229,7 @@ int resolve_threads(const RuntimeOptions& o) { return o.threads > 0 ? o.threads 
 
 void add_model_option(CLI::App& app, std::string& dir, const std::string& description) {
   CLI::Option* pos = app.add_option("model_dir", dir, description);
-  CLI::Option* flag = app.add_option("--model,-m", dir, "The model directory (instead of the positional MODEL)");
+  CLI::Option* flag = app.add_option("--model,-m", dir, "The model directory or .gguf file (instead of the positional MODEL)");
   pos->excludes(flag);
 }
 

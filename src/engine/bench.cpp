@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/ops.h"
+#include "model/gguf.h"
 #include "sample/sampler.h"
 
 namespace ptllm {
@@ -64,6 +65,12 @@ BenchRun one_run(const Model& model, const SessionOptions& opts, ThreadPool& poo
 
 size_t decode_weight_bytes(const Model& model) {
   size_t total = 0;
+  if (const GgufFile* g = model.gguf()) {  // every tensor, less the embedding when an output matrix exists
+    for (const GgufTensor& t : g->tensors()) total += size_t(t.nbytes);
+    if (g->find_tensor("output.weight"))
+      if (const GgufTensor* e = g->find_tensor("token_embd.weight")) total -= size_t(e->nbytes);
+    return total;
+  }
   for (const auto& f : model.files().files())
     for (const auto& [name, t] : f->tensors()) total += t.nbytes;
   const bool tied = model.config().tie_word_embeddings && !model.files().find("lm_head.weight");

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "engine/session.h"
 #include "kernels/simd.h"
+#include "model/gguf.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -184,7 +185,16 @@ PromptCacheIdentity prompt_cache_identity(const Model& model, const Tokenizer& t
   Sha256 h;
   h.field("posttrainllm prompt cache key", int64_t(kPromptCacheVersion));
   h.field("architecture", cfg.arch_name);
-  h.field("config.json", read_small_file(model.dir() / "config.json"));
+  if (const GgufFile* g = model.gguf()) {
+    // One file holds config, tokenizer and weights: its header and metadata, size and mtime.
+    const FileStamp st = stamp(model.dir()).value_or(FileStamp{});
+    h.field("gguf", model.dir().filename().string());
+    h.field("gguf header", g->header_bytes());
+    h.field("size", int64_t(st.size));
+    h.field("mtime", st.mtime_ns);
+  } else {
+    h.field("config.json", read_small_file(model.dir() / "config.json"));
+  }
   for (const auto& f : model.files().files()) {
     const FileStamp st = stamp(f->path()).value_or(FileStamp{});
     h.field("weights", f->path().filename().string());

@@ -11,8 +11,12 @@
 
 namespace ptllm {
 
+// A model directory's tokenizer.json (and tokenizer_config.json), a tokenizer.json, or the
+// vocabulary embedded in a .gguf file.
+Tokenizer load_tokenizer(const std::filesystem::path& path);
+
 struct RuntimeConfig {
-  std::filesystem::path model_dir;
+  std::filesystem::path model_dir;  // or a .gguf file
   int threads = 0;         // 0: ThreadPool::default_threads()
   bool tokenizer = true;   // load tokenizer.json (bench needs none)
 };

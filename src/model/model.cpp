@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kv/kv_cache.h"
+#include "model/gguf_model.h"
 
 namespace ptllm {
 
@@ -78,6 +79,7 @@ struct Loader {
 }  // namespace
 
 std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
+  if (is_gguf_path(dir)) return load_gguf(dir);
   if (!std::filesystem::is_directory(dir)) throw Error(dir.string() + ": not a model directory (does not exist)");
   std::unique_ptr<Model> m(new Model());
   m->dir_ = dir;
@@ -140,6 +142,7 @@ KVShape Model::kv_shape() const {
 }
 
 size_t Model::weight_bytes() const {
+  if (gguf_) return size_t(gguf_->size());
   size_t n = 0;
   for (const auto& f : files_.files()) n += f->size();
   return n;
@@ -207,6 +210,7 @@ void Model::forward(std::span<const SequenceBatch> batch, ForwardState& st, Thre
               c.rms_norm_eps);
     if (c.stores_kv(li)) {
       matmul(st.xn.data(), T, L.wk, bias_or_null(L.bk), st.k.data(), pool);  // k [T][kv_dim]
+      if (qk_permuted_) gguf_unpermute_heads(st.k.data(), T, c.n_kv_heads, c.head_dim);
       matmul(st.xn.data(), T, L.wv, bias_or_null(L.bv), st.v.data(), pool);  // v [T][kv_dim]
       append_kv(li, batch, rows, st);
     }
@@ -216,6 +220,7 @@ void Model::forward(std::span<const SequenceBatch> batch, ForwardState& st, Thre
       if (T == 0) return;                        // no logits wanted: every K/V needed later is stored
     }
     matmul(st.xn.data(), T, L.wq, bias_or_null(L.bq), st.q.data(), pool);  // q [T][q_dim]
+    if (qk_permuted_) gguf_unpermute_heads(st.q.data(), T, c.n_heads, c.head_dim);
     attention(li, batch, rows, st, pool);                                   // att [T][q_dim]
     matmul(st.att.data(), T, L.wo, bias_or_null(L.bo), st.xn.data(), pool);
     for (size_t i = 0; i < size_t(T) * size_t(H); ++i) st.x[i] += st.xn[i];

@@ -16,6 +16,7 @@ namespace ptllm {
 
 class KVCache;
 struct KVShape;
+class GgufFile;
 
 struct LayerWeights {
   std::vector<float> attn_norm;         // [hidden]
@@ -57,15 +58,17 @@ struct ForwardState {
 
 class Model {
  public:
-  // Reads config.json and the safetensors weights of a model directory; checks every tensor
-  // against the config. Throws ptllm::Error naming the file and the tensor.
+  // Reads config.json and the safetensors weights of a model directory, or a .gguf file
+  // (model/gguf_model.cpp); checks every tensor against the config. Throws ptllm::Error naming the
+  // file and the tensor.
   static std::unique_ptr<Model> load(const std::filesystem::path& dir);
 
   const ModelConfig& config() const { return cfg_; }
   const std::filesystem::path& dir() const { return dir_; }
   KVShape kv_shape() const;
   size_t weight_bytes() const;
-  const WeightFiles& files() const { return files_; }
+  const WeightFiles& files() const { return files_; }  // empty for a GGUF model
+  const GgufFile* gguf() const { return gguf_.get(); }   // the file of a GGUF model, else null
 
   // Runs tokens at positions pos0, pos0+1, ... through the model, appending their K/V to `cache`.
   // logits: [T][vocab] when all_logits, else [vocab] for the last token only; null: not computed.
@@ -78,6 +81,7 @@ class Model {
 
  private:
   Model() = default;
+  static std::unique_ptr<Model> load_gguf(const std::filesystem::path& file);  // model/gguf_model.cpp
 
   std::filesystem::path dir_;
   ModelConfig cfg_;
@@ -88,6 +92,8 @@ class Model {
   std::vector<LayerWeights> layers_;
   std::vector<float> inv_freq_;  // [head_dim/2] RoPE frequencies
   std::vector<std::unique_ptr<float[]>> aligned_copies_;  // misaligned tensors, copied (rare)
+  std::shared_ptr<const GgufFile> gguf_;  // a GGUF model's file: the weights point into its mapping
+  bool qk_permuted_ = false;  // q/k rows in llama.cpp's order (gguf_qk_permuted): undone after the matmul
 
   // YOCO's prefill shortcut: the last layer that stores K/V when every later one reads it (the
   // cross-decoder's donor), -1 otherwise. From its attention on, only the rows whose logits are wanted

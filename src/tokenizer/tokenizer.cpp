@@ -229,9 +229,13 @@ Tokenizer Tokenizer::load(const std::filesystem::path& path) {
     if (!config.is_object()) throw Error(config_path.string() + ": expected a JSON object");
   }
 
+  return from_json(parse_json(bytes, file), config, file, config_path.string(), bytes + config_bytes);
+}
+
+Tokenizer Tokenizer::from_json(const json& root, const json& config, const std::string& file,
+                               const std::string& config_file, const std::string& fingerprint_bytes) {
   auto impl = std::make_shared<Impl>();
-  impl->fingerprint = sha256_hex(bytes, config_bytes);
-  const json root = parse_json(bytes, file);
+  impl->fingerprint = sha256_hex(fingerprint_bytes, "");
   const JsonPath at{file, ""};
   try {
     if (!root.is_object()) at.fail("expected a JSON object");
@@ -267,13 +271,13 @@ Tokenizer Tokenizer::load(const std::filesystem::path& path) {
     if (auto t = config_token(config, key)) {
       *slot = impl->token_to_id(*t);
       if (!*slot)
-        throw Error(config_path.string() + ": " + key + " '" + *t + "' is not a token of " + file);
+        throw Error(config_file + ": " + key + " '" + *t + "' is not a token of " + file);
     }
   }
   // transformers replaces the post-processor with "[bos] $A [eos]" when the config says
   // add_bos_token or add_eos_token (an absent one counts as false).
   if (config.contains("add_bos_token") || config.contains("add_eos_token")) {
-    const JsonPath cat{config_path.string(), ""};
+    const JsonPath cat{config_file, ""};
     Template t;
     if (tok::get_bool(config, "add_bos_token", cat, false) && impl->bos)
       t.push_back({false, {*impl->bos}});

@@ -11,6 +11,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 namespace ptllm {
 
 struct EncodeOptions {
@@ -28,6 +30,11 @@ class Tokenizer {
   // tokenizer.json). Throws ptllm::Error naming the file and the problem (missing file, bad JSON,
   // unsupported component type: which one).
   static Tokenizer load(const std::filesystem::path& path);
+  // The same from parsed documents: `root` a tokenizer.json, `config` a tokenizer_config.json (an
+  // empty object: none); `file` and `config_file` name them in errors; the fingerprint is the
+  // SHA-256 of fingerprint_bytes (a GGUF file's vocabulary, for one).
+  static Tokenizer from_json(const nlohmann::json& root, const nlohmann::json& config, const std::string& file,
+                             const std::string& config_file, const std::string& fingerprint_bytes);
 
   // Invalid UTF-8 in `text` is first replaced by U+FFFD per maximal invalid subsequence (what
   // Python's bytes.decode("utf-8", "replace") gives a tokenizers user).

@@ -1,0 +1,368 @@
+#include "model/gguf_writer.h"
+
+#include <cmath>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <numbers>
+
+#include "core/error.h"
+#include "core/file_io.h"
+#include "kernels/ggml.h"
+#include "model/config.h"
+#include "model/gguf_model.h"
+#include "model/safetensors.h"
+#include "tokenizer/gguf_vocab.h"
+
+namespace ptllm {
+
+namespace {
+
+template <class T>
+void put(std::string& out, T v) {
+  char b[sizeof(T)];
+  std::memcpy(b, &v, sizeof(T));
+  out.append(b, sizeof(T));
+}
+void put_string(std::string& out, const std::string& s) {
+  put<uint64_t>(out, s.size());
+  out += s;
+}
+
+GgufValue scalar(GgufType t) {
+  GgufValue v;
+  v.type = t;
+  return v;
+}
+
+}  // namespace
+
+void gguf_append_value(std::string& out, const GgufValue& v) {
+  switch (v.type) {
+    case GgufType::U8: put<uint8_t>(out, uint8_t(v.u)); break;
+    case GgufType::I8: put<int8_t>(out, int8_t(v.i)); break;
+    case GgufType::U16: put<uint16_t>(out, uint16_t(v.u)); break;
+    case GgufType::I16: put<int16_t>(out, int16_t(v.i)); break;
+    case GgufType::U32: put<uint32_t>(out, uint32_t(v.u)); break;
+    case GgufType::I32: put<int32_t>(out, int32_t(v.i)); break;
+    case GgufType::U64: put<uint64_t>(out, v.u); break;
+    case GgufType::I64: put<int64_t>(out, v.i); break;
+    case GgufType::F32: put<float>(out, float(v.f)); break;
+    case GgufType::F64: put<double>(out, v.f); break;
+    case GgufType::Bool: put<uint8_t>(out, v.b ? 1 : 0); break;
+    case GgufType::String: put_string(out, v.str); break;
+    case GgufType::Array:
+      put<uint32_t>(out, uint32_t(v.elem));
+      put<uint64_t>(out, v.array.size());
+      for (const GgufValue& e : v.array) gguf_append_value(out, e);
+      break;
+  }
+}
+
+void GgufBuilder::add(const std::string& key, GgufValue v) { kv_.emplace_back(key, std::move(v)); }
+void GgufBuilder::add_string(const std::string& key, const std::string& s) {
+  GgufValue v = scalar(GgufType::String);
+  v.str = s;
+  add(key, std::move(v));
+}
+void GgufBuilder::add_u32(const std::string& key, uint32_t x) {
+  GgufValue v = scalar(GgufType::U32);
+  v.u = x;
+  v.i = int64_t(x);
+  add(key, std::move(v));
+}
+void GgufBuilder::add_f32(const std::string& key, float x) {
+  GgufValue v = scalar(GgufType::F32);
+  v.f = x;
+  add(key, std::move(v));
+}
+void GgufBuilder::add_bool(const std::string& key, bool x) {
+  GgufValue v = scalar(GgufType::Bool);
+  v.b = x;
+  add(key, std::move(v));
+}
+void GgufBuilder::add_strings(const std::string& key, const std::vector<std::string>& xs) {
+  GgufValue v = scalar(GgufType::Array);
+  v.elem = GgufType::String;
+  for (const auto& s : xs) {
+    GgufValue e = scalar(GgufType::String);
+    e.str = s;
+    v.array.push_back(std::move(e));
+  }
+  add(key, std::move(v));
+}
+void GgufBuilder::add_f32s(const std::string& key, const std::vector<float>& xs) {
+  GgufValue v = scalar(GgufType::Array);
+  v.elem = GgufType::F32;
+  for (float x : xs) {
+    GgufValue e = scalar(GgufType::F32);
+    e.f = x;
+    v.array.push_back(e);
+  }
+  add(key, std::move(v));
+}
+void GgufBuilder::add_i32s(const std::string& key, const std::vector<int32_t>& xs) {
+  GgufValue v = scalar(GgufType::Array);
+  v.elem = GgufType::I32;
+  for (int32_t x : xs) {
+    GgufValue e = scalar(GgufType::I32);
+    e.i = x;
+    v.array.push_back(e);
+  }
+  add(key, std::move(v));
+}
+
+void GgufBuilder::add_tensor(const std::string& name, std::vector<uint64_t> dims, GgmlType type, Fill fill) {
+  const GgmlTypeInfo info = ggml_type_info(type);
+  PTLLM_CHECK(!info.name.empty() && !dims.empty() && dims[0] % uint64_t(info.block_elems) == 0);
+  uint64_t n = 1;
+  for (uint64_t d : dims) n *= d;
+  tensors_.push_back({name, std::move(dims), type, n / uint64_t(info.block_elems) * uint64_t(info.block_bytes),
+                      std::move(fill)});
+}
+
+std::string GgufBuilder::header(uint32_t alignment) const {
+  std::string h;
+  put<uint32_t>(h, 0x46554747);  // "GGUF"
+  put<uint32_t>(h, 3);
+  put<uint64_t>(h, tensors_.size());
+  put<uint64_t>(h, kv_.size());
+  for (const auto& [k, v] : kv_) {
+    put_string(h, k);
+    put<uint32_t>(h, uint32_t(v.type));
+    gguf_append_value(h, v);
+  }
+  uint64_t offset = 0;
+  for (const Tensor& t : tensors_) {
+    put_string(h, t.name);
+    put<uint32_t>(h, uint32_t(t.dims.size()));
+    for (uint64_t d : t.dims) put<uint64_t>(h, d);
+    put<uint32_t>(h, uint32_t(t.type));
+    put<uint64_t>(h, offset);
+    offset += (t.nbytes + alignment - 1) / alignment * alignment;
+  }
+  h.resize((h.size() + alignment - 1) / alignment * alignment, '\0');
+  return h;
+}
+
+uint64_t GgufBuilder::write(const std::filesystem::path& path, uint32_t alignment) const {
+  AtomicFile out(path);
+  out.write(header(alignment));
+  std::vector<uint8_t> buf;
+  for (const Tensor& t : tensors_) {
+    const uint64_t padded = (t.nbytes + alignment - 1) / alignment * alignment;
+    buf.assign(size_t(padded), 0);
+    t.fill(buf.data());
+    out.write({reinterpret_cast<const char*>(buf.data()), buf.size()});
+  }
+  return out.commit();
+}
+
+GgmlType parse_gguf_write_type(const std::string& name) {
+  for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0})
+    if (ggml_type_info(t).name == name) return t;
+  throw UsageError("--type " + name + ": not a type the GGUF writer writes (F32, F16, BF16, Q8_0, Q4_0)");
+}
+
+namespace {
+
+// llama.cpp's general.file_type (LLAMA_FTYPE_*) of a file whose 2-D weights are all `t`.
+uint32_t file_type_of(GgmlType t) {
+  switch (t) {
+    case GgmlType::F32: return 0;
+    case GgmlType::F16: return 1;
+    case GgmlType::Q4_0: return 2;
+    case GgmlType::Q8_0: return 7;
+    case GgmlType::BF16: return 32;
+    default: return 0;
+  }
+}
+
+// Llama 3.1's frequency divisors as the converter computes them (rope_freqs.weight): inv_freq_i is
+// divided by factor_i.
+std::vector<float> llama3_rope_factors(const RopeConfig& r, int head_dim) {
+  std::vector<float> f;
+  const double low_wavelen = r.original_max_position / r.low_freq_factor;
+  const double high_wavelen = r.original_max_position / r.high_freq_factor;
+  for (int i = 0; i < head_dim / 2; ++i) {
+    const float base = float(1.0 / std::pow(r.theta, double(float(2 * i) / float(head_dim))));
+    const double wavelen = 2 * std::numbers::pi / double(base);
+    if (wavelen < high_wavelen) {
+      f.push_back(1.f);
+    } else if (wavelen > low_wavelen) {
+      f.push_back(float(r.factor));
+    } else {
+      const double smooth =
+          (r.original_max_position / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+      f.push_back(float(1.0 / ((1 - smooth) / r.factor + smooth)));
+    }
+  }
+  return f;
+}
+
+nlohmann::json read_json(const std::filesystem::path& p, uint64_t limit, bool optional) {
+  std::error_code ec;
+  if (!std::filesystem::exists(p, ec)) {
+    if (optional) return nlohmann::json::object();
+    throw Error(p.string() + ": no such file");
+  }
+  nlohmann::json j = nlohmann::json::parse(read_whole_file(p, limit, p.filename().string()), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) throw Error(p.string() + ": not a valid JSON object");
+  return j;
+}
+
+void add_vocab(GgufBuilder& b, const GgufVocab& v) {
+  b.add_string("tokenizer.ggml.model", v.model);
+  if (v.model == "gpt2") b.add_string("tokenizer.ggml.pre", v.pre);
+  b.add_strings("tokenizer.ggml.tokens", v.tokens);
+  if (!v.scores.empty()) b.add_f32s("tokenizer.ggml.scores", v.scores);
+  b.add_i32s("tokenizer.ggml.token_type", v.types);
+  if (v.model == "gpt2") b.add_strings("tokenizer.ggml.merges", v.merges);
+  if (v.bos) b.add_u32("tokenizer.ggml.bos_token_id", uint32_t(*v.bos));
+  if (v.eos) b.add_u32("tokenizer.ggml.eos_token_id", uint32_t(*v.eos));
+  if (v.unk) b.add_u32("tokenizer.ggml.unknown_token_id", uint32_t(*v.unk));
+  if (v.pad) b.add_u32("tokenizer.ggml.padding_token_id", uint32_t(*v.pad));
+  if (v.add_bos) b.add_bool("tokenizer.ggml.add_bos_token", *v.add_bos);
+  if (v.add_eos) b.add_bool("tokenizer.ggml.add_eos_token", *v.add_eos);
+  if (v.add_space_prefix) b.add_bool("tokenizer.ggml.add_space_prefix", *v.add_space_prefix);
+  if (v.chat_template) b.add_string("tokenizer.chat_template", *v.chat_template);
+}
+
+}  // namespace
+
+GgufWriteResult write_gguf_from_hf(const std::filesystem::path& dir, const std::filesystem::path& out,
+                                   GgmlType type) {
+  const ModelConfig c = ModelConfig::load(dir / "config.json");
+  const std::string cfg_file = (dir / "config.json").string();
+  if (c.arch == Architecture::YocoLlama || c.num_kv_shared_layers > 0)
+    throw Error(cfg_file + ": architectures '" + c.arch_name + "' (cross-layer KV sharing): GGUF has no such architecture");
+  if (c.sliding_window > 0 && c.arch != Architecture::Mistral)
+    throw Error(cfg_file + ": sliding_window on " + c.arch_name + ": not written to GGUF (Mistral only)");
+  const bool qwen = c.arch == Architecture::Qwen2;
+  const std::string arch = qwen ? "qwen2" : "llama";
+  const bool permute = !qwen;  // llama.cpp's converter permutes Q/K for its llama architecture only
+
+  // The tokenizer first: a layout GGUF cannot name fails before any weight is read.
+  const nlohmann::json tok = read_json(dir / "tokenizer.json", kMaxTokenizerJsonBytes, false);
+  const nlohmann::json tcfg = read_json(dir / "tokenizer_config.json", kMaxJsonConfigBytes, true);
+  const GgufVocab vocab = gguf_vocab_from_tokenizer_json(tok, tcfg, (dir / "tokenizer.json").string());
+
+  auto files = std::make_shared<WeightFiles>(WeightFiles::open(dir));
+  GgufBuilder b;
+  b.add_string("general.architecture", arch);
+  b.add_string("general.type", "model");
+  b.add_string("general.name", std::filesystem::absolute(dir).lexically_normal().filename().string());
+  b.add_u32("general.alignment", kGgufDefaultAlignment);
+  const std::string p = arch + ".";
+  b.add_u32(p + "block_count", uint32_t(c.n_layers));
+  b.add_u32(p + "context_length", uint32_t(c.max_position_embeddings));
+  b.add_u32(p + "embedding_length", uint32_t(c.hidden_size));
+  b.add_u32(p + "feed_forward_length", uint32_t(c.intermediate_size));
+  b.add_u32(p + "attention.head_count", uint32_t(c.n_heads));
+  b.add_u32(p + "attention.head_count_kv", uint32_t(c.n_kv_heads));
+  b.add_f32(p + "rope.freq_base", float(c.rope.theta));
+  b.add_f32(p + "attention.layer_norm_rms_epsilon", c.rms_norm_eps);
+  b.add_u32(p + "attention.key_length", uint32_t(c.head_dim));
+  b.add_u32(p + "attention.value_length", uint32_t(c.head_dim));
+  if (c.sliding_window > 0) b.add_u32(p + "attention.sliding_window", uint32_t(c.sliding_window));
+  b.add_u32(p + "vocab_size", uint32_t(c.vocab_size));
+  b.add_u32(p + "rope.dimension_count", uint32_t(c.head_dim));
+  b.add_u32("general.file_type", file_type_of(type));
+  if (type == GgmlType::Q8_0 || type == GgmlType::Q4_0) b.add_u32("general.quantization_version", 2);
+  add_vocab(b, vocab);
+
+  GgufWriteResult res;
+  // One HF tensor -> one GGUF tensor. perm_head_dim > 0: rows permuted as the converter does.
+  auto tensor = [&](const std::string& hf, const std::string& name, bool matrix, int perm_head_dim) {
+    const TensorView& t = files->get(hf);
+    if (t.dtype != DType::F32 && t.dtype != DType::F16 && t.dtype != DType::BF16)
+      throw Error(t.file->string() + ": tensor '" + hf + "' has dtype " + std::string(dtype_name(t.dtype)) +
+                  " (the writer reads F32, F16, BF16)");
+    if (t.shape.size() != (matrix ? 2u : 1u))
+      throw Error(t.file->string() + ": tensor '" + hf + "' has shape " + t.shape_str() + " (expected " +
+                  (matrix ? "2" : "1") + " dimensions)");
+    // A permuted vector (a Q/K bias) is handled as a column: its elements are the rows.
+    const bool column = !matrix && perm_head_dim > 0;
+    const int64_t rows = matrix || column ? t.shape[0] : 1;
+    const int64_t cols = column ? 1 : t.shape.back();
+    GgmlType out_type = GgmlType::F32;
+    if (matrix) {
+      out_type = type;
+      const GgmlTypeInfo info = ggml_type_info(type);
+      if (cols % info.block_elems != 0) {
+        out_type = GgmlType::F16;
+        ++res.fallback;
+      } else if (info.block_elems > 1) {
+        ++res.quantized;
+      }
+    }
+    std::vector<int> src_row;
+    if (perm_head_dim > 0) src_row = gguf_permuted_rows(int(rows), perm_head_dim);
+    std::vector<uint64_t> dims(t.shape.rbegin(), t.shape.rend());
+    const TensorView* tv = &t;
+    b.add_tensor(name, dims, out_type, [tv, rows, cols, out_type, src_row](uint8_t* dst) {
+      const GgmlTypeInfo info = ggml_type_info(out_type);
+      const size_t row_bytes = size_t(cols) / size_t(info.block_elems) * size_t(info.block_bytes);
+      const size_t esize = dtype_size(tv->dtype);
+      std::vector<float> row(static_cast<size_t>(cols));
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t from = src_row.empty() ? r : src_row[size_t(r)];
+        convert_to_f32(tv->dtype, tv->data + size_t(from) * size_t(cols) * esize, row.data(), size_t(cols));
+        uint8_t* o = dst + size_t(r) * row_bytes;
+        switch (out_type) {
+          case GgmlType::F32: std::memcpy(o, row.data(), row_bytes); break;
+          case GgmlType::F16:
+            for (int64_t k = 0; k < cols; ++k) {
+              const uint16_t h = f32_to_f16(row[size_t(k)]);
+              std::memcpy(o + 2 * k, &h, 2);
+            }
+            break;
+          case GgmlType::BF16:
+            for (int64_t k = 0; k < cols; ++k) {
+              const uint16_t h = f32_to_bf16(row[size_t(k)]);
+              std::memcpy(o + 2 * k, &h, 2);
+            }
+            break;
+          default: ggml_quantize_row(out_type, row.data(), int(cols), o); break;
+        }
+      }
+    });
+    ++res.tensors;
+  };
+
+  tensor("model.embed_tokens.weight", "token_embd.weight", true, 0);
+  tensor("model.norm.weight", "output_norm.weight", false, 0);
+  if (!c.tie_word_embeddings || files->find("lm_head.weight")) tensor("lm_head.weight", "output.weight", true, 0);
+  if (c.rope.type == RopeType::Llama3) {
+    auto factors = std::make_shared<std::vector<float>>(llama3_rope_factors(c.rope, c.head_dim));
+    b.add_tensor("rope_freqs.weight", {uint64_t(factors->size())}, GgmlType::F32,
+                 [factors](uint8_t* dst) { std::memcpy(dst, factors->data(), factors->size() * sizeof(float)); });
+    ++res.tensors;
+  }
+  for (int i = 0; i < c.n_layers; ++i) {
+    const std::string h = "model.layers." + std::to_string(i) + ".", g = "blk." + std::to_string(i) + ".";
+    tensor(h + "input_layernorm.weight", g + "attn_norm.weight", false, 0);
+    tensor(h + "post_attention_layernorm.weight", g + "ffn_norm.weight", false, 0);
+    tensor(h + "self_attn.q_proj.weight", g + "attn_q.weight", true, permute ? c.head_dim : 0);
+    tensor(h + "self_attn.k_proj.weight", g + "attn_k.weight", true, permute ? c.head_dim : 0);
+    tensor(h + "self_attn.v_proj.weight", g + "attn_v.weight", true, 0);
+    tensor(h + "self_attn.o_proj.weight", g + "attn_output.weight", true, 0);
+    if (c.qkv_bias) {
+      tensor(h + "self_attn.q_proj.bias", g + "attn_q.bias", false, permute ? c.head_dim : 0);
+      tensor(h + "self_attn.k_proj.bias", g + "attn_k.bias", false, permute ? c.head_dim : 0);
+      tensor(h + "self_attn.v_proj.bias", g + "attn_v.bias", false, 0);
+    }
+    if (c.o_bias) tensor(h + "self_attn.o_proj.bias", g + "attn_output.bias", false, 0);
+    tensor(h + "mlp.gate_proj.weight", g + "ffn_gate.weight", true, 0);
+    tensor(h + "mlp.up_proj.weight", g + "ffn_up.weight", true, 0);
+    tensor(h + "mlp.down_proj.weight", g + "ffn_down.weight", true, 0);
+    if (c.mlp_bias) {
+      tensor(h + "mlp.gate_proj.bias", g + "ffn_gate.bias", false, 0);
+      tensor(h + "mlp.up_proj.bias", g + "ffn_up.bias", false, 0);
+      tensor(h + "mlp.down_proj.bias", g + "ffn_down.bias", false, 0);
+    }
+  }
+  res.bytes = b.write(out);
+  return res;
+}
+
+}  // namespace ptllm

@@ -1,0 +1,667 @@
+// GGUF: the reader (every value type, bounds, errors naming the file and the field), the model built
+// from it (the safetensors goldens through files written by our writer and by llama.cpp), the Q/K
+// permutation, the embedded tokenizer against tokenizer.json, the quantizers and the writer.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <cmath>
+#include <random>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "engine/prompt_cache.h"
+#include "engine/runtime.h"
+#include "engine/session.h"
+#include "kernels/ggml.h"
+#include "kernels/ops.h"
+#include "model/gguf.h"
+#include "model/gguf_model.h"
+#include "model/gguf_writer.h"
+#include "model/model.h"
+#include "sample/sampler.h"
+#include "test_util.h"
+#include "tokenizer/gguf_vocab.h"
+#include "tokenizer/tokenizer.h"
+
+namespace ptllm {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+GgufFile parse(const std::string& bytes, const std::string& name = "t.gguf") {
+  return GgufFile::parse(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), name);
+}
+
+GgufValue scalar(GgufType t) {
+  GgufValue v;
+  v.type = t;
+  return v;
+}
+
+// A builder holding one value of every type, nested arrays included, and two small tensors.
+GgufBuilder every_type_builder(std::vector<float>& f32_data) {
+  GgufBuilder b;
+  auto add_int = [&](const char* k, GgufType t, int64_t x) {
+    GgufValue v = scalar(t);
+    v.i = x;
+    v.u = uint64_t(x);
+    b.add(k, v);
+  };
+  add_int("u8", GgufType::U8, 200);
+  add_int("i8", GgufType::I8, -100);
+  add_int("u16", GgufType::U16, 60000);
+  add_int("i16", GgufType::I16, -30000);
+  add_int("u32", GgufType::U32, 4000000000LL);
+  add_int("i32", GgufType::I32, -2000000000);
+  add_int("u64", GgufType::U64, int64_t(1) << 40);
+  add_int("i64", GgufType::I64, -(int64_t(1) << 40));
+  GgufValue f = scalar(GgufType::F32);
+  f.f = 0.5;
+  b.add("f32", f);
+  GgufValue d = scalar(GgufType::F64);
+  d.f = 1e100;
+  b.add("f64", d);
+  b.add_bool("bool", true);
+  b.add_string("str", std::string("h\xc3\xa9llo\0x", 8));
+  b.add_strings("strs", {"a", "", "ccc"});
+  // [[1, 2], [], [3]] of int16
+  GgufValue outer = scalar(GgufType::Array);
+  outer.elem = GgufType::Array;
+  for (std::vector<int> xs : {std::vector<int>{1, 2}, std::vector<int>{}, std::vector<int>{3}}) {
+    GgufValue inner = scalar(GgufType::Array);
+    inner.elem = GgufType::I16;
+    for (int x : xs) {
+      GgufValue e = scalar(GgufType::I16);
+      e.i = x;
+      inner.array.push_back(e);
+    }
+    outer.array.push_back(inner);
+  }
+  b.add("nested", outer);
+  f32_data = {1.f, -2.f, 3.5f};
+  b.add_tensor("vec", {3}, GgmlType::F32, [&f32_data](uint8_t* o) { std::memcpy(o, f32_data.data(), 12); });
+  b.add_tensor("mat", {32, 2}, GgmlType::Q8_0, [](uint8_t* o) {
+    for (int i = 0; i < 68; ++i) o[i] = uint8_t(i);
+  });
+  return b;
+}
+
+// The whole file the builder writes, as bytes.
+std::string file_bytes(const GgufBuilder& b, const fs::path& tmp) {
+  b.write(tmp);
+  return read_whole_file(tmp, uint64_t(1) << 30, "test");
+}
+
+TEST(GgufReader, EveryValueTypeRoundTrips) {
+  test::TempDir tmp;
+  std::vector<float> data;
+  const GgufBuilder b = every_type_builder(data);
+  b.write(tmp.path / "all.gguf");
+  const GgufFile f = GgufFile::open(tmp.path / "all.gguf");
+  EXPECT_EQ(f.version(), 3u);
+  EXPECT_EQ(f.alignment(), 32u);
+  EXPECT_EQ(f.data_offset() % 32, 0u);
+  EXPECT_EQ(f.find("u8")->u, 200u);
+  EXPECT_EQ(f.find("i8")->i, -100);
+  EXPECT_EQ(f.find("u16")->u, 60000u);
+  EXPECT_EQ(f.find("i16")->i, -30000);
+  EXPECT_EQ(f.find("u32")->u, 4000000000u);
+  EXPECT_EQ(f.find("i32")->i, -2000000000);
+  EXPECT_EQ(f.find("u64")->u, uint64_t(1) << 40);
+  EXPECT_EQ(f.find("i64")->i, -(int64_t(1) << 40));
+  EXPECT_EQ(f.find("f32")->f, 0.5);
+  EXPECT_EQ(f.find("f64")->f, 1e100);
+  EXPECT_TRUE(*f.opt_bool("bool"));
+  EXPECT_EQ(f.get_string("str"), std::string("h\xc3\xa9llo\0x", 8));
+  const GgufValue* strs = f.opt_array("strs", {GgufType::String});
+  ASSERT_NE(strs, nullptr);
+  ASSERT_EQ(strs->array.size(), 3u);
+  EXPECT_EQ(strs->array[2].str, "ccc");
+  const GgufValue* nested = f.find("nested");
+  ASSERT_EQ(nested->elem, GgufType::Array);
+  ASSERT_EQ(nested->array.size(), 3u);
+  EXPECT_EQ(nested->array[0].array[1].i, 2);
+  EXPECT_TRUE(nested->array[1].array.empty());
+  EXPECT_EQ(nested->array[2].array[0].i, 3);
+  const GgufTensor* vec = f.find_tensor("vec");
+  ASSERT_NE(vec, nullptr);
+  float got[3];
+  std::memcpy(got, vec->data, 12);
+  EXPECT_EQ(got[1], -2.f);
+  const GgufTensor* mat = f.find_tensor("mat");
+  EXPECT_EQ(mat->dims_str(), "[32, 2]");
+  EXPECT_EQ(mat->nbytes, 68u);
+  EXPECT_EQ(mat->offset % 32, 0u);
+  EXPECT_EQ(mat->data[67], 67);
+  // Typed reads name the key and the problem.
+  EXPECT_NE(error_of([&] { f.get_int("str", 0, 10); }).find("all.gguf: metadata 'str': expected an integer"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { f.get_int("u8", 0, 10); }).find("200 is outside [0, 10]"), std::string::npos);
+  EXPECT_NE(error_of([&] { f.get_string("absent"); }).find("metadata 'absent': missing"), std::string::npos);
+  EXPECT_NE(error_of([&] { f.opt_array("strs", {GgufType::F32}); }).find("got an array of string"), std::string::npos);
+}
+
+TEST(GgufReader, EveryTruncationIsAnErrorNamingTheFile) {
+  test::TempDir tmp;
+  std::vector<float> data;
+  const std::string bytes = file_bytes(every_type_builder(data), tmp.path / "t.gguf");
+  const GgufFile whole = parse(bytes);
+  const uint64_t need = whole.find_tensor("mat")->offset + 68 + whole.data_offset();
+  for (size_t n = 0; n < need; ++n) {
+    const std::string cut = bytes.substr(0, n);
+    const std::string e = error_of([&] { parse(cut, "cut.gguf"); });
+    ASSERT_EQ(e.rfind("cut.gguf: ", 0), 0u) << "length " << n << ": '" << e << "'";
+  }
+  EXPECT_NE(error_of([&] { parse(bytes.substr(0, size_t(need) - 1), "cut.gguf"); })
+                .find("cut.gguf: tensor 'mat': data offset "),
+            std::string::npos);
+}
+
+// Patches the little-endian uint64 or uint32 at `pos` of a copy.
+template <class T>
+std::string patched(std::string b, size_t pos, T v) {
+  std::memcpy(b.data() + pos, &v, sizeof(T));
+  return b;
+}
+
+TEST(GgufReader, LyingHeadersAreErrorsNamingTheField) {
+  GgufBuilder b;
+  b.add_string("general.architecture", "llama");
+  b.add_strings("list", {"x", "y"});
+  b.add_tensor("w", {32, 1}, GgmlType::Q8_0, [](uint8_t* o) { std::memset(o, 0, 34); });
+  const std::string h = b.header();
+  std::string good = h + std::string(64, '\0');
+  ASSERT_NO_THROW(parse(good));
+  // Offsets: magic 0, version 4, tensor count 8, kv count 16, first key length 24.
+  EXPECT_NE(error_of([&] { parse(patched<uint32_t>(good, 0, 0x12345678)); }).find("not a GGUF file"), std::string::npos);
+  EXPECT_NE(error_of([&] { parse(patched<uint32_t>(good, 4, 1)); }).find("GGUF version 1"), std::string::npos);
+  EXPECT_NE(error_of([&] { parse(patched<uint64_t>(good, 8, uint64_t(1) << 60)); }).find("tensor count"), std::string::npos);
+  EXPECT_NE(error_of([&] { parse(patched<uint64_t>(good, 16, uint64_t(1) << 60)); }).find("metadata count"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { parse(patched<uint64_t>(good, 24, ~uint64_t(0))); }).find("metadata entry 0 key"),
+            std::string::npos);
+  // The value of the first key: its string length (after key len 8 + "general.architecture" 20 + type 4).
+  const size_t v0 = 24 + 8 + 20 + 4;
+  EXPECT_NE(error_of([&] { parse(patched<uint64_t>(good, v0, uint64_t(1) << 62)); })
+                .find("t.gguf: metadata 'general.architecture' (string of 4611686018427387904 bytes)"),
+            std::string::npos);
+  // Its type: 99 is no GGUF type.
+  EXPECT_NE(error_of([&] { parse(patched<uint32_t>(good, v0 - 4, 99)); })
+                .find("metadata 'general.architecture': value type 99 is not a GGUF type"),
+            std::string::npos);
+  // The array's length: "list" key at v0 + 8 + 5, then type 4, element type 4, length 8.
+  const size_t a0 = v0 + 8 + 5 + 8 + 4 + 4 + 4;
+  EXPECT_NE(error_of([&] { parse(patched<uint64_t>(good, a0, uint64_t(1) << 40)); })
+                .find("metadata 'list': array of 1099511627776 string values cannot fit"),
+            std::string::npos);
+  // Tensor info: name "w" after the array (2 strings of 1 byte).
+  const size_t t0 = a0 + 8 + 2 * 9;
+  const size_t dims = t0 + 8 + 1 + 4, type = dims + 16, off = type + 4;
+  EXPECT_NE(error_of([&] { parse(patched<uint32_t>(good, t0 + 9, 7)); }).find("tensor 'w': 7 dimensions"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { parse(patched<uint64_t>(good, dims, 33)); })
+                .find("tensor 'w': type Q8_0 stores blocks of 32 values, but the rows are 33 long"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { parse(patched<uint32_t>(good, type, 77)); }).find("tensor 'w': unknown tensor type 77"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { parse(patched<uint64_t>(good, off, 4)); }).find("not a multiple of the alignment 32"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { parse(patched<uint64_t>(good, off, 1024)); })
+                .find("t.gguf: tensor 'w': data offset 1024 + 34 bytes past the end of the file"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { parse(patched<uint64_t>(good, dims + 8, uint64_t(1) << 40)); }).find("dimension 1 is"),
+            std::string::npos);
+}
+
+TEST(GgufReader, AlignmentKeyDuplicatesAndOverlaps) {
+  GgufBuilder b;
+  b.add_u32("general.alignment", 64);
+  b.add_tensor("a", {4}, GgmlType::F32, [](uint8_t*) {});
+  b.add_tensor("b", {4}, GgmlType::F32, [](uint8_t*) {});
+  const std::string h = b.header(64);
+  const GgufFile f = parse(h + std::string(128, '\0'));
+  EXPECT_EQ(f.alignment(), 64u);
+  EXPECT_EQ(f.data_offset() % 64, 0u);
+  EXPECT_EQ(f.find_tensor("b")->offset, 64u);
+
+  GgufBuilder bad;
+  bad.add_u32("general.alignment", 48);
+  EXPECT_NE(error_of([&] { parse(bad.header()); }).find("metadata 'general.alignment': 48 is not a power of two"),
+            std::string::npos);
+  GgufBuilder twice;
+  twice.add_u32("k", 1);
+  twice.add_u32("k", 2);
+  EXPECT_NE(error_of([&] { parse(twice.header()); }).find("metadata 'k' appears twice"), std::string::npos);
+  GgufBuilder same;
+  same.add_tensor("x", {4}, GgmlType::F32, [](uint8_t*) {});
+  same.add_tensor("x", {4}, GgmlType::F32, [](uint8_t*) {});
+  EXPECT_NE(error_of([&] { parse(same.header() + std::string(64, '\0')); }).find("tensor 'x': appears twice"),
+            std::string::npos);
+}
+
+TEST(GgufReader, DeepNestingAndFifoAreRefused) {
+  // 9 nested arrays, each with one element.
+  std::string h;
+  auto put32 = [&](uint32_t v) { h.append(reinterpret_cast<const char*>(&v), 4); };
+  auto put64 = [&](uint64_t v) { h.append(reinterpret_cast<const char*>(&v), 8); };
+  put32(0x46554747);
+  put32(3);
+  put64(0);
+  put64(1);
+  put64(1);
+  h += "k";
+  put32(9);
+  for (int i = 0; i < 9; ++i) {
+    put32(9);
+    put64(1);
+  }
+  put32(0);
+  put64(0);
+  EXPECT_NE(error_of([&] { parse(h); }).find("metadata 'k': arrays nested deeper than 8 levels"), std::string::npos);
+
+  test::TempDir tmp;
+  const fs::path fifo = tmp.path / "pipe.gguf";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_NE(error_of([&] { GgufFile::open(fifo); }).find("is a FIFO, not a regular file"), std::string::npos);
+  EXPECT_NE(error_of([&] { Model::load(tmp.path / "absent.gguf"); }).find("absent.gguf: cannot open"), std::string::npos);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The Q/K permutation
+
+TEST(GgufModel, UnpermutingProjectedRowsUndoesTheConvertersRowOrder) {
+  const int heads = 3, D = 8, cols = 32, rows = heads * D, T = 2;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd;
+  std::vector<float> w(size_t(rows * cols)), x(size_t(T * cols));
+  for (auto& v : w) v = nd(rng);
+  for (auto& v : x) v = nd(rng);
+  const std::vector<int> src = gguf_permuted_rows(rows, D);
+  // The converter's order, spelled out: destination row h*D + 2j + i holds source row h*D + i*D/2 + j.
+  EXPECT_EQ(src[size_t(1 * D + 2 * 1 + 1)], 1 * D + 1 * D / 2 + 1);
+  std::vector<float> wp(w.size());
+  for (int r = 0; r < rows; ++r) std::copy_n(&w[size_t(src[size_t(r)] * cols)], cols, &wp[size_t(r * cols)]);
+  std::vector<float> y(size_t(T * rows)), yp(size_t(T * rows));
+  matmul_ref(x.data(), T, dense_matrix(DType::F32, w.data(), rows, cols), nullptr, y.data());
+  matmul_ref(x.data(), T, dense_matrix(DType::F32, wp.data(), rows, cols), nullptr, yp.data());
+  EXPECT_NE(y, yp);
+  gguf_unpermute_heads(yp.data(), T, heads, D);
+  EXPECT_EQ(y, yp);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Models: the goldens through GGUF files
+
+struct Golden {
+  std::vector<int32_t> tf_ids;
+  std::vector<float> tf_nll;
+  double mean_nll;
+  nlohmann::json prompts;
+};
+Golden golden_of(const fs::path& dir) {
+  SafetensorsFile g(dir / "golden.safetensors");
+  const auto j = test::read_json(dir / "golden.json");
+  return {test::tensor_values<int32_t>(g, "tf_ids"), test::tensor_values<float>(g, "tf_nll"),
+          j["teacher_forced"]["mean_nll"].get<double>(), j["prompts"]};
+}
+
+SessionOptions f32_opts() {
+  SessionOptions o;  // the default cache: float32, as the goldens' test
+  o.kv.ctx_size = 1024;
+  return o;
+}
+
+// Mean NLL of the teacher-forced ids; per-position NLLs compared when `per_position_tol` > 0.
+double teacher_forced(const Model& m, const Golden& g, double per_position_tol) {
+  ThreadPool pool(2);
+  Session s(m, f32_opts(), pool);
+  std::span<float> logits = s.feed_all(g.tf_ids);
+  const int V = m.config().vocab_size;
+  double sum = 0;
+  for (size_t t = 0; t + 1 < g.tf_ids.size(); ++t) {
+    const float* row = logits.data() + t * size_t(V);
+    const float mx = *std::max_element(row, row + V);
+    double lse = 0;
+    for (int i = 0; i < V; ++i) lse += std::exp(double(row[i]) - mx);
+    const double nll = std::log(lse) + mx - row[g.tf_ids[t + 1]];
+    if (per_position_tol > 0) {
+      EXPECT_NEAR(nll, g.tf_nll[t], per_position_tol) << "position " << t;
+    }
+    sum += nll;
+  }
+  return sum / double(g.tf_ids.size() - 1);
+}
+
+std::vector<int32_t> greedy(const Model& m, std::vector<int32_t> ids, int n) {
+  ThreadPool pool(2);
+  Session s(m, f32_opts(), pool);
+  std::span<float> logits = s.feed(ids);
+  std::vector<int32_t> out = ids;
+  for (int i = 0; i < n; ++i) {
+    const int32_t next = argmax(logits);
+    out.push_back(next);
+    logits = s.feed({&next, 1});
+  }
+  return out;
+}
+
+void expect_goldens(const Model& m, const fs::path& dir) {
+  const Golden g = golden_of(dir);
+  EXPECT_NEAR(teacher_forced(m, g, 1e-3), g.mean_nll, 1e-4);
+  for (const auto& p : g.prompts) {
+    const auto ids = p["ids"].get<std::vector<int32_t>>();
+    const auto want = p["greedy_ids"].get<std::vector<int32_t>>();
+    auto got = greedy(m, ids, int(want.size()));
+    EXPECT_EQ(std::vector<int32_t>(got.begin() + std::ptrdiff_t(ids.size()), got.end()), want) << p["text"];
+  }
+}
+
+class GgufWrittenModel : public ::testing::TestWithParam<std::string> {};
+
+// Our writer at F32 (Q/K permuted for llama, llama3 RoPE as rope_freqs, biases for qwen2), read back:
+// the transformers goldens, greedy ids identical.
+TEST_P(GgufWrittenModel, F32FileGivesTheSafetensorsGoldens) {
+  test::TempDir tmp;
+  const fs::path dir = test::repo_model(GetParam());
+  const fs::path out = tmp.path / (GetParam() + ".gguf");
+  const GgufWriteResult r = write_gguf_from_hf(dir, out, GgmlType::F32);
+  EXPECT_GT(r.tensors, 10);
+  auto m = Model::load(out);
+  ASSERT_NE(m->gguf(), nullptr);
+  const ModelConfig& c = m->config(), s = ModelConfig::load(dir / "config.json");
+  EXPECT_EQ(c.n_layers, s.n_layers);
+  EXPECT_EQ(c.n_kv_heads, s.n_kv_heads);
+  EXPECT_EQ(c.tie_word_embeddings, s.tie_word_embeddings);
+  EXPECT_EQ(c.qkv_bias, s.qkv_bias);
+  EXPECT_FLOAT_EQ(c.rms_norm_eps, s.rms_norm_eps);
+  auto ref = Model::load(dir);
+  for (size_t i = 0; i < ref->kv_shape().rope_inv_freq.size(); ++i)
+    EXPECT_NEAR(m->kv_shape().rope_inv_freq[i], ref->kv_shape().rope_inv_freq[i],
+                1e-6 * ref->kv_shape().rope_inv_freq[i]);
+  expect_goldens(*m, dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, GgufWrittenModel,
+                         ::testing::Values("kjv-tiny", "qwen2-tiny", "mistral-tiny", "llama-mha-ropescaled-tiny"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
+
+// llama.cpp's own F32 conversion of kjv-tiny (../shared): the same goldens.
+TEST(GgufReference, LlamaCppF32FileGivesTheGoldens) {
+  const fs::path f = test::shared_model("gguf") / "kjv-tiny-F32.gguf";
+  if (!fs::exists(f)) GTEST_SKIP() << f << " not found (read from ../shared/models/gguf)";
+  auto m = Model::load(f);
+  expect_goldens(*m, test::repo_model("kjv-tiny"));
+}
+
+// Quantized files: near the goldens (not equal): llama.cpp's Q8_0 of kjv-tiny shipped in tests/data,
+// and ../shared's files when present.
+TEST(GgufReference, QuantizedFilesStayNearTheGoldens) {
+  struct Case {
+    fs::path file;
+    std::string model;
+    double tol;
+  };
+  std::vector<Case> cases = {{test::repo_dir() / "tests/data/gguf/kjv-tiny-Q8_0.gguf", "kjv-tiny", 0.01}};
+  const fs::path g = test::shared_model("gguf");
+  for (const Case& c : {Case{g / "kjv-tiny-Q4_0.gguf", "kjv-tiny", 0.08},
+                        Case{g / "mistral-tiny-Q8_0.gguf", "mistral-tiny", 0.01},
+                        Case{g / "llama-mha-ropescaled-tiny-Q8_0.gguf", "llama-mha-ropescaled-tiny", 0.01}})
+    if (fs::exists(c.file)) cases.push_back(c);
+  for (const Case& c : cases) {
+    auto m = Model::load(c.file);
+    const Golden gold = golden_of(test::repo_model(c.model));
+    const double nll = teacher_forced(*m, gold, 0);
+    EXPECT_NEAR(nll, gold.mean_nll, c.tol) << c.file;
+    EXPECT_NE(m->config().dtype.find("GGUF"), std::string::npos);
+  }
+}
+
+TEST(GgufModel, WriterQuantizedFileLoadsInPlaceAndStaysNear) {
+  test::TempDir tmp;
+  const fs::path dir = test::repo_model("kjv-tiny");
+  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::F16, GgmlType::BF16}) {
+    const fs::path out = tmp.path / "k.gguf";
+    const GgufWriteResult r = write_gguf_from_hf(dir, out, t);
+    auto m = Model::load(out);
+    const GgufFile& f = *m->gguf();
+    EXPECT_EQ(f.find_tensor("blk.0.attn_q.weight")->type, t);
+    EXPECT_EQ(f.find_tensor("blk.0.attn_norm.weight")->type, GgmlType::F32);
+    EXPECT_EQ(f.find_tensor("output.weight"), nullptr);  // tied
+    EXPECT_EQ(r.fallback, 0);
+    const Golden gold = golden_of(dir);
+    const double tol = t == GgmlType::Q4_0 ? 0.1 : t == GgmlType::Q8_0 ? 0.01 : 0.003;
+    EXPECT_NEAR(teacher_forced(*m, gold, 0), gold.mean_nll, tol) << ggml_type_info(t).name;
+    EXPECT_LT(m->weight_bytes(), fs::file_size(dir / "model.safetensors"));
+  }
+}
+
+TEST(GgufModel, UnsupportedArchitectureAndBadShapesAreErrors) {
+  test::TempDir tmp;
+  auto model_file = [&](const std::function<void(GgufBuilder&)>& edit) {
+    GgufBuilder b;
+    b.add_string("general.architecture", "llama");
+    b.add_u32("llama.block_count", 1);
+    b.add_u32("llama.embedding_length", 64);
+    b.add_u32("llama.feed_forward_length", 64);
+    b.add_u32("llama.attention.head_count", 2);
+    edit(b);
+    b.write(tmp.path / "m.gguf");
+    return error_of([&] { Model::load(tmp.path / "m.gguf"); });
+  };
+  GgufBuilder gpt;
+  gpt.add_string("general.architecture", "gpt2");
+  gpt.write(tmp.path / "m.gguf");
+  EXPECT_NE(error_of([&] { Model::load(tmp.path / "m.gguf"); })
+                .find("m.gguf: metadata 'general.architecture': unsupported architecture 'gpt2' (supported: llama, qwen2)"),
+            std::string::npos);
+  EXPECT_NE(model_file([](GgufBuilder&) {}).find("tensor 'token_embd.weight' is missing"), std::string::npos);
+  EXPECT_NE(model_file([](GgufBuilder& b) {
+              b.add_tensor("token_embd.weight", {32, 10}, GgmlType::F32, [](uint8_t* o) { std::memset(o, 0, 1280); });
+            }).find("tensor 'token_embd.weight' has dims [32, 10], the metadata implies [64, 10]"),
+            std::string::npos);
+  EXPECT_NE(model_file([](GgufBuilder& b) { b.add_u32("llama.attention.head_count_kv", 3); })
+                .find("metadata 'llama.attention.head_count_kv': (3) must divide"),
+            std::string::npos);
+  EXPECT_NE(model_file([](GgufBuilder& b) { b.add_string("llama.rope.scaling.type", "yarn"); })
+                .find("metadata 'llama.rope.scaling.type': 'yarn' is not supported"),
+            std::string::npos);
+  // A block type the kernels do not read (Q5_1) is named at load, not at the first matmul.
+  EXPECT_NE(model_file([](GgufBuilder& b) {
+              b.add_tensor("token_embd.weight", {64, 10}, GgmlType::Q5_1,
+                           [](uint8_t* o) { std::memset(o, 0, 24 * 20); });
+            }).find("tensor 'token_embd.weight' has type Q5_1, which this build's kernels do not read"),
+            std::string::npos);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The embedded tokenizer
+
+std::vector<std::string> varied_texts() {
+  std::vector<std::string> t = {
+      "In the beginning God created the heaven and the earth.",
+      "  leading spaces, trailing  \n\n\ttabs\tand\r\nCRLF  ",
+      "Numbers 1234567 and 3.14159, dates 2024-07-01; it's we'll they'd I'M",
+      "Unicode: caf\xc3\xa9 na\xc3\xafve \xe4\xb8\xad\xe6\x96\x87 \xf0\x9f\x98\x80 emoji, \xce\xb1\xce\xb2\xce\xb3",
+      "<s>special</s> in text <pad> and </s>",
+      "",
+      "a",
+      "!!!???...---___",
+  };
+  const fs::path corpus = test::shared_dir() / "corpus" / "val.txt";
+  if (fs::exists(corpus)) {
+    const std::string all = read_whole_file(corpus, uint64_t(1) << 30, "val.txt");
+    for (size_t k = 0; k < 6; ++k) t.push_back(all.substr(k * 7919 % (all.size() - 3000), 3000));
+  }
+  return t;
+}
+
+void expect_same_ids(const Tokenizer& a, const Tokenizer& b, const std::vector<std::string>& texts, const std::string& what) {
+  for (const std::string& s : texts) {
+    for (bool special : {true, false}) {
+      EncodeOptions o;
+      o.add_special = special;
+      o.parse_special = special;
+      const auto ia = a.encode(s, o);
+      ASSERT_EQ(ia, b.encode(s, o)) << what << ": '" << s.substr(0, 80) << "' add_special " << special;
+      EXPECT_EQ(a.decode(ia), b.decode(ia)) << what;
+    }
+  }
+  EXPECT_EQ(a.vocab_size(), b.vocab_size()) << what;
+  // A fixture without tokenizer_config.json names no BOS/EOS; the GGUF form names the template's.
+  if (b.bos_id()) {
+    EXPECT_EQ(a.bos_id(), b.bos_id()) << what;
+  }
+  if (b.eos_id()) {
+    EXPECT_EQ(a.eos_id(), b.eos_id()) << what;
+  }
+}
+
+// Writes a tokenizer.json as a GGUF file's vocabulary keys (our writer's), reads the file back.
+Tokenizer through_gguf_file(const fs::path& tokenizer_json, const fs::path& tmp) {
+  const nlohmann::json tok = test::read_json(tokenizer_json);
+  const fs::path cfg_path = tokenizer_json.parent_path() / "tokenizer_config.json";
+  const nlohmann::json cfg = tokenizer_json.filename() == "tokenizer.json" && fs::exists(cfg_path)
+                                 ? test::read_json(cfg_path)
+                                 : nlohmann::json::object();
+  const GgufVocab v = gguf_vocab_from_tokenizer_json(tok, cfg, tokenizer_json.string());
+  GgufBuilder b;
+  b.add_string("general.architecture", "llama");
+  b.add_string("tokenizer.ggml.model", v.model);
+  if (!v.pre.empty()) b.add_string("tokenizer.ggml.pre", v.pre);
+  b.add_strings("tokenizer.ggml.tokens", v.tokens);
+  if (!v.scores.empty()) b.add_f32s("tokenizer.ggml.scores", v.scores);
+  b.add_i32s("tokenizer.ggml.token_type", v.types);
+  if (!v.merges.empty()) b.add_strings("tokenizer.ggml.merges", v.merges);
+  if (v.bos) b.add_u32("tokenizer.ggml.bos_token_id", uint32_t(*v.bos));
+  if (v.eos) b.add_u32("tokenizer.ggml.eos_token_id", uint32_t(*v.eos));
+  if (v.unk) b.add_u32("tokenizer.ggml.unknown_token_id", uint32_t(*v.unk));
+  if (v.add_bos) b.add_bool("tokenizer.ggml.add_bos_token", *v.add_bos);
+  if (v.add_space_prefix) b.add_bool("tokenizer.ggml.add_space_prefix", *v.add_space_prefix);
+  const fs::path out = tmp / (tokenizer_json.stem().string() + ".gguf");
+  b.write(out);
+  return load_tokenizer(out);
+}
+
+// The reference files' vocabularies (llama.cpp's converter wrote them): the tokenizer.json ids.
+TEST(GgufTokenizer, ReferenceFilesMatchTokenizerJson) {
+  const Tokenizer json_tok = Tokenizer::load(test::repo_model("kjv-tiny"));
+  const auto texts = varied_texts();
+  expect_same_ids(load_tokenizer(test::repo_dir() / "tests/data/gguf/kjv-tiny-Q8_0.gguf"), json_tok, texts,
+                  "kjv-tiny-Q8_0.gguf");
+  const fs::path g = test::shared_model("gguf");
+  if (!fs::exists(g)) GTEST_SKIP() << g << " not found: the shipped file alone was checked";
+  for (const auto& e : fs::directory_iterator(g))
+    if (e.path().extension() == ".gguf") expect_same_ids(load_tokenizer(e.path()), json_tok, texts, e.path().string());
+}
+
+// Real tokenizer layouts of other families, through our writer's keys and back: tokenizer.json's
+// ids, and HF tokenizers' own ids (cases.json).
+TEST(GgufTokenizer, OtherFamiliesRoundTripThroughGguf) {
+  test::TempDir tmp;
+  const fs::path data = test::repo_dir() / "tests/data/tokenizers";
+  const auto cases = test::read_json(data / "cases.json")["cases"];
+  std::vector<std::string> texts = varied_texts();
+  for (const auto& c : cases) texts.push_back(c["text"].get<std::string>());
+  for (const char* name : {"llama3_style.json", "qwen_style.json", "smollm_style.json", "sentencepiece_bpe.json"}) {
+    const Tokenizer mine = through_gguf_file(data / name, tmp.path);
+    const Tokenizer ref = Tokenizer::load(data / name);
+    expect_same_ids(mine, ref, texts, name);
+    int checked = 0;
+    for (const auto& c : cases) {
+      if (c["tokenizer"] != name) continue;
+      EXPECT_EQ(mine.encode(c["text"].get<std::string>()), c["ids"].get<std::vector<int32_t>>()) << name << c["text"];
+      ++checked;
+    }
+    EXPECT_GT(checked, 0) << name;
+  }
+  for (const std::string m : {"kjv-tiny", "qwen2-tiny"})
+    expect_same_ids(through_gguf_file(test::repo_model(m) / "tokenizer.json", tmp.path),
+                    Tokenizer::load(test::repo_model(m)), texts, m);
+}
+
+TEST(GgufTokenizer, PreTokenizerNamesMapAndUnknownOnesAreErrors) {
+  GgufVocab v;
+  v.source = "v.gguf";
+  v.model = "gpt2";
+  v.tokens = {"a", "b", "ab"};
+  v.merges = {"a b"};
+  for (const std::string& pre : gguf_pre_tokenizer_names()) {
+    v.pre = pre;
+    const Tokenizer t = tokenizer_from_gguf_vocab(v);
+    EXPECT_EQ(t.encode("ab", {false, false}), std::vector<int32_t>({2})) << pre;
+  }
+  v.pre = "falcon";
+  EXPECT_NE(error_of([&] { tokenizer_from_gguf_vocab(v); }).find("v.gguf: metadata 'tokenizer.ggml.pre': 'falcon' is not supported"),
+            std::string::npos);
+  v.pre = "gpt-2";
+  v.model = "bert";
+  EXPECT_NE(error_of([&] { tokenizer_from_gguf_vocab(v); }).find("'tokenizer.ggml.model': 'bert' is not supported"),
+            std::string::npos);
+  v.model = "gpt2";
+  v.bos = 7;
+  EXPECT_NE(error_of([&] { tokenizer_from_gguf_vocab(v); }).find("'tokenizer.ggml.bos_token_id': 7 is not a token id"),
+            std::string::npos);
+  v.bos.reset();
+  v.types = {1, 1};
+  EXPECT_NE(error_of([&] { tokenizer_from_gguf_vocab(v); }).find("2 entries for 3 tokens"), std::string::npos);
+}
+
+TEST(GgufTokenizer, ChatTemplateAndSpecialTokensComeFromTheFile) {
+  test::TempDir tmp;
+  const fs::path dir = tmp.path / "m";
+  fs::create_directories(dir);
+  for (const char* f : {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json"})
+    fs::copy_file(test::repo_model("kjv-tiny") / f, dir / f);
+  nlohmann::json cfg = test::read_json(test::repo_model("kjv-tiny") / "tokenizer_config.json");
+  cfg["chat_template"] = "{% for m in messages %}<s>{{ m['content'] }}</s>{% endfor %}";
+  std::ofstream(dir / "tokenizer_config.json") << cfg.dump();
+  write_gguf_from_hf(dir, tmp.path / "c.gguf", GgmlType::Q8_0);
+  const GgufFile f = GgufFile::open(tmp.path / "c.gguf");
+  EXPECT_EQ(f.get_string("tokenizer.chat_template"), cfg["chat_template"].get<std::string>());
+  const GgufTokenizerJson j = gguf_vocab_to_json(gguf_vocab(f));
+  EXPECT_EQ(j.config["bos_token"], "<s>");
+  EXPECT_EQ(j.config["eos_token"], "</s>");
+  EXPECT_EQ(j.config["chat_template"], cfg["chat_template"]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The prompt cache's key covers the file
+
+TEST(GgufPromptCache, KeyCoversTheFile) {
+  test::TempDir tmp;
+  const fs::path a = tmp.path / "a.gguf", b = tmp.path / "b.gguf";
+  write_gguf_from_hf(test::repo_model("kjv-tiny"), a, GgmlType::Q8_0);
+  write_gguf_from_hf(test::repo_model("kjv-tiny"), b, GgmlType::Q4_0);
+  KVCacheConfig kv;
+  auto key = [&](const fs::path& p) {
+    auto m = Model::load(p);
+    const Tokenizer t = load_tokenizer(p);
+    return prompt_cache_identity(*m, t, kv);
+  };
+  const PromptCacheIdentity ia = key(a), ib = key(b);
+  EXPECT_EQ(ia.model_name, "a.gguf");
+  EXPECT_NE(ia.config_key, ib.config_key);
+  EXPECT_EQ(key(a).config_key, ia.config_key);
+  // Rewritten (same bytes, a new mtime): another key.
+  fs::last_write_time(a, fs::last_write_time(a) + std::chrono::seconds(5));
+  EXPECT_NE(key(a).config_key, ia.config_key);
+  auto dir_model = Model::load(test::repo_model("kjv-tiny"));
+  EXPECT_NE(prompt_cache_identity(*dir_model, Tokenizer::load(test::repo_model("kjv-tiny")), kv).config_key,
+            ia.config_key);
+}
+
+}  // namespace
+}  // namespace ptllm
