@@ -494,8 +494,8 @@ int run_eval(EvalArgs& a) {
     write_plot(a.plot, ev,
                "mean NLL by position: " + dir.filename().string() + ", " +
                    std::filesystem::path(a.text_file).filename().string());
-  std::fprintf(stderr, "model: %s (%s weights), %d threads; %zu tokens fed per configuration; baseline %.1f s",
-               dir.string().c_str(), format_bytes(model.weight_bytes()).c_str(), pool.size(), fed,
+  std::fprintf(stderr, "model: %s (%s), %d threads; %zu tokens fed per configuration; baseline %.1f s",
+               dir.string().c_str(), weights_text(model).c_str(), pool.size(), fed,
                ev.baseline_seconds());
   for (const auto& c : ev.configs()) std::fprintf(stderr, ", %s %.1f s", c.spec.name.c_str(), c.seconds);
   std::fprintf(stderr, "; total %.1f s\n", seconds_since(t_start));

@@ -19,5 +19,6 @@ Command add_make_model_command(CLI::App& root);
 Command add_template_command(CLI::App& root);
 Command add_chat_command(CLI::App& root);
 Command add_serve_command(CLI::App& root);
+Command add_quantize_command(CLI::App& root);
 
 }  // namespace ptllm::cli

@@ -31,6 +31,7 @@ int run(int argc, char** argv) {
       ptllm::cli::add_template_command(app),
       ptllm::cli::add_chat_command(app),
       ptllm::cli::add_serve_command(app),
+      ptllm::cli::add_quantize_command(app),
   };
   for (auto& c : commands) c.app->set_version_flag("--version", ptllm::cli::version_text(), "Print the version and build");
   std::vector<std::string> args;
