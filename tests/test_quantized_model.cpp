@@ -722,6 +722,37 @@ TEST(QuantizeCliTest, QuantizeThenSampleWithThePromptCache) {
   EXPECT_TRUE(has(bad.err, "--bits")) << bad.err;
 }
 
+// eval --baseline-model: the baseline is the other checkpoint's fp32 full cache (here the F32 original
+// of a q8 copy), the configuration the quantized model's; a checkpoint of another tokenizer is refused.
+TEST(QuantizeCliTest, EvalAgainstTheOriginalAsBaseline) {
+  const Quantized& q = quantized();
+  test::TempDir tmp;
+  const fs::path text = tmp.path / "text.txt";
+  std::ofstream(text) << kText;
+  auto eval = [&](const std::string& args) {
+    return test::run_command(test::binary() + " eval " + args + " --text " + text.string() + " --json --threads 2");
+  };
+  const auto alone = eval(test::repo_model("kjv-tiny").string()), vs = eval(q.q4.string() + " --baseline-model " +
+                                                                            test::repo_model("kjv-tiny").string());
+  ASSERT_EQ(alone.code, 0) << alone.err;
+  ASSERT_EQ(vs.code, 0) << vs.err;
+  const json a = json::parse(alone.out), v = json::parse(vs.out);
+  EXPECT_EQ(v["baseline"]["name"], "fp32 full cache, " + test::repo_model("kjv-tiny").string());
+  EXPECT_EQ(v["baseline"]["ppl"], a["baseline"]["ppl"]);  // the F32 model's, computed the same way
+  EXPECT_EQ(a["configs"][0]["kl_mean"], 0.0);              // alone: the same weights and an fp32 cache
+  const double kl = v["configs"][0]["kl_mean"].get<double>();
+  EXPECT_GT(kl, 1e-4);  // q4 against F32
+  EXPECT_LT(kl, 0.5);
+  EXPECT_NEAR(v["configs"][0]["mean_nll"].get<double>(), a["configs"][0]["mean_nll"].get<double>(), 0.25);
+  // A copy whose tokenizer_config.json differs by a byte has another tokenizer fingerprint.
+  const fs::path other_dir = tmp.path / "other";
+  fs::copy(test::repo_model("kjv-tiny"), other_dir, fs::copy_options::recursive);
+  std::ofstream(other_dir / "tokenizer_config.json", std::ios::app) << "\n";
+  const auto other = eval(q.q4.string() + " --baseline-model " + other_dir.string());
+  EXPECT_EQ(other.code, 1);
+  EXPECT_TRUE(has(other.err, "--baseline-model needs the tokenizer and vocabulary of")) << other.err;
+}
+
 // bench on a quantized make-model checkpoint: the JSON names the format, and the bytes a decode step
 // reads are the codes, scales, biases and norms of the file (tied: the embedding is the LM head).
 TEST(QuantizeCliTest, BenchReportsTheFormatAndTheBytesRead) {
