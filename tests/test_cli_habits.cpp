@@ -355,7 +355,7 @@ TEST(CliHabitsCommands, VersionNamesTheProjectAndTheBuild) {
 TEST(CliHabitsCommands, UnknownCommandsAreNamed) {
   expect_usage_error({"foo", "unknown command 'foo' (the commands: sample, tokenize, eval, cache, bench, make-model, template, chat, serve, quantize)"});
   expect_usage_error({"cache foo /tmp", "unknown command 'cache foo' (the commands: cache ls, cache inspect, cache prune)"});
-  expect_usage_error({"", "give a command: sample, tokenize, eval, cache, bench, make-model, template, chat, serve"});
+  expect_usage_error({"", "give a command: sample, tokenize, eval, cache, bench, make-model, template, chat, serve, quantize"});
   expect_usage_error({"cache", "give a command: cache ls, cache inspect, cache prune"});
   expect_usage_error({"sample -p x --no-such-flag", "The following argument was not expected: --no-such-flag"});
 }

@@ -167,6 +167,7 @@ int run_bench_command(BenchArgs& a) {
         {"kv_layers", kv_layers_json(r.kv_layers)},
         {"peak_rss_mb", rss_mib},
         {"weight_bytes", model.weight_bytes()},
+        {"weight_format", model.weight_format()},
         {"bytes_per_token", r.weight_bytes_per_token + r.kv_bytes_per_token},
         {"bandwidth_gb_s", bw.read_gb_s},
         {"copy_bandwidth_gb_s", bw.copy_gb_s},
@@ -182,8 +183,8 @@ int run_bench_command(BenchArgs& a) {
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
-  std::printf("model: %s (%s, %s of weights), %d threads, simd %s\n", a.model_dir.c_str(), cfg.arch_name.c_str(),
-              format_bytes(model.weight_bytes()).c_str(), pool.size(), simd.c_str());
+  std::printf("model: %s (%s, %s), %d threads, simd %s\n", a.model_dir.c_str(), cfg.arch_name.c_str(),
+              weights_text(model).c_str(), pool.size(), simd.c_str());
   std::printf("run: %d prompt tokens after %d of context, %d generated; median of %d\n", b.prompt_tokens, b.context,
               b.gen_tokens, b.repeat);
   std::printf("prefill: %.1f tok/s, time to first token %.1f ms\n", r.prefill_tok_s, r.ttft_ms);

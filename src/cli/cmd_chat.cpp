@@ -269,8 +269,8 @@ int run_chat(ChatArgs& a) {
         rt.tokenizer());
   ChatState st{a, rt, prompt, conv, cache.get(), stop_token_ids(dir, rt.config(), rt.tokenizer()),
                Sampler(a.sampling), initial_messages(a), 0, cache_id, a.prompt_cache_dir};
-  std::fprintf(stderr, "model: %s (%s, %s weights), %d threads, seed %llu, chat template %s\n", dir.string().c_str(),
-               rt.config().arch_name.c_str(), format_bytes(rt.model().weight_bytes()).c_str(), rt.pool().size(),
+  std::fprintf(stderr, "model: %s (%s, %s), %d threads, seed %llu, chat template %s\n", dir.string().c_str(),
+               rt.config().arch_name.c_str(), weights_text(rt.model()).c_str(), rt.pool().size(),
                static_cast<unsigned long long>(a.sampling.seed), prompt.origin().c_str());
   if (source.interactive())
     std::fprintf(stderr, "chat: type a message; /reset starts over, /exit or Ctrl-D ends, Ctrl-C stops a reply\n");

@@ -27,6 +27,7 @@ namespace {
 
 struct EvalArgs {
   std::string model_dir;
+  std::string baseline_model_dir;
   std::string text_file;
   std::string configs;
   bool documents = false;
@@ -113,8 +114,9 @@ std::vector<std::string> read_greedy_prompts(const std::string& path) {
   return prompts;
 }
 
-GreedyResult run_greedy(const EvalArgs& a, std::vector<std::string> prompts, const Model& model, const Tokenizer& tok,
-                        const std::vector<CacheSpec>& specs, ThreadPool& pool) {
+// base: the model of the baseline (--baseline-model, or `model`).
+GreedyResult run_greedy(const EvalArgs& a, std::vector<std::string> prompts, const Model& model, const Model& base,
+                        const Tokenizer& tok, const std::vector<CacheSpec>& specs, ThreadPool& pool) {
   GreedyResult g;
   g.prompts = std::move(prompts);
   g.pct.assign(specs.size(), {});
@@ -122,7 +124,7 @@ GreedyResult run_greedy(const EvalArgs& a, std::vector<std::string> prompts, con
     const std::vector<int32_t> ids = tok.encode(prompt, {.add_special = true, .parse_special = false});
     KVCacheConfig full;
     full.ctx_size = 0;  // the prompt and its continuation
-    const std::vector<int32_t> want = greedy_tokens(model, full, ids, a.greedy_tokens, pool);
+    const std::vector<int32_t> want = greedy_tokens(base, full, ids, a.greedy_tokens, pool);
     for (size_t k = 0; k < specs.size(); ++k) {
       try {
         g.pct[k].push_back(prefix_match_pct(want, greedy_tokens(model, specs[k].kv, ids, a.greedy_tokens, pool)));
@@ -330,6 +332,7 @@ struct EvalReport {
   std::string model, mode;
   size_t fed = 0;
   int threads = 0;
+  std::string baseline;  // its name in the JSON: "fp32 full cache[, DIR]"
 };
 
 std::string report_json(const EvalReport& r) {
@@ -354,7 +357,7 @@ std::string report_json(const EvalReport& r) {
   else
     j["feed"] = {{"prefill", a.plan.prefill}, {"chunk", a.plan.chunk}};
   j["threads"] = r.threads;
-  j["baseline"] = {{"name", "fp32 full cache"}, {"mean_nll", base_nll}, {"ppl", std::exp(base_nll)},
+  j["baseline"] = {{"name", r.baseline}, {"mean_nll", base_nll}, {"ppl", std::exp(base_nll)},
                    {"ppl_stderr", ppl_error(ev.baseline_nll())},
                    {"buckets", buckets_json(base_buckets)}, {"seconds", ev.baseline_seconds()}};
   j["configs"] = nlohmann::json::array();
@@ -401,8 +404,8 @@ std::string report_table(const EvalReport& r) {
   auto greedy_mean = [&](size_t k) { return mean(greedy.pct[k]); };
   const std::string& mode = r.mode;
   const size_t fed = r.fed;
-  std::string out = fmt("baseline (fp32, full cache): PPL %.4f ± %.5f, mean NLL %.4f over %zu predictions in %zu %s\n\n",
-                        std::exp(base_nll), ppl_error(ev.baseline_nll()), base_nll, ev.positions().size(), ev.streams(),
+  std::string out = "baseline (fp32, full cache" + (a.baseline_model_dir.empty() ? "" : ", " + a.baseline_model_dir) + "): " +
+                    fmt("PPL %.4f ± %.5f, mean NLL %.4f over %zu predictions in %zu %s\n\n", std::exp(base_nll), ppl_error(ev.baseline_nll()), base_nll, ev.positions().size(), ev.streams(),
                         mode == "ppl-chunks" ? "chunks" : mode == "documents" ? "documents" : "stream");
   std::vector<std::vector<std::string>> rows = {{"config", "PPL", "mean NLL", "ΔPPL", "KL mean", "KL median",
                                                  "KL p99", "KL max", "top-1", "stored", "KV logical",
@@ -464,7 +467,17 @@ int run_eval(EvalArgs& a) {
   const std::vector<CacheSpec> specs =
       a.configs.empty() ? std::vector<CacheSpec>{{base.describe(), base}} : parse_cache_specs(a.configs, base);
   ThreadPool& pool = rt.pool();
-  Evaluator ev(model, specs, pool);
+  // --baseline-model: the baseline runs another checkpoint of the same vocabulary (a quantized model
+  // against its bf16 original).
+  std::unique_ptr<Model> baseline_model;
+  if (!a.baseline_model_dir.empty()) {
+    baseline_model = Model::load(a.baseline_model_dir);
+    if (baseline_model->config().vocab_size != cfg.vocab_size ||
+        Tokenizer::load(a.baseline_model_dir).fingerprint() != tok.fingerprint())
+      throw Error(a.baseline_model_dir + ": --baseline-model needs the tokenizer and vocabulary of " + dir.string() +
+                  " (KL divergence compares distributions over the same tokens)");
+  }
+  Evaluator ev(model, specs, pool, baseline_model.get());
 
   const std::string mode = a.ppl_chunks > 0 ? "ppl-chunks" : a.documents ? "documents" : "text";
   const std::vector<Stream> streams = make_streams(a, text, tok);
@@ -482,9 +495,11 @@ int run_eval(EvalArgs& a) {
                  longest, cfg.max_position_embeddings);
 
   GreedyResult greedy;
-  if (!greedy_prompts.empty()) greedy = run_greedy(a, std::move(greedy_prompts), model, tok, specs, pool);
+  if (!greedy_prompts.empty()) greedy = run_greedy(a, std::move(greedy_prompts), model, baseline_model ? *baseline_model : model,
+                                                    tok, specs, pool);
 
-  EvalReport report{a, ev, greedy, {}, dir.string(), mode, fed, pool.size()};
+  const std::string base_name = baseline_model ? "fp32 full cache, " + a.baseline_model_dir : "fp32 full cache";
+  EvalReport report{a, ev, greedy, {}, dir.string(), mode, fed, pool.size(), base_name};
   for (const auto& c : ev.configs()) report.sums.push_back(summarize(c, ev));
   const std::string out = a.json ? report_json(report) : report_table(report);
   std::fwrite(out.data(), 1, out.size(), stdout);
@@ -494,8 +509,8 @@ int run_eval(EvalArgs& a) {
     write_plot(a.plot, ev,
                "mean NLL by position: " + dir.filename().string() + ", " +
                    std::filesystem::path(a.text_file).filename().string());
-  std::fprintf(stderr, "model: %s (%s weights), %d threads; %zu tokens fed per configuration; baseline %.1f s",
-               dir.string().c_str(), format_bytes(model.weight_bytes()).c_str(), pool.size(), fed,
+  std::fprintf(stderr, "model: %s (%s), %d threads; %zu tokens fed per configuration; baseline %.1f s",
+               dir.string().c_str(), weights_text(model).c_str(), pool.size(), fed,
                ev.baseline_seconds());
   for (const auto& c : ev.configs()) std::fprintf(stderr, ", %s %.1f s", c.spec.name.c_str(), c.seconds);
   std::fprintf(stderr, "; total %.1f s\n", seconds_since(t_start));
@@ -509,6 +524,10 @@ Command add_eval_command(CLI::App& root) {
   CLI::App* app = root.add_subcommand(
       "eval", "Perplexity, KL divergence and greedy match of cache configurations against the fp32 full cache");
   add_model_option(*app, a->model_dir, "Hugging Face model directory or .gguf file (default: the shipped models/kjv-tiny)");
+  app->add_option("--baseline-model", a->baseline_model_dir,
+                  "Run the fp32 full-cache baseline on this model directory instead (same tokenizer), e.g. the "
+                  "bf16 original of a quantized MODEL: KL and top-1 then measure the weights' quantization too")
+      ->check(CLI::ExistingDirectory);
   app->add_option("--text", a->text_file, "Text to score, teacher-forced through the cached path")->required();
   app->add_option("--configs", a->configs,
                   "Cache configurations separated by ';', e.g. \"fp32; int4 g32 r128; sink4 w508\" "

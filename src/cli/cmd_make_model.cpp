@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/thread_pool.h"
+#include "model/safetensors_writer.h"
 
 namespace ptllm::cli {
 
@@ -212,27 +213,17 @@ int run_make_model(const MakeModelArgs& a) {
   fs::create_directories(dir, ec);
   if (ec || !fs::is_directory(dir)) throw Error(dir.string() + ": cannot create the directory (" + ec.message() + ")");
 
-  // Header: every tensor's dtype, shape and byte range, padded to 8 bytes as the reference writer does.
-  const std::vector<TensorSpec> specs = tensor_specs(shape);
-  nlohmann::json header = {{"__metadata__", {{"format", "pt"}}}};
-  size_t offset = 0, params = 0;
-  for (const auto& t : specs) {
-    const size_t bytes = t.numel() * esize;
-    header[t.name] = {{"dtype", std::string(dtype_name(dtype))}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
-    params += t.numel();
-  }
-  std::string h = header.dump();
-  h.append((8 - h.size() % 8) % 8, ' ');
-
   // Written to a temporary name, synced and renamed (core/file_io.h): an interrupted run leaves no
   // half model behind.
+  const std::vector<TensorSpec> specs = tensor_specs(shape);
+  std::vector<TensorDecl> decls;
+  size_t params = 0;
+  for (const auto& t : specs) {
+    decls.push_back({t.name, dtype, t.shape});
+    params += t.numel();
+  }
   const fs::path weights = dir / "model.safetensors";
-  AtomicFile out(weights);
-  char len[8];
-  for (int i = 0; i < 8; ++i) len[i] = char((uint64_t(h.size()) >> (8 * i)) & 0xff);
-  out.write({len, 8});
-  out.write(h);
+  SafetensorsWriter out(weights, std::move(decls), {{"format", "pt"}});
 
   ThreadPool pool(a.threads > 0 ? a.threads : ThreadPool::default_threads());
   constexpr size_t kBatchChunks = 32;  // chunks generated in parallel, then written (64 MiB of bf16)

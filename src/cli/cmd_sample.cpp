@@ -287,8 +287,8 @@ int run_sample(SampleArgs& a) {
     throw Error("the prompt has " + std::to_string(prompt.size()) + " tokens, more than --ctx-size " +
                 std::to_string(sopts.kv.ctx_size));
   a.sampling.seed = a.seed == "-1" ? uint64_t(std::random_device{}()) : std::stoull(a.seed);
-  std::fprintf(stderr, "model: %s (%s, %s weights), %d threads, seed %llu\n", dir.string().c_str(),
-               cfg.arch_name.c_str(), format_bytes(model.weight_bytes()).c_str(), pool.size(),
+  std::fprintf(stderr, "model: %s (%s, %s), %d threads, seed %llu\n", dir.string().c_str(),
+               cfg.arch_name.c_str(), weights_text(model).c_str(), pool.size(),
                static_cast<unsigned long long>(a.sampling.seed));
   std::fprintf(stderr, "load: %.1f ms\n", t.load_ms);
 

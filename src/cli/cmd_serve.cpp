@@ -125,8 +125,9 @@ int run_serve(ServeArgs& a) {
   Scheduler scheduler(rt, sc);
   server::HttpServer srv(rt, scheduler, a.http);
   const int port = srv.bind();
-  std::fprintf(stderr, "model: %s (%s), %d threads, %d parallel sequences, KV pool %s (%s)\n", dir.string().c_str(),
-               rt.config().arch_name.c_str(), rt.pool().size(), a.parallel,
+  std::fprintf(stderr, "model: %s (%s, %s), %d threads, %d parallel sequences, KV pool %s (%s)\n",
+               dir.string().c_str(), rt.config().arch_name.c_str(), weights_text(rt.model()).c_str(), rt.pool().size(),
+               a.parallel,
                format_bytes(scheduler.pool().dense().capacity() * scheduler.pool().dense().block_bytes() +
                             scheduler.pool().quant().capacity() * scheduler.pool().quant().block_bytes())
                    .c_str(),

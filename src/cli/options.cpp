@@ -371,6 +371,10 @@ std::filesystem::path default_model_dir() {
   return fs::path(PTLLM_SOURCE_DIR) / "models" / "kjv-tiny";
 }
 
+std::string weights_text(const Model& model) {
+  return "weights " + model.weight_format() + ", " + format_bytes(model.weight_bytes());
+}
+
 std::string format_bytes(size_t bytes) {
   char buf[64];
   if (bytes < 1024)

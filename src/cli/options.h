@@ -58,6 +58,8 @@ std::string version_text();
 std::filesystem::path default_model_dir();
 
 std::string format_bytes(size_t bytes);
+// "weights q4 g64 (BF16 scales), 15.20 MiB": the model: lines of every command.
+std::string weights_text(const Model& model);
 // "kv layers: 5 of 8 store K/V; logical by layer: 0 64.0 KiB, ..., 4 1.00 MiB; layers 5, 6, 7 read
 // layer 4's" (the footers of sample and bench, the table of eval, for a model whose layers share K/V).
 std::string kv_layers_line(const KVLayerReport& r);

@@ -12,13 +12,14 @@ std::string_view dtype_name(DType t) {
     case DType::I32: return "I32";
     case DType::I64: return "I64";
     case DType::U8: return "U8";
+    case DType::U32: return "U32";
   }
   return "?";
 }
 
 size_t dtype_size(DType t) {
   switch (t) {
-    case DType::F32: case DType::I32: return 4;
+    case DType::F32: case DType::I32: case DType::U32: return 4;
     case DType::F16: case DType::BF16: return 2;
     case DType::I64: return 8;
     case DType::U8: return 1;

@@ -7,7 +7,7 @@
 
 namespace ptllm {
 
-enum class DType : uint8_t { F32, F16, BF16, I32, I64, U8 };
+enum class DType : uint8_t { F32, F16, BF16, I32, I64, U8, U32 };  // U32: MLX's packed quantized codes
 
 std::string_view dtype_name(DType t);
 size_t dtype_size(DType t);

@@ -64,6 +64,9 @@ BenchRun one_run(const Model& model, const SessionOptions& opts, ThreadPool& poo
 }  // namespace
 
 size_t decode_weight_bytes(const Model& model) {
+  // Every tensor but an untied embedding (a token reads one row of it): a quantized one is its codes,
+  // scales and biases, "model.embed_tokens.{weight,scales,biases}".
+  const bool tied = model.config().tie_word_embeddings && !model.files().find("lm_head.weight");
   size_t total = 0;
   if (const GgufFile* g = model.gguf()) {  // every tensor, less the embedding when an output matrix exists
     for (const GgufTensor& t : g->tensors()) total += size_t(t.nbytes);
@@ -72,10 +75,8 @@ size_t decode_weight_bytes(const Model& model) {
     return total;
   }
   for (const auto& f : model.files().files())
-    for (const auto& [name, t] : f->tensors()) total += t.nbytes;
-  const bool tied = model.config().tie_word_embeddings && !model.files().find("lm_head.weight");
-  if (!tied)
-    if (const TensorView* e = model.files().find("model.embed_tokens.weight")) total -= e->nbytes;
+    for (const auto& [name, t] : f->tensors())
+      if (tied || !name.starts_with("model.embed_tokens.")) total += t.nbytes;
   return total;
 }
 

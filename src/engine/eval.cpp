@@ -102,8 +102,9 @@ KVCacheConfig sized_for(KVCacheConfig kv, int tokens) {
   return kv;
 }
 
-Evaluator::Evaluator(const Model& model, std::vector<CacheSpec> configs, ThreadPool& pool)
-    : model_(model), pool_(pool) {
+Evaluator::Evaluator(const Model& model, std::vector<CacheSpec> configs, ThreadPool& pool, const Model* baseline_model)
+    : model_(model), baseline_model_(baseline_model ? *baseline_model : model), pool_(pool) {
+  PTLLM_CHECK(baseline_model_.config().vocab_size == model_.config().vocab_size);
   for (auto& spec : configs) {
     ConfigRecord rec;
     rec.spec = std::move(spec);
@@ -122,7 +123,7 @@ void Evaluator::score_stream(std::span<const int32_t> ids, const FeedPlan& plan,
   SessionOptions base_opts;  // fp32, the whole stream in the cache
   base_opts.kv.precision = KVPrecision::F32;
   base_opts.kv.ctx_size = n;
-  Session base(model_, base_opts, pool_);
+  Session base(baseline_model_, base_opts, pool_);
   std::vector<std::unique_ptr<Session>> sessions;
   for (const auto& c : configs_) {
     SessionOptions o;

@@ -54,7 +54,11 @@ struct ConfigRecord {
 
 class Evaluator {
  public:
-  Evaluator(const Model& model, std::vector<CacheSpec> configs, ThreadPool& pool);
+  // baseline_model: the model the fp32 full-cache baseline runs (null: `model` itself), e.g. the
+  // bf16 original of a quantized `model`, so that the KL and the top-1 agreement measure the weights'
+  // quantization and the cache's together. Its vocabulary must be `model`'s.
+  Evaluator(const Model& model, std::vector<CacheSpec> configs, ThreadPool& pool,
+            const Model* baseline_model = nullptr);
 
   // Feeds all of `ids` (token 0 included: a BOS is the caller's choice) to the baseline and to every
   // configuration, each in a fresh Session, and scores the predictions of tokens first_scored+1 ..
@@ -73,6 +77,7 @@ class Evaluator {
 
  private:
   const Model& model_;
+  const Model& baseline_model_;
   ThreadPool& pool_;
   std::vector<ConfigRecord> configs_;
   std::vector<int32_t> positions_;

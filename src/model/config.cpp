@@ -290,6 +290,12 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& file) {
   parse_rope(r, c);
   parse_attention_kinds(r, c);
   parse_kv_sharing(r, c);
+  // mlx-lm writes both keys with the same object; `quantization` is the one its loader reads.
+  for (const char* key : {"quantization", "quantization_config"})
+    if (r.has(key)) {
+      c.quantization = QuantizationConfig::from_json(j[key], file, key);
+      break;
+    }
   if (r.has("dtype") && j["dtype"].is_string())
     c.dtype = j["dtype"].get<std::string>();
   else if (r.has("torch_dtype") && j["torch_dtype"].is_string())

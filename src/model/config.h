@@ -8,6 +8,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "model/quantization.h"
+
 namespace ptllm {
 
 // YocoLlama: Llama with YOCO's cross-layer KV sharing (../shared/models/kjv-yoco, modeling_yoco.py):
@@ -58,6 +60,8 @@ struct ModelConfig {
   // own attention kind (the donor). Any Llama-family config may carry the key.
   int num_kv_shared_layers = 0;
   std::vector<int> kv_source;
+  // MLX affine quantization of the weights (`quantization` / `quantization_config`; model/quantization.h).
+  QuantizationConfig quantization;
 
   int q_dim() const { return n_heads * head_dim; }
   int kv_dim() const { return n_kv_heads * head_dim; }

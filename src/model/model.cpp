@@ -45,28 +45,82 @@ struct Loader {
   const WeightFiles& files;
   const ModelConfig& cfg;
   std::vector<std::unique_ptr<float[]>>& aligned_copies;
+  std::string config_file;  // for messages
+
+  [[noreturn]] static void bad(const TensorView& t, const std::string& what) {
+    throw Error(t.file->string() + ": tensor '" + t.name + "' " + what);
+  }
+  static void check_shape(const TensorView& t, const std::vector<int64_t>& shape, const std::string& implied_by) {
+    TensorView want;
+    want.shape = shape;
+    if (t.shape != want.shape) bad(t, "has shape " + t.shape_str() + ", " + implied_by + " implies " + want.shape_str());
+  }
+  static bool is_float(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
 
   const TensorView& tensor(const std::string& name, std::vector<int64_t> shape) const {
     const TensorView& t = files.get(name);
-    TensorView want;
-    want.shape = std::move(shape);
-    if (t.shape != want.shape)
-      throw Error(t.file->string() + ": tensor '" + name + "' has shape " + t.shape_str() + ", config.json implies " +
-                  want.shape_str());
-    if (t.dtype != DType::F32 && t.dtype != DType::F16 && t.dtype != DType::BF16)
-      throw Error(t.file->string() + ": tensor '" + name + "' has dtype " + std::string(dtype_name(t.dtype)) +
-                  " (supported: F32, F16, BF16)");
+    if (t.dtype == DType::U32) bad(t, "has dtype U32 (quantized codes), but this tensor is never quantized");
+    check_shape(t, shape, "config.json");
+    if (!is_float(t.dtype))
+      bad(t, "has dtype " + std::string(dtype_name(t.dtype)) + " (supported: F32, F16, BF16)");
     return t;
   }
-  WeightMatrix matrix(const std::string& name, int rows, int cols) const {
-    const TensorView& t = tensor(name, {rows, cols});
-    if (reinterpret_cast<uintptr_t>(t.data) % dtype_size(t.dtype) == 0) return dense_matrix(t.dtype, t.data, rows, cols);
-    // The format does not promise aligned data (writers pad the header to 8 bytes, but a file may
-    // not): such a tensor is copied once into aligned memory instead of being read misaligned.
+  // The tensor's bytes, or an aligned copy of them: the format does not promise aligned data (writers
+  // pad the header to 8 bytes, but a file may not), so a misaligned tensor is copied once instead of
+  // being read misaligned.
+  const void* aligned(const TensorView& t) const {
+    if (reinterpret_cast<uintptr_t>(t.data) % dtype_size(t.dtype) == 0) return t.data;
     const size_t words = (t.nbytes + sizeof(float) - 1) / sizeof(float);
     aligned_copies.emplace_back(new float[words]);
     std::memcpy(aligned_copies.back().get(), t.data, t.nbytes);
-    return dense_matrix(t.dtype, aligned_copies.back().get(), rows, cols);
+    return aligned_copies.back().get();
+  }
+  WeightMatrix matrix(const std::string& name, int rows, int cols) const {
+    const TensorView& t = tensor(name, {rows, cols});
+    return dense_matrix(t.dtype, aligned(t), rows, cols);
+  }
+  // A linear layer or the embedding, `module` its path ("model.layers.0.mlp.down_proj"): dense, or
+  // MLX affine when config.json's quantization says so and the file has its scales (quantization.h).
+  WeightMatrix linear(const std::string& module, int rows, int cols) const {
+    const QuantizationConfig& q = cfg.quantization;
+    const std::optional<AffineSpec>* own = q.override_for(module);
+    const TensorView* scales = files.find(module + ".scales");
+    const bool wanted = own ? own->has_value() : (q.quantized() && scales);
+    if (!wanted) {
+      if (scales)
+        bad(*scales, "exists, but config.json " +
+                         std::string(q.quantized() ? "quantization lists '" + module + "' as not quantized (false)"
+                                                   : "has no quantization (or quantization_config)"));
+      const TensorView& w = files.get(module + ".weight");
+      if (w.dtype == DType::U32)
+        bad(w, "has dtype U32 (quantized codes), but " +
+                   (!q.quantized() ? config_file + " has no quantization"
+                    : own         ? config_file + "'s quantization lists '" + module + "' as not quantized (false)"
+                                  : "'" + module + ".scales' is missing"));
+      return matrix(module + ".weight", rows, cols);
+    }
+    const AffineSpec s = own ? **own : *q.base;
+    const std::string implied = "config.json (" + std::to_string(cols) + " input features, quantization bits " +
+                                std::to_string(s.bits) + " group_size " + std::to_string(s.group_size) + ")";
+    const TensorView& w = files.get(module + ".weight");
+    if (cols % s.group_size != 0)
+      throw Error(config_file + ": quantization of '" + module + "' (group_size " + std::to_string(s.group_size) +
+                  ") does not divide its " + std::to_string(cols) + " input features");
+    if (w.dtype != DType::U32)
+      bad(w, "has dtype " + std::string(dtype_name(w.dtype)) + ", but config.json quantizes '" + module + "' (" +
+                 std::to_string(s.bits) + " bits): expected U32 codes");
+    check_shape(w, {rows, int64_t(cols) * s.bits / 32}, implied);
+    const TensorView& sc = files.get(module + ".scales");
+    const TensorView& bi = files.get(module + ".biases");
+    for (const TensorView* t : {&sc, &bi}) {
+      if (!is_float(t->dtype))
+        bad(*t, "has dtype " + std::string(dtype_name(t->dtype)) + " (supported: F32, F16, BF16)");
+      check_shape(*t, {rows, cols / s.group_size}, implied);
+    }
+    if (bi.dtype != sc.dtype)
+      bad(bi, "has dtype " + std::string(dtype_name(bi.dtype)) + ", its scales " + std::string(dtype_name(sc.dtype)) +
+                  " (the layout has one dtype for both)");
+    return affine_matrix(aligned(w), aligned(sc), aligned(bi), sc.dtype, s.bits, s.group_size, rows, cols);
   }
   std::vector<float> vec(const std::string& name, int n) const {
     const TensorView& t = tensor(name, {n});
@@ -86,13 +140,13 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
   m->cfg_ = ModelConfig::load(dir / "config.json");
   m->files_ = WeightFiles::open(dir);
   const ModelConfig& c = m->cfg_;
-  Loader L{m->files_, c, m->aligned_copies_};
+  Loader L{m->files_, c, m->aligned_copies_, (dir / "config.json").string()};
   const int H = c.hidden_size, I = c.intermediate_size;
-  m->embed_ = L.matrix("model.embed_tokens.weight", c.vocab_size, H);
+  m->embed_ = L.linear("model.embed_tokens", c.vocab_size, H);
   if (c.tie_word_embeddings && !m->files_.find("lm_head.weight"))
     m->lm_head_ = m->embed_;
   else
-    m->lm_head_ = L.matrix("lm_head.weight", c.vocab_size, H);
+    m->lm_head_ = L.linear("lm_head", c.vocab_size, H);
   m->final_norm_ = L.vec("model.norm.weight", H);
   m->layers_.resize(size_t(c.n_layers));
   for (int i = 0; i < c.n_layers; ++i) {
@@ -101,20 +155,21 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
     lw.attn_norm = L.vec(p + "input_layernorm.weight", H);
     lw.mlp_norm = L.vec(p + "post_attention_layernorm.weight", H);
     const bool own_kv = c.stores_kv(i);
-    lw.wq = L.matrix(p + "self_attn.q_proj.weight", c.q_dim(), H);
+    lw.wq = L.linear(p + "self_attn.q_proj", c.q_dim(), H);
     if (own_kv) {
-      lw.wk = L.matrix(p + "self_attn.k_proj.weight", c.kv_dim(), H);
-      lw.wv = L.matrix(p + "self_attn.v_proj.weight", c.kv_dim(), H);
+      lw.wk = L.linear(p + "self_attn.k_proj", c.kv_dim(), H);
+      lw.wv = L.linear(p + "self_attn.v_proj", c.kv_dim(), H);
     } else {
       // A KV-shared layer (num_kv_shared_layers) reads its donor's K/V: weights of its own would be
       // silently unused, so a file carrying them is not the model config.json describes.
-      for (const char* t : {"k_proj.weight", "v_proj.weight", "k_proj.bias", "v_proj.bias"})
+      for (const char* t : {"k_proj.weight", "v_proj.weight", "k_proj.bias", "v_proj.bias", "k_proj.scales",
+                            "v_proj.scales"})
         if (const TensorView* tv = m->files_.find(p + "self_attn." + t))
           throw Error(tv->file->string() + ": tensor '" + p + "self_attn." + t + "' exists, but layer " +
                       std::to_string(i) + " reads layer " + std::to_string(c.kv_source[size_t(i)]) +
                       "'s K/V (config.json num_kv_shared_layers " + std::to_string(c.num_kv_shared_layers) + ")");
     }
-    lw.wo = L.matrix(p + "self_attn.o_proj.weight", H, c.q_dim());
+    lw.wo = L.linear(p + "self_attn.o_proj", H, c.q_dim());
     if (c.qkv_bias) {
       lw.bq = L.vec(p + "self_attn.q_proj.bias", c.q_dim());
       if (own_kv) {
@@ -123,9 +178,9 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
       }
     }
     if (c.o_bias) lw.bo = L.vec(p + "self_attn.o_proj.bias", H);
-    lw.w_gate = L.matrix(p + "mlp.gate_proj.weight", I, H);
-    lw.w_up = L.matrix(p + "mlp.up_proj.weight", I, H);
-    lw.w_down = L.matrix(p + "mlp.down_proj.weight", H, I);
+    lw.w_gate = L.linear(p + "mlp.gate_proj", I, H);
+    lw.w_up = L.linear(p + "mlp.up_proj", I, H);
+    lw.w_down = L.linear(p + "mlp.down_proj", H, I);
     if (c.mlp_bias) {
       lw.b_gate = L.vec(p + "mlp.gate_proj.bias", I);
       lw.b_up = L.vec(p + "mlp.up_proj.bias", I);
@@ -146,6 +201,36 @@ size_t Model::weight_bytes() const {
   size_t n = 0;
   for (const auto& f : files_.files()) n += f->size();
   return n;
+}
+
+std::string Model::weight_format() const {
+  // Each distinct matrix once (a tied LM head is the embedding), with the bytes of each format.
+  std::vector<const WeightMatrix*> all{&embed_};
+  if (lm_head_.data != embed_.data) all.push_back(&lm_head_);
+  for (const LayerWeights& l : layers_)
+    for (const WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+      if (w->data) all.push_back(w);
+  struct Share {
+    std::string name;
+    size_t bytes = 0;
+    int count = 0;
+  };
+  std::vector<Share> shares;
+  for (const WeightMatrix* w : all) {
+    const std::string name = w->format_name();
+    auto it = std::find_if(shares.begin(), shares.end(), [&](const Share& s) { return s.name == name; });
+    if (it == shares.end()) it = shares.insert(shares.end(), Share{name});
+    it->bytes += w->nbytes();
+    ++it->count;
+  }
+  std::stable_sort(shares.begin(), shares.end(), [](const Share& a, const Share& b) {
+    return a.count != b.count ? a.count > b.count : a.bytes > b.bytes;
+  });
+  std::string s = shares.empty() ? std::string("none") : shares[0].name;
+  for (size_t i = 1; i < shares.size(); ++i)
+    s += " + " + shares[i].name + " (" + std::to_string(shares[i].count) + " of " + std::to_string(all.size()) +
+         " matrices)";
+  return s;
 }
 
 namespace {

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "kernels/ops.h"
@@ -66,7 +67,11 @@ class Model {
   const ModelConfig& config() const { return cfg_; }
   const std::filesystem::path& dir() const { return dir_; }
   KVShape kv_shape() const;
-  size_t weight_bytes() const;
+  size_t weight_bytes() const;  // the weight files' sizes (codes, scales and biases of quantized ones)
+  // The storage formats of the weight matrices (WeightMatrix::format_name), the most common first:
+  // "BF16", "q4 g64 (BF16 scales)", or "q4 g64 (BF16 scales) + BF16 (1 of 57 matrices)" when a
+  // quantized checkpoint keeps some matrices dense.
+  std::string weight_format() const;
   const WeightFiles& files() const { return files_; }  // empty for a GGUF model
   const GgufFile* gguf() const { return gguf_.get(); }   // the file of a GGUF model, else null
 

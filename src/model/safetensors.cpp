@@ -31,7 +31,7 @@ namespace {
 bool parse_dtype(const std::string& s, DType& out) {
   static const std::map<std::string, DType> names = {
       {"F32", DType::F32}, {"F16", DType::F16}, {"BF16", DType::BF16},
-      {"I32", DType::I32}, {"I64", DType::I64}, {"U8", DType::U8}};
+      {"I32", DType::I32}, {"I64", DType::I64}, {"U8", DType::U8}, {"U32", DType::U32}};
   auto it = names.find(s);
   if (it == names.end()) return false;
   out = it->second;

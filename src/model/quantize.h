@@ -1,0 +1,66 @@
+#pragma once
+// Quantization to the MLX affine layout (kernels/weights.h, WeightFormat::Affine): one matrix
+// (affine_quantize_rows), and a whole checkpoint directory into another (quantize_checkpoint, what
+// `posttrainllm quantize` runs; docs/quantization.md).
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "model/quantization.h"
+
+namespace ptllm {
+
+class ThreadPool;
+
+enum class QuantMethod {
+  // Round to nearest, with mlx's affine_quantize scale and bias per group: the group's range over
+  // 2^bits - 1 steps, the edge of larger magnitude as the bias, the scale nudged so that code
+  // round(edge / scale) lands on 0.0 exactly (mlx/ops.cpp, the CPU/CUDA/Metal kernels alike).
+  Rtn,
+  // Search: RTN's scale and bias, or the best of a small grid of inverse scales around it, each
+  // refitted by least squares over its codes (llama.cpp's make_qkx2_quants idea), whichever gives
+  // the group the smallest squared error once rounded to the stored dtype.
+  Search,
+};
+
+std::string_view quant_method_name(QuantMethod m);
+
+// w: [rows][cols] float32, cols a multiple of s.group_size. Writes codes [rows][cols * bits / 32]
+// (code j of a row at bits [j * bits, (j + 1) * bits) of the row's little-endian bit stream, as mlx
+// packs every width), scales and biases [rows][cols / group_size] as `scale_dtype` (F32, F16 or
+// BF16). Codes are rounded against the scale and bias as stored (mlx rounds against their float
+// values; the same thing with F32 scales), so narrow scale dtypes cost no extra error.
+void affine_quantize_rows(const float* w, int rows, int cols, const AffineSpec& s, QuantMethod m, DType scale_dtype,
+                          uint32_t* codes, void* scales, void* biases);
+
+struct QuantizeOptions {
+  AffineSpec spec{4, 64};
+  QuantMethod method = QuantMethod::Rtn;
+  bool keep_embeddings = false;  // embed_tokens and lm_head stay in their float dtype
+};
+
+struct QuantizeReport {
+  int matrices_quantized = 0;
+  int matrices_dense = 0;   // left in their float dtype (--keep-embeddings, or no group divides them)
+  size_t source_bytes = 0;  // the source's weight files
+  size_t output_bytes = 0;  // model.safetensors written
+  QuantizationConfig quantization;  // as written to config.json
+  std::string weight_format;        // Model::weight_format() of the written checkpoint
+};
+
+// Reads the F32/F16/BF16 checkpoint in `in` (every tensor checked as Model::load checks it) and
+// writes `out`: model.safetensors with the same tensor names, each linear layer's and the embedding's
+// `weight` as U32 codes plus `scales` and `biases` (the source's dtype), norms and biases as they
+// were; config.json with "quantization" and "quantization_config" as mlx-lm writes them; the
+// tokenizer and generation files copied. A matrix whose input width the group size does not divide
+// takes the largest supported group that does (a per-module entry in config.json), or stays dense.
+// The result is loaded back before returning. progress(done, total): source bytes processed.
+// Throws ptllm::Error naming the file.
+QuantizeReport quantize_checkpoint(const std::filesystem::path& in, const std::filesystem::path& out,
+                                   const QuantizeOptions& opts, ThreadPool& pool,
+                                   const std::function<void(size_t done, size_t total)>& progress = {});
+
+}  // namespace ptllm
