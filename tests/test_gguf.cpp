@@ -478,11 +478,12 @@ TEST(GgufModel, UnsupportedArchitectureAndBadShapesAreErrors) {
   EXPECT_NE(model_file([](GgufBuilder& b) { b.add_string("llama.rope.scaling.type", "yarn"); })
                 .find("metadata 'llama.rope.scaling.type': 'yarn' is not supported"),
             std::string::npos);
-  // A block type the kernels do not read (Q5_1) is named at load, not at the first matmul.
+  // A block type the kernels do not read (Q8_1, ggml's activation type) is named at load, not at
+  // the first matmul.
   EXPECT_NE(model_file([](GgufBuilder& b) {
-              b.add_tensor("token_embd.weight", {64, 10}, GgmlType::Q5_1,
-                           [](uint8_t* o) { std::memset(o, 0, 24 * 20); });
-            }).find("tensor 'token_embd.weight' has type Q5_1, which this build's kernels do not read"),
+              b.add_tensor("token_embd.weight", {64, 10}, GgmlType::Q8_1,
+                           [](uint8_t* o) { std::memset(o, 0, 36 * 20); });
+            }).find("tensor 'token_embd.weight' has type Q8_1, which this build's kernels do not read"),
             std::string::npos);
 }
 

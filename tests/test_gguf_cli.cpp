@@ -122,7 +122,7 @@ TEST_F(GgufCli, BadInputsAreClearErrors) {
   EXPECT_TRUE(has(s.err, junk.string() + ": version")) << s.err;
   // A directory with config.json only: the writer names the missing tokenizer.json.
   auto bare = test::run_command(bin() + " quantize " + test::repo_dir().string() + "/tests/data/mistral-swa-tiny " +
-                                (tmp.path / "y.gguf").string());
+                                (tmp.path / "y.gguf").string() + " --format gguf");
   EXPECT_EQ(bare.code, 1) << bare.err;
   EXPECT_TRUE(has(bare.err, "tokenizer.json: no such file")) << bare.err;
   EXPECT_FALSE(fs::exists(tmp.path / "y.gguf"));

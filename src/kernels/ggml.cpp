@@ -267,12 +267,15 @@ void ggml_matmul(const float* x, int T, const WeightMatrix& w, const float* bias
   if (q.size() < size_t(T) * size_t(K)) q.resize(size_t(T) * size_t(K));
   if (d.size() < size_t(T) * size_t(K / block)) d.resize(size_t(T) * size_t(K / block));
   if (sums.size() < size_t(T) * size_t(K / 16)) sums.resize(size_t(T) * size_t(K / 16));
+  // Pointers taken here: inside the workers' lambdas `q` would name each worker's own thread_local.
+  int8_t* const qp = q.data();
+  float* const dp = d.data();
+  int16_t* const sp = sums.data();
   const GgmlKernel& k = ggml_active_kernel();
   const size_t t_grain = std::max<size_t>(1, 64 * 1024 / size_t(K));
   pool.parallel_for(
-      size_t(T), [&](size_t b, size_t e) { k.quantize(x, K, block, int(b), int(e), q.data(), d.data(), sums.data()); },
-      t_grain);
-  const GgmlActs a{T, K, block, q.data(), d.data(), sums.data()};
+      size_t(T), [&](size_t b, size_t e) { k.quantize(x, K, block, int(b), int(e), qp, dp, sp); }, t_grain);
+  const GgmlActs a{T, K, block, qp, dp, sp};
   // Parts of whole 16-row tiles (the kernels' row tile); a gemv's at least kMinWeightsPerThread
   // weights, a gemm's about two per thread (each part walks all of x once).
   const size_t rows = size_t(w.rows);
