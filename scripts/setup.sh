@@ -10,7 +10,8 @@ PACKAGES=(build-essential cmake pkg-config
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev  # OpenBLAS: only the sgemm comparison in bench/bench_kernels.cpp (loaded at run time)
   libcpp-httplib-dev  # the HTTP server of `posttrainllm serve`
-  libhiredis-dev redis-server)  # serve --kv-store (Redis) and its tests, which start their own redis-server
+  libhiredis-dev redis-server  # serve --kv-store (Redis) and its tests, which start their own redis-server
+  clang-14 libclang-rt-14-dev)  # the libFuzzer targets (scripts/fuzz.sh), which .ci/run runs briefly
 
 missing=()
 for p in "${PACKAGES[@]}"; do

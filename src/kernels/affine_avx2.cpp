@@ -1,5 +1,6 @@
 // The affine products for AVX2 without VNNI (kernels/affine_avx2.h).
 #define PTLLM_AFFINE_AVXVNNI 0
+#include "kernels/simd.h"
 #include "kernels/affine_avx2.h"
 
 namespace ptllm {
@@ -8,8 +9,8 @@ namespace {
 constexpr AffineKernelTable kTable = AffineKernels<Avx2Affine>::table("avx2");
 }
 const AffineKernelTable* affine_avx2_kernels() {
-  static const bool ok =
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  // The dense kernels' AVX2 target checks the same (AVX2, FMA, F16C) and the OS's ymm state.
+  static const bool ok = kernel_table(SimdTarget::AVX2) != nullptr;
   return ok ? &kTable : nullptr;
 }
 #else

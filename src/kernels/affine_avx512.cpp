@@ -1,5 +1,6 @@
 // The affine products for AVX-512 without VNNI (kernels/affine_avx512.h).
 #define PTLLM_AFFINE_VNNI 0
+#include "kernels/simd.h"
 #include "kernels/affine_avx512.h"
 
 namespace ptllm {
@@ -8,8 +9,8 @@ namespace {
 constexpr AffineKernelTable kTable = AffineKernels<Avx512Affine>::table("avx512");
 }
 const AffineKernelTable* affine_avx512_kernels() {
-  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  // The dense kernels' AVX-512 target checks the same (F, BW, VL, DQ) and the OS's zmm state.
+  static const bool ok = kernel_table(SimdTarget::AVX512) != nullptr;
   return ok ? &kTable : nullptr;
 }
 #else
