@@ -22,7 +22,9 @@ JOBS=${FUZZ_JOBS:-1}
 if [ -n "${FUZZ_NO_BUILD:-}" ]; then
   :
 elif [ ! -f "$B/CMakeCache.txt" ]; then
-  CC=${CC:-clang-14} CXX=${CXX:-clang++-14} cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPTLLM_FUZZ=ON \
+  # FUZZ_BUILD_TYPE: CI builds None with -O1 and no debug information, which compiles faster.
+  CC=${CC:-clang-14} CXX=${CXX:-clang++-14} cmake -S . -B "$B" -DCMAKE_BUILD_TYPE="${FUZZ_BUILD_TYPE:-RelWithDebInfo}" \
+    -DCMAKE_CXX_FLAGS="${FUZZ_CXXFLAGS:-}" -DPTLLM_FUZZ=ON \
     -DPTLLM_SANITIZE=address,undefined -DPTLLM_BUILD_TESTS=OFF -DPTLLM_BUILD_BENCH=OFF >/dev/null
 fi
 [ -n "${FUZZ_NO_BUILD:-}" ] || cmake --build "$B" -j"${FUZZ_BUILD_JOBS:-2}" --target fuzz_all >/dev/null

@@ -56,6 +56,13 @@ TEST(ServerApi, DefaultsAndPrompts) {
   EXPECT_EQ(ids.prompt_ids, (std::vector<int32_t>{5, 6, 7}));
 }
 
+// Found by fuzz_request: a number past double's range is nlohmann's out_of_range, not a parse_error.
+TEST(ServerApi, ANumberPastDoublesRangeIsABadRequest) {
+  const ApiError e = error_of(R"({"prompt": ["one"], "repeat_penalty": 1e999})", Endpoint::Completion);
+  EXPECT_EQ(e.status, 400);
+  EXPECT_NE(e.message.find("the request body is not valid JSON: number overflow"), std::string::npos) << e.message;
+}
+
 TEST(ServerApi, ErrorsNameTheField) {
   EXPECT_EQ(error_of(R"({"messages": [{"role": "user", "content": "x"}], "tools": {}})").param, "tools");
   EXPECT_EQ(error_of(R"({"messages": [{"role": "user", "content": "x"}], "stop": [""]})").param, "stop");

@@ -166,9 +166,9 @@ ApiRequest parse_request(const std::string& body_text, Endpoint endpoint, uint64
   json body;
   try {
     body = json::parse(body_text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     // "[json.exception.parse_error.101] parse error at line 1, column 3: ..." without the prefix
-    // (ill-formed UTF-8 is one of these).
+    // (ill-formed UTF-8 is one of these; a number past double's range, 1e999, is out_of_range.406).
     const std::string what = e.what();
     const size_t at = what.find("] ");
     throw bad_request("the request body is not valid JSON: " + (at == std::string::npos ? what : what.substr(at + 2)));
