@@ -295,10 +295,11 @@ QuantizeReport quantize_checkpoint(const fs::path& in, const fs::path& out, cons
   cfg["quantization"] = qc.to_json();
   cfg["quantization_config"] = qc.to_json();
   write_file_atomically(out / "config.json", {cfg.dump(2), "\n"});
+  // The tokenizer and generation files copied as every other output is written: a temporary, fsync,
+  // rename (a killed run leaves no half-copied tokenizer.json).
   for (const char* name : kCopiedFiles) {
     if (!fs::exists(in / name)) continue;
-    fs::copy_file(in / name, out / name, fs::copy_options::overwrite_existing, ec);
-    if (ec) throw Error((out / name).string() + ": cannot copy from " + (in / name).string() + " (" + ec.message() + ")");
+    write_file_atomically(out / name, {read_whole_file(in / name, uint64_t(1) << 30, name)});
   }
   rep.quantization = qc;
   rep.weight_format = Model::load(out)->weight_format();  // what was written reads back
