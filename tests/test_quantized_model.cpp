@@ -20,6 +20,7 @@
 #include "model/model.h"
 #include "model/quantize.h"
 #include "sample/sampler.h"
+#include "test_greedy.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -658,11 +659,7 @@ TEST(QuantizeCheckpointTest, BatchedDecodeEqualsEachSequenceAlone) {
   std::vector<std::vector<int32_t>> alone(n);
   for (int i = 0; i < n; ++i) {
     Session s(*m4, o, pool);
-    std::span<float> lg = s.feed(prompts[size_t(i)]);
-    for (int t = 0; t < steps; ++t) {
-      alone[size_t(i)].push_back(argmax(lg));
-      lg = s.feed({&alone[size_t(i)].back(), 1});
-    }
+    alone[size_t(i)] = test::greedy(s, prompts[size_t(i)], steps).ids;
   }
   std::vector<std::unique_ptr<Session>> sessions;
   std::vector<Session*> ptrs;
