@@ -22,7 +22,7 @@ JOBS=${FUZZ_JOBS:-1}
 if [ -n "${FUZZ_NO_BUILD:-}" ]; then
   :
 elif [ ! -f "$B/CMakeCache.txt" ]; then
-  # FUZZ_BUILD_TYPE: CI builds None with -O1 and no debug information, which compiles faster.
+  # FUZZ_BUILD_TYPE: CI builds None with -O0 and no debug information, which compiles fastest.
   CC=${CC:-clang-14} CXX=${CXX:-clang++-14} cmake -S . -B "$B" -DCMAKE_BUILD_TYPE="${FUZZ_BUILD_TYPE:-RelWithDebInfo}" \
     -DCMAKE_CXX_FLAGS="${FUZZ_CXXFLAGS:-}" -DPTLLM_FUZZ=ON \
     -DPTLLM_SANITIZE=address,undefined -DPTLLM_BUILD_TESTS=OFF -DPTLLM_BUILD_BENCH=OFF >/dev/null

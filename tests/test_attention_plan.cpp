@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kv/attention/plan.h"
+#include "test_util.h"
 
 namespace ptllm::attn {
 namespace {
@@ -149,7 +150,7 @@ TEST(AttentionPlanTest, StreamingLLMSinksAndWindow) {
 // Random shapes, including prompts that start inside the sinks.
 TEST(AttentionPlanTest, RandomCases) {
   std::mt19937 rng(5);
-  for (int n = 0; n < 200; ++n) {
+  for (int n = 0; n < test::light_or(200); ++n) {
     Case c;
     c.B = 1 + int(rng() % 40);
     const bool stream = rng() % 2;

@@ -18,6 +18,18 @@
 
 namespace ptllm::test {
 
+// The sanitized tests' build for CI (fuzz/CMakeLists.txt ptllm_sanitized_tests: unoptimized, ASan and
+// UBSan, which run the loops ten to a hundred times slower) defines PTLLM_TEST_LIGHT: the long
+// randomized and many-step tests then run a fraction of their cases there. The Release tests run
+// them all.
+#ifdef PTLLM_TEST_LIGHT
+inline constexpr bool kLightTests = true;
+#else
+inline constexpr bool kLightTests = false;
+#endif
+// `full` in the Release tests, about a fifth of it (at least `least`) in the light build.
+constexpr int light_or(int full, int least = 1) { return kLightTests ? std::max(least, full / 5) : full; }
+
 inline std::filesystem::path repo_dir() { return PTLLM_SOURCE_DIR; }
 inline std::filesystem::path repo_model(const std::string& name) { return repo_dir() / "models" / name; }
 // ../shared beside the repository (kjv-small and the corpus live only there); PTLLM_SHARED overrides.
