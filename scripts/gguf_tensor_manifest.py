@@ -13,6 +13,9 @@ tests/data/gguf/llama-quantize-Q4_K_M-types.json: the same of `llama-quantize --
 ../shared/models/gguf/M-Q8_0.gguf /tmp/M-Q4_K_M.gguf Q4_K_M 1` for M = mistral-tiny and
 llama-mha-ropescaled-tiny, the "sha256" entries deleted (a requantization's bytes).
 
+tests/data/gguf/llama-quantize-kjv-small.json: Q5_K_M and Q6_K of kjv-small, by llama-quantize from
+`posttrainllm quantize ../shared/models/kjv-small /tmp/kjv-small-F32.gguf --format gguf --type F32`.
+
 tests/test_gguf.cpp checks that our writer's file of the same model has the same tensors with the
 same types and bytes.
 """

@@ -6,10 +6,14 @@
 //
 //   B=/path/to/llama.cpp
 //   cc -O2 -o /tmp/mkref scripts/make_ggml_quant_reference.c -I$B/ggml/include -L$B/build/bin -lggml-base -lm
-//   LD_LIBRARY_PATH=$B/build/bin /tmp/mkref ../shared/models/gguf/kjv-tiny-F32.gguf tests/data/gguf/ggml-quant-reference.gguf
+//   build/posttrainllm quantize ../shared/models/kjv-small /tmp/kjv-small-F32.gguf --format gguf --type F32
+//   export LD_LIBRARY_PATH=$B/build/bin; G=../shared/models/gguf
+//   /tmp/mkref $G/kjv-tiny-F32.gguf tests/data/gguf/ggml-quant-reference.gguf /tmp/kjv-small-F32.gguf
 //
 // Rows (256 values each, one K-quant super-block wide): real weights of kjv-tiny (its 128-wide
-// rows taken two at a time) and synthetic rows that reach the quantizers' corner cases.
+// rows taken two at a time), synthetic rows that reach the quantizers' corner cases, and blocks of
+// kjv-small, the first of them the one block of its 102,946 where a quantizer that summed
+// w * diff * diff instead of ggml's w * (diff * diff) chose another Q5_K min.
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -19,7 +23,7 @@
 #include "ggml.h"
 #include "gguf.h"
 
-enum { COLS = 256, REAL_ROWS = 16, SYN_ROWS = 24 };
+enum { COLS = 256, REAL_ROWS = 16, SYN_ROWS = 24, SMALL_ROWS = 9 };
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static double uniform(void) {  // xorshift64*, in (0, 1)
@@ -55,8 +59,8 @@ static void synthetic(int r, float* x) {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    fprintf(stderr, "usage: %s kjv-tiny-F32.gguf OUT.gguf\n", argv[0]);
+  if (argc != 4) {
+    fprintf(stderr, "usage: %s kjv-tiny-F32.gguf OUT.gguf kjv-small-F32.gguf\n", argv[0]);
     return 2;
   }
   struct ggml_context* src_ctx = NULL;
@@ -66,7 +70,7 @@ int main(int argc, char** argv) {
     fprintf(stderr, "%s: cannot read\n", argv[1]);
     return 1;
   }
-  const int rows = REAL_ROWS + SYN_ROWS;
+  const int rows = REAL_ROWS + SYN_ROWS + SMALL_ROWS;
   float* x = malloc(sizeof(float) * COLS * rows);
   // Four rows of 256 from each of four tensors, from their middle (not the first rows).
   const char* names[4] = {"blk.0.attn_q.weight", "blk.1.ffn_down.weight", "token_embd.weight", "blk.3.attn_v.weight"};
@@ -80,6 +84,30 @@ int main(int argc, char** argv) {
     memcpy(x + (size_t)t * 4 * COLS, d, sizeof(float) * 4 * COLS);
   }
   for (int r = 0; r < SYN_ROWS; ++r) synthetic(r, x + (size_t)(REAL_ROWS + r) * COLS);
+  // kjv-small: (tensor, first value) of each block.
+  struct ggml_context* small_ctx = NULL;
+  struct gguf_init_params sp = {.no_alloc = false, .ctx = &small_ctx};
+  if (!gguf_init_from_file(argv[3], sp)) {
+    fprintf(stderr, "%s: cannot read\n", argv[3]);
+    return 1;
+  }
+  const struct {
+    const char* name;
+    long offset;
+  } blocks[SMALL_ROWS] = {{"blk.4.ffn_gate.weight", 104L * 512},  {"blk.0.attn_q.weight", 77L * 512},
+                          {"blk.0.attn_v.weight", 5L * 512 + 256}, {"blk.3.ffn_down.weight", 9L * 1376},
+                          {"blk.7.ffn_up.weight", 1000L * 512},   {"blk.7.attn_output.weight", 300L * 512},
+                          {"token_embd.weight", 4321L * 512},     {"token_embd.weight", 0},
+                          {"blk.2.attn_k.weight", 127L * 512 + 256}};
+  for (int r = 0; r < SMALL_ROWS; ++r) {
+    struct ggml_tensor* w = ggml_get_tensor(small_ctx, blocks[r].name);
+    if (!w || w->type != GGML_TYPE_F32 || ggml_nelements(w) < blocks[r].offset + COLS) {
+      fprintf(stderr, "%s: no F32 tensor %s of that size\n", argv[3], blocks[r].name);
+      return 1;
+    }
+    memcpy(x + (size_t)(REAL_ROWS + SYN_ROWS + r) * COLS, (const float*)w->data + blocks[r].offset,
+           sizeof(float) * COLS);
+  }
 
   const enum ggml_type types[] = {GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1,
                                   GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};

@@ -525,16 +525,15 @@ std::string sha256_of(const uint8_t* p, size_t n) {
   return s;
 }
 
-// Our writer against llama-quantize on kjv-tiny, every mix: the same tensors with the same types,
-// shapes and bytes (tests/data/gguf/llama-quantize-kjv-tiny.json: llama-quantize's files of
-// llama.cpp's F32 conversion, each tensor's type, dims and SHA-256; scripts/gguf_tensor_manifest.py).
-TEST(GgufWriter, EveryMixGivesLlamaQuantizesTensorsOnKjvTiny) {
+// Our writer's files of `model_dir` against a manifest of llama-quantize's (mix -> tensor -> type,
+// dims, SHA-256 of the data; scripts/gguf_tensor_manifest.py): the same tensors, types and bytes.
+void expect_manifest(const fs::path& model_dir, const fs::path& manifest, size_t mixes) {
   test::TempDir tmp;
-  const nlohmann::json want = test::read_json(test::repo_dir() / "tests/data/gguf/llama-quantize-kjv-tiny.json");
-  ASSERT_EQ(want.size(), 5u);
+  const nlohmann::json want = test::read_json(manifest);
+  ASSERT_EQ(want.size(), mixes);
   for (const auto& [mix_name, tensors] : want.items()) {
     const fs::path out = tmp.path / (mix_name + ".gguf");
-    write_gguf_from_hf(test::repo_model("kjv-tiny"), out, parse_gguf_mix(mix_name));
+    write_gguf_from_hf(model_dir, out, parse_gguf_mix(mix_name));
     const GgufFile f = GgufFile::open(out);
     EXPECT_EQ(f.tensors().size(), tensors.size()) << mix_name;
     for (const auto& [name, w] : tensors.items()) {
@@ -545,6 +544,22 @@ TEST(GgufWriter, EveryMixGivesLlamaQuantizesTensorsOnKjvTiny) {
       EXPECT_EQ(sha256_of(t->data, size_t(t->nbytes)), w["sha256"].get<std::string>()) << mix_name << " " << name;
     }
   }
+}
+
+// kjv-tiny, every mix (tests/data/gguf/llama-quantize-kjv-tiny.json: llama-quantize's Q4_K_M,
+// Q5_K_M, Q6_K, Q4_0 and Q8_0 of llama.cpp's F32 conversion).
+TEST(GgufWriter, EveryMixGivesLlamaQuantizesTensorsOnKjvTiny) {
+  expect_manifest(test::repo_model("kjv-tiny"), test::repo_dir() / "tests/data/gguf/llama-quantize-kjv-tiny.json", 5);
+}
+
+// kjv-small (../shared), Q5_K_M and Q6_K: real Q5_K and Q6_K blocks (tests/data/gguf/
+// llama-quantize-kjv-small.json: llama-quantize of our F32 file of kjv-small, whose values are the
+// checkpoint's bf16 ones widened exactly, as the converter's bf16 file holds them). Q4_K_M is the
+// next test, against ../shared's file itself.
+TEST(GgufWriter, Q5_K_MAndQ6_KGiveLlamaQuantizesTensorsOnKjvSmall) {
+  const fs::path dir = test::shared_model("kjv-small");
+  if (!fs::exists(dir / "model.safetensors")) GTEST_SKIP() << dir << " not found (../shared)";
+  expect_manifest(dir, test::repo_dir() / "tests/data/gguf/llama-quantize-kjv-small.json", 2);
 }
 
 // The untied models (output.weight beside token_embd; llama-mha-ropescaled-tiny with rope_freqs):
