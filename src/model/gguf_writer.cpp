@@ -315,7 +315,7 @@ GgufWriteResult write_gguf_from_hf(const std::filesystem::path& dir, const std::
 
   tensor("model.embed_tokens.weight", "token_embd.weight", true, 0, GgufRole::TokenEmbd);
   tensor("model.norm.weight", "output_norm.weight", false, 0);
-  if (!c.tie_word_embeddings || files->find("lm_head.weight")) tensor("lm_head.weight", "output.weight", true, 0, GgufRole::Output);
+  if (!tied) tensor("lm_head.weight", "output.weight", true, 0, GgufRole::Output);
   if (c.rope.type == RopeType::Llama3) {
     auto factors = std::make_shared<std::vector<float>>(llama3_rope_factors(c.rope, c.head_dim));
     b.add_tensor("rope_freqs.weight", {uint64_t(factors->size())}, GgmlType::F32,
