@@ -411,6 +411,44 @@ TEST(GgmlQuantize, SameBytesAsLlamaQuantize) {
   }
 }
 
+// ggml's own quantizers (ggml_quantize_chunk of a llama.cpp build, no importance matrix: what
+// llama-quantize runs per tensor) on 49 rows of 256 values, real weights of kjv-tiny, rows made for
+// the corner cases (zeros, constants, one sign, an outlier, f16-subnormal and large scales, zero
+// sub-blocks, values on the grid) and blocks of kjv-small (row 40: where summing the squared errors
+// in another float order picked another Q5_K min): tests/data/gguf/ggml-quant-reference.gguf,
+// written by scripts/make_ggml_quant_reference.c. Ours gives the same bytes for every type and row.
+TEST(GgmlQuantize, SameBytesAsGgmlOnRealAndCornerCaseRows) {
+  const GgufTensors f(test::repo_dir() / "tests/data/gguf/ggml-quant-reference.gguf");
+  const auto& x = f.tensors.at("x");
+  ASSERT_EQ(x.type, GgmlType::F32);
+  ASSERT_EQ(x.dims.size(), 2u);
+  const int cols = int(x.dims[0]), rows = int(x.dims[1]);
+  ASSERT_EQ(cols, 256);
+  ASSERT_EQ(rows, 49);
+  int types = 0;
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q4_K,
+                     GgmlType::Q5_K, GgmlType::Q6_K}) {
+    // ggml_type_name's spelling: "q4_0", "q4_K".
+    const std::string name = "x.q" + std::string(ggml_type_info(t).name.substr(1));
+    const auto it = f.tensors.find(name);
+    ASSERT_NE(it, f.tensors.end()) << name;
+    ASSERT_EQ(it->second.type, t) << name;
+    const size_t row_bytes = ggml_matrix(t, nullptr, 1, cols).row_bytes();
+    std::vector<uint8_t> mine(row_bytes);
+    std::vector<float> row(static_cast<size_t>(cols));
+    for (int r = 0; r < rows; ++r) {
+      std::memcpy(row.data(), x.data + size_t(r) * size_t(cols) * 4, size_t(cols) * 4);
+      ggml_quantize_row(t, row.data(), cols, mine.data());
+      const uint8_t* want = it->second.data + size_t(r) * row_bytes;
+      size_t first = 0;
+      while (first < row_bytes && mine[first] == want[first]) ++first;
+      EXPECT_EQ(first, row_bytes) << name << " row " << r << ": first differing byte " << first << " of " << row_bytes;
+    }
+    ++types;
+  }
+  EXPECT_EQ(types, 8);
+}
+
 // ---- products ----------------------------------------------------------------------------------
 
 // A random matrix of type t: from the quantizer (realistic blocks), or raw random bytes with sane

@@ -2,9 +2,12 @@
 // from it (the safetensors goldens through files written by our writer and by llama.cpp), the Q/K
 // permutation, the embedded tokenizer against tokenizer.json, the quantizers and the writer.
 #include <gtest/gtest.h>
+#include <openssl/evp.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "core/error.h"
@@ -15,6 +18,7 @@
 #include "kernels/ggml.h"
 #include "kernels/ops.h"
 #include "model/gguf.h"
+#include "model/gguf_mix.h"
 #include "model/gguf_model.h"
 #include "model/gguf_writer.h"
 #include "model/model.h"
@@ -373,7 +377,7 @@ TEST_P(GgufWrittenModel, F32FileGivesTheSafetensorsGoldens) {
   test::TempDir tmp;
   const fs::path dir = test::repo_model(GetParam());
   const fs::path out = tmp.path / (GetParam() + ".gguf");
-  const GgufWriteResult r = write_gguf_from_hf(dir, out, GgmlType::F32);
+  const GgufWriteResult r = write_gguf_from_hf(dir, out, GgufMix::F32);
   EXPECT_GT(r.tensors, 10);
   auto m = Model::load(out);
   ASSERT_NE(m->gguf(), nullptr);
@@ -429,23 +433,190 @@ TEST(GgufReference, QuantizedFilesStayNearTheGoldens) {
   }
 }
 
+// Every mix of the writer on kjv-tiny, read back in place: the types of the mix (kjv-tiny's rows, 128
+// and 352 wide, are too narrow for the K-quants: their mixes fall back to 32-value blocks), and the
+// goldens' mean NLL within the mix's error.
 TEST(GgufModel, WriterQuantizedFileLoadsInPlaceAndStaysNear) {
   test::TempDir tmp;
   const fs::path dir = test::repo_model("kjv-tiny");
-  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::F16, GgmlType::BF16}) {
+  struct Case {
+    GgufMix mix;
+    GgmlType attn_q, token_embd;
+    int fallback;
+    double tol;
+  };
+  for (const Case& c : {Case{GgufMix::Q8_0, GgmlType::Q8_0, GgmlType::Q8_0, 0, 0.01},
+                        Case{GgufMix::Q4_0, GgmlType::Q4_0, GgmlType::Q8_0, 1, 0.1},  // embd: Q6_K -> Q8_0
+                        Case{GgufMix::F16, GgmlType::F16, GgmlType::F16, 0, 0.003},
+                        Case{GgufMix::BF16, GgmlType::BF16, GgmlType::BF16, 0, 0.003},
+                        Case{GgufMix::Q4_K_M, GgmlType::Q5_0, GgmlType::Q8_0, 28, 0.05},
+                        Case{GgufMix::Q5_K_M, GgmlType::Q5_1, GgmlType::Q8_0, 28, 0.03},
+                        Case{GgufMix::Q6_K, GgmlType::Q8_0, GgmlType::Q8_0, 28, 0.01}}) {
+    const std::string mix(gguf_mix_name(c.mix));
     const fs::path out = tmp.path / "k.gguf";
-    const GgufWriteResult r = write_gguf_from_hf(dir, out, t);
+    const GgufWriteResult r = write_gguf_from_hf(dir, out, c.mix);
     auto m = Model::load(out);
     const GgufFile& f = *m->gguf();
-    EXPECT_EQ(f.find_tensor("blk.0.attn_q.weight")->type, t);
-    EXPECT_EQ(f.find_tensor("blk.0.attn_norm.weight")->type, GgmlType::F32);
+    EXPECT_EQ(f.find_tensor("blk.0.attn_q.weight")->type, c.attn_q) << mix;
+    EXPECT_EQ(f.find_tensor("token_embd.weight")->type, c.token_embd) << mix;
+    EXPECT_EQ(f.find_tensor("blk.0.attn_norm.weight")->type, GgmlType::F32) << mix;
     EXPECT_EQ(f.find_tensor("output.weight"), nullptr);  // tied
-    EXPECT_EQ(r.fallback, 0);
+    EXPECT_EQ(f.get_int("general.file_type", 0, 1000), gguf_mix_file_type(c.mix)) << mix;
+    EXPECT_EQ(r.fallback, c.fallback) << mix;
     const Golden gold = golden_of(dir);
-    const double tol = t == GgmlType::Q4_0 ? 0.1 : t == GgmlType::Q8_0 ? 0.01 : 0.003;
-    EXPECT_NEAR(teacher_forced(*m, gold, 0), gold.mean_nll, tol) << ggml_type_info(t).name;
+    EXPECT_NEAR(teacher_forced(*m, gold, 0), gold.mean_nll, c.tol) << mix;
     EXPECT_LT(m->weight_bytes(), fs::file_size(dir / "model.safetensors"));
   }
+}
+
+// llama-quantize's choice, rule by rule (llama.cpp src/llama-quant.cpp, llama_tensor_get_type).
+TEST(GgufMix, LlamaQuantizeRules) {
+  auto type = [](GgufMix m, GgufRole role, int layer, int n_layers, int64_t cols, bool tied = true,
+                 bool b70 = false) { return gguf_mix_tensor_type(m, {role, layer, n_layers, cols, tied, b70}).type; };
+  // use_more_bits over 32 layers: 0-3, 28-31 and every third from 6: attn_v and ffn_down Q6_K.
+  std::vector<int> more;
+  for (int i = 0; i < 32; ++i)
+    if (type(GgufMix::Q4_K_M, GgufRole::AttnV, i, 32, 4096) == GgmlType::Q6_K) more.push_back(i);
+  EXPECT_EQ(more, (std::vector<int>{0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31}));
+  for (int i = 0; i < 32; ++i) {
+    const bool m = std::find(more.begin(), more.end(), i) != more.end();
+    EXPECT_EQ(type(GgufMix::Q4_K_M, GgufRole::FfnDown, i, 32, 11008), m ? GgmlType::Q6_K : GgmlType::Q4_K) << i;
+    EXPECT_EQ(type(GgufMix::Q5_K_M, GgufRole::AttnV, i, 32, 4096), m ? GgmlType::Q6_K : GgmlType::Q5_K) << i;
+    EXPECT_EQ(type(GgufMix::Q4_K_M, GgufRole::AttnQ, i, 32, 4096), GgmlType::Q4_K) << i;
+    EXPECT_EQ(type(GgufMix::Q4_K_M, GgufRole::FfnUp, i, 32, 4096), GgmlType::Q4_K) << i;
+  }
+  // The output matrix, and the embeddings when tied to it: Q6_K; untied embeddings: the base type.
+  EXPECT_EQ(type(GgufMix::Q4_K_M, GgufRole::Output, 0, 32, 4096, false), GgmlType::Q6_K);
+  EXPECT_EQ(type(GgufMix::Q4_K_M, GgufRole::TokenEmbd, 0, 32, 4096, true), GgmlType::Q6_K);
+  EXPECT_EQ(type(GgufMix::Q4_K_M, GgufRole::TokenEmbd, 0, 32, 4096, false), GgmlType::Q4_K);
+  EXPECT_EQ(type(GgufMix::Q4_0, GgufRole::Output, 0, 32, 4096, false), GgmlType::Q6_K);
+  EXPECT_EQ(type(GgufMix::Q4_0, GgufRole::TokenEmbd, 0, 32, 4096, false), GgmlType::Q4_0);
+  EXPECT_EQ(type(GgufMix::Q8_0, GgufRole::Output, 0, 32, 4096, false), GgmlType::Q8_0);
+  EXPECT_EQ(type(GgufMix::Q6_K, GgufRole::AttnV, 0, 32, 4096), GgmlType::Q6_K);
+  // Rows that are not a whole number of super-blocks: Q5_0 / Q5_1 / Q8_0; the output Q8_0; F16
+  // where not even 32 divides the row.
+  EXPECT_EQ(type(GgufMix::Q4_K_M, GgufRole::FfnDown, 1, 8, 1376), GgmlType::Q5_0);
+  EXPECT_EQ(type(GgufMix::Q4_K_M, GgufRole::FfnDown, 0, 8, 1376), GgmlType::Q8_0);
+  EXPECT_EQ(type(GgufMix::Q5_K_M, GgufRole::AttnQ, 0, 8, 1376), GgmlType::Q5_1);
+  EXPECT_EQ(type(GgufMix::Q4_K_M, GgufRole::Output, 0, 8, 1376, false), GgmlType::Q8_0);
+  EXPECT_EQ(type(GgufMix::Q4_K_M, GgufRole::AttnQ, 0, 8, 100), GgmlType::F16);
+  EXPECT_EQ(type(GgufMix::Q4_0, GgufRole::AttnQ, 0, 8, 100), GgmlType::F16);
+  EXPECT_TRUE(gguf_mix_tensor_type(GgufMix::Q4_K_M, {GgufRole::AttnQ, 0, 8, 1376, true, false}).fell_back);
+  EXPECT_FALSE(gguf_mix_tensor_type(GgufMix::Q4_K_M, {GgufRole::AttnQ, 0, 8, 1024, true, false}).fell_back);
+  // Llama 70B (80 layers, GQA): attn_v of the layers without more bits Q5_K.
+  EXPECT_EQ(type(GgufMix::Q4_K_M, GgufRole::AttnV, 11, 80, 8192, true, true), GgmlType::Q5_K);
+  EXPECT_EQ(type(GgufMix::Q4_K_M, GgufRole::AttnV, 0, 80, 8192, true, true), GgmlType::Q6_K);
+  // Float mixes: every matrix in the type.
+  EXPECT_EQ(type(GgufMix::BF16, GgufRole::Output, 0, 8, 100), GgmlType::BF16);
+  EXPECT_EQ(gguf_mix_file_type(GgufMix::Q4_K_M), 15u);
+  EXPECT_EQ(gguf_mix_file_type(GgufMix::Q5_K_M), 17u);
+  EXPECT_EQ(gguf_mix_file_type(GgufMix::Q6_K), 18u);
+  EXPECT_EQ(parse_gguf_mix("Q4_K_M"), GgufMix::Q4_K_M);
+  EXPECT_THROW(parse_gguf_mix("Q4_K"), UsageError);
+}
+
+std::string sha256_of(const uint8_t* p, size_t n) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (EVP_Digest(p, n, md, &len, EVP_sha256(), nullptr) != 1) throw Error("SHA-256 failed");
+  static const char* hex = "0123456789abcdef";
+  std::string s;
+  for (unsigned i = 0; i < len; ++i) s += hex[md[i] >> 4], s += hex[md[i] & 15];
+  return s;
+}
+
+// Our writer's files of `model_dir` against a manifest of llama-quantize's (mix -> tensor -> type,
+// dims, SHA-256 of the data; scripts/gguf_tensor_manifest.py): the same tensors, types and bytes.
+void expect_manifest(const fs::path& model_dir, const fs::path& manifest, size_t mixes) {
+  test::TempDir tmp;
+  const nlohmann::json want = test::read_json(manifest);
+  ASSERT_EQ(want.size(), mixes);
+  for (const auto& [mix_name, tensors] : want.items()) {
+    const fs::path out = tmp.path / (mix_name + ".gguf");
+    write_gguf_from_hf(model_dir, out, parse_gguf_mix(mix_name));
+    const GgufFile f = GgufFile::open(out);
+    EXPECT_EQ(f.tensors().size(), tensors.size()) << mix_name;
+    for (const auto& [name, w] : tensors.items()) {
+      const GgufTensor* t = f.find_tensor(name);
+      ASSERT_NE(t, nullptr) << mix_name << " " << name;
+      EXPECT_EQ(ggml_type_info(t->type).name, w["type"].get<std::string>()) << mix_name << " " << name;
+      EXPECT_EQ(t->dims, w["dims"].get<std::vector<uint64_t>>()) << mix_name << " " << name;
+      EXPECT_EQ(sha256_of(t->data, size_t(t->nbytes)), w["sha256"].get<std::string>()) << mix_name << " " << name;
+    }
+  }
+}
+
+// kjv-tiny, every mix (tests/data/gguf/llama-quantize-kjv-tiny.json: llama-quantize's Q4_K_M,
+// Q5_K_M, Q6_K, Q4_0 and Q8_0 of llama.cpp's F32 conversion).
+TEST(GgufWriter, EveryMixGivesLlamaQuantizesTensorsOnKjvTiny) {
+  expect_manifest(test::repo_model("kjv-tiny"), test::repo_dir() / "tests/data/gguf/llama-quantize-kjv-tiny.json", 5);
+}
+
+// kjv-small (../shared), Q5_K_M and Q6_K: real Q5_K and Q6_K blocks (tests/data/gguf/
+// llama-quantize-kjv-small.json: llama-quantize of our F32 file of kjv-small, whose values are the
+// checkpoint's bf16 ones widened exactly, as the converter's bf16 file holds them). Q4_K_M is the
+// next test, against ../shared's file itself.
+TEST(GgufWriter, Q5_K_MAndQ6_KGiveLlamaQuantizesTensorsOnKjvSmall) {
+  const fs::path dir = test::shared_model("kjv-small");
+  if (!fs::exists(dir / "model.safetensors")) GTEST_SKIP() << dir << " not found (../shared)";
+  expect_manifest(dir, test::repo_dir() / "tests/data/gguf/llama-quantize-kjv-small.json", 2);
+}
+
+// The untied models (output.weight beside token_embd; llama-mha-ropescaled-tiny with rope_freqs):
+// our Q4_K_M has the tensor types llama-quantize chose for them (tests/data/gguf/
+// llama-quantize-Q4_K_M-types.json: `llama-quantize --allow-requantize` of ../shared's Q8_0 files,
+// types and shapes only, the bytes being those of a requantization).
+TEST(GgufWriter, UntiedModelsGetLlamaQuantizesTypes) {
+  test::TempDir tmp;
+  const nlohmann::json want = test::read_json(test::repo_dir() / "tests/data/gguf/llama-quantize-Q4_K_M-types.json");
+  ASSERT_EQ(want.size(), 2u);
+  for (const auto& [model, tensors] : want.items()) {
+    const fs::path out = tmp.path / (model + ".gguf");
+    write_gguf_from_hf(test::repo_model(model), out, GgufMix::Q4_K_M);
+    const GgufFile f = GgufFile::open(out);
+    EXPECT_EQ(f.tensors().size(), tensors.size()) << model;
+    ASSERT_TRUE(tensors.contains("output.weight")) << model;
+    for (const auto& [name, w] : tensors.items()) {
+      const GgufTensor* t = f.find_tensor(name);
+      ASSERT_NE(t, nullptr) << model << " " << name;
+      EXPECT_EQ(ggml_type_info(t->type).name, w["type"].get<std::string>()) << model << " " << name;
+      EXPECT_EQ(t->dims, w["dims"].get<std::vector<uint64_t>>()) << model << " " << name;
+    }
+  }
+}
+
+// kjv-small (512-wide rows: Q4_K and Q6_K blocks) as Q4_K_M against llama.cpp's own Q4_K_M of it
+// (../shared: convert_hf_to_gguf.py --outtype bf16, then llama-quantize): every tensor of the same
+// type and shape and byte for byte the same, and both files give the goldens' NLL alike.
+TEST(GgufWriter, KjvSmallQ4_K_MIsLlamaQuantizesFile) {
+  const fs::path ref_path = test::shared_model("gguf") / "kjv-small-Q4_K_M.gguf";
+  const fs::path dir = test::shared_model("kjv-small");
+  if (!fs::exists(ref_path) || !fs::exists(dir / "model.safetensors"))
+    GTEST_SKIP() << ref_path << " or " << dir << " not found (../shared)";
+  test::TempDir tmp;
+  const fs::path out = tmp.path / "kjv-small-Q4_K_M.gguf";
+  const GgufWriteResult r = write_gguf_from_hf(dir, out, GgufMix::Q4_K_M);
+  EXPECT_EQ(r.by_type.at("Q4_K"), 8 * 6 - 4);  // q, k, output, gate, up of 8 layers; v of 4
+  EXPECT_EQ(r.by_type.at("Q6_K"), 4 + 1);     // v of layers 0, 3, 6, 7; the tied embeddings
+  const GgufFile ref = GgufFile::open(ref_path), ours = GgufFile::open(out);
+  ASSERT_EQ(ours.tensors().size(), ref.tensors().size());
+  int same_bytes = 0;
+  for (const GgufTensor& t : ref.tensors()) {
+    const GgufTensor* o = ours.find_tensor(t.name);
+    ASSERT_NE(o, nullptr) << t.name;
+    EXPECT_EQ(ggml_type_info(o->type).name, ggml_type_info(t.type).name) << t.name;
+    EXPECT_EQ(o->dims, t.dims) << t.name;
+    if (o->type == t.type && o->nbytes == t.nbytes && std::memcmp(o->data, t.data, size_t(t.nbytes)) == 0)
+      ++same_bytes;
+    else
+      ADD_FAILURE() << t.name << ": bytes differ from llama-quantize's";
+  }
+  EXPECT_EQ(same_bytes, int(ref.tensors().size()));
+  const Golden gold = golden_of(dir);
+  const double nll_ours = teacher_forced(*Model::load(out), gold, 0);
+  const double nll_ref = teacher_forced(*Model::load(ref_path), gold, 0);
+  EXPECT_NEAR(nll_ours, nll_ref, 1e-6);
+  EXPECT_NEAR(nll_ours, gold.mean_nll, 0.03);
 }
 
 TEST(GgufModel, UnsupportedArchitectureAndBadShapesAreErrors) {
@@ -629,7 +800,7 @@ TEST(GgufTokenizer, ChatTemplateAndSpecialTokensComeFromTheFile) {
   nlohmann::json cfg = test::read_json(test::repo_model("kjv-tiny") / "tokenizer_config.json");
   cfg["chat_template"] = "{% for m in messages %}<s>{{ m['content'] }}</s>{% endfor %}";
   std::ofstream(dir / "tokenizer_config.json") << cfg.dump();
-  write_gguf_from_hf(dir, tmp.path / "c.gguf", GgmlType::Q8_0);
+  write_gguf_from_hf(dir, tmp.path / "c.gguf", GgufMix::Q8_0);
   const GgufFile f = GgufFile::open(tmp.path / "c.gguf");
   EXPECT_EQ(f.get_string("tokenizer.chat_template"), cfg["chat_template"].get<std::string>());
   const GgufTokenizerJson j = gguf_vocab_to_json(gguf_vocab(f));
@@ -644,8 +815,8 @@ TEST(GgufTokenizer, ChatTemplateAndSpecialTokensComeFromTheFile) {
 TEST(GgufPromptCache, KeyCoversTheFile) {
   test::TempDir tmp;
   const fs::path a = tmp.path / "a.gguf", b = tmp.path / "b.gguf";
-  write_gguf_from_hf(test::repo_model("kjv-tiny"), a, GgmlType::Q8_0);
-  write_gguf_from_hf(test::repo_model("kjv-tiny"), b, GgmlType::Q4_0);
+  write_gguf_from_hf(test::repo_model("kjv-tiny"), a, GgufMix::Q8_0);
+  write_gguf_from_hf(test::repo_model("kjv-tiny"), b, GgufMix::Q4_0);
   KVCacheConfig kv;
   auto key = [&](const fs::path& p) {
     auto m = Model::load(p);

@@ -44,6 +44,17 @@ TEST_F(GgufCli, SampleOfTheF32FileEqualsTheDirectorysAndQ8Runs) {
   EXPECT_TRUE(has(c.err, "model: " + q8.string() + " (llama, ")) << c.err;
 }
 
+// --type Q4_K_M: the summary counts each type (kjv-tiny's rows are too narrow for K blocks: Q5_0 and
+// Q8_0, as llama-quantize falls back), and the file samples.
+TEST_F(GgufCli, QuantizeQ4_K_MSaysWhichTypesItWrote) {
+  const fs::path out = tmp.path / "k.gguf";
+  auto r = test::run_command(bin() + " quantize " + dir.string() + " " + out.string() + " --format gguf --type Q4_K_M");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(has(r.err, "GGUF Q4_K_M, 38 tensors (F32 9, Q5_0 24, Q8_0 5; 29 quantized, 28 in a fallback type")) << r.err;
+  auto s = test::run_command(bin() + " sample " + out.string() + " -p 'In the beginning' -n 4 --temp 0 --threads 2");
+  EXPECT_EQ(s.code, 0) << s.err;
+}
+
 TEST_F(GgufCli, TokenizeEvalAndBenchTakeTheFile) {
   const fs::path q8 = quantize("Q8_0", dir);
   const fs::path llama_cpp = test::repo_dir() / "tests/data/gguf/kjv-tiny-Q8_0.gguf";

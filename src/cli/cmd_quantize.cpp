@@ -55,10 +55,13 @@ class ProgressBar {
 };
 
 int run_gguf(const QuantizeArgs& a) {
-  const GgmlType type = parse_gguf_write_type(a.type);
-  const GgufWriteResult r = write_gguf_from_hf(a.model_dir, a.out_dir, type);
-  std::fprintf(stderr, "wrote %s: GGUF %s, %d tensors (%d in %s blocks, %d F16 for rows not a multiple of the block), %s\n",
-               a.out_dir.c_str(), a.type.c_str(), r.tensors, r.quantized, a.type.c_str(), r.fallback,
+  const GgufMix mix = parse_gguf_mix(a.type);
+  const GgufWriteResult r = write_gguf_from_hf(a.model_dir, a.out_dir, mix);
+  // "Q4_K 30, Q6_K 12, F32 17": how many tensors of each type.
+  std::string types;
+  for (const auto& [name, n] : r.by_type) types += (types.empty() ? "" : ", ") + name + " " + std::to_string(n);
+  std::fprintf(stderr, "wrote %s: GGUF %s, %d tensors (%s; %d quantized, %d in a fallback type for their row width), %s\n",
+               a.out_dir.c_str(), a.type.c_str(), r.tensors, types.c_str(), r.quantized, r.fallback,
                format_bytes(r.bytes).c_str());
   return 0;
 }
@@ -101,8 +104,9 @@ Command add_quantize_command(CLI::App& root) {
       ->required();
   app->add_option("--format", a->format, "mlx: MLX-layout safetensors (--bits, --group-size); gguf: one GGUF file (--type)")
       ->check(CLI::IsMember({"mlx", "gguf"}));
-  app->add_option("--type", a->type, "--format gguf: tensor type of the 2-D weights: F32, F16, BF16, Q8_0, Q4_0")
-      ->check(CLI::IsMember({"F32", "F16", "BF16", "Q8_0", "Q4_0"}));
+  app->add_option("--type", a->type, "--format gguf: file type: F32, F16, BF16, Q8_0, Q4_0, Q4_K_M, Q5_K_M, Q6_K "
+                  "(the quantized ones choose each tensor's type as llama-quantize does)")
+      ->check(CLI::IsMember({"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K"}));
   app->add_option("--bits", a->bits, "Bits per weight code")->check(CLI::IsMember({2, 3, 4, 5, 6, 8}));
   app->add_option("--group-size", a->group_size, "Weights sharing one scale and bias")
       ->check(CLI::IsMember({32, 64, 128}));

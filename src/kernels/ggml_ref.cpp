@@ -264,7 +264,7 @@ float fit_scale_min(int n, int nmax, const float* x, const float* w, uint8_t* L,
   for (int i = 0; i < n; ++i) {
     L[i] = uint8_t(std::clamp(nearest(iscale * (x[i] - lo)), 0, nmax));
     const float diff = scale * float(L[i]) + lo - x[i];
-    best += w[i] * diff * diff;
+    best += w[i] * (diff * diff);  // ggml's order: the square first (float rounding decides ties)
   }
   uint8_t aux[32];
   for (int is = 0; is <= nstep; ++is) {
@@ -288,7 +288,7 @@ float fit_scale_min(int n, int nmax, const float* x, const float* w, uint8_t* L,
       float err = 0;
       for (int i = 0; i < n; ++i) {
         const float diff = this_scale * float(aux[i]) + this_min - x[i];
-        err += w[i] * diff * diff;
+        err += w[i] * (diff * diff);
       }
       if (err < best) {
         std::memcpy(L, aux, size_t(n));

@@ -157,25 +157,7 @@ uint64_t GgufBuilder::write(const std::filesystem::path& path, uint32_t alignmen
   return out.commit();
 }
 
-GgmlType parse_gguf_write_type(const std::string& name) {
-  for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0})
-    if (ggml_type_info(t).name == name) return t;
-  throw UsageError("--type " + name + ": not a type the GGUF writer writes (F32, F16, BF16, Q8_0, Q4_0)");
-}
-
 namespace {
-
-// llama.cpp's general.file_type (LLAMA_FTYPE_*) of a file whose 2-D weights are all `t`.
-uint32_t file_type_of(GgmlType t) {
-  switch (t) {
-    case GgmlType::F32: return 0;
-    case GgmlType::F16: return 1;
-    case GgmlType::Q4_0: return 2;
-    case GgmlType::Q8_0: return 7;
-    case GgmlType::BF16: return 32;
-    default: return 0;
-  }
-}
 
 // Llama 3.1's frequency divisors as the converter computes them (rope_freqs.weight): inv_freq_i is
 // divided by factor_i.
@@ -230,7 +212,7 @@ void add_vocab(GgufBuilder& b, const GgufVocab& v) {
 }  // namespace
 
 GgufWriteResult write_gguf_from_hf(const std::filesystem::path& dir, const std::filesystem::path& out,
-                                   GgmlType type) {
+                                   GgufMix mix) {
   const ModelConfig c = ModelConfig::load(dir / "config.json");
   const std::string cfg_file = (dir / "config.json").string();
   if (c.arch == Architecture::YocoLlama || c.num_kv_shared_layers > 0)
@@ -266,13 +248,18 @@ GgufWriteResult write_gguf_from_hf(const std::filesystem::path& dir, const std::
   if (c.sliding_window > 0) b.add_u32(p + "attention.sliding_window", uint32_t(c.sliding_window));
   b.add_u32(p + "vocab_size", uint32_t(c.vocab_size));
   b.add_u32(p + "rope.dimension_count", uint32_t(c.head_dim));
-  b.add_u32("general.file_type", file_type_of(type));
-  if (type == GgmlType::Q8_0 || type == GgmlType::Q4_0) b.add_u32("general.quantization_version", 2);
+  b.add_u32("general.file_type", gguf_mix_file_type(mix));
+  if (gguf_mix_quantized(mix)) b.add_u32("general.quantization_version", 2);
   add_vocab(b, vocab);
 
   GgufWriteResult res;
+  const bool tied = c.tie_word_embeddings && !files->find("lm_head.weight");
+  // llama.cpp's LLM_TYPE_70B, the one model size its choice of types depends on.
+  const bool llama_70b = !qwen && c.n_layers == 80 && c.n_heads != c.n_kv_heads;
   // One HF tensor -> one GGUF tensor. perm_head_dim > 0: rows permuted as the converter does.
-  auto tensor = [&](const std::string& hf, const std::string& name, bool matrix, int perm_head_dim) {
+  // role/layer: where a matrix sits, for the mix's choice of its type (vectors are F32).
+  auto tensor = [&](const std::string& hf, const std::string& name, bool matrix, int perm_head_dim,
+                    GgufRole role = GgufRole::AttnQ, int layer = 0) {
     const TensorView& t = files->get(hf);
     if (t.dtype != DType::F32 && t.dtype != DType::F16 && t.dtype != DType::BF16)
       throw Error(t.file->string() + ": tensor '" + hf + "' has dtype " + std::string(dtype_name(t.dtype)) +
@@ -286,15 +273,12 @@ GgufWriteResult write_gguf_from_hf(const std::filesystem::path& dir, const std::
     const int64_t cols = column ? 1 : t.shape.back();
     GgmlType out_type = GgmlType::F32;
     if (matrix) {
-      out_type = type;
-      const GgmlTypeInfo info = ggml_type_info(type);
-      if (cols % info.block_elems != 0) {
-        out_type = GgmlType::F16;
-        ++res.fallback;
-      } else if (info.block_elems > 1) {
-        ++res.quantized;
-      }
+      const GgufTypeChoice ch = gguf_mix_tensor_type(mix, {role, layer, c.n_layers, cols, tied, llama_70b});
+      out_type = ch.type;
+      if (ch.fell_back) ++res.fallback;
+      if (ggml_type_info(out_type).block_elems > 1) ++res.quantized;
     }
+    ++res.by_type[std::string(ggml_type_info(out_type).name)];
     std::vector<int> src_row;
     if (perm_head_dim > 0) src_row = gguf_permuted_rows(int(rows), perm_head_dim);
     std::vector<uint64_t> dims(t.shape.rbegin(), t.shape.rend());
@@ -329,32 +313,33 @@ GgufWriteResult write_gguf_from_hf(const std::filesystem::path& dir, const std::
     ++res.tensors;
   };
 
-  tensor("model.embed_tokens.weight", "token_embd.weight", true, 0);
+  tensor("model.embed_tokens.weight", "token_embd.weight", true, 0, GgufRole::TokenEmbd);
   tensor("model.norm.weight", "output_norm.weight", false, 0);
-  if (!c.tie_word_embeddings || files->find("lm_head.weight")) tensor("lm_head.weight", "output.weight", true, 0);
+  if (!tied) tensor("lm_head.weight", "output.weight", true, 0, GgufRole::Output);
   if (c.rope.type == RopeType::Llama3) {
     auto factors = std::make_shared<std::vector<float>>(llama3_rope_factors(c.rope, c.head_dim));
     b.add_tensor("rope_freqs.weight", {uint64_t(factors->size())}, GgmlType::F32,
                  [factors](uint8_t* dst) { std::memcpy(dst, factors->data(), factors->size() * sizeof(float)); });
     ++res.tensors;
+    ++res.by_type["F32"];
   }
   for (int i = 0; i < c.n_layers; ++i) {
     const std::string h = "model.layers." + std::to_string(i) + ".", g = "blk." + std::to_string(i) + ".";
     tensor(h + "input_layernorm.weight", g + "attn_norm.weight", false, 0);
     tensor(h + "post_attention_layernorm.weight", g + "ffn_norm.weight", false, 0);
-    tensor(h + "self_attn.q_proj.weight", g + "attn_q.weight", true, permute ? c.head_dim : 0);
-    tensor(h + "self_attn.k_proj.weight", g + "attn_k.weight", true, permute ? c.head_dim : 0);
-    tensor(h + "self_attn.v_proj.weight", g + "attn_v.weight", true, 0);
-    tensor(h + "self_attn.o_proj.weight", g + "attn_output.weight", true, 0);
+    tensor(h + "self_attn.q_proj.weight", g + "attn_q.weight", true, permute ? c.head_dim : 0, GgufRole::AttnQ, i);
+    tensor(h + "self_attn.k_proj.weight", g + "attn_k.weight", true, permute ? c.head_dim : 0, GgufRole::AttnK, i);
+    tensor(h + "self_attn.v_proj.weight", g + "attn_v.weight", true, 0, GgufRole::AttnV, i);
+    tensor(h + "self_attn.o_proj.weight", g + "attn_output.weight", true, 0, GgufRole::AttnOutput, i);
     if (c.qkv_bias) {
       tensor(h + "self_attn.q_proj.bias", g + "attn_q.bias", false, permute ? c.head_dim : 0);
       tensor(h + "self_attn.k_proj.bias", g + "attn_k.bias", false, permute ? c.head_dim : 0);
       tensor(h + "self_attn.v_proj.bias", g + "attn_v.bias", false, 0);
     }
     if (c.o_bias) tensor(h + "self_attn.o_proj.bias", g + "attn_output.bias", false, 0);
-    tensor(h + "mlp.gate_proj.weight", g + "ffn_gate.weight", true, 0);
-    tensor(h + "mlp.up_proj.weight", g + "ffn_up.weight", true, 0);
-    tensor(h + "mlp.down_proj.weight", g + "ffn_down.weight", true, 0);
+    tensor(h + "mlp.gate_proj.weight", g + "ffn_gate.weight", true, 0, GgufRole::FfnGate, i);
+    tensor(h + "mlp.up_proj.weight", g + "ffn_up.weight", true, 0, GgufRole::FfnUp, i);
+    tensor(h + "mlp.down_proj.weight", g + "ffn_down.weight", true, 0, GgufRole::FfnDown, i);
     if (c.mlp_bias) {
       tensor(h + "mlp.gate_proj.bias", g + "ffn_gate.bias", false, 0);
       tensor(h + "mlp.up_proj.bias", g + "ffn_up.bias", false, 0);

@@ -5,11 +5,13 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "kernels/weights.h"
 #include "model/gguf.h"
+#include "model/gguf_mix.h"
 
 namespace ptllm {
 
@@ -53,18 +55,17 @@ void gguf_append_value(std::string& out, const GgufValue& v);
 struct GgufWriteResult {
   uint64_t bytes = 0;
   int tensors = 0;
-  int quantized = 0;  // tensors written in the requested block type
-  int fallback = 0;   // 2-D tensors whose rows are not a whole number of blocks: written F16
+  int quantized = 0;  // 2-D tensors written in a block type
+  int fallback = 0;   // 2-D tensors whose planned type did not fit their rows (gguf_mix.h)
+  std::map<std::string, int> by_type;  // "Q4_K" -> how many tensors
 };
 
-// MODEL_DIR -> OUT as `type` (F32, F16, BF16, Q8_0, Q4_0): 2-D weights in that type, norms and
-// biases F32, as llama.cpp's converter with --outtype writes them. Throws Error naming the file and
-// the field for a checkpoint GGUF cannot hold (an architecture other than Llama/Mistral/Qwen2, KV
+// MODEL_DIR -> OUT as `mix` (F32, F16, BF16, Q8_0, Q4_0, Q4_K_M, Q5_K_M, Q6_K): 2-D weights in the
+// types model/gguf_mix.h chooses (llama-quantize's for the quantized mixes), norms and biases F32,
+// as llama.cpp's converter (and llama-quantize) write them. Throws Error naming the file and the
+// field for a checkpoint GGUF cannot hold (an architecture other than Llama/Mistral/Qwen2, KV
 // sharing, a tokenizer layout tokenizer.ggml.pre cannot name).
 GgufWriteResult write_gguf_from_hf(const std::filesystem::path& model_dir, const std::filesystem::path& out,
-                                   GgmlType type);
-
-// "F32", "Q8_0", ... -> the type (the writer's types only); throws UsageError listing them.
-GgmlType parse_gguf_write_type(const std::string& name);
+                                   GgufMix mix);
 
 }  // namespace ptllm
