@@ -189,10 +189,12 @@ struct HttpServer::Impl {
 
   void setup();
   bool authorized(const httplib::Request& req, httplib::Response& res);
+  std::string chat_prompt(const ApiRequest& r);
   std::vector<int32_t> prompt_ids(const ApiRequest& r);
   void generate(const httplib::Request& req, httplib::Response& res, Endpoint ep);
   void respond(const httplib::Request& req, httplib::Response& res, const ApiRequest& r, Channel& ch);
   void stream(httplib::Response& res, const ApiRequest& r, std::shared_ptr<Channel> ch);
+  void apply_template(const httplib::Request& req, httplib::Response& res);
   void tokenize(const httplib::Request& req, httplib::Response& res);
   void detokenize(const httplib::Request& req, httplib::Response& res);
 };
@@ -237,6 +239,7 @@ void HttpServer::Impl::setup() {
   });
   http.Post("/v1/chat/completions", [this](const auto& q, auto& s) { generate(q, s, Endpoint::Chat); });
   http.Post("/v1/completions", [this](const auto& q, auto& s) { generate(q, s, Endpoint::Completion); });
+  http.Post("/apply-template", [this](const auto& q, auto& s) { apply_template(q, s); });
   http.Post("/tokenize", [this](const auto& q, auto& s) { tokenize(q, s); });
   http.Post("/detokenize", [this](const auto& q, auto& s) { detokenize(q, s); });
   http.Get("/health", [](const auto&, auto& s) { send_json(s, 200, {{"status", "ok"}}); });
@@ -260,17 +263,31 @@ std::vector<int32_t> HttpServer::Impl::prompt_ids(const ApiRequest& r) {
     }
     return tok.encode(r.prompt_text);  // as `posttrainllm sample` encodes -p (BOS added when the model wants it)
   }
+  // The template writes the special tokens itself (as `posttrainllm chat` encodes its turns).
+  return tok.encode(chat_prompt(r), {.add_special = false});
+}
+
+// The prompt text of a chat request: messages and tools through the chat template.
+std::string HttpServer::Impl::chat_prompt(const ApiRequest& r) {
   if (!cfg.render_chat)
     throw bad_request("this model has no chat template: restart the server with --chat-template FILE, or use "
                       "/v1/completions");
-  std::string text;
   try {
-    text = cfg.render_chat(r.messages, r.tools);
+    return cfg.render_chat(r.messages, r.tools);
   } catch (const Error& e) {
     throw bad_request(std::string("the chat template refused the messages: ") + e.what(), "messages");
   }
-  // The template writes the special tokens itself (as `posttrainllm chat` encodes its turns).
-  return tok.encode(text, {.add_special = false});
+}
+
+// llama-server's /apply-template: a chat request's prompt as the template renders it, nothing
+// generated (to see what a model is given, tools included).
+void HttpServer::Impl::apply_template(const httplib::Request& req, httplib::Response& res) {
+  try {
+    const ApiRequest r = parse_request(req.body, Endpoint::Chat, 0);
+    send_json(res, 200, {{"prompt", chat_prompt(r)}});
+  } catch (const ApiError& e) {
+    send_error(res, e);
+  }
 }
 
 void HttpServer::Impl::generate(const httplib::Request& req, httplib::Response& res, Endpoint ep) {
