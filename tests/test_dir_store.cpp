@@ -4,13 +4,15 @@
 // be created), schedulers across a "restart" (the second loads what the first computed and answers
 // the same; a damaged file is a miss and the same answer), and the real `posttrainllm serve`: a
 // chat reply, SIGTERM, a second process on the same directory answers the same from the files, and
-// a third after one block file was damaged still answers the same.
+// a third after one block file was damaged still answers the same; `sample`, `cache ls` and
+// `cache prune` on the server's directory keep to their own files.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
 #include <fstream>
 #include <future>
+#include <map>
 #include <random>
 #include <sstream>
 
@@ -428,6 +430,44 @@ TEST(DirStoreServe, PrefixesSurviveARestartAndADamagedFileIsAColdBlock) {
   EXPECT_EQ(c.metric("ptllm_kv_store_rejected_total"), 1);
   EXPECT_NE(c.log().find("warning: kv store: ignoring the value of"), std::string::npos) << c.log();
   EXPECT_EQ(c.stop(), 0);
+}
+
+// One directory for `serve` and `sample`/`chat`/`cache`: each keeps to its own files.
+TEST(DirStoreServe, SampleAndCacheCommandsLeaveTheBlocksAlone) {
+  test::TempDir tmp;
+  const fs::path cache = tmp.path / "cache";
+  {
+    test::ServeProcess a(test::repo_model("kjv-tiny"), {"--prompt-cache-dir", cache.string()}, tmp.path / "a.err");
+    ASSERT_GT(a.port, 0) << a.log();
+    a.post_ok("/v1/completions", {{"prompt", kSystem}, {"max_tokens", 4}, {"temperature", 0}});
+    EXPECT_EQ(a.stop(), 0);
+  }
+  auto block_files = [&] {
+    std::map<std::string, std::string> out;  // name -> bytes
+    for (const auto& e : fs::recursive_directory_iterator(cache / "blocks"))
+      if (e.is_regular_file()) out[e.path().filename().string()] = slurp(e.path());
+    return out;
+  };
+  const auto before = block_files();
+  ASSERT_GE(before.size(), 3u);
+  const std::string sample = test::binary() + " sample " + test::repo_model("kjv-tiny").string() + " -t 1 -n 4 --temp 0 -p '" +
+                             std::string(kSystem) + "' --prompt-cache-dir " + cache.string();
+  const auto cold = test::run_command(sample);
+  ASSERT_EQ(cold.code, 0) << cold.err;
+  EXPECT_NE(cold.err.find("prompt cache: saved"), std::string::npos) << cold.err;
+  const auto hot = test::run_command(sample);
+  ASSERT_EQ(hot.code, 0) << hot.err;
+  EXPECT_NE(hot.err.find("prompt cache: hit"), std::string::npos) << hot.err;
+  EXPECT_EQ(hot.out, cold.out);
+  const auto ls = test::run_command(test::binary() + " cache ls " + cache.string());
+  EXPECT_EQ(ls.code, 0) << ls.err;
+  EXPECT_EQ(ls.out.find("blocks"), std::string::npos) << ls.out;
+  // A prune to almost nothing removes sample's entry and none of the server's blocks.
+  const auto prune = test::run_command(test::binary() + " cache prune " + cache.string() + " --max-mb 0");
+  EXPECT_EQ(prune.code, 0) << prune.err;
+  EXPECT_NE(prune.out.find(".kvcache"), std::string::npos) << prune.out;
+  EXPECT_EQ(prune.out.find("blocks"), std::string::npos) << prune.out;
+  EXPECT_EQ(block_files(), before);
 }
 
 TEST(DirStoreServe, BadFlagsAndConfigurationsAreRefusedWithTheirNames) {
