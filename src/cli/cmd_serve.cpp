@@ -216,6 +216,7 @@ Command add_serve_command(CLI::App& root) {
   app->add_option("--prompt-cache-max-mb", a->prompt_cache_max_mb,
                   "Keep DIR/blocks under N MiB, removing least recently used blocks (default 1024)")
       ->check(number_at_least(0, /*exclusive=*/true))
+      ->check(number_between(0, 1 << 30))  // MiB: a byte count that fits 64 bits
       ->needs(dir);
   add_chat_prompt_options(*app, a->chat);
   add_runtime_options(*app, a->runtime);
