@@ -103,6 +103,9 @@ class SignalStop {
 
 int run_serve(ServeArgs& a) {
   if (a.runtime.no_cache) throw UsageError("--no-cache: the server batches sequences over a shared KV cache; it needs one");
+  if (!a.prompt_cache_dir.empty() && !a.store.url.empty())
+    throw UsageError("--prompt-cache-dir and --kv-store: give one of them (the server looks up one block store: a "
+                     "directory for restarts of one server, or Redis for replicas)");
   SignalStop signals;  // before any thread exists
   const std::filesystem::path dir = a.model_dir.empty() ? default_model_dir() : std::filesystem::path(a.model_dir);
   Runtime rt({dir, resolve_threads(a.runtime), true});
@@ -113,9 +116,6 @@ int run_serve(ServeArgs& a) {
   sc.prefill_chunk = a.prefill_chunk;
   sc.eos_ids = stop_token_ids(dir, rt.config(), rt.tokenizer());
   std::unique_ptr<KVStore> store;
-  if (!a.prompt_cache_dir.empty() && !a.store.url.empty())
-    throw UsageError("--prompt-cache-dir and --kv-store: give one of them (the server looks up one block store: a "
-                     "directory for restarts of one server, or Redis for replicas)");
   if (!a.prompt_cache_dir.empty()) {
     store::DirStoreOptions o;
     o.dir = a.prompt_cache_dir;
