@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <future>
@@ -217,6 +218,24 @@ TEST(DirStore, TheSizeBoundRemovesTheLeastRecentlyUsedFiles) {
   ASSERT_TRUE(small->flush(std::chrono::seconds(60)));
   EXPECT_EQ(small->stats().dropped_writes, 1u);
   EXPECT_EQ(small->stats().writes, 0u);
+}
+
+// A server killed mid-write leaves a temporary file: the next start removes it (its writer is gone).
+TEST(DirStore, TemporariesOfAWriterThatIsGoneAreRemovedAtTheStart) {
+  test::TempDir tmp;
+  const Block a(1);
+  const fs::path final_name = store::dir_store_path(tmp.path, a.key());
+  fs::create_directories(final_name.parent_path());
+  // pid 0x7ffffffe: above any pid_max Linux allows (4194304), so never a running process.
+  const fs::path stale = final_name.string() + ".tmp-2147483646-0123abcd";
+  const fs::path mine = final_name.string() + ".tmp-" + std::to_string(::getpid()) + "-0123abcd";
+  std::ofstream(stale) << "half a block";
+  std::ofstream(mine) << "a write in progress";
+  auto s = open_store(tmp.path);
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_TRUE(fs::exists(mine));  // its writer runs (this process), and it is recent
+  const std::vector<std::string> keys = {a.key()};
+  EXPECT_FALSE(s->get(keys)[0]);
 }
 
 TEST(DirStore, ADirectoryThatCannotBeCreatedIsAStartError) {
