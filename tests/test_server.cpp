@@ -1,9 +1,13 @@
 // The HTTP server in-process on a free loopback port, driven by httplib's client: the OpenAI
 // shapes (chat, completions, SSE streaming, usage), outputs equal to the engine's greedy run,
 // OpenAI-shaped errors for bad input, the API key, the body limit, a client that disconnects
-// mid-stream (its request cancelled, its blocks freed), and a graceful shutdown.
+// mid-stream or while a non-streamed reply is generated (its request cancelled, its blocks freed),
+// and a graceful shutdown.
 #include <httplib.h>
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
@@ -295,6 +299,49 @@ TEST_F(ServerTest, ClientDisconnectMidStreamCancelsTheRequest) {
   const auto after = post("/v1/chat/completions", chat_body("x", 2).dump());
   ASSERT_TRUE(after);
   EXPECT_EQ(after->status, 200);
+}
+
+// A non-streamed request whose client hangs up right after sending it: the server notices the
+// closed socket while the reply is generated, the request is cancelled (counted on /metrics as a
+// streamed one is) and its blocks go back long before 480 tokens could have been generated.
+TEST_F(ServerTest, ClientDisconnectOfANonStreamedRequestCancelsIt) {
+  start();
+  const std::string body = chat_body("In the beginning", 480).dump();
+  {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(uint16_t(port_));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    const std::string req = "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                            "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+    ASSERT_EQ(::send(fd, req.data(), req.size(), 0), ssize_t(req.size()));
+    // Closed once the scheduler runs it (so that the test sees a running request end, not a queued one).
+    for (int i = 0; i < 3000 && sch_->stats().running == 0 && sch_->stats().finished == 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ::close(fd);
+  }
+  // Bounded waits (no timing is asserted): the cancel, then the blocks.
+  for (int i = 0; i < 3000 && sch_->stats().cancelled == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const SchedulerStats st = sch_->stats();
+  EXPECT_EQ(st.cancelled, 1u);
+  EXPECT_EQ(st.finished, 0u);
+  EXPECT_LT(st.generated_tokens, 480u);
+  for (int i = 0; i < 3000 && sch_->stats().blocks_used != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(sch_->stats().blocks_used, 0u);
+  httplib::Client c = client();
+  const auto metrics = c.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_NE(metrics->body.find("\nptllm_requests_cancelled_total 1\n"), std::string::npos) << metrics->body;
+  EXPECT_NE(metrics->body.find("\nptllm_kv_blocks_used 0\n"), std::string::npos) << metrics->body;
+  // A client that stays gets its answer (the watch does not cancel a live connection), and the server serves on.
+  const auto after = post("/v1/chat/completions", chat_body("x", 40).dump());
+  ASSERT_TRUE(after);
+  EXPECT_EQ(after->status, 200);
+  EXPECT_EQ(sch_->stats().finished, 1u);
+  EXPECT_EQ(sch_->stats().cancelled, 1u);
 }
 
 // shutdown() while a reply streams: the reply runs to its end (finish reason, [DONE]), then the

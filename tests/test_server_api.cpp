@@ -22,7 +22,7 @@ TEST(ServerApi, ChatFieldsBecomeGenerationParams) {
       {"role": "user", "content": [{"type": "text", "text": "hi"}]}], "max_completion_tokens": 9, "temperature": 0.5,
       "top_p": 0.9, "top_k": 5, "min_p": 0.1, "repeat_penalty": 1.1, "seed": 42, "stop": ["a", "bc"],
       "presence_penalty": 0.5, "frequency_penalty": -0.25, "repeat_last_n": 32,
-      "stream": true, "stream_options": {"include_usage": true}, "tools": [{"type": "function"}], "n": 1})",
+      "stream": true, "stream_options": {"include_usage": true}, "tools": [{"type": "function", "function": {"name": "f"}}], "n": 1})",
                                      Endpoint::Chat, 7);
   EXPECT_EQ(r.model, "m");
   EXPECT_EQ(r.messages.size(), 2u);
@@ -65,6 +65,11 @@ TEST(ServerApi, ANumberPastDoublesRangeIsABadRequest) {
 
 TEST(ServerApi, ErrorsNameTheField) {
   EXPECT_EQ(error_of(R"({"messages": [{"role": "user", "content": "x"}], "tools": {}})").param, "tools");
+  EXPECT_EQ(error_of(R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})").param,
+            "tools[0].function");
+  EXPECT_EQ(error_of(R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"function": {"name": "f"}},
+            {"type": "function", "function": {"description": "no name"}}]})").param,
+            "tools[1].function.name");
   EXPECT_EQ(error_of(R"({"messages": [{"role": "user", "content": "x"}], "stop": [""]})").param, "stop");
   EXPECT_EQ(error_of(R"({"messages": [{"role": "user", "content": "x"}], "stop": [1]})").param, "stop");
   EXPECT_EQ(error_of(R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0})").param, "max_tokens");

@@ -20,6 +20,7 @@
 #include "engine/runtime.h"
 #include "engine/scheduler.h"
 #include "server/http_server.h"
+#include "store/dir_store.h"
 #include "store/redis_store.h"
 
 namespace ptllm::cli {
@@ -40,6 +41,8 @@ struct ServeArgs {
   std::string store_prefix = "ptllm";
   int store_max_mb = 0;
   int store_queue_mb = 128;
+  std::string prompt_cache_dir;      // --prompt-cache-dir: the blocks persist there (store/dir_store.h)
+  double prompt_cache_max_mb = 1024;
 };
 
 // The model's chat template as the server's renderer; none (a warning) when the model has none and
@@ -100,6 +103,9 @@ class SignalStop {
 
 int run_serve(ServeArgs& a) {
   if (a.runtime.no_cache) throw UsageError("--no-cache: the server batches sequences over a shared KV cache; it needs one");
+  if (!a.prompt_cache_dir.empty() && !a.store.url.empty())
+    throw UsageError("--prompt-cache-dir and --kv-store: give one of them (the server looks up one block store: a "
+                     "directory for restarts of one server, or Redis for replicas)");
   SignalStop signals;  // before any thread exists
   const std::filesystem::path dir = a.model_dir.empty() ? default_model_dir() : std::filesystem::path(a.model_dir);
   Runtime rt({dir, resolve_threads(a.runtime), true});
@@ -110,7 +116,17 @@ int run_serve(ServeArgs& a) {
   sc.prefill_chunk = a.prefill_chunk;
   sc.eos_ids = stop_token_ids(dir, rt.config(), rt.tokenizer());
   std::unique_ptr<KVStore> store;
-  if (!a.store.url.empty()) {
+  if (!a.prompt_cache_dir.empty()) {
+    store::DirStoreOptions o;
+    o.dir = a.prompt_cache_dir;
+    o.max_bytes = uint64_t(a.prompt_cache_max_mb * 1024 * 1024);
+    o.queue_bytes = size_t(a.store_queue_mb) << 20;
+    store = store::open_dir_store(o);
+    sc.store = store.get();
+    sc.store_identity = prompt_cache_identity(rt.model(), rt.tokenizer(), sc.session.kv).config_key;
+    sc.store_prefix = a.store_prefix;
+    sc.store_flag = "--prompt-cache-dir";
+  } else if (!a.store.url.empty()) {
     a.store.max_bytes = uint64_t(a.store_max_mb) << 20;
     a.store.queue_bytes = size_t(a.store_queue_mb) << 20;
     store = store::open_redis_store(a.store);
@@ -132,7 +148,10 @@ int run_serve(ServeArgs& a) {
                             scheduler.pool().quant().capacity() * scheduler.pool().quant().block_bytes())
                    .c_str(),
                sc.session.kv.describe().c_str());
-  if (store)
+  if (store && !a.prompt_cache_dir.empty())
+    std::fprintf(stderr, "prompt cache: %s, at most %s\n", store->describe().c_str(),
+                 format_bytes(uint64_t(a.prompt_cache_max_mb * 1024 * 1024)).c_str());
+  else if (store)
     std::fprintf(stderr, "kv store: %s, keys %s:%s:*%s\n", store->describe().c_str(), a.store_prefix.c_str(),
                  to_hex(std::span<const uint8_t>(sc.store_identity.data(), 16)).c_str(),
                  a.store.ttl_s > 0 ? (", expiring after " + std::to_string(a.store.ttl_s) + " s").c_str() : "");
@@ -142,7 +161,8 @@ int run_serve(ServeArgs& a) {
   srv.run();
   signals.finish();
   scheduler.stop();
-  if (store && !store->flush(std::chrono::seconds(5)))
+  // The blocks still queued are written before the exit (a directory's files are quick to write).
+  if (store && !store->flush(a.prompt_cache_dir.empty() ? std::chrono::seconds(5) : std::chrono::seconds(60)))
     std::fprintf(stderr, "warning: kv store: writes still queued at exit were dropped\n");
   std::fprintf(stderr, "stopped\n");
   return 0;
@@ -191,6 +211,13 @@ Command add_serve_command(CLI::App& root) {
       ->check(integer_between(1, 60000));
   app->add_option("--kv-store-queue-mb", a->store_queue_mb, "Most MiB of blocks waiting to be written (more are dropped)")
       ->check(integer_between(1, 1 << 16));
+  CLI::Option* dir = app->add_option("--prompt-cache-dir", a->prompt_cache_dir,
+                                     "Keep every full prefix block in DIR/blocks, so that prefixes survive a restart");
+  app->add_option("--prompt-cache-max-mb", a->prompt_cache_max_mb,
+                  "Keep DIR/blocks under N MiB, removing least recently used blocks (default 1024)")
+      ->check(number_at_least(0, /*exclusive=*/true))
+      ->check(number_between(0, 1 << 30))  // MiB: a byte count that fits 64 bits
+      ->needs(dir);
   add_chat_prompt_options(*app, a->chat);
   add_runtime_options(*app, a->runtime);
   return {app, [a] { return run_serve(*a); }};

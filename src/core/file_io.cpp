@@ -133,15 +133,16 @@ void AtomicFile::write(std::string_view bytes) {
   }
 }
 
-uint64_t AtomicFile::commit() {
+uint64_t AtomicFile::commit(Sync sync) {
   PTLLM_CHECK(fd_ >= 0);
-  if (::fsync(fd_) != 0) fail("cannot sync " + path_.string(), errno);
+  if (sync == Sync::Durable && ::fsync(fd_) != 0) fail("cannot sync " + path_.string(), errno);
   if (::close(std::exchange(fd_, -1)) != 0) fail("cannot write " + path_.string(), errno);
   if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp_.c_str());
     throw Error("cannot rename to " + path_.string() + ": " + errno_text(err));
   }
+  if (sync == Sync::Atomic) return written_;
   // The rename itself is durable only once the directory is synced.
   const fs::path parent = path_.has_parent_path() ? path_.parent_path() : fs::path(".");
   Fd dir(::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));

@@ -58,8 +58,13 @@ class AtomicFile {
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
   void write(std::string_view bytes);  // throws ptllm::Error (the temporary removed)
-  // fsync, rename over the final name, fsync of the directory. Returns the bytes written.
-  uint64_t commit();
+  // What commit() guarantees: Durable (fsync of the file and of its directory: the file survives a
+  // power loss) or Atomic (the rename only: no reader ever sees a partial file, but a power loss may
+  // leave a torn one; for files that verify themselves on every read, such as the server's block
+  // files, where a torn file is a miss).
+  enum class Sync { Durable, Atomic };
+  // [fsync,] rename over the final name[, fsync of the directory]. Returns the bytes written.
+  uint64_t commit(Sync sync = Sync::Durable);
 
  private:
   [[noreturn]] void fail(const std::string& what, int err);

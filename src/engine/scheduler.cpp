@@ -51,7 +51,7 @@ Scheduler::Scheduler(Runtime& rt, const SchedulerConfig& cfg) : rt_(rt), cfg_(cf
   pool_ = std::make_unique<KVPool>(rt_.model().kv_shape(), cfg_.session.kv, cfg_.parallel, cfg_.kv_budget_bytes);
   if (cfg_.store) {
     if (!pool_->exchangeable())
-      throw UsageError("--kv-store: blocks are exchanged for dense KV caches (fp32, fp16, bf16) without StreamingLLM "
+      throw UsageError(cfg_.store_flag + ": blocks are exchanged for dense KV caches (fp32, fp16, bf16) without StreamingLLM "
                        "on models without sliding-window layers; this run stores " + cfg_.session.kv.describe() +
                        (rt_.model().kv_shape().any_window() ? " on a model with sliding-window layers" : ""));
     exchange_ = std::make_unique<BlockExchange>(*cfg_.store, cfg_.store_identity, cfg_.store_prefix);

@@ -43,6 +43,7 @@ struct SchedulerConfig {
   KVStore* store = nullptr;
   Digest store_identity{};          // PromptCacheIdentity::config_key of this model and KV settings
   std::string store_prefix = "ptllm";  // the keys' first part (--kv-store-prefix)
+  std::string store_flag = "--kv-store";  // the flag that gave the store, for errors
 };
 
 enum class FinishReason { Stop, Length, Cancelled, Error };

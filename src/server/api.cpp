@@ -41,6 +41,32 @@ const json* field(const json& body, const char* name) {
   return it == body.end() || it->is_null() ? nullptr : &*it;
 }
 
+// OpenAI's tools: [{"type": "function", "function": {"name", "description"?, "parameters"?}}], as
+// given (the template renders them; a template may read any of these fields, so their types are
+// checked here rather than be a template error).
+json read_tools(const json& tools) {
+  if (!tools.is_array()) wrong_type("tools", "an array of {\"type\": \"function\", \"function\": {...}}", tools);
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const std::string at = "tools[" + std::to_string(i) + "]";
+    const json& t = tools[i];
+    if (!t.is_object()) wrong_type(at, "an object", t);
+    if (const json* type = field(t, "type"); type && (!type->is_string() || *type != "function"))
+      throw bad_request(at + ".type: expected \"function\", got " + type->dump(), at + ".type");
+    const json* fn = field(t, "function");
+    if (!fn) throw bad_request(at + ".function: missing (an object with a name)", at + ".function");
+    if (!fn->is_object()) wrong_type(at + ".function", "an object", *fn);
+    const json* name = field(*fn, "name");
+    if (!name) throw bad_request(at + ".function.name: missing", at + ".function.name");
+    if (!name->is_string()) wrong_type(at + ".function.name", "a string", *name);
+    if (name->get<std::string>().empty()) throw bad_request(at + ".function.name: must not be empty", at + ".function.name");
+    if (const json* d = field(*fn, "description"); d && !d->is_string())
+      wrong_type(at + ".function.description", "a string", *d);
+    if (const json* p = field(*fn, "parameters"); p && !p->is_object())
+      wrong_type(at + ".function.parameters", "an object (a JSON Schema)", *p);
+  }
+  return tools;
+}
+
 void read_number(const json& body, const char* name, double lo, double hi, float& out) {
   const json* v = field(body, name);
   if (!v) return;
@@ -182,10 +208,7 @@ ApiRequest parse_request(const std::string& body_text, Endpoint endpoint, uint64
   }
   if (endpoint == Endpoint::Chat) {
     r.messages = read_messages(body);
-    if (const json* t = field(body, "tools")) {
-      if (!t->is_array()) wrong_type("tools", "an array", *t);
-      r.tools = *t;
-    }
+    if (const json* t = field(body, "tools")) r.tools = read_tools(*t);
   } else {
     read_prompt(body, r);
   }

@@ -1,10 +1,17 @@
 #include "server/http_server.h"
 
 #include <httplib.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
+#include <cstdlib>
 #include <ctime>
+#include <filesystem>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -75,11 +82,64 @@ struct Channel {
     cv.wait(lk, [&] { return result.has_value(); });
     return *result;
   }
+  // The result if it comes within `wait`.
+  std::optional<RequestResult> wait_result_for(std::chrono::milliseconds wait) {
+    std::unique_lock lk(mu);
+    cv.wait_for(lk, wait, [&] { return result.has_value(); });
+    return result;
+  }
   bool ended() {
     std::lock_guard lk(mu);
     return result.has_value();
   }
 };
+
+// The numeric host and port of a socket's end, as httplib writes them into a Request.
+bool socket_end(int fd, bool peer, std::string& host, int& port) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  auto* sa = reinterpret_cast<sockaddr*>(&addr);
+  if ((peer ? ::getpeername(fd, sa, &len) : ::getsockname(fd, sa, &len)) != 0) return false;
+  char h[NI_MAXHOST], p[NI_MAXSERV];
+  if (::getnameinfo(sa, len, h, sizeof h, p, sizeof p, NI_NUMERICHOST | NI_NUMERICSERV) != 0) return false;
+  host = h;
+  port = std::atoi(p);
+  return true;
+}
+
+// The socket of the connection `req` came on, or -1. httplib 0.11.4 gives a handler no handle on
+// it (later versions have Request::is_connection_closed), but the request carries both ends'
+// addresses, and (local port, remote address, remote port) is one connection among the process's
+// sockets. The descriptor stays this connection's while its handler runs: httplib closes it after.
+int connection_socket(const httplib::Request& req) {
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it("/proc/self/fd", ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    char* tail = nullptr;
+    const long fd = std::strtol(name.c_str(), &tail, 10);
+    if (tail == name.c_str() || *tail != '\0') continue;
+    struct stat st {};
+    if (::fstat(int(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    std::string host;
+    int port = 0;
+    if (!socket_end(int(fd), false, host, port) || port != req.local_port) continue;
+    if (!socket_end(int(fd), true, host, port) || port != req.remote_port || host != req.remote_addr) continue;
+    return int(fd);
+  }
+  return -1;
+}
+
+// Whether the client closed its side (or reset the connection). Bytes waiting (a pipelined next
+// request) are not a close. A client that only shuts down its sending side looks closed too; HTTP
+// clients do not do that while they wait for an answer.
+bool peer_closed(int fd) {
+  pollfd p{fd, short(POLLIN | POLLRDHUP), 0};
+  if (::poll(&p, 1, 0) <= 0) return false;
+  if (p.revents & (POLLERR | POLLHUP | POLLRDHUP | POLLNVAL)) return true;
+  char c;
+  const ssize_t n = ::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
 
 // A request the scheduler ended without an answer, as an HTTP error.
 ApiError result_error(const RequestResult& r) {
@@ -129,10 +189,12 @@ struct HttpServer::Impl {
 
   void setup();
   bool authorized(const httplib::Request& req, httplib::Response& res);
+  std::string chat_prompt(const ApiRequest& r);
   std::vector<int32_t> prompt_ids(const ApiRequest& r);
   void generate(const httplib::Request& req, httplib::Response& res, Endpoint ep);
-  void respond(httplib::Response& res, const ApiRequest& r, Channel& ch);
+  void respond(const httplib::Request& req, httplib::Response& res, const ApiRequest& r, Channel& ch);
   void stream(httplib::Response& res, const ApiRequest& r, std::shared_ptr<Channel> ch);
+  void apply_template(const httplib::Request& req, httplib::Response& res);
   void tokenize(const httplib::Request& req, httplib::Response& res);
   void detokenize(const httplib::Request& req, httplib::Response& res);
 };
@@ -177,6 +239,7 @@ void HttpServer::Impl::setup() {
   });
   http.Post("/v1/chat/completions", [this](const auto& q, auto& s) { generate(q, s, Endpoint::Chat); });
   http.Post("/v1/completions", [this](const auto& q, auto& s) { generate(q, s, Endpoint::Completion); });
+  http.Post("/apply-template", [this](const auto& q, auto& s) { apply_template(q, s); });
   http.Post("/tokenize", [this](const auto& q, auto& s) { tokenize(q, s); });
   http.Post("/detokenize", [this](const auto& q, auto& s) { detokenize(q, s); });
   http.Get("/health", [](const auto&, auto& s) { send_json(s, 200, {{"status", "ok"}}); });
@@ -200,17 +263,31 @@ std::vector<int32_t> HttpServer::Impl::prompt_ids(const ApiRequest& r) {
     }
     return tok.encode(r.prompt_text);  // as `posttrainllm sample` encodes -p (BOS added when the model wants it)
   }
+  // The template writes the special tokens itself (as `posttrainllm chat` encodes its turns).
+  return tok.encode(chat_prompt(r), {.add_special = false});
+}
+
+// The prompt text of a chat request: messages and tools through the chat template.
+std::string HttpServer::Impl::chat_prompt(const ApiRequest& r) {
   if (!cfg.render_chat)
     throw bad_request("this model has no chat template: restart the server with --chat-template FILE, or use "
                       "/v1/completions");
-  std::string text;
   try {
-    text = cfg.render_chat(r.messages, r.tools);
+    return cfg.render_chat(r.messages, r.tools);
   } catch (const Error& e) {
     throw bad_request(std::string("the chat template refused the messages: ") + e.what(), "messages");
   }
-  // The template writes the special tokens itself (as `posttrainllm chat` encodes its turns).
-  return tok.encode(text, {.add_special = false});
+}
+
+// llama-server's /apply-template: a chat request's prompt as the template renders it, nothing
+// generated (to see what a model is given, tools included).
+void HttpServer::Impl::apply_template(const httplib::Request& req, httplib::Response& res) {
+  try {
+    const ApiRequest r = parse_request(req.body, Endpoint::Chat, 0);
+    send_json(res, 200, {{"prompt", chat_prompt(r)}});
+  } catch (const ApiError& e) {
+    send_error(res, e);
+  }
 }
 
 void HttpServer::Impl::generate(const httplib::Request& req, httplib::Response& res, Endpoint ep) {
@@ -238,15 +315,29 @@ void HttpServer::Impl::generate(const httplib::Request& req, httplib::Response& 
     enter();
     sch.submit(std::move(sr));
     if (r.stream && !ch->ended()) return stream(res, r, ch);  // leave() when the stream ends
-    respond(res, r, *ch);
+    respond(req, res, r, *ch);
     leave();
   } catch (const ApiError& e) {
     send_error(res, e);
   }
 }
 
-void HttpServer::Impl::respond(httplib::Response& res, const ApiRequest& r, Channel& ch) {
-  const RequestResult rr = ch.wait_result();
+// While the reply is generated the connection is watched (every 50 ms): a client gone cancels the
+// request, as a failed write cancels a streamed one, so its blocks go back at the next step.
+void HttpServer::Impl::respond(const httplib::Request& req, httplib::Response& res, const ApiRequest& r, Channel& ch) {
+  std::optional<RequestResult> done = ch.wait_result_for(std::chrono::milliseconds(50));
+  if (!done) {
+    const int fd = connection_socket(req);
+    while (!done) {
+      if (fd >= 0 && peer_closed(fd)) {
+        ch.cancel->store(true);
+        done = ch.wait_result();  // at the scheduler's next step
+        break;
+      }
+      done = ch.wait_result_for(std::chrono::milliseconds(50));
+    }
+  }
+  const RequestResult& rr = *done;
   if (rr.reason == FinishReason::Error || rr.reason == FinishReason::Cancelled) return send_error(res, result_error(rr));
   send_json(res, 200, response_json(r, rr, random_id(r.endpoint == Endpoint::Chat ? "chatcmpl-" : "cmpl-"),
                                     int64_t(std::time(nullptr)), cfg.model_name));

@@ -1,0 +1,117 @@
+// serve --prompt-cache-dir (docs/server.md), for a quiet machine:
+//  1. a restart: the time to first token of a ~2,000-token history on a freshly started server that
+//     finds its blocks in the directory a previous server (stopped with SIGTERM) wrote, against the
+//     same history's cold prefill on that previous server;
+//  2. the directory's cost when every block misses: tokens per second of a workload with no reuse
+//     (distinct prompts) with --prompt-cache-dir against the same server without it, alternating.
+// Starts its own `posttrainllm serve` processes on a temporary directory; needs only Node 20 (fetch),
+// no npm packages. Examples:
+//   node scripts/bench_prompt_cache_dir.mjs --binary build/posttrainllm --model ../shared/models/kjv-small
+//   node scripts/bench_prompt_cache_dir.mjs --model models/kjv-tiny --history 400 --reps 2 --requests 8   (a quick check)
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { startServer } from '../tests/node/harness.mjs';
+
+const args = process.argv.slice(2);
+const opt = (name, dflt) => {
+  const i = args.indexOf(name);
+  return i >= 0 ? args[i + 1] : dflt;
+};
+const binary = opt('--binary', 'build/posttrainllm');
+const model = opt('--model', '../shared/models/kjv-small');
+const threads = opt('--threads', '2');
+const history = Number(opt('--history', '1984'));     // tokens of a history (and 64 more fit kjv-small's 2,048)
+const reps = Number(opt('--reps', '5'));              // histories measured, one restart each (medians reported)
+const requests = Number(opt('--requests', '32'));     // requests of the no-reuse workload
+const concurrency = Number(opt('--concurrency', '4'));
+const promptLen = Number(opt('--prompt', '512'));
+const genTokens = Number(opt('--gen', '64'));
+const ctx = String(Math.max(history + 64, promptLen + genTokens + 8));
+
+const post = async (srv, p, body) => {
+  const r = await fetch(`http://127.0.0.1:${srv.port}${p}`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body) });
+  const j = await r.json();
+  if (!r.ok) throw new Error(`${p}: ${r.status} ${JSON.stringify(j)}`);
+  return j;
+};
+const metric = async (srv, name) => {
+  const t = await (await fetch(`http://127.0.0.1:${srv.port}/metrics`)).text();
+  const m = t.match(new RegExp(`^${name} (\\S+)$`, 'm'));
+  return m ? Number(m[1]) : NaN;
+};
+const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
+
+// Distinct token-id prompts from the corpus (or the README when the corpus is absent).
+async function prompts(srv, n, len) {
+  const corpus = ['../shared/corpus/val.txt', 'README.md'].find((f) => fs.existsSync(f));
+  const text = fs.readFileSync(corpus, 'utf8');
+  const ids = (await post(srv, '/tokenize', { content: text.slice(0, 400000) })).tokens;
+  if (ids.length < n * len) throw new Error(`the corpus holds ${ids.length} tokens, fewer than ${n} x ${len}`);
+  return Array.from({ length: n }, (_, i) => ids.slice(i * len, (i + 1) * len));
+}
+
+// TTFT of one request: its time with max_tokens 1 (prefill and one sampled token), non-streamed.
+async function ttft(srv, ids) {
+  const t0 = performance.now();
+  const r = await post(srv, '/v1/completions', { prompt: ids, max_tokens: 1, temperature: 0 });
+  return { ms: performance.now() - t0, cached: r.usage.prompt_tokens_details.cached_tokens, text: r.choices[0].text };
+}
+
+const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ptllm-pcache-'));
+const serve = (extra) => startServer(binary, model, ['-t', threads, '-c', ctx, '-np', String(concurrency), ...extra]);
+try {
+  // 1. Restarts.
+  const cacheDir = path.join(dir, 'cache');
+  let srv = await serve(['--prompt-cache-dir', cacheDir]);
+  const hs = await prompts(srv, reps, history);
+  const coldMs = [], warmMs = [];
+  for (let i = 0; i < reps; ++i) {
+    const c = await ttft(srv, hs[i]);
+    coldMs.push(c.ms);
+    const code = await srv.stop();  // SIGTERM: the queued blocks are written before the exit
+    if (code !== 0) throw new Error(`serve exited ${code}`);
+    const t0 = performance.now();
+    srv = await serve(['--prompt-cache-dir', cacheDir]);
+    const startMs = performance.now() - t0;
+    const w = await ttft(srv, hs[i]);
+    if (w.text !== c.text) throw new Error(`after the restart: ${JSON.stringify(w.text)}, before ${JSON.stringify(c.text)}`);
+    warmMs.push(w.ms);
+    console.log(`history ${i}: cold ${c.ms.toFixed(1)} ms; after a restart (${startMs.toFixed(0)} ms to listen) ` +
+                `${w.ms.toFixed(1)} ms with ${w.cached} of ${history} tokens cached`);
+  }
+  const lookups = await metric(srv, 'ptllm_kv_store_lookup_seconds_count');
+  const lookupSum = await metric(srv, 'ptllm_kv_store_lookup_seconds_sum');
+  console.log(`TTFT of a ${history}-token history: cold ${median(coldMs).toFixed(1)} ms, after a restart ` +
+              `${median(warmMs).toFixed(1)} ms (medians of ${reps}): ${(median(coldMs) / median(warmMs)).toFixed(1)}x lower; ` +
+              `last server: ${(1000 * lookupSum / lookups).toFixed(2)} ms a lookup`);
+  await srv.stop();
+
+  // 2. Throughput with every block missing, against no directory, alternating.
+  const rates = { dir: [], none: [] };
+  for (let round = 0; round < 2; ++round) {
+    for (const mode of round === 0 ? ['none', 'dir'] : ['dir', 'none']) {
+      const s = await serve(mode === 'dir' ? ['--prompt-cache-dir', path.join(dir, `miss${round}`)] : []);
+      const ps = (await prompts(s, requests + 1, promptLen)).slice(1);
+      const t0 = performance.now();
+      let next = 0, tokens = 0;
+      await Promise.all(Array.from({ length: concurrency }, async () => {
+        while (next < ps.length) {
+          const p = ps[next++];
+          const r = await post(s, '/v1/completions', { prompt: p, max_tokens: genTokens, temperature: 0 });
+          tokens += r.usage.prompt_tokens + r.usage.completion_tokens;
+        }
+      }));
+      const sec = (performance.now() - t0) / 1000;
+      rates[mode].push(tokens / sec);
+      const extra = mode === 'dir' ? ` (writes ${await metric(s, 'ptllm_kv_store_writes_total')}, dropped ${await metric(s, 'ptllm_kv_store_dropped_writes_total')})` : '';
+      console.log(`${mode === 'dir' ? '--prompt-cache-dir' : 'no directory      '}: ${requests} requests, ${tokens} tokens in ` +
+                  `${sec.toFixed(2)} s = ${(tokens / sec).toFixed(1)} tok/s${extra}`);
+      await s.stop();
+    }
+  }
+  const d = rates.dir.reduce((x, y) => x + y) / rates.dir.length, no = rates.none.reduce((x, y) => x + y) / rates.none.length;
+  console.log(`no reuse: ${d.toFixed(1)} tok/s with --prompt-cache-dir, ${no.toFixed(1)} without: ${(100 * (1 - d / no)).toFixed(1)}% fewer`);
+} finally {
+  fs.rmSync(dir, { recursive: true, force: true });
+}

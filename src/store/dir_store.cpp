@@ -1,0 +1,285 @@
+// KVStore over a directory: a file per token block, written by a thread of its own (see dir_store.h).
+#include "store/dir_store.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <system_error>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+#include "core/file_io.h"
+
+namespace ptllm::store {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr std::string_view kSuffix = ".kvblock";
+// A bound on what one read allocates: far above any block (32 tokens of a 70B model's every layer,
+// fp32, is about 80 MiB).
+constexpr uint64_t kMaxBlockFileBytes = uint64_t(1) << 30;
+
+bool is_hex(std::string_view s) {
+  return std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+std::string mib_text(uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", double(bytes) / double(1 << 20));
+  return buf;
+}
+
+class DirStore final : public KVStore {
+ public:
+  DirStore(const DirStoreOptions& o, RateLimitedLog* log)
+      : opts_(o), root_(o.dir / "blocks"), log_(log ? log : &own_log_) {
+    total_bytes_ = scan_and_evict();
+    writer_ = std::thread([this] { write_loop(); });
+  }
+  ~DirStore() override {
+    {
+      std::lock_guard lk(mu_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    writer_.join();  // after every queued write was attempted
+  }
+
+  // A prompt's run of blocks ends at its first miss (BlockExchange::load), so the files after the
+  // first absent or unreadable one are not read: they are answered absent.
+  std::vector<std::optional<std::string>> get(std::span<const std::string> keys) override {
+    std::vector<std::optional<std::string>> out(keys.size());
+    if (keys.empty()) return out;
+    const auto t0 = Clock::now();
+    uint64_t bytes = 0;
+    size_t read = 0;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const fs::path p = dir_store_path(opts_.dir, keys[i]);
+      if (p.empty()) break;
+      ++read;
+      struct stat st {};
+      if (::stat(p.c_str(), &st) != 0 && errno == ENOENT) break;  // not written (or evicted): a plain miss
+      try {
+        out[i] = read_whole_file(p, kMaxBlockFileBytes, "a block file");
+      } catch (const Error& e) {
+        fail(std::string("lookup: ") + e.what());
+        break;
+      }
+      bytes += out[i]->size();
+      // The least recently used files go first when the directory is full: a hit is a use.
+      ::utimensat(AT_FDCWD, p.c_str(), nullptr, 0);
+    }
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    std::lock_guard sk(stats_mu_);
+    ++stats_.lookups;
+    stats_.keys_looked_up += read;
+    stats_.lookup_seconds += dt;
+    stats_.bytes_in += bytes;
+    return out;
+  }
+
+  void put(std::string key, std::string value) override {
+    {
+      std::lock_guard lk(mu_);
+      const size_t n = key.size() + value.size();
+      if (queued_bytes_ + n > opts_.queue_bytes || stopping_) {
+        std::lock_guard sk(stats_mu_);
+        ++stats_.dropped_writes;
+        return;
+      }
+      queued_bytes_ += n;
+      queue_.emplace_back(std::move(key), std::move(value));
+    }
+    wake_.notify_one();
+  }
+
+  bool flush(std::chrono::milliseconds limit) override {
+    std::unique_lock lk(mu_);
+    return idle_.wait_for(lk, limit, [&] { return queue_.empty() && !writing_; });
+  }
+
+  KVStoreStats stats() const override {
+    std::lock_guard sk(stats_mu_);
+    return stats_;
+  }
+
+  std::string describe() const override { return root_.string(); }
+
+ private:
+  void fail(const std::string& error) {
+    {
+      std::lock_guard sk(stats_mu_);
+      ++stats_.errors;
+    }
+    log_->warn(error + " (a miss; generation goes on without the file)");
+  }
+  void dropped() {
+    std::lock_guard sk(stats_mu_);
+    ++stats_.dropped_writes;
+  }
+
+  // The writer thread's: one value to its file, atomically; the oldest files removed past the bound.
+  void write_one(const std::string& key, const std::string& value) {
+    const fs::path p = dir_store_path(opts_.dir, key);
+    if (p.empty() || value.size() > opts_.max_bytes) return dropped();
+    std::error_code ec;
+    fs::create_directories(p.parent_path(), ec);
+    if (ec) {
+      fail("cannot create " + p.parent_path().string() + ": " + ec.message());
+      return dropped();
+    }
+    struct stat old {};
+    const uint64_t replaced = ::stat(p.c_str(), &old) == 0 && S_ISREG(old.st_mode) ? uint64_t(old.st_size) : 0;
+    try {
+      AtomicFile f(p);
+      f.write(value);
+      f.commit(AtomicFile::Sync::Atomic);
+    } catch (const Error& e) {
+      fail(std::string("write: ") + e.what());
+      return dropped();
+    }
+    {
+      std::lock_guard sk(stats_mu_);
+      ++stats_.writes;
+      stats_.bytes_out += value.size();
+    }
+    total_bytes_ = total_bytes_ + value.size() - std::min(replaced, total_bytes_ + value.size());
+    // The running total is an estimate (another process may share the directory); a scan corrects it.
+    if (total_bytes_ > opts_.max_bytes) total_bytes_ = scan_and_evict();
+  }
+
+  // Every block file under root_ (stale temporaries removed); when they take more than max_bytes, the
+  // least recently used are removed until at most 90% is left (so that the next scan is far off).
+  // Returns the bytes left.
+  uint64_t scan_and_evict() {
+    struct Entry {
+      fs::path path;
+      uint64_t bytes;
+      int64_t mtime_ns;
+    };
+    std::vector<Entry> files;
+    uint64_t total = 0;
+    std::error_code ec;
+    for (fs::recursive_directory_iterator it(root_, ec), end; !ec && it != end; it.increment(ec)) {
+      if (it.depth() >= 1) it.disable_recursion_pending();  // blocks/<hh>/<file>: nothing deeper is ours
+      const fs::path& p = it->path();
+      const std::string name = p.filename().string();
+      struct stat st {};
+      if (::lstat(p.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+      if (is_stale_temporary(p)) {
+        fs::remove(p, ec);
+        ec.clear();
+        continue;
+      }
+      if (!name.ends_with(kSuffix)) continue;  // not ours: never counted, never removed
+      files.push_back({p, uint64_t(st.st_size), int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec});
+      total += uint64_t(st.st_size);
+    }
+    if (total <= opts_.max_bytes) return total;
+    std::sort(files.begin(), files.end(), [](const Entry& a, const Entry& b) { return a.mtime_ns < b.mtime_ns; });
+    const uint64_t target = opts_.max_bytes / 10 * 9;
+    size_t removed = 0;
+    uint64_t freed = 0;
+    for (const Entry& e : files) {
+      if (total <= target) break;
+      if (fs::remove(e.path, ec)) {
+        total -= e.bytes;
+        freed += e.bytes;
+        ++removed;
+      }
+      ec.clear();
+    }
+    std::fprintf(stderr, "prompt cache: removed %zu least recently used block files (%s) to stay under "
+                 "--prompt-cache-max-mb, %s left\n", removed, mib_text(freed).c_str(), mib_text(total).c_str());
+    std::fflush(stderr);
+    return total;
+  }
+
+  void write_loop() {
+    for (;;) {
+      std::pair<std::string, std::string> item;
+      {
+        std::unique_lock lk(mu_);
+        writing_ = false;
+        if (queue_.empty()) idle_.notify_all();
+        wake_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopping, and everything queued was attempted
+        queued_bytes_ -= queue_.front().first.size() + queue_.front().second.size();
+        item = std::move(queue_.front());
+        queue_.pop_front();
+        writing_ = true;
+      }
+      write_one(item.first, item.second);
+    }
+  }
+
+  DirStoreOptions opts_;
+  fs::path root_;  // opts_.dir / "blocks"
+  RateLimitedLog own_log_;
+  RateLimitedLog* log_;
+
+  std::mutex mu_;
+  std::condition_variable wake_, idle_;
+  std::deque<std::pair<std::string, std::string>> queue_;  // under mu_
+  size_t queued_bytes_ = 0;                                // under mu_
+  bool writing_ = false, stopping_ = false;                // under mu_
+
+  mutable std::mutex stats_mu_;
+  KVStoreStats stats_;
+
+  uint64_t total_bytes_ = 0;  // the block files' bytes, as the writer thread knows them
+  std::thread writer_;
+};
+
+}  // namespace
+
+fs::path dir_store_path(const fs::path& dir, std::string_view key) {
+  const size_t a = key.find(':');
+  const size_t b = a == std::string_view::npos ? a : key.find(':', a + 1);
+  if (b == std::string_view::npos) return {};
+  const std::string_view name = key.substr(0, a), id = key.substr(a + 1, b - a - 1), hash = key.substr(b + 1);
+  if (name.empty() || name.size() > 64 || name[0] == '.' || id.size() != 32 || hash.size() != 32 || !is_hex(id) ||
+      !is_hex(hash))
+    return {};
+  for (char c : name)
+    if (c <= ' ' || c > '~' || c == '/' || c == ':') return {};
+  std::string file(name);
+  file += '-';
+  file += id;
+  file += '-';
+  file += hash;
+  file += kSuffix;
+  return dir / "blocks" / std::string(hash.substr(0, 2)) / file;
+}
+
+std::unique_ptr<KVStore> open_dir_store(const DirStoreOptions& opts, RateLimitedLog* log) {
+  const fs::path root = opts.dir / "blocks";
+  const std::string flag = "--prompt-cache-dir " + opts.dir.string();
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) throw UsageError(flag + ": cannot create the directory " + root.string() + ": " + ec.message());
+  if (!fs::is_directory(root, ec)) throw UsageError(flag + ": " + root.string() + " is not a directory");
+  try {
+    AtomicFile probe(root / "probe");  // removed again when destroyed uncommitted
+    probe.write("x");
+  } catch (const Error& e) {
+    throw UsageError(flag + ": the directory is not writable (" + e.what() + ")");
+  }
+  if (opts.max_bytes == 0) throw UsageError("--prompt-cache-max-mb: must be more than 0");
+  return std::make_unique<DirStore>(opts, log);
+}
+
+}  // namespace ptllm::store

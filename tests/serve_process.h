@@ -1,0 +1,101 @@
+#pragma once
+// `posttrainllm serve` as a child process on a free loopback port (--port 0, the port read from its
+// stderr), stopped with SIGTERM by stop() or killed by the destructor.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "test_util.h"
+
+namespace ptllm::test {
+
+struct ServeProcess {
+  // `serve MODEL --port 0 -t 1 -np 2 -c 512 EXTRA...`, stderr to log_file.
+  ServeProcess(const std::filesystem::path& model, const std::vector<std::string>& extra,
+               const std::filesystem::path& log_file)
+      : err(log_file.string()) {
+    const std::string bin = binary();
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    std::vector<std::string> args = {bin, "serve", model.string(), "--port", "0", "-t", "1", "-np", "2", "-c", "512"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    if (posix_spawn(&pid, bin.c_str(), &fa, nullptr, argv.data(), environ) != 0) pid = 0;
+    posix_spawn_file_actions_destroy(&fa);
+    const std::regex listening("listening on http://127\\.0\\.0\\.1:(\\d+)");
+    for (int i = 0; i < 6000 && port == 0 && pid > 0; ++i) {  // a bound, not a timing assertion
+      std::smatch m;
+      const std::string text = log();
+      if (std::regex_search(text, m, listening)) port = std::stoi(m[1]);
+      else std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  ~ServeProcess() {
+    if (pid > 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  }
+  ServeProcess(const ServeProcess&) = delete;
+  ServeProcess& operator=(const ServeProcess&) = delete;
+
+  std::string log() const {
+    std::ifstream in(err);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  // SIGTERM; the exit code (-1: not a normal exit).
+  int stop() {
+    kill(pid, SIGTERM);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    pid = 0;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  httplib::Result post(const std::string& path, const std::string& body) const {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(120, 0);
+    return c.Post(path.c_str(), body, "application/json");
+  }
+  // The 200 answer's JSON; a test failure (and an empty object) otherwise.
+  nlohmann::ordered_json post_ok(const std::string& path, const nlohmann::ordered_json& body) const {
+    const auto r = post(path, body.dump());
+    if (!r || r->status != 200) {
+      ADD_FAILURE() << path << ": no answer: " << (r ? r->body : std::string("no response"));
+      return nlohmann::ordered_json::object();
+    }
+    return nlohmann::ordered_json::parse(r->body);
+  }
+  // A metric's value on /metrics, -1 when absent.
+  double metric(const std::string& name) const {
+    httplib::Client c("127.0.0.1", port);
+    const auto r = c.Get("/metrics");
+    const std::string key = "\n" + name + " ";
+    const size_t at = r ? r->body.find(key) : std::string::npos;
+    return at == std::string::npos ? -1 : std::stod(r->body.substr(at + key.size()));
+  }
+
+  std::string err;
+  pid_t pid = 0;
+  int port = 0;
+};
+
+}  // namespace ptllm::test
