@@ -400,7 +400,7 @@ void register_prefill() {
 
 void register_products() {
   for (const char* kind : {"gemv", "gemm"})
-    for (int T : {1, 2, 4, 6, 8, 12, 16, 32}) {
+    for (int T : {1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128}) {
       benchmark::RegisterBenchmark((std::string("product/") + kind + "/" + std::to_string(T)).c_str(),
                                    [kind, T](benchmark::State& st) {
                                      const int N = 2048, K = 2048;
