@@ -1,15 +1,14 @@
 // KVStore over a directory: a file per token block, written by a thread of its own (see dir_store.h).
 #include "store/dir_store.h"
+#include "store/write_queue.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
-#include <deque>
 #include <mutex>
 #include <system_error>
 #include <thread>
@@ -50,11 +49,7 @@ class DirStore final : public KVStore {
     writer_ = std::thread([this] { write_loop(); });
   }
   ~DirStore() override {
-    {
-      std::lock_guard lk(mu_);
-      stopping_ = true;
-    }
-    wake_.notify_all();
+    queue_.stop();
     writer_.join();  // after every queued write was attempted
   }
 
@@ -92,24 +87,12 @@ class DirStore final : public KVStore {
   }
 
   void put(std::string key, std::string value) override {
-    {
-      std::lock_guard lk(mu_);
-      const size_t n = key.size() + value.size();
-      if (queued_bytes_ + n > opts_.queue_bytes || stopping_) {
-        std::lock_guard sk(stats_mu_);
-        ++stats_.dropped_writes;
-        return;
-      }
-      queued_bytes_ += n;
-      queue_.emplace_back(std::move(key), std::move(value));
-    }
-    wake_.notify_one();
+    if (queue_.push(std::move(key), std::move(value))) return;
+    std::lock_guard sk(stats_mu_);
+    ++stats_.dropped_writes;
   }
 
-  bool flush(std::chrono::milliseconds limit) override {
-    std::unique_lock lk(mu_);
-    return idle_.wait_for(lk, limit, [&] { return queue_.empty() && !writing_; });
-  }
+  bool flush(std::chrono::milliseconds limit) override { return queue_.flush(limit); }
 
   KVStoreStats stats() const override {
     std::lock_guard sk(stats_mu_);
@@ -209,21 +192,9 @@ class DirStore final : public KVStore {
   }
 
   void write_loop() {
-    for (;;) {
-      std::pair<std::string, std::string> item;
-      {
-        std::unique_lock lk(mu_);
-        writing_ = false;
-        if (queue_.empty()) idle_.notify_all();
-        wake_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
-        if (queue_.empty()) return;  // stopping, and everything queued was attempted
-        queued_bytes_ -= queue_.front().first.size() + queue_.front().second.size();
-        item = std::move(queue_.front());
-        queue_.pop_front();
-        writing_ = true;
-      }
-      write_one(item.first, item.second);
-    }
+    std::vector<WriteQueue::Item> batch;
+    while (queue_.take(batch, 1))  // false: stopping, and everything queued was attempted
+      write_one(batch[0].first, batch[0].second);
   }
 
   DirStoreOptions opts_;
@@ -231,11 +202,7 @@ class DirStore final : public KVStore {
   RateLimitedLog own_log_;
   RateLimitedLog* log_;
 
-  std::mutex mu_;
-  std::condition_variable wake_, idle_;
-  std::deque<std::pair<std::string, std::string>> queue_;  // under mu_
-  size_t queued_bytes_ = 0;                                // under mu_
-  bool writing_ = false, stopping_ = false;                // under mu_
+  WriteQueue queue_{opts_.queue_bytes};
 
   mutable std::mutex stats_mu_;
   KVStoreStats stats_;

@@ -6,8 +6,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <condition_variable>
-#include <deque>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -15,6 +13,7 @@
 
 #include "core/error.h"
 #include "store/redis_store.h"
+#include "store/write_queue.h"
 
 namespace ptllm::store {
 
@@ -124,11 +123,7 @@ class RedisStore final : public KVStore {
     writer_ = std::thread([this] { write_loop(); });
   }
   ~RedisStore() override {
-    {
-      std::lock_guard lk(mu_);
-      stopping_ = true;
-    }
-    wake_.notify_all();
+    queue_.stop();
     writer_.join();
   }
 
@@ -175,24 +170,12 @@ class RedisStore final : public KVStore {
   }
 
   void put(std::string key, std::string value) override {
-    {
-      std::lock_guard lk(mu_);
-      const size_t n = key.size() + value.size();
-      if (queued_bytes_ + n > opts_.queue_bytes || stopping_) {
-        std::lock_guard sk(stats_mu_);
-        ++stats_.dropped_writes;
-        return;
-      }
-      queued_bytes_ += n;
-      queue_.emplace_back(std::move(key), std::move(value));
-    }
-    wake_.notify_one();
+    if (queue_.push(std::move(key), std::move(value))) return;
+    std::lock_guard sk(stats_mu_);
+    ++stats_.dropped_writes;
   }
 
-  bool flush(std::chrono::milliseconds limit) override {
-    std::unique_lock lk(mu_);
-    return idle_.wait_for(lk, limit, [&] { return queue_.empty() && !writing_; });
-  }
+  bool flush(std::chrono::milliseconds limit) override { return queue_.flush(limit); }
 
   KVStoreStats stats() const override {
     std::lock_guard sk(stats_mu_);
@@ -284,24 +267,8 @@ class RedisStore final : public KVStore {
 
   void write_loop() {
     constexpr size_t kBatch = 32;  // SETs per pipeline round (bounds hiredis's output buffer)
-    std::vector<std::pair<std::string, std::string>> batch;
-    for (;;) {
-      {
-        std::unique_lock lk(mu_);
-        writing_ = false;
-        if (queue_.empty()) idle_.notify_all();
-        wake_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
-        if (queue_.empty()) return;  // stopping, and everything queued was attempted
-        batch.clear();
-        while (!queue_.empty() && batch.size() < kBatch) {
-          queued_bytes_ -= queue_.front().first.size() + queue_.front().second.size();
-          batch.push_back(std::move(queue_.front()));
-          queue_.pop_front();
-        }
-        writing_ = true;
-      }
-      write_batch(batch);
-    }
+    std::vector<WriteQueue::Item> batch;
+    while (queue_.take(batch, kBatch)) write_batch(batch);  // false: stopping, everything attempted
   }
 
   RedisStoreOptions opts_;
@@ -312,11 +279,7 @@ class RedisStore final : public KVStore {
   RateLimitedLog own_log_;
   RateLimitedLog* log_;
 
-  std::mutex mu_;
-  std::condition_variable wake_, idle_;
-  std::deque<std::pair<std::string, std::string>> queue_;  // under mu_
-  size_t queued_bytes_ = 0;                                // under mu_
-  bool writing_ = false, stopping_ = false;                // under mu_
+  WriteQueue queue_{opts_.queue_bytes};
 
   mutable std::mutex stats_mu_;
   KVStoreStats stats_;
