@@ -19,6 +19,7 @@
 #include "engine/runtime.h"
 #include "engine/scheduler.h"
 #include "redis_server.h"
+#include "serve_process.h"
 #include "server/http_server.h"
 #include "store/redis_store.h"
 #include "test_util.h"
@@ -258,68 +259,11 @@ TEST_F(KVStoreServerTest, RedisKilledMidRunBothReplicasKeepAnswering) {
 }
 
 
-// `posttrainllm serve --kv-store` on a free port: started, its port read from stderr, SIGTERM at the end.
-struct ServeProcess {
-  ServeProcess(const std::string& redis_url, const std::filesystem::path& dir, const char* name) {
-    err = (dir / name).string();
-    const std::string bin = test::binary(), model = test::repo_model("kjv-tiny").string();
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    std::vector<std::string> args = {bin, "serve", model, "--port", "0", "-t", "1", "-np", "2", "-c", "512",
-                                     "--kv-store", redis_url, "--kv-store-prefix", "proc"};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    if (posix_spawn(&pid, bin.c_str(), &fa, nullptr, argv.data(), environ) != 0) pid = 0;
-    posix_spawn_file_actions_destroy(&fa);
-    const std::regex listening("listening on http://127\\.0\\.0\\.1:(\\d+)");
-    for (int i = 0; i < 6000 && port == 0 && pid > 0; ++i) {  // a bound, not a timing assertion
-      std::smatch m;
-      const std::string text = log();
-      if (std::regex_search(text, m, listening)) port = std::stoi(m[1]);
-      else std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-  }
-  ~ServeProcess() {
-    if (pid > 0) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-    }
-  }
-  std::string log() const {
-    std::ifstream in(err);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  }
-  int stop() {  // SIGTERM; the exit code
-    kill(pid, SIGTERM);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    pid = 0;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
-  json post(const json& body) const {
-    httplib::Client c("127.0.0.1", port);
-    c.set_read_timeout(120, 0);
-    const auto r = c.Post("/v1/completions", body.dump(), "application/json");
-    if (!r || r->status != 200) {
-      ADD_FAILURE() << "no answer: " << (r ? r->body : std::string("no response"));
-      return json::object();
-    }
-    return json::parse(r->body);
-  }
-  double metric(const std::string& name) const {
-    httplib::Client c("127.0.0.1", port);
-    const auto r = c.Get("/metrics");
-    const std::string key = "\n" + name + " ";
-    const size_t at = r ? r->body.find(key) : std::string::npos;
-    return at == std::string::npos ? -1 : std::stod(r->body.substr(at + key.size()));
-  }
-  std::string err;
-  pid_t pid = 0;
-  int port = 0;
+// `posttrainllm serve --kv-store URL` on kjv-tiny (tests/serve_process.h), its stderr in dir/name.
+struct StoreServe : test::ServeProcess {
+  StoreServe(const std::string& redis_url, const std::filesystem::path& dir, const char* name)
+      : ServeProcess(test::repo_model("kjv-tiny"), {"--kv-store", redis_url, "--kv-store-prefix", "proc"}, dir / name) {}
+  json post(const json& body) const { return post_ok("/v1/completions", body); }
 };
 
 TEST(KVStoreServeProcesses, TwoProcessesShareTheirBlocksThroughRedis) {
@@ -327,7 +271,7 @@ TEST(KVStoreServeProcesses, TwoProcessesShareTheirBlocksThroughRedis) {
   if (!test::RedisServer::available()) GTEST_SKIP() << "redis-server is not installed";
   test::RedisServer redis;
   test::TempDir tmp;
-  ServeProcess a(redis.url(), tmp.path, "a.err"), b(redis.url(), tmp.path, "b.err");
+  StoreServe a(redis.url(), tmp.path, "a.err"), b(redis.url(), tmp.path, "b.err");
   ASSERT_GT(a.port, 0) << a.log();
   ASSERT_GT(b.port, 0) << b.log();
   EXPECT_NE(a.log().find("kv store: redis://127.0.0.1:" + std::to_string(redis.port()) + "/0, keys proc:"), std::string::npos)
@@ -376,7 +320,7 @@ TEST(KVStoreServeProcesses, BadStoreFlagsAreRefusedWithTheirNames) {
 TEST(KVStoreServeProcesses, ARedisDownAtTheStartIsAWarningNotAnError) {
   if (!store::redis_available()) GTEST_SKIP() << "built without hiredis (libhiredis-dev)";
   test::TempDir tmp;
-  ServeProcess a("redis://127.0.0.1:" + std::to_string(test::free_port()), tmp.path, "a.err");
+  StoreServe a("redis://127.0.0.1:" + std::to_string(test::free_port()), tmp.path, "a.err");
   ASSERT_GT(a.port, 0) << a.log();
   EXPECT_NE(a.log().find("warning: kv store: cannot connect to 127.0.0.1:"), std::string::npos) << a.log();
   const json r = a.post({{"prompt", kSystem}, {"max_tokens", 8}, {"temperature", 0}});
