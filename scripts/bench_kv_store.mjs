@@ -13,7 +13,7 @@ import fs from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
-import { median, metric, post, prompts, ttft } from '../tests/node/bench_util.mjs';
+import { alternate, median, metric, prompts, ttft } from '../tests/node/bench_util.mjs';
 import { startServer } from '../tests/node/harness.mjs';
 
 const args = process.argv.slice(2);
@@ -28,6 +28,7 @@ const threads = opt('--threads', '2');
 const history = Number(opt('--history', '1984'));
 const reps = Number(opt('--reps', '5'));              // histories measured (medians reported)
 const requests = Number(opt('--requests', '32'));     // requests of the no-reuse workload (target 2)
+const rounds = Number(opt('--rounds', '4'));          // its rounds, alternating with and without the store
 const concurrency = Number(opt('--concurrency', '4'));
 const promptLen = Number(opt('--prompt', '512'));     // their prompt tokens
 const genTokens = Number(opt('--gen', '64'));         // their generated tokens
@@ -54,7 +55,7 @@ async function startRedis() {
       c.on('data', (d) => { c.destroy(); resolve(d.toString().startsWith('+PONG')); });
       c.on('error', () => resolve(false));
     });
-    if (ok) return { url: `redis://127.0.0.1:${port}`, stop: () => { proc.kill('SIGTERM'); fs.rmSync(dir, { recursive: true, force: true }); } };
+    if (ok) return { url: `redis://127.0.0.1:${port}`, pid: proc.pid, stop: () => { proc.kill('SIGTERM'); fs.rmSync(dir, { recursive: true, force: true }); } };
     await new Promise((r) => setTimeout(r, 50));
   }
   throw new Error('redis-server did not answer PING');
@@ -91,33 +92,18 @@ try {
               `(target: at least 10x); B: ${hits} blocks from Redis in ${lookups} lookups, ${(1000 * lookupSum / lookups).toFixed(2)} ms each`);
   for (const s of [a, b, cold]) await s.stop();
 
-  // 2. Throughput with every block missing, against no store. The two servers run one after the
-  // other, alternating, so that a machine's drift does not favour either.
-  const rates = { store: [], none: [] };
-  for (let round = 0; round < 2; ++round) {
-    for (const mode of round === 0 ? ['none', 'store'] : ['store', 'none']) {
-      const srv = await serve(mode === 'store' ? ['--kv-store', redis.url, '--kv-store-prefix', `miss${round}`] : []);
-      const ps = (await prompts(srv, requests + 1, promptLen)).slice(1);
-      const t0 = performance.now();
-      let next = 0, tokens = 0;
-      await Promise.all(Array.from({ length: concurrency }, async () => {
-        while (next < ps.length) {
-          const p = ps[next++];
-          const r = await post(srv, '/v1/completions', { prompt: p, max_tokens: genTokens, temperature: 0 });
-          tokens += r.usage.prompt_tokens + r.usage.completion_tokens;
-        }
-      }));
-      const s = (performance.now() - t0) / 1000;
-      rates[mode].push(tokens / s);
-      const misses = mode === 'store' ? await metric(srv, 'ptllm_kv_store_misses_total') : 0;
-      console.log(`${mode === 'store' ? '--kv-store' : 'no store  '}: ${requests} requests, ${tokens} tokens in ${s.toFixed(2)} s = ` +
-                  `${(tokens / s).toFixed(1)} tok/s${mode === 'store' ? ` (store misses ${misses}, hits ${await metric(srv, 'ptllm_kv_store_hits_total')})` : ''}`);
-      await srv.stop();
-    }
-  }
-  const st = rates.store.reduce((x, y) => x + y) / rates.store.length, no = rates.none.reduce((x, y) => x + y) / rates.none.length;
-  console.log(`no reuse: ${st.toFixed(1)} tok/s with --kv-store, ${no.toFixed(1)} without: ` +
-              `${(100 * (1 - st / no)).toFixed(1)}% fewer (target: at most 5%)`);
+  // 2. Throughput with every block missing, against no store, in alternating rounds. Besides tokens
+  // per second (noisy on a shared machine), the CPU seconds per token of the server and of
+  // redis-server: what the store costs the machine whatever else runs on it.
+  const probe = await serve([]);
+  const ps = (await prompts(probe, requests + 1, promptLen)).slice(1);
+  await probe.stop();
+  const c = await alternate(rounds, 'no store', '--kv-store', (mode, round) =>
+    serve(mode === '--kv-store' ? ['--kv-store', redis.url, '--kv-store-prefix', `miss${round}`] : []),
+  ps, concurrency, genTokens, () => [redis.pid]);
+  console.log(`no reuse (${rounds} rounds): ${c.rateB.toFixed(1)} tok/s with --kv-store, ${c.rateA.toFixed(1)} without: ` +
+              `${c.cost.toFixed(1)}% fewer (target: at most 5%; runs of one mode spread ${c.spreadA.toFixed(1)}% and ` +
+              `${c.spreadB.toFixed(1)}%); CPU per token, server and redis-server: ${c.cpuCost.toFixed(1)}% more`);
 } finally {
   redis.stop();
 }

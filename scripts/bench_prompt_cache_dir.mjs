@@ -11,7 +11,7 @@
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { median, metric, post, prompts, ttft } from '../tests/node/bench_util.mjs';
+import { alternate, median, metric, post, prompts, ttft } from '../tests/node/bench_util.mjs';
 import { startServer } from '../tests/node/harness.mjs';
 
 const args = process.argv.slice(2);
@@ -25,6 +25,7 @@ const threads = opt('--threads', '2');
 const history = Number(opt('--history', '1984'));     // tokens of a history (and 64 more fit kjv-small's 2,048)
 const reps = Number(opt('--reps', '5'));              // histories measured, one restart each (medians reported)
 const requests = Number(opt('--requests', '32'));     // requests of the no-reuse workload
+const rounds = Number(opt('--rounds', '4'));          // its rounds, alternating with and without the directory
 const concurrency = Number(opt('--concurrency', '4'));
 const promptLen = Number(opt('--prompt', '512'));
 const genTokens = Number(opt('--gen', '64'));
@@ -60,31 +61,17 @@ try {
               `last server: ${(1000 * lookupSum / lookups).toFixed(2)} ms a lookup`);
   await srv.stop();
 
-  // 2. Throughput with every block missing, against no directory, alternating.
-  const rates = { dir: [], none: [] };
-  for (let round = 0; round < 2; ++round) {
-    for (const mode of round === 0 ? ['none', 'dir'] : ['dir', 'none']) {
-      const s = await serve(mode === 'dir' ? ['--prompt-cache-dir', path.join(dir, `miss${round}`)] : []);
-      const ps = (await prompts(s, requests + 1, promptLen)).slice(1);
-      const t0 = performance.now();
-      let next = 0, tokens = 0;
-      await Promise.all(Array.from({ length: concurrency }, async () => {
-        while (next < ps.length) {
-          const p = ps[next++];
-          const r = await post(s, '/v1/completions', { prompt: p, max_tokens: genTokens, temperature: 0 });
-          tokens += r.usage.prompt_tokens + r.usage.completion_tokens;
-        }
-      }));
-      const sec = (performance.now() - t0) / 1000;
-      rates[mode].push(tokens / sec);
-      const extra = mode === 'dir' ? ` (writes ${await metric(s, 'ptllm_kv_store_writes_total')}, dropped ${await metric(s, 'ptllm_kv_store_dropped_writes_total')})` : '';
-      console.log(`${mode === 'dir' ? '--prompt-cache-dir' : 'no directory      '}: ${requests} requests, ${tokens} tokens in ` +
-                  `${sec.toFixed(2)} s = ${(tokens / sec).toFixed(1)} tok/s${extra}`);
-      await s.stop();
-    }
-  }
-  const d = rates.dir.reduce((x, y) => x + y) / rates.dir.length, no = rates.none.reduce((x, y) => x + y) / rates.none.length;
-  console.log(`no reuse: ${d.toFixed(1)} tok/s with --prompt-cache-dir, ${no.toFixed(1)} without: ${(100 * (1 - d / no)).toFixed(1)}% fewer`);
+  // 2. Throughput with every block missing, against no directory, in alternating rounds (with the
+  // CPU seconds per token of the server: what the directory costs whatever else runs).
+  const probe = await serve([]);
+  const ps = (await prompts(probe, requests + 1, promptLen)).slice(1);
+  await probe.stop();
+  const c = await alternate(rounds, 'no directory', '--prompt-cache-dir', (mode, round) =>
+    serve(mode === '--prompt-cache-dir' ? ['--prompt-cache-dir', path.join(dir, `miss${round}`)] : []),
+  ps, concurrency, genTokens);
+  console.log(`no reuse (${rounds} rounds): ${c.rateB.toFixed(1)} tok/s with --prompt-cache-dir, ${c.rateA.toFixed(1)} without: ` +
+              `${c.cost.toFixed(1)}% fewer (runs of one mode spread ${c.spreadA.toFixed(1)}% and ${c.spreadB.toFixed(1)}%); ` +
+              `CPU per token: ${c.cpuCost.toFixed(1)}% more`);
 } finally {
   fs.rmSync(dir, { recursive: true, force: true });
 }

@@ -31,3 +31,62 @@ export async function ttft(srv, ids) {
   const r = await post(srv, '/v1/completions', { prompt: ids, max_tokens: 1, temperature: 0 });
   return { ms: performance.now() - t0, cached: r.usage.prompt_tokens_details.cached_tokens, text: r.choices[0].text };
 }
+
+// CPU seconds (user + system) a process has used so far, from /proc (Linux; NaN elsewhere).
+export function cpuSeconds(pid) {
+  try {
+    const f = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
+    const fields = f.slice(f.lastIndexOf(')') + 2).split(' ');  // fields from the state (field 3) on
+    return (Number(fields[11]) + Number(fields[12])) / 100;     // utime, stime in clock ticks (USER_HZ 100)
+  } catch {
+    return NaN;
+  }
+}
+
+// The no-reuse workload: `ps` (distinct prompts) sent `concurrency` at a time, each to generate
+// `genTokens`. Returns the tokens (prompt + completion), wall seconds and the CPU seconds the server
+// and the `others` pids (a redis-server) used meanwhile.
+export async function noReuseRun(srv, ps, concurrency, genTokens, others = []) {
+  const pids = [srv.proc.pid, ...others];
+  const cpu0 = pids.map(cpuSeconds);
+  const t0 = performance.now();
+  let next = 0, tokens = 0;
+  await Promise.all(Array.from({ length: concurrency }, async () => {
+    while (next < ps.length) {
+      const p = ps[next++];
+      const r = await post(srv, '/v1/completions', { prompt: p, max_tokens: genTokens, temperature: 0 });
+      tokens += r.usage.prompt_tokens + r.usage.completion_tokens;
+    }
+  }));
+  const seconds = (performance.now() - t0) / 1000;
+  const cpu = pids.map((p, i) => cpuSeconds(p) - cpu0[i]);
+  return { tokens, seconds, rate: tokens / seconds, serverCpu: cpu[0], otherCpu: cpu.slice(1).reduce((a, b) => a + b, 0) };
+}
+
+// Rounds of the no-reuse workload alternating two modes (`a` first in even rounds, `b` first in odd
+// ones, so a machine's drift favours neither); start(mode, round) gives a started server, which is
+// stopped after its run. Prints each run and returns the comparison of b against a.
+export async function alternate(rounds, a, b, start, ps, concurrency, genTokens, others = () => []) {
+  const runs = { [a]: [], [b]: [] };
+  for (let round = 0; round < rounds; ++round) {
+    for (const mode of round % 2 === 0 ? [a, b] : [b, a]) {
+      const srv = await start(mode, round);
+      const r = await noReuseRun(srv, ps, concurrency, genTokens, mode === b ? others() : []);
+      runs[mode].push(r);
+      console.log(`round ${round} ${mode.padEnd(20)}: ${r.tokens} tokens in ${r.seconds.toFixed(2)} s = ${r.rate.toFixed(1)} tok/s; ` +
+                  `CPU ${r.serverCpu.toFixed(2)} s server${mode === b && others().length ? `, ${r.otherCpu.toFixed(2)} s store` : ''}`);
+      await srv.stop();
+    }
+  }
+  const mean = (xs) => xs.reduce((x, y) => x + y, 0) / xs.length;
+  const rate = (m) => mean(runs[m].map((r) => r.rate));
+  const cpuPerToken = (m) => mean(runs[m].map((r) => (r.serverCpu + r.otherCpu) / r.tokens));
+  const spread = (m) => {
+    const xs = runs[m].map((r) => r.rate);
+    return 100 * (Math.max(...xs) - Math.min(...xs)) / mean(xs);
+  };
+  return {
+    rateA: rate(a), rateB: rate(b), cost: 100 * (1 - rate(b) / rate(a)),
+    cpuCost: 100 * (cpuPerToken(b) / cpuPerToken(a) - 1), spreadA: spread(a), spreadB: spread(b),
+  };
+}
