@@ -3,8 +3,15 @@
 #include "kernels/ggml.h"
 
 #if defined(__x86_64__)
+// GCC 12 reports the _mm512_undefined_* placeholders inside its own intrinsics as uninitialized
+// (GCC PR 105593), once per use.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #define PTLLM_GGML_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 #define PTLLM_GGML_VNNI 0
+#define PTLLM_GGML_ZMM 1
 #define PTLLM_GGML_NAME "avx512"
 #include "kernels/ggml_kernels_impl.h"
 

@@ -20,6 +20,10 @@
 #error "define PTLLM_GGML_TARGET before including ggml_kernels_impl.h"
 #endif
 
+#ifndef PTLLM_GGML_ZMM
+#define PTLLM_GGML_ZMM 0  // the 512-bit Q4_K kernel (the AVX-512 targets)
+#endif
+
 #include <immintrin.h>
 
 #include <algorithm>
@@ -251,6 +255,160 @@ PTLLM_GGML_TARGET void dot_q6k(const uint8_t* row, int nb, const GgmlActs& a, in
   PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) out[t] = hsum(acc[t]);
 }
 
+#if PTLLM_GGML_ZMM
+// ---- Q4_K on 512-bit vectors, four weight rows at once -----------------------------------------
+// A zmm of a row's codes holds 128 values (two 32-byte groups of nibbles: sub-blocks 4j, 4j + 2 in
+// the low nibbles, 4j + 1, 4j + 3 in the high ones), against x's matching 32-byte runs joined into
+// one vector. The four rows' 12 scale bytes are unpacked at once (one 128-bit lane a row), so the
+// per-block work that dominated 256-value rows is shared, and each load of x serves four rows.
+using Z = __m512i;
+using FZ = __m512;
+
+PTLLM_GGML_TARGET inline Z zmadd_acc(Z acc, Z a, Z b) {
+#if PTLLM_GGML_VNNI
+  return _mm512_dpwssd_epi32(acc, a, b);
+#else
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
+#endif
+}
+// 32 bytes at p and 32 at p + 64, as one vector.
+PTLLM_GGML_TARGET inline Z pair256(const int8_t* p) {
+  return _mm512_inserti64x4(_mm512_zextsi256_si512(load(p)), load(p + 64), 1);
+}
+// vpshufb indices: int16 lanes of scale byte `lo` in the low 256 bits and `hi` in the high ones.
+PTLLM_GGML_TARGET inline Z scale_pick(int lo, int hi) {
+  const __m128i l = _mm_set1_epi16(int16_t(0x8000 | lo)), h = _mm_set1_epi16(int16_t(0x8000 | hi));
+  return _mm512_inserti64x4(_mm512_zextsi256_si512(_mm256_set_m128i(l, l)), _mm256_set_m128i(h, h), 1);
+}
+
+PTLLM_GGML_TARGET inline F fold(FZ v) {  // the two halves' sum
+  return _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+// The sums of a, b, c, d.
+PTLLM_GGML_TARGET inline __m128 reduce_add4(FZ a, FZ b, FZ c, FZ d) {
+  const F a8 = fold(a), b8 = fold(b), c8 = fold(c), d8 = fold(d);
+  const F ab = _mm256_hadd_ps(a8, b8), cd = _mm256_hadd_ps(c8, d8);  // a01 a23 b01 b23 | a45 a67 b45 b67 (and c, d)
+  const F abcd = _mm256_hadd_ps(ab, cd);                              // a b c d (low lanes) | a b c d (high)
+  return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
+template <int NT>
+PTLLM_GGML_TARGET void dot_q4k_x4(const uint8_t* row0, size_t rb, int nb, const GgmlActs& a, int t0, float* out) {
+  constexpr int NR = 4;
+  const Rows<NT> x(a, t0);
+  FZ acc[NT][NR], accm[NT];
+  PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
+    accm[t] = _mm512_setzero_ps();
+    PTLLM_GGML_UNROLL for (int r = 0; r < NR; ++r) acc[t][r] = _mm512_setzero_ps();
+  }
+  const Z lo4 = _mm512_set1_epi8(0x0f);
+  const Z lane4 = _mm512_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
+  // The scale unpacking of dot_k45, per 128-bit lane [d|dmin, u0, u1, u2] -> [sc0-3, sc4-7, m0-3, m4-7].
+  const Z shv = _mm512_set4_epi32(4, 0, 0, 0);
+  const Z m1 = _mm512_set4_epi32(0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f);
+  const Z m2 = _mm512_set4_epi32(0x30303030, 0, 0x30303030, 0);
+  const Z mins_idx = _mm512_broadcast_i32x4(_mm_setr_epi8(8, -128, 9, -128, 10, -128, 11, -128, 12, -128, 13, -128,
+                                                          14, -128, 15, -128));
+  const Z pick[2][2] = {{scale_pick(0, 2), scale_pick(1, 3)}, {scale_pick(4, 6), scale_pick(5, 7)}};
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* blk = row0 + size_t(b) * 144u;
+    Z h = _mm512_zextsi128_si512(load128(blk));
+    h = _mm512_inserti32x4(h, load128(blk + rb), 1);
+    h = _mm512_inserti32x4(h, load128(blk + 2 * rb), 2);
+    h = _mm512_inserti32x4(h, load128(blk + 3 * rb), 3);
+    const Z A = _mm512_shuffle_epi32(h, _MM_PERM_ENUM(0xED)), B = _mm512_shuffle_epi32(h, _MM_PERM_ENUM(0xA5));
+    const Z sm = _mm512_or_si512(_mm512_and_si512(_mm512_srlv_epi32(A, shv), m1),
+                                 _mm512_and_si512(_mm512_srli_epi32(B, 2), m2));
+    const Z mins16 = _mm512_shuffle_epi8(sm, mins_idx);  // lane r: row r's 8 mins as int16
+    // d and dmin of the four rows as floats, lane r = row r's four times.
+    const Z hd = _mm512_shuffle_epi32(h, _MM_PERM_ENUM(0));
+    const FZ dz = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(hd));
+    const FZ dminz = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(hd, 16)));
+    Z isum[NT][NR];
+    PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
+      PTLLM_GGML_UNROLL for (int r = 0; r < NR; ++r) isum[t][r] = _mm512_setzero_si512();
+      // x's sub-block sums (pairs of its sums of 16) beside each row's mins.
+      const I s32 = _mm256_madd_epi16(load(x.s[t] + 16 * b), _mm256_set1_epi16(1));
+      const Z xs = _mm512_broadcast_i32x4(_mm256_cvtepi32_epi16(s32));
+      const FZ m = _mm512_cvtepi32_ps(_mm512_madd_epi16(mins16, xs));
+      accm[t] = _mm512_fmadd_ps(m, _mm512_mul_ps(dminz, _mm512_set1_ps(-x.d[t][b])), accm[t]);
+    }
+    PTLLM_GGML_UNROLL for (int j = 0; j < 2; ++j) {
+      Z x0[NT], x1[NT];
+      PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
+        x0[t] = pair256(x.q[t] + 256 * b + 128 * j);
+        x1[t] = pair256(x.q[t] + 256 * b + 128 * j + 32);
+      }
+      PTLLM_GGML_UNROLL for (int r = 0; r < NR; ++r) {
+        const Z rs = _mm512_permutexvar_epi32(_mm512_add_epi32(lane4, _mm512_set1_epi32(4 * r)), sm);  // row r's scales, every lane
+        const Z w = _mm512_loadu_si512(blk + size_t(r) * rb + 16 + 64 * j);
+        const Z c0 = _mm512_and_si512(w, lo4), c1 = _mm512_and_si512(_mm512_srli_epi16(w, 4), lo4);
+        const Z s0 = _mm512_shuffle_epi8(rs, pick[j][0]), s1 = _mm512_shuffle_epi8(rs, pick[j][1]);
+        PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
+          isum[t][r] = zmadd_acc(isum[t][r], _mm512_maddubs_epi16(c0, x0[t]), s0);
+          isum[t][r] = zmadd_acc(isum[t][r], _mm512_maddubs_epi16(c1, x1[t]), s1);
+        }
+      }
+    }
+    PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
+      const FZ dd = _mm512_mul_ps(dz, _mm512_set1_ps(x.d[t][b]));
+      PTLLM_GGML_UNROLL for (int r = 0; r < NR; ++r)
+        acc[t][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t][r]), _mm512_permutexvar_ps(_mm512_set1_epi32(4 * r), dd),
+                                    acc[t][r]);
+    }
+  }
+  PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
+    PTLLM_GGML_UNROLL for (int r = 0; r < NR; ++r)  // row r's min terms: lane r of accm
+        acc[t][r] = _mm512_mask_add_ps(acc[t][r], __mmask16(0xf << (4 * r)), acc[t][r], accm[t]);
+    _mm_storeu_ps(out + t * NR, reduce_add4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]));
+  }
+}
+
+// Q6_K on 512-bit vectors, one row against NT rows of x: per 128 values one zmm of ql (chunks 0, 1
+// of dot_q6k in its halves, then 2, 3 from the high nibbles) and qh in both halves, shifted per half
+// (vpsllvw / vpsrlvw); x's 64 matching bytes are consecutive. Scales per 16 values: one a 128-bit
+// lane.
+template <int NT>
+PTLLM_GGML_TARGET void dot_q6k_zmm(const uint8_t* row, int nb, const GgmlActs& a, int t0, float* out) {
+  const Rows<NT> x(a, t0);
+  FZ acc[NT];
+  PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  const Z lo4 = _mm512_set1_epi8(0x0f), hi2 = _mm512_set1_epi8(0x30);
+  const Z shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);  // qh << 4 | qh << 2
+  const Z shr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);  // qh | qh >> 2
+  // Scale word of each 128-bit lane: 0-3 (first zmm of a half), 4-7 (second), plus 8 for the second half.
+  const Z lane = _mm512_setr_epi32(0, 0, 0, 0, 0x00010001, 0x00010001, 0x00010001, 0x00010001, 0x00020002,
+                                   0x00020002, 0x00020002, 0x00020002, 0x00030003, 0x00030003, 0x00030003, 0x00030003);
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + size_t(b) * 210u;
+    const Z sc16 = _mm512_zextsi256_si512(_mm256_cvtepi8_epi16(load128(blk + 192)));
+    Z isum[NT];
+    PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t)  // - 32 sum_g sc_g sum_g(x)
+        isum[t] = _mm512_zextsi256_si512(_mm256_sub_epi32(
+            _mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(load(x.s[t] + 16 * b), _mm512_castsi512_si256(sc16)), 5)));
+    PTLLM_GGML_UNROLL for (int h = 0; h < 2; ++h) {
+      const Z L = _mm512_loadu_si512(blk + 64 * h);
+      const Z QH = _mm512_broadcast_i64x4(load(blk + 128 + 32 * h));
+      const Z ca = _mm512_or_si512(_mm512_and_si512(L, lo4), _mm512_and_si512(_mm512_sllv_epi16(QH, shl), hi2));
+      const Z cb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(L, 4), lo4),
+                                   _mm512_and_si512(_mm512_srlv_epi16(QH, shr), hi2));
+      const Z sa = _mm512_permutexvar_epi16(_mm512_add_epi16(lane, _mm512_set1_epi16(int16_t(8 * h))), sc16);
+      const Z sb = _mm512_permutexvar_epi16(_mm512_add_epi16(lane, _mm512_set1_epi16(int16_t(8 * h + 4))), sc16);
+      PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
+        const int8_t* q = x.q[t] + 256 * b + 128 * h;
+        isum[t] = zmadd_acc(isum[t], _mm512_maddubs_epi16(ca, _mm512_loadu_si512(q)), sa);
+        isum[t] = zmadd_acc(isum[t], _mm512_maddubs_epi16(cb, _mm512_loadu_si512(q + 64)), sb);
+      }
+    }
+    const float d = f16_at(blk + 208);
+    PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t)
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_set1_ps(d * x.d[t][b]), acc[t]);
+  }
+  PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) out[t] = _mm512_reduce_add_ps(acc[t]);
+}
+
+#endif  // PTLLM_GGML_ZMM
+
 // ---- rows ---------------------------------------------------------------------------------------
 
 template <int NT>
@@ -258,7 +416,11 @@ PTLLM_GGML_TARGET void dot_rows(GgmlType type, const uint8_t* row, int nb, const
   switch (type) {
     case GgmlType::Q4_K: return dot_k45<false, NT>(row, nb, a, t0, out);
     case GgmlType::Q5_K: return dot_k45<true, NT>(row, nb, a, t0, out);
+#if PTLLM_GGML_ZMM
+    case GgmlType::Q6_K: return dot_q6k_zmm<NT>(row, nb, a, t0, out);
+#else
     case GgmlType::Q6_K: return dot_q6k<NT>(row, nb, a, t0, out);
+#endif
     case GgmlType::Q8_0: return dot_32<GgmlType::Q8_0, NT>(row, nb, a, t0, out);
     case GgmlType::Q4_0: return dot_32<GgmlType::Q4_0, NT>(row, nb, a, t0, out);
     case GgmlType::Q4_1: return dot_32<GgmlType::Q4_1, NT>(row, nb, a, t0, out);
@@ -280,6 +442,31 @@ PTLLM_GGML_TARGET void ggml_rows(const WeightMatrix& w, const GgmlActs& a, const
   float out[4];
   for (int rt = r0; rt < r1; rt += kRowTile) {
     const int re = std::min(r1, rt + kRowTile);
+#if PTLLM_GGML_ZMM
+    if (w.ggml == GgmlType::Q4_K) {
+      // Four rows at a time, against two rows of x at a time; the tile's last rows one by one.
+      const int r4 = rt + (re - rt) / 4 * 4;
+      for (int t0 = 0; t0 < a.T; t0 += 2) {
+        const int nt = std::min(2, a.T - t0);
+        for (int r = rt; r < r4; r += 4) {
+          float o[8];
+          if (nt == 2)
+            dot_q4k_x4<2>(data + size_t(r) * rb, rb, nb, a, t0, o);
+          else
+            dot_q4k_x4<1>(data + size_t(r) * rb, rb, nb, a, t0, o);
+          for (int t = 0; t < nt; ++t)
+            for (int i = 0; i < 4; ++i)
+              y[size_t(t0 + t) * size_t(w.rows) + size_t(r + i)] = o[t * 4 + i] + (bias ? bias[r + i] : 0.f);
+        }
+        for (int r = r4; r < re; ++r) {
+          dot_rows<1>(w.ggml, data + size_t(r) * rb, nb, a, t0, out);
+          if (nt == 2) dot_rows<1>(w.ggml, data + size_t(r) * rb, nb, a, t0 + 1, out + 1);
+          for (int t = 0; t < nt; ++t) y[size_t(t0 + t) * size_t(w.rows) + size_t(r)] = out[t] + (bias ? bias[r] : 0.f);
+        }
+      }
+      continue;
+    }
+#endif
     for (int t0 = 0; t0 < a.T; t0 += 4) {
       const int nt = std::min(4, a.T - t0);
       for (int r = rt; r < re; ++r) {
