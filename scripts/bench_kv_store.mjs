@@ -8,6 +8,7 @@
 // processes; needs only Node 20 (fetch), no npm packages. Examples:
 //   node scripts/bench_kv_store.mjs --binary build/posttrainllm --model ../shared/models/kjv-small
 //   node scripts/bench_kv_store.mjs --model models/kjv-tiny --history 400 --reps 2 --requests 8   (a quick check)
+//   node scripts/bench_kv_store.mjs --binary build/posttrainllm --model ../shared/models/kjv-small --kv '--kv-quantize int4'
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import net from 'node:net';
@@ -32,6 +33,8 @@ const rounds = Number(opt('--rounds', '4'));          // its rounds, alternating
 const concurrency = Number(opt('--concurrency', '4'));
 const promptLen = Number(opt('--prompt', '512'));     // their prompt tokens
 const genTokens = Number(opt('--gen', '64'));         // their generated tokens
+// KV settings of every server, e.g. --kv '--kv-quantize int4' or '--streaming-llm-sink 32 --streaming-llm-window 1024'.
+const kvFlags = opt('--kv', '').split(' ').filter((x) => x.length > 0);
 const ctx = String(Math.max(history + 64, promptLen + genTokens + 8));
 
 function freePort() {
@@ -63,7 +66,8 @@ async function startRedis() {
 
 
 const redis = await startRedis();
-const serve = (extra) => startServer(binary, model, ['-t', threads, '-c', ctx, '-np', String(concurrency), ...extra]);
+const serve = (extra) =>
+  startServer(binary, model, ['-t', threads, '-c', ctx, '-np', String(concurrency), ...kvFlags, ...extra]);
 try {
   // 1. Cross-replica TTFT.
   const a = await serve(['--kv-store', redis.url]);

@@ -8,6 +8,7 @@
 // no npm packages. Examples:
 //   node scripts/bench_prompt_cache_dir.mjs --binary build/posttrainllm --model ../shared/models/kjv-small
 //   node scripts/bench_prompt_cache_dir.mjs --model models/kjv-tiny --history 400 --reps 2 --requests 8   (a quick check)
+//   node scripts/bench_prompt_cache_dir.mjs --binary build/posttrainllm --model ../shared/models/kjv-small --kv '--kv-quantize int4'
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -29,11 +30,14 @@ const rounds = Number(opt('--rounds', '4'));          // its rounds, alternating
 const concurrency = Number(opt('--concurrency', '4'));
 const promptLen = Number(opt('--prompt', '512'));
 const genTokens = Number(opt('--gen', '64'));
+// KV settings of every server, e.g. --kv '--kv-quantize int4' or '--streaming-llm-sink 32 --streaming-llm-window 1024'.
+const kvFlags = opt('--kv', '').split(' ').filter((x) => x.length > 0);
 const ctx = String(Math.max(history + 64, promptLen + genTokens + 8));
 
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ptllm-pcache-'));
-const serve = (extra) => startServer(binary, model, ['-t', threads, '-c', ctx, '-np', String(concurrency), ...extra]);
+const serve = (extra) =>
+  startServer(binary, model, ['-t', threads, '-c', ctx, '-np', String(concurrency), ...kvFlags, ...extra]);
 try {
   // 1. Restarts.
   const cacheDir = path.join(dir, 'cache');

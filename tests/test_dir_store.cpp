@@ -353,20 +353,6 @@ TEST_F(DirStoreSchedulerTest, ARestartLoadsThePrefixFromTheFilesAndAnswersTheSam
   EXPECT_EQ(c.stats().store_rejected, 1u);
 }
 
-TEST_F(DirStoreSchedulerTest, APolicyCacheIsRefusedNamingTheFlag) {
-  test::TempDir tmp;
-  auto store = open_store(tmp.path);
-  SchedulerConfig c = config(store.get());
-  c.session.kv.precision = KVPrecision::Int4;
-  c.session.kv.positions = PositionMode::Absolute;
-  try {
-    Scheduler s(*rt_, c);
-    ADD_FAILURE() << "an int4 cache was accepted";
-  } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("--prompt-cache-dir: blocks are exchanged"), std::string::npos) << e.what();
-  }
-}
-
 // ---------------------------------------------------------------------------------------------
 // The real server across restarts.
 
@@ -500,14 +486,6 @@ TEST(DirStoreServe, BadFlagsAndConfigurationsAreRefusedWithTheirNames) {
   const auto both = test::run_command(serve + "--prompt-cache-dir " + tmp.path.string() + " --kv-store redis://127.0.0.1:1");
   EXPECT_EQ(both.code, 2);
   EXPECT_NE(both.err.find("--prompt-cache-dir and --kv-store: give one of them"), std::string::npos) << both.err;
-  const auto kivi = test::run_command(serve + "--prompt-cache-dir " + tmp.path.string() + " --kv-quantize int4");
-  EXPECT_EQ(kivi.code, 2);
-  EXPECT_NE(kivi.err.find("--prompt-cache-dir: blocks are exchanged"), std::string::npos) << kivi.err;
-  EXPECT_NE(kivi.err.find("this run stores int4"), std::string::npos) << kivi.err;
-  const auto streaming = test::run_command(serve + "--prompt-cache-dir " + tmp.path.string() +
-                                           " --streaming-llm-sink 4 --streaming-llm-window 128");
-  EXPECT_EQ(streaming.code, 2);
-  EXPECT_NE(streaming.err.find("--prompt-cache-dir: blocks are exchanged"), std::string::npos) << streaming.err;
   const auto max = test::run_command(serve + "--prompt-cache-max-mb 0 --prompt-cache-dir " + tmp.path.string());
   EXPECT_EQ(max.code, 2);
   EXPECT_NE(max.err.find("--prompt-cache-max-mb"), std::string::npos) << max.err;

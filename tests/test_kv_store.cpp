@@ -312,16 +312,87 @@ TEST_F(StoreSchedulerTest, AnotherIdentityNeverSeesTheBlocks) {
   EXPECT_GT(b.stats().store_misses, 0u);
 }
 
-TEST_F(StoreSchedulerTest, APolicyCacheIsRefused) {
+SchedulerConfig with_kv(SchedulerConfig c, const char* kv, const Runtime& rt) {
+  c.session.kv = parse_kv_config(kv, c.session.kv);
+  c.store_identity = prompt_cache_identity(rt.model(), rt.tokenizer(), c.session.kv).config_key;
+  return c;
+}
+
+// Every KV setting exchanges its blocks, and two settings never each other's: their identities
+// differ (the keys), and so do their chained hashes (the values' and the pool's keys).
+TEST_F(StoreSchedulerTest, AnotherKVSettingNeverSeesTheBlocks) {
+  const auto prompt = random_prompt(33, 200, vocab());
   MemoryStore store;
-  SchedulerConfig c = config(&store);
-  c.session.kv.precision = KVPrecision::Int4;
-  c.session.kv.positions = PositionMode::Absolute;
-  try {
-    Scheduler s(*rt_, c);
-    ADD_FAILURE() << "an int4 cache was accepted";
-  } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("--kv-store"), std::string::npos) << e.what();
+  const SchedulerConfig int8 = with_kv(config(&store), "int8 r32", *rt_);
+  SchedulerConfig int4 = with_kv(config(&store), "int4 r32", *rt_);
+  ASSERT_NE(int8.store_identity, int4.store_identity);
+  RequestResult first;
+  {
+    Scheduler a(*rt_, int8);
+    first = run(a, prompt, 4);
+  }
+  ASSERT_GT(store.size(), 0u);
+  for (bool same_identity : {false, true}) {
+    if (same_identity) int4.store_identity = int8.store_identity;  // as if the keys could not tell them apart
+    Scheduler b(*rt_, int4);
+    const RequestResult r = run(b, prompt, 4);
+    EXPECT_EQ(r.cached_tokens, 0) << same_identity;
+    EXPECT_EQ(b.stats().store_hits, 0u) << same_identity;
+    EXPECT_EQ(b.stats().store_rejected, 0u) << same_identity;  // other keys: absent, not refused
+    EXPECT_GT(b.stats().store_misses, 0u);
+  }
+  // The same setting again (another replica): its blocks, on the prefill grid of 64.
+  Scheduler c(*rt_, int8);
+  const RequestResult r = run(c, prompt, 4);
+  EXPECT_EQ(r.tokens, first.tokens);
+  EXPECT_EQ(r.cached_tokens, 192);
+  EXPECT_EQ(r.store_tokens, 192);
+}
+
+// What can never take a block from the store is refused, naming the flag and the setting.
+TEST_F(StoreSchedulerTest, KiviSettingsThatNeverAdoptAreRefused) {
+  MemoryStore store;
+  SchedulerConfig small = with_kv(config(&store), "int4 r32", *rt_);
+  small.prefill_chunk = 32;
+  SchedulerConfig sinks = with_kv(config(&store), "int4 r32 sink4 w200", *rt_);
+  for (const auto& [c, what] : {std::pair{small, "--prefill-chunk 32 is below it"},
+                                std::pair{sinks, "give --streaming-llm-sink a multiple of 32"}}) {
+    try {
+      Scheduler s(*rt_, c);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("--kv-store: under int4"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  }
+  // The same without a store: served, nothing to refuse.
+  Scheduler plain(*rt_, with_kv(config(nullptr), "int4 r32 sink4 w200", *rt_));
+  EXPECT_EQ(run(plain, random_prompt(3, 40, vocab()), 2).reason, FinishReason::Length);
+}
+
+// A KIVI replica continuing another's conversation answers what a cold scheduler answers.
+TEST_F(StoreSchedulerTest, KiviReplicasAnswerAsAColdScheduler) {
+  const auto turn1 = random_prompt(13, 230, vocab());
+  for (const char* kv : {"int4 r32", "int2 r64"}) {
+    MemoryStore store;
+    const SchedulerConfig c = with_kv(config(&store), kv, *rt_);
+    Scheduler a(*rt_, c), b(*rt_, c);
+    const RequestResult a1 = run(a, turn1, 20);
+    std::vector<int32_t> turn2 = turn1;
+    turn2.insert(turn2.end(), a1.tokens.begin(), a1.tokens.end());
+    const auto more = random_prompt(14, 30, vocab());
+    turn2.insert(turn2.end(), more.begin(), more.end());
+    const RequestResult b2 = run(b, turn2, 16);
+    RequestResult cold;
+    {
+      Scheduler fresh(*rt_, with_kv(config(nullptr), kv, *rt_));
+      cold = run(fresh, turn2, 16);
+    }
+    EXPECT_EQ(b2.tokens, cold.tokens) << kv;
+    EXPECT_GT(b2.store_tokens, 0) << kv;
+    EXPECT_EQ(b2.cached_tokens % 64, 0) << kv;  // on the prefill grid
+    // A, whose pool holds the history, also adopts on the grid and answers the same.
+    EXPECT_EQ(run(a, turn2, 16).tokens, cold.tokens) << kv;
   }
 }
 
@@ -502,7 +573,7 @@ TEST_F(RedisStoreTest, SchedulersKeepAnsweringWhenRedisDies) {
   ASSERT_TRUE(sa->flush(std::chrono::seconds(30)));
   const RequestResult hit = run(b, p1, 8);
   EXPECT_EQ(hit.tokens, ref1.tokens);
-  EXPECT_EQ(hit.store_tokens, 160);
+  EXPECT_EQ(hit.store_tokens, 128);  // 160 would leave a last chunk of 10, not the cold one's 42
   redis.kill();
   EXPECT_EQ(run(a, p2, 8).tokens, ref2.tokens);
   EXPECT_EQ(run(b, p2, 8).tokens, ref2.tokens);

@@ -175,7 +175,9 @@ TEST_F(KVStoreServerTest, AConversationContinuedOnAnotherReplicaPrefillsOnlyTheN
   EXPECT_EQ(cached(b2), ref_cached);  // the whole history but its last partial block: only the new turn computed
   const int prompt2 = b2["usage"]["prompt_tokens"];
   EXPECT_EQ(b.metric("ptllm_prefill_tokens_total"), prompt2 - ref_cached);
-  EXPECT_EQ(b.metric("ptllm_kv_store_hits_total"), ref_cached / 32);
+  // Loaded up to the last block where an adoption would be exact (adoption_is_exact), adopted as far
+  // as the blocks found go: at least what the single server adopted from its pool.
+  EXPECT_GE(b.metric("ptllm_kv_store_hits_total"), ref_cached / 32);
   EXPECT_EQ(b.metric("ptllm_kv_store_prompt_tokens_total"), ref_cached);
   EXPECT_EQ(b.metric("ptllm_kv_store_lookup_seconds_count"), 1);
   EXPECT_GT(b.metric("ptllm_kv_store_bytes_in_total"), 0);
@@ -191,7 +193,11 @@ TEST_F(KVStoreServerTest, AConversationContinuedOnAnotherReplicaPrefillsOnlyTheN
                                              {"max_tokens", 12}, {"temperature", 0}});
   EXPECT_EQ(c2["choices"][0]["text"], text2);
   const int p1 = c1["usage"]["prompt_tokens"];
-  EXPECT_GE(cached(c2), (p1 / 32) * 32);  // at least the first prompt's full blocks came from B
+  // The first prompt's full blocks came from B, as far as an adoption is exact (the prompt's last
+  // chunk of 64 then as long as a cold one's: a multiple of 64 here).
+  EXPECT_GT(cached(c2), 0);
+  EXPECT_LE(cached(c2), (p1 / 32) * 32);
+  EXPECT_EQ(cached(c2) % 64, 0);
   EXPECT_GT(a.metric("ptllm_kv_store_hits_total"), 0);
 }
 
@@ -306,13 +312,11 @@ TEST(KVStoreServeProcesses, BadStoreFlagsAreRefusedWithTheirNames) {
   const auto prefix = test::run_command(serve + "--kv-store-prefix 'a:b'");
   EXPECT_EQ(prefix.code, 2);
   EXPECT_NE(prefix.err.find("--kv-store-prefix"), std::string::npos) << prefix.err;
-  // A policy cache (KIVI) cannot exchange its blocks: refused, naming the configuration.
-  const auto kivi = test::run_command(serve + "--kv-store redis://127.0.0.1:1 --kv-quantize int4");
-  EXPECT_EQ(kivi.code, 2);
-  if (store::redis_available()) {
-    EXPECT_NE(kivi.err.find("this run stores int4"), std::string::npos) << kivi.err;
-  } else {  // a build without hiredis says so first
-    EXPECT_NE(kivi.err.find("no Redis client"), std::string::npos) << kivi.err;
+  // A build without hiredis says so.
+  if (!store::redis_available()) {
+    const auto none = test::run_command(serve + "--kv-store redis://127.0.0.1:1");
+    EXPECT_EQ(none.code, 2);
+    EXPECT_NE(none.err.find("no Redis client"), std::string::npos) << none.err;
   }
 }
 

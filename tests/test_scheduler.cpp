@@ -261,9 +261,11 @@ TEST_F(SchedulerTest, RepeatedPromptReportsCachedTokens) {
   Pending second = submit(sch, p, greedy(12));
   const RequestResult r2 = wait(second);
   EXPECT_EQ(r1.cached_tokens, 0);
-  EXPECT_EQ(r2.cached_tokens, 96);  // the three full blocks of 32; the rest is computed
+  // Two of the three full blocks of 32: the third would leave 4 tokens to compute, a batch matmul
+  // computes another way than the cold prompt's 100 (adoption_is_exact); the rest is computed.
+  EXPECT_EQ(r2.cached_tokens, 64);
   EXPECT_EQ(r2.tokens, r1.tokens);
-  EXPECT_EQ(sch.stats().cached_tokens, 96u);
+  EXPECT_EQ(sch.stats().cached_tokens, 64u);
 }
 
 // Requests arriving together over one long common prefix (a system prompt): prompts are prefilled

@@ -157,7 +157,11 @@ TEST_F(ServerTest, ChatCompletionEqualsTheEnginesGreedyRun) {
 
 TEST_F(ServerTest, StreamedChunksAddUpToTheReplyAndCarryUsage) {
   start();
-  json body = chat_body("And God said, Let there be light", 20);
+  // Long enough for a full block to be adopted with more than 16 tokens left to compute
+  // (adoption_is_exact).
+  json body = chat_body("And God said, Let there be light: and there was light. And God saw the light, that it was "
+                        "good: and God divided the light from the darkness. And God called the light Day",
+                        20);
   const auto plain = post("/v1/chat/completions", body.dump());
   ASSERT_TRUE(plain);
   const json whole = json::parse(plain->body);

@@ -118,8 +118,7 @@ BlockExchange::Lookup BlockExchange::load(KVPool& pool, std::span<const int32_t>
                                           std::span<const BlockHash> hashes, size_t first, size_t n, size_t reserve,
                                           std::vector<int32_t>& held) {
   Lookup out;
-  const size_t B = size_t(pool.config().group_size);
-  PTLLM_CHECK(n <= hashes.size() && tokens.size() >= n * B);
+  PTLLM_CHECK(n <= hashes.size() && pool.complete_blocks(int64_t(tokens.size())) >= n);
   if (first >= n || !pool.exchangeable()) return out;
   // Blocks beyond what the pool can take are not asked for: each takes one block per storing layer.
   const size_t per_block = pool.exchange_bytes() / pool.dense().block_bytes();
@@ -134,7 +133,8 @@ BlockExchange::Lookup BlockExchange::load(KVPool& pool, std::span<const int32_t>
   for (size_t j = first; j < n; ++j) {
     const std::optional<std::string>& v = values[j - first];
     if (!v) break;
-    const auto ids = tokens.subspan(j * B, B);
+    const KVPool::TokenRange tb = pool.token_block(j);
+    const auto ids = tokens.subspan(size_t(tb.start), size_t(tb.len));
     std::string why;
     const auto payload = decode_block_value(*v, identity_, hashes[j], ids, pool.exchange_bytes(), &why);
     if (!payload) {
@@ -150,11 +150,11 @@ BlockExchange::Lookup BlockExchange::load(KVPool& pool, std::span<const int32_t>
 
 size_t BlockExchange::save(KVPool& pool, std::span<const int32_t> tokens, std::span<const BlockHash> hashes,
                            size_t first, size_t n) {
-  const size_t B = size_t(pool.config().group_size);
-  PTLLM_CHECK(n <= hashes.size() && tokens.size() >= n * B);
+  PTLLM_CHECK(n <= hashes.size() && pool.complete_blocks(int64_t(tokens.size())) >= n);
   size_t queued = 0;
   for (size_t j = first; j < n; ++j) {
-    const auto ids = tokens.subspan(j * B, B);
+    const KVPool::TokenRange tb = pool.token_block(j);
+    const auto ids = tokens.subspan(size_t(tb.start), size_t(tb.len));
     // The block's bytes are copied once, into the value (the writer thread sends it).
     std::string v = value_head(identity_, hashes[j], ids, pool.exchange_bytes());
     if (!pool.read_block(hashes[j], ids, v)) continue;

@@ -78,7 +78,9 @@ class RateLimitedLog {
 //   "PTLLMKVB"  u32 version  u32 header_bytes (64)  identity[32]  u64 hash_lo  u64 hash_hi
 //   u32 n_ids  u32 0  u64 payload_bytes                                        (header, 80 bytes)
 //   i32 ids[n_ids]  payload[payload_bytes]  u64 XXH64 over every byte before it
-// The payload is the token block's bytes as KVPool::read_block gives them (the prompt-cache file's).
+// The payload is the token block's bytes as KVPool::read_block gives them (the prompt-cache file's):
+// its full-precision form under every KV setting (KIVI's groups are quantized again by the sequence
+// that adopts them). n_ids is the block's token count: B, or less for StreamingLLM's last sink block.
 inline constexpr uint32_t kKVStoreVersion = 1;
 
 std::string kv_store_key(std::string_view prefix, const Digest& identity, const BlockHash& h);
@@ -101,7 +103,8 @@ class BlockExchange {
     size_t hits = 0;             // blocks loaded into the pool
     size_t rejected = 0;         // values present that did not verify
   };
-  // Loads token blocks first..n-1 of `tokens` (hashes: their chained hashes, at least n) into `pool`
+  // Loads token blocks first..n-1 of `tokens` (KVPool::token_block; hashes: their chained hashes, at
+  // least n) into `pool`
   // from the store in one round trip: the consecutive run of verified values from `first`, as far as
   // the pool has more than `reserve` free blocks. Each loaded block is published and held (its ids
   // appended to `held`, released by the caller with KVPool::release_held once adopted).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <numeric>
 
 #include "core/error.h"
 #include "engine/runtime.h"
@@ -50,10 +51,22 @@ Scheduler::Scheduler(Runtime& rt, const SchedulerConfig& cfg) : rt_(rt), cfg_(cf
   cfg_.session.kv.validate();
   pool_ = std::make_unique<KVPool>(rt_.model().kv_shape(), cfg_.session.kv, cfg_.parallel, cfg_.kv_budget_bytes);
   if (cfg_.store) {
-    if (!pool_->exchangeable())
-      throw UsageError(cfg_.store_flag + ": blocks are exchanged for dense KV caches (fp32, fp16, bf16) without StreamingLLM "
-                       "on models without sliding-window layers; this run stores " + cfg_.session.kv.describe() +
-                       (rt_.model().kv_shape().any_window() ? " on a model with sliding-window layers" : ""));
+    PTLLM_CHECK(pool_->exchangeable());  // a shared pool is keyed
+    // Under KIVI a prefix is adopted where it ends on the prefill grid (adoption_grid): a setting
+    // where none ever does would put blocks and never use one.
+    const KVCacheConfig& kv = cfg_.session.kv;
+    if (is_kivi(kv.precision)) {
+      const int grid = pool_->policy_chunk();
+      const std::string setting = cfg_.store_flag + ": under " + kv.describe() + " a prefix is taken from the store ";
+      if (cfg_.prefill_chunk < grid)
+        throw UsageError(setting + "where it ends on the prefill grid of " + std::to_string(grid) +
+                         " tokens; --prefill-chunk " + std::to_string(cfg_.prefill_chunk) + " is below it");
+      const int sink = kv.streaming() ? kv.sink : 0;
+      if (sink % std::gcd(kv.group_size, grid) != 0)
+        throw UsageError(setting + "where it ends on the prefill grid of " + std::to_string(grid) +
+                         " tokens, and with " + std::to_string(sink) + " sink tokens no block ends there (give "
+                         "--streaming-llm-sink a multiple of " + std::to_string(std::gcd(kv.group_size, grid)) + ")");
+    }
     exchange_ = std::make_unique<BlockExchange>(*cfg_.store, cfg_.store_identity, cfg_.store_prefix);
   }
   publish_stats();
@@ -203,39 +216,72 @@ void Scheduler::adopt_at_turn(Slot& s) {
   std::vector<int32_t> held;
   size_t local = 0;
   const size_t loaded = exchange_ ? load_from_store(s, held, &local) : 0;
-  const int64_t adopted = s.session->adopt_prefix(s.seq);
+  const int64_t grid = adoption_grid(*s.session);
+  const int64_t adopted = grid > 0 ? s.session->adopt_prefix(s.seq, [&](int64_t a) { return exact(s, a); }) : 0;
   pool_->release_held(held);  // the session holds its own references now; the rest stay findable
-  const size_t B = size_t(cfg_.session.kv.group_size);
-  s.saved_blocks = size_t(adopted) / B;  // computed elsewhere: here before, or by another replica
+  const size_t adopted_blocks = pool_->complete_blocks(adopted);
+  s.saved_blocks = adopted_blocks;  // computed elsewhere: here before, or by another replica
   if (s.cached_counted) return;  // a preempted sequence's return is not the client's cache hit
   s.result.cached_tokens = adopted;
   live_.cached_tokens += uint64_t(adopted);
-  const size_t adopted_blocks = size_t(adopted) / B;
   const size_t from_store = adopted_blocks > local ? std::min(adopted_blocks - local, loaded) : 0;
-  s.result.store_tokens = int64_t(from_store * B);
-  live_.store_tokens += from_store * B;
+  if (from_store > 0) {
+    const KVPool::TokenRange last = pool_->token_block(local + from_store - 1);
+    const int64_t tokens = last.start + last.len - pool_->token_block(local).start;
+    s.result.store_tokens = tokens;
+    live_.store_tokens += uint64_t(tokens);
+  }
   s.cached_counted = true;
 }
 
-// The prompt's full blocks (the last token left out, as adoption leaves it): the run the pool holds
-// is held, the next ones are looked up in the store in one round trip and loaded. Returns the
-// blocks loaded; *local_blocks: those the pool held.
+// Where what is stored depends on how a prompt is cut into appends (KVCache::cut_dependent: KIVI), the
+// pool publishes only blocks computed as appends of max_chunk() tokens from the first compute them,
+// and a prefix taken from the pool must end on that grid: then a reply never depends on what the
+// pool or the store held. A cold prompt here is fed on that grid unless --prefill-chunk is smaller:
+// then nothing is adopted (0). Elsewhere any block boundary (1).
+int64_t Scheduler::adoption_grid(const Session& session) const {
+  if (!session.cache().cut_dependent()) return 1;
+  return cfg_.prefill_chunk >= session.max_chunk() ? session.max_chunk() : 0;
+}
+
+// Whether adopting `adopted` tokens of the slot's prompt gives what computing it cold gives, bit for
+// bit (adoption_is_exact): a cold prompt is fed in chunks of min(--prefill-chunk, the cache's
+// largest append) from its first token (build_batch).
+bool Scheduler::exact(const Slot& s, int64_t adopted) const {
+  const int64_t grid = adoption_grid(*s.session);
+  const int64_t chunk = std::min<int64_t>(cfg_.prefill_chunk, s.session->max_chunk());
+  return grid > 0 && adopted < int64_t(s.seq.size()) && adoption_is_exact(int64_t(s.seq.size()), adopted, chunk, grid);
+}
+
+// The prompt's full blocks (the last token left out, as adoption leaves it; no more than a sequence
+// adopts, and up to the last one where an adoption would be exact): the run the pool holds is held, the next ones are looked
+// up in the store in one round trip and loaded. Returns the blocks loaded; *local_blocks: those the
+// pool held.
 size_t Scheduler::load_from_store(Slot& s, std::vector<int32_t>& held, size_t* local_blocks) {
-  const KVCacheConfig& kv = cfg_.session.kv;
-  const size_t B = size_t(kv.group_size);
-  // Adoption leaves two blocks of the ring for the tail (KVCache::adoptable_blocks).
-  const size_t ring = (size_t(kv.ctx_size) + B - 1) / B;
-  const size_t n = std::min((s.seq.size() - 1) / B, ring > 2 ? ring - 2 : 0);
+  const int64_t grid = adoption_grid(*s.session);
   *local_blocks = 0;
+  if (grid == 0) return 0;
+  size_t n = std::min(pool_->complete_blocks(int64_t(s.seq.size()) - 1), pool_->adoptable_limit());
+  while (n > 0) {
+    const KVPool::TokenRange last = pool_->token_block(n - 1);
+    if (exact(s, last.start + last.len)) break;
+    --n;
+  }
   if (n == 0) return 0;
   pool_->extend_block_hashes(s.seq, n, s.hashes);
+  auto ids = [&](size_t j) {
+    const KVPool::TokenRange tb = pool_->token_block(j);
+    return std::span<const int32_t>(s.seq).subspan(size_t(tb.start), size_t(tb.len));
+  };
   size_t local = 0;
-  while (local < n && pool_->hold_block(s.hashes[local], std::span(s.seq).subspan(local * B, B), held)) ++local;
+  while (local < n && pool_->hold_block(s.hashes[local], ids(local), held)) ++local;
   *local_blocks = local;
   if (local == n) return 0;
   // Room left for this prompt's first chunk and every running sequence's next block.
+  const size_t B = size_t(cfg_.session.kv.group_size);
   const size_t layers = size_t(rt_.config().n_layers);
-  const size_t reserve = (running_.size() + (size_t(cfg_.prefill_chunk) + B - 1) / B + 1) * layers;
+  const size_t chunk = size_t(std::min<int64_t>(cfg_.prefill_chunk, s.session->max_chunk()));
+  const size_t reserve = (running_.size() + (chunk + B - 1) / B + 1) * layers;
   const BlockExchange::Lookup r = exchange_->load(*pool_, s.seq, s.hashes, local, n, reserve, held);
   live_.store_hits += r.hits;
   live_.store_misses += r.looked_up - r.hits;
@@ -243,10 +289,11 @@ size_t Scheduler::load_from_store(Slot& s, std::vector<int32_t>& held, size_t* l
   return r.hits;
 }
 
-// The full blocks this sequence computed since the last call go to the store (queued, not waited for).
+// The full blocks this sequence computed since the last call go to the store (queued, not waited for);
+// none past what a sequence adopts (a long StreamingLLM or sliding-window history's later blocks).
 void Scheduler::save_to_store(Slot& s) {
   const std::vector<int32_t>& hist = s.session->history();
-  const size_t n = hist.size() / size_t(cfg_.session.kv.group_size);
+  const size_t n = std::min(pool_->complete_blocks(int64_t(hist.size())), pool_->adoptable_limit());
   if (n <= s.saved_blocks) return;
   pool_->extend_block_hashes(hist, n, s.hashes);
   live_.store_puts += exchange_->save(*pool_, hist, s.hashes, s.saved_blocks, n);

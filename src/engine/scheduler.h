@@ -38,8 +38,8 @@ struct SchedulerConfig {
   std::vector<int32_t> eos_ids; // ids that end a reply (stop_token_ids)
   // A block store shared with other replicas (engine/kv_store.h), or null. A prompt's full blocks
   // missing from the pool after its local prefix are looked up there in one round trip and loaded
-  // instead of computed; every full block a sequence computes is put there. It needs an exchangeable
-  // pool (KVPool::exchangeable: dense, no StreamingLLM, no sliding layer).
+  // instead of computed; every full block a sequence computes is put there, in its full-precision
+  // form under every KV setting (KVPool::exchange_bytes).
   KVStore* store = nullptr;
   Digest store_identity{};          // PromptCacheIdentity::config_key of this model and KV settings
   std::string store_prefix = "ptllm";  // the keys' first part (--kv-store-prefix)
@@ -124,6 +124,8 @@ class Scheduler {
   void admit();
   bool try_start(Slot& s);
   void adopt_at_turn(Slot& s);
+  int64_t adoption_grid(const Session& session) const;
+  bool exact(const Slot& s, int64_t adopted) const;
   size_t load_from_store(Slot& s, std::vector<int32_t>& held, size_t* local_blocks);
   void save_to_store(Slot& s);
   void step();

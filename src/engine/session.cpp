@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "kernels/ops.h"
 
 namespace ptllm {
 
@@ -132,12 +133,12 @@ bool Session::fits(int64_t more) const {
   return cache_ ? cache_->fits(more) : position() + more <= opts_.kv.ctx_size;
 }
 
-int64_t Session::adopt_prefix(std::span<const int32_t> prompt) {
+int64_t Session::adopt_prefix(std::span<const int32_t> prompt, const std::function<bool(int64_t)>& accept) {
   PTLLM_CHECK(history_.empty());
   reused_ = 0;
   if (!cache_ || !cache_->shares_pool()) return 0;
   // A prompt's blocks other sequences already computed are taken, not computed again.
-  reused_ = cache_->adopt_prefix(prompt);
+  reused_ = cache_->adopt_prefix(prompt, accept);
   history_.insert(history_.end(), prompt.begin(), prompt.begin() + std::ptrdiff_t(reused_));
   if (reused_ > 0) cache_->end_step(history_);
   return reused_;
@@ -196,6 +197,13 @@ std::span<float> Session::run(std::span<const int32_t> tokens, bool all_logits) 
   }
   std::copy(all.begin() + std::ptrdiff_t(all_logits ? n_prev * vocab : all.size() - vocab), all.end(), logits_.begin());
   return {logits_.data(), rows * vocab};
+}
+
+bool adoption_is_exact(int64_t n, int64_t adopted, int64_t chunk, int64_t grid) {
+  PTLLM_CHECK(chunk > 0 && grid > 0 && adopted >= 0 && adopted < n);
+  if (adopted % grid != 0) return false;
+  const int64_t cold = (n - 1) % chunk + 1, warm = (n - adopted - 1) % chunk + 1;  // the last appends
+  return cold == warm || (cold > kMatmulSmallRows && warm > kMatmulSmallRows);
 }
 
 }  // namespace ptllm

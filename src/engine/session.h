@@ -2,6 +2,7 @@
 // A Session: the token history, the position counter and the KV cache of one generation.
 // Prefill and decode are both `feed`: T tokens in, logits out.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string_view>
@@ -53,8 +54,9 @@ class Session {
   // On a fresh session drawing from a shared pool: takes the pool's blocks for the longest prefix of
   // `prompt` it holds (at least the last token is left to feed) and returns how many tokens that is;
   // what feed() does first on its own, for a caller that feeds the rest in chunks (feed_batch).
-  // 0 with a private pool or without room.
-  int64_t adopt_prefix(std::span<const int32_t> prompt);
+  // 0 with a private pool or without room. accept (when given): only a prefix whose token count it
+  // accepts is taken (adoption_is_exact).
+  int64_t adopt_prefix(std::span<const int32_t> prompt, const std::function<bool(int64_t)>& accept = {});
 
   // Whether `more` tokens can still be fed (always, under StreamingLLM).
   bool fits(int64_t more) const;
@@ -91,5 +93,12 @@ class Session {
 
 // The default KV capacity: min(max_position_embeddings, 4096), as DESIGN.md says.
 int default_ctx_size(const ModelConfig& cfg);
+
+// Whether adopting the first `adopted` tokens of an n-token prompt from a pool, then feeding the rest
+// in appends of `chunk` tokens (the last one shorter), computes every token bit for bit as feeding the
+// whole prompt that way does: the prefix ends on `grid` (1, or KVCache::cut_dependent's grid), and
+// the last append is as long as the cold computation's or both take matmul's batched path (more
+// than kMatmulSmallRows rows: a row's result depends on which path computed it).
+bool adoption_is_exact(int64_t n, int64_t adopted, int64_t chunk, int64_t grid);
 
 }  // namespace ptllm

@@ -16,6 +16,11 @@ class ThreadPool;
 // Split over the pool by output columns: a matrix-vector product streaming the weights for small T
 // (decode), a packed matrix-matrix product for larger T (prefill).
 void matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool);
+// The most rows any weight format's matmul takes the matrix-vector path for (BF16's: ops.cpp). A row
+// computed in a batch of at most this many rows may differ in its last bits from the same row in a
+// larger batch; above it a row's result does not depend on the batch (a prefix adopted instead of
+// computed must leave the prompt's last append on the same side: engine/session.h adoption_is_exact).
+inline constexpr int kMatmulSmallRows = 16;
 // Scalar reference twin of matmul (one thread, plain loops, double accumulation), for tests.
 void matmul_ref(const float* x, int T, const WeightMatrix& w, const float* bias, float* y);
 

@@ -8,9 +8,10 @@ namespace ptllm {
 
 using namespace kvdetail;
 
-bool KVPool::exchangeable() const {
-  return keyed_ && !is_kivi(cfg_.precision) && !cfg_.streaming() && !shape_.any_window();
-}
+// Every KV setting exchanges the same thing, the full-precision form of each token block (the
+// header's comment says why that is exact under KIVI and the windows); a pool without keys has
+// nothing to find blocks by.
+bool KVPool::exchangeable() const { return keyed_; }
 
 size_t KVPool::exchange_bytes() const {
   size_t stored = 0;
@@ -19,16 +20,16 @@ size_t KVPool::exchange_bytes() const {
 }
 
 void KVPool::extend_block_hashes(std::span<const int32_t> tokens, size_t n_blocks, std::vector<BlockHash>& hashes) const {
-  const size_t B = size_t(cfg_.group_size);
-  PTLLM_CHECK(tokens.size() >= n_blocks * B);
+  PTLLM_CHECK(complete_blocks(int64_t(tokens.size())) >= n_blocks);
   for (size_t j = hashes.size(); j < n_blocks; ++j) {
     const Key128 parent = j == 0 ? root_key(shape_, cfg_) : hashes[j - 1];
-    hashes.push_back(chain_key(parent, int64_t(j * B), tokens.subspan(j * B, B)));
+    const TokenRange tb = token_block(j);
+    hashes.push_back(chain_key(parent, tb.start, tokens.subspan(size_t(tb.start), size_t(tb.len))));
   }
 }
 
 bool KVPool::hold_block(const BlockHash& h, std::span<const int32_t> ids, std::vector<int32_t>& held) {
-  PTLLM_CHECK(exchangeable() && ids.size() == size_t(cfg_.group_size));
+  PTLLM_CHECK(exchangeable() && !ids.empty() && ids.size() <= size_t(cfg_.group_size));
   const size_t mark = held.size();
   for (int l = 0; l < shape_.n_layers; ++l) {
     if (!shape_.stores(l)) continue;
@@ -48,14 +49,25 @@ bool KVPool::hold_block(const BlockHash& h, std::span<const int32_t> ids, std::v
 bool KVPool::read_block(const BlockHash& h, std::span<const int32_t> ids, std::string& out) {
   std::vector<int32_t> held;
   if (!hold_block(h, ids, held)) return false;
-  for (int32_t id : held) out.append(reinterpret_cast<const char*>(dense_.data(id)), dense_.block_bytes());
+  const size_t B = size_t(cfg_.group_size), n = ids.size();
+  const size_t row = size_t(shape_.head_dim) * dtype_size(dense_dtype(cfg_.precision));  // one token of one head
+  for (int32_t id : held) {
+    const size_t at = out.size();
+    out.append(reinterpret_cast<const char*>(dense_.data(id)), dense_.block_bytes());
+    // A short (sink) block's slots past its tokens hold whatever the block held before: zeros instead,
+    // so that no other sequence's bytes leave the process. K [kv_head][slot][head_dim], then V alike.
+    if (n < B)
+      for (size_t part = 0; part < size_t(2 * shape_.n_kv_heads); ++part)
+        std::memset(out.data() + at + (part * B + n) * row, 0, (B - n) * row);
+  }
   release_held(held);
   return true;
 }
 
 bool KVPool::import_block(const BlockHash& h, std::span<const int32_t> ids, std::string_view bytes,
                           std::vector<int32_t>& held) {
-  PTLLM_CHECK(exchangeable() && ids.size() == size_t(cfg_.group_size) && bytes.size() == exchange_bytes());
+  PTLLM_CHECK(exchangeable() && !ids.empty() && ids.size() <= size_t(cfg_.group_size) &&
+              bytes.size() == exchange_bytes());
   const size_t mark = held.size(), n = dense_.block_bytes();
   size_t at = 0;
   for (int l = 0; l < shape_.n_layers; ++l) {

@@ -18,6 +18,7 @@
 // except K under PositionMode::Cache (a block at a time into a per-thread buffer, to be rotated).
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -64,18 +65,37 @@ class KVPool {
   size_t blocks_in_use() const { return dense_.in_use() + quant_.in_use(); }
 
   // Exchanging token blocks with a store outside the process (kv/exchange.cpp, engine/kv_store.h).
-  // A token block is B tokens of every storing layer; its bytes are each layer's full-precision block
-  // in the prompt-cache file's layout (KVCache::serialize), layers in order.
-  // Whether they can be exchanged: dense storage, no StreamingLLM, no sliding layer, so that a token
-  // block's bytes depend only on the tokens up to its end, not on what a policy did later.
+  // A sequence's token blocks are its sink blocks (StreamingLLM: the first `sink` tokens in blocks of
+  // B, the last one shorter when B does not divide them), then stream blocks of B tokens (token_block).
+  // A token block's bytes are each storing layer's full-precision block in the prompt-cache file's
+  // layout (KVCache::serialize), layers in order, the slots past a short block's tokens zeroed: what
+  // computing the block published at the end of its step, before the policy quantized (KIVI) or
+  // evicted (a window) it. A block so loaded and adopted is then quantized or evicted by the adopting
+  // sequence's own policy, which gives the bytes computing it would have (quantization is a function
+  // of the group's content).
+  // Whether blocks can be exchanged: a keyed pool (every shared one).
   bool exchangeable() const;
   // Bytes of one token block, every storing layer.
   size_t exchange_bytes() const;
+  struct TokenRange {
+    int64_t start;
+    int len;
+  };
+  // Token block j: its first token and its length.
+  TokenRange token_block(size_t j) const;
+  // Token blocks wholly within the first n tokens.
+  size_t complete_blocks(int64_t n) const;
+  // The largest append of a sequence under a policy (KVCache::max_append: StreamingLLM, KIVI or a
+  // sliding layer), and the grid a KIVI sequence's adopted prefix must end on (KVCache::cut_dependent).
+  int policy_chunk() const;
+  // The most token blocks a sequence adopts (KVCache::adopt_prefix): the sink blocks and the stream
+  // blocks its ring holds beside a tail to compute (unbounded without a window).
+  size_t adoptable_limit() const;
   // Extends `hashes` (the chained content hashes of tokens' blocks, from the first) to the first
-  // n_blocks token blocks of `tokens` (which must hold n_blocks * B tokens).
+  // n_blocks token blocks of `tokens` (which must hold them).
   void extend_block_hashes(std::span<const int32_t> tokens, size_t n_blocks, std::vector<BlockHash>& hashes) const;
-  // The token block (hash h, token ids ids) if every storing layer holds it: a reference taken on each
-  // (ids appended to `held`), else false and nothing held.
+  // The token block (hash h, token ids ids) if every storing layer holds its full-precision block: a
+  // reference taken on each (ids appended to `held`), else false and nothing held.
   bool hold_block(const BlockHash& h, std::span<const int32_t> ids, std::vector<int32_t>& held);
   // Appends the bytes of the token block to `out` if every storing layer holds it (else false).
   bool read_block(const BlockHash& h, std::span<const int32_t> ids, std::string& out);
@@ -144,7 +164,8 @@ class KVCache {
   // On an empty cache: takes references to the pool's blocks for the longest prefix of `tokens`
   // whose full blocks all layers hold (at least the last token is left to compute, so that its
   // logits exist), exactly as computing them here would have left them. Returns the tokens adopted.
-  int64_t adopt_prefix(std::span<const int32_t> tokens);
+  // accept (when given): the longest prefix whose token count it accepts is taken (or nothing).
+  int64_t adopt_prefix(std::span<const int32_t> tokens, const std::function<bool(int64_t)>& accept = {});
   // Blocks appending T tokens (and the policy after them) may take, at most (exact for the
   // full-precision blocks).
   BlocksNeeded blocks_needed(int T) const;
@@ -158,6 +179,14 @@ class KVCache {
   // Whether the policy evicts or quantizes between appends (StreamingLLM, KIVI or a sliding layer),
   // so that how a prompt is cut into appends changes what is stored (the prompt cache's grid).
   bool has_policy() const { return cfg_.streaming() || bits_ > 0 || windows_; }
+  // Whether what a query sees depends on where the appends were cut (KIVI: a group is quantized when
+  // the policy runs after an append, so a query of the next append reads it quantized, one of the
+  // same append reads it in full precision). Eviction never does: a query never sees what its
+  // window left. So under it the pool is given only the blocks computed as appends of max_append()
+  // tokens from the first would compute them (a prompt's prefill chunks, not the decode steps after
+  // a group was quantized), and a prefix adopted from the pool gives a cold computation's output
+  // exactly when it ends where the cold computation's appends are cut (Scheduler: its prefill grid).
+  bool cut_dependent() const { return bits_ > 0; }
   // Tokens appended so far (the position counter), and tokens attention sees now (the most any layer
   // sees: a sliding layer sees its window).
   int64_t n_tokens() const;
@@ -193,11 +222,8 @@ class KVCache {
   Located locate(int layer, int64_t index) const;
   void quantize_block(Layer& L, size_t entry);
   void own_block(int32_t& id);
-  struct TokenBlock {
-    int64_t start;
-    int len;
-  };
-  TokenBlock token_block(size_t j) const;
+  using TokenBlock = KVPool::TokenRange;
+  TokenBlock token_block(size_t j) const { return pool_->token_block(j); }
   struct Adopted {
     int32_t id;
     bool quantized;
@@ -217,6 +243,11 @@ class KVCache {
   // Prefix keys: the chained key of the token blocks published so far (kv/prefix.cpp).
   uint64_t chain_lo_ = 0, chain_hi_ = 0;
   size_t n_keyed_ = 0;
+  // Under a cut-dependent policy (KIVI) only the blocks a cold computation would store alike are
+  // published: canon_ leading tokens were computed as appends of chunk_ tokens from the first would
+  // have (same_cut); stepped_: the tokens stored at the last end_step.
+  int64_t canon_ = 0, stepped_ = 0;
+  bool same_cut(int64_t t, int64_t s) const;
   std::vector<Layer> layers_;
   std::vector<int> stored_;  // the layers that store K/V (all but YOCO's KV-shared ones), ascending
   std::vector<float> rope_cos_, rope_sin_;  // [delta][head_dim/2], PositionMode::Cache

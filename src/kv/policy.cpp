@@ -99,6 +99,8 @@ void KVCache::truncate(int64_t n) {
     if ((L.end - L.begin) % B != 0) own_block(L.stream[L.stream.size() - 1].id);
   }
   n_keyed_ = 0;  // the keys are derived again from the history at the next step
+  canon_ = std::min(canon_, n);
+  stepped_ = n;
 }
 
 void KVCache::own_block(int32_t& id) {
@@ -115,6 +117,7 @@ void KVCache::own_block(int32_t& id) {
 
 void KVCache::clear() {
   n_keyed_ = 0;
+  canon_ = stepped_ = 0;
   for (Layer& L : layers_) L.clear(dense_pool_, quant_pool_, cfg_.group_size);
 }
 

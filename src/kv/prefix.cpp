@@ -3,6 +3,7 @@
 #include "kv/cache_internal.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 #include <xxhash.h>
 
@@ -78,15 +79,59 @@ Key128 kvdetail::chain_key(Key128 parent, int64_t start, std::span<const int32_t
   return {h.low64, h.high64};
 }
 
-KVCache::TokenBlock KVCache::token_block(size_t j) const {
+KVPool::TokenRange KVPool::token_block(size_t j) const {
   const int B = cfg_.group_size, N = cfg_.streaming() ? cfg_.sink : 0;
   const size_t n_sink_blocks = ceil_div(N, B);
   if (j < n_sink_blocks) return {int64_t(j) * B, std::min(B, N - int(j) * B)};
   return {N + int64_t(j - n_sink_blocks) * B, B};
 }
 
+size_t KVPool::complete_blocks(int64_t n) const {
+  const int B = cfg_.group_size, N = cfg_.streaming() ? cfg_.sink : 0;
+  if (n <= 0) return 0;
+  if (n < N) return size_t(n / B);  // the sink blocks wholly within n (the last, short one ends at N)
+  return ceil_div(N, B) + size_t((n - N) / B);
+}
+
+int KVPool::policy_chunk() const { return kChunk; }
+
+size_t KVPool::adoptable_limit() const {
+  // Adoption leaves two blocks of each layer's ring for the tail (KVCache::adoptable_blocks): the
+  // narrowest ring over the storing layers bounds them all.
+  const int chunk = chunk_for(shape_, cfg_);
+  const bool bounded = !unbounded_for(shape_, cfg_);
+  size_t ring = SIZE_MAX;
+  for (int l = 0; l < shape_.n_layers; ++l) {
+    if (!shape_.stores(l)) continue;
+    const Bounds b = block_bounds(cfg_, chunk, stream_window(shape_, cfg_, l), bounded);
+    ring = std::min(ring, b.dense_stream_blocks + b.quant_blocks);
+  }
+  return ceil_div(cfg_.streaming() ? cfg_.sink : 0, cfg_.group_size) + (ring > 2 ? ring - 2 : 0);
+}
+
+// Whether token t, appended in a step that began with s tokens stored, was computed as a cold
+// computation (appends of chunk_ tokens from the first) computes it: its query saw the groups the
+// policy had quantized at s, the cold one those at c, the start of t's chunk; they are the same when
+// no group is quantized in between. Group k (stream tokens kB..kB+B-1) is quantized once the stream
+// holds R tokens past it: at N + (k+1)B + R tokens (a conservative set: a window may evict it first).
+bool KVCache::same_cut(int64_t t, int64_t s) const {
+  const int64_t c = t / chunk_ * chunk_, lo = std::min(s, c), hi = std::max(s, c);
+  const int64_t B = cfg_.group_size;
+  const int64_t first = int64_t(cfg_.streaming() ? cfg_.sink : 0) + cfg_.residual + B;  // k = 0
+  const int64_t next = lo < first ? first : first + ((lo - first) / B + 1) * B;  // the first event after lo
+  return next > hi;
+}
+
 void KVCache::end_step(std::span<const int32_t> history) {
   PTLLM_CHECK(int64_t(history.size()) == n_tokens());
+  const int64_t n = int64_t(history.size());
+  int64_t publish_to = n;
+  if (cut_dependent()) {
+    if (canon_ == stepped_)
+      while (canon_ < n && same_cut(canon_, stepped_)) ++canon_;
+    stepped_ = n;
+    publish_to = canon_;
+  }
   if (pool_->keyed()) {
     if (n_keyed_ == 0) {
       const Key128 r = root_key(shape_, cfg_);
@@ -95,7 +140,7 @@ void KVCache::end_step(std::span<const int32_t> history) {
     }
     // Publish every token block filled since the last step, in every layer that still stores it.
     const size_t n_sink_blocks = ceil_div(cfg_.streaming() ? cfg_.sink : 0, cfg_.group_size);
-    for (TokenBlock tb = token_block(n_keyed_); tb.start + tb.len <= int64_t(history.size());
+    for (TokenBlock tb = token_block(n_keyed_); tb.start + tb.len <= publish_to;
          tb = token_block(++n_keyed_)) {
       const auto ids = history.subspan(size_t(tb.start), size_t(tb.len));
       const Key128 k = chain_key({chain_lo_, chain_hi_}, tb.start, ids);
@@ -136,12 +181,12 @@ BlocksNeeded KVCache::blocks_needed(int T) const {
 size_t KVCache::adoptable_blocks(std::span<const int32_t> tokens, std::vector<Adopted>& got) {
   const size_t L = stored_.size();
   const size_t n_sink_blocks = ceil_div(cfg_.streaming() ? cfg_.sink : 0, cfg_.group_size);
-  const size_t ring = layers_[0].stream.capacity();
+  const size_t limit = pool_->adoptable_limit();  // the rings hold them until the policy runs
   std::vector<uint8_t> dense_seen(L, 0);
   Key128 key = root_key(shape_, cfg_);
   size_t m = 0;
   for (TokenBlock tb = token_block(0); tb.start + tb.len < int64_t(tokens.size()); tb = token_block(++m)) {
-    if (m >= n_sink_blocks && m - n_sink_blocks + 2 >= ring) break;  // the ring holds them until the policy runs
+    if (m >= limit) break;
     const auto span = tokens.subspan(size_t(tb.start), size_t(tb.len));
     key = chain_key(key, tb.start, span);
     size_t l = 0;
@@ -191,7 +236,7 @@ bool KVCache::adoption_exact(size_t m, const std::vector<Adopted>& got, size_t* 
   return true;
 }
 
-int64_t KVCache::adopt_prefix(std::span<const int32_t> tokens) {
+int64_t KVCache::adopt_prefix(std::span<const int32_t> tokens, const std::function<bool(int64_t)>& accept) {
   PTLLM_CHECK(n_tokens() == 0);
   if (!shares_pool() || !pool_->keyed()) return 0;
   const size_t L = stored_.size();
@@ -206,7 +251,11 @@ int64_t KVCache::adopt_prefix(std::span<const int32_t> tokens) {
     }
     --m;
   };
-  while (m > 0 && !adoption_exact(m, got, &to_quantize)) drop_last();
+  auto accepted = [&] {
+    const TokenBlock last = token_block(m - 1);
+    return !accept || accept(last.start + last.len);
+  };
+  while (m > 0 && !(accepted() && adoption_exact(m, got, &to_quantize))) drop_last();
   // The policy after adoption quantizes what this sequence would have: room for it, or no adoption.
   if (to_quantize > quant_pool_.available())
     while (m > 0) drop_last();
@@ -230,6 +279,7 @@ int64_t KVCache::adopt_prefix(std::span<const int32_t> tokens) {
     layer.end = n - layer.n_sink;
   }
   n_keyed_ = 0;
+  canon_ = stepped_ = n_tokens();  // only such blocks are published, from here or from a store
   return n_tokens();
 }
 

@@ -86,6 +86,9 @@ void KVCache::deserialize(std::string_view in) {
       L.end = end;
     }
     if (r.pos() != in.size()) throw Error("KV state has trailing bytes");
+    // How the restored tokens were cut is not known: under KIVI none of their blocks is published.
+    canon_ = 0;
+    stepped_ = n_tokens();
   } catch (const Error&) {
     clear();
     throw;

@@ -1,0 +1,334 @@
+// Token blocks exchanged through a block store under every KV setting (issues 18 and 23): one pool
+// computes a prompt and puts its blocks, a fresh pool (another replica, or the same server after a
+// restart) loads them, adopts them and continues: the tokens and the logits are bit for bit those of a
+// cold computation. KIVI's groups travel in full precision and are quantized again by the adopting
+// sequence's policy; StreamingLLM's sink blocks (shorter when the group does not divide the sinks)
+// and stream blocks, and sliding-window layers, adopt no more than their rings hold.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <random>
+
+#include "core/thread_pool.h"
+#include "engine/kv_store.h"
+#include "engine/session.h"
+#include "kv/kv_cache.h"
+#include "model/model.h"
+#include "test_greedy.h"
+#include "test_util.h"
+
+namespace ptllm {
+namespace {
+
+class MapStore final : public KVStore {
+ public:
+  std::vector<std::optional<std::string>> get(std::span<const std::string> keys) override {
+    std::lock_guard lk(mu_);
+    ++stats_.lookups;
+    std::vector<std::optional<std::string>> out;
+    for (const auto& k : keys) {
+      auto it = map_.find(k);
+      out.push_back(it == map_.end() ? std::nullopt : std::optional<std::string>(it->second));
+    }
+    return out;
+  }
+  void put(std::string key, std::string value) override {
+    std::lock_guard lk(mu_);
+    ++stats_.writes;
+    map_[std::move(key)] = std::move(value);
+  }
+  bool flush(std::chrono::milliseconds) override { return true; }
+  KVStoreStats stats() const override {
+    std::lock_guard lk(mu_);
+    return stats_;
+  }
+  std::string describe() const override { return "map"; }
+  size_t size() const {
+    std::lock_guard lk(mu_);
+    return map_.size();
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, std::string> map_;
+  KVStoreStats stats_;
+};
+
+struct Setting {
+  const char* name;
+  const char* model;  // under models/ (or ../shared/models: skipped when absent)
+  bool shared;
+  const char* kv;     // parse_kv_config's text
+};
+
+std::filesystem::path model_dir(const Setting& s) {
+  return s.shared ? test::shared_model(s.model) : test::repo_model(s.model);
+}
+
+std::vector<int32_t> random_ids(uint32_t seed, size_t n, int vocab) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> id(3, vocab - 1);
+  std::vector<int32_t> p(n);
+  for (auto& x : p) x = id(rng);
+  return p;
+}
+
+// The prefixes a fresh session may adopt of an n-token prompt and give a cold computation's output
+// (Scheduler::exact): Session::feed cuts the rest into appends of max_chunk() tokens.
+std::function<bool(int64_t)> exact_for(const Session& s, size_t n) {
+  const int64_t chunk = s.max_chunk(), grid = s.cache().cut_dependent() ? s.max_chunk() : 1;
+  return [=](int64_t a) { return a < int64_t(n) && adoption_is_exact(int64_t(n), a, chunk, grid); };
+}
+
+// Feeds `prompt` in the appends a cold prompt is cut into, putting every full block after each step
+// (as the scheduler does: under KIVI and the windows a block's full-precision form leaves the pool
+// soon after its step).
+void compute_and_put(Session& s, KVPool& pool, BlockExchange& ex, std::span<const int32_t> prompt) {
+  std::vector<BlockHash> hashes;
+  size_t saved = 0;
+  for (size_t done = 0; done < prompt.size();) {
+    const size_t n = std::min(prompt.size() - done, size_t(s.max_chunk()));
+    s.feed(prompt.subspan(done, n));
+    done += n;
+    const size_t blocks = std::min(pool.complete_blocks(int64_t(s.history().size())), pool.adoptable_limit());
+    if (blocks <= saved) continue;
+    pool.extend_block_hashes(s.history(), blocks, hashes);
+    ex.save(pool, s.history(), hashes, saved, blocks);
+    saved = blocks;
+  }
+}
+
+struct Continued {
+  test::Greedy g;
+  int64_t adopted = 0;
+  size_t hits = 0;
+};
+
+// A fresh session on `pool`: loads `prompt`'s blocks from the store, adopts them, feeds the rest and
+// decodes `steps` greedy tokens. after_load: called once the blocks are in.
+Continued load_and_continue(const Model& m, const SessionOptions& o, ThreadPool& tp, KVPool& pool, BlockExchange& ex,
+                            const std::vector<int32_t>& prompt, int steps,
+                            const std::function<void()>& after_load = {}) {
+  Continued c;
+  Session s(m, o, tp, &pool);
+  const auto exact = exact_for(s, prompt.size());
+  size_t n = std::min(pool.complete_blocks(int64_t(prompt.size()) - 1), pool.adoptable_limit());
+  while (n > 0 && !exact(pool.token_block(n - 1).start + pool.token_block(n - 1).len)) --n;
+  std::vector<BlockHash> hashes;
+  pool.extend_block_hashes(prompt, n, hashes);
+  std::vector<int32_t> held;
+  c.hits = ex.load(pool, prompt, hashes, 0, n, 0, held).hits;
+  if (after_load) after_load();
+  c.adopted = s.adopt_prefix(prompt, exact);
+  pool.release_held(held);
+  c.g = test::greedy(s, std::span(prompt).subspan(size_t(c.adopted)), steps);
+  return c;
+}
+
+class ExchangeEverySetting : public ::testing::TestWithParam<Setting> {};
+
+TEST_P(ExchangeEverySetting, LoadedBlocksContinueExactlyAsAColdComputation) {
+  const Setting& st = GetParam();
+  const auto dir = model_dir(st);
+  if (!std::filesystem::exists(dir / "config.json")) GTEST_SKIP() << dir << " not present";
+  auto model = Model::load(dir);
+  ThreadPool tp(2);
+  SessionOptions o;
+  o.kv.ctx_size = 640;
+  o.kv = parse_kv_config(st.kv, o.kv);
+  o.kv.validate();
+  const int vocab = model->config().vocab_size;
+  // A conversation: a first turn, then it again with a reply and a new turn.
+  const std::vector<int32_t> turn1 = random_ids(1, 300, vocab);
+  std::vector<int32_t> turn2 = turn1;
+  const auto more = random_ids(2, 45, vocab);
+  turn2.insert(turn2.end(), more.begin(), more.end());
+
+  MapStore store;
+  BlockExchange ex(store, Digest{}, "t");
+  {
+    KVPool a_pool(model->kv_shape(), o.kv, 2);
+    Session a(*model, o, tp, &a_pool);
+    compute_and_put(a, a_pool, ex, turn1);
+  }
+  ASSERT_GT(store.size(), 0u);
+  KVPool b_pool(model->kv_shape(), o.kv, 2);
+  const Continued got = load_and_continue(*model, o, tp, b_pool, ex, turn2, 12);
+  EXPECT_GT(got.hits, 0u);
+  EXPECT_GT(got.adopted, 0);
+  EXPECT_LE(size_t(got.adopted), size_t(b_pool.token_block(b_pool.adoptable_limit() - 1).start +
+                                        b_pool.token_block(b_pool.adoptable_limit() - 1).len));
+  // Cold: a fresh pool, the whole prompt computed.
+  KVPool c_pool(model->kv_shape(), o.kv, 2);
+  Session cold(*model, o, tp, &c_pool);
+  const test::Greedy want = test::greedy(cold, turn2, 12);
+  EXPECT_EQ(got.g.ids, want.ids);
+  ASSERT_EQ(got.g.last_logits.size(), want.last_logits.size());
+  EXPECT_EQ(std::memcmp(got.g.last_logits.data(), want.last_logits.data(), want.last_logits.size() * sizeof(float)), 0)
+      << "logits differ after " << got.adopted << " adopted tokens";
+  EXPECT_EQ(b_pool.dense().in_use() + b_pool.quant().in_use(), 0u);
+}
+
+// A pool that runs out while importing stops there: a shorter adoption, the same output.
+TEST_P(ExchangeEverySetting, APoolWithoutRoomImportsLessAndAnswersTheSame) {
+  const Setting& st = GetParam();
+  const auto dir = model_dir(st);
+  if (!std::filesystem::exists(dir / "config.json")) GTEST_SKIP() << dir << " not present";
+  auto model = Model::load(dir);
+  ThreadPool tp(2);
+  SessionOptions o;
+  o.kv.ctx_size = 640;
+  o.kv = parse_kv_config(st.kv, o.kv);
+  const std::vector<int32_t> prompt = random_ids(5, 330, model->config().vocab_size);
+  MapStore store;
+  BlockExchange ex(store, Digest{}, "t");
+  {
+    KVPool a_pool(model->kv_shape(), o.kv, 1);
+    Session a(*model, o, tp, &a_pool);
+    compute_and_put(a, a_pool, ex, prompt);
+  }
+  // Room for three token blocks and a few more, then nothing: the rest is computed.
+  KVPool full(model->kv_shape(), o.kv, 1);
+  std::vector<int32_t> taken;
+  while (full.dense().available() > 3 * size_t(model->config().n_layers) + 2)
+    taken.push_back(full.dense().acquire());
+  // The other blocks come back once the import stopped, for the rest of the prompt.
+  const Continued got = load_and_continue(*model, o, tp, full, ex, prompt, 4, [&] {
+    for (int32_t id : taken) full.dense().release(id);
+  });
+  KVPool c_pool(model->kv_shape(), o.kv, 1);
+  Session cold(*model, o, tp, &c_pool);
+  const test::Greedy want = test::greedy(cold, prompt, 4);
+  EXPECT_LE(got.hits, 3u);
+  EXPECT_EQ(got.g.ids, want.ids);
+  EXPECT_EQ(std::memcmp(got.g.last_logits.data(), want.last_logits.data(), want.last_logits.size() * sizeof(float)), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Settings, ExchangeEverySetting,
+    ::testing::Values(Setting{"fp16", "kjv-tiny", false, "fp16"}, Setting{"int8", "kjv-tiny", false, "int8 r32"},
+                      Setting{"int4", "kjv-tiny", false, "int4 r32"}, Setting{"int2", "kjv-tiny", false, "int2 r64 pos=cache"},
+                      Setting{"streaming", "kjv-tiny", false, "sink4 w200 pos=cache"},
+                      Setting{"streaming_int4", "kjv-tiny", false, "int4 r32 sink32 w200"},
+                      Setting{"sliding", "mistral-swa-tiny", true, "fp32"},
+                      Setting{"sliding_int4", "mistral-swa-tiny", true, "int4 r32"}),
+    [](const ::testing::TestParamInfo<Setting>& info) { return std::string(info.param.name); });
+
+// Under KIVI a group's full-precision block leaves the pool once quantized (reused for other tokens):
+// such a block is not put, and a prefix adopted under KIVI ends on the prefill grid.
+TEST(ExchangeKivi, AdoptionEndsOnTheGridAndGroupsAreQuantizedAgain) {
+  auto model = Model::load(test::repo_model("kjv-tiny"));
+  ThreadPool tp(2);
+  SessionOptions o;
+  o.kv.ctx_size = 640;
+  o.kv = parse_kv_config("int4 r32", o.kv);
+  const std::vector<int32_t> prompt = random_ids(7, 250, model->config().vocab_size);
+  MapStore store;
+  BlockExchange ex(store, Digest{}, "t");
+  {
+    KVPool a_pool(model->kv_shape(), o.kv, 1);
+    Session a(*model, o, tp, &a_pool);
+    compute_and_put(a, a_pool, ex, prompt);
+  }
+  KVPool b_pool(model->kv_shape(), o.kv, 2);
+  Session b(*model, o, tp, &b_pool);
+  ASSERT_TRUE(b.cache().cut_dependent());
+  std::vector<BlockHash> hashes;
+  const size_t n = b_pool.complete_blocks(int64_t(prompt.size()) - 1);  // 7 blocks of 32
+  ASSERT_EQ(n, 7u);
+  b_pool.extend_block_hashes(prompt, n, hashes);
+  std::vector<int32_t> held;
+  EXPECT_EQ(ex.load(b_pool, prompt, hashes, 0, n, 0, held).hits, 7u);
+  EXPECT_EQ(b_pool.quant().in_use(), 0u);  // only full-precision blocks came in
+  // Seven blocks end at 224, off the grid of 64: six are taken (192 tokens).
+  EXPECT_EQ(b.adopt_prefix(prompt, exact_for(b, prompt.size())), 192);
+  b_pool.release_held(held);
+  // The adopting policy quantized what computing 192 tokens leaves quantized (192 - 32 residual).
+  EXPECT_EQ(b_pool.quant().in_use(), size_t(model->config().n_layers) * 5);
+}
+
+// The value of a block carries its length: a StreamingLLM sink block shorter than the group has the
+// slots past its tokens zeroed, and it loads back as that block.
+TEST(ExchangeStreaming, ShortSinkBlocksTravelWithTheirLength) {
+  auto model = Model::load(test::repo_model("kjv-tiny"));
+  ThreadPool tp(1);
+  SessionOptions o;
+  o.kv.ctx_size = 640;
+  o.kv = parse_kv_config("sink4 w200", o.kv);
+  KVPool pool(model->kv_shape(), o.kv, 1);
+  EXPECT_EQ(pool.token_block(0).start, 0);
+  EXPECT_EQ(pool.token_block(0).len, 4);
+  EXPECT_EQ(pool.token_block(1).start, 4);
+  EXPECT_EQ(pool.token_block(1).len, 32);
+  EXPECT_EQ(pool.complete_blocks(3), 0u);
+  EXPECT_EQ(pool.complete_blocks(4), 1u);
+  EXPECT_EQ(pool.complete_blocks(35), 1u);
+  EXPECT_EQ(pool.complete_blocks(36), 2u);
+  const std::vector<int32_t> prompt = random_ids(8, 100, model->config().vocab_size);
+  Session s(*model, o, tp, &pool);
+  s.feed(prompt);
+  std::vector<BlockHash> hashes;
+  pool.extend_block_hashes(prompt, 2, hashes);
+  std::string bytes;
+  ASSERT_TRUE(pool.read_block(hashes[0], std::span(prompt).first(4), bytes));
+  ASSERT_EQ(bytes.size(), pool.exchange_bytes());
+  // Layer 0, K of head 0: slots 4..31 are zero; slots 0..3 hold the keys.
+  const size_t row = size_t(model->kv_shape().head_dim) * sizeof(float);
+  EXPECT_TRUE(std::all_of(bytes.begin() + std::ptrdiff_t(4 * row), bytes.begin() + std::ptrdiff_t(32 * row),
+                          [](char c) { return c == 0; }));
+  EXPECT_FALSE(std::all_of(bytes.begin(), bytes.begin() + std::ptrdiff_t(4 * row), [](char c) { return c == 0; }));
+  // The same block asked for with 32 ids (another content) is not there.
+  std::string other;
+  EXPECT_FALSE(pool.read_block(hashes[0], std::span(prompt).first(32), other));
+}
+
+
+// A prompt whose last few tokens would be left to compute after the prefix (a batch small enough for
+// matmul's other path) adopts less: the prompt's last append is then as a cold one's, and so is
+// every logit. Over pools with room for fewer or more blocks (shorter or longer adoptions).
+TEST(ExchangeTail, AShortTailIsNeverLeftToAdoption) {
+  auto model = Model::load(test::repo_model("kjv-tiny"));
+  ThreadPool tp(2);
+  for (const char* kv : {"fp32", "sink4 w200 pos=cache"})
+    for (size_t len : {322u, 328u}) {
+      SessionOptions o;
+      o.kv.ctx_size = 640;
+      o.kv = parse_kv_config(kv, o.kv);
+      const std::vector<int32_t> prompt = random_ids(5, len, model->config().vocab_size);
+      MapStore store;
+      BlockExchange ex(store, Digest{}, "t");
+      {
+        KVPool a_pool(model->kv_shape(), o.kv, 1);
+        Session a(*model, o, tp, &a_pool);
+        compute_and_put(a, a_pool, ex, prompt);
+      }
+      KVPool c_pool(model->kv_shape(), o.kv, 1);
+      Session cold(*model, o, tp, &c_pool);
+      const test::Greedy want = test::greedy(cold, prompt, 3);
+      for (size_t room : {1u, 2u, 3u, 12u}) {
+        KVPool pool(model->kv_shape(), o.kv, 1);
+        std::vector<int32_t> taken;
+        while (pool.dense().available() > room * size_t(model->config().n_layers)) taken.push_back(pool.dense().acquire());
+        const Continued got = load_and_continue(*model, o, tp, pool, ex, prompt, 3, [&] {
+          for (int32_t id : taken) pool.dense().release(id);
+        });
+        // With room: fp32 feeds a cold prompt in one append, so 288 tokens are adopted (320 would
+        // leave 2 or 8). Under StreamingLLM the cold prompt's last append of 64 holds 2 or 8 tokens,
+        // which the rest after a prefix of 4 + 32k tokens never ends with: nothing is adopted.
+        if (room == 12) {
+          EXPECT_EQ(got.adopted, std::string(kv) == "fp32" ? 288 : 0) << kv << " " << len;
+        }
+        EXPECT_EQ(got.g.ids, want.ids);
+        EXPECT_EQ(std::memcmp(got.g.last_logits.data(), want.last_logits.data(), want.last_logits.size() * sizeof(float)), 0)
+            << kv << ": a prompt of " << len << " tokens, " << got.adopted << " adopted";
+      }
+    }
+}
+
+}  // namespace
+}  // namespace ptllm
