@@ -40,7 +40,10 @@ function cli(args) {
   return execFileSync(binary, args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] });
 }
 
-const user = 'And God said, Let there be light';
+// Long enough that a resent conversation adopts a block and still prefills more than 16 rows, as a
+// cold prefill of it does (the scheduler adopts only what gives a cold prefill's bits).
+const user = 'And God said, Let there be light: and there was light. And God saw the light, that it was good: ' +
+  'and God divided the light from the darkness. And God called the light Day, and the darkness he called Night.';
 
 test('chat at temperature 0 equals posttrainllm chat', async () => {
   const r = await client.chat.completions.create({
