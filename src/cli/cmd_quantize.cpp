@@ -35,6 +35,7 @@ struct QuantizeArgs {
   int calib_seq = 512;
   uint64_t seed = 42;
   double gptq_damp = 0.01;
+  bool gptq_act_order = false;
   int threads = 0;
   std::string format = "mlx";
   std::string type = "Q8_0";  // --format gguf
@@ -113,6 +114,7 @@ int run_quantize(const QuantizeArgs& a) {
   if (o.method == QuantMethod::Gptq) {
     o.calibration = calibration(a);
     o.gptq_damp = a.gptq_damp;
+    o.gptq_act_order = a.gptq_act_order;
     size_t n = 0;
     for (const auto& s : o.calibration) n += s.size();
     std::fprintf(stderr, "gptq: %zu calibration sequences of %d tokens (%zu tokens) from %s\n", o.calibration.size(),
@@ -183,6 +185,8 @@ Command add_quantize_command(CLI::App& root) {
   app->add_option("--gptq-damp", a->gptq_damp,
                   "--method gptq: dampening added to H's diagonal, a fraction of its mean (default 0.01)")
       ->check(CLI::Range(0.0, 1.0));
+  app->add_flag("--gptq-act-order", a->gptq_act_order,
+                "--method gptq: solve the columns by decreasing input energy (groups fitted up front)");
   app->add_option("--threads,-t", a->threads, "Threads (0 = all cores)")->check(integer_at_least(0));
   return {app, [a] { return run_quantize(*a); }};
 }

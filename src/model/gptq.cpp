@@ -66,7 +66,8 @@ bool cholesky_lower(std::vector<double>& a, int n, ThreadPool& pool) {
 // triangular, H^-1 = R^-T R^-1, and U = R^-1 = J L^-1 J is the upper factor of H^-1 that the paper
 // computes as chol(H^-1, upper): one factorization and one triangular inverse instead of the
 // reference's inverse and second factorization.
-GptqFactor gptq_factor(std::vector<double> h, int n, double damp_frac, const std::string& what, ThreadPool& pool) {
+GptqFactor gptq_factor(std::vector<double> h, int n, double damp_frac, const std::string& what, ThreadPool& pool,
+                       bool act_order) {
   const size_t N = size_t(n);
   PTLLM_CHECK(n > 0 && h.size() == N * N);
   GptqFactor f;
@@ -81,6 +82,16 @@ GptqFactor gptq_factor(std::vector<double> h, int n, double damp_frac, const std
     mean_diag += h[i * N + i];
   }
   mean_diag /= double(n);
+  if (act_order) {
+    f.order.resize(N);
+    for (size_t i = 0; i < N; ++i) f.order[i] = int(i);
+    std::stable_sort(f.order.begin(), f.order.end(),
+                     [&](int x, int y) { return h[size_t(x) * N + size_t(x)] > h[size_t(y) * N + size_t(y)]; });
+    std::vector<double> p(N * N);
+    for (size_t i = 0; i < N; ++i)
+      for (size_t j = 0; j < N; ++j) p[i * N + j] = h[size_t(f.order[i]) * N + size_t(f.order[j])];
+    h.swap(p);
+  }
   // Reversed: a[i][j] = h[n-1-i][n-1-j].
   std::vector<double> rev(N * N), a;
   for (size_t i = 0; i < N; ++i)
@@ -118,39 +129,70 @@ GptqFactor gptq_factor(std::vector<double> h, int n, double damp_frac, const std
 
 void gptq_quantize_rows(float* w, int rows, int cols, const GptqFactor& f, const AffineSpec& s, QuantMethod fit,
                         DType scale_dtype, uint32_t* codes, void* scales, void* biases, ThreadPool& pool, int block) {
-  PTLLM_CHECK(affine_supported(s) && cols == f.n && cols % s.group_size == 0 && block % s.group_size == 0);
+  const bool permuted = !f.order.empty();
+  PTLLM_CHECK(affine_supported(s) && cols == f.n && cols % s.group_size == 0);
+  PTLLM_CHECK(permuted || block % s.group_size == 0);
   PTLLM_CHECK(fit == QuantMethod::Rtn || fit == QuantMethod::Search);
   const int gs = s.group_size, nmax = (1 << s.bits) - 1, groups = cols / gs;
-  const size_t C = size_t(cols), B = size_t(block);
+  const size_t C = size_t(cols), B = size_t(block), R = size_t(rows);
   const float* u = f.u.data();
   for (size_t c = 0; c < C; ++c)
     if (f.dead[c])
-      for (size_t r = 0; r < size_t(rows); ++r) w[r * C + c] = 0;
-  std::vector<uint8_t> q(size_t(rows) * C);     // [rows][cols] codes
-  std::vector<float> err(size_t(rows) * B);     // [rows][block] each column's error over U[i][i]
-  std::vector<float> ublk, upd;                 // [cols - e][block] U's rows of the block, transposed; [rows][cols - e]
+      for (size_t r = 0; r < R; ++r) w[r * C + c] = 0;
+  // Solve order: column i of the work matrix is column col(i) of w.
+  auto col = [&](int i) { return permuted ? f.order[size_t(i)] : i; };
+  std::vector<float> wp;                    // [rows][cols] w's columns in f.order (act-order)
+  std::vector<float> gscale, gbias;         // [rows][groups] the static groups' fits (act-order)
+  float* wk = w;
+  auto fit_group = [&](size_t r, int k, const float* x) {
+    const AffineGroupFit g = affine_fit_group(x, gs, s.bits, fit, scale_dtype);
+    const size_t gi = r * size_t(groups) + size_t(k);
+    affine_store(scales, scale_dtype, gi, g.scale);
+    affine_store(biases, scale_dtype, gi, g.bias);
+    return g;
+  };
+  if (permuted) {
+    wp.resize(R * C);
+    gscale.resize(R * size_t(groups));
+    gbias.resize(gscale.size());
+    pool.parallel_for(R, [&](size_t r0, size_t r1) {
+      for (size_t r = r0; r < r1; ++r) {
+        for (int k = 0; k < groups; ++k) {
+          const AffineGroupFit g = fit_group(r, k, w + r * C + size_t(k) * size_t(gs));
+          gscale[r * size_t(groups) + size_t(k)] = g.scale;
+          gbias[r * size_t(groups) + size_t(k)] = g.bias;
+        }
+        for (size_t i = 0; i < C; ++i) wp[r * C + i] = w[r * C + size_t(f.order[i])];
+      }
+    }, 16);
+    wk = wp.data();
+  }
+  std::vector<uint8_t> q(R * C);     // [rows][cols] codes, in w's column order
+  std::vector<float> err(R * B);     // [rows][block] each column's error over U[i][i]
+  std::vector<float> ublk, upd;      // [cols - e][block] U's rows of the block, transposed; [rows][cols - e]
   for (int b = 0; b < cols; b += block) {
     const int e = std::min(cols, b + block);
     // The block's columns in order, each row on its own: round, then spread the error over the
-    // block's later columns (the group's scale and bias are fitted when its first column comes up,
-    // on the weights as updated so far).
-    pool.parallel_for(size_t(rows), [&](size_t r0, size_t r1) {
+    // block's later columns (without act-order a group's scale and bias are fitted when its first
+    // column comes up, on the weights as updated so far).
+    pool.parallel_for(R, [&](size_t r0, size_t r1) {
       for (size_t r = r0; r < r1; ++r) {
-        float* wr = w + r * C;
+        float* wr = wk + r * C;
         uint8_t* qr = q.data() + r * C;
         float* er = err.data() + r * B;
         float scale = 0, bias = 0;
         for (int i = b; i < e; ++i) {
-          if (i % gs == 0) {
-            const AffineGroupFit g = affine_fit_group(wr + i, gs, s.bits, fit, scale_dtype);
+          const int c = col(i);
+          if (permuted) {
+            scale = gscale[r * size_t(groups) + size_t(c / gs)];
+            bias = gbias[r * size_t(groups) + size_t(c / gs)];
+          } else if (i % gs == 0) {
+            const AffineGroupFit g = fit_group(r, i / gs, wr + i);
             scale = g.scale;
             bias = g.bias;
-            const size_t gi = r * size_t(groups) + size_t(i / gs);
-            affine_store(scales, scale_dtype, gi, scale);
-            affine_store(biases, scale_dtype, gi, bias);
           }
           const uint8_t code = affine_code(wr[i], scale, bias, nmax);
-          qr[i] = code;
+          qr[c] = code;
           const float* ui = u + size_t(i) * C;
           const float ei = (wr[i] - (scale * float(code) + bias)) / ui[i];
           for (int j = i + 1; j < e; ++j) wr[j] -= ei * ui[j];
@@ -164,18 +206,21 @@ void gptq_quantize_rows(float* w, int rows, int cols, const GptqFactor& f, const
     ublk.resize(rest * B);
     for (size_t c = 0; c < rest; ++c)
       for (size_t k = 0; k < B; ++k) ublk[c * B + k] = u[(size_t(b) + k) * C + size_t(e) + c];
-    upd.resize(size_t(rows) * rest);
+    upd.resize(R * rest);
     matmul(err.data(), rows, dense_matrix(DType::F32, ublk.data(), int(rest), block), nullptr, upd.data(), pool);
-    pool.parallel_for(size_t(rows), [&](size_t r0, size_t r1) {
+    pool.parallel_for(R, [&](size_t r0, size_t r1) {
       for (size_t r = r0; r < r1; ++r) {
-        float* wr = w + r * C + size_t(e);
+        float* wr = wk + r * C + size_t(e);
         const float* ur = upd.data() + r * rest;
         for (size_t c = 0; c < rest; ++c) wr[c] -= ur[c];
       }
     }, 16);
   }
+  if (permuted)
+    for (size_t r = 0; r < R; ++r)
+      for (size_t i = 0; i < C; ++i) w[r * C + size_t(f.order[i])] = wp[r * C + i];
   const size_t words = C * size_t(s.bits) / 32;
-  for (size_t r = 0; r < size_t(rows); ++r) affine_pack_row(q.data() + r * C, cols, s.bits, codes + r * words);
+  for (size_t r = 0; r < R; ++r) affine_pack_row(q.data() + r * C, cols, s.bits, codes + r * words);
 }
 
 double gptq_output_error(const float* w, const float* q, int rows, int cols, const double* h) {

@@ -43,6 +43,10 @@ class HessianAccumulator {
 // What the solve needs of H: the upper Cholesky factor of (H + damp I)^-1.
 struct GptqFactor {
   int n = 0;
+  // The columns in the order they are solved: empty, 0, 1, ..., n-1; with act-order (the paper's
+  // follow-up, "desc_act" in AutoGPTQ) by decreasing H_ii, the inputs of most energy first, while
+  // later columns can still absorb their error. u is then the factor of H permuted so.
+  std::vector<int> order;
   std::vector<float> u;       // [n][n], upper triangular (row i from column i on)
   std::vector<uint8_t> dead;  // [n] 1 where H_ii == 0: the input is always 0, its weights are set to 0
   double damp = 0;            // added to every diagonal entry
@@ -51,12 +55,15 @@ struct GptqFactor {
 // h: [n][n] symmetric. damp_frac: the dampening as a fraction of the mean diagonal (0.01, the
 // paper's); when H + damp I is not numerically positive definite the dampening is raised tenfold,
 // up to four times. Throws ptllm::Error naming `what` when that fails too.
-GptqFactor gptq_factor(std::vector<double> h, int n, double damp_frac, const std::string& what, ThreadPool& pool);
+GptqFactor gptq_factor(std::vector<double> h, int n, double damp_frac, const std::string& what, ThreadPool& pool,
+                       bool act_order = false);
 
 // Quantizes w [rows][cols] (cols == f.n, a multiple of s.group_size; overwritten with the updated
 // weights) into codes [rows][cols * bits / 32], scales and biases [rows][cols / group_size] as
 // scale_dtype, the layout affine_quantize_rows writes. fit: Rtn or Search. block: columns updated
-// together (a multiple of the group size).
+// together (a multiple of the group size). With f.order (act-order) the groups stay groups of
+// consecutive columns, as the layout wants, with their scales and biases fitted up front on the
+// weights as given (AutoGPTQ's static groups): a group's columns are reached at scattered times.
 void gptq_quantize_rows(float* w, int rows, int cols, const GptqFactor& f, const AffineSpec& s, QuantMethod fit,
                         DType scale_dtype, uint32_t* codes, void* scales, void* biases, ThreadPool& pool,
                         int block = 128);

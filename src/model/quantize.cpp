@@ -380,7 +380,7 @@ std::map<std::string, Quantized> quantize_gptq(Model& model, const std::vector<I
       std::string names;
       for (const Item* it : mine)
         if (size_t(site_of(it->module)) == s) names += (names.empty() ? "" : ", ") + it->module;
-      const GptqFactor f = gptq_factor(acc[s]->h(), acc[s]->n(), o.gptq_damp, names, pool);
+      const GptqFactor f = gptq_factor(acc[s]->h(), acc[s]->n(), o.gptq_damp, names, pool, o.gptq_act_order);
       for (const Item* it : mine) {
         if (size_t(site_of(it->module)) != s) continue;
         const TensorView& t = *it->t;

@@ -64,6 +64,7 @@ struct QuantizeOptions {
   // the dampening added to H's diagonal, a fraction of its mean.
   std::vector<std::vector<int32_t>> calibration;
   double gptq_damp = 0.01;
+  bool gptq_act_order = false;  // columns by decreasing H_ii, static groups (model/gptq.h)
 };
 
 struct QuantizeReport {
