@@ -10,11 +10,13 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "engine/session.h"
 #include "kernels/ops.h"
+#include "kv/kv_cache.h"
 #include "model/affine_fit.h"
 #include "model/gptq.h"
 #include "model/model.h"
@@ -315,6 +317,50 @@ TEST(GptqSolveTest, ADeadInputIsZeroedAndHarmless) {
   const Solved rtn = solve_rows(w, rows, cols, s, QuantMethod::Rtn);
   EXPECT_LT(gptq_output_error(w.data(), g.q.data(), rows, cols, h.data()),
             gptq_output_error(w.data(), rtn.q.data(), rows, cols, h.data()));
+}
+
+// The forward pass's observer: every matrix input in order with its width, the logits unchanged by
+// an observer that lets the pass go on, and a pass ended where the observer says.
+TEST(ForwardObserverTest, SeesEveryMatrixInputInOrderAndChangesNothing) {
+  const auto m = Model::load(test::repo_model("kjv-tiny"));
+  const ModelConfig& c = m->config();
+  struct Log final : ForwardObserver {
+    std::vector<std::tuple<int, MatmulInput, int, int>> seen;  // layer, site, T, width
+    int stop_layer = -1;
+    bool observe(int layer, MatmulInput site, const float* x, int T, int width) override {
+      EXPECT_TRUE(std::isfinite(x[0]) && std::isfinite(x[size_t(T) * size_t(width) - 1]));
+      seen.emplace_back(layer, site, T, width);
+      return !(layer == stop_layer && site == MatmulInput::Mlp);
+    }
+  };
+  ThreadPool pool(2);
+  const std::vector<int32_t> ids = {0, 15, 27, 99, 4, 1000, 7};
+  auto run = [&](ForwardObserver* obs) {
+    KVCacheConfig kc;
+    kc.ctx_size = 16;
+    KVCache cache(m->kv_shape(), kc);
+    ForwardState st;
+    st.observer = obs;
+    std::vector<float> logits(ids.size() * size_t(c.vocab_size), -1.f);
+    m->forward(ids, 0, cache, st, logits.data(), true, pool);
+    return logits;
+  };
+  Log log;
+  EXPECT_EQ(run(&log), run(nullptr));
+  ASSERT_EQ(log.seen.size(), size_t(4 * c.n_layers + 1));
+  const int T = int(ids.size());
+  for (int l = 0; l < c.n_layers; ++l) {
+    EXPECT_EQ(log.seen[size_t(4 * l)], std::make_tuple(l, MatmulInput::Attention, T, c.hidden_size));
+    EXPECT_EQ(log.seen[size_t(4 * l + 1)], std::make_tuple(l, MatmulInput::AttentionOutput, T, c.q_dim()));
+    EXPECT_EQ(log.seen[size_t(4 * l + 2)], std::make_tuple(l, MatmulInput::Mlp, T, c.hidden_size));
+    EXPECT_EQ(log.seen[size_t(4 * l + 3)], std::make_tuple(l, MatmulInput::MlpDown, T, c.intermediate_size));
+  }
+  EXPECT_EQ(log.seen.back(), std::make_tuple(c.n_layers, MatmulInput::LmHead, T, c.hidden_size));
+  Log stop;
+  stop.stop_layer = 1;
+  const std::vector<float> untouched = run(&stop);
+  EXPECT_EQ(stop.seen.size(), 4u + 3u);  // layer 0, then layer 1 up to its MLP input
+  EXPECT_TRUE(std::all_of(untouched.begin(), untouched.end(), [](float v) { return v == -1.f; }));
 }
 
 TEST(GptqCalibrationTest, WindowsAreSeededAndStartWithBos) {
