@@ -167,8 +167,9 @@ Command add_quantize_command(CLI::App& root) {
                   "(lower squared error, slower); gptq: GPTQ on calibration text (--calib; the best, slowest)")
       ->check(CLI::IsMember({"rtn", "search", "gptq"}));
   auto* emb = app->add_option("--embedding-bits", a->embedding_bits,
-                              "Bits of model.embed_tokens and lm_head (a per-module entry in config.json)")
-                  ->check(CLI::IsMember({2, 3, 4, 5, 6, 8}));
+                              "Bits of model.embed_tokens and lm_head (0: those of the other matrices; a per-module entry "
+                              "in config.json)")
+                  ->check(CLI::IsMember({0, 2, 3, 4, 5, 6, 8}));
   emb->excludes(app->get_option("--keep-embeddings"));
   auto* recipe = app->add_option("--recipe", a->recipe,
                                  "mlx-lm's mixed recipes: mixed_N_6 quantizes at N bits but v_proj and down_proj of "
