@@ -391,8 +391,8 @@ const char* const kText =
     "darkness was upon the face of the deep. And the Spirit of God moved upon the face of the waters. And God "
     "said, Let there be light: and there was light.";
 
-std::vector<std::vector<int32_t>> tiny_calibration() {
-  const Tokenizer tok = Tokenizer::load(test::repo_model("kjv-tiny"));
+std::vector<std::vector<int32_t>> tiny_calibration(const std::string& model = "kjv-tiny") {
+  const Tokenizer tok = Tokenizer::load(test::repo_model(model));
   std::ifstream in(test::repo_dir() / "tests" / "data" / "gptq_calib.txt");
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const std::vector<int32_t> ids = tok.encode(text, {.add_special = false, .parse_special = false});
@@ -439,6 +439,57 @@ TEST(GptqCheckpointTest, KjvTinyLoadsAndLosesLessThanRtn) {
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_TRUE(has(e.what(), "calibration")) << e.what();
+  }
+}
+
+// Mean KL(source || quantized) of the next-token distributions over ids.
+double mean_kl(const Model& src, const Model& q, const std::vector<int32_t>& ids) {
+  ThreadPool pool(2);
+  SessionOptions o;
+  o.kv.ctx_size = int(ids.size());
+  Session a(src, o, pool), b(q, o, pool);
+  const std::span<float> la = a.feed_all(ids), lb = b.feed_all(ids);
+  const size_t V = size_t(src.config().vocab_size);
+  double total = 0;
+  for (size_t t = 0; t < ids.size(); ++t) {
+    auto log_softmax = [&](const float* x) {
+      double mx = x[0], sum = 0;
+      for (size_t i = 0; i < V; ++i) mx = std::max(mx, double(x[i]));
+      for (size_t i = 0; i < V; ++i) sum += std::exp(double(x[i]) - mx);
+      std::vector<double> out(V);
+      for (size_t i = 0; i < V; ++i) out[i] = double(x[i]) - mx - std::log(sum);
+      return out;
+    };
+    const std::vector<double> pa = log_softmax(la.data() + t * V), pb = log_softmax(lb.data() + t * V);
+    for (size_t i = 0; i < V; ++i) total += std::exp(pa[i]) * (pa[i] - pb[i]);
+  }
+  return total / double(ids.size());
+}
+
+// An untied LM head (mistral-tiny, F16: F16 scales; its embedding takes the search fit, the head
+// GPTQ) and q/k/v biases (qwen2-tiny), q4 g32. On 59 tokens the NLL is too noisy to rank them
+// (mistral-tiny's RTN copy scored below its source); the KL against the source is not. Measured,
+// mean KL rtn / gptq: mistral-tiny 0.04848 / 0.02789, qwen2-tiny 0.05850 / 0.02751 (and with
+// train.txt calibration and 10 chunks of val.txt, mistral-tiny: rtn +6.03% PPL, KL 0.0502; gptq
+// +3.20%, KL 0.0270). The bound: gptq's KL at most 0.9 of rtn's.
+TEST(GptqCheckpointTest, UntiedHeadAndBiasedModelsQuantize) {
+  for (const char* name : {"mistral-tiny", "qwen2-tiny"}) {
+    ThreadPool pool(2);
+    test::TempDir tmp;
+    QuantizeOptions o;
+    o.spec = {4, 32};
+    quantize_checkpoint(test::repo_model(name), tmp.path / "rtn", o, pool);
+    o.method = QuantMethod::Gptq;
+    o.calibration = tiny_calibration(name);
+    const QuantizeReport r = quantize_checkpoint(test::repo_model(name), tmp.path / "gptq", o, pool);
+    EXPECT_EQ(r.matrices_dense, 0) << name;
+    const Tokenizer tok = Tokenizer::load(test::repo_model(name));
+    const std::vector<int32_t> ids = tok.encode(kText);
+    const auto src = Model::load(test::repo_model(name));
+    const double rtn = mean_kl(*src, *Model::load(tmp.path / "rtn"), ids);
+    const double gptq = mean_kl(*src, *Model::load(tmp.path / "gptq"), ids);
+    std::printf("%s: mean KL over %zu tokens: q4 g32 rtn %.5f, gptq %.5f\n", name, ids.size(), rtn, gptq);
+    EXPECT_LT(gptq, 0.9 * rtn) << name;
   }
 }
 

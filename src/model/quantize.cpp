@@ -360,8 +360,10 @@ std::map<std::string, Quantized> quantize_gptq(Model& model, const std::vector<I
       stages[size_t(li)].push_back(&it);
     else if (it.module == "lm_head" || tied_head)
       stages.back().push_back(&it);
-    else
+    else {
       out.emplace(it.module, quantize_rows(it, QuantMethod::Search, pool));  // an untied embedding
+      done += it.t->nbytes;
+    }
   }
   for (int stage = 0; stage <= c.n_layers; ++stage) {
     const auto& mine = stages[size_t(stage)];
