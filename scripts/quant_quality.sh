@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Issue 20's quality targets (docs/quantization.md): kjv-small quantized at 8 and 4 bits (groups of
-# 64, RTN and --method search) and scored in llama.cpp's protocol against the bf16 original (PPL of
+# 64, RTN, --method search and --method gptq, the last also with an 8-bit embedding and mlx-lm's
+# mixed_4_6 recipe) and scored in llama.cpp's protocol against the bf16 original (PPL of
 # both, KL, top-1), then each checkpoint's decode speed and weight bytes (bench). Run it on a quiet
 # machine, from the repository root, after building (build/posttrainllm).
 #   scripts/quant_quality.sh [THREADS]    THREADS: for eval and bench (default 2, the issue's setting)
-# Environment: BIN, SRC (default ../shared/models/kjv-small), TEXT, WORK, OUT, CHUNKS (default 100).
+# Environment: BIN, SRC (default ../shared/models/kjv-small), TEXT, CALIB (gptq's calibration text,
+# default ../shared/corpus/train.txt), WORK, OUT, CHUNKS (default 100).
 # Output: one JSON object per line in $OUT (default quant-quality.jsonl), tagged with the
 # measurement and the checkpoint; a summary table on stdout.
 set -euo pipefail
 BIN=${BIN:-build/posttrainllm}
 SRC=${SRC:-../shared/models/kjv-small}
 TEXT=${TEXT:-../shared/corpus/val.txt}
+CALIB=${CALIB:-../shared/corpus/train.txt}
 WORK=${WORK:-/tmp/quant-quality}
 OUT=${OUT:-quant-quality.jsonl}
 T=${1:-2}
@@ -23,9 +26,11 @@ tag() {  # tag NAME WHICH: adds {"measure": NAME, "which": WHICH} to the JSON ob
 j=json.load(sys.stdin); j["measure"]=sys.argv[1]; j["which"]=sys.argv[2]; print(json.dumps(j))' "$1" "$2"
 }
 
+G="--method gptq --calib $CALIB"  # GPTQ calibrates on training text, never on $TEXT
 declare -A FLAGS=([q8]="--bits 8" [q8-search]="--bits 8 --method search" [q4]="--bits 4"
-                  [q4-search]="--bits 4 --method search")
-NAMES=(q8 q8-search q4 q4-search)
+                  [q4-search]="--bits 4 --method search" [q4-gptq]="--bits 4 $G"
+                  [q4-gptq-emb8]="--bits 4 $G --embedding-bits 8" [mixed46-gptq]="--recipe mixed_4_6 $G")
+NAMES=(q8 q8-search q4 q4-search q4-gptq q4-gptq-emb8 mixed46-gptq)
 for n in "${NAMES[@]}"; do
   # shellcheck disable=SC2086
   "$BIN" quantize "$SRC" "$WORK/$n" ${FLAGS[$n]} --group-size 64

@@ -192,6 +192,37 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
   return m;
 }
 
+void Model::replace_matrix(const std::string& module, const WeightMatrix& w) {
+  WeightMatrix* target = nullptr;
+  if (module == "model.embed_tokens") {
+    if (lm_head_.data == embed_.data) lm_head_ = w;  // tied: the LM head is the embedding
+    target = &embed_;
+  } else if (module == "lm_head") {
+    target = &lm_head_;
+  } else if (module.starts_with("model.layers.")) {
+    const size_t dot = module.find('.', 13);
+    int li = -1;
+    if (dot != std::string::npos) try {
+        li = std::stoi(module.substr(13, dot - 13));
+      } catch (const std::exception&) {
+      }
+    if (li >= 0 && li < cfg_.n_layers) {
+      LayerWeights& L = layers_[size_t(li)];
+      const std::string leaf = module.substr(dot + 1);
+      for (auto& [name, m] : {std::pair{"self_attn.q_proj", &L.wq}, {"self_attn.k_proj", &L.wk},
+                              {"self_attn.v_proj", &L.wv}, {"self_attn.o_proj", &L.wo}, {"mlp.gate_proj", &L.w_gate},
+                              {"mlp.up_proj", &L.w_up}, {"mlp.down_proj", &L.w_down}})
+        if (leaf == name && m->data) target = m;
+    }
+  }
+  if (!target) throw Error("replace_matrix: '" + module + "' is not a weight matrix of this model");
+  if (target->rows != w.rows || target->cols != w.cols)
+    throw Error("replace_matrix: '" + module + "' is [" + std::to_string(target->rows) + "][" +
+                std::to_string(target->cols) + "], the replacement [" + std::to_string(w.rows) + "][" +
+                std::to_string(w.cols) + "]");
+  *target = w;
+}
+
 KVShape Model::kv_shape() const {
   return KVShape{cfg_.n_layers, cfg_.n_kv_heads, cfg_.head_dim, inv_freq_, cfg_.layer_windows(), cfg_.kv_source};
 }
@@ -285,6 +316,12 @@ void Model::forward(std::span<const SequenceBatch> batch, ForwardState& st, Thre
   // x[r] = E[token r]; the RoPE tables of every row's position, shared by every layer
   embed_and_rope(batch, st);
 
+  // The observer's view of a matrix input (a calibration run); false: the caller wants no more.
+  ForwardObserver* const obs = st.observer;
+  auto seen = [&](int li, MatmulInput site, const std::vector<float>& x, int width) {
+    return !obs || obs->observe(li, site, x.data(), T, width);
+  };
+
   for (int li = 0; li < c.n_layers; ++li) {
     const LayerWeights& L = layers_[size_t(li)];
     // Attention block: xn = norm(x); k, v projections (a storing layer), RoPE on k, appended to each
@@ -293,6 +330,7 @@ void Model::forward(std::span<const SequenceBatch> batch, ForwardState& st, Thre
     for (int r = 0; r < T; ++r)
       rmsnorm(st.x.data() + size_t(r) * size_t(H), L.attn_norm.data(), st.xn.data() + size_t(r) * size_t(H), H,
               c.rms_norm_eps);
+    if (!seen(li, MatmulInput::Attention, st.xn, H)) return;
     if (c.stores_kv(li)) {
       matmul(st.xn.data(), T, L.wk, bias_or_null(L.bk), st.k.data(), pool);  // k [T][kv_dim]
       if (qk_permuted_) gguf_unpermute_heads(st.k.data(), T, c.n_kv_heads, c.head_dim);
@@ -307,6 +345,7 @@ void Model::forward(std::span<const SequenceBatch> batch, ForwardState& st, Thre
     matmul(st.xn.data(), T, L.wq, bias_or_null(L.bq), st.q.data(), pool);  // q [T][q_dim]
     if (qk_permuted_) gguf_unpermute_heads(st.q.data(), T, c.n_heads, c.head_dim);
     attention(li, batch, rows, st, pool);                                   // att [T][q_dim]
+    if (!seen(li, MatmulInput::AttentionOutput, st.att, c.q_dim())) return;
     matmul(st.att.data(), T, L.wo, bias_or_null(L.bo), st.xn.data(), pool);
     for (size_t i = 0; i < size_t(T) * size_t(H); ++i) st.x[i] += st.xn[i];
 
@@ -314,9 +353,11 @@ void Model::forward(std::span<const SequenceBatch> batch, ForwardState& st, Thre
     for (int r = 0; r < T; ++r)
       rmsnorm(st.x.data() + size_t(r) * size_t(H), L.mlp_norm.data(), st.xn.data() + size_t(r) * size_t(H), H,
               c.rms_norm_eps);
+    if (!seen(li, MatmulInput::Mlp, st.xn, H)) return;
     matmul(st.xn.data(), T, L.w_gate, bias_or_null(L.b_gate), st.gate.data(), pool);  // [T][inter]
     matmul(st.xn.data(), T, L.w_up, bias_or_null(L.b_up), st.up.data(), pool);        // [T][inter]
     silu_mul(st.gate.data(), st.up.data(), T * I);
+    if (!seen(li, MatmulInput::MlpDown, st.gate, I)) return;
     matmul(st.gate.data(), T, L.w_down, bias_or_null(L.b_down), st.xn.data(), pool);
     for (size_t i = 0; i < size_t(T) * size_t(H); ++i) st.x[i] += st.xn[i];
   }
@@ -447,6 +488,7 @@ void Model::lm_head(std::span<const SequenceBatch> batch, const Rows& rows, Forw
     r0 += n;
   }
   if (n_out == 0) return;
+  if (st.observer && !st.observer->observe(c.n_layers, MatmulInput::LmHead, st.xn.data(), int(n_out), H)) return;
   if (batch.size() == 1) {
     matmul(st.xn.data(), int(n_out), lm_head_, nullptr, batch[0].logits, pool);
     return;

@@ -41,6 +41,23 @@ struct SequenceBatch {
   bool all_logits = false;
 };
 
+// Where a forward pass multiplies activations by a weight matrix, named by the matrices that read
+// the same input: q/k/v read the attention norm's output, o_proj the attention output, gate/up the
+// MLP norm's output, down_proj silu(gate) * up, the LM head the final norm's output.
+enum class MatmulInput : uint8_t { Attention, AttentionOutput, Mlp, MlpDown, LmHead };
+inline constexpr int kMatmulInputs = 5;
+
+// Sees the inputs of the weight matrices as the forward pass computes them (GPTQ's calibration,
+// model/gptq.h). Null in ForwardState for every normal run: the pass then only tests the pointer.
+class ForwardObserver {
+ public:
+  virtual ~ForwardObserver() = default;
+  // x: [T][width], the rows about to be multiplied by layer `layer`'s matrices of `site` (the LM
+  // head: layer n_layers, the rows whose logits are wanted). Returning false ends the pass there: no
+  // later matrix is applied, no logits are written, the cache holds the K/V appended so far.
+  virtual bool observe(int layer, MatmulInput site, const float* x, int T, int width) = 0;
+};
+
 // Activations of one forward call over T rows (the tokens of every sequence of the batch, one after
 // another), sized for the largest T seen; reused so that decode allocates nothing once warmed up.
 struct ForwardState {
@@ -55,6 +72,7 @@ struct ForwardState {
   std::vector<float> cos, sin;  // [T][head_dim/2]
   std::vector<float> logits;    // [rows wanted][vocab], batches of more than one sequence
   int cross_rows = -1;  // rows the last call ran past the cross-decoder's donor (-1: no shortcut layer)
+  ForwardObserver* observer = nullptr;  // null: none (every run but a calibration)
 };
 
 class Model {
@@ -74,6 +92,12 @@ class Model {
   std::string weight_format() const;
   const WeightFiles& files() const { return files_; }  // empty for a GGUF model
   const GgufFile* gguf() const { return gguf_.get(); }   // the file of a GGUF model, else null
+
+  // Points the matrix of `module` ("model.layers.3.mlp.down_proj", "model.embed_tokens", "lm_head")
+  // at w, of the same rows and cols (the caller keeps w's bytes alive as long as the model): a
+  // quantizer measuring a partly quantized model (GPTQ's sequential calibration). A tied LM head
+  // follows the embedding. Throws ptllm::Error for an unknown module or another shape.
+  void replace_matrix(const std::string& module, const WeightMatrix& w);
 
   // Runs tokens at positions pos0, pos0+1, ... through the model, appending their K/V to `cache`.
   // logits: [T][vocab] when all_logits, else [vocab] for the last token only; null: not computed.

@@ -1,14 +1,19 @@
 #include "model/quantize.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/thread_pool.h"
+#include "model/affine_fit.h"
+#include "model/gptq.h"
 #include "model/model.h"
 #include "model/safetensors_writer.h"
 
@@ -20,6 +25,7 @@ std::string_view quant_method_name(QuantMethod m) {
   switch (m) {
     case QuantMethod::Rtn: return "rtn";
     case QuantMethod::Search: return "search";
+    case QuantMethod::Gptq: return "gptq";
   }
   return "?";
 }
@@ -53,13 +59,10 @@ struct GroupFit {
 // Round to nearest of x[0..g) against (scale, bias), as the dequantization will read them (a float
 // multiply-add). A zero or non-finite scale (an F16 underflow) gives every code 0, the value `bias`.
 double encode(const float* x, int g, float scale, float bias, int nmax, uint8_t* q) {
-  const bool usable = scale != 0 && std::isfinite(scale);
   double err = 0;
   for (int i = 0; i < g; ++i) {
-    float c = usable ? std::nearbyint((x[i] - bias) / scale) : 0.f;
-    c = std::clamp(c, 0.f, float(nmax));
-    q[i] = uint8_t(c);
-    const double d = double(scale * c + bias) - double(x[i]);
+    q[i] = affine_code(x[i], scale, bias, nmax);
+    const double d = double(scale * float(q[i]) + bias) - double(x[i]);
     err += d * d;
   }
   return err;
@@ -134,8 +137,23 @@ GroupFit fit_search(const float* x, int g, int nmax, DType dt, uint8_t* q, uint8
   return best;
 }
 
-// Code j at bits [j * bits, (j + 1) * bits) of the row's little-endian bit stream.
-void pack_row(const uint8_t* q, int cols, int bits, uint32_t* words) {
+}  // namespace
+
+AffineGroupFit affine_fit_group(const float* x, int g, int bits, QuantMethod m, DType scale_dtype) {
+  PTLLM_CHECK(g > 0 && g <= 128 && m != QuantMethod::Gptq);
+  const int nmax = (1 << bits) - 1;
+  if (m == QuantMethod::Rtn) {
+    const GroupFit f = fit_rtn(x, g, nmax, scale_dtype);
+    return {f.scale, f.bias};
+  }
+  uint8_t q[128], tmp[128];
+  const GroupFit f = fit_search(x, g, nmax, scale_dtype, q, tmp);
+  return {f.scale, f.bias};
+}
+
+void affine_store(void* p, DType t, size_t i, float v) { put(p, t, i, v); }
+
+void affine_pack_row(const uint8_t* q, int cols, int bits, uint32_t* words) {
   const size_t n_words = size_t(cols) * size_t(bits) / 32;
   std::fill_n(words, n_words, 0u);
   for (int j = 0; j < cols; ++j) {
@@ -146,12 +164,11 @@ void pack_row(const uint8_t* q, int cols, int bits, uint32_t* words) {
   }
 }
 
-}  // namespace
-
 void affine_quantize_rows(const float* w, int rows, int cols, const AffineSpec& s, QuantMethod m, DType scale_dtype,
                           uint32_t* codes, void* scales, void* biases) {
   PTLLM_CHECK(affine_supported(s) && cols % s.group_size == 0);
   PTLLM_CHECK(scale_dtype == DType::F32 || scale_dtype == DType::F16 || scale_dtype == DType::BF16);
+  PTLLM_CHECK(m != QuantMethod::Gptq);  // needs the inputs' statistics: model/gptq.h
   const int nmax = (1 << s.bits) - 1, g = s.group_size, groups = cols / g;
   const size_t words = size_t(cols) * size_t(s.bits) / 32;
   std::vector<uint8_t> q(static_cast<size_t>(cols)), tmp(static_cast<size_t>(g));
@@ -171,8 +188,35 @@ void affine_quantize_rows(const float* w, int rows, int cols, const AffineSpec& 
       put(scales, scale_dtype, gi, f.scale);
       put(biases, scale_dtype, gi, f.bias);
     }
-    pack_row(q.data(), cols, s.bits, codes + size_t(r) * words);
+    affine_pack_row(q.data(), cols, s.bits, codes + size_t(r) * words);
   }
+}
+
+std::string_view quant_recipe_name(QuantRecipe r) {
+  switch (r) {
+    case QuantRecipe::None: return "none";
+    case QuantRecipe::Mixed_2_6: return "mixed_2_6";
+    case QuantRecipe::Mixed_3_6: return "mixed_3_6";
+    case QuantRecipe::Mixed_4_6: return "mixed_4_6";
+  }
+  return "?";
+}
+
+RecipeBits recipe_bits(QuantRecipe r) {
+  switch (r) {
+    case QuantRecipe::None: return {};
+    case QuantRecipe::Mixed_2_6: return {2, 6};
+    case QuantRecipe::Mixed_3_6: return {3, 6};
+    case QuantRecipe::Mixed_4_6: return {4, 6};
+  }
+  return {};
+}
+
+bool recipe_uses_more_bits(int layer, int n_layers) {
+  // mlx-lm: index < n // 8 or index >= 7 * n // 8 or (index - n // 8) % 3 == 2 (Python's modulo:
+  // never negative).
+  const int eighth = n_layers / 8, d = layer - eighth;
+  return layer < eighth || layer >= 7 * n_layers / 8 || ((d % 3) + 3) % 3 == 2;
 }
 
 namespace {
@@ -184,6 +228,38 @@ bool is_linear_module(const std::string& module) {
                            ".mlp.gate_proj", ".mlp.up_proj", ".mlp.down_proj"})
     if (module.starts_with("model.layers.") && module.ends_with(leaf)) return true;
   return false;
+}
+
+// "model.layers.12.mlp.up_proj" -> 12; -1 for the embedding and the LM head.
+int layer_of(const std::string& module) {
+  if (!module.starts_with("model.layers.")) return -1;
+  int li = 0;
+  for (size_t i = 13; i < module.size() && module[i] != '.'; ++i) li = li * 10 + (module[i] - '0');
+  return li;
+}
+
+// Which input a layer's matrix reads (model.h, MatmulInput).
+MatmulInput site_of(const std::string& module) {
+  if (module.ends_with("o_proj")) return MatmulInput::AttentionOutput;
+  if (module.ends_with("_proj") && module.find(".self_attn.") != std::string::npos) return MatmulInput::Attention;
+  if (module.ends_with("down_proj")) return MatmulInput::MlpDown;
+  if (module.ends_with("gate_proj") || module.ends_with("up_proj")) return MatmulInput::Mlp;
+  return MatmulInput::LmHead;
+}
+
+// The bits of a module under the options: the recipe's, then --embedding-bits for the embedding and
+// the LM head.
+int bits_of(const std::string& module, int n_layers, const QuantizeOptions& o) {
+  const bool embedding = module == "model.embed_tokens" || module == "lm_head";
+  int bits = o.spec.bits;
+  if (o.recipe != QuantRecipe::None) {
+    const RecipeBits rb = recipe_bits(o.recipe);
+    const bool more = embedding || ((module.ends_with("v_proj") || module.ends_with("down_proj")) &&
+                                    recipe_uses_more_bits(layer_of(module), n_layers));
+    bits = more ? rb.high : rb.low;
+  }
+  if (embedding && o.embedding_bits > 0) bits = o.embedding_bits;
+  return bits;
 }
 
 // The files beside the weights that a model directory carries over unchanged.
@@ -198,13 +274,147 @@ struct Item {
   AffineSpec spec;
 };
 
+// One matrix in the layout: codes [rows][cols * bits / 32], scales and biases [rows][groups] in the
+// source's dtype.
+struct Quantized {
+  std::vector<uint32_t> codes;
+  std::vector<uint8_t> scales, biases;
+  explicit Quantized(const Item& it) {
+    const size_t rows = size_t(it.t->shape[0]), cols = size_t(it.t->shape[1]);
+    codes.resize(rows * cols * size_t(it.spec.bits) / 32);
+    scales.resize(rows * (cols / size_t(it.spec.group_size)) * dtype_size(it.t->dtype));
+    biases.resize(scales.size());
+  }
+  WeightMatrix view(const Item& it) const {
+    return affine_matrix(codes.data(), scales.data(), biases.data(), it.t->dtype, it.spec.bits, it.spec.group_size,
+                         int(it.t->shape[0]), int(it.t->shape[1]));
+  }
+};
+
+// Rtn or Search: rows independently, in parts over the pool.
+Quantized quantize_rows(const Item& it, QuantMethod m, ThreadPool& pool) {
+  const TensorView& t = *it.t;
+  Quantized out(it);
+  const int rows = int(t.shape[0]), cols = int(t.shape[1]);
+  const size_t words = size_t(cols) * size_t(it.spec.bits) / 32;
+  const size_t groups = size_t(cols / it.spec.group_size), ssize = dtype_size(t.dtype);
+  constexpr size_t kRowsPerPart = 16;
+  pool.parallel_for((size_t(rows) + kRowsPerPart - 1) / kRowsPerPart, [&](size_t b, size_t e) {
+    std::vector<float> x(kRowsPerPart * size_t(cols));  // [rows of the part][cols] the source as float32
+    for (size_t p = b; p < e; ++p) {
+      const size_t r0 = p * kRowsPerPart, n = std::min(kRowsPerPart, size_t(rows) - r0);
+      convert_to_f32(t.dtype, t.data + r0 * size_t(cols) * ssize, x.data(), n * size_t(cols));
+      affine_quantize_rows(x.data(), int(n), cols, it.spec, m, t.dtype, out.codes.data() + r0 * words,
+                           out.scales.data() + r0 * groups * ssize, out.biases.data() + r0 * groups * ssize);
+    }
+  });
+  return out;
+}
+
+// Watches one stage of the calibration: the inputs of layer `layer`'s matrices (n_layers: the LM
+// head's), into the accumulators of the sites wanted; the pass ends after the last of them.
+class StageInputs final : public ForwardObserver {
+ public:
+  StageInputs(int layer, std::array<HessianAccumulator*, kMatmulInputs> acc, ThreadPool& pool)
+      : layer_(layer), acc_(acc), pool_(pool) {
+    for (int s = 0; s < kMatmulInputs; ++s)
+      if (acc_[size_t(s)]) last_ = MatmulInput(s);
+  }
+  bool observe(int layer, MatmulInput site, const float* x, int T, int width) override {
+    if (layer < layer_) return true;
+    HessianAccumulator* a = acc_[size_t(site)];
+    if (a) {
+      PTLLM_CHECK(a->n() == width);
+      a->add(x, T, pool_);
+    }
+    return site != last_;
+  }
+
+ private:
+  int layer_;
+  std::array<HessianAccumulator*, kMatmulInputs> acc_;
+  ThreadPool& pool_;
+  MatmulInput last_ = MatmulInput::Attention;
+};
+
+// GPTQ over the whole model, in stages: layer 0, 1, ..., then the LM head. A stage measures H for
+// its matrices' inputs with every earlier stage's matrices already quantized (the model's matrices
+// are pointed at the results as they come: the paper's sequential order, so that each layer corrects
+// for the rounding of those before it), then solves each matrix. Matrices sharing an input share
+// H and its factorization. With tied embeddings the embedding is the LM head and is solved with the
+// head's H; an untied embedding (a lookup, no input to measure) takes the Search fit.
+std::map<std::string, Quantized> quantize_gptq(Model& model, const std::vector<Item>& items,
+                                               const QuantizeOptions& o, ThreadPool& pool,
+                                               const std::function<void(size_t, size_t)>& progress) {
+  const ModelConfig& c = model.config();
+  if (o.calibration.empty()) throw Error("quantize: --method gptq needs calibration text (no sequences given)");
+  const bool tied_head = c.tie_word_embeddings && !model.files().find("lm_head.weight");
+  std::map<std::string, Quantized> out;
+  size_t total = 0, done = 0;
+  std::vector<std::vector<const Item*>> stages(size_t(c.n_layers) + 1);
+  for (const Item& it : items) {
+    if (it.module.empty()) continue;
+    total += it.t->nbytes;
+    const int li = layer_of(it.module);
+    if (li >= 0)
+      stages[size_t(li)].push_back(&it);
+    else if (it.module == "lm_head" || tied_head)
+      stages.back().push_back(&it);
+    else {
+      out.emplace(it.module, quantize_rows(it, QuantMethod::Search, pool));  // an untied embedding
+      done += it.t->nbytes;
+    }
+  }
+  for (int stage = 0; stage <= c.n_layers; ++stage) {
+    const auto& mine = stages[size_t(stage)];
+    if (mine.empty()) continue;
+    std::array<std::unique_ptr<HessianAccumulator>, kMatmulInputs> acc;
+    std::array<HessianAccumulator*, kMatmulInputs> ptrs{};
+    for (const Item* it : mine) {
+      const size_t s = size_t(site_of(it->module));
+      if (!acc[s]) acc[s] = std::make_unique<HessianAccumulator>(int(it->t->shape[1]));
+      ptrs[s] = acc[s].get();
+    }
+    StageInputs obs(stage, ptrs, pool);
+    run_calibration(model, o.calibration, obs, pool);
+    for (size_t s = 0; s < acc.size(); ++s) {
+      if (!acc[s]) continue;
+      std::string names;
+      for (const Item* it : mine)
+        if (size_t(site_of(it->module)) == s) names += (names.empty() ? "" : ", ") + it->module;
+      const GptqFactor f = gptq_factor(acc[s]->h(), acc[s]->n(), o.gptq_damp, names, pool, o.gptq_act_order);
+      for (const Item* it : mine) {
+        if (size_t(site_of(it->module)) != s) continue;
+        const TensorView& t = *it->t;
+        const int rows = int(t.shape[0]), cols = int(t.shape[1]);
+        std::vector<float> w(size_t(rows) * size_t(cols));  // [rows][cols] updated as the solve goes
+        convert_to_f32(t.dtype, t.data, w.data(), w.size());
+        Quantized q(*it);
+        gptq_quantize_rows(w.data(), rows, cols, f, it->spec, QuantMethod::Search, t.dtype, q.codes.data(),
+                           q.scales.data(), q.biases.data(), pool);
+        const Quantized& kept = out.emplace(it->module, std::move(q)).first->second;
+        model.replace_matrix(it->module, kept.view(*it));
+        done += t.nbytes;
+        if (progress) progress(done, total);
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 QuantizeReport quantize_checkpoint(const fs::path& in, const fs::path& out, const QuantizeOptions& opts,
                                    ThreadPool& pool, const std::function<void(size_t, size_t)>& progress) {
-  if (!affine_supported(opts.spec))
-    throw Error("quantize: " + std::to_string(opts.spec.bits) + " bits in groups of " +
+  const int base_bits = opts.recipe != QuantRecipe::None ? recipe_bits(opts.recipe).low : opts.spec.bits;
+  if (!affine_supported({base_bits, opts.spec.group_size}))
+    throw Error("quantize: " + std::to_string(base_bits) + " bits in groups of " +
                 std::to_string(opts.spec.group_size) + " is not a supported layout");
+  if (opts.embedding_bits > 0 && !affine_supported({opts.embedding_bits, opts.spec.group_size}))
+    throw Error("quantize: --embedding-bits " + std::to_string(opts.embedding_bits) +
+                " is not a supported width (2, 3, 4, 5, 6 or 8)");
+  if (opts.embedding_bits > 0 && opts.keep_embeddings)
+    throw Error("quantize: --embedding-bits and --keep-embeddings ask for different embeddings; give one");
   const std::unique_ptr<Model> src = Model::load(in);  // every tensor checked against config.json
   const fs::path in_config = in / "config.json";
   if (src->config().quantization.quantized())
@@ -215,18 +425,23 @@ QuantizeReport quantize_checkpoint(const fs::path& in, const fs::path& out, cons
   if (ec || !fs::is_directory(out)) throw Error(out.string() + ": cannot create the directory (" + ec.message() + ")");
   if (fs::equivalent(in, out, ec)) throw Error(out.string() + ": is the source directory; write to another one");
 
-  // The plan: which matrices are quantized with which group, and the tensors of the output in order.
+  // The plan: which matrices are quantized with which bits and group, and the tensors of the output
+  // in order. A module whose spec is not the default gets an entry of its own in config.json.
   QuantizationConfig qc;
-  qc.base = opts.spec;
+  qc.base = AffineSpec{base_bits, opts.spec.group_size};
   QuantizeReport rep;
   std::vector<Item> items;
   std::vector<TensorDecl> decls;
   size_t total = 0;
+  const int n_layers = src->config().n_layers;
   for (const auto& f : src->files().files()) {
     rep.source_bytes += f->size();
     for (const auto& [name, t] : f->tensors()) {
       total += t.nbytes;
-      Item it{&t, "", opts.spec};
+      int64_t elems = 1;
+      for (int64_t d : t.shape) elems *= d;
+      rep.parameters += elems;
+      Item it{&t, "", *qc.base};
       const std::string module = name.ends_with(".weight") ? name.substr(0, name.size() - 7) : "";
       if (!module.empty() && t.shape.size() == 2 && is_linear_module(module)) {
         const int cols = int(t.shape[1]);
@@ -241,8 +456,8 @@ QuantizeReport quantize_checkpoint(const fs::path& in, const fs::path& out, cons
           ++rep.matrices_dense;
         } else {
           it.module = module;
-          it.spec.group_size = group;
-          if (group != opts.spec.group_size) qc.overrides[module] = it.spec;
+          it.spec = {bits_of(module, n_layers, opts), group};
+          if (it.spec != *qc.base) qc.overrides[module] = it.spec;
           ++rep.matrices_quantized;
         }
       }
@@ -258,6 +473,11 @@ QuantizeReport quantize_checkpoint(const fs::path& in, const fs::path& out, cons
     }
   }
 
+  // GPTQ needs the whole model's calibration before any matrix is final: every result is kept (the
+  // output's size in memory) and written below. The other methods quantize a matrix as it is written.
+  std::map<std::string, Quantized> solved;
+  if (opts.method == QuantMethod::Gptq) solved = quantize_gptq(*src, items, opts, pool, progress);
+
   const fs::path weights = out / "model.safetensors";
   SafetensorsWriter writer(weights, std::move(decls), {{"format", "mlx"}});
   size_t done = 0;
@@ -266,24 +486,11 @@ QuantizeReport quantize_checkpoint(const fs::path& in, const fs::path& out, cons
     if (it.module.empty()) {
       writer.write({reinterpret_cast<const char*>(t.data), t.nbytes});
     } else {
-      const int rows = int(t.shape[0]), cols = int(t.shape[1]);
-      const size_t words = size_t(cols) * size_t(it.spec.bits) / 32;
-      const size_t groups = size_t(cols / it.spec.group_size), ssize = dtype_size(t.dtype);
-      std::vector<uint32_t> codes(size_t(rows) * words);
-      std::vector<uint8_t> scales(size_t(rows) * groups * ssize), biases(scales.size());
-      constexpr size_t kRowsPerPart = 16;
-      pool.parallel_for((size_t(rows) + kRowsPerPart - 1) / kRowsPerPart, [&](size_t b, size_t e) {
-        std::vector<float> x(kRowsPerPart * size_t(cols));  // [rows of the part][cols] the source as float32
-        for (size_t p = b; p < e; ++p) {
-          const size_t r0 = p * kRowsPerPart, n = std::min(kRowsPerPart, size_t(rows) - r0);
-          convert_to_f32(t.dtype, t.data + r0 * size_t(cols) * ssize, x.data(), n * size_t(cols));
-          affine_quantize_rows(x.data(), int(n), cols, it.spec, opts.method, t.dtype, codes.data() + r0 * words,
-                               scales.data() + r0 * groups * ssize, biases.data() + r0 * groups * ssize);
-        }
-      });
-      writer.write({reinterpret_cast<const char*>(codes.data()), codes.size() * sizeof(uint32_t)});
-      writer.write({reinterpret_cast<const char*>(scales.data()), scales.size()});
-      writer.write({reinterpret_cast<const char*>(biases.data()), biases.size()});
+      auto found = solved.find(it.module);
+      const Quantized q = found != solved.end() ? std::move(found->second) : quantize_rows(it, opts.method, pool);
+      writer.write({reinterpret_cast<const char*>(q.codes.data()), q.codes.size() * sizeof(uint32_t)});
+      writer.write({reinterpret_cast<const char*>(q.scales.data()), q.scales.size()});
+      writer.write({reinterpret_cast<const char*>(q.biases.data()), q.biases.size()});
     }
     done += t.nbytes;
     if (progress) progress(done, total);

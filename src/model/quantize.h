@@ -24,7 +24,25 @@ enum class QuantMethod {
   // refitted by least squares over its codes (llama.cpp's make_qkx2_quants idea), whichever gives
   // the group the smallest squared error once rounded to the stored dtype.
   Search,
+  // GPTQ (Frantar et al. 2022): each matrix's columns rounded in order, each one's error spread
+  // over the columns not yet rounded through the inverse of H = sum x x^T of the matrix's inputs on
+  // calibration text (model/gptq.h); the groups' scales and biases fitted by Search on the updated
+  // weights. Needs QuantizeOptions::calibration.
+  Gptq,
 };
+
+// mlx-lm's mixed recipes (mlx_lm/convert.py, mixed_quant_predicate): `low` bits everywhere but
+// v_proj and down_proj of the first and last eighth of the layers and every third layer between,
+// and the LM head, at `high` bits (llama.cpp's Q4_K_M choice). With tied embeddings the embedding is
+// the LM head, so it takes the high bits too.
+enum class QuantRecipe { None, Mixed_2_6, Mixed_3_6, Mixed_4_6 };
+std::string_view quant_recipe_name(QuantRecipe r);
+struct RecipeBits {
+  int low = 0, high = 0;
+};
+RecipeBits recipe_bits(QuantRecipe r);  // {0, 0} for None
+// Whether layer `layer` of `n_layers` takes the recipe's high bits for its v_proj and down_proj.
+bool recipe_uses_more_bits(int layer, int n_layers);
 
 std::string_view quant_method_name(QuantMethod m);
 
@@ -40,6 +58,13 @@ struct QuantizeOptions {
   AffineSpec spec{4, 64};
   QuantMethod method = QuantMethod::Rtn;
   bool keep_embeddings = false;  // embed_tokens and lm_head stay in their float dtype
+  int embedding_bits = 0;        // > 0: embed_tokens and lm_head at these bits (a per-module entry)
+  QuantRecipe recipe = QuantRecipe::None;  // replaces spec.bits by the recipe's low and high bits
+  // Gptq: the calibration sequences (token ids, BOS first; calibration_windows in model/gptq.h), and
+  // the dampening added to H's diagonal, a fraction of its mean.
+  std::vector<std::vector<int32_t>> calibration;
+  double gptq_damp = 0.01;
+  bool gptq_act_order = false;  // columns by decreasing H_ii, static groups (model/gptq.h)
 };
 
 struct QuantizeReport {
@@ -47,6 +72,7 @@ struct QuantizeReport {
   int matrices_dense = 0;   // left in their float dtype (--keep-embeddings, or no group divides them)
   size_t source_bytes = 0;  // the source's weight files
   size_t output_bytes = 0;  // model.safetensors written
+  int64_t parameters = 0;   // elements of every tensor of the source (output_bytes * 8 / parameters: bits a weight)
   QuantizationConfig quantization;  // as written to config.json
   std::string weight_format;        // Model::weight_format() of the written checkpoint
 };
