@@ -107,7 +107,8 @@ try {
   ps, concurrency, genTokens, () => [redis.pid]);
   console.log(`no reuse (${rounds} rounds): ${c.rateB.toFixed(1)} tok/s with --kv-store, ${c.rateA.toFixed(1)} without: ` +
               `${c.cost.toFixed(1)}% fewer (target: at most 5%; runs of one mode spread ${c.spreadA.toFixed(1)}% and ` +
-              `${c.spreadB.toFixed(1)}%); CPU per token, server and redis-server: ${c.cpuCost.toFixed(1)}% more`);
+              `${c.spreadB.toFixed(1)}%); CPU per token, server and redis-server: ${c.cpuCost.toFixed(1)}% more; the store's own ` +
+              `CPU (writer thread and redis-server): ${c.storeCpuShare.toFixed(1)}% of the server's without it`);
 } finally {
   redis.stop();
 }

@@ -75,7 +75,7 @@ try {
   ps, concurrency, genTokens);
   console.log(`no reuse (${rounds} rounds): ${c.rateB.toFixed(1)} tok/s with --prompt-cache-dir, ${c.rateA.toFixed(1)} without: ` +
               `${c.cost.toFixed(1)}% fewer (runs of one mode spread ${c.spreadA.toFixed(1)}% and ${c.spreadB.toFixed(1)}%); ` +
-              `CPU per token: ${c.cpuCost.toFixed(1)}% more`);
+              `CPU per token: ${c.cpuCost.toFixed(1)}% more; the writer thread's: ${c.storeCpuShare.toFixed(1)}% of the server's without it`);
 } finally {
   fs.rmSync(dir, { recursive: true, force: true });
 }

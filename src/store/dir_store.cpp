@@ -11,6 +11,7 @@
 #include <cstring>
 #include <mutex>
 #include <system_error>
+#include <pthread.h>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -46,7 +47,11 @@ class DirStore final : public KVStore {
   DirStore(const DirStoreOptions& o, RateLimitedLog* log)
       : opts_(o), root_(o.dir / "blocks"), log_(log ? log : &own_log_) {
     total_bytes_ = scan_and_evict();
-    writer_ = std::thread([this] { write_loop(); });
+    writer_ = std::thread([this] {
+      pthread_setname_np(pthread_self(), "ptllm-dirstore");  // its CPU time is the store's (top -H, /proc)
+      lower_thread_priority();  // background work: never a decode step's core
+      write_loop();
+    });
   }
   ~DirStore() override {
     queue_.stop();

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <mutex>
+#include <pthread.h>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -120,7 +121,11 @@ class RedisStore final : public KVStore {
       log_->warn(error + " (every lookup misses until it answers)");
       count_error();
     }
-    writer_ = std::thread([this] { write_loop(); });
+    writer_ = std::thread([this] {
+      pthread_setname_np(pthread_self(), "ptllm-redis");  // its CPU time is the store's (top -H, /proc)
+      lower_thread_priority();  // background work: never a decode step's core
+      write_loop();
+    });
   }
   ~RedisStore() override {
     queue_.stop();

@@ -1,6 +1,10 @@
 #pragma once
 // The queue between a block store's put() and its writer thread (the directory and Redis stores):
 // bounded in bytes, never blocking the caller, drained in batches, flushable.
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -11,6 +15,11 @@
 #include <vector>
 
 namespace ptllm::store {
+
+// Nice 10 for the calling thread (Linux: setpriority on its thread id), so that a store's writer
+// takes a core only when the scheduler's threads leave one: woken while every core decodes, it
+// would preempt one of them and stall the step's other threads at their next join.
+inline void lower_thread_priority() { ::setpriority(PRIO_PROCESS, id_t(::syscall(SYS_gettid)), 10); }
 
 class WriteQueue {
  public:

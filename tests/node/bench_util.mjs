@@ -43,12 +43,29 @@ export function cpuSeconds(pid) {
   }
 }
 
+// CPU seconds the threads of `pid` named `name` (the block stores' writers: ptllm-redis,
+// ptllm-dirstore) have used so far; 0 when there is none.
+export function threadCpuSeconds(pid, name) {
+  let total = 0;
+  try {
+    for (const tid of fs.readdirSync(`/proc/${pid}/task`)) {
+      if (fs.readFileSync(`/proc/${pid}/task/${tid}/comm`, 'utf8').trim() !== name) continue;
+      total += cpuSeconds(`${pid}/task/${tid}`);
+    }
+  } catch {
+    return NaN;
+  }
+  return total;
+}
+
 // The no-reuse workload: `ps` (distinct prompts) sent `concurrency` at a time, each to generate
 // `genTokens`. Returns the tokens (prompt + completion), wall seconds and the CPU seconds the server
 // and the `others` pids (a redis-server) used meanwhile.
 export async function noReuseRun(srv, ps, concurrency, genTokens, others = []) {
   const pids = [srv.proc.pid, ...others];
   const cpu0 = pids.map(cpuSeconds);
+  const writer = () => threadCpuSeconds(srv.proc.pid, 'ptllm-redis') + threadCpuSeconds(srv.proc.pid, 'ptllm-dirstore');
+  const w0 = writer();
   const t0 = performance.now();
   let next = 0, tokens = 0;
   await Promise.all(Array.from({ length: concurrency }, async () => {
@@ -60,7 +77,8 @@ export async function noReuseRun(srv, ps, concurrency, genTokens, others = []) {
   }));
   const seconds = (performance.now() - t0) / 1000;
   const cpu = pids.map((p, i) => cpuSeconds(p) - cpu0[i]);
-  return { tokens, seconds, rate: tokens / seconds, serverCpu: cpu[0], otherCpu: cpu.slice(1).reduce((a, b) => a + b, 0) };
+  return { tokens, seconds, rate: tokens / seconds, serverCpu: cpu[0], otherCpu: cpu.slice(1).reduce((a, b) => a + b, 0),
+           writerCpu: writer() - w0 };
 }
 
 // Rounds of the no-reuse workload alternating two modes (`a` first in even rounds, `b` first in odd
@@ -74,7 +92,8 @@ export async function alternate(rounds, a, b, start, ps, concurrency, genTokens,
       const r = await noReuseRun(srv, ps, concurrency, genTokens, mode === b ? others() : []);
       runs[mode].push(r);
       console.log(`round ${round} ${mode.padEnd(20)}: ${r.tokens} tokens in ${r.seconds.toFixed(2)} s = ${r.rate.toFixed(1)} tok/s; ` +
-                  `CPU ${r.serverCpu.toFixed(2)} s server${mode === b && others().length ? `, ${r.otherCpu.toFixed(2)} s store` : ''}`);
+                  `CPU ${r.serverCpu.toFixed(2)} s server${mode === b ? ` (${r.writerCpu.toFixed(2)} s its store writer)` : ''}` +
+                  `${mode === b && others().length ? `, ${r.otherCpu.toFixed(2)} s store` : ''}`);
       await srv.stop();
     }
   }
@@ -88,5 +107,7 @@ export async function alternate(rounds, a, b, start, ps, concurrency, genTokens,
   return {
     rateA: rate(a), rateB: rate(b), cost: 100 * (1 - rate(b) / rate(a)),
     cpuCost: 100 * (cpuPerToken(b) / cpuPerToken(a) - 1), spreadA: spread(a), spreadB: spread(b),
+    // The store's own CPU (its writer thread and the store process) against the server's without it.
+    storeCpuShare: 100 * mean(runs[b].map((r) => (r.writerCpu + r.otherCpu) / r.tokens)) / cpuPerToken(a),
   };
 }
