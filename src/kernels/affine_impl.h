@@ -138,9 +138,71 @@ struct AffineKernels {
       }
     }
   }
+  // One row of x (decode) against NR = 4 weight rows at a time: each chunk's x codes and block
+  // scales are loaded once for the four rows (gemv_rows loads them once a row). Each row's sum is
+  // taken in gemv_rows<.., 1>'s order, so the results are the same bits.
+  static constexpr int NR = 4;
+  // Chunk c (the first nb of its RB bytes: all of them but in a row's narrower last chunk) of rows
+  // row .. row + (NR - 1) * rb, n scales from group c * C / gs on.
+  template <int BITS, class Ld>
+  PTLLM_AFFINE_TARGET static void chunk4(const int8_t* q, const float* xd, const uint8_t* row, size_t rb, const char* sc,
+                                         size_t sb, int c, int n, int nb, int gsh, I didx, I sidx, F* acc) {
+    constexpr int KPB = 8 / BITS, C = RB * KPB;
+    I xq[KPB];
+    PTLLM_AFFINE_UNROLL for (int k = 0; k < KPB; ++k) xq[k] = V::load_i(q + size_t(c) * C + k * RB);
+    const F dl = V::perm(V::load_f(xd + size_t(c * C / kQ8Block)), didx);
+    PTLLM_AFFINE_UNROLL for (int i = 0; i < NR; ++i) {
+      const uint8_t* p = row + size_t(i) * rb + size_t(c) * RB;
+      I u[KPB];
+      unpack<BITS>(nb == RB ? V::load_i(p) : V::load_i_n(p, nb), u);
+      I ai = V::zero_i();
+      PTLLM_AFFINE_UNROLL for (int k = 0; k < KPB; ++k) ai = dot<BITS>(ai, u[k], xq[k]);
+      const F sl = V::perm(Ld::load_n(sc + size_t(i) * sb, size_t(c * C) >> gsh, n), sidx);
+      acc[i] = V::fma(V::cvt(ai), V::mul(dl, sl), acc[i]);
+    }
+  }
+  template <int BITS, class Ld>
+  PTLLM_AFFINE_TARGET static void gemv_rows4(const AffineX& x, int t0, const WeightMatrix& w, const float* bias,
+                                             float* y, int r0, int r1) {
+    constexpr int KPB = 8 / BITS, C = RB * KPB;
+    const size_t rb = w.row_bytes();
+    const int full = int(rb / RB), gs = w.group_size, gsh = __builtin_ctz(unsigned(gs)), G = w.cols >> gsh;
+    alignas(64) int32_t di[L], si[L];
+    for (int l = 0; l < L; ++l) di[l] = 4 * KPB * l / kQ8Block, si[l] = (4 * KPB * l) >> gsh;
+    const I didx = V::load_i(di), sidx = V::load_i(si);
+    const int ng = std::max(1, C >> gsh);  // groups a chunk spans
+    const size_t sb = size_t(G) * dtype_size(w.dtype);  // a row's scale bytes
+    const int8_t* q = x.q + size_t(t0) * x.ldq;
+    const float* xd = x.d + size_t(t0) * x.ldd;
+    int r = r0;
+    for (; r + NR <= r1; r += NR) {
+      const uint8_t* row = static_cast<const uint8_t*>(w.data) + size_t(r) * rb;
+      const char* sc = static_cast<const char*>(w.scales) + size_t(r) * sb;
+      F acc[NR];
+      PTLLM_AFFINE_UNROLL for (int i = 0; i < NR; ++i) acc[i] = V::zero_f();
+      for (int c = 0; c < full; ++c) {
+        PTLLM_AFFINE_UNROLL for (int i = 0; i < NR; ++i)
+          PTLLM_AFFINE_UNROLL for (int b = 0; b < RB; b += 64)
+            __builtin_prefetch(row + size_t(i) * rb + size_t(c) * RB + b + kAhead);
+        chunk4<BITS, Ld>(q, xd, row, rb, sc, sb, c, ng, RB, gsh, didx, sidx, acc);
+      }
+      if (size_t(full) * RB < rb) {  // a last, narrower chunk
+        const int g0 = (full * C) >> gsh;
+        chunk4<BITS, Ld>(q, xd, row, rb, sc, sb, full, std::min(ng, G - g0), int(rb - size_t(full) * RB), gsh, didx, sidx,
+                         acc);
+      }
+      PTLLM_AFFINE_UNROLL for (int i = 0; i < NR; ++i) {
+        const size_t xt = size_t(t0) * x.ldg;
+        const F a = group_terms<Ld>(w, G, r + i, x.xs + xt, x.xc + xt, acc[i]);
+        y[size_t(t0) * size_t(w.rows) + size_t(r + i)] = V::reduce_add(a) + (bias ? bias[r + i] : 0.f);
+      }
+    }
+    if (r < r1) gemv_rows<BITS, Ld, 1>(x, t0, w, bias, y, r, r1);
+  }
   template <int BITS, class Ld>
   PTLLM_AFFINE_TARGET static void gemv_t(const AffineX& x, const WeightMatrix& w, const float* bias, float* y, int r0,
                                          int r1) {
+    if (x.T == 1) return gemv_rows4<BITS, Ld>(x, 0, w, bias, y, r0, r1);
     int t = 0;
     for (; t + GTT <= x.T; t += GTT) gemv_rows<BITS, Ld, GTT>(x, t, w, bias, y, r0, r1);
     for (; t + 2 <= x.T; t += 2) gemv_rows<BITS, Ld, 2>(x, t, w, bias, y, r0, r1);
