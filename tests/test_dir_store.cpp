@@ -14,6 +14,7 @@
 #include <fstream>
 #include <future>
 #include <map>
+#include <optional>
 #include <random>
 #include <sstream>
 
@@ -119,6 +120,33 @@ TEST(DirStore, WritesQueuedAtDestructionAreWritten) {
     for (const Block& b : blocks) s->put(b.key(), b.value());
   }  // no flush: the destructor waits for the writer to finish the queue
   for (const Block& b : blocks) EXPECT_EQ(slurp(store::dir_store_path(tmp.path, b.key())), b.value());
+}
+
+// The writer thread is named (the benchmarks read its CPU time by name) and runs at nice 10; it is
+// gone once the store is.
+TEST(DirStore, TheWriterThreadIsNamedAndNiced) {
+  test::TempDir tmp;
+  const auto writer_nice = []() -> std::optional<long> {
+    for (const auto& e : fs::directory_iterator("/proc/self/task")) {
+      if (slurp(e.path() / "comm") != "ptllm-dirstore\n") continue;
+      std::string stat = slurp(e.path() / "stat");
+      std::istringstream in(stat.substr(stat.rfind(')') + 2));  // fields from the state (field 3) on
+      std::string f;
+      for (int i = 3; i <= 19; ++i) in >> f;  // field 19: nice
+      return std::stol(f);
+    }
+    return std::nullopt;
+  };
+  {
+    auto s = open_store(tmp.path);
+    const Block a(7);
+    s->put(a.key(), a.value());
+    ASSERT_TRUE(s->flush(std::chrono::seconds(60)));
+    const auto nice = writer_nice();
+    ASSERT_TRUE(nice.has_value()) << "no thread named ptllm-dirstore";
+    EXPECT_EQ(*nice, 10);
+  }
+  EXPECT_FALSE(writer_nice().has_value());
 }
 
 TEST(DirStore, AbsentDamagedTruncatedOrUnreadableFilesAreMisses) {

@@ -11,8 +11,6 @@
 #include <cstring>
 #include <mutex>
 #include <system_error>
-#include <pthread.h>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -42,21 +40,14 @@ std::string mib_text(uint64_t bytes) {
   return buf;
 }
 
-class DirStore final : public KVStore {
+class DirStore final : public QueuedStore {
  public:
   DirStore(const DirStoreOptions& o, RateLimitedLog* log)
-      : opts_(o), root_(o.dir / "blocks"), log_(log ? log : &own_log_) {
+      : QueuedStore(o.queue_bytes), opts_(o), root_(o.dir / "blocks"), log_(log ? log : &own_log_) {
     total_bytes_ = scan_and_evict();
-    writer_ = std::thread([this] {
-      pthread_setname_np(pthread_self(), "ptllm-dirstore");  // its CPU time is the store's (top -H, /proc)
-      lower_thread_priority();  // background work: never a decode step's core
-      write_loop();
-    });
+    start_writer("ptllm-dirstore");
   }
-  ~DirStore() override {
-    queue_.stop();
-    writer_.join();  // after every queued write was attempted
-  }
+  ~DirStore() override { stop_writer(); }  // after every queued write was attempted
 
   // A prompt's run of blocks ends at its first miss (BlockExchange::load), so the files after the
   // first absent or unreadable one are not read: they are answered absent.
@@ -82,41 +73,19 @@ class DirStore final : public KVStore {
       // The least recently used files go first when the directory is full: a hit is a use.
       ::utimensat(AT_FDCWD, p.c_str(), nullptr, 0);
     }
-    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-    std::lock_guard sk(stats_mu_);
-    ++stats_.lookups;
-    stats_.keys_looked_up += read;
-    stats_.lookup_seconds += dt;
-    stats_.bytes_in += bytes;
+    count_lookup(read, std::chrono::duration<double>(Clock::now() - t0).count(), bytes);
     return out;
-  }
-
-  void put(std::string key, std::string value) override {
-    if (queue_.push(std::move(key), std::move(value))) return;
-    std::lock_guard sk(stats_mu_);
-    ++stats_.dropped_writes;
-  }
-
-  bool flush(std::chrono::milliseconds limit) override { return queue_.flush(limit); }
-
-  KVStoreStats stats() const override {
-    std::lock_guard sk(stats_mu_);
-    return stats_;
   }
 
   std::string describe() const override { return root_.string(); }
 
  private:
   void fail(const std::string& error) {
-    {
-      std::lock_guard sk(stats_mu_);
-      ++stats_.errors;
-    }
+    count([](KVStoreStats& s) { ++s.errors; });
     log_->warn(error + " (a miss; generation goes on without the file)");
   }
   void dropped() {
-    std::lock_guard sk(stats_mu_);
-    ++stats_.dropped_writes;
+    count([](KVStoreStats& s) { ++s.dropped_writes; });
   }
 
   // The writer thread's: one value to its file, atomically; the oldest files removed past the bound.
@@ -139,11 +108,10 @@ class DirStore final : public KVStore {
       fail(std::string("write: ") + e.what());
       return dropped();
     }
-    {
-      std::lock_guard sk(stats_mu_);
-      ++stats_.writes;
-      stats_.bytes_out += value.size();
-    }
+    count([&](KVStoreStats& s) {
+      ++s.writes;
+      s.bytes_out += value.size();
+    });
     total_bytes_ = total_bytes_ + value.size() - std::min(replaced, total_bytes_ + value.size());
     // The running total is an estimate (another process may share the directory); a scan corrects it.
     if (total_bytes_ > opts_.max_bytes) total_bytes_ = scan_and_evict();
@@ -196,7 +164,7 @@ class DirStore final : public KVStore {
     return total;
   }
 
-  void write_loop() {
+  void write_loop() override {
     std::vector<WriteQueue::Item> batch;
     while (queue_.take(batch, 1))  // false: stopping, and everything queued was attempted
       write_one(batch[0].first, batch[0].second);
@@ -206,14 +174,7 @@ class DirStore final : public KVStore {
   fs::path root_;  // opts_.dir / "blocks"
   RateLimitedLog own_log_;
   RateLimitedLog* log_;
-
-  WriteQueue queue_{opts_.queue_bytes};
-
-  mutable std::mutex stats_mu_;
-  KVStoreStats stats_;
-
   uint64_t total_bytes_ = 0;  // the block files' bytes, as the writer thread knows them
-  std::thread writer_;
 };
 
 }  // namespace

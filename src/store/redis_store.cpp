@@ -7,8 +7,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <mutex>
-#include <pthread.h>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -110,10 +108,11 @@ class Connection {
   std::chrono::milliseconds backoff_{0};
 };
 
-class RedisStore final : public KVStore {
+class RedisStore final : public QueuedStore {
  public:
   RedisStore(const RedisStoreOptions& o, RedisAddress addr, RateLimitedLog* log)
-      : opts_(o),
+      : QueuedStore(o.queue_bytes),
+        opts_(o),
         url_("redis://" + addr.host + ":" + std::to_string(addr.port) + "/" + std::to_string(addr.db)),
         reads_(addr, o.timeout_ms), writes_(addr, o.timeout_ms), log_(log ? log : &own_log_) {
     std::string error;
@@ -121,16 +120,9 @@ class RedisStore final : public KVStore {
       log_->warn(error + " (every lookup misses until it answers)");
       count_error();
     }
-    writer_ = std::thread([this] {
-      pthread_setname_np(pthread_self(), "ptllm-redis");  // its CPU time is the store's (top -H, /proc)
-      lower_thread_priority();  // background work: never a decode step's core
-      write_loop();
-    });
+    start_writer("ptllm-redis");
   }
-  ~RedisStore() override {
-    queue_.stop();
-    writer_.join();
-  }
+  ~RedisStore() override { stop_writer(); }
 
   std::vector<std::optional<std::string>> get(std::span<const std::string> keys) override {
     std::vector<std::optional<std::string>> out(keys.size());
@@ -166,41 +158,22 @@ class RedisStore final : public KVStore {
         bytes += e->len;
       }
     }
-    std::lock_guard sk(stats_mu_);
-    ++stats_.lookups;
-    stats_.keys_looked_up += keys.size();
-    stats_.lookup_seconds += dt;
-    stats_.bytes_in += bytes;
+    count_lookup(keys.size(), dt, bytes);
     return out;
-  }
-
-  void put(std::string key, std::string value) override {
-    if (queue_.push(std::move(key), std::move(value))) return;
-    std::lock_guard sk(stats_mu_);
-    ++stats_.dropped_writes;
-  }
-
-  bool flush(std::chrono::milliseconds limit) override { return queue_.flush(limit); }
-
-  KVStoreStats stats() const override {
-    std::lock_guard sk(stats_mu_);
-    return stats_;
   }
 
   std::string describe() const override { return url_; }
 
  private:
   void count_error() {
-    std::lock_guard sk(stats_mu_);
-    ++stats_.errors;
+    count([](KVStoreStats& s) { ++s.errors; });
   }
   void fail(const std::string& error) {
     count_error();
     log_->warn(error + " (a miss; generation goes on without the store)");
   }
   void dropped(size_t n) {
-    std::lock_guard sk(stats_mu_);
-    stats_.dropped_writes += n;
+    count([n](KVStoreStats& s) { s.dropped_writes += n; });
   }
 
   // Redis's used_memory, asked at most once a second; false when it is at or over --kv-store-max-mb.
@@ -256,13 +229,12 @@ class RedisStore final : public KVStore {
         bytes += batch[done].second.size();
       }
     }
-    {
-      std::lock_guard sk(stats_mu_);
-      stats_.writes += written;
-      stats_.bytes_out += bytes;
-      stats_.dropped_writes += refused + (batch.size() - done);
-      stats_.errors += refused > 0 ? 1 : 0;
-    }
+    count([&](KVStoreStats& s) {
+      s.writes += written;
+      s.bytes_out += bytes;
+      s.dropped_writes += refused + (batch.size() - done);
+      s.errors += refused > 0 ? 1 : 0;
+    });
     if (refused > 0) log_->warn("write: Redis at " + writes_.where() + " refused " + std::to_string(refused) + " SET: " + refusal);
     if (done < batch.size()) {
       fail("write: " + writes_.io_error());
@@ -270,7 +242,7 @@ class RedisStore final : public KVStore {
     }
   }
 
-  void write_loop() {
+  void write_loop() override {
     constexpr size_t kBatch = 32;  // SETs per pipeline round (bounds hiredis's output buffer)
     std::vector<WriteQueue::Item> batch;
     while (queue_.take(batch, kBatch)) write_batch(batch);  // false: stopping, everything attempted
@@ -284,15 +256,9 @@ class RedisStore final : public KVStore {
   RateLimitedLog own_log_;
   RateLimitedLog* log_;
 
-  WriteQueue queue_{opts_.queue_bytes};
-
-  mutable std::mutex stats_mu_;
-  KVStoreStats stats_;
-
   // The writer thread's.
   Clock::time_point memory_checked_{};
   uint64_t used_memory_ = 0;
-  std::thread writer_;
 };
 
 }  // namespace

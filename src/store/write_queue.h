@@ -1,6 +1,8 @@
 #pragma once
 // The queue between a block store's put() and its writer thread (the directory and Redis stores):
-// bounded in bytes, never blocking the caller, drained in batches, flushable.
+// bounded in bytes, never blocking the caller, drained in batches, flushable; and QueuedStore, what
+// both stores share around it (put, flush, the counters, the writer thread).
+#include <pthread.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -11,15 +13,13 @@
 #include <deque>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
-namespace ptllm::store {
+#include "engine/kv_store.h"
 
-// Nice 10 for the calling thread (Linux: setpriority on its thread id), so that a store's writer
-// takes a core only when the scheduler's threads leave one: woken while every core decodes, it
-// would preempt one of them and stall the step's other threads at their next join.
-inline void lower_thread_priority() { ::setpriority(PRIO_PROCESS, id_t(::syscall(SYS_gettid)), 10); }
+namespace ptllm::store {
 
 class WriteQueue {
  public:
@@ -75,6 +75,68 @@ class WriteQueue {
   std::deque<Item> queue_;     // under mu_
   size_t queued_bytes_ = 0;    // under mu_
   bool writing_ = false, stopping_ = false;  // under mu_
+};
+
+// A KVStore whose writes go through a WriteQueue to a writer thread of its own: put() queues (a full
+// queue drops and counts), flush() waits for the queue, stats() reads the counters the store keeps
+// with count(). The store starts the writer in its constructor and stops it first thing in its
+// destructor (stop_writer), before its own members go.
+class QueuedStore : public KVStore {
+ public:
+  void put(std::string key, std::string value) override {
+    if (!queue_.push(std::move(key), std::move(value))) count([](KVStoreStats& s) { ++s.dropped_writes; });
+  }
+  bool flush(std::chrono::milliseconds limit) override { return queue_.flush(limit); }
+  KVStoreStats stats() const override {
+    std::lock_guard lk(stats_mu_);
+    return stats_;
+  }
+
+ protected:
+  explicit QueuedStore(size_t queue_bytes) : queue_(queue_bytes) {}
+  ~QueuedStore() override { stop_writer(); }
+
+  // The writer thread, named `name` (at most 15 characters: its CPU time in top -H and /proc is the
+  // store's) and at nice 10 (Linux: setpriority on its thread id), so that it takes a core only when
+  // the scheduler's threads leave one: woken while every core decodes, it would preempt one of them
+  // and stall the step's other threads at their next join. It runs write_loop().
+  void start_writer(const char* name) {
+    writer_ = std::thread([this, name] {
+      pthread_setname_np(pthread_self(), name);
+      ::setpriority(PRIO_PROCESS, id_t(::syscall(SYS_gettid)), 10);
+      write_loop();
+    });
+  }
+  // No more puts; returns once every queued write was attempted.
+  void stop_writer() {
+    queue_.stop();
+    if (writer_.joinable()) writer_.join();
+  }
+  // The writer's loop: queue_.take() batches until it returns false.
+  virtual void write_loop() = 0;
+
+  // f(stats) under the counters' lock.
+  template <class F>
+  void count(F&& f) {
+    std::lock_guard lk(stats_mu_);
+    f(stats_);
+  }
+  // One lookup: `keys` asked for in `seconds`, `bytes` of values received.
+  void count_lookup(size_t keys, double seconds, uint64_t bytes) {
+    count([&](KVStoreStats& s) {
+      ++s.lookups;
+      s.keys_looked_up += keys;
+      s.lookup_seconds += seconds;
+      s.bytes_in += bytes;
+    });
+  }
+
+  WriteQueue queue_;
+
+ private:
+  mutable std::mutex stats_mu_;
+  KVStoreStats stats_;
+  std::thread writer_;
 };
 
 }  // namespace ptllm::store
