@@ -89,120 +89,81 @@ struct AffineKernels {
   // ---- gemv: rows [t0, t0 + TT) of x against weight rows [r0, r1), the codes read in place -----
   // A chunk is RB bytes of a row (C = RB * KPB columns, x in the gemv's split order): unpacked into
   // KPB registers, each dotted with its RB bytes of x; lane l then holds the sum of one block of x
-  // (didx) within one group (sidx), scaled by both. gemv_chunk: chunk c (codes z, n scales from
-  // group c * C / gs on).
-  template <int BITS, class Ld, int TT>
-  PTLLM_AFFINE_TARGET static void gemv_chunk(const AffineX& x, int t0, I z, const void* scales, int c, int gsh, int n,
-                                             I didx, I sidx, F* acc) {
+  // (didx) within one group (sidx), scaled by both. NR weight rows are taken at a time (4 for one row
+  // of x: decode), so each chunk of x's codes and block scales is loaded once for them; a row's sum
+  // is taken in the same order whatever NR. gemv_chunk: chunk c of rows i < NR (codes z[i], n
+  // scales of sc[i] from group c * C / gs on), acc[i * TT + t].
+  template <int BITS, class Ld, int TT, int NR>
+  PTLLM_AFFINE_TARGET static void gemv_chunk(const AffineX& x, int t0, const I* z, const char* const* sc, int c,
+                                             int gsh, int n, I didx, I sidx, F* acc) {
     constexpr int KPB = 8 / BITS, C = RB * KPB;
-    I u[KPB];
-    unpack<BITS>(z, u);
-    const F sl = V::perm(Ld::load_n(scales, size_t(c * C) >> gsh, n), sidx);
+    I u[NR][KPB];
+    F sl[NR];
+    PTLLM_AFFINE_UNROLL for (int i = 0; i < NR; ++i) {
+      unpack<BITS>(z[i], u[i]);
+      sl[i] = V::perm(Ld::load_n(sc[i], size_t(c * C) >> gsh, n), sidx);
+    }
     PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
       const int8_t* q = x.q + size_t(t0 + t) * x.ldq + size_t(c) * C;
-      I ai = V::zero_i();
-      PTLLM_AFFINE_UNROLL for (int s = 0; s < KPB; ++s) ai = dot<BITS>(ai, u[s], V::load_i(q + s * RB));
+      I xq[KPB];
+      PTLLM_AFFINE_UNROLL for (int s = 0; s < KPB; ++s) xq[s] = V::load_i(q + s * RB);
       const F dl = V::perm(V::load_f(x.d + size_t(t0 + t) * x.ldd + size_t(c * C / kQ8Block)), didx);
-      acc[t] = V::fma(V::cvt(ai), V::mul(dl, sl), acc[t]);
+      PTLLM_AFFINE_UNROLL for (int i = 0; i < NR; ++i) {
+        I ai = V::zero_i();
+        PTLLM_AFFINE_UNROLL for (int s = 0; s < KPB; ++s) ai = dot<BITS>(ai, u[i][s], xq[s]);
+        acc[i * TT + t] = V::fma(V::cvt(ai), V::mul(dl, sl[i]), acc[i * TT + t]);
+      }
     }
   }
-  template <int BITS, class Ld, int TT>
+  // Rows [r0, r1) in steps of NR, the rows left one at a time.
+  template <int BITS, class Ld, int TT, int NR = 1>
   PTLLM_AFFINE_TARGET static void gemv_rows(const AffineX& x, int t0, const WeightMatrix& w, const float* bias,
                                             float* y, int r0, int r1) {
     constexpr int KPB = 8 / BITS, C = RB * KPB;
     const size_t rb = w.row_bytes();
     const int full = int(rb / RB), gs = w.group_size, gsh = __builtin_ctz(unsigned(gs)), G = w.cols >> gsh;
-    alignas(64) int32_t di[L], si[L];
-    for (int l = 0; l < L; ++l) di[l] = 4 * KPB * l / kQ8Block, si[l] = (4 * KPB * l) >> gsh;
-    const I didx = V::load_i(di), sidx = V::load_i(si);
-    const int ng = std::max(1, C >> gsh);  // groups a chunk spans
-    for (int r = r0; r < r1; ++r) {
-      const uint8_t* row = static_cast<const uint8_t*>(w.data) + size_t(r) * rb;
-      const void* sc = static_cast<const char*>(w.scales) + size_t(r) * size_t(G) * dtype_size(w.dtype);
-      F acc[TT];
-      PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) acc[t] = V::zero_f();
-      for (int c = 0; c < full; ++c) {
-        const uint8_t* p = row + size_t(c) * RB;
-        PTLLM_AFFINE_UNROLL for (int b = 0; b < RB; b += 64) __builtin_prefetch(p + b + kAhead);
-        gemv_chunk<BITS, Ld, TT>(x, t0, V::load_i(p), sc, c, gsh, ng, didx, sidx, acc);
-      }
-      if (size_t(full) * RB < rb) {  // a last, narrower chunk
-        const int g0 = (full * C) >> gsh;
-        gemv_chunk<BITS, Ld, TT>(x, t0, V::load_i_n(row + size_t(full) * RB, int(rb - size_t(full) * RB)), sc, full, gsh,
-                                 std::min(ng, G - g0), didx, sidx, acc);
-      }
-      PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
-        const size_t xt = size_t(t0 + t) * x.ldg;
-        const F a = group_terms<Ld>(w, G, r, x.xs + xt, x.xc + xt, acc[t]);
-        y[size_t(t0 + t) * size_t(w.rows) + size_t(r)] = V::reduce_add(a) + (bias ? bias[r] : 0.f);
-      }
-    }
-  }
-  // One row of x (decode) against NR = 4 weight rows at a time: each chunk's x codes and block
-  // scales are loaded once for the four rows (gemv_rows loads them once a row). Each row's sum is
-  // taken in gemv_rows<.., 1>'s order, so the results are the same bits.
-  static constexpr int NR = 4;
-  // Chunk c (the first nb of its RB bytes: all of them but in a row's narrower last chunk) of rows
-  // row .. row + (NR - 1) * rb, n scales from group c * C / gs on.
-  template <int BITS, class Ld>
-  PTLLM_AFFINE_TARGET static void chunk4(const int8_t* q, const float* xd, const uint8_t* row, size_t rb, const char* sc,
-                                         size_t sb, int c, int n, int nb, int gsh, I didx, I sidx, F* acc) {
-    constexpr int KPB = 8 / BITS, C = RB * KPB;
-    I xq[KPB];
-    PTLLM_AFFINE_UNROLL for (int k = 0; k < KPB; ++k) xq[k] = V::load_i(q + size_t(c) * C + k * RB);
-    const F dl = V::perm(V::load_f(xd + size_t(c * C / kQ8Block)), didx);
-    PTLLM_AFFINE_UNROLL for (int i = 0; i < NR; ++i) {
-      const uint8_t* p = row + size_t(i) * rb + size_t(c) * RB;
-      I u[KPB];
-      unpack<BITS>(nb == RB ? V::load_i(p) : V::load_i_n(p, nb), u);
-      I ai = V::zero_i();
-      PTLLM_AFFINE_UNROLL for (int k = 0; k < KPB; ++k) ai = dot<BITS>(ai, u[k], xq[k]);
-      const F sl = V::perm(Ld::load_n(sc + size_t(i) * sb, size_t(c * C) >> gsh, n), sidx);
-      acc[i] = V::fma(V::cvt(ai), V::mul(dl, sl), acc[i]);
-    }
-  }
-  template <int BITS, class Ld>
-  PTLLM_AFFINE_TARGET static void gemv_rows4(const AffineX& x, int t0, const WeightMatrix& w, const float* bias,
-                                             float* y, int r0, int r1) {
-    constexpr int KPB = 8 / BITS, C = RB * KPB;
-    const size_t rb = w.row_bytes();
-    const int full = int(rb / RB), gs = w.group_size, gsh = __builtin_ctz(unsigned(gs)), G = w.cols >> gsh;
-    alignas(64) int32_t di[L], si[L];
-    for (int l = 0; l < L; ++l) di[l] = 4 * KPB * l / kQ8Block, si[l] = (4 * KPB * l) >> gsh;
-    const I didx = V::load_i(di), sidx = V::load_i(si);
-    const int ng = std::max(1, C >> gsh);  // groups a chunk spans
     const size_t sb = size_t(G) * dtype_size(w.dtype);  // a row's scale bytes
-    const int8_t* q = x.q + size_t(t0) * x.ldq;
-    const float* xd = x.d + size_t(t0) * x.ldd;
+    alignas(64) int32_t di[L], si[L];
+    for (int l = 0; l < L; ++l) di[l] = 4 * KPB * l / kQ8Block, si[l] = (4 * KPB * l) >> gsh;
+    const I didx = V::load_i(di), sidx = V::load_i(si);
+    const int ng = std::max(1, C >> gsh);  // groups a chunk spans
+    const int tail = int(rb - size_t(full) * RB);  // bytes of a last, narrower chunk
     int r = r0;
     for (; r + NR <= r1; r += NR) {
-      const uint8_t* row = static_cast<const uint8_t*>(w.data) + size_t(r) * rb;
-      const char* sc = static_cast<const char*>(w.scales) + size_t(r) * sb;
-      F acc[NR];
-      PTLLM_AFFINE_UNROLL for (int i = 0; i < NR; ++i) acc[i] = V::zero_f();
-      for (int c = 0; c < full; ++c) {
-        PTLLM_AFFINE_UNROLL for (int i = 0; i < NR; ++i)
-          PTLLM_AFFINE_UNROLL for (int b = 0; b < RB; b += 64)
-            __builtin_prefetch(row + size_t(i) * rb + size_t(c) * RB + b + kAhead);
-        chunk4<BITS, Ld>(q, xd, row, rb, sc, sb, c, ng, RB, gsh, didx, sidx, acc);
-      }
-      if (size_t(full) * RB < rb) {  // a last, narrower chunk
-        const int g0 = (full * C) >> gsh;
-        chunk4<BITS, Ld>(q, xd, row, rb, sc, sb, full, std::min(ng, G - g0), int(rb - size_t(full) * RB), gsh, didx, sidx,
-                         acc);
-      }
+      const uint8_t* row[NR];
+      const char* sc[NR];
       PTLLM_AFFINE_UNROLL for (int i = 0; i < NR; ++i) {
-        const size_t xt = size_t(t0) * x.ldg;
-        const F a = group_terms<Ld>(w, G, r + i, x.xs + xt, x.xc + xt, acc[i]);
-        y[size_t(t0) * size_t(w.rows) + size_t(r + i)] = V::reduce_add(a) + (bias ? bias[r + i] : 0.f);
+        row[i] = static_cast<const uint8_t*>(w.data) + size_t(r + i) * rb;
+        sc[i] = static_cast<const char*>(w.scales) + size_t(r + i) * sb;
+      }
+      F acc[NR * TT];
+      PTLLM_AFFINE_UNROLL for (int j = 0; j < NR * TT; ++j) acc[j] = V::zero_f();
+      I z[NR];
+      for (int c = 0; c < full; ++c) {
+        PTLLM_AFFINE_UNROLL for (int i = 0; i < NR; ++i) {
+          const uint8_t* p = row[i] + size_t(c) * RB;
+          PTLLM_AFFINE_UNROLL for (int b = 0; b < RB; b += 64) __builtin_prefetch(p + b + kAhead);
+          z[i] = V::load_i(p);
+        }
+        gemv_chunk<BITS, Ld, TT, NR>(x, t0, z, sc, c, gsh, ng, didx, sidx, acc);
+      }
+      if (tail > 0) {
+        PTLLM_AFFINE_UNROLL for (int i = 0; i < NR; ++i) z[i] = V::load_i_n(row[i] + size_t(full) * RB, tail);
+        gemv_chunk<BITS, Ld, TT, NR>(x, t0, z, sc, full, gsh, std::min(ng, G - ((full * C) >> gsh)), didx, sidx, acc);
+      }
+      PTLLM_AFFINE_UNROLL for (int i = 0; i < NR; ++i) PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
+        const size_t xt = size_t(t0 + t) * x.ldg;
+        const F a = group_terms<Ld>(w, G, r + i, x.xs + xt, x.xc + xt, acc[i * TT + t]);
+        y[size_t(t0 + t) * size_t(w.rows) + size_t(r + i)] = V::reduce_add(a) + (bias ? bias[r + i] : 0.f);
       }
     }
-    if (r < r1) gemv_rows<BITS, Ld, 1>(x, t0, w, bias, y, r, r1);
+    if constexpr (NR > 1)
+      if (r < r1) gemv_rows<BITS, Ld, TT, 1>(x, t0, w, bias, y, r, r1);
   }
   template <int BITS, class Ld>
   PTLLM_AFFINE_TARGET static void gemv_t(const AffineX& x, const WeightMatrix& w, const float* bias, float* y, int r0,
                                          int r1) {
-    if (x.T == 1) return gemv_rows4<BITS, Ld>(x, 0, w, bias, y, r0, r1);
+    if (x.T == 1) return gemv_rows<BITS, Ld, 1, 4>(x, 0, w, bias, y, r0, r1);
     int t = 0;
     for (; t + GTT <= x.T; t += GTT) gemv_rows<BITS, Ld, GTT>(x, t, w, bias, y, r0, r1);
     for (; t + 2 <= x.T; t += 2) gemv_rows<BITS, Ld, 2>(x, t, w, bias, y, r0, r1);
