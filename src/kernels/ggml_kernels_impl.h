@@ -340,7 +340,8 @@ PTLLM_GGML_TARGET void dot_q4k_x4(const uint8_t* row0, size_t rb, int nb, const 
         x1[t] = pair256(x.q[t] + 256 * b + 128 * j + 32);
       }
       PTLLM_GGML_UNROLL for (int r = 0; r < NR; ++r) {
-        const Z rs = _mm512_permutexvar_epi32(_mm512_add_epi32(lane4, _mm512_set1_epi32(4 * r)), sm);  // row r's scales, every lane
+        // Row r's scales in every lane.
+        const Z rs = _mm512_permutexvar_epi32(_mm512_add_epi32(lane4, _mm512_set1_epi32(4 * r)), sm);
         const Z w = _mm512_loadu_si512(blk + size_t(r) * rb + 16 + 64 * j);
         const Z c0 = _mm512_and_si512(w, lo4), c1 = _mm512_and_si512(_mm512_srli_epi16(w, 4), lo4);
         const Z s0 = _mm512_shuffle_epi8(rs, pick[j][0]), s1 = _mm512_shuffle_epi8(rs, pick[j][1]);
@@ -383,9 +384,10 @@ PTLLM_GGML_TARGET void dot_q6k_zmm(const uint8_t* row, int nb, const GgmlActs& a
     const uint8_t* blk = row + size_t(b) * 210u;
     const Z sc16 = _mm512_zextsi256_si512(_mm256_cvtepi8_epi16(load128(blk + 192)));
     Z isum[NT];
-    PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t)  // - 32 sum_g sc_g sum_g(x)
-        isum[t] = _mm512_zextsi256_si512(_mm256_sub_epi32(
-            _mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(load(x.s[t] + 16 * b), _mm512_castsi512_si256(sc16)), 5)));
+    PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {  // - 32 sum_g sc_g sum_g(x)
+      const I m = _mm256_madd_epi16(load(x.s[t] + 16 * b), _mm512_castsi512_si256(sc16));
+      isum[t] = _mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(m, 5)));
+    }
     PTLLM_GGML_UNROLL for (int h = 0; h < 2; ++h) {
       const Z L = _mm512_loadu_si512(blk + 64 * h);
       const Z QH = _mm512_broadcast_i64x4(load(blk + 128 + 32 * h));
@@ -434,42 +436,41 @@ PTLLM_GGML_TARGET void dot_rows(GgmlType type, const uint8_t* row, int nb, const
 // memory once.
 constexpr int kRowTile = 16;
 
+// y[t0 + t][r + i] = out[t * nr + i] + bias[r + i], for t < nt, i < nr.
+PTLLM_GGML_TARGET inline void store_rows(float* y, int ldy, const float* bias, int t0, int nt, int r, int nr,
+                                         const float* out) {
+  for (int t = 0; t < nt; ++t)
+    for (int i = 0; i < nr; ++i)
+      y[size_t(t0 + t) * size_t(ldy) + size_t(r + i)] = out[t * nr + i] + (bias ? bias[r + i] : 0.f);
+}
+
 PTLLM_GGML_TARGET void ggml_rows(const WeightMatrix& w, const GgmlActs& a, const float* bias, float* y, int r0,
                                  int r1) {
   const int nb = w.cols / ggml_type_info(w.ggml).block_elems;
   const size_t rb = w.row_bytes();
   const auto* data = static_cast<const uint8_t*>(w.data);
-  float out[4];
+  float out[8];
   for (int rt = r0; rt < r1; rt += kRowTile) {
     const int re = std::min(r1, rt + kRowTile);
+    int rg = rt;  // the tile's rows from rg on take the one-row kernels
 #if PTLLM_GGML_ZMM
-    if (w.ggml == GgmlType::Q4_K) {
-      // Four rows at a time, against two rows of x at a time; the tile's last rows one by one.
-      const int r4 = rt + (re - rt) / 4 * 4;
+    if (w.ggml == GgmlType::Q4_K) {  // four rows at a time against two rows of x at a time
+      rg = rt + (re - rt) / 4 * 4;
       for (int t0 = 0; t0 < a.T; t0 += 2) {
         const int nt = std::min(2, a.T - t0);
-        for (int r = rt; r < r4; r += 4) {
-          float o[8];
+        for (int r = rt; r < rg; r += 4) {
           if (nt == 2)
-            dot_q4k_x4<2>(data + size_t(r) * rb, rb, nb, a, t0, o);
+            dot_q4k_x4<2>(data + size_t(r) * rb, rb, nb, a, t0, out);
           else
-            dot_q4k_x4<1>(data + size_t(r) * rb, rb, nb, a, t0, o);
-          for (int t = 0; t < nt; ++t)
-            for (int i = 0; i < 4; ++i)
-              y[size_t(t0 + t) * size_t(w.rows) + size_t(r + i)] = o[t * 4 + i] + (bias ? bias[r + i] : 0.f);
-        }
-        for (int r = r4; r < re; ++r) {
-          dot_rows<1>(w.ggml, data + size_t(r) * rb, nb, a, t0, out);
-          if (nt == 2) dot_rows<1>(w.ggml, data + size_t(r) * rb, nb, a, t0 + 1, out + 1);
-          for (int t = 0; t < nt; ++t) y[size_t(t0 + t) * size_t(w.rows) + size_t(r)] = out[t] + (bias ? bias[r] : 0.f);
+            dot_q4k_x4<1>(data + size_t(r) * rb, rb, nb, a, t0, out);
+          store_rows(y, w.rows, bias, t0, nt, r, 4, out);
         }
       }
-      continue;
     }
 #endif
     for (int t0 = 0; t0 < a.T; t0 += 4) {
       const int nt = std::min(4, a.T - t0);
-      for (int r = rt; r < re; ++r) {
+      for (int r = rg; r < re; ++r) {
         const uint8_t* row = data + size_t(r) * rb;
         switch (nt) {
           case 4: dot_rows<4>(w.ggml, row, nb, a, t0, out); break;
@@ -477,8 +478,7 @@ PTLLM_GGML_TARGET void ggml_rows(const WeightMatrix& w, const GgmlActs& a, const
           case 2: dot_rows<2>(w.ggml, row, nb, a, t0, out); break;
           default: dot_rows<1>(w.ggml, row, nb, a, t0, out); break;
         }
-        const float bv = bias ? bias[r] : 0.f;
-        for (int t = 0; t < nt; ++t) y[size_t(t0 + t) * size_t(w.rows) + size_t(r)] = out[t] + bv;
+        store_rows(y, w.rows, bias, t0, nt, r, 1, out);
       }
     }
   }
