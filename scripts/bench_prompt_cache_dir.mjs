@@ -12,27 +12,11 @@
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { alternate, median, metric, post, prompts, ttft } from '../tests/node/bench_util.mjs';
+import { alternate, median, metric, post, prompts, ttft, storeBenchOptions } from '../tests/node/bench_util.mjs';
 import { startServer } from '../tests/node/harness.mjs';
 
-const args = process.argv.slice(2);
-const opt = (name, dflt) => {
-  const i = args.indexOf(name);
-  return i >= 0 ? args[i + 1] : dflt;
-};
-const binary = opt('--binary', 'build/posttrainllm');
-const model = opt('--model', '../shared/models/kjv-small');
-const threads = opt('--threads', '2');
-const history = Number(opt('--history', '1984'));     // tokens of a history (and 64 more fit kjv-small's 2,048)
-const reps = Number(opt('--reps', '5'));              // histories measured, one restart each (medians reported)
-const requests = Number(opt('--requests', '32'));     // requests of the no-reuse workload
-const rounds = Number(opt('--rounds', '4'));          // its rounds, alternating with and without the directory
-const concurrency = Number(opt('--concurrency', '4'));
-const promptLen = Number(opt('--prompt', '512'));
-const genTokens = Number(opt('--gen', '64'));
-// KV settings of every server, e.g. --kv '--kv-quantize int4' or '--streaming-llm-sink 32 --streaming-llm-window 1024'.
-const kvFlags = opt('--kv', '').split(' ').filter((x) => x.length > 0);
-const ctx = String(Math.max(history + 64, promptLen + genTokens + 8));
+const { binary, model, threads, history, reps, requests, rounds, concurrency, promptLen, genTokens, kvFlags, ctx } =
+  storeBenchOptions(process.argv.slice(2));
 
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ptllm-pcache-'));

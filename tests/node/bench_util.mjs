@@ -13,6 +13,31 @@ export const metric = async (srv, name) => {
   const m = t.match(new RegExp(`^${name} (\\S+)$`, 'm'));
   return m ? Number(m[1]) : NaN;
 };
+// The options both store benchmarks take (scripts/bench_kv_store.mjs, scripts/bench_prompt_cache_dir.mjs).
+export function storeBenchOptions(args) {
+  const opt = (name, dflt) => {
+    const i = args.indexOf(name);
+    return i >= 0 ? args[i + 1] : dflt;
+  };
+  const o = {
+    binary: opt('--binary', 'build/posttrainllm'),
+    model: opt('--model', '../shared/models/kjv-small'),
+    threads: opt('--threads', '2'),
+    // Tokens of a history: 1,984 so that it and 64 more fit kjv-small's 2,048 positions.
+    history: Number(opt('--history', '1984')),
+    reps: Number(opt('--reps', '5')),                // histories measured (medians reported)
+    requests: Number(opt('--requests', '32')),       // requests of the no-reuse workload
+    rounds: Number(opt('--rounds', '4')),            // its rounds, alternating with and without the store
+    concurrency: Number(opt('--concurrency', '4')),
+    promptLen: Number(opt('--prompt', '512')),       // their prompt tokens
+    genTokens: Number(opt('--gen', '64')),           // their generated tokens
+    // KV settings of every server, e.g. --kv '--kv-quantize int4' or '--streaming-llm-sink 32 --streaming-llm-window 1024'.
+    kvFlags: opt('--kv', '').split(' ').filter((x) => x.length > 0),
+  };
+  o.ctx = String(Math.max(o.history + 64, o.promptLen + o.genTokens + 8));
+  return o;
+}
+
 export const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 
 // Distinct token-id prompts from the corpus (or the README when the corpus is absent), each begun by
