@@ -28,6 +28,7 @@
 #include "server/api.h"
 #include "store/dir_store.h"
 #include "serve_process.h"
+#include "test_scheduler_util.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -287,31 +288,6 @@ TEST(DirStore, ADirectoryThatCannotBeCreatedIsAStartError) {
 // ---------------------------------------------------------------------------------------------
 // Schedulers over the directory: a restart keeps the prefixes.
 
-std::vector<int32_t> random_prompt(uint32_t seed, int n, int vocab) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> id(3, vocab - 1);
-  std::vector<int32_t> p(size_t(n), 0);
-  for (auto& x : p) x = id(rng);
-  return p;
-}
-
-RequestResult run(Scheduler& sch, std::vector<int32_t> prompt, int max_tokens) {
-  auto done = std::make_shared<std::promise<RequestResult>>();
-  auto fut = done->get_future();
-  Request r;
-  r.prompt = std::move(prompt);
-  r.params.sampling.temperature = 0;
-  r.params.max_tokens = max_tokens;
-  r.params.ignore_eos = true;
-  r.on_done = [done](const RequestResult& res) { done->set_value(res); };
-  sch.submit(std::move(r));
-  if (fut.wait_for(std::chrono::minutes(5)) != std::future_status::ready) {  // a bound, not a timing
-    ADD_FAILURE() << "request did not finish";
-    return {};
-  }
-  return fut.get();
-}
-
 class DirStoreSchedulerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { rt_ = new Runtime({test::repo_model("kjv-tiny"), 2, true}); }
@@ -335,17 +311,17 @@ class DirStoreSchedulerTest : public ::testing::Test {
 Runtime* DirStoreSchedulerTest::rt_ = nullptr;
 
 TEST_F(DirStoreSchedulerTest, ARestartLoadsThePrefixFromTheFilesAndAnswersTheSame) {
-  const auto prompt = random_prompt(41, 200, rt_->config().vocab_size);
+  const auto prompt = test::random_prompt(41, 200, rt_->config().vocab_size);
   RequestResult ref;
   {
     Scheduler single(*rt_, config(nullptr));
-    ref = run(single, prompt, 12);
+    ref = test::run_greedy(single, prompt, 12);
   }
   test::TempDir tmp;
   {
     auto store = open_store(tmp.path);
     Scheduler a(*rt_, config(store.get()));
-    const RequestResult r = run(a, prompt, 12);
+    const RequestResult r = test::run_greedy(a, prompt, 12);
     EXPECT_EQ(r.tokens, ref.tokens);
     EXPECT_EQ(r.cached_tokens, 0);
     a.stop();
@@ -357,7 +333,7 @@ TEST_F(DirStoreSchedulerTest, ARestartLoadsThePrefixFromTheFilesAndAnswersTheSam
   {
     auto store = open_store(tmp.path);
     Scheduler b(*rt_, config(store.get()));
-    const RequestResult r = run(b, prompt, 12);
+    const RequestResult r = test::run_greedy(b, prompt, 12);
     EXPECT_EQ(r.tokens, ref.tokens);
     EXPECT_EQ(r.cached_tokens, 192);  // six full blocks; the seventh holds the last prompt token
     EXPECT_EQ(r.store_tokens, 192);
@@ -375,7 +351,7 @@ TEST_F(DirStoreSchedulerTest, ARestartLoadsThePrefixFromTheFilesAndAnswersTheSam
   }
   auto store = open_store(tmp.path);
   Scheduler c(*rt_, config(store.get()));
-  const RequestResult r = run(c, prompt, 12);
+  const RequestResult r = test::run_greedy(c, prompt, 12);
   EXPECT_EQ(r.tokens, ref.tokens);
   EXPECT_EQ(r.cached_tokens, 0);
   EXPECT_EQ(c.stats().store_rejected, 1u);

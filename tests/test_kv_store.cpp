@@ -18,6 +18,7 @@
 #include "redis_server.h"
 #include "sample/sampler.h"
 #include "store/redis_store.h"
+#include "test_scheduler_util.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -167,32 +168,6 @@ class MemoryStore final : public KVStore {
   KVStoreStats stats_;
 };
 
-std::vector<int32_t> random_prompt(uint32_t seed, int n, int vocab) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> id(3, vocab - 1);
-  std::vector<int32_t> p(size_t(n), 0);
-  for (auto& x : p) x = id(rng);
-  return p;
-}
-
-RequestResult run(Scheduler& sch, std::vector<int32_t> prompt, int max_tokens) {
-  auto done = std::make_shared<std::promise<RequestResult>>();
-  auto fut = done->get_future();
-  Request r;
-  r.prompt = std::move(prompt);
-  r.params.sampling.temperature = 0;
-  r.params.max_tokens = max_tokens;
-  r.params.ignore_eos = true;
-  r.on_done = [done](const RequestResult& res) { done->set_value(res); };
-  sch.submit(std::move(r));
-  // A bound so that a bug fails the test instead of hanging it (not a timing assertion).
-  if (fut.wait_for(std::chrono::minutes(5)) != std::future_status::ready) {
-    ADD_FAILURE() << "request did not finish";
-    return {};
-  }
-  return fut.get();
-}
-
 class StoreSchedulerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { rt_ = new Runtime({test::repo_model("kjv-tiny"), 2, true}); }
@@ -218,29 +193,29 @@ Runtime* StoreSchedulerTest::rt_ = nullptr;
 // A conversation's first turn on A, its second on B (another pool): B loads the history's blocks
 // from the store, computes only the rest, and answers what one scheduler answers alone.
 TEST_F(StoreSchedulerTest, SecondReplicaLoadsTheHistoryAndAnswersTheSame) {
-  const auto turn1 = random_prompt(11, 200, vocab());
+  const auto turn1 = test::random_prompt(11, 200, vocab());
   // One scheduler alone, both turns: the reference.
   std::vector<int32_t> turn2 = turn1;
   RequestResult ref1, ref2;
   {
     Scheduler single(*rt_, config(nullptr));
-    ref1 = run(single, turn1, 20);
+    ref1 = test::run_greedy(single, turn1, 20);
     turn2.insert(turn2.end(), ref1.tokens.begin(), ref1.tokens.end());
-    const auto more = random_prompt(12, 30, vocab());
+    const auto more = test::random_prompt(12, 30, vocab());
     turn2.insert(turn2.end(), more.begin(), more.end());
-    ref2 = run(single, turn2, 16);
+    ref2 = test::run_greedy(single, turn2, 16);
   }
   // A fed turn1 and 19 of its 20 replies: 219 tokens, six full blocks of 32.
   EXPECT_EQ(ref2.cached_tokens, 192);
   MemoryStore store;
   Scheduler a(*rt_, config(&store)), b(*rt_, config(&store));
-  const RequestResult a1 = run(a, turn1, 20);
+  const RequestResult a1 = test::run_greedy(a, turn1, 20);
   EXPECT_EQ(a1.tokens, ref1.tokens);
   EXPECT_EQ(a1.cached_tokens, 0);
   EXPECT_EQ(store.size(), 6u);  // every full block A computed
   const uint64_t lookups_before = store.stats().lookups;  // A's one, its blocks all absent
   EXPECT_EQ(lookups_before, 1u);
-  const RequestResult b2 = run(b, turn2, 16);
+  const RequestResult b2 = test::run_greedy(b, turn2, 16);
   EXPECT_EQ(b2.tokens, ref2.tokens);
   EXPECT_EQ(b2.cached_tokens, 192);
   EXPECT_EQ(b2.store_tokens, 192);
@@ -253,7 +228,7 @@ TEST_F(StoreSchedulerTest, SecondReplicaLoadsTheHistoryAndAnswersTheSame) {
   // B put only what it computed: the blocks of the new turn and its reply.
   EXPECT_EQ(sb.store_puts, (turn2.size() + 15) / 32 - 6);
   // Again on B: now from B's own pool, without asking the store for those blocks.
-  const RequestResult b3 = run(b, turn2, 16);
+  const RequestResult b3 = test::run_greedy(b, turn2, 16);
   EXPECT_EQ(b3.tokens, ref2.tokens);
   EXPECT_EQ(b3.store_tokens, 0);
   EXPECT_GE(b3.cached_tokens, 192);
@@ -265,16 +240,16 @@ TEST_F(StoreSchedulerTest, SecondReplicaLoadsTheHistoryAndAnswersTheSame) {
 }
 
 TEST_F(StoreSchedulerTest, ADamagedOrForeignValueIsAMissAndTheSameAnswer) {
-  const auto prompt = random_prompt(21, 150, vocab());
+  const auto prompt = test::random_prompt(21, 150, vocab());
   RequestResult ref;
   {
     Scheduler single(*rt_, config(nullptr));
-    ref = run(single, prompt, 12);
+    ref = test::run_greedy(single, prompt, 12);
   }
   for (int damage = 0; damage < 2; ++damage) {
     MemoryStore store;
     Scheduler a(*rt_, config(&store));
-    EXPECT_EQ(run(a, prompt, 12).tokens, ref.tokens);
+    EXPECT_EQ(test::run_greedy(a, prompt, 12).tokens, ref.tokens);
     ASSERT_GT(store.size(), 0u);
     if (damage == 0) {
       store.edit([](const std::string&, std::string& v) { v[v.size() / 2] = char(v[v.size() / 2] ^ 1); });
@@ -289,7 +264,7 @@ TEST_F(StoreSchedulerTest, ADamagedOrForeignValueIsAMissAndTheSameAnswer) {
       });
     }
     Scheduler b(*rt_, config(&store));
-    const RequestResult r = run(b, prompt, 12);
+    const RequestResult r = test::run_greedy(b, prompt, 12);
     EXPECT_EQ(r.tokens, ref.tokens);
     EXPECT_EQ(r.cached_tokens, 0);
     EXPECT_EQ(b.stats().store_rejected, 1u);  // the first block fails; the chain stops there
@@ -298,14 +273,14 @@ TEST_F(StoreSchedulerTest, ADamagedOrForeignValueIsAMissAndTheSameAnswer) {
 }
 
 TEST_F(StoreSchedulerTest, AnotherIdentityNeverSeesTheBlocks) {
-  const auto prompt = random_prompt(31, 150, vocab());
+  const auto prompt = test::random_prompt(31, 150, vocab());
   MemoryStore store;
   Scheduler a(*rt_, config(&store));
-  run(a, prompt, 4);
+  test::run_greedy(a, prompt, 4);
   SchedulerConfig other = config(&store);
   other.store_identity[0] ^= 1;  // another build or model
   Scheduler b(*rt_, other);
-  const RequestResult r = run(b, prompt, 4);
+  const RequestResult r = test::run_greedy(b, prompt, 4);
   EXPECT_EQ(r.cached_tokens, 0);
   EXPECT_EQ(b.stats().store_hits, 0u);
   EXPECT_EQ(b.stats().store_rejected, 0u);  // other keys: absent, not refused
@@ -321,7 +296,7 @@ SchedulerConfig with_kv(SchedulerConfig c, const char* kv, const Runtime& rt) {
 // Every KV setting exchanges its blocks, and two settings never each other's: their identities
 // differ (the keys), and so do their chained hashes (the values' and the pool's keys).
 TEST_F(StoreSchedulerTest, AnotherKVSettingNeverSeesTheBlocks) {
-  const auto prompt = random_prompt(33, 200, vocab());
+  const auto prompt = test::random_prompt(33, 200, vocab());
   MemoryStore store;
   const SchedulerConfig int8 = with_kv(config(&store), "int8 r32", *rt_);
   SchedulerConfig int4 = with_kv(config(&store), "int4 r32", *rt_);
@@ -329,13 +304,13 @@ TEST_F(StoreSchedulerTest, AnotherKVSettingNeverSeesTheBlocks) {
   RequestResult first;
   {
     Scheduler a(*rt_, int8);
-    first = run(a, prompt, 4);
+    first = test::run_greedy(a, prompt, 4);
   }
   ASSERT_GT(store.size(), 0u);
   for (bool same_identity : {false, true}) {
     if (same_identity) int4.store_identity = int8.store_identity;  // as if the keys could not tell them apart
     Scheduler b(*rt_, int4);
-    const RequestResult r = run(b, prompt, 4);
+    const RequestResult r = test::run_greedy(b, prompt, 4);
     EXPECT_EQ(r.cached_tokens, 0) << same_identity;
     EXPECT_EQ(b.stats().store_hits, 0u) << same_identity;
     EXPECT_EQ(b.stats().store_rejected, 0u) << same_identity;  // other keys: absent, not refused
@@ -343,7 +318,7 @@ TEST_F(StoreSchedulerTest, AnotherKVSettingNeverSeesTheBlocks) {
   }
   // The same setting again (another replica): its blocks, on the prefill grid of 64.
   Scheduler c(*rt_, int8);
-  const RequestResult r = run(c, prompt, 4);
+  const RequestResult r = test::run_greedy(c, prompt, 4);
   EXPECT_EQ(r.tokens, first.tokens);
   EXPECT_EQ(r.cached_tokens, 192);
   EXPECT_EQ(r.store_tokens, 192);
@@ -367,32 +342,32 @@ TEST_F(StoreSchedulerTest, KiviSettingsThatNeverAdoptAreRefused) {
   }
   // The same without a store: served, nothing to refuse.
   Scheduler plain(*rt_, with_kv(config(nullptr), "int4 r32 sink4 w200", *rt_));
-  EXPECT_EQ(run(plain, random_prompt(3, 40, vocab()), 2).reason, FinishReason::Length);
+  EXPECT_EQ(test::run_greedy(plain, test::random_prompt(3, 40, vocab()), 2).reason, FinishReason::Length);
 }
 
 // A KIVI replica continuing another's conversation answers what a cold scheduler answers.
 TEST_F(StoreSchedulerTest, KiviReplicasAnswerAsAColdScheduler) {
-  const auto turn1 = random_prompt(13, 230, vocab());
+  const auto turn1 = test::random_prompt(13, 230, vocab());
   for (const char* kv : {"int4 r32", "int2 r64"}) {
     MemoryStore store;
     const SchedulerConfig c = with_kv(config(&store), kv, *rt_);
     Scheduler a(*rt_, c), b(*rt_, c);
-    const RequestResult a1 = run(a, turn1, 20);
+    const RequestResult a1 = test::run_greedy(a, turn1, 20);
     std::vector<int32_t> turn2 = turn1;
     turn2.insert(turn2.end(), a1.tokens.begin(), a1.tokens.end());
-    const auto more = random_prompt(14, 30, vocab());
+    const auto more = test::random_prompt(14, 30, vocab());
     turn2.insert(turn2.end(), more.begin(), more.end());
-    const RequestResult b2 = run(b, turn2, 16);
+    const RequestResult b2 = test::run_greedy(b, turn2, 16);
     RequestResult cold;
     {
       Scheduler fresh(*rt_, with_kv(config(nullptr), kv, *rt_));
-      cold = run(fresh, turn2, 16);
+      cold = test::run_greedy(fresh, turn2, 16);
     }
     EXPECT_EQ(b2.tokens, cold.tokens) << kv;
     EXPECT_GT(b2.store_tokens, 0) << kv;
     EXPECT_EQ(b2.cached_tokens % 64, 0) << kv;  // on the prefill grid
     // A, whose pool holds the history, also adopts on the grid and answers the same.
-    EXPECT_EQ(run(a, turn2, 16).tokens, cold.tokens) << kv;
+    EXPECT_EQ(test::run_greedy(a, turn2, 16).tokens, cold.tokens) << kv;
   }
 }
 
@@ -556,12 +531,12 @@ TEST_F(RedisStoreTest, SchedulersKeepAnsweringWhenRedisDies) {
   c.parallel = 2;
   c.prefill_chunk = 64;
   c.store_identity = prompt_cache_identity(rt.model(), rt.tokenizer(), c.session.kv).config_key;
-  const auto p1 = random_prompt(41, 170, rt.config().vocab_size), p2 = random_prompt(42, 120, rt.config().vocab_size);
+  const auto p1 = test::random_prompt(41, 170, rt.config().vocab_size), p2 = test::random_prompt(42, 120, rt.config().vocab_size);
   RequestResult ref1, ref2;
   {
     Scheduler single(rt, c);
-    ref1 = run(single, p1, 8);
-    ref2 = run(single, p2, 8);
+    ref1 = test::run_greedy(single, p1, 8);
+    ref2 = test::run_greedy(single, p2, 8);
   }
   test::RedisServer redis;
   auto sa = open(redis.url()), sb = open(redis.url());
@@ -569,15 +544,15 @@ TEST_F(RedisStoreTest, SchedulersKeepAnsweringWhenRedisDies) {
   ca.store = sa.get();
   cb.store = sb.get();
   Scheduler a(rt, ca), b(rt, cb);
-  EXPECT_EQ(run(a, p1, 8).tokens, ref1.tokens);
+  EXPECT_EQ(test::run_greedy(a, p1, 8).tokens, ref1.tokens);
   ASSERT_TRUE(sa->flush(std::chrono::seconds(30)));
-  const RequestResult hit = run(b, p1, 8);
+  const RequestResult hit = test::run_greedy(b, p1, 8);
   EXPECT_EQ(hit.tokens, ref1.tokens);
   EXPECT_EQ(hit.store_tokens, 128);  // 160 would leave a last chunk of 10, not the cold one's 42
   redis.kill();
-  EXPECT_EQ(run(a, p2, 8).tokens, ref2.tokens);
-  EXPECT_EQ(run(b, p2, 8).tokens, ref2.tokens);
-  EXPECT_EQ(run(a, p1, 8).tokens, ref1.tokens);  // from A's own pool
+  EXPECT_EQ(test::run_greedy(a, p2, 8).tokens, ref2.tokens);
+  EXPECT_EQ(test::run_greedy(b, p2, 8).tokens, ref2.tokens);
+  EXPECT_EQ(test::run_greedy(a, p1, 8).tokens, ref1.tokens);  // from A's own pool
   EXPECT_GE(b.stats().store_io.errors, 1u);
 }
 

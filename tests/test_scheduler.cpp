@@ -13,19 +13,12 @@
 #include "engine/session.h"
 #include "sample/sampler.h"
 #include "test_greedy.h"
+#include "test_scheduler_util.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ptllm {
 namespace {
-
-std::vector<int32_t> random_prompt(uint32_t seed, int n, int vocab) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> id(3, vocab - 1);
-  std::vector<int32_t> p(size_t(n), 0);
-  for (auto& x : p) x = id(rng);
-  return p;
-}
 
 // The reference: one private Session, greedy, every step fed alone.
 std::vector<int32_t> alone(Runtime& rt, const SessionOptions& o, const std::vector<int32_t>& prompt, int steps) {
@@ -92,7 +85,7 @@ Runtime* SchedulerTest::rt_ = nullptr;
 
 void expect_batched_equals_alone(Runtime& rt, SchedulerConfig cfg, int n, int steps) {
   std::vector<std::vector<int32_t>> prompts;
-  for (int i = 0; i < n; ++i) prompts.push_back(random_prompt(uint32_t(100 + i), 7 + 37 * i, rt.config().vocab_size));
+  for (int i = 0; i < n; ++i) prompts.push_back(test::random_prompt(uint32_t(100 + i), 7 + 37 * i, rt.config().vocab_size));
   Scheduler sch(rt, cfg);
   std::vector<Pending> pending;
   for (const auto& p : prompts) pending.push_back(submit(sch, p, greedy(steps)));
@@ -114,7 +107,7 @@ void expect_batched_equals_alone(Runtime& rt, SchedulerConfig cfg, int n, int st
 TEST_F(SchedulerTest, SessionAdoptPrefixThenFeedBatch) {
   SessionOptions o = config(1).session;
   KVPool pool(rt_->model().kv_shape(), o.kv, 2);
-  const auto p = random_prompt(70, 150, vocab());
+  const auto p = test::random_prompt(70, 150, vocab());
   {
     Session first(rt_->model(), o, rt_->pool(), &pool);
     first.feed(p);
@@ -155,14 +148,14 @@ TEST_F(SchedulerTest, LongPromptDoesNotFreezeARunningStream) {
   int a_pieces = 0, a_pieces_at_b = -1;
   std::promise<void> a_started;
   bool signalled = false;
-  Pending a = submit(sch, random_prompt(50, 20, vocab()), greedy(120), [&](std::string_view) {
+  Pending a = submit(sch, test::random_prompt(50, 20, vocab()), greedy(120), [&](std::string_view) {
     std::lock_guard lk(mu);
     ++a_pieces;
     if (!signalled) a_started.set_value(), signalled = true;
   });
   a_started.get_future().wait();
   // 448 tokens in chunks of 64: seven steps, each with one of a's tokens beside it.
-  Pending b = submit(sch, random_prompt(51, 448, vocab()), greedy(4), [&](std::string_view) {
+  Pending b = submit(sch, test::random_prompt(51, 448, vocab()), greedy(4), [&](std::string_view) {
     std::lock_guard lk(mu);
     if (a_pieces_at_b < 0) a_pieces_at_b = a_pieces;
   });
@@ -176,7 +169,7 @@ TEST_F(SchedulerTest, LongPromptDoesNotFreezeARunningStream) {
 // beside it is unaffected.
 TEST_F(SchedulerTest, CancelledRequestFreesItsBlocks) {
   Scheduler sch(*rt_, config(2));
-  const auto pa = random_prompt(1, 90, vocab()), pb = random_prompt(2, 50, vocab());
+  const auto pa = test::random_prompt(1, 90, vocab()), pb = test::random_prompt(2, 50, vocab());
   std::shared_ptr<std::atomic<bool>> flag;
   std::atomic<int> pieces{0};
   Pending a = submit(sch, pa, greedy(300), [&](std::string_view) {
@@ -198,11 +191,11 @@ TEST_F(SchedulerTest, CancelledRequestFreesItsBlocks) {
 // A request cancelled before it starts never takes a block.
 TEST_F(SchedulerTest, CancelledWhileQueued) {
   Scheduler sch(*rt_, config(1));
-  Pending a = submit(sch, random_prompt(3, 40, vocab()), greedy(40));
+  Pending a = submit(sch, test::random_prompt(3, 40, vocab()), greedy(40));
   Pending b;
   b.cancel->store(true);
   Request r;
-  r.prompt = random_prompt(4, 40, vocab());
+  r.prompt = test::random_prompt(4, 40, vocab());
   r.params = greedy(40);
   r.cancel = b.cancel;
   r.on_done = [d = b.done](const RequestResult& res) { d->set_value(res); };
@@ -225,7 +218,7 @@ TEST_F(SchedulerTest, PoolTooSmallQueuesAndAllComplete) {
   std::vector<std::vector<int32_t>> prompts;
   std::vector<Pending> pending;
   for (int i = 0; i < 5; ++i) {
-    prompts.push_back(random_prompt(uint32_t(20 + i), 100, vocab()));
+    prompts.push_back(test::random_prompt(uint32_t(20 + i), 100, vocab()));
     pending.push_back(submit(sch, prompts.back(), greedy(40)));
   }
   for (int i = 0; i < 5; ++i) {
@@ -243,7 +236,7 @@ TEST_F(SchedulerTest, PromptLargerThanThePoolFails) {
   const size_t block = size_t(c.session.kv.group_size) * 2 * size_t(rt_->model().kv_shape().kv_dim()) * sizeof(float);
   c.kv_budget_bytes = 8 * block;  // two blocks per layer: 64 tokens
   Scheduler sch(*rt_, c);
-  Pending p = submit(sch, random_prompt(5, 200, vocab()), greedy(4));
+  Pending p = submit(sch, test::random_prompt(5, 200, vocab()), greedy(4));
   const RequestResult r = wait(p);
   EXPECT_EQ(r.reason, FinishReason::Error);
   EXPECT_NE(r.error.find("--kv-budget-mb"), std::string::npos) << r.error;
@@ -255,7 +248,7 @@ TEST_F(SchedulerTest, PromptLargerThanThePoolFails) {
 // the reply is the same.
 TEST_F(SchedulerTest, RepeatedPromptReportsCachedTokens) {
   Scheduler sch(*rt_, config(2));
-  const auto p = random_prompt(6, 100, vocab());
+  const auto p = test::random_prompt(6, 100, vocab());
   Pending first = submit(sch, p, greedy(12));
   const RequestResult r1 = wait(first);
   Pending second = submit(sch, p, greedy(12));
@@ -272,12 +265,12 @@ TEST_F(SchedulerTest, RepeatedPromptReportsCachedTokens) {
 // one at a time, so each later one adopts the prefix the first computed, and replies are unchanged.
 TEST_F(SchedulerTest, SimultaneousRequestsComputeASharedPrefixOnce) {
   Scheduler sch(*rt_, config(3));
-  const auto system = random_prompt(60, 300, vocab());
+  const auto system = test::random_prompt(60, 300, vocab());
   std::vector<std::vector<int32_t>> prompts;
   std::vector<Pending> pending;
   for (int i = 0; i < 3; ++i) {
     prompts.push_back(system);
-    const auto tail = random_prompt(uint32_t(61 + i), 20, vocab());
+    const auto tail = test::random_prompt(uint32_t(61 + i), 20, vocab());
     prompts.back().insert(prompts.back().end(), tail.begin(), tail.end());
     pending.push_back(submit(sch, prompts.back(), greedy(8)));
   }
@@ -292,7 +285,7 @@ TEST_F(SchedulerTest, SimultaneousRequestsComputeASharedPrefixOnce) {
 
 // A stop string ends the reply where it begins, with finish reason stop.
 TEST_F(SchedulerTest, StopStringEndsTheReply) {
-  const auto p = random_prompt(7, 30, vocab());
+  const auto p = test::random_prompt(7, 30, vocab());
   const std::string full = rt_->tokenizer().decode(alone(*rt_, config(1).session, p, 40));
   ASSERT_GT(full.size(), 20u);
   const std::string stop = full.substr(full.size() / 2, 3);
@@ -308,13 +301,13 @@ TEST_F(SchedulerTest, StopStringEndsTheReply) {
 
 TEST_F(SchedulerTest, BadRequestsFailAtOnce) {
   Scheduler sch(*rt_, config(1));
-  Pending longer = submit(sch, random_prompt(8, 600, vocab()), greedy(4));
+  Pending longer = submit(sch, test::random_prompt(8, 600, vocab()), greedy(4));
   const RequestResult r = wait(longer);
   EXPECT_EQ(r.reason, FinishReason::Error);
   EXPECT_NE(r.error.find("more than the context of 512"), std::string::npos) << r.error;
   Pending empty = submit(sch, {}, greedy(4));
   EXPECT_EQ(wait(empty).error, "the prompt is empty");
-  Pending zero = submit(sch, random_prompt(9, 5, vocab()), greedy(0));
+  Pending zero = submit(sch, test::random_prompt(9, 5, vocab()), greedy(0));
   EXPECT_EQ(wait(zero).reason, FinishReason::Error);
 }
 
@@ -322,13 +315,13 @@ TEST_F(SchedulerTest, BadRequestsFailAtOnce) {
 TEST_F(SchedulerTest, StopCancelsEverything) {
   auto sch = std::make_unique<Scheduler>(*rt_, config(1));
   std::vector<Pending> pending;
-  for (int i = 0; i < 3; ++i) pending.push_back(submit(*sch, random_prompt(uint32_t(30 + i), 20, vocab()), greedy(400)));
+  for (int i = 0; i < 3; ++i) pending.push_back(submit(*sch, test::random_prompt(uint32_t(30 + i), 20, vocab()), greedy(400)));
   sch->stop();
   for (auto& p : pending) {
     const RequestResult r = wait(p);
     EXPECT_TRUE(r.reason == FinishReason::Cancelled || r.reason == FinishReason::Length);
   }
-  Pending late = submit(*sch, random_prompt(40, 20, vocab()), greedy(4));
+  Pending late = submit(*sch, test::random_prompt(40, 20, vocab()), greedy(4));
   const RequestResult r = wait(late);
   EXPECT_EQ(r.reason, FinishReason::Cancelled);
   EXPECT_EQ(r.error, "the server is shutting down");
