@@ -20,44 +20,11 @@
 #include "kv/kv_cache.h"
 #include "model/model.h"
 #include "test_greedy.h"
+#include "test_memory_store.h"
 #include "test_util.h"
 
 namespace ptllm {
 namespace {
-
-class MapStore final : public KVStore {
- public:
-  std::vector<std::optional<std::string>> get(std::span<const std::string> keys) override {
-    std::lock_guard lk(mu_);
-    ++stats_.lookups;
-    std::vector<std::optional<std::string>> out;
-    for (const auto& k : keys) {
-      auto it = map_.find(k);
-      out.push_back(it == map_.end() ? std::nullopt : std::optional<std::string>(it->second));
-    }
-    return out;
-  }
-  void put(std::string key, std::string value) override {
-    std::lock_guard lk(mu_);
-    ++stats_.writes;
-    map_[std::move(key)] = std::move(value);
-  }
-  bool flush(std::chrono::milliseconds) override { return true; }
-  KVStoreStats stats() const override {
-    std::lock_guard lk(mu_);
-    return stats_;
-  }
-  std::string describe() const override { return "map"; }
-  size_t size() const {
-    std::lock_guard lk(mu_);
-    return map_.size();
-  }
-
- private:
-  mutable std::mutex mu_;
-  std::map<std::string, std::string> map_;
-  KVStoreStats stats_;
-};
 
 struct Setting {
   const char* name;
@@ -149,7 +116,7 @@ TEST_P(ExchangeEverySetting, LoadedBlocksContinueExactlyAsAColdComputation) {
   const auto more = random_ids(2, 45, vocab);
   turn2.insert(turn2.end(), more.begin(), more.end());
 
-  MapStore store;
+  test::MemoryStore store;
   BlockExchange ex(store, Digest{}, "t");
   {
     KVPool a_pool(model->kv_shape(), o.kv, 2);
@@ -185,7 +152,7 @@ TEST_P(ExchangeEverySetting, APoolWithoutRoomImportsLessAndAnswersTheSame) {
   o.kv.ctx_size = 640;
   o.kv = parse_kv_config(st.kv, o.kv);
   const std::vector<int32_t> prompt = random_ids(5, 330, model->config().vocab_size);
-  MapStore store;
+  test::MemoryStore store;
   BlockExchange ex(store, Digest{}, "t");
   {
     KVPool a_pool(model->kv_shape(), o.kv, 1);
@@ -228,7 +195,7 @@ TEST(ExchangeKivi, AdoptionEndsOnTheGridAndGroupsAreQuantizedAgain) {
   o.kv.ctx_size = 640;
   o.kv = parse_kv_config("int4 r32", o.kv);
   const std::vector<int32_t> prompt = random_ids(7, 250, model->config().vocab_size);
-  MapStore store;
+  test::MemoryStore store;
   BlockExchange ex(store, Digest{}, "t");
   {
     KVPool a_pool(model->kv_shape(), o.kv, 1);
@@ -300,7 +267,7 @@ TEST(ExchangeTail, AShortTailIsNeverLeftToAdoption) {
       o.kv.ctx_size = 640;
       o.kv = parse_kv_config(kv, o.kv);
       const std::vector<int32_t> prompt = random_ids(5, len, model->config().vocab_size);
-      MapStore store;
+      test::MemoryStore store;
       BlockExchange ex(store, Digest{}, "t");
       {
         KVPool a_pool(model->kv_shape(), o.kv, 1);

@@ -18,6 +18,7 @@
 #include "redis_server.h"
 #include "sample/sampler.h"
 #include "store/redis_store.h"
+#include "test_memory_store.h"
 #include "test_scheduler_util.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
@@ -126,48 +127,6 @@ TEST(KVStoreUrl, ParsesAndRefusesWithTheFlagsName) {
 // ---------------------------------------------------------------------------------------------
 // Schedulers exchanging blocks through a store (in memory here; Redis below).
 
-class MemoryStore final : public KVStore {
- public:
-  std::vector<std::optional<std::string>> get(std::span<const std::string> keys) override {
-    std::lock_guard lk(mu_);
-    ++stats_.lookups;
-    std::vector<std::optional<std::string>> out;
-    for (const auto& k : keys) {
-      auto it = map_.find(k);
-      if (it == map_.end()) out.emplace_back();
-      else out.emplace_back(it->second);
-    }
-    stats_.keys_looked_up += keys.size();
-    return out;
-  }
-  void put(std::string key, std::string value) override {
-    std::lock_guard lk(mu_);
-    ++stats_.writes;
-    map_[std::move(key)] = std::move(value);
-  }
-  bool flush(std::chrono::milliseconds) override { return true; }
-  KVStoreStats stats() const override {
-    std::lock_guard lk(mu_);
-    return stats_;
-  }
-  std::string describe() const override { return "memory"; }
-  // Changes every value: f(key, value).
-  template <typename F>
-  void edit(F f) {
-    std::lock_guard lk(mu_);
-    for (auto& [k, v] : map_) f(k, v);
-  }
-  size_t size() const {
-    std::lock_guard lk(mu_);
-    return map_.size();
-  }
-
- private:
-  mutable std::mutex mu_;
-  std::map<std::string, std::string> map_;
-  KVStoreStats stats_;
-};
-
 class StoreSchedulerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { rt_ = new Runtime({test::repo_model("kjv-tiny"), 2, true}); }
@@ -207,7 +166,7 @@ TEST_F(StoreSchedulerTest, SecondReplicaLoadsTheHistoryAndAnswersTheSame) {
   }
   // A fed turn1 and 19 of its 20 replies: 219 tokens, six full blocks of 32.
   EXPECT_EQ(ref2.cached_tokens, 192);
-  MemoryStore store;
+  test::MemoryStore store;
   Scheduler a(*rt_, config(&store)), b(*rt_, config(&store));
   const RequestResult a1 = test::run_greedy(a, turn1, 20);
   EXPECT_EQ(a1.tokens, ref1.tokens);
@@ -247,7 +206,7 @@ TEST_F(StoreSchedulerTest, ADamagedOrForeignValueIsAMissAndTheSameAnswer) {
     ref = test::run_greedy(single, prompt, 12);
   }
   for (int damage = 0; damage < 2; ++damage) {
-    MemoryStore store;
+    test::MemoryStore store;
     Scheduler a(*rt_, config(&store));
     EXPECT_EQ(test::run_greedy(a, prompt, 12).tokens, ref.tokens);
     ASSERT_GT(store.size(), 0u);
@@ -274,7 +233,7 @@ TEST_F(StoreSchedulerTest, ADamagedOrForeignValueIsAMissAndTheSameAnswer) {
 
 TEST_F(StoreSchedulerTest, AnotherIdentityNeverSeesTheBlocks) {
   const auto prompt = test::random_prompt(31, 150, vocab());
-  MemoryStore store;
+  test::MemoryStore store;
   Scheduler a(*rt_, config(&store));
   test::run_greedy(a, prompt, 4);
   SchedulerConfig other = config(&store);
@@ -297,7 +256,7 @@ SchedulerConfig with_kv(SchedulerConfig c, const char* kv, const Runtime& rt) {
 // differ (the keys), and so do their chained hashes (the values' and the pool's keys).
 TEST_F(StoreSchedulerTest, AnotherKVSettingNeverSeesTheBlocks) {
   const auto prompt = test::random_prompt(33, 200, vocab());
-  MemoryStore store;
+  test::MemoryStore store;
   const SchedulerConfig int8 = with_kv(config(&store), "int8 r32", *rt_);
   SchedulerConfig int4 = with_kv(config(&store), "int4 r32", *rt_);
   ASSERT_NE(int8.store_identity, int4.store_identity);
@@ -326,7 +285,7 @@ TEST_F(StoreSchedulerTest, AnotherKVSettingNeverSeesTheBlocks) {
 
 // What can never take a block from the store is refused, naming the flag and the setting.
 TEST_F(StoreSchedulerTest, KiviSettingsThatNeverAdoptAreRefused) {
-  MemoryStore store;
+  test::MemoryStore store;
   SchedulerConfig small = with_kv(config(&store), "int4 r32", *rt_);
   small.prefill_chunk = 32;
   SchedulerConfig sinks = with_kv(config(&store), "int4 r32 sink4 w200", *rt_);
@@ -349,7 +308,7 @@ TEST_F(StoreSchedulerTest, KiviSettingsThatNeverAdoptAreRefused) {
 TEST_F(StoreSchedulerTest, KiviReplicasAnswerAsAColdScheduler) {
   const auto turn1 = test::random_prompt(13, 230, vocab());
   for (const char* kv : {"int4 r32", "int2 r64"}) {
-    MemoryStore store;
+    test::MemoryStore store;
     const SchedulerConfig c = with_kv(config(&store), kv, *rt_);
     Scheduler a(*rt_, c), b(*rt_, c);
     const RequestResult a1 = test::run_greedy(a, turn1, 20);
