@@ -21,6 +21,7 @@
 #include "model/model.h"
 #include "test_greedy.h"
 #include "test_memory_store.h"
+#include "test_scheduler_util.h"
 #include "test_util.h"
 
 namespace ptllm {
@@ -35,14 +36,6 @@ struct Setting {
 
 std::filesystem::path model_dir(const Setting& s) {
   return s.shared ? test::shared_model(s.model) : test::repo_model(s.model);
-}
-
-std::vector<int32_t> random_ids(uint32_t seed, size_t n, int vocab) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> id(3, vocab - 1);
-  std::vector<int32_t> p(n);
-  for (auto& x : p) x = id(rng);
-  return p;
 }
 
 // The prefixes a fresh session may adopt of an n-token prompt and give a cold computation's output
@@ -68,6 +61,39 @@ void compute_and_put(Session& s, KVPool& pool, BlockExchange& ex, std::span<cons
     ex.save(pool, s.history(), hashes, saved, blocks);
     saved = blocks;
   }
+}
+
+// The options of every session here: room for the prompts, the setting's KV configuration.
+SessionOptions options(const char* kv) {
+  SessionOptions o;
+  o.kv.ctx_size = 640;
+  o.kv = parse_kv_config(kv, o.kv);
+  return o;
+}
+
+// `prompt` computed on a pool of its own (for `parallel` sequences) and its blocks put to `ex`.
+void put_computed(const Model& m, const SessionOptions& o, ThreadPool& tp, BlockExchange& ex,
+                  std::span<const int32_t> prompt, int parallel = 1) {
+  KVPool pool(m.kv_shape(), o.kv, parallel);
+  Session s(m, o, tp, &pool);
+  compute_and_put(s, pool, ex, prompt);
+}
+
+// The reference: `prompt` and `steps` greedy tokens computed cold, on a fresh pool.
+test::Greedy cold_greedy(const Model& m, const SessionOptions& o, ThreadPool& tp, std::span<const int32_t> prompt,
+                         int steps, int parallel = 1) {
+  KVPool pool(m.kv_shape(), o.kv, parallel);
+  Session s(m, o, tp, &pool);
+  return test::greedy(s, prompt, steps);
+}
+
+// The same tokens and the same logits, bit for bit.
+::testing::AssertionResult same_bits(const test::Greedy& got, const test::Greedy& want) {
+  if (got.ids != want.ids) return ::testing::AssertionFailure() << "other tokens";
+  if (got.last_logits.size() != want.last_logits.size() ||
+      std::memcmp(got.last_logits.data(), want.last_logits.data(), want.last_logits.size() * sizeof(float)) != 0)
+    return ::testing::AssertionFailure() << "other logits";
+  return ::testing::AssertionSuccess();
 }
 
 struct Continued {
@@ -105,24 +131,18 @@ TEST_P(ExchangeEverySetting, LoadedBlocksContinueExactlyAsAColdComputation) {
   if (!std::filesystem::exists(dir / "config.json")) GTEST_SKIP() << dir << " not present";
   auto model = Model::load(dir);
   ThreadPool tp(2);
-  SessionOptions o;
-  o.kv.ctx_size = 640;
-  o.kv = parse_kv_config(st.kv, o.kv);
+  const SessionOptions o = options(st.kv);
   o.kv.validate();
   const int vocab = model->config().vocab_size;
   // A conversation: a first turn, then it again with a reply and a new turn.
-  const std::vector<int32_t> turn1 = random_ids(1, 300, vocab);
+  const std::vector<int32_t> turn1 = test::random_prompt(1, 300, vocab);
   std::vector<int32_t> turn2 = turn1;
-  const auto more = random_ids(2, 45, vocab);
+  const auto more = test::random_prompt(2, 45, vocab);
   turn2.insert(turn2.end(), more.begin(), more.end());
 
   test::MemoryStore store;
   BlockExchange ex(store, Digest{}, "t");
-  {
-    KVPool a_pool(model->kv_shape(), o.kv, 2);
-    Session a(*model, o, tp, &a_pool);
-    compute_and_put(a, a_pool, ex, turn1);
-  }
+  put_computed(*model, o, tp, ex, turn1, 2);
   ASSERT_GT(store.size(), 0u);
   KVPool b_pool(model->kv_shape(), o.kv, 2);
   const Continued got = load_and_continue(*model, o, tp, b_pool, ex, turn2, 12);
@@ -130,14 +150,8 @@ TEST_P(ExchangeEverySetting, LoadedBlocksContinueExactlyAsAColdComputation) {
   EXPECT_GT(got.adopted, 0);
   EXPECT_LE(size_t(got.adopted), size_t(b_pool.token_block(b_pool.adoptable_limit() - 1).start +
                                         b_pool.token_block(b_pool.adoptable_limit() - 1).len));
-  // Cold: a fresh pool, the whole prompt computed.
-  KVPool c_pool(model->kv_shape(), o.kv, 2);
-  Session cold(*model, o, tp, &c_pool);
-  const test::Greedy want = test::greedy(cold, turn2, 12);
-  EXPECT_EQ(got.g.ids, want.ids);
-  ASSERT_EQ(got.g.last_logits.size(), want.last_logits.size());
-  EXPECT_EQ(std::memcmp(got.g.last_logits.data(), want.last_logits.data(), want.last_logits.size() * sizeof(float)), 0)
-      << "logits differ after " << got.adopted << " adopted tokens";
+  EXPECT_TRUE(same_bits(got.g, cold_greedy(*model, o, tp, turn2, 12, 2)))
+      << "after " << got.adopted << " adopted tokens";
   EXPECT_EQ(b_pool.dense().in_use() + b_pool.quant().in_use(), 0u);
 }
 
@@ -148,17 +162,11 @@ TEST_P(ExchangeEverySetting, APoolWithoutRoomImportsLessAndAnswersTheSame) {
   if (!std::filesystem::exists(dir / "config.json")) GTEST_SKIP() << dir << " not present";
   auto model = Model::load(dir);
   ThreadPool tp(2);
-  SessionOptions o;
-  o.kv.ctx_size = 640;
-  o.kv = parse_kv_config(st.kv, o.kv);
-  const std::vector<int32_t> prompt = random_ids(5, 330, model->config().vocab_size);
+  const SessionOptions o = options(st.kv);
+  const std::vector<int32_t> prompt = test::random_prompt(5, 330, model->config().vocab_size);
   test::MemoryStore store;
   BlockExchange ex(store, Digest{}, "t");
-  {
-    KVPool a_pool(model->kv_shape(), o.kv, 1);
-    Session a(*model, o, tp, &a_pool);
-    compute_and_put(a, a_pool, ex, prompt);
-  }
+  put_computed(*model, o, tp, ex, prompt);
   // Room for three token blocks and a few more, then nothing: the rest is computed.
   KVPool full(model->kv_shape(), o.kv, 1);
   std::vector<int32_t> taken;
@@ -168,12 +176,8 @@ TEST_P(ExchangeEverySetting, APoolWithoutRoomImportsLessAndAnswersTheSame) {
   const Continued got = load_and_continue(*model, o, tp, full, ex, prompt, 4, [&] {
     for (int32_t id : taken) full.dense().release(id);
   });
-  KVPool c_pool(model->kv_shape(), o.kv, 1);
-  Session cold(*model, o, tp, &c_pool);
-  const test::Greedy want = test::greedy(cold, prompt, 4);
   EXPECT_LE(got.hits, 3u);
-  EXPECT_EQ(got.g.ids, want.ids);
-  EXPECT_EQ(std::memcmp(got.g.last_logits.data(), want.last_logits.data(), want.last_logits.size() * sizeof(float)), 0);
+  EXPECT_TRUE(same_bits(got.g, cold_greedy(*model, o, tp, prompt, 4)));
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -191,17 +195,11 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(ExchangeKivi, AdoptionEndsOnTheGridAndGroupsAreQuantizedAgain) {
   auto model = Model::load(test::repo_model("kjv-tiny"));
   ThreadPool tp(2);
-  SessionOptions o;
-  o.kv.ctx_size = 640;
-  o.kv = parse_kv_config("int4 r32", o.kv);
-  const std::vector<int32_t> prompt = random_ids(7, 250, model->config().vocab_size);
+  const SessionOptions o = options("int4 r32");
+  const std::vector<int32_t> prompt = test::random_prompt(7, 250, model->config().vocab_size);
   test::MemoryStore store;
   BlockExchange ex(store, Digest{}, "t");
-  {
-    KVPool a_pool(model->kv_shape(), o.kv, 1);
-    Session a(*model, o, tp, &a_pool);
-    compute_and_put(a, a_pool, ex, prompt);
-  }
+  put_computed(*model, o, tp, ex, prompt);
   KVPool b_pool(model->kv_shape(), o.kv, 2);
   Session b(*model, o, tp, &b_pool);
   ASSERT_TRUE(b.cache().cut_dependent());
@@ -224,9 +222,7 @@ TEST(ExchangeKivi, AdoptionEndsOnTheGridAndGroupsAreQuantizedAgain) {
 TEST(ExchangeStreaming, ShortSinkBlocksTravelWithTheirLength) {
   auto model = Model::load(test::repo_model("kjv-tiny"));
   ThreadPool tp(1);
-  SessionOptions o;
-  o.kv.ctx_size = 640;
-  o.kv = parse_kv_config("sink4 w200", o.kv);
+  const SessionOptions o = options("sink4 w200");
   KVPool pool(model->kv_shape(), o.kv, 1);
   EXPECT_EQ(pool.token_block(0).start, 0);
   EXPECT_EQ(pool.token_block(0).len, 4);
@@ -236,7 +232,7 @@ TEST(ExchangeStreaming, ShortSinkBlocksTravelWithTheirLength) {
   EXPECT_EQ(pool.complete_blocks(4), 1u);
   EXPECT_EQ(pool.complete_blocks(35), 1u);
   EXPECT_EQ(pool.complete_blocks(36), 2u);
-  const std::vector<int32_t> prompt = random_ids(8, 100, model->config().vocab_size);
+  const std::vector<int32_t> prompt = test::random_prompt(8, 100, model->config().vocab_size);
   Session s(*model, o, tp, &pool);
   s.feed(prompt);
   std::vector<BlockHash> hashes;
@@ -263,24 +259,17 @@ TEST(ExchangeTail, AShortTailIsNeverLeftToAdoption) {
   ThreadPool tp(2);
   for (const char* kv : {"fp32", "sink4 w200 pos=cache"})
     for (size_t len : {322u, 328u}) {
-      SessionOptions o;
-      o.kv.ctx_size = 640;
-      o.kv = parse_kv_config(kv, o.kv);
-      const std::vector<int32_t> prompt = random_ids(5, len, model->config().vocab_size);
+      const SessionOptions o = options(kv);
+      const std::vector<int32_t> prompt = test::random_prompt(5, int(len), model->config().vocab_size);
       test::MemoryStore store;
       BlockExchange ex(store, Digest{}, "t");
-      {
-        KVPool a_pool(model->kv_shape(), o.kv, 1);
-        Session a(*model, o, tp, &a_pool);
-        compute_and_put(a, a_pool, ex, prompt);
-      }
-      KVPool c_pool(model->kv_shape(), o.kv, 1);
-      Session cold(*model, o, tp, &c_pool);
-      const test::Greedy want = test::greedy(cold, prompt, 3);
+      put_computed(*model, o, tp, ex, prompt);
+      const test::Greedy want = cold_greedy(*model, o, tp, prompt, 3);
       for (size_t room : {1u, 2u, 3u, 12u}) {
         KVPool pool(model->kv_shape(), o.kv, 1);
         std::vector<int32_t> taken;
-        while (pool.dense().available() > room * size_t(model->config().n_layers)) taken.push_back(pool.dense().acquire());
+        while (pool.dense().available() > room * size_t(model->config().n_layers))
+          taken.push_back(pool.dense().acquire());
         const Continued got = load_and_continue(*model, o, tp, pool, ex, prompt, 3, [&] {
           for (int32_t id : taken) pool.dense().release(id);
         });
@@ -290,8 +279,7 @@ TEST(ExchangeTail, AShortTailIsNeverLeftToAdoption) {
         if (room == 12) {
           EXPECT_EQ(got.adopted, std::string(kv) == "fp32" ? 288 : 0) << kv << " " << len;
         }
-        EXPECT_EQ(got.g.ids, want.ids);
-        EXPECT_EQ(std::memcmp(got.g.last_logits.data(), want.last_logits.data(), want.last_logits.size() * sizeof(float)), 0)
+        EXPECT_TRUE(same_bits(got.g, want))
             << kv << ": a prompt of " << len << " tokens, " << got.adopted << " adopted";
       }
     }
