@@ -288,27 +288,10 @@ TEST(DirStore, ADirectoryThatCannotBeCreatedIsAStartError) {
 // ---------------------------------------------------------------------------------------------
 // Schedulers over the directory: a restart keeps the prefixes.
 
-class DirStoreSchedulerTest : public ::testing::Test {
+class DirStoreSchedulerTest : public test::StoreSchedulerFixture {
  protected:
-  static void SetUpTestSuite() { rt_ = new Runtime({test::repo_model("kjv-tiny"), 2, true}); }
-  static void TearDownTestSuite() {
-    delete rt_;
-    rt_ = nullptr;
-  }
-  static SchedulerConfig config(KVStore* store) {
-    SchedulerConfig c;
-    c.session.kv.ctx_size = 512;
-    c.parallel = 2;
-    c.prefill_chunk = 64;
-    c.eos_ids = {1};
-    c.store = store;
-    c.store_flag = "--prompt-cache-dir";
-    if (store) c.store_identity = prompt_cache_identity(rt_->model(), rt_->tokenizer(), c.session.kv).config_key;
-    return c;
-  }
-  static Runtime* rt_;
+  static SchedulerConfig config(KVStore* store) { return StoreSchedulerFixture::config(store, "--prompt-cache-dir"); }
 };
-Runtime* DirStoreSchedulerTest::rt_ = nullptr;
 
 TEST_F(DirStoreSchedulerTest, ARestartLoadsThePrefixFromTheFilesAndAnswersTheSame) {
   const auto prompt = test::random_prompt(41, 200, rt_->config().vocab_size);

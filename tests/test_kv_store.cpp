@@ -127,27 +127,7 @@ TEST(KVStoreUrl, ParsesAndRefusesWithTheFlagsName) {
 // ---------------------------------------------------------------------------------------------
 // Schedulers exchanging blocks through a store (in memory here; Redis below).
 
-class StoreSchedulerTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() { rt_ = new Runtime({test::repo_model("kjv-tiny"), 2, true}); }
-  static void TearDownTestSuite() {
-    delete rt_;
-    rt_ = nullptr;
-  }
-  static SchedulerConfig config(KVStore* store) {
-    SchedulerConfig c;
-    c.session.kv.ctx_size = 512;
-    c.parallel = 2;
-    c.prefill_chunk = 64;
-    c.eos_ids = {1};
-    c.store = store;
-    if (store) c.store_identity = prompt_cache_identity(rt_->model(), rt_->tokenizer(), c.session.kv).config_key;
-    return c;
-  }
-  int vocab() const { return rt_->config().vocab_size; }
-  static Runtime* rt_;
-};
-Runtime* StoreSchedulerTest::rt_ = nullptr;
+class StoreSchedulerTest : public test::StoreSchedulerFixture {};
 
 // A conversation's first turn on A, its second on B (another pool): B loads the history's blocks
 // from the store, computes only the rest, and answers what one scheduler answers alone.

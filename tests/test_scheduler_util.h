@@ -10,7 +10,10 @@
 #include <random>
 #include <vector>
 
+#include "engine/prompt_cache.h"
+#include "engine/runtime.h"
 #include "engine/scheduler.h"
+#include "test_util.h"
 
 namespace ptllm::test {
 
@@ -41,5 +44,30 @@ inline RequestResult run_greedy(Scheduler& sch, std::vector<int32_t> prompt, int
   }
   return fut.get();
 }
+
+// Schedulers on kjv-tiny sharing a store (the Redis and directory store tests): one Runtime for the
+// suite; config(store) is two sequences of 512 tokens, prefill chunks of 64, with `store` (null:
+// none) under the identity the server gives it.
+class StoreSchedulerFixture : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { rt_ = new Runtime({repo_model("kjv-tiny"), 2, true}); }
+  static void TearDownTestSuite() {
+    delete rt_;
+    rt_ = nullptr;
+  }
+  static SchedulerConfig config(KVStore* store, const char* flag = "--kv-store") {
+    SchedulerConfig c;
+    c.session.kv.ctx_size = 512;
+    c.parallel = 2;
+    c.prefill_chunk = 64;
+    c.eos_ids = {1};
+    c.store = store;
+    c.store_flag = flag;
+    if (store) c.store_identity = prompt_cache_identity(rt_->model(), rt_->tokenizer(), c.session.kv).config_key;
+    return c;
+  }
+  static int vocab() { return rt_->config().vocab_size; }
+  static inline Runtime* rt_ = nullptr;
+};
 
 }  // namespace ptllm::test
