@@ -171,6 +171,7 @@ void affine_matmul(const float* x, int T, const WeightMatrix& w, const float* bi
   const AffineKernelTable* kt = affine_table(k);
   if (!kt) throw Error("affine kernel " + std::string(affine_kernel_name(k)) + " is not available on this CPU");
   if (!affine_fast(w)) return generic_matmul(x, T, w, bias, y, pool);
+  static_assert(kAffineGemvMaxT <= kMatmulSmallRows);  // ops.h
   const bool gemv = path == AffinePath::Gemv || (path == AffinePath::Auto && T <= kAffineGemvMaxT);
   // x rounded once per call, shared by the threads.
   thread_local AffineXBuffers buf;

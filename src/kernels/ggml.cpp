@@ -174,6 +174,7 @@ constexpr size_t kMinWeightsPerThread = 32 * 1024;
 // Rows of x at or below which the product is a gemv (each weight row read once, decoded in
 // registers for all of them).
 constexpr int kGemvMaxT = 4;
+static_assert(kGemvMaxT <= kMatmulSmallRows);  // ops.h
 
 // The generic product (types without integer kernels): each row dequantized once, then dotted with
 // every x row.

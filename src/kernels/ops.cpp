@@ -108,8 +108,10 @@ namespace {
 // two meet near T = 6 on Zen).
 constexpr int kGemvMaxT = 6;
 // BF16 weights: the gemv's tiles of several weight rows (kernels_impl.h gemv_tiles_bf16) stay ahead
-// of packing up to here (product/gemv/16 and product/gemm/16).
-constexpr int kGemvMaxTBf16 = 16;
+// of packing up to here (product/gemv/16 and product/gemm/16). The largest of the formats' switch
+// points, which ops.h publishes as kMatmulSmallRows.
+constexpr int kGemvMaxTBf16 = kMatmulSmallRows;
+static_assert(kGemvMaxT <= kMatmulSmallRows);
 // Fewest weights a thread's share of a gemv holds: below it, handing work to another thread costs
 // more than it saves (tiny models).
 constexpr size_t kGemvMinWeightsPerThread = 32 * 1024;
