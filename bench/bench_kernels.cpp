@@ -3,7 +3,7 @@
 //       (ggml_<type>_rows64: 64 rows of a block format against one quantized row of x)
 //   prefill/<shape>/{ours_bf16,ours_f32,openblas_f32}   matmul at the prefill shapes of Llama-3.2-1B
 //       (512 tokens) next to OpenBLAS sgemm on the same shapes and threads
-//   product/{gemv,gemm}/<T>           the two product kernels at small T (where matmul switches)
+//   product/{gemv,gemm,amx}/<T>       the product kernels at small T (where matmul switches)
 //   product/{bf16,ggml_<type>}/{gemv,gemm}/<T>/<N>x<K>   matmul over llama.cpp's block formats
 //       (Q4_K, Q6_K, Q8_0, Q4_0) beside bf16 at the same shapes: decode (T = 1, 8), prefill (64, 256);
 //       2048x2048, 5632x2048, and kjv-small's 1376x512 and 8192x512
@@ -32,6 +32,7 @@
 #include "core/thread_pool.h"
 #include "kernels/ggml.h"
 #include "kernels/affine.h"
+#include "kernels/amx.h"
 #include "kernels/ops.h"
 #include "kernels/quant.h"
 #include "kernels/simd.h"
@@ -399,7 +400,7 @@ void register_prefill() {
 // ---- gemv against gemm at small T ----------------------------------------------------------------
 
 void register_products() {
-  for (const char* kind : {"gemv", "gemm"})
+  for (const char* kind : {"gemv", "gemm", "amx"})
     for (int T : {1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128}) {
       benchmark::RegisterBenchmark((std::string("product/") + kind + "/" + std::to_string(T)).c_str(),
                                    [kind, T](benchmark::State& st) {
@@ -410,10 +411,17 @@ void register_products() {
                                      const WeightMatrix m{DType::BF16, w.data(), N, K};
                                      const KernelTable& k = active_kernels();
                                      const bool gemv = std::string(kind) == "gemv";
+                                     if (std::string(kind) == "amx" && !amx_takes(m)) {
+                                       st.SkipWithError("no AMX on this CPU or OS");
+                                       return;
+                                     }
+                                     const bool amx = std::string(kind) == "amx";
                                      const int panels = (T + k.gemm_mr - 1) / k.gemm_mr;
                                      std::vector<float> ap(size_t(panels) * size_t(k.gemm_mr) * K);
                                      for (auto _ : st) {
-                                       if (gemv) {
+                                       if (amx) {
+                                         amx_matmul(x.data(), T, m, nullptr, y.data(), pool());
+                                       } else if (gemv) {
                                          pool().parallel_for(
                                              size_t(N),
                                              [&](size_t b, size_t e) { k.gemv(x.data(), T, m, nullptr, y.data(), int(b), int(e)); },

@@ -16,6 +16,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "kernels/amx.h"
 #include "kernels/ggml.h"
 #include "kernels/ops.h"
 #include "kernels/simd.h"
@@ -600,9 +601,14 @@ TEST_P(GgmlProduct, ScalarTwinWithinTheActivationRoundingBound) {
   EXPECT_GT(worst, 0.0);  // x really was quantized
 }
 
-// matmul (ops.h) under every SIMD target, through a pool: the same as the scalar twin.
+// matmul (ops.h) under every SIMD target, through a pool: the same as the scalar twin. The block
+// kernels alone: AMX, which takes T = 17 where the CPU has it, is tested in test_amx.cpp.
 TEST_P(GgmlProduct, MatmulUnderEverySimdTarget) {
   const ProductCase c = GetParam();
+  struct NoAmx {
+    NoAmx() { set_amx_enabled(false); }
+    ~NoAmx() { set_amx_enabled(true); }
+  } no_amx;
   std::mt19937 rng(13);
   std::normal_distribution<float> g(0.f, 1.f);
   const auto blocks = random_matrix(c.type, c.rows, c.cols, false, 29);

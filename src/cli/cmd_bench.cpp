@@ -145,7 +145,7 @@ int run_bench_command(BenchArgs& a) {
   const double bytes_per_token = double(r.weight_bytes_per_token + r.kv_bytes_per_token);
   const double floor_tok_s = bw.read_gb_s * 1e9 / bytes_per_token;
   const double fraction = r.decode_tok_s / floor_tok_s;
-  const std::string simd(simd_target_name(active_simd_target()));
+  const std::string simd = active_kernels_name();
 
   if (a.json) {
     nlohmann::json j = {

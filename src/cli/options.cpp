@@ -354,7 +354,7 @@ std::string version_text() {
   const char* compiler = "an unknown compiler";
 #endif
   return std::string("posttrainllm ") + PTLLM_VERSION + " (git " + PTLLM_GIT_DESCRIBE + ", " + PTLLM_BUILD_TYPE +
-         " build, " + compiler + ", kernels " + std::string(simd_target_name(active_simd_target())) +
+         " build, " + compiler + ", kernels " + active_kernels_name() +
          " on this CPU)";
 }
 

@@ -205,7 +205,7 @@ PromptCacheIdentity prompt_cache_identity(const Model& model, const Tokenizer& t
   const FileStamp exe = stamp("/proc/self/exe").value_or(FileStamp{});
   h.field("executable size", int64_t(exe.size));
   h.field("executable mtime", exe.mtime_ns);
-  h.field("kernels", simd_target_name(active_simd_target()));
+  h.field("kernels", active_kernels_name());
   h.field("tokenizer", tok.fingerprint());
   h.field("vocab", id.vocab_size);
   h.field("layers", id.n_layers);

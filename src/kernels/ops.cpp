@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/affine.h"
+#include "kernels/amx.h"
 #include "kernels/ggml.h"
 #include "kernels/quant.h"
 #include "kernels/simd.h"
@@ -116,9 +117,17 @@ static_assert(kGemvMaxT <= kMatmulSmallRows);
 // more than it saves (tiny models).
 constexpr size_t kGemvMinWeightsPerThread = 32 * 1024;
 constexpr size_t kGemmMaxPartRows = 512;  // matmul, gemm: the widest part a thread takes
+// BF16 weights on AMX (kernels/amx.h) from this many rows of x: fewer stream faster through the
+// gemv (bench_kernels product/gemv/T against product/amx/T). Other formats take
+// AMX (through bf16 copies of their rows) only above kMatmulSmallRows, where their rows are shared
+// by enough rows of x to pay for the copies.
+constexpr int kAmxMinRows = 8;
+static_assert(kAmxMinRows <= kMatmulSmallRows);
 }  // namespace
 
 void matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool) {
+  if (T >= kAmxMinRows && amx_takes(w)) return amx_matmul(x, T, w, bias, y, pool);
+  if (T > kMatmulSmallRows && amx_takes_dequantized(w)) return amx_matmul(x, T, w, bias, y, pool);
   if (w.format == WeightFormat::Affine) return affine_matmul(x, T, w, bias, y, pool);
   if (w.format == WeightFormat::Ggml) return ggml_matmul(x, T, w, bias, y, pool);
   const KernelTable& k = active_kernels();

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "kernels/amx.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -79,6 +80,10 @@ const KernelTable& detail::select_best_kernels() {
   const KernelTable* expected = nullptr;
   g_active_kernels.compare_exchange_strong(expected, best);
   return *g_active_kernels.load();
+}
+
+std::string active_kernels_name() {
+  return std::string(simd_target_name(active_simd_target())) + (amx_active() ? "+amx" : "");
 }
 
 void set_simd_target(SimdTarget t) {

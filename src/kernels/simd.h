@@ -5,6 +5,7 @@
 // At first use the best target this CPU and OS support is chosen; ops.h's functions go through it.
 #include <atomic>
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -78,6 +79,9 @@ inline const KernelTable& active_kernels() {
   return k ? *k : detail::select_best_kernels();
 }
 inline SimdTarget active_simd_target() { return active_kernels().target; }
+// What computes the numbers: the active target's name, with "+amx" where BF16 products run on AMX
+// (kernels/amx.h). Part of the prompt cache's key: another name may round differently.
+std::string active_kernels_name();
 // Process-wide switch, for tests and benchmarks; not safe while kernels run on other threads.
 // Throws ptllm::Error if the target is unavailable.
 void set_simd_target(SimdTarget t);

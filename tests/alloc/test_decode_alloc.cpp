@@ -154,7 +154,7 @@ TEST(AffineAllocTest, ProductsAllocateNothingAfterTheFirstCall) {
   const WeightMatrix w = affine_matrix(codes.data(), sc.data(), bi.data(), DType::F16, 4, 64, rows, cols);
   std::vector<float> x(size_t(T) * cols, 0.5f), y(size_t(T) * rows);
   ThreadPool pool(1);
-  for (int t : {1, T}) matmul(x.data(), t, w, nullptr, y.data(), pool);
+  for (int t : {1, 4, T}) matmul(x.data(), t, w, nullptr, y.data(), pool);
   const long before = g_news.load();
   for (int i = 0; i < 20; ++i)
     for (int t : {1, 4, T}) matmul(x.data(), t, w, nullptr, y.data(), pool);
