@@ -60,7 +60,8 @@ void expect_close_to_reference(const float* x, int T, const WeightMatrix& w, con
     weight_row(w, r, row.data());
     for (int t = 0; t < T; ++t) {
       double mag = 0;
-      for (int k = 0; k < w.cols; ++k) mag += std::fabs(double(row[size_t(k)]) * x[size_t(t) * size_t(w.cols) + size_t(k)]);
+      const float* xt = x + size_t(t) * size_t(w.cols);
+      for (int k = 0; k < w.cols; ++k) mag += std::fabs(double(row[size_t(k)]) * xt[k]);
       const size_t i = size_t(t) * size_t(w.rows) + size_t(r);
       ASSERT_NEAR(y[i], ref[i], 4e-5 * mag + 1e-6) << what << " row " << r << " of x " << t << " (T " << T << ", "
                                                    << w.rows << " x " << w.cols << ")";

@@ -138,22 +138,35 @@ PTLLM_AMX void pack_slabs(const float* x, int T, int K, int s0, int s1, uint32_t
   }
 }
 
-// One output tile (16 x 16 floats, `nrows` weight rows) into y: y[t][r + o] = hi sum + lo sum + bias.
-inline void write_tile(const float* cb, int nrows, int r, int slab, int T, int ldy, const float* bias, float* y) {
+// One output tile (16 x 16 floats, `nrows` weight rows) into y: y[t][r + o] = hi sum + lo sum (+
+// the lo tile's two sums, for weights split in two, amx_rows_dequantized) + bias. The tile is
+// transposed in registers so that each row of y takes one (masked) store of its 16 outputs.
+PTLLM_AMX void write_tile(const float* cb, const float* lo_cb, int nrows, int r, int slab, int T, int ldy,
+                          const float* bias, float* y) {
   const int nt = std::min(kSlabRows, T - slab * kSlabRows);
-  for (int o = 0; o < nrows; ++o) {
-    const float* row = cb + o * 16;
-    for (int c = 0; c < nt; ++c) {
-      float v = row[c] + row[kSlabRows + c];
-      if (bias) v += bias[r + o];
-      y[size_t(slab * kSlabRows + c) * size_t(ldy) + size_t(r + o)] = v;
+  const __mmask16 m = nrows >= 16 ? __mmask16(0xffff) : __mmask16((1u << nrows) - 1);
+  __m512i rows[16], cols[16], lo_cols[16];
+  for (int o = 0; o < 16; ++o) rows[o] = _mm512_loadu_si512(cb + 16 * o);  // rows past nrows: unused lanes
+  transpose16(rows, cols);
+  if (lo_cb) {
+    for (int o = 0; o < 16; ++o) rows[o] = _mm512_loadu_si512(lo_cb + 16 * o);
+    transpose16(rows, lo_cols);
+  }
+  const __m512 b = bias ? _mm512_maskz_loadu_ps(m, bias + r) : _mm512_setzero_ps();
+  for (int c = 0; c < nt; ++c) {
+    __m512 v = _mm512_add_ps(_mm512_castsi512_ps(cols[c]), _mm512_castsi512_ps(cols[kSlabRows + c]));
+    if (lo_cb) {
+      const __m512 l = _mm512_add_ps(_mm512_castsi512_ps(lo_cols[c]), _mm512_castsi512_ps(lo_cols[kSlabRows + c]));
+      v = _mm512_add_ps(v, l);
     }
+    if (bias) v = _mm512_add_ps(v, b);
+    _mm512_mask_storeu_ps(y + size_t(slab * kSlabRows + c) * size_t(ldy) + size_t(r), m, v);
   }
 }
 
-// The 16 rows of the weight tile kPrefetchTiles tiles to the right, asked for while this one is
-// read: 16 (or 32, 64) rows a matrix row apart are more streams than the hardware prefetcher
-// follows. 16 tiles (1 KiB of each row) ahead: 2.61-2.69 ms for kjv-small's matrices at T = 16
+// The 16 rows of the weight tile kPrefetchTiles tiles to the right (1 KiB further along each row),
+// asked for while this one is read: 16-64 rows a matrix row apart are more streams than the
+// hardware prefetcher follows. Measured: 2.61-2.69 ms for kjv-small's matrices at T = 16
 // from L3, against 2.85-3.86 ms without (two threads, three runs each, this VM).
 constexpr int kPrefetchTiles = 16;
 PTLLM_AMX inline void prefetch_tile(const char* w, size_t ldw) {
@@ -251,7 +264,8 @@ PTLLM_AMX void amx_rows(const uint32_t* xp, int T, const WeightMatrix& w, const 
     if (nslabs == 1) {
       const int no = std::min(4, (r1 - r) / kTileRows);
       run_one_slab(no, w0, ldw, xp, nkc, cb);
-      for (int i = 0; i < no; ++i) write_tile(cb + i * 256, kTileRows, r + i * kTileRows, 0, T, w.rows, bias, y);
+      for (int i = 0; i < no; ++i)
+        write_tile(cb + i * 256, nullptr, kTileRows, r + i * kTileRows, 0, T, w.rows, bias, y);
       r += no * kTileRows;
       continue;
     }
@@ -262,11 +276,12 @@ PTLLM_AMX void amx_rows(const uint32_t* xp, int T, const WeightMatrix& w, const 
       else tiles_two_slabs<1>(w0, ldw, xp + size_t(s) * slab_words, xp + size_t(s + 1) * slab_words, nkc, cb);
       for (int i = 0; i < no; ++i)
         for (int j = 0; j < 2; ++j)
-          write_tile(cb + (i * 2 + j) * 256, kTileRows, r + i * kTileRows, s + j, T, w.rows, bias, y);
+          write_tile(cb + (i * 2 + j) * 256, nullptr, kTileRows, r + i * kTileRows, s + j, T, w.rows, bias, y);
     }
     if (s < nslabs) {
       run_one_slab(no, w0, ldw, xp + size_t(s) * slab_words, nkc, cb);
-      for (int i = 0; i < no; ++i) write_tile(cb + i * 256, kTileRows, r + i * kTileRows, s, T, w.rows, bias, y);
+      for (int i = 0; i < no; ++i)
+        write_tile(cb + i * 256, nullptr, kTileRows, r + i * kTileRows, s, T, w.rows, bias, y);
     }
     r += no * kTileRows;
   }
@@ -275,7 +290,7 @@ PTLLM_AMX void amx_rows(const uint32_t* xp, int T, const WeightMatrix& w, const 
     const char* w0 = base + size_t(r) * ldw;
     for (int s = 0; s < nslabs; ++s) {
       tiles_one_slab<1>(w0, ldw, xp + size_t(s) * slab_words, nkc, cb);
-      write_tile(cb, r1 - r, r, s, T, w.rows, bias, y);
+      write_tile(cb, nullptr, r1 - r, r, s, T, w.rows, bias, y);
     }
   }
   _tile_release();
@@ -291,21 +306,6 @@ PTLLM_AMX void split_row(const float* w, int K, uint16_t* hi, uint16_t* lo) {
     split32(w + k, h, l);
     _mm512_storeu_si512(hi + k, h);
     _mm512_storeu_si512(lo + k, l);
-  }
-}
-
-// y = (hi tile's two halves) + (lo tile's two halves) + bias, as write_tile for one tile.
-inline void write_tile_pair(const float* hi, const float* lo, int nrows, int r, int slab, int T, int ldy,
-                            const float* bias, float* y) {
-  const int nt = std::min(kSlabRows, T - slab * kSlabRows);
-  for (int o = 0; o < nrows; ++o) {
-    const float* h = hi + o * 16;
-    const float* l = lo + o * 16;
-    for (int c = 0; c < nt; ++c) {
-      float v = (h[c] + h[kSlabRows + c]) + (l[c] + l[kSlabRows + c]);
-      if (bias) v += bias[r + o];
-      y[size_t(slab * kSlabRows + c) * size_t(ldy) + size_t(r + o)] = v;
-    }
   }
 }
 
@@ -339,11 +339,11 @@ PTLLM_AMX void amx_rows_dequantized(const uint32_t* xp, int T, const WeightMatri
     int s = 0;
     for (; s + 2 <= nslabs; s += 2) {  // tiles: (hi, slab s), (hi, s + 1), (lo, s), (lo, s + 1)
       tiles_two_slabs<2>(w0, ldw, xp + size_t(s) * slab_words, xp + size_t(s + 1) * slab_words, nkc, cb);
-      for (int j = 0; j < 2; ++j) write_tile_pair(cb + j * 256, cb + (2 + j) * 256, nr, r, s + j, T, w.rows, bias, y);
+      for (int j = 0; j < 2; ++j) write_tile(cb + j * 256, cb + (2 + j) * 256, nr, r, s + j, T, w.rows, bias, y);
     }
     if (s < nslabs) {  // tiles: hi, lo
       tiles_one_slab<2>(w0, ldw, xp + size_t(s) * slab_words, nkc, cb);
-      write_tile_pair(cb, cb + 256, nr, r, s, T, w.rows, bias, y);
+      write_tile(cb, cb + 256, nr, r, s, T, w.rows, bias, y);
     }
     _tile_release();  // weight_row of the next rows runs no tile code
   }
