@@ -356,6 +356,39 @@ TEST_F(RedisStoreTest, PutThenGetInOneRoundTrip) {
   EXPECT_EQ(st.dropped_writes, 0u);
 }
 
+// A long lookup is cut in two halves, asked for at once on two connections: the values come back in
+// the keys' order, misses where they are, and the lookup counts once.
+TEST_F(RedisStoreTest, ALongLookupComesBackInOrder) {
+  test::RedisServer redis;
+  ASSERT_TRUE(redis.running());
+  auto s = open(redis.url());
+  std::vector<std::string> keys;
+  uint64_t stored = 0;
+  for (int i = 0; i < 21; ++i) {
+    keys.push_back("t:" + std::to_string(i));
+    if (i % 5 == 3) continue;  // 3, 8, 13, 18: never written
+    const std::string v(size_t(1000 + 7 * i), char('a' + i));
+    s->put(keys.back(), v);
+    stored += v.size();
+  }
+  ASSERT_TRUE(s->flush(std::chrono::seconds(30)));
+  const auto v = s->get(keys);
+  ASSERT_EQ(v.size(), keys.size());
+  for (int i = 0; i < 21; ++i) {
+    if (i % 5 == 3) {
+      EXPECT_FALSE(v[size_t(i)]) << i;
+      continue;
+    }
+    ASSERT_TRUE(v[size_t(i)]) << i;
+    EXPECT_EQ(*v[size_t(i)], std::string(size_t(1000 + 7 * i), char('a' + i))) << i;
+  }
+  const KVStoreStats st = s->stats();
+  EXPECT_EQ(st.lookups, 1u);
+  EXPECT_EQ(st.keys_looked_up, 21u);
+  EXPECT_EQ(st.bytes_in, stored);
+  EXPECT_EQ(st.errors, 0u);
+}
+
 TEST_F(RedisStoreTest, ValuesExpireAfterTheirTtl) {
   test::RedisServer redis;
   auto s = open(redis.url(), nullptr, /*ttl=*/2);
