@@ -123,15 +123,21 @@ Continued load_and_continue(const Model& m, const SessionOptions& o, ThreadPool&
   return c;
 }
 
-class ExchangeEverySetting : public ::testing::TestWithParam<Setting> {};
+// Each setting's model (skipped where it is not present), its options and two threads.
+class ExchangeEverySetting : public ::testing::TestWithParam<Setting> {
+ protected:
+  void SetUp() override {
+    const auto dir = model_dir(GetParam());
+    if (!std::filesystem::exists(dir / "config.json")) GTEST_SKIP() << dir << " not present";
+    model = Model::load(dir);
+    o = options(GetParam().kv);
+  }
+  std::unique_ptr<Model> model;
+  SessionOptions o;
+  ThreadPool tp{2};
+};
 
 TEST_P(ExchangeEverySetting, LoadedBlocksContinueExactlyAsAColdComputation) {
-  const Setting& st = GetParam();
-  const auto dir = model_dir(st);
-  if (!std::filesystem::exists(dir / "config.json")) GTEST_SKIP() << dir << " not present";
-  auto model = Model::load(dir);
-  ThreadPool tp(2);
-  const SessionOptions o = options(st.kv);
   o.kv.validate();
   const int vocab = model->config().vocab_size;
   // A conversation: a first turn, then it again with a reply and a new turn.
@@ -157,12 +163,6 @@ TEST_P(ExchangeEverySetting, LoadedBlocksContinueExactlyAsAColdComputation) {
 
 // A pool that runs out while importing stops there: a shorter adoption, the same output.
 TEST_P(ExchangeEverySetting, APoolWithoutRoomImportsLessAndAnswersTheSame) {
-  const Setting& st = GetParam();
-  const auto dir = model_dir(st);
-  if (!std::filesystem::exists(dir / "config.json")) GTEST_SKIP() << dir << " not present";
-  auto model = Model::load(dir);
-  ThreadPool tp(2);
-  const SessionOptions o = options(st.kv);
   const std::vector<int32_t> prompt = test::random_prompt(5, 330, model->config().vocab_size);
   test::MemoryStore store;
   BlockExchange ex(store, Digest{}, "t");

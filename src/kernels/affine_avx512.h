@@ -2,6 +2,7 @@
 // included by affine_avx512.cpp (PTLLM_AFFINE_VNNI 0: bytes multiplied by vpmaddubsw, summed by
 // vpmaddwd) and affine_avx512_vnni.cpp (1: vpdpbusd, four byte products summed a lane at once).
 #include "kernels/affine_q8.h"
+#include "kernels/transpose_avx512.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -77,31 +78,14 @@ struct Avx512Affine {
   PTLLM_AFFINE_TARGET static F load_f16_n(const uint16_t* p, int n) {
     return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask(n), p));
   }
-  // out[q][i] = dword q of rows[i] (null: 0), q < n, 16 dwords of 16 rows at a time: pairs, then
-  // quads within 128-bit lanes, then lanes (as kernels_avx512.cpp's float transpose).
+  // out[q][i] = dword q of rows[i] (null: 0), q < n, 16 dwords of 16 rows at a time
+  // (transpose_avx512.h).
   PTLLM_AFFINE_TARGET static void transpose_dwords(const uint8_t* const* rows, int n, uint32_t (*out)[16]) {
     for (int q0 = 0; q0 < n; q0 += 16) {
       const __mmask16 m = mask(n - q0);
-      I r[16], t[16], s[16];
+      I r[16];
       for (int i = 0; i < 16; ++i) r[i] = rows[i] ? _mm512_maskz_loadu_epi32(m, rows[i] + 4 * q0) : zero_i();
-      for (int i = 0; i < 8; ++i) {
-        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-      }
-      for (int g = 0; g < 4; ++g) {  // s[4g + j], lane L: dword 4L + j of rows 4g .. 4g + 3
-        s[4 * g] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
-        s[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
-        s[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
-        s[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
-      }
-      for (int j = 0; j < 4; ++j) {
-        const I p = _mm512_shuffle_i32x4(s[j], s[4 + j], 0x44), q = _mm512_shuffle_i32x4(s[j], s[4 + j], 0xee);
-        const I p2 = _mm512_shuffle_i32x4(s[8 + j], s[12 + j], 0x44), q2 = _mm512_shuffle_i32x4(s[8 + j], s[12 + j], 0xee);
-        r[j] = _mm512_shuffle_i32x4(p, p2, 0x88);
-        r[4 + j] = _mm512_shuffle_i32x4(p, p2, 0xdd);
-        r[8 + j] = _mm512_shuffle_i32x4(q, q2, 0x88);
-        r[12 + j] = _mm512_shuffle_i32x4(q, q2, 0xdd);
-      }
+      transpose16_epi32(r);
       for (int j = 0; j < std::min(16, n - q0); ++j) _mm512_storeu_si512(out[q0 + j], r[j]);
     }
   }

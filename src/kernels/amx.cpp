@@ -9,6 +9,7 @@
 #include "core/thread_pool.h"
 #include "kernels/ops.h"
 #include "kernels/simd.h"
+#include "kernels/transpose_avx512.h"
 
 #if defined(__x86_64__) && defined(__linux__)
 #include <cpuid.h>
@@ -89,32 +90,6 @@ PTLLM_AMX inline void split32(const float* x, __m512i& hi, __m512i& lo) {
   lo = __m512i(_mm512_cvtne2ps_pbh(_mm512_sub_ps(v1, h1), _mm512_sub_ps(v0, h0)));
 }
 
-// out[j] lane i = r[i] lane j: the 16 x 16 dwords of r transposed (in-lane unpacks of dwords and
-// quadwords, then two exchanges of 128-bit lanes).
-PTLLM_AMX inline void transpose16(const __m512i* r, __m512i* out) {
-  __m512i t[16], u[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; ++i) {
-    u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-    u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-    u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-    u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-  }
-  // u[4 i + m] lane L holds column 4 L + m of rows 4 i .. 4 i + 3.
-  for (int m = 0; m < 4; ++m) {
-    const __m512i v0 = _mm512_shuffle_i32x4(u[m], u[4 + m], 0x88), v1 = _mm512_shuffle_i32x4(u[m], u[4 + m], 0xdd);
-    const __m512i w0 = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0x88);
-    const __m512i w1 = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0xdd);
-    out[m] = _mm512_shuffle_i32x4(v0, w0, 0x88);
-    out[8 + m] = _mm512_shuffle_i32x4(v0, w0, 0xdd);
-    out[4 + m] = _mm512_shuffle_i32x4(v1, w1, 0x88);
-    out[12 + m] = _mm512_shuffle_i32x4(v1, w1, 0xdd);
-  }
-}
-
 // Slabs [s0, s1) of packed x (amx.h amx_pack_x): each tile's 16 columns (8 rows of x as hi, then as
 // lo) split in registers and transposed into its 16 rows of pairs of k.
 PTLLM_AMX void pack_slabs(const float* x, int T, int K, int s0, int s1, uint32_t* out) {
@@ -123,7 +98,7 @@ PTLLM_AMX void pack_slabs(const float* x, int T, int K, int s0, int s1, uint32_t
     uint32_t* slab = out + size_t(s) * size_t(nkc) * kTileWords;
     const int nt = std::min(kSlabRows, T - s * kSlabRows);
     for (int kc = 0; kc < nkc; ++kc) {
-      __m512i cols[16], rows[16];
+      __m512i cols[16];
       for (int c = 0; c < kSlabRows; ++c) {
         if (c < nt) {
           split32(x + size_t(s * kSlabRows + c) * size_t(K) + size_t(kc) * kTileK, cols[c], cols[kSlabRows + c]);
@@ -131,9 +106,9 @@ PTLLM_AMX void pack_slabs(const float* x, int T, int K, int s0, int s1, uint32_t
           cols[c] = cols[kSlabRows + c] = _mm512_setzero_si512();
         }
       }
-      transpose16(cols, rows);
+      transpose16_epi32(cols);  // now the tile's rows
       uint32_t* tile = slab + size_t(kc) * kTileWords;
-      for (int p = 0; p < 16; ++p) _mm512_storeu_si512(tile + 16 * p, rows[p]);
+      for (int p = 0; p < 16; ++p) _mm512_storeu_si512(tile + 16 * p, cols[p]);
     }
   }
 }
@@ -145,12 +120,12 @@ PTLLM_AMX void write_tile(const float* cb, const float* lo_cb, int nrows, int r,
                           const float* bias, float* y) {
   const int nt = std::min(kSlabRows, T - slab * kSlabRows);
   const __mmask16 m = nrows >= 16 ? __mmask16(0xffff) : __mmask16((1u << nrows) - 1);
-  __m512i rows[16], cols[16], lo_cols[16];
-  for (int o = 0; o < 16; ++o) rows[o] = _mm512_loadu_si512(cb + 16 * o);  // rows past nrows: unused lanes
-  transpose16(rows, cols);
+  __m512i cols[16], lo_cols[16];
+  for (int o = 0; o < 16; ++o) cols[o] = _mm512_loadu_si512(cb + 16 * o);  // rows past nrows: unused lanes
+  transpose16_epi32(cols);
   if (lo_cb) {
-    for (int o = 0; o < 16; ++o) rows[o] = _mm512_loadu_si512(lo_cb + 16 * o);
-    transpose16(rows, lo_cols);
+    for (int o = 0; o < 16; ++o) lo_cols[o] = _mm512_loadu_si512(lo_cb + 16 * o);
+    transpose16_epi32(lo_cols);
   }
   const __m512 b = bias ? _mm512_maskz_loadu_ps(m, bias + r) : _mm512_setzero_ps();
   for (int c = 0; c < nt; ++c) {
@@ -322,6 +297,7 @@ PTLLM_AMX void amx_rows_dequantized(const uint32_t* xp, int T, const WeightMatri
   if (stage.size() < size_t(2 * kTileRows) * size_t(K)) stage.resize(size_t(2 * kTileRows) * size_t(K));
   const char* w0 = reinterpret_cast<const char*>(stage.data());
   alignas(64) float cb[4 * 256];
+  configure(kTileRows);  // weight_row and the split run no tile code: one configuration for the part
   for (int r = r0; r < r1; r += kTileRows) {
     const int nr = std::min(kTileRows, r1 - r);
     for (int i = 0; i < kTileRows; ++i) {
@@ -335,7 +311,6 @@ PTLLM_AMX void amx_rows_dequantized(const uint32_t* xp, int T, const WeightMatri
         std::memset(lo, 0, size_t(K) * 2);
       }
     }
-    configure(kTileRows);
     int s = 0;
     for (; s + 2 <= nslabs; s += 2) {  // tiles: (hi, slab s), (hi, s + 1), (lo, s), (lo, s + 1)
       tiles_two_slabs<2>(w0, ldw, xp + size_t(s) * slab_words, xp + size_t(s + 1) * slab_words, nkc, cb);
@@ -345,8 +320,8 @@ PTLLM_AMX void amx_rows_dequantized(const uint32_t* xp, int T, const WeightMatri
       tiles_one_slab<2>(w0, ldw, xp + size_t(s) * slab_words, nkc, cb);
       write_tile(cb, cb + 256, nr, r, s, T, w.rows, bias, y);
     }
-    _tile_release();  // weight_row of the next rows runs no tile code
   }
+  _tile_release();
 }
 
 #endif  // PTLLM_HAVE_AMX

@@ -1,5 +1,6 @@
 // The kernels for AVX-512 (F, BW, VL, DQ: Skylake-X, Ice Lake, Zen 4 and later), 16 floats a register.
 #include "kernels/simd.h"
+#include "kernels/transpose_avx512.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -175,32 +176,8 @@ struct Avx512 {
     return _mm512_maskz_scalef_ps(_mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ), y, n);
   }
 
-  // 16 x 16 transpose: r[i][j] -> r[j][i]. Pairs, then quads within 128-bit lanes, then lanes.
-  PTLLM_TARGET static void transpose(F* r) {
-    F t[16];
-    for (int i = 0; i < 8; ++i) {
-      t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-      t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    F s[16];
-    for (int g = 0; g < 4; ++g) {
-      const __m512d a = _mm512_castps_pd(t[4 * g]), b = _mm512_castps_pd(t[4 * g + 1]);
-      const __m512d c = _mm512_castps_pd(t[4 * g + 2]), d = _mm512_castps_pd(t[4 * g + 3]);
-      s[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
-      s[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
-      s[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
-      s[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
-    }
-    // s[4g + j], lane L: column 4L + j of rows 4g..4g+3.
-    for (int j = 0; j < 4; ++j) {
-      const F p = _mm512_shuffle_f32x4(s[j], s[4 + j], 0x44), q = _mm512_shuffle_f32x4(s[j], s[4 + j], 0xee);
-      const F p2 = _mm512_shuffle_f32x4(s[8 + j], s[12 + j], 0x44), q2 = _mm512_shuffle_f32x4(s[8 + j], s[12 + j], 0xee);
-      r[j] = _mm512_shuffle_f32x4(p, p2, 0x88);
-      r[4 + j] = _mm512_shuffle_f32x4(p, p2, 0xdd);
-      r[8 + j] = _mm512_shuffle_f32x4(q, q2, 0x88);
-      r[12 + j] = _mm512_shuffle_f32x4(q, q2, 0xdd);
-    }
-  }
+  // 16 x 16 transpose: r[i][j] -> r[j][i] (transpose_avx512.h).
+  PTLLM_TARGET static void transpose(F* r) { transpose16_ps(r); }
 };
 
 }  // namespace
