@@ -216,6 +216,9 @@ void HttpServer::Impl::setup() {
   http.set_read_timeout(cfg.timeout_s, 0);
   http.set_write_timeout(cfg.timeout_s, 0);
   http.set_keep_alive_timeout(5);
+  // Replies go out at once: with Nagle on, a reply written in parts waits for the client's delayed ACK
+  // (40 ms on Linux) before its last part.
+  http.set_tcp_nodelay(true);
   const int threads = cfg.http_threads > 0 ? cfg.http_threads : 2 * sch.config().parallel + 4;
   http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
