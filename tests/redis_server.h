@@ -52,6 +52,27 @@ inline int free_port() {
   return port;
 }
 
+// The first line of a Redis's answer to an inline command ("ACL SETUSER default -mget" gives "+OK"),
+// on a connection of its own; empty when nothing answered within 200 ms.
+inline std::string redis_reply(int port, const std::string& command) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  timeval tv{0, 200000};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(uint16_t(port));
+  std::string line;
+  const std::string out = command + "\r\n";
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::write(fd, out.data(), out.size()) == ssize_t(out.size())) {
+    char c = 0;
+    while (line.size() < 512 && ::read(fd, &c, 1) == 1 && c != '\r') line += c;
+  }
+  ::close(fd);
+  return line;
+}
+
 // Whether a Redis on the port answers PING with +PONG.
 inline bool redis_pings(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);

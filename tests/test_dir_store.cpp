@@ -58,7 +58,7 @@ struct Block {
   }
   std::string key() const { return kv_store_key("ptllm", id, h); }
   std::string value() const { return encode_block_value(id, h, ids, payload); }
-  bool verifies(const std::optional<std::string>& v) const {
+  bool verifies(const std::optional<std::string_view>& v) const {
     return v && decode_block_value(*v, id, h, ids, payload.size()) == std::optional<std::string_view>(payload);
   }
 };

@@ -356,8 +356,8 @@ TEST_F(RedisStoreTest, PutThenGetInOneRoundTrip) {
   EXPECT_EQ(st.dropped_writes, 0u);
 }
 
-// A long lookup is cut in two halves, asked for at once on two connections: the values come back in
-// the keys' order, misses where they are, and the lookup counts once.
+// A long lookup: the values come back in the keys' order, misses where they are, and the lookup
+// counts once.
 TEST_F(RedisStoreTest, ALongLookupComesBackInOrder) {
   test::RedisServer redis;
   ASSERT_TRUE(redis.running());
@@ -387,6 +387,53 @@ TEST_F(RedisStoreTest, ALongLookupComesBackInOrder) {
   EXPECT_EQ(st.keys_looked_up, 21u);
   EXPECT_EQ(st.bytes_in, stored);
   EXPECT_EQ(st.errors, 0u);
+}
+
+// An error answering a lookup (here: the user may no longer run MGET) is a miss, an error counted
+// and a warning naming it; the connection stays, and the next lookup answered gets the values, as
+// does one after it (the reply is built in the store's own buffer, kept from lookup to lookup).
+TEST_F(RedisStoreTest, AnErrorReplyIsAMissAndTheNextLookupIsAnswered) {
+  test::RedisServer redis;
+  ASSERT_TRUE(redis.running());
+  std::vector<std::string> lines;
+  std::mutex mu;
+  RateLimitedLog log(std::chrono::milliseconds(0));
+  log.sink = [&](const std::string& l) {
+    std::lock_guard lk(mu);
+    lines.push_back(l);
+  };
+  auto s = open(redis.url(), &log);
+  const std::string big(300000, 'y'), small = "alpha";
+  s->put("t:big", big);
+  s->put("t:small", small);
+  ASSERT_TRUE(s->flush(std::chrono::seconds(30)));
+  const std::vector<std::string> keys = {"t:big", "t:small"};
+  ASSERT_TRUE(s->get(keys)[0]);
+  ASSERT_EQ(test::redis_reply(redis.port(), "ACL SETUSER default -mget"), "+OK");
+  const auto refused = s->get(keys);
+  EXPECT_FALSE(refused[0]);
+  EXPECT_FALSE(refused[1]);
+  EXPECT_EQ(s->stats().errors, 1u);
+  {
+    std::lock_guard lk(mu);
+    ASSERT_EQ(lines.size(), 1u);
+    EXPECT_NE(lines[0].find("NOPERM"), std::string::npos) << lines[0];
+  }
+  ASSERT_EQ(test::redis_reply(redis.port(), "ACL SETUSER default +mget"), "+OK");
+  for (int round = 0; round < 2; ++round) {
+    const auto v = s->get(keys);
+    ASSERT_TRUE(v[0] && v[1]) << round;
+    EXPECT_EQ(*v[0], big) << round;
+    EXPECT_EQ(*v[1], small) << round;
+  }
+  const std::vector<std::string> reversed = {"t:small", "t:none", "t:big"};
+  const auto r = s->get(reversed);
+  ASSERT_TRUE(r[0] && r[2]);
+  EXPECT_FALSE(r[1]);
+  EXPECT_EQ(*r[0], small);
+  EXPECT_EQ(*r[2], big);
+  EXPECT_EQ(s->stats().errors, 1u);
+  EXPECT_EQ(s->stats().lookups, 4u);  // the refused one is counted as an error, not a lookup
 }
 
 TEST_F(RedisStoreTest, ValuesExpireAfterTheirTtl) {

@@ -227,7 +227,7 @@ TEST_F(KVStoreServerTest, ACorruptedValueIsAMissAndTheRightAnswer) {
   auto raw = store::open_redis_store(o);
   auto v = raw->get(key);
   ASSERT_TRUE(v[0]) << "A did not put its first block";
-  std::string bad = *v[0];
+  std::string bad(*v[0]);
   bad[bad.size() / 2] = char(bad[bad.size() / 2] ^ 0x10);
   raw->put(key[0], bad);
   ASSERT_TRUE(raw->flush(std::chrono::seconds(30)));

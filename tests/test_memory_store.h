@@ -7,6 +7,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/kv_store.h"
@@ -15,15 +16,16 @@ namespace ptllm::test {
 
 class MemoryStore final : public KVStore {
  public:
-  std::vector<std::optional<std::string>> get(std::span<const std::string> keys) override {
+  // The values are copied (into last_): a put or an edit while the caller reads them changes nothing.
+  std::vector<std::optional<std::string_view>> get(std::span<const std::string> keys) override {
     std::lock_guard lk(mu_);
     ++stats_.lookups;
-    std::vector<std::optional<std::string>> out;
-    for (const auto& k : keys) {
-      auto it = map_.find(k);
-      if (it == map_.end()) out.emplace_back();
-      else out.emplace_back(it->second);
-    }
+    last_.assign(keys.size(), std::nullopt);
+    for (size_t i = 0; i < keys.size(); ++i)
+      if (auto it = map_.find(keys[i]); it != map_.end()) last_[i] = it->second;
+    std::vector<std::optional<std::string_view>> out(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i)
+      if (last_[i]) out[i] = *last_[i];
     stats_.keys_looked_up += keys.size();
     return out;
   }
@@ -52,6 +54,7 @@ class MemoryStore final : public KVStore {
  private:
   mutable std::mutex mu_;
   std::map<std::string, std::string> map_;
+  std::vector<std::optional<std::string>> last_;  // the last get()'s values
   KVStoreStats stats_;
 };
 

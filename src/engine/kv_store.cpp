@@ -129,9 +129,9 @@ BlockExchange::Lookup BlockExchange::load(KVPool& pool, std::span<const int32_t>
   std::vector<std::string> keys;
   for (size_t j = first; j < n; ++j) keys.push_back(kv_store_key(prefix_, identity_, hashes[j]));
   out.looked_up = keys.size();
-  const std::vector<std::optional<std::string>> values = store_.get(keys);
+  const std::vector<std::optional<std::string_view>> values = store_.get(keys);
   for (size_t j = first; j < n; ++j) {
-    const std::optional<std::string>& v = values[j - first];
+    const std::optional<std::string_view>& v = values[j - first];
     if (!v) break;
     const KVPool::TokenRange tb = pool.token_block(j);
     const auto ids = tokens.subspan(size_t(tb.start), size_t(tb.len));

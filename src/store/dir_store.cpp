@@ -51,8 +51,9 @@ class DirStore final : public QueuedStore {
 
   // A prompt's run of blocks ends at its first miss (BlockExchange::load), so the files after the
   // first absent or unreadable one are not read: they are answered absent.
-  std::vector<std::optional<std::string>> get(std::span<const std::string> keys) override {
-    std::vector<std::optional<std::string>> out(keys.size());
+  std::vector<std::optional<std::string_view>> get(std::span<const std::string> keys) override {
+    std::vector<std::optional<std::string_view>> out(keys.size());
+    last_.assign(keys.size(), std::nullopt);
     if (keys.empty()) return out;
     const auto t0 = Clock::now();
     uint64_t bytes = 0;
@@ -64,11 +65,12 @@ class DirStore final : public QueuedStore {
       struct stat st {};
       if (::stat(p.c_str(), &st) != 0 && errno == ENOENT) break;  // not written (or evicted): a plain miss
       try {
-        out[i] = read_whole_file(p, kMaxBlockFileBytes, "a block file");
+        last_[i] = read_whole_file(p, kMaxBlockFileBytes, "a block file");
       } catch (const Error& e) {
         fail(std::string("lookup: ") + e.what());
         break;
       }
+      out[i] = *last_[i];
       bytes += out[i]->size();
       // The least recently used files go first when the directory is full: a hit is a use.
       ::utimensat(AT_FDCWD, p.c_str(), nullptr, 0);
@@ -172,6 +174,7 @@ class DirStore final : public QueuedStore {
 
   DirStoreOptions opts_;
   fs::path root_;  // opts_.dir / "blocks"
+  std::vector<std::optional<std::string>> last_;  // the last get()'s values, which its views show
   RateLimitedLog own_log_;
   RateLimitedLog* log_;
   uint64_t total_bytes_ = 0;  // the block files' bytes, as the writer thread knows them
