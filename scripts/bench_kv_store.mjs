@@ -30,6 +30,15 @@ function freePort() {
   });
 }
 
+// The first line of Redis's answer to an inline command.
+function redisCommand(port, command) {
+  return new Promise((resolve) => {
+    const c = net.connect(port, '127.0.0.1', () => c.write(`${command}\r\n`));
+    c.on('data', (d) => { c.destroy(); resolve(d.toString().split('\r\n')[0]); });
+    c.on('error', () => resolve(''));
+  });
+}
+
 async function startRedis() {
   const port = await freePort();
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ptllm-redis-'));
@@ -41,7 +50,7 @@ async function startRedis() {
       c.on('data', (d) => { c.destroy(); resolve(d.toString().startsWith('+PONG')); });
       c.on('error', () => resolve(false));
     });
-    if (ok) return { url: `redis://127.0.0.1:${port}`, pid: proc.pid, stop: () => { proc.kill('SIGTERM'); fs.rmSync(dir, { recursive: true, force: true }); } };
+    if (ok) return { url: `redis://127.0.0.1:${port}`, pid: proc.pid, flush: () => redisCommand(port, 'FLUSHALL'), stop: () => { proc.kill('SIGTERM'); fs.rmSync(dir, { recursive: true, force: true }); } };
     await new Promise((r) => setTimeout(r, 50));
   }
   throw new Error('redis-server did not answer PING');
@@ -85,9 +94,13 @@ try {
   const probe = await serve([]);
   const ps = (await prompts(probe, requests + 1, promptLen)).slice(1);
   await probe.stop();
-  const c = await alternate(rounds, 'no store', '--kv-store', (mode, round) =>
-    serve(mode === '--kv-store' ? ['--kv-store', redis.url, '--kv-store-prefix', `miss${round}`] : []),
-  ps, concurrency, genTokens, () => [redis.pid]);
+  // Each round with the store starts from an empty Redis (the blocks of the rounds before would
+  // otherwise pile up, 147 MB a round for kjv-small, and redis-server's CPU grow with them).
+  const c = await alternate(rounds, 'no store', '--kv-store', async (mode, round) => {
+    if (mode !== '--kv-store') return serve([]);
+    if ((await redis.flush()) !== '+OK') throw new Error('redis-server did not answer FLUSHALL');
+    return serve(['--kv-store', redis.url, '--kv-store-prefix', `miss${round}`]);
+  }, ps, concurrency, genTokens, () => [redis.pid]);
   console.log(`no reuse (${rounds} rounds): ${c.rateB.toFixed(1)} tok/s with --kv-store, ${c.rateA.toFixed(1)} without: ` +
               `${c.cost.toFixed(1)}% fewer (target: at most 5%; runs of one mode spread ${c.spreadA.toFixed(1)}% and ` +
               `${c.spreadB.toFixed(1)}%); CPU per token, server and redis-server: ${c.cpuCost.toFixed(1)}% more; the store's own ` +
