@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 
@@ -52,6 +53,15 @@ MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
     size_ = std::exchange(o.size_, 0);
   }
   return *this;
+}
+
+void MappedFile::release(const void* p, size_t n) const {
+  const auto begin = reinterpret_cast<uintptr_t>(p), end = begin + n;
+  const auto lo = reinterpret_cast<uintptr_t>(data_), hi = lo + size_;
+  if (!data_ || begin < lo || end > hi) return;
+  const auto page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t a = (begin + page - 1) / page * page, b = end / page * page;
+  if (a < b) ::madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED);
 }
 
 }  // namespace ptllm

@@ -20,6 +20,9 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   const std::filesystem::path& path() const { return path_; }
+  // madvise(MADV_DONTNEED) on the whole pages of [p, p + n) within the mapping (none outside it):
+  // the file's pages leave this process's resident memory; a later read faults them in again.
+  void release(const void* p, size_t n) const;
 
  private:
   std::filesystem::path path_;

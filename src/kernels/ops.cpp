@@ -12,6 +12,7 @@
 #include "kernels/affine.h"
 #include "kernels/amx.h"
 #include "kernels/ggml.h"
+#include "kernels/panels.h"
 #include "kernels/quant.h"
 #include "kernels/simd.h"
 
@@ -73,6 +74,7 @@ void load_from(const void* src, DType t, float* dst, int n) {
 }
 
 void weight_row(const WeightMatrix& w, int r, float* out) {
+  if (w.format == WeightFormat::Panels) return panels_row(w, r, out);
   if (w.format == WeightFormat::Affine) return affine_dequant_row(w, r, out);
   if (w.format == WeightFormat::Ggml) return ggml_dequant_row(w, r, out);
   load_from(static_cast<const uint8_t*>(w.data) + size_t(r) * size_t(w.cols) * dtype_size(w.dtype), w.dtype, out,
@@ -126,6 +128,7 @@ static_assert(kAmxMinRows <= kMatmulSmallRows);
 }  // namespace
 
 void matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool) {
+  if (w.format == WeightFormat::Panels) return panels_matmul(x, T, w, bias, y, pool);
   if (T >= kAmxMinRows && amx_takes(w)) return amx_matmul(x, T, w, bias, y, pool);
   if (T > kMatmulSmallRows && amx_takes_dequantized(w)) return amx_matmul(x, T, w, bias, y, pool);
   if (w.format == WeightFormat::Affine) return affine_matmul(x, T, w, bias, y, pool);

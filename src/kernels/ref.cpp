@@ -10,6 +10,7 @@
 #include "kernels/affine.h"
 #include "kernels/ggml.h"
 #include "kernels/ops.h"
+#include "kernels/panels.h"
 #include "kernels/quant.h"
 
 // Keep the twins scalar: GCC would otherwise auto-vectorize the element-wise loops for the
@@ -207,6 +208,8 @@ void matmul_ref(const float* x, int T, const WeightMatrix& w, const float* bias,
       affine_dequant_row(w, r, row.data());
     else if (w.format == WeightFormat::Ggml)
       ggml_dequant_row(w, r, row.data());
+    else if (w.format == WeightFormat::Panels)
+      panels_row(w, r, row.data());
     else
       load_from_ref(static_cast<const uint8_t*>(w.data) + size_t(r) * w.row_bytes(), w.dtype, row.data(), w.cols);
     for (int t = 0; t < T; ++t) {

@@ -27,7 +27,8 @@ GgmlTypeInfo ggml_type_info(GgmlType t) {
 
 size_t WeightMatrix::row_bytes() const {
   switch (format) {
-    case WeightFormat::Dense: return size_t(cols) * dtype_size(dtype);
+    case WeightFormat::Dense:
+    case WeightFormat::Panels: return size_t(cols) * dtype_size(dtype);
     case WeightFormat::Affine: return size_t(cols) * size_t(bits) / 32 * sizeof(uint32_t);
     case WeightFormat::Ggml: {
       const GgmlTypeInfo i = ggml_type_info(ggml);
@@ -45,7 +46,8 @@ size_t WeightMatrix::nbytes() const {
 
 std::string WeightMatrix::format_name() const {
   switch (format) {
-    case WeightFormat::Dense: return std::string(dtype_name(dtype));
+    case WeightFormat::Dense:
+    case WeightFormat::Panels: return std::string(dtype_name(dtype));  // a layout of the same values
     case WeightFormat::Affine:
       return "q" + std::to_string(bits) + " g" + std::to_string(group_size) + " (" + std::string(dtype_name(dtype)) +
              " scales)";

@@ -9,6 +9,8 @@
 //   `group_size` consecutive columns; value = scale * code + bias.
 // - Ggml (llama.cpp's block formats): each row cols / block_elems blocks of block_bytes bytes, as
 //   ggml-quants defines them (kernels/ggml.h).
+// - Panels: BF16 values copied at load time into panels of 16 rows with column pairs interleaved
+//   (kernels/panels.h), for the AVX-512 products; not in any file.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -18,7 +20,7 @@
 
 namespace ptllm {
 
-enum class WeightFormat : uint8_t { Dense, Affine, Ggml };
+enum class WeightFormat : uint8_t { Dense, Affine, Ggml, Panels };
 
 // ggml's type ids, as GGUF files store them.
 enum class GgmlType : uint32_t {

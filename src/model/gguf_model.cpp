@@ -148,6 +148,7 @@ std::unique_ptr<Model> Model::load_gguf(const std::filesystem::path& file) {
       m->inv_freq_[i] /= factors[i];
     }
   }
+  m->pack_panels();
   return m;
 }
 

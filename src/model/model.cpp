@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <numbers>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "kernels/panels.h"
 #include "kv/kv_cache.h"
 #include "model/gguf_model.h"
 
@@ -189,7 +191,32 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
   }
   m->inv_freq_ = rope_inv_freq(c.rope, c.head_dim);
   if (c.num_kv_shared_layers > 0) m->cross_layer_ = c.n_layers - c.num_kv_shared_layers - 1;
+  m->pack_panels();
   return m;
+}
+
+void Model::pack_panels() {
+  if (!panels_wanted()) return;
+  std::vector<WeightMatrix*> todo;
+  for (LayerWeights& lw : layers_)
+    for (WeightMatrix* w : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down})
+      if (panels_fit(*w)) todo.push_back(w);
+  const bool tied = lm_head_.data == embed_.data;
+  if (panels_fit(lm_head_)) todo.push_back(&lm_head_);  // the embedding's rows are read from it when tied
+  if (todo.empty()) return;
+  ThreadPool pool(ThreadPool::default_threads());
+  for (WeightMatrix* w : todo) {
+    const size_t n = panels_bytes(*w);
+    void* p = std::aligned_alloc(64, (n + 63) / 64 * 64);
+    if (!p) throw Error("out of memory: " + std::to_string(n) + " bytes for a weight matrix in panels");
+    panel_bytes_.emplace_back(static_cast<uint8_t*>(p));
+    ptllm::pack_panels(*w, p, pool);
+    // The file's pages of the matrix are not read again: dropped from this process's memory (a
+    // later read, by a quantizer, maps them in again).
+    for (const auto& f : files_.files()) f->release(w->data, n);
+    *w = panels_matrix(p, w->rows, w->cols);
+  }
+  if (tied) embed_ = lm_head_;
 }
 
 void Model::replace_matrix(const std::string& module, const WeightMatrix& w) {

@@ -3,6 +3,7 @@
 // file dtype, and the forward pass. Attention over past tokens is delegated to the KV cache.
 #include <array>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <span>
@@ -121,6 +122,13 @@ class Model {
   std::vector<LayerWeights> layers_;
   std::vector<float> inv_freq_;  // [head_dim/2] RoPE frequencies
   std::vector<std::unique_ptr<float[]>> aligned_copies_;  // misaligned tensors, copied (rare)
+  // BF16 matrices copied into panels for the AVX-512 products (kernels/panels.h), when the CPU
+  // takes them: every layer's and the LM head (with the embedding when tied).
+  void pack_panels();
+  struct FreeBytes {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  std::vector<std::unique_ptr<uint8_t[], FreeBytes>> panel_bytes_;
   std::shared_ptr<const GgufFile> gguf_;  // a GGUF model's file: the weights point into its mapping
   bool qk_permuted_ = false;  // q/k rows in llama.cpp's order (gguf_qk_permuted): undone after the matmul
 

@@ -33,6 +33,9 @@ class SafetensorsFile {
   const std::map<std::string, TensorView>& tensors() const { return tensors_; }
   const std::filesystem::path& path() const { return file_.path(); }
   size_t size() const { return file_.size(); }
+  // Drops the mapped pages wholly inside [p, p + n) from this process's memory (nothing when the
+  // range is not in this file); a later read maps them in again.
+  void release(const void* p, size_t n) const { file_.release(p, n); }
 
  private:
   MappedFile file_;

@@ -1,0 +1,237 @@
+#include "kernels/panels.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "kernels/amx.h"
+#include "kernels/simd.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"  // GCC PR 105593, as kernels_avx512.cpp
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#if defined(__clang__)
+#define PTLLM_PANELS_UNROLL _Pragma("unroll")
+#else
+#define PTLLM_PANELS_UNROLL _Pragma("GCC unroll 16")
+#endif
+
+namespace ptllm {
+
+namespace {
+
+// Fewest weights a thread's part holds (as the row-major gemv): below it, handing work to another
+// thread costs more than it saves.
+constexpr size_t kMinWeightsPerPart = 32 * 1024;
+// A part's panels are taken this many at a time (their weights stay in L2) against rows of x this
+// many at a time (prefill: x is read from L2 once per pair of panels, not from memory).
+constexpr int kChunkPanels = 16, kChunkRows = 64;
+// Column pairs (64-byte lines of a panel) the weights are asked for ahead of their use.
+constexpr int kPrefetchPairs = 16;
+
+const uint16_t* panel_at(const WeightMatrix& w, int p) {
+  return static_cast<const uint16_t*>(w.data) + size_t(p) * size_t(w.cols) * kPanelRows;
+}
+
+float bf16_value(uint16_t h) {
+  const uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// Any target: one output at a time, in the AVX-512 kernel's order (the even columns' fused sum plus
+// the odd columns'), so both give the same bits.
+void part_portable(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, int p0, int p1) {
+  const int K = w.cols;
+  for (int p = p0; p < p1; ++p) {
+    const uint16_t* wp = panel_at(w, p);
+    for (int t = 0; t < T; ++t) {
+      const float* xt = x + size_t(t) * size_t(K);
+      for (int i = 0; i < kPanelRows; ++i) {
+        float e = 0.f, o = 0.f;
+        for (int j = 0; j < K / 2; ++j) {
+          const uint16_t* pair = wp + (size_t(j) * kPanelRows + size_t(i)) * 2;
+          e = std::fma(bf16_value(pair[0]), xt[2 * j], e);
+          o = std::fma(bf16_value(pair[1]), xt[2 * j + 1], o);
+        }
+        const int r = p * kPanelRows + i;
+        float s = e + o;
+        if (bias) s += bias[r];
+        y[size_t(t) * size_t(w.rows) + size_t(r)] = s;
+      }
+    }
+  }
+}
+
+#if defined(__x86_64__)
+#define PTLLM_PANELS_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+
+// MT rows of x (row t at x + t * K) against NP consecutive panels from wp; outputs to y + t * ldy
+// (the panels' first row's column), bias from the same first row.
+// The weights are asked for ahead of use: the lines kPrefetchPairs ahead (pf null: decode), or the
+// same lines of the next panels (pf: several tiles over these panels).
+template <int NP, int MT>
+PTLLM_PANELS_TARGET void tile(const float* x, int K, const uint16_t* wp, const float* bias, float* y, size_t ldy,
+                              const uint16_t* pf) {
+  __m512 ae[NP][MT], ao[NP][MT];
+  PTLLM_PANELS_UNROLL for (int p = 0; p < NP; ++p) PTLLM_PANELS_UNROLL for (int t = 0; t < MT; ++t) {
+    ae[p][t] = _mm512_setzero_ps();
+    ao[p][t] = _mm512_setzero_ps();
+  }
+  const size_t stride = size_t(K) * kPanelRows;  // uint16 values a panel
+  const __m512i high = _mm512_set1_epi32(int(0xffff0000u));
+  for (int k = 0; k < K; k += 2) {
+    __m512 we[NP], wo[NP];
+    PTLLM_PANELS_UNROLL for (int p = 0; p < NP; ++p) {
+      const uint16_t* line = wp + size_t(p) * stride + size_t(k) * kPanelRows;
+      if (pf)
+        _mm_prefetch(reinterpret_cast<const char*>(pf + size_t(p) * stride + size_t(k) * kPanelRows), _MM_HINT_T1);
+      else
+        _mm_prefetch(reinterpret_cast<const char*>(line + kPrefetchPairs * 2 * kPanelRows), _MM_HINT_T0);
+      const __m512i v = _mm512_loadu_si512(line);
+      we[p] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+      wo[p] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
+    }
+    PTLLM_PANELS_UNROLL for (int t = 0; t < MT; ++t) {
+      const __m512 xe = _mm512_set1_ps(x[size_t(t) * size_t(K) + size_t(k)]);
+      const __m512 xo = _mm512_set1_ps(x[size_t(t) * size_t(K) + size_t(k) + 1]);
+      PTLLM_PANELS_UNROLL for (int p = 0; p < NP; ++p) {
+        ae[p][t] = _mm512_fmadd_ps(we[p], xe, ae[p][t]);
+        ao[p][t] = _mm512_fmadd_ps(wo[p], xo, ao[p][t]);
+      }
+    }
+  }
+  PTLLM_PANELS_UNROLL for (int p = 0; p < NP; ++p) {
+    const __m512 b = bias ? _mm512_loadu_ps(bias + p * kPanelRows) : _mm512_setzero_ps();
+    PTLLM_PANELS_UNROLL for (int t = 0; t < MT; ++t) {
+      __m512 s = _mm512_add_ps(ae[p][t], ao[p][t]);
+      if (bias) s = _mm512_add_ps(s, b);
+      _mm512_storeu_ps(y + size_t(t) * ldy + size_t(p) * kPanelRows, s);
+    }
+  }
+}
+
+// Rows [t0, t1) of x against panels [p, p + NP): tiles of 4 rows (16 accumulators with 2 panels),
+// then the rows left. With several tiles (batched decode, prefill) every tile asks for the next
+// panels' weights: the last ones over these panels leave them in L2 for the next call.
+template <int NP>
+PTLLM_PANELS_TARGET void panels_rows(const float* x, int t0, int t1, const WeightMatrix& w, const float* bias,
+                                     float* y, int p) {
+  const int K = w.cols;
+  const size_t ldy = size_t(w.rows);
+  const uint16_t* wp = panel_at(w, p);
+  const float* b = bias ? bias + p * kPanelRows : nullptr;
+  const uint16_t* pf = t1 - t0 > 2 && p + 2 * NP <= w.rows / kPanelRows ? wp + size_t(NP) * size_t(K) * kPanelRows
+                                                                         : nullptr;
+  const auto at = [&](int t) { return x + size_t(t) * size_t(K); };
+  const auto out = [&](int t) { return y + size_t(t) * ldy + size_t(p) * kPanelRows; };
+  int t = t0;
+  for (; t + 4 <= t1; t += 4) tile<NP, 4>(at(t), K, wp, b, out(t), ldy, pf);
+  for (; t + 2 <= t1; t += 2) tile<NP, 2>(at(t), K, wp, b, out(t), ldy, pf);
+  for (; t < t1; ++t) tile<NP, 1>(at(t), K, wp, b, out(t), ldy, pf);
+}
+
+PTLLM_PANELS_TARGET void part_avx512(const float* x, int T, const WeightMatrix& w, const float* bias, float* y,
+                                     int p0, int p1) {
+  for (int c0 = p0; c0 < p1; c0 += kChunkPanels) {
+    const int c1 = std::min(p1, c0 + kChunkPanels);
+    for (int t0 = 0; t0 < T; t0 += kChunkRows) {
+      const int t1 = std::min(T, t0 + kChunkRows);
+      int p = c0;
+      if (t1 - t0 <= 2)  // decode: one weight stream, its lines asked for ahead (faster than 2 or 4 at once)
+        for (; p < c1; ++p) panels_rows<1>(x, t0, t1, w, bias, y, p);
+      for (; p + 2 <= c1; p += 2) panels_rows<2>(x, t0, t1, w, bias, y, p);
+      for (; p < c1; ++p) panels_rows<1>(x, t0, t1, w, bias, y, p);
+    }
+  }
+}
+#endif
+
+void pack_rows(const WeightMatrix& w, uint16_t* out, int p0, int p1) {
+  const auto* src = static_cast<const uint16_t*>(w.data);
+  const size_t K = size_t(w.cols);
+  for (int p = p0; p < p1; ++p)
+    for (int i = 0; i < kPanelRows; ++i) {
+      const uint16_t* row = src + (size_t(p) * kPanelRows + size_t(i)) * K;
+      uint16_t* dst = out + size_t(p) * K * kPanelRows + size_t(i) * 2;
+      for (size_t j = 0; j < K / 2; ++j) {
+        dst[j * kPanelRows * 2] = row[2 * j];
+        dst[j * kPanelRows * 2 + 1] = row[2 * j + 1];
+      }
+    }
+}
+
+}  // namespace
+
+bool panels_fit(const WeightMatrix& w) {
+  return w.format == WeightFormat::Dense && w.dtype == DType::BF16 && w.rows > 0 && w.rows % kPanelRows == 0 &&
+         w.cols > 0 && w.cols % 2 == 0;
+}
+
+namespace {
+std::atomic<bool>& panels_enabled_flag() {
+  static std::atomic<bool> on{[] {
+    const char* e = std::getenv("PTLLM_NO_PANELS");
+    return !(e && *e && std::string_view(e) != "0");
+  }()};
+  return on;
+}
+}  // namespace
+
+void set_panels_enabled(bool on) { panels_enabled_flag() = on; }
+
+bool panels_wanted() {
+  return panels_enabled_flag() && active_kernels().target == SimdTarget::AVX512 && !amx_active();
+}
+
+size_t panels_bytes(const WeightMatrix& w) { return size_t(w.rows) * size_t(w.cols) * sizeof(uint16_t); }
+
+void pack_panels(const WeightMatrix& w, void* out, ThreadPool& pool) {
+  PTLLM_CHECK(panels_fit(w));
+  pool.parallel_for(size_t(w.rows / kPanelRows), [&](size_t b, size_t e) {
+    pack_rows(w, static_cast<uint16_t*>(out), int(b), int(e));
+  });
+}
+
+WeightMatrix panels_matrix(const void* data, int rows, int cols) {
+  PTLLM_CHECK(rows % kPanelRows == 0 && cols % 2 == 0);
+  WeightMatrix w = dense_matrix(DType::BF16, data, rows, cols);
+  w.format = WeightFormat::Panels;
+  return w;
+}
+
+void panels_row(const WeightMatrix& w, int r, float* out) {
+  const uint16_t* wp = panel_at(w, r / kPanelRows) + size_t(r % kPanelRows) * 2;
+  for (int j = 0; j < w.cols / 2; ++j) {
+    out[2 * j] = bf16_value(wp[size_t(j) * kPanelRows * 2]);
+    out[2 * j + 1] = bf16_value(wp[size_t(j) * kPanelRows * 2 + 1]);
+  }
+}
+
+void panels_matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool) {
+  PTLLM_CHECK(w.format == WeightFormat::Panels);
+  const size_t panels = size_t(w.rows / kPanelRows);
+  const size_t per_panel = size_t(w.cols) * kPanelRows;
+  const size_t grain = std::max<size_t>(4, (kMinWeightsPerPart / per_panel + 3) / 4 * 4);
+#if defined(__x86_64__)
+  if (active_kernels().target == SimdTarget::AVX512) {
+    pool.parallel_for(panels, [&](size_t b, size_t e) { part_avx512(x, T, w, bias, y, int(b), int(e)); }, grain);
+    return;
+  }
+#endif
+  pool.parallel_for(panels, [&](size_t b, size_t e) { part_portable(x, T, w, bias, y, int(b), int(e)); }, grain);
+}
+
+}  // namespace ptllm

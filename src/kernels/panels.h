@@ -1,0 +1,44 @@
+#pragma once
+// BF16 weights in panels (issue 16: batched decode). A row-major BF16 matrix is copied at load time
+// into panels of 16 rows, each a run of column pairs: panel p holds rows 16p..16p+15, and for each
+// pair of columns (2j, 2j+1) one 64-byte line of the 16 rows' two values,
+//   data[((p * cols/2 + j) * 16 + i) * 2 + c] = W[16p + i][2j + c].
+// One aligned 512-bit load gives 16 outputs' weights for two columns: the product keeps 16 outputs in
+// the lanes and broadcasts x, so a weight is loaded and widened once for every row of x in a tile
+// and no output needs a horizontal sum (the row-major gemv's 4 x 4 tiles widen each chunk once per
+// 4 rows of x and fold every output's lanes at the end; its gemm packs the weights again on every
+// call). Each output is the sum over its even columns plus the sum over its odd ones, each in column
+// order, whatever the rows of x and the tile: a row of x gets the same bits alone or in any batch.
+//
+// Taken on AVX-512 CPUs without AMX (the AMX products read the row-major layout), for BF16 matrices
+// of rows % 16 == 0 and even cols; other kernel targets compute the same products from the panels
+// (slowly: a row at a time), so a model packed under one target still runs when a test switches.
+// PTLLM_NO_PANELS=1 keeps the row-major layout (for comparisons).
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/weights.h"
+
+namespace ptllm {
+
+class ThreadPool;
+
+inline constexpr int kPanelRows = 16;
+
+// Whether `w` (row-major) can be packed, and whether this process's kernels want it packed (models
+// loaded while set_panels_enabled(false) keep the row-major layout: tests, comparisons).
+bool panels_fit(const WeightMatrix& w);
+bool panels_wanted();
+void set_panels_enabled(bool on);
+// The packed copy's size in bytes, and the packing (rows split among the pool's threads).
+size_t panels_bytes(const WeightMatrix& w);
+void pack_panels(const WeightMatrix& w, void* out, ThreadPool& pool);
+// A matrix over packed bytes (format Panels, dtype BF16).
+WeightMatrix panels_matrix(const void* data, int rows, int cols);
+
+// Row r as floats (an embedding lookup of a tied LM head).
+void panels_row(const WeightMatrix& w, int r, float* out);
+// y[T][w.rows] = x[T][w.cols] W^T + bias.
+void panels_matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool);
+
+}  // namespace ptllm
