@@ -37,8 +37,9 @@ constexpr size_t kMinWeightsPerPart = 32 * 1024;
 // A part's panels are taken this many at a time (their weights stay in L2) against rows of x this
 // many at a time (prefill: x is read from L2 once per pair of panels, not from memory).
 constexpr int kChunkPanels = 16, kChunkRows = 64;
-// Column pairs (64-byte lines of a panel) the weights are asked for ahead of their use.
-constexpr int kPrefetchPairs = 16;
+// Column pairs (64-byte lines of a panel) the weights are asked for ahead of their use: 4 KiB, as
+// the row-major gemv.
+constexpr int kPrefetchPairs = 64;
 
 const uint16_t* panel_at(const WeightMatrix& w, int p) {
   return static_cast<const uint16_t*>(w.data) + size_t(p) * size_t(w.cols) * kPanelRows;
