@@ -14,6 +14,8 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+
+#include "kernels/transpose_avx512.h"
 #endif
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -158,20 +160,39 @@ PTLLM_PANELS_TARGET void part_avx512(const float* x, int T, const WeightMatrix& 
     }
   }
 }
+
+// Pairs [0, 16 * (pairs / 16)) of a panel: 16 x 16 blocks of 32-bit words (column pairs) loaded from
+// its 16 rows, transposed, stored as 16 lines. Returns the pairs done.
+PTLLM_PANELS_TARGET size_t pack_words_avx512(const uint8_t* rows, size_t row_bytes, size_t pairs, uint8_t* dst) {
+  size_t j = 0;
+  for (; j + 16 <= pairs; j += 16) {
+    __m512i r[16];
+    PTLLM_PANELS_UNROLL for (int i = 0; i < kPanelRows; ++i)
+      r[i] = _mm512_loadu_si512(rows + size_t(i) * row_bytes + j * 4);
+    transpose16_epi32(r);
+    PTLLM_PANELS_UNROLL for (int c = 0; c < 16; ++c)
+      _mm512_storeu_si512(dst + (j + size_t(c)) * kPanelRows * 4, r[c]);
+  }
+  return j;
+}
 #endif
 
+// Panels [p0, p1) of row-major w: a column pair is one 32-bit word, so a panel is the 16 x (K/2)
+// word matrix of its rows transposed; AVX-512 transposes it 16 x 16 words at a time.
 void pack_rows(const WeightMatrix& w, uint16_t* out, int p0, int p1) {
-  const auto* src = static_cast<const uint16_t*>(w.data);
-  const size_t K = size_t(w.cols);
-  for (int p = p0; p < p1; ++p)
-    for (int i = 0; i < kPanelRows; ++i) {
-      const uint16_t* row = src + (size_t(p) * kPanelRows + size_t(i)) * K;
-      uint16_t* dst = out + size_t(p) * K * kPanelRows + size_t(i) * 2;
-      for (size_t j = 0; j < K / 2; ++j) {
-        dst[j * kPanelRows * 2] = row[2 * j];
-        dst[j * kPanelRows * 2 + 1] = row[2 * j + 1];
-      }
-    }
+  const auto* src = static_cast<const uint8_t*>(w.data);
+  const size_t pairs = size_t(w.cols) / 2, row_bytes = size_t(w.cols) * 2;
+  for (int p = p0; p < p1; ++p) {
+    const uint8_t* rows = src + size_t(p) * kPanelRows * row_bytes;
+    auto* dst = reinterpret_cast<uint8_t*>(out) + size_t(p) * kPanelRows * row_bytes;
+    size_t j = 0;
+#if defined(__x86_64__)
+    if (active_kernels().target == SimdTarget::AVX512) j = pack_words_avx512(rows, row_bytes, pairs, dst);
+#endif
+    for (; j < pairs; ++j)
+      for (int i = 0; i < kPanelRows; ++i)
+        std::memcpy(dst + (j * kPanelRows + size_t(i)) * 4, rows + size_t(i) * row_bytes + j * 4, 4);
+  }
 }
 
 }  // namespace
