@@ -193,6 +193,26 @@ TEST_F(ServerTest, StreamedChunksAddUpToTheReplyAndCarryUsage) {
   EXPECT_GT(usage["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 0);
 }
 
+// A request that ends before its HTTP thread looks (one token, the prompt's blocks from the pool)
+// is still answered as a stream when it asked for one (it once came back as one JSON object).
+TEST_F(ServerTest, AStreamThatEndsAtOnceIsStillAStream) {
+  start();
+  json body = chat_body("And God said, Let there be light: and there was light. And God saw the light, that it was "
+                        "good: and God divided the light from the darkness.",
+                        1);
+  body["stream"] = true;
+  for (int i = 0; i < 12; ++i) {
+    const auto r = post("/v1/chat/completions", body.dump());
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200);
+    ASSERT_NE(r->get_header_value("Content-Type").find("text/event-stream"), std::string::npos) << "request " << i;
+    const auto events = sse_events(r->body);
+    ASSERT_GE(events.size(), 3u) << "request " << i;
+    EXPECT_EQ(events.back(), "[DONE]");
+    EXPECT_EQ(json::parse(events[events.size() - 2])["choices"][0]["finish_reason"], "length");
+  }
+}
+
 TEST_F(ServerTest, CompletionWithAStopString) {
   start();
   const std::string prompt = "And God said";

@@ -88,9 +88,10 @@ struct Channel {
     cv.wait_for(lk, wait, [&] { return result.has_value(); });
     return result;
   }
-  bool ended() {
+  // Ended with an error (refused by the scheduler before a token came).
+  bool failed() {
     std::lock_guard lk(mu);
-    return result.has_value();
+    return result.has_value() && result->reason == FinishReason::Error;
   }
 };
 
@@ -317,7 +318,10 @@ void HttpServer::Impl::generate(const httplib::Request& req, httplib::Response& 
     sr.on_done = [ch](const RequestResult& rr) { ch->finish(rr); };
     enter();
     sch.submit(std::move(sr));
-    if (r.stream && !ch->ended()) return stream(res, r, ch);  // leave() when the stream ends
+    // A stream, unless the request already failed (then an HTTP error status, as without "stream").
+    // A request that already ended well (a short reply, its prompt from the pool) is streamed too: a
+    // client asking for a stream always gets one.
+    if (r.stream && !ch->failed()) return stream(res, r, ch);  // leave() when the stream ends
     respond(req, res, r, *ch);
     leave();
   } catch (const ApiError& e) {
