@@ -72,6 +72,16 @@ TEST(PanelsTest, OnlyBf16MatricesOfWholePanelsAndEvenColumnsFit) {
   EXPECT_EQ(p.nbytes(), panels_bytes(dense_matrix(DType::BF16, w.data(), 32, 8)));
 }
 
+// The products' layout is in the kernels' name (and so in the prompt cache's key): a cache written
+// with one layout is not read by a process computing with the other.
+TEST(PanelsTest, TheLayoutIsInTheKernelsName) {
+  if (!panels_wanted()) GTEST_SKIP() << "this CPU's kernels keep the row-major layout (no AVX-512, or AMX)";
+  EXPECT_NE(active_kernels_name().find("+panels"), std::string::npos) << active_kernels_name();
+  set_panels_enabled(false);
+  EXPECT_EQ(active_kernels_name().find("panels"), std::string::npos) << active_kernels_name();
+  set_panels_enabled(true);
+}
+
 TEST(PanelsTest, RowsReadBackExactly) {
   ThreadPool pool(2);
   const Packed m(48, 130, 3, pool);

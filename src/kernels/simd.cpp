@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "kernels/amx.h"
+#include "kernels/panels.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -83,7 +84,10 @@ const KernelTable& detail::select_best_kernels() {
 }
 
 std::string active_kernels_name() {
-  return std::string(simd_target_name(active_simd_target())) + (amx_active() ? "+amx" : "");
+  // "+panels": BF16 weights packed at load (kernels/panels.h), whose products give other last bits
+  // than the row-major ones: in the prompt cache's key, like "+amx".
+  return std::string(simd_target_name(active_simd_target())) + (amx_active() ? "+amx" : "") +
+         (panels_wanted() ? "+panels" : "");
 }
 
 void set_simd_target(SimdTarget t) {
