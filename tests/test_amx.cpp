@@ -13,6 +13,7 @@
 #include "kernels/ggml.h"
 #include "kernels/ops.h"
 #include "kernels/simd.h"
+#include "test_util.h"
 
 namespace ptllm {
 namespace {
@@ -20,13 +21,7 @@ namespace {
 #define SKIP_WITHOUT_AMX() \
   if (!amx_available()) GTEST_SKIP() << "no AMX on this CPU or OS"
 
-std::vector<float> normal(size_t n, float sd, uint32_t seed) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> d(0.f, sd);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(g);
-  return v;
-}
+using test::normal;
 
 uint16_t bf16_rne(float f) {
   uint32_t u;

@@ -313,6 +313,25 @@ TEST_F(StoreSchedulerTest, KiviReplicasAnswerAsAColdScheduler) {
 // ---------------------------------------------------------------------------------------------
 // The Redis client.
 
+// A store's warnings, every one kept (no rate limit).
+struct RecordedLog {
+  RateLimitedLog log{std::chrono::milliseconds(0)};
+  RecordedLog() {
+    log.sink = [this](const std::string& l) {
+      std::lock_guard lk(mu_);
+      lines_.push_back(l);
+    };
+  }
+  std::vector<std::string> lines() {
+    std::lock_guard lk(mu_);
+    return lines_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::string> lines_;
+};
+
 class RedisStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -395,14 +414,8 @@ TEST_F(RedisStoreTest, ALongLookupComesBackInOrder) {
 TEST_F(RedisStoreTest, AnErrorReplyIsAMissAndTheNextLookupIsAnswered) {
   test::RedisServer redis;
   ASSERT_TRUE(redis.running());
-  std::vector<std::string> lines;
-  std::mutex mu;
-  RateLimitedLog log(std::chrono::milliseconds(0));
-  log.sink = [&](const std::string& l) {
-    std::lock_guard lk(mu);
-    lines.push_back(l);
-  };
-  auto s = open(redis.url(), &log);
+  RecordedLog rec;
+  auto s = open(redis.url(), &rec.log);
   const std::string big(300000, 'y'), small = "alpha";
   s->put("t:big", big);
   s->put("t:small", small);
@@ -415,7 +428,7 @@ TEST_F(RedisStoreTest, AnErrorReplyIsAMissAndTheNextLookupIsAnswered) {
   EXPECT_FALSE(refused[1]);
   EXPECT_EQ(s->stats().errors, 1u);
   {
-    std::lock_guard lk(mu);
+    const auto lines = rec.lines();
     ASSERT_EQ(lines.size(), 1u);
     EXPECT_NE(lines[0].find("NOPERM"), std::string::npos) << lines[0];
   }
@@ -448,14 +461,8 @@ TEST_F(RedisStoreTest, ValuesExpireAfterTheirTtl) {
 }
 
 TEST_F(RedisStoreTest, ARedisThatIsDownIsAMissAndAWarning) {
-  std::vector<std::string> lines;
-  std::mutex mu;
-  RateLimitedLog log(std::chrono::milliseconds(0));
-  log.sink = [&](const std::string& l) {
-    std::lock_guard lk(mu);
-    lines.push_back(l);
-  };
-  auto s = open("redis://127.0.0.1:" + std::to_string(test::free_port()), &log);
+  RecordedLog rec;
+  auto s = open("redis://127.0.0.1:" + std::to_string(test::free_port()), &rec.log);
   const std::vector<std::string> keys = {"t:a", "t:b"};
   const auto v = s->get(keys);
   EXPECT_FALSE(v[0]);
@@ -467,7 +474,7 @@ TEST_F(RedisStoreTest, ARedisThatIsDownIsAMissAndAWarning) {
   EXPECT_EQ(st.dropped_writes, 1u);
   EXPECT_EQ(st.writes, 0u);
   EXPECT_EQ(st.lookups, 0u);
-  std::lock_guard lk(mu);
+  const auto lines = rec.lines();
   ASSERT_FALSE(lines.empty());
   EXPECT_NE(lines[0].find("cannot connect to 127.0.0.1"), std::string::npos) << lines[0];
 }

@@ -29,13 +29,7 @@ uint16_t bf16_rne(float f) {
   return uint16_t(u >> 16);
 }
 
-std::vector<float> normal(size_t n, float sd, uint32_t seed) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> d(0.f, sd);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(g);
-  return v;
-}
+using test::normal;
 
 // A random row-major BF16 matrix and its packed copy (64-byte aligned, as the model allocates it).
 struct Packed {

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <span>
 #include <sstream>
 #include <string>
@@ -29,6 +30,15 @@ inline constexpr bool kLightTests = false;
 #endif
 // `full` in the Release tests, about a fifth of it (at least `least`) in the light build.
 constexpr int light_or(int full, int least = 1) { return kLightTests ? std::max(least, full / 5) : full; }
+
+// n draws of N(0, sd^2) from a seeded generator: the kernels' tests' random matrices and rows.
+inline std::vector<float> normal(size_t n, float sd, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.f, sd);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(g);
+  return v;
+}
 
 inline std::filesystem::path repo_dir() { return PTLLM_SOURCE_DIR; }
 inline std::filesystem::path repo_model(const std::string& name) { return repo_dir() / "models" / name; }
