@@ -145,8 +145,9 @@ TEST(PanelsTest, EveryKernelTargetGivesTheSameBits) {
 }
 
 // A checkpoint of BF16 weights (make-model's tiny shape) loaded with and without panels: the same
-// greedy ids and logits within float noise; with panels a sequence's logits in a batch of three
-// are the bits it gets alone (the products add a row in one order whatever the batch).
+// greedy ids and logits within float noise; with panels a sequence's logits in a batch of six are
+// the bits it gets alone (the products add a row in one order whatever the batch; the row-major
+// products take 4 x 4 tiles from 5 rows, which add in another order than one row).
 class PanelsModelTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -169,6 +170,9 @@ TEST_F(PanelsModelTest, APackedModelAnswersAsTheRowMajorOne) {
   set_panels_enabled(false);
   const auto plain = Model::load(dir_.path);
   set_panels_enabled(true);
+  // Every layer's 7 matrices and the tied LM head.
+  EXPECT_EQ(packed->panel_matrices(), size_t(7 * packed->config().n_layers + 1));
+  EXPECT_EQ(plain->panel_matrices(), 0u);
   std::mt19937 rng(5);
   std::uniform_int_distribution<int32_t> id(3, packed->config().vocab_size - 1);
   std::vector<int32_t> prompt(40);
@@ -191,27 +195,29 @@ TEST_F(PanelsModelTest, APackedModelAnswersAsTheRowMajorOne) {
 TEST_F(PanelsModelTest, ASequenceGetsTheSameBitsAloneAndInABatch) {
   ThreadPool pool(2);
   const auto model = Model::load(dir_.path);
+  ASSERT_GT(model->panel_matrices(), 0u);
+  constexpr size_t kSeqs = 6;
   std::mt19937 rng(7);
   std::uniform_int_distribution<int32_t> id(3, model->config().vocab_size - 1);
-  std::vector<std::vector<int32_t>> prompts(3);
-  for (size_t i = 0; i < 3; ++i) {
+  std::vector<std::vector<int32_t>> prompts(kSeqs);
+  for (size_t i = 0; i < kSeqs; ++i) {
     prompts[i].resize(9 + 13 * i);
     for (auto& t : prompts[i]) t = id(rng);
   }
   std::vector<std::unique_ptr<Session>> batch;
   std::vector<Session*> ptrs;
-  std::vector<int32_t> next(3);
-  for (size_t i = 0; i < 3; ++i) {
+  std::vector<int32_t> next(kSeqs);
+  for (size_t i = 0; i < kSeqs; ++i) {
     batch.push_back(std::make_unique<Session>(*model, options(), pool));
     ptrs.push_back(batch.back().get());
     batch.back()->feed(prompts[i]);
     next[i] = 3 + int32_t(i);
   }
   std::vector<std::span<const int32_t>> feeds;
-  for (size_t i = 0; i < 3; ++i) feeds.emplace_back(&next[i], 1);
+  for (size_t i = 0; i < kSeqs; ++i) feeds.emplace_back(&next[i], 1);
   ForwardState st;
   Session::feed_batch(ptrs, feeds, st);
-  for (size_t i = 0; i < 3; ++i) {
+  for (size_t i = 0; i < kSeqs; ++i) {
     Session alone(*model, options(), pool);
     alone.feed(prompts[i]);
     const auto want = alone.feed({&next[i], 1});

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <string_view>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/amx.h"
@@ -47,13 +48,6 @@ const uint16_t* panel_at(const WeightMatrix& w, int p) {
   return static_cast<const uint16_t*>(w.data) + size_t(p) * size_t(w.cols) * kPanelRows;
 }
 
-float bf16_value(uint16_t h) {
-  const uint32_t u = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
 // Any target: one output at a time, in the AVX-512 kernel's order (the even columns' fused sum plus
 // the odd columns'), so both give the same bits.
 void part_portable(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, int p0, int p1) {
@@ -66,8 +60,8 @@ void part_portable(const float* x, int T, const WeightMatrix& w, const float* bi
         float e = 0.f, o = 0.f;
         for (int j = 0; j < K / 2; ++j) {
           const uint16_t* pair = wp + (size_t(j) * kPanelRows + size_t(i)) * 2;
-          e = std::fma(bf16_value(pair[0]), xt[2 * j], e);
-          o = std::fma(bf16_value(pair[1]), xt[2 * j + 1], o);
+          e = std::fma(bf16_to_f32(pair[0]), xt[2 * j], e);
+          o = std::fma(bf16_to_f32(pair[1]), xt[2 * j + 1], o);
         }
         const int r = p * kPanelRows + i;
         float s = e + o;
@@ -83,9 +77,9 @@ void part_portable(const float* x, int T, const WeightMatrix& w, const float* bi
 
 // MT rows of x (row t at x + t * K) against NP consecutive panels from wp; outputs to y + t * ldy
 // (the panels' first row's column), bias from the same first row.
-// The weights are asked for ahead of use: the lines kPrefetchPairs ahead (pf null: decode), or the
-// same lines of the next panels (pf: several tiles over these panels).
-template <int NP, int MT>
+// The weights are asked for ahead of use: the lines kPrefetchPairs ahead (kNext false: decode), or
+// the same lines of the next panels, from pf (kNext: several tiles over these panels).
+template <int NP, int MT, bool kNext>
 PTLLM_PANELS_TARGET void tile(const float* x, int K, const uint16_t* wp, const float* bias, float* y, size_t ldy,
                               const uint16_t* pf) {
   __m512 ae[NP][MT], ao[NP][MT];
@@ -99,7 +93,7 @@ PTLLM_PANELS_TARGET void tile(const float* x, int K, const uint16_t* wp, const f
     __m512 we[NP], wo[NP];
     PTLLM_PANELS_UNROLL for (int p = 0; p < NP; ++p) {
       const uint16_t* line = wp + size_t(p) * stride + size_t(k) * kPanelRows;
-      if (pf)
+      if constexpr (kNext)
         _mm_prefetch(reinterpret_cast<const char*>(pf + size_t(p) * stride + size_t(k) * kPanelRows), _MM_HINT_T1);
       else
         _mm_prefetch(reinterpret_cast<const char*>(line + kPrefetchPairs * 2 * kPanelRows), _MM_HINT_T0);
@@ -140,10 +134,16 @@ PTLLM_PANELS_TARGET void panels_rows(const float* x, int t0, int t1, const Weigh
                                                                          : nullptr;
   const auto at = [&](int t) { return x + size_t(t) * size_t(K); };
   const auto out = [&](int t) { return y + size_t(t) * ldy + size_t(p) * kPanelRows; };
-  int t = t0;
-  for (; t + 4 <= t1; t += 4) tile<NP, 4>(at(t), K, wp, b, out(t), ldy, pf);
-  for (; t + 2 <= t1; t += 2) tile<NP, 2>(at(t), K, wp, b, out(t), ldy, pf);
-  for (; t < t1; ++t) tile<NP, 1>(at(t), K, wp, b, out(t), ldy, pf);
+  const auto rows = [&]<bool kNext>() {
+    int t = t0;
+    for (; t + 4 <= t1; t += 4) tile<NP, 4, kNext>(at(t), K, wp, b, out(t), ldy, pf);
+    for (; t + 2 <= t1; t += 2) tile<NP, 2, kNext>(at(t), K, wp, b, out(t), ldy, pf);
+    for (; t < t1; ++t) tile<NP, 1, kNext>(at(t), K, wp, b, out(t), ldy, pf);
+  };
+  if (pf)
+    rows.template operator()<true>();
+  else
+    rows.template operator()<false>();
 }
 
 PTLLM_PANELS_TARGET void part_avx512(const float* x, int T, const WeightMatrix& w, const float* bias, float* y,
@@ -237,8 +237,8 @@ WeightMatrix panels_matrix(const void* data, int rows, int cols) {
 void panels_row(const WeightMatrix& w, int r, float* out) {
   const uint16_t* wp = panel_at(w, r / kPanelRows) + size_t(r % kPanelRows) * 2;
   for (int j = 0; j < w.cols / 2; ++j) {
-    out[2 * j] = bf16_value(wp[size_t(j) * kPanelRows * 2]);
-    out[2 * j + 1] = bf16_value(wp[size_t(j) * kPanelRows * 2 + 1]);
+    out[2 * j] = bf16_to_f32(wp[size_t(j) * kPanelRows * 2]);
+    out[2 * j + 1] = bf16_to_f32(wp[size_t(j) * kPanelRows * 2 + 1]);
   }
 }
 

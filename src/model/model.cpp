@@ -220,7 +220,8 @@ void Model::pack_panels() {
     panel_bytes_.emplace_back(static_cast<uint8_t*>(p));
     ptllm::pack_panels(*w, p, pool);
     // The file's pages of the matrix are not read again: dropped from this process's memory (a
-    // later read, by a quantizer, maps them in again).
+    // later read, by a quantizer, maps them in again). Safetensors only: a GGUF file's mapping
+    // (files_ is empty then) keeps its pages.
     for (const auto& f : files_.files()) f->release(w->data, n);
     *w = panels_matrix(p, w->rows, w->cols);
   }

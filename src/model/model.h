@@ -100,6 +100,10 @@ class Model {
   // follows the embedding. Throws ptllm::Error for an unknown module or another shape.
   void replace_matrix(const std::string& module, const WeightMatrix& w);
 
+  // How many weight matrices load packed into panels (kernels/panels.h); 0 where the CPU's kernels
+  // keep the row-major layout.
+  size_t panel_matrices() const { return panel_bytes_.size(); }
+
   // Runs tokens at positions pos0, pos0+1, ... through the model, appending their K/V to `cache`.
   // logits: [T][vocab] when all_logits, else [vocab] for the last token only; null: not computed.
   void forward(std::span<const int32_t> tokens, int64_t pos0, KVCache& cache, ForwardState& st, float* logits,
