@@ -408,9 +408,14 @@ double mean_nll(const Model& m, const std::vector<int32_t>& ids) {
   return test::mean(test::nll_of(s.feed_all(ids), ids, m.config().vocab_size));
 }
 
-// Measured for kText (59 tokens): mean NLL f32 3.67292, q4 g64 rtn 3.75646, gptq 3.69138 (22% of
-// rtn's increase). The bound asks gptq to keep at most 60% of rtn's increase (a broken solve, or one
-// no better than RTN, fails), and the result to load with the layout and config of --method rtn.
+double mean_kl(const Model& src, const Model& q, const std::vector<int32_t>& ids);
+
+// Measured for kText (59 tokens): mean NLL f32 3.67292, q4 g64 rtn 3.75646, gptq 3.69138 on an
+// AVX-512 CPU and 3.78981 on an AVX2 one (Zen 3): 59 tokens' NLL moves with the products' last
+// bits by more than the two fits differ, so it does not rank them (as for mistral-tiny below). The
+// mean KL against the source does: rtn 0.09259, gptq 0.06939 (AVX2). The bound asks gptq's KL to be
+// at most 0.9 of rtn's (a broken solve, or one no better than RTN, fails), and the result to load
+// with the layout and config of --method rtn.
 TEST(GptqCheckpointTest, KjvTinyLoadsAndLosesLessThanRtn) {
   ThreadPool pool(2);
   test::TempDir tmp;
@@ -427,10 +432,12 @@ TEST(GptqCheckpointTest, KjvTinyLoadsAndLosesLessThanRtn) {
   const Tokenizer tok = Tokenizer::load(test::repo_model("kjv-tiny"));
   const std::vector<int32_t> ids = tok.encode(kText);
   const auto f32 = Model::load(test::repo_model("kjv-tiny"));
-  const double base = mean_nll(*f32, ids), rtn = mean_nll(*Model::load(tmp.path / "rtn"), ids),
-               gptq = mean_nll(*Model::load(tmp.path / "gptq"), ids);
-  std::printf("mean NLL over %zu tokens: f32 %.5f, q4 g64 rtn %.5f, gptq %.5f\n", ids.size(), base, rtn, gptq);
-  EXPECT_LT(gptq - base, 0.6 * (rtn - base));
+  const auto rtn = Model::load(tmp.path / "rtn"), gptq = Model::load(tmp.path / "gptq");
+  std::printf("mean NLL over %zu tokens: f32 %.5f, q4 g64 rtn %.5f, gptq %.5f\n", ids.size(), mean_nll(*f32, ids),
+              mean_nll(*rtn, ids), mean_nll(*gptq, ids));
+  const double kl_rtn = mean_kl(*f32, *rtn, ids), kl_gptq = mean_kl(*f32, *gptq, ids);
+  std::printf("mean KL: q4 g64 rtn %.5f, gptq %.5f\n", kl_rtn, kl_gptq);
+  EXPECT_LT(kl_gptq, 0.9 * kl_rtn);
 
   // No calibration: an error, not a silent RTN.
   o.calibration.clear();
