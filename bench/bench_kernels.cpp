@@ -418,13 +418,17 @@ void register_products() {
                                      const bool amx = std::string(kind) == "amx";
                                      const int panels = (T + k.gemm_mr - 1) / k.gemm_mr;
                                      std::vector<float> ap(size_t(panels) * size_t(k.gemm_mr) * K);
+                                     std::vector<float> xd(x.size());
                                      for (auto _ : st) {
                                        if (amx) {
                                          amx_matmul(x.data(), T, m, nullptr, y.data(), pool());
-                                       } else if (gemv) {
+                                       } else if (gemv) {  // as matmul: x deinterleaved once
+                                         k.deinterleave_bf16(x.data(), T, K, xd.data());
                                          pool().parallel_for(
                                              size_t(N),
-                                             [&](size_t b, size_t e) { k.gemv(x.data(), T, m, nullptr, y.data(), int(b), int(e)); },
+                                             [&](size_t b, size_t e) {
+                                               k.gemv(x.data(), xd.data(), T, m, nullptr, y.data(), int(b), int(e));
+                                             },
                                              4);
                                        } else {  // as matmul does it: x packed once, then the column tiles
                                          pool().parallel_for(size_t(panels), [&](size_t b, size_t e) {

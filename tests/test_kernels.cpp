@@ -528,12 +528,19 @@ TEST_P(KernelTest, ProductKernelsWriteOnlyTheirColumns) {
     const int panels = (T + k_->gemm_mr - 1) / k_->gemm_mr;
     std::vector<float> ap(size_t(panels * k_->gemm_mr) * 90);
     k_->pack_a(x.data(), T, 90, 0, panels, ap.data());
-    for (bool streamed : {true, false}) {
+    std::vector<float> xd(x.size());  // the deinterleaved copy matmul makes once for its threads
+    k_->deinterleave_bf16(x.data(), T, 90, xd.data());
+    std::vector<float> y_own;  // gemv deinterleaving x itself
+    for (int path : {0, 1, 2}) {  // gemv making its own copy of x, gemv given matmul's, gemm
       std::vector<float> y(size_t(T) * 75, -5.f);
-      if (streamed)
-        k_->gemv(x.data(), T, m.w, nullptr, y.data(), r0, r1);
-      else
+      if (path == 2)
         k_->gemm(ap.data(), T, m.w, nullptr, y.data(), r0, r1);
+      else
+        k_->gemv(x.data(), path == 0 ? nullptr : xd.data(), T, m.w, nullptr, y.data(), r0, r1);
+      if (path == 0) y_own = y;
+      if (path == 1) {
+        ASSERT_EQ(y, y_own) << "T=" << T << ": the caller's deinterleaved x gives other bits";
+      }
       for (int tt = 0; tt < T; ++tt)
         for (int r = 0; r < 75; ++r) {
           const size_t i = size_t(tt) * 75 + size_t(r);

@@ -24,6 +24,7 @@
 #include <type_traits>
 
 #include "kernels/quant.h"
+#include "kernels/scratch.h"
 #include "kernels/simd.h"
 
 namespace ptllm {
@@ -81,29 +82,6 @@ void v_block_by_spans(const float* p, int ld_p, int nq, const uint8_t* codes, co
   const KiviSpan s{nullptr, 0, codes, nullptr, nullptr, scale, zero, nk, 0, nullptr, next};
   Spans(p, ld_p, nq, &s, 1, D, bits, acc, zacc);
 }
-
-// A 64-byte aligned scratch buffer that only grows (packed tiles, reordered x; one per thread).
-class Scratch {
- public:
-  ~Scratch() { release(); }
-  float* get(size_t n) {
-    if (n > size_) {
-      release();
-      data_ = static_cast<float*>(::operator new[](n * sizeof(float), std::align_val_t(64)));
-      size_ = n;
-    }
-    return data_;
-  }
-
- private:
-  void release() {
-    if (data_) ::operator delete[](data_, std::align_val_t(64));
-    data_ = nullptr;
-    size_ = 0;
-  }
-  float* data_ = nullptr;
-  size_t size_ = 0;
-};
 
 template <class V>
 struct Kernels {
@@ -971,21 +949,20 @@ struct Kernels {
       y[size_t(t) * size_t(ldy) + size_t(r)] = V::reduce_add(s) + (bias ? bias[r] : 0.f);
     }
   }
-  // x [T][K] with every full chunk of 2N reordered as its even elements, then its odd ones.
-  PTLLM_TARGET static const float* deinterleave(const float* x, int T, int K) {
-    static thread_local Scratch buf;
-    float* xd = buf.get(size_t(T) * size_t(K));
+  // x [T][K] with every full chunk of 2N reordered as its even elements, then its odd ones (the
+  // tail past the last full chunk is not written: the products read it from x).
+  PTLLM_TARGET static void deinterleave_bf16(const float* x, int T, int K, float* xd) {
     constexpr int C = 2 * N;
     for (int t = 0; t < T; ++t) {
       const float* src = x + size_t(t) * size_t(K);
       float* dst = xd + size_t(t) * size_t(K);
-      for (int c = 0; c + C <= K; c += C)
-        for (int i = 0; i < N; ++i) {
-          dst[c + i] = src[c + 2 * i];
-          dst[c + N + i] = src[c + 2 * i + 1];
-        }
+      for (int c = 0; c + C <= K; c += C) {
+        F e, o;
+        V::deinterleave(V::load(src + c), V::load(src + c + N), e, o);
+        V::store(dst + c, e);
+        V::store(dst + c + N, o);
+      }
     }
-    return xd;
   }
 
   // Rows [t, t + TT) of x against weight row r.
@@ -1006,8 +983,11 @@ struct Kernels {
   // the even and odd products go to one accumulator, and the 4 rows' sums are folded at once.
   // A row's sum is still taken in an order fixed by element index.
   // Up to 4 rows of x, one weight row at a time streams faster (bench_kernels product/gemv/*).
+  // Only a tile's first pass over its weight rows (kAhead) asks for the rows kGemvAhead bytes on,
+  // once per 64 bytes of a row and without a branch (on AVX2 the loop takes two chunks a step):
+  // before, every pass carried a test, a branch and address arithmetic per row and chunk for it.
   static constexpr int kTileRows = 4, kTileMinT = 5;
-  template <int TT>
+  template <int TT, bool kAhead>
   PTLLM_TARGET static void gemv_tile_bf16(const float* xd, const float* x, int K, const void* w, int r, float* y,
                                           int ldy, const float* bias) {
     constexpr int RT = kTileRows;
@@ -1016,20 +996,27 @@ struct Kernels {
     PTLLM_UNROLL for (int i = 0; i < RT; ++i) PTLLM_UNROLL for (int t = 0; t < TT; ++t) acc[i][t] = V::zero();
     const size_t row = size_t(r) * size_t(K);
     const char* wb = static_cast<const char*>(w) + 2 * row;
-    const int full = K / C * C;
-    for (int k = 0; k < full; k += C) {
+    const auto chunk = [&](int k, bool ahead) PTLLM_TARGET {
       F xe[TT], xo[TT];
       PTLLM_UNROLL for (int t = 0; t < TT; ++t) {
         xe[t] = V::load(xd + size_t(t) * size_t(K) + size_t(k));
         xo[t] = V::load(xd + size_t(t) * size_t(K) + size_t(k + N));
       }
       PTLLM_UNROLL for (int i = 0; i < RT; ++i) {
-        gemv_ahead<size_t(C * 2)>(w, 2 * (row + size_t(i) * size_t(K) + size_t(k)));
+        const char* p = wb + 2 * (size_t(i) * size_t(K) + size_t(k));
+        if (kAhead && ahead) __builtin_prefetch(p + kGemvAhead);
         F e, o;
-        V::bf16_pairs(wb + 2 * (size_t(i) * size_t(K) + size_t(k)), e, o);
+        V::bf16_pairs(p, e, o);
         PTLLM_UNROLL for (int t = 0; t < TT; ++t) acc[i][t] = V::fma(xo[t], o, V::fma(xe[t], e, acc[i][t]));
       }
-    }
+    };
+    const int full = K / C * C;
+    // Chunks of 2N bf16 are 4N bytes: a 64-byte line is 64 / (4N) chunks (2 on AVX2, 1 on AVX-512).
+    constexpr int kPerLine = std::max(1, 64 / (4 * N));
+    int k = 0;
+    for (; k + kPerLine * C <= full; k += kPerLine * C)
+      PTLLM_UNROLL for (int u = 0; u < kPerLine; ++u) chunk(k + u * C, u == 0);
+    for (; k < full; k += C) chunk(k, true);
     for (int k = full; k < K; k += N) {  // the tail, in element order
       const int n = std::min(N, K - k);
       PTLLM_UNROLL for (int i = 0; i < RT; ++i) {
@@ -1053,7 +1040,11 @@ struct Kernels {
       int t = 0;
       const auto tile = [&]<int TT>() {
         const size_t xo = size_t(t) * size_t(K);
-        gemv_tile_bf16<TT>(xd + xo, x + xo, K, w.data, r, y + size_t(t) * size_t(w.rows), w.rows, bias);
+        float* yt = y + size_t(t) * size_t(w.rows);
+        if (t == 0)
+          gemv_tile_bf16<TT, true>(xd + xo, x + xo, K, w.data, r, yt, w.rows, bias);
+        else
+          gemv_tile_bf16<TT, false>(xd + xo, x + xo, K, w.data, r, yt, w.rows, bias);
         t += TT;
       };
       if constexpr (V::GT >= 4)
@@ -1070,9 +1061,15 @@ struct Kernels {
   // Every row of x against weight rows [r0, r1); groups of rows of x share each weight row, read
   // from memory once and then from L1.
   template <class Ld>
-  PTLLM_TARGET static void gemv_t(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, int r0,
-                                  int r1) {
-    const float* xd = std::is_same_v<Ld, LdBF16> ? deinterleave(x, T, w.cols) : nullptr;
+  PTLLM_TARGET static void gemv_t(const float* x, const float* xd, int T, const WeightMatrix& w, const float* bias,
+                                  float* y, int r0, int r1) {
+    if constexpr (std::is_same_v<Ld, LdBF16>)
+      if (!xd) {
+        static thread_local Scratch buf;
+        float* d = buf.get(size_t(T) * size_t(w.cols));
+        deinterleave_bf16(x, T, w.cols, d);
+        xd = d;
+      }
     if constexpr (std::is_same_v<Ld, LdBF16>)
       if (T >= kTileMinT) return gemv_tiles_bf16(x, xd, T, w, bias, y, r0, r1);
     for (int r = r0; r < r1; ++r) {
@@ -1083,12 +1080,12 @@ struct Kernels {
       for (; t < T; ++t) gemv_group<Ld, 1>(x, xd, t, w, r, bias, y);
     }
   }
-  PTLLM_TARGET static void gemv(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, int r0,
-                                int r1) {
+  PTLLM_TARGET static void gemv(const float* x, const float* xd, int T, const WeightMatrix& w, const float* bias,
+                                float* y, int r0, int r1) {
     switch (w.dtype) {
-      case DType::BF16: gemv_t<LdBF16>(x, T, w, bias, y, r0, r1); break;
-      case DType::F16: gemv_t<LdF16>(x, T, w, bias, y, r0, r1); break;
-      default: gemv_t<LdF32>(x, T, w, bias, y, r0, r1); break;
+      case DType::BF16: gemv_t<LdBF16>(x, xd, T, w, bias, y, r0, r1); break;
+      case DType::F16: gemv_t<LdF16>(x, nullptr, T, w, bias, y, r0, r1); break;
+      default: gemv_t<LdF32>(x, nullptr, T, w, bias, y, r0, r1); break;
     }
   }
 
@@ -1223,7 +1220,7 @@ constexpr KernelTable make_table(SimdTarget target) {
                      K::dense_k_block, K::dense_v_block, K::kivi_k_dequant,
                      K::max_of,      K::exp_sum,     K::rmsnorm,
                      K::silu_mul,
-                     K::softmax,      K::rope_rotate, K::rope_rotate_one, K::gemv,    K::pack_a,
+                     K::softmax,      K::rope_rotate, K::rope_rotate_one, K::deinterleave_bf16, K::gemv, K::pack_a,
                      K::gemm,         K::MR,          K::NR};
 }
 

@@ -13,6 +13,7 @@
 #include "kernels/amx.h"
 #include "kernels/ggml.h"
 #include "kernels/panels.h"
+#include "kernels/scratch.h"
 #include "kernels/quant.h"
 #include "kernels/simd.h"
 
@@ -119,6 +120,10 @@ static_assert(kGemvMaxT <= kMatmulSmallRows);
 // more than it saves (tiny models).
 constexpr size_t kGemvMinWeightsPerThread = 32 * 1024;
 constexpr size_t kGemmMaxPartRows = 512;  // matmul, gemm: the widest part a thread takes
+// BF16 gemv: from this many rows of x (the row tiles' range) x is deinterleaved once for all the
+// threads' parts. A shared copy for one row, read from the other core's cache, left N = 1 decode
+// slower (kjv-small, 2 threads: a median of 0.96 over 12 alternating runs).
+constexpr int kSharedXMinT = 5;
 // BF16 weights on AMX (kernels/amx.h) from this many rows of x: fewer stream faster through the
 // gemv (bench_kernels product/gemv/T against product/amx/T). Other formats take
 // AMX (through bf16 copies of their rows) only above kMatmulSmallRows, where their rows are shared
@@ -137,7 +142,16 @@ void matmul(const float* x, int T, const WeightMatrix& w, const float* bias, flo
   if (T <= (w.dtype == DType::BF16 ? kGemvMaxTBf16 : kGemvMaxT)) {
     const size_t min_rows = kGemvMinWeightsPerThread / size_t(std::max(1, w.cols));
     const size_t grain = std::max<size_t>(4, (min_rows + 3) / 4 * 4);
-    pool.parallel_for(size_t(w.rows), [&](size_t b, size_t e) { k.gemv(x, T, w, bias, y, int(b), int(e)); }, grain);
+    // BF16 from kSharedXMinT rows: x deinterleaved once here for every part (16 x 1376 floats and
+    // 22 parts); fewer rows, each part makes its own small copy in its own core's cache.
+    thread_local Scratch xd;
+    float* xdp = nullptr;
+    if (w.dtype == DType::BF16 && T >= kSharedXMinT) {
+      xdp = xd.get(size_t(T) * size_t(w.cols));
+      k.deinterleave_bf16(x, T, w.cols, xdp);
+    }
+    pool.parallel_for(size_t(w.rows), [&](size_t b, size_t e) { k.gemv(x, xdp, T, w, bias, y, int(b), int(e)); },
+                      grain);
   } else {
     // x packed once into the caller's buffer, shared by the threads (reused by every prefill).
     thread_local std::vector<float> packed;

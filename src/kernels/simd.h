@@ -54,8 +54,12 @@ struct KernelTable {
   void (*rope_rotate)(float* x, int n_heads, int head_dim, const float* cos, const float* sin);
   void (*rope_rotate_one)(const float* x, int head_dim, const float* cos, const float* sin, float* out);
   // Output columns [r0, r1) of y[T][w.rows] = x[T][w.cols] W^T + bias, one thread's share.
-  // gemv: weights streamed once and converted in registers (decode, small T).
-  void (*gemv)(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, int r0, int r1);
+  // gemv: weights streamed once and converted in registers (decode, small T). BF16 weights are
+  // multiplied against xd, x with its chunks' even and odd elements apart (deinterleave_bf16): the
+  // caller's copy, made once for every thread, or nullptr (then each call makes its own).
+  void (*deinterleave_bf16)(const float* x, int T, int K, float* xd);
+  void (*gemv)(const float* x, const float* xd, int T, const WeightMatrix& w, const float* bias, float* y, int r0,
+               int r1);
   // gemm (prefill): x is first packed into panels of gemm_mr rows, shared by every thread
   // (pack_a writes panels [p0, p1) of ceil(T / gemm_mr) into ap, [T rounded up to gemm_mr][K]);
   // then each thread converts tiles of its weight rows into a buffer reused by every row of x.
