@@ -144,9 +144,9 @@ void matmul(const float* x, int T, const WeightMatrix& w, const float* bias, flo
     const size_t grain = std::max<size_t>(4, (min_rows + 3) / 4 * 4);
     // BF16 from kSharedXMinT rows: x deinterleaved once here for every part (16 x 1376 floats and
     // 22 parts); fewer rows, each part makes its own small copy in its own core's cache.
-    thread_local Scratch xd;
     float* xdp = nullptr;
     if (w.dtype == DType::BF16 && T >= kSharedXMinT) {
+      thread_local Scratch xd;
       xdp = xd.get(size_t(T) * size_t(w.cols));
       k.deinterleave_bf16(x, T, w.cols, xdp);
     }
