@@ -995,7 +995,6 @@ struct Kernels {
     F acc[RT][TT];
     PTLLM_UNROLL for (int i = 0; i < RT; ++i) PTLLM_UNROLL for (int t = 0; t < TT; ++t) acc[i][t] = V::zero();
     const size_t row = size_t(r) * size_t(K);
-    const char* wb = static_cast<const char*>(w) + 2 * row;
     const auto chunk = [&](int k, bool ahead) PTLLM_TARGET {
       F xe[TT], xo[TT];
       PTLLM_UNROLL for (int t = 0; t < TT; ++t) {
@@ -1003,10 +1002,10 @@ struct Kernels {
         xo[t] = V::load(xd + size_t(t) * size_t(K) + size_t(k + N));
       }
       PTLLM_UNROLL for (int i = 0; i < RT; ++i) {
-        const char* p = wb + 2 * (size_t(i) * size_t(K) + size_t(k));
-        if (kAhead && ahead) __builtin_prefetch(p + kGemvAhead);
+        const size_t byte = 2 * (row + size_t(i) * size_t(K) + size_t(k));
+        if (kAhead && ahead) gemv_ahead<64>(w, byte);  // one line a call
         F e, o;
-        V::bf16_pairs(p, e, o);
+        V::bf16_pairs(static_cast<const char*>(w) + byte, e, o);
         PTLLM_UNROLL for (int t = 0; t < TT; ++t) acc[i][t] = V::fma(xo[t], o, V::fma(xe[t], e, acc[i][t]));
       }
     };

@@ -13,8 +13,8 @@
 #include "kernels/amx.h"
 #include "kernels/ggml.h"
 #include "kernels/panels.h"
-#include "kernels/scratch.h"
 #include "kernels/quant.h"
+#include "kernels/scratch.h"
 #include "kernels/simd.h"
 
 namespace ptllm {
@@ -121,8 +121,9 @@ static_assert(kGemvMaxT <= kMatmulSmallRows);
 constexpr size_t kGemvMinWeightsPerThread = 32 * 1024;
 constexpr size_t kGemmMaxPartRows = 512;  // matmul, gemm: the widest part a thread takes
 // BF16 gemv: from this many rows of x (the row tiles' range) x is deinterleaved once for all the
-// threads' parts. A shared copy for one row, read from the other core's cache, left N = 1 decode
-// slower (kjv-small, 2 threads: a median of 0.96 over 12 alternating runs).
+// threads' parts. Below it x is a few KiB and each part's own copy costs next to nothing; a shared
+// one for all rows measured 0.96 of N = 1 decode (kjv-small, 2 threads, median of 12 alternating
+// runs; a binary against a copy of itself gave 0.98), so one-row products keep their own.
 constexpr int kSharedXMinT = 5;
 // BF16 weights on AMX (kernels/amx.h) from this many rows of x: fewer stream faster through the
 // gemv (bench_kernels product/gemv/T against product/amx/T). Other formats take
@@ -142,8 +143,8 @@ void matmul(const float* x, int T, const WeightMatrix& w, const float* bias, flo
   if (T <= (w.dtype == DType::BF16 ? kGemvMaxTBf16 : kGemvMaxT)) {
     const size_t min_rows = kGemvMinWeightsPerThread / size_t(std::max(1, w.cols));
     const size_t grain = std::max<size_t>(4, (min_rows + 3) / 4 * 4);
-    // BF16 from kSharedXMinT rows: x deinterleaved once here for every part (16 x 1376 floats and
-    // 22 parts); fewer rows, each part makes its own small copy in its own core's cache.
+    // BF16 from kSharedXMinT rows: x deinterleaved once here for every part (a 1376 x 512 matrix
+    // is 22 parts); fewer rows, each part makes its own small copy in its own core's cache.
     float* xdp = nullptr;
     if (w.dtype == DType::BF16 && T >= kSharedXMinT) {
       thread_local Scratch xd;
