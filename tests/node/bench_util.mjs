@@ -129,8 +129,13 @@ export async function alternate(rounds, a, b, start, ps, concurrency, genTokens,
     const xs = runs[m].map((r) => r.rate);
     return 100 * (Math.max(...xs) - Math.min(...xs)) / mean(xs);
   };
+  // Each round's two runs sat next to each other in time: the median of the rounds' ratios is the
+  // figure a drifting machine moves least.
+  const ratios = runs[b].map((r, i) => r.rate / runs[a][i].rate);
+  const pairMedian = median(ratios);
   return {
     rateA: rate(a), rateB: rate(b), cost: 100 * (1 - rate(b) / rate(a)),
+    pairCost: 100 * (1 - pairMedian), bFaster: ratios.filter((x) => x > 1).length,
     cpuCost: 100 * (cpuPerToken(b) / cpuPerToken(a) - 1), spreadA: spread(a), spreadB: spread(b),
     // The store's own CPU (its writer thread and the store process) against the server's without it.
     storeCpuShare: 100 * mean(runs[b].map((r) => (r.writerCpu + r.otherCpu) / r.tokens)) / cpuPerToken(a),
