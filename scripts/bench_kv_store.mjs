@@ -80,8 +80,8 @@ try {
     const lookupMs = 1000 * ((await metric(b, 'ptllm_kv_store_lookup_seconds_sum')) - lookupBefore);
     if (rb.text !== ra.text) throw new Error(`replica B answered ${JSON.stringify(rb.text)}, A ${JSON.stringify(ra.text)}`);
     warmMs.push(rb.ms);
-    console.log(`history ${i}: cold ${c.ms.toFixed(1)} ms; replica B ${rb.ms.toFixed(1)} ms (its lookup ${lookupMs.toFixed(1)} ms) ` +
-                `with ${rb.cached} of ${history} tokens cached`);
+    console.log(`history ${i}: cold ${c.ms.toFixed(1)} ms; replica B ${rb.ms.toFixed(1)} ms ` +
+                `(its lookup ${lookupMs.toFixed(1)} ms) with ${rb.cached} of ${history} tokens cached`);
   }
   const hits = await metric(b, 'ptllm_kv_store_hits_total');
   const lookups = await metric(b, 'ptllm_kv_store_lookup_seconds_count');
@@ -105,9 +105,11 @@ try {
     return serve(['--kv-store', redis.url, '--kv-store-prefix', `miss${round}`]);
   }, ps, concurrency, genTokens, () => [redis.pid]);
   console.log(`no reuse (${rounds} rounds): ${c.rateB.toFixed(1)} tok/s with --kv-store, ${c.rateA.toFixed(1)} without: ` +
-              `${c.cost.toFixed(1)}% fewer (target: at most 5%); median of the rounds' ratios ${c.pairCost.toFixed(1)}% fewer, ` +
-              `the store faster in ${c.bFaster} of ${rounds} rounds; runs of one mode spread ${c.spreadA.toFixed(1)}% and ` +
-              `${c.spreadB.toFixed(1)}%); CPU per token, server and redis-server: ${c.cpuCost.toFixed(1)}% more; the store's own ` +
+              `${c.cost.toFixed(1)}% fewer (target: at most 5%); median of the rounds' ratios ` +
+              `${c.pairCost.toFixed(1)}% fewer, the store faster in ${c.bFaster} of ${rounds} rounds; ` +
+              `runs of one mode spread ${c.spreadA.toFixed(1)}% and ` +
+              `${c.spreadB.toFixed(1)}%; CPU per token, server and redis-server: ${c.cpuCost.toFixed(1)}% more; ` +
+              `the store's own ` +
               `CPU (writer thread and redis-server): ${c.storeCpuShare.toFixed(1)}% of the server's without it`);
 } finally {
   redis.stop();

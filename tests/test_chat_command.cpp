@@ -266,9 +266,9 @@ TEST_F(ChatModel, PromptCacheKeepsTheSystemPromptForAnotherConversation) {
 }
 
 // A reply cut at a stop string left its last ids in the KV, which the next rendering lacks: the
-// session is rewound to the first differing token, and stderr says so.
-// The stop string is a character of the first reply as it comes without one (past its first
-// character, so the cut reply is not empty; quoted for the shell): which replies a model gives depends on the kernels.
+// session is rewound to the first differing token, and stderr says so. Which reply a model gives
+// depends on the CPU's kernels, so the stop string is a character of the reply the same run gives
+// without one, first seen past its first character (the cut reply is not empty), shell-quoted.
 TEST_F(ChatModel, AStopStringMakesTheNextTurnRewind) {
   const fs::path conv = write_file(tmp.path / "conv.txt", "In the beginning\nAnd God said\n");
   const std::string common = "-f " + conv.string() + " --temperature 0 -n 30 --json";

@@ -38,7 +38,11 @@ export function storeBenchOptions(args) {
   return o;
 }
 
-export const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
+// The middle value, or the mean of the two middle ones of an even count.
+export const median = (xs) => {
+  const s = [...xs].sort((a, b) => a - b), m = s.length >> 1;
+  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
+};
 
 // Distinct token-id prompts from the corpus (or the README when the corpus is absent), each begun by
 // its own text so that no two share a block.
@@ -132,10 +136,9 @@ export async function alternate(rounds, a, b, start, ps, concurrency, genTokens,
   // Each round's two runs sat next to each other in time: the median of the rounds' ratios is the
   // figure a drifting machine moves least.
   const ratios = runs[b].map((r, i) => r.rate / runs[a][i].rate);
-  const pairMedian = median(ratios);
   return {
     rateA: rate(a), rateB: rate(b), cost: 100 * (1 - rate(b) / rate(a)),
-    pairCost: 100 * (1 - pairMedian), bFaster: ratios.filter((x) => x > 1).length,
+    pairCost: 100 * (1 - median(ratios)), bFaster: ratios.filter((x) => x > 1).length,
     cpuCost: 100 * (cpuPerToken(b) / cpuPerToken(a) - 1), spreadA: spread(a), spreadB: spread(b),
     // The store's own CPU (its writer thread and the store process) against the server's without it.
     storeCpuShare: 100 * mean(runs[b].map((r) => (r.writerCpu + r.otherCpu) / r.tokens)) / cpuPerToken(a),
