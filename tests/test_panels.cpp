@@ -69,7 +69,7 @@ TEST(PanelsTest, OnlyBf16MatricesOfWholePanelsAndEvenColumnsFit) {
 // The products' layout is in the kernels' name (and so in the prompt cache's key): a cache written
 // with one layout is not read by a process computing with the other.
 TEST(PanelsTest, TheLayoutIsInTheKernelsName) {
-  if (!panels_wanted()) GTEST_SKIP() << "this CPU's kernels keep the row-major layout (no AVX-512, or AMX)";
+  if (!panels_wanted()) GTEST_SKIP() << "this CPU's kernels keep the row-major layout (no AVX-512)";
   EXPECT_NE(active_kernels_name().find("+panels"), std::string::npos) << active_kernels_name();
   set_panels_enabled(false);
   EXPECT_EQ(active_kernels_name().find("panels"), std::string::npos) << active_kernels_name();
@@ -97,7 +97,7 @@ TEST(PanelsTest, ProductsMatchTheReference) {
       const auto x = normal(size_t(T) * size_t(s.K), 1.f, seed++);
       std::vector<float> got(size_t(T) * size_t(s.N)), want(got.size());
       for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
-        matmul(x.data(), T, m.panels, b, got.data(), pool);
+        panels_matmul(x.data(), T, m.panels, b, got.data(), pool);  // not AMX's, from 8 rows
         matmul_ref(x.data(), T, m.dense, b, want.data());
         for (size_t i = 0; i < got.size(); ++i)
           ASSERT_NEAR(got[i], want[i], 1e-5 * std::sqrt(double(s.K)) + 1e-6 * std::fabs(want[i]))
@@ -115,8 +115,8 @@ TEST(PanelsTest, EachRowGetsTheSameBitsAloneInABatchAndWithAnyThreads) {
   const int T = 33;
   const auto x = normal(size_t(T) * 130, 1.f, 22);
   std::vector<float> batch(size_t(T) * 80), single(batch.size()), alone(80);
-  matmul(x.data(), T, m.panels, nullptr, batch.data(), two);
-  matmul(x.data(), T, m.panels, nullptr, single.data(), one);
+  panels_matmul(x.data(), T, m.panels, nullptr, batch.data(), two);  // matmul takes AMX from 8 rows
+  panels_matmul(x.data(), T, m.panels, nullptr, single.data(), one);
   EXPECT_EQ(std::memcmp(batch.data(), single.data(), batch.size() * sizeof(float)), 0);
   for (int t = 0; t < T; ++t) {
     matmul(x.data() + size_t(t) * 130, 1, m.panels, nullptr, alone.data(), two);
@@ -151,7 +151,7 @@ TEST(PanelsTest, EveryKernelTargetGivesTheSameBits) {
 class PanelsModelTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!panels_wanted()) GTEST_SKIP() << "this CPU's kernels keep the row-major layout (no AVX-512, or AMX)";
+    if (!panels_wanted()) GTEST_SKIP() << "this CPU's kernels keep the row-major layout (no AVX-512)";
     auto r = test::run_command(test::binary() + " make-model --shape tiny --dtype bf16 --threads 1 " +
                                dir_.path.string());
     ASSERT_EQ(r.code, 0) << r.err;

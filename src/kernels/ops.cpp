@@ -125,17 +125,18 @@ constexpr size_t kGemmMaxPartRows = 512;  // matmul, gemm: the widest part a thr
 // one for all rows measured 0.96 of N = 1 decode (kjv-small, 2 threads, median of 12 alternating
 // runs; a binary against a copy of itself gave 0.98), so one-row products keep their own.
 constexpr int kSharedXMinT = 5;
-// BF16 weights on AMX (kernels/amx.h) from this many rows of x: fewer stream faster through the
-// gemv (bench_kernels product/gemv/T against product/amx/T). Other formats take
-// AMX (through bf16 copies of their rows) only above kMatmulSmallRows, where their rows are shared
-// by enough rows of x to pay for the copies.
+// BF16 weights (in panels) on AMX (kernels/amx.h) from this many rows of x: fewer stream faster
+// through the panels' own product. Other formats take AMX (through bf16 copies of their rows) only
+// above kMatmulSmallRows, where their rows are shared by enough rows of x to pay for the copies.
 constexpr int kAmxMinRows = 8;
 static_assert(kAmxMinRows <= kMatmulSmallRows);
 }  // namespace
 
 void matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool) {
-  if (w.format == WeightFormat::Panels) return panels_matmul(x, T, w, bias, y, pool);
-  if (T >= kAmxMinRows && amx_takes(w)) return amx_matmul(x, T, w, bias, y, pool);
+  if (w.format == WeightFormat::Panels) {
+    if (T >= kAmxMinRows && amx_takes(w)) return amx_matmul(x, T, w, bias, y, pool);
+    return panels_matmul(x, T, w, bias, y, pool);
+  }
   if (T > kMatmulSmallRows && amx_takes_dequantized(w)) return amx_matmul(x, T, w, bias, y, pool);
   if (w.format == WeightFormat::Affine) return affine_matmul(x, T, w, bias, y, pool);
   if (w.format == WeightFormat::Ggml) return ggml_matmul(x, T, w, bias, y, pool);

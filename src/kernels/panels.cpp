@@ -10,7 +10,6 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
-#include "kernels/amx.h"
 #include "kernels/simd.h"
 
 #if defined(__x86_64__)
@@ -177,25 +176,30 @@ PTLLM_PANELS_TARGET size_t pack_words_avx512(const uint8_t* rows, size_t row_byt
 }
 #endif
 
-// Panels [p0, p1) of row-major w: a column pair is one 32-bit word, so a panel is the 16 x (K/2)
-// word matrix of its rows transposed; AVX-512 transposes it 16 x 16 words at a time.
+// Panels [p0, p1) of row-major w (pack_panel each).
 void pack_rows(const WeightMatrix& w, uint16_t* out, int p0, int p1) {
   const auto* src = static_cast<const uint8_t*>(w.data);
-  const size_t pairs = size_t(w.cols) / 2, row_bytes = size_t(w.cols) * 2;
-  for (int p = p0; p < p1; ++p) {
-    const uint8_t* rows = src + size_t(p) * kPanelRows * row_bytes;
-    auto* dst = reinterpret_cast<uint8_t*>(out) + size_t(p) * kPanelRows * row_bytes;
-    size_t j = 0;
-#if defined(__x86_64__)
-    if (active_kernels().target == SimdTarget::AVX512) j = pack_words_avx512(rows, row_bytes, pairs, dst);
-#endif
-    for (; j < pairs; ++j)
-      for (int i = 0; i < kPanelRows; ++i)
-        std::memcpy(dst + (j * kPanelRows + size_t(i)) * 4, rows + size_t(i) * row_bytes + j * 4, 4);
-  }
+  const size_t row_bytes = size_t(w.cols) * 2;
+  for (int p = p0; p < p1; ++p)
+    pack_panel(src + size_t(p) * kPanelRows * row_bytes, row_bytes, w.cols, out + size_t(p) * kPanelRows * w.cols);
 }
 
 }  // namespace
+
+// A column pair is one 32-bit word, so a panel is the 16 x (cols/2) word matrix of its rows
+// transposed; AVX-512 transposes it 16 x 16 words at a time.
+void pack_panel(const void* rows, size_t row_bytes, int cols, uint16_t* out) {
+  const auto* src = static_cast<const uint8_t*>(rows);
+  auto* dst = reinterpret_cast<uint8_t*>(out);
+  const size_t pairs = size_t(cols) / 2;
+  size_t j = 0;
+#if defined(__x86_64__)
+  if (active_kernels().target == SimdTarget::AVX512) j = pack_words_avx512(src, row_bytes, pairs, dst);
+#endif
+  for (; j < pairs; ++j)
+    for (int i = 0; i < kPanelRows; ++i)
+      std::memcpy(dst + (j * kPanelRows + size_t(i)) * 4, src + size_t(i) * row_bytes + j * 4, 4);
+}
 
 bool panels_fit(const WeightMatrix& w) {
   return w.format == WeightFormat::Dense && w.dtype == DType::BF16 && w.rows > 0 && w.rows % kPanelRows == 0 &&
@@ -215,7 +219,7 @@ std::atomic<bool>& panels_enabled_flag() {
 void set_panels_enabled(bool on) { panels_enabled_flag() = on; }
 
 bool panels_wanted() {
-  return panels_enabled_flag() && active_kernels().target == SimdTarget::AVX512 && !amx_active();
+  return panels_enabled_flag() && active_kernels().target == SimdTarget::AVX512;
 }
 
 size_t panels_bytes(const WeightMatrix& w) { return size_t(w.rows) * size_t(w.cols) * sizeof(uint16_t); }

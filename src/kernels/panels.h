@@ -10,9 +10,11 @@
 // call). Each output is the sum over its even columns plus the sum over its odd ones, each in column
 // order, whatever the rows of x and the tile: a row of x gets the same bits alone or in any batch.
 //
-// Taken on AVX-512 CPUs without AMX (the AMX products read the row-major layout), for BF16 matrices
-// of rows % 16 == 0 and even cols; other kernel targets compute the same products from the panels
-// (slowly: a row at a time), so a model packed under one target still runs when a test switches.
+// Taken on AVX-512 CPUs, for BF16 matrices of rows % 16 == 0 and even cols. Where AMX is there too,
+// its tile products read the same panels from 8 rows of x (kernels/amx.h: 32 columns of a panel are
+// one 1 KiB tile, its second operand); this file's products take fewer rows. Other kernel targets
+// compute the same products from the panels (slowly: a row at a time), so a model packed under one
+// target still runs when a test switches.
 // PTLLM_NO_PANELS=1 keeps the row-major layout (for comparisons).
 #include <cstddef>
 #include <cstdint>
@@ -33,6 +35,8 @@ void set_panels_enabled(bool on);
 // The packed copy's size in bytes, and the packing (rows split among the pool's threads).
 size_t panels_bytes(const WeightMatrix& w);
 void pack_panels(const WeightMatrix& w, void* out, ThreadPool& pool);
+// One panel: 16 rows of bf16 values (`row_bytes` apart, `cols` even) into out [cols/2][16][2].
+void pack_panel(const void* rows, size_t row_bytes, int cols, uint16_t* out);
 // A matrix over packed bytes (format Panels, dtype BF16).
 WeightMatrix panels_matrix(const void* data, int rows, int cols);
 
