@@ -33,9 +33,10 @@ constexpr int kTileK = 32;      // bf16 columns of the matrix a tile product tak
 constexpr int kSlabRows = 8;    // rows of x a slab holds (as hi, then as lo)
 constexpr size_t kTileBytes = size_t(kTileK) * kTileRows * 2;  // a tile of x or of weights: 1 KiB
 // A call's panels are cut into kPartsPerThread parts a thread (not the pool's default eight): each
-// part configures and releases the tiles and claims its range, and on kjv-small's matrices at T = 16
-// (two threads) two parts a thread took 2.02-2.03 ms a step against 2.24-2.27 ms for parts of 4
-// panels (one a thread: 1.93-1.95, the same within noise; two keep a late worker's share takeable).
+// part configures and releases the tiles and claims its range. kjv-small's matrices at T = 16, two
+// threads: two parts a thread 2.02-2.03 ms a step against 2.24-2.27 ms for parts of 4 panels; in a
+// later run two parts 1.945-1.948 ms, one part 1.931-1.946 (the same within noise; two keep a late
+// worker's share takeable by the caller).
 constexpr size_t kMinPanelsPerPart = 4, kPartsPerThread = 2;
 // From this many slabs (prefill) the threads share the packing of x; fewer (batched decode) are a
 // few KiB, packed by the caller without a second hand-over to the pool.
@@ -146,15 +147,14 @@ PTLLM_AMX void write_tile(const float* cb, const float* lo_cb, int nout, int r, 
   }
 }
 
-// The operands of a pass: NP consecutive panels from wp (`wstride` bytes apart, tile kc at kc KiB),
-// slabs of x from xs (tile kc at kc KiB). Both are read in
-// order, 1 KiB at a time per panel: the hardware prefetcher follows these streams (software
-// prefetch measured no faster; the row-major layout's 16 strided rows a tile streamed 1.24x slower).
+// The weights of a pass: consecutive panels from wp, panel p's tile kc at (p * nkc + kc) KiB. Panels
+// and slabs of x are both read in order, 1 KiB a tile: the hardware prefetcher follows these streams
+// (software prefetch measured no faster; the row-major layout's 16 strided rows a tile streamed
+// 1.24x slower).
 struct Pass {
   const char* wp;
-  size_t wstride;
   int nkc;
-  const char* w(int p, int kc) const { return wp + size_t(p) * wstride + size_t(kc) * kTileBytes; }
+  const char* w(int p, int kc) const { return wp + (size_t(p) * size_t(nkc) + size_t(kc)) * kTileBytes; }
 };
 
 // NP (1-4) panels against one slab: out tiles [NP][16][16].
@@ -237,7 +237,7 @@ PTLLM_AMX void amx_rows(const uint16_t* xp, int T, const WeightMatrix& w, const 
   configure();
   for (int p = p0; p < p1;) {
     const int np = std::min(nslabs == 1 ? 4 : 2, p1 - p);
-    const Pass ps{base + size_t(p) * panel_bytes, panel_bytes, K / kTileK};
+    const Pass ps{base + size_t(p) * panel_bytes, K / kTileK};
     const auto write = [&](int i, int s, const float* tile) {
       write_tile(tile, nullptr, kPanelRows, (p + i) * kPanelRows, s, T, w.rows, bias, y);
     };
@@ -272,7 +272,7 @@ PTLLM_AMX void amx_rows_dequantized(const uint16_t* xp, int T, const WeightMatri
   thread_local std::vector<uint16_t> rows, stage;  // 16 rows of hi, 16 of lo; their two panels
   if (row.size() < size_t(K)) row.resize(size_t(K));
   if (rows.size() < 2 * panel_values) rows.resize(2 * panel_values), stage.resize(2 * panel_values);
-  const Pass ps{reinterpret_cast<const char*>(stage.data()), panel_values * 2, K / kTileK};
+  const Pass ps{reinterpret_cast<const char*>(stage.data()), K / kTileK};
   const char* x0 = reinterpret_cast<const char*>(xp);
   alignas(64) float cb[4 * 256];
   configure();  // weight_row, the split and the packing run no tile code: one configuration for the part

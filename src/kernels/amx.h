@@ -48,8 +48,9 @@ bool amx_takes_dequantized(const WeightMatrix& w);
 // amx_takes_dequantized.
 void amx_matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool);
 
-// The packed activations amx_matmul reads, exposed for the tests: x [T][K] as ceil(T / 8) slabs of
-// 16 rows of K bf16 values (row c < 8: hi of x[8 s + c], c >= 8: lo of x[8 s + c - 8]), zeros past T.
+// The packed activations amx_matmul reads, exposed for the tests: x [T][K] as ceil(T / 8) slabs,
+// each K / 32 tiles of 16 rows x 32 bf16 values (row c < 8: hi of x[8 s + c]'s 32 columns, c >= 8:
+// lo of x[8 s + c - 8]'s), zeros past T.
 void amx_pack_x(const float* x, int T, int K, uint16_t* out);
 size_t amx_packed_values(int T, int K);
 // hi and lo of one value, as amx_pack_x splits it (bf16 bit patterns).
