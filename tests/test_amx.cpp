@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "core/thread_pool.h"
@@ -177,6 +178,53 @@ TEST(AmxTest, OtherTargetsAndShapesKeepTheirOwnKernels) {
   set_simd_target(SimdTarget::AVX512);
   EXPECT_TRUE(amx_takes(m.w));
   set_simd_target(before);
+}
+
+// Several matrices against one x in one call (q, k and v; gate and up): each output the bits of its
+// own call, however the threads' parts fall across the matrices.
+void expect_shared_x_equals_separate_calls(std::span<const WeightMatrix> ws, int T, ThreadPool& pool,
+                                           const char* what) {
+  const int K = ws[0].cols;
+  const auto x = normal(size_t(T) * size_t(K), 1.f, uint32_t(T + 20));
+  std::vector<std::vector<float>> biases, alone, shared;
+  std::vector<MatmulOutput> outs;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const size_t n = size_t(T) * size_t(ws[i].rows);
+    biases.push_back(normal(size_t(ws[i].rows), 1.f, uint32_t(30 + i)));
+    alone.emplace_back(n);
+    shared.emplace_back(n, NAN);
+  }
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const float* b = i % 2 ? biases[i].data() : nullptr;
+    matmul(x.data(), T, ws[i], b, alone[i].data(), pool);
+    outs.push_back({&ws[i], b, shared[i].data()});
+  }
+  matmul_shared_x(x.data(), T, outs, pool);
+  for (size_t i = 0; i < ws.size(); ++i)
+    ASSERT_EQ(shared[i], alone[i]) << what << ": matrix " << i << ", T " << T << ", " << pool.size() << " threads";
+}
+
+TEST(AmxTest, SharedXGivesEachMatrixItsOwnBits) {
+  SKIP_WITHOUT_AMX();
+  ThreadPool one(1), two(2);
+  // 13 + 3 + 1 panels: parts of 4 panels (two threads) cross from the first matrix into the others
+  Bf16Matrix q(208, 96, 13), k(48, 96, 14), v(16, 96, 15);
+  const WeightMatrix ws[] = {q.w, k.w, v.w};
+  for (int T : {1, 8, 9, 16, 17, 40}) {
+    expect_shared_x_equals_separate_calls(ws, T, one, "bf16 panels");
+    expect_shared_x_equals_separate_calls(ws, T, two, "bf16 panels");
+  }
+  const int rows = 40, cols = 96;
+  const auto wf = normal(size_t(rows) * cols, 0.05f, 16);
+  const GgmlTypeInfo info = ggml_type_info(GgmlType::Q8_0);
+  const size_t row_bytes = size_t(cols / info.block_elems) * size_t(info.block_bytes);
+  std::vector<uint8_t> blocks(size_t(rows) * row_bytes);
+  for (int r = 0; r < rows; ++r)
+    ggml_quantize_row(GgmlType::Q8_0, wf.data() + size_t(r) * cols, cols, blocks.data() + size_t(r) * row_bytes);
+  const WeightMatrix q8 = ggml_matrix(GgmlType::Q8_0, blocks.data(), rows, cols);
+  ASSERT_TRUE(amx_takes_dequantized(q8));
+  const WeightMatrix mixed[] = {q8, k.w, q8};  // AMX for all above kMatmulSmallRows rows, not below
+  for (int T : {8, 17, 33}) expect_shared_x_equals_separate_calls(mixed, T, two, "q8_0 and bf16 panels");
 }
 
 // Block formats and affine codes go through bf16 copies of their rows, each weight split into hi and

@@ -225,7 +225,7 @@ void run_one_slab(int np, const Pass& ps, const char* xs, float* out) {
   }
 }
 
-// Panels [p0, p1) of y, one thread's share; xp: packed x. Up to 8 rows of x: 4 panels a pass over
+// Panels [p0, p1) of y, one thread's share, tiles configured; xp: packed x. Up to 8 rows of x: 4 panels a pass over
 // the one slab; more: 2 panels against two slabs at a time.
 PTLLM_AMX void amx_rows(const uint16_t* xp, int T, const WeightMatrix& w, const float* bias, float* y, int p0,
                         int p1) {
@@ -234,7 +234,6 @@ PTLLM_AMX void amx_rows(const uint16_t* xp, int T, const WeightMatrix& w, const 
   const char* x0 = reinterpret_cast<const char*>(xp);
   const char* base = static_cast<const char*>(w.data);
   alignas(64) float cb[4 * 256];
-  configure();
   for (int p = p0; p < p1;) {
     const int np = std::min(nslabs == 1 ? 4 : 2, p1 - p);
     const Pass ps{base + size_t(p) * panel_bytes, K / kTileK};
@@ -255,13 +254,13 @@ PTLLM_AMX void amx_rows(const uint16_t* xp, int T, const WeightMatrix& w, const 
     }
     p += np;
   }
-  _tile_release();
 }
 
 // Rows of weights converted to bf16 lose up to 2^-9 of each weight, more than some formats' own
 // rounding (Q8_0, 8-bit affine) and enough to move a 4-bit model's NLL by 1e-2: so a converted
 // weight is split as x is, w = hi + lo (amx.h). The same as amx_rows for a matrix stored in another
-// format (amx_takes_dequantized): each 16 rows are dequantized once (weight_row), split, and packed
+// format (amx_takes_dequantized), tiles configured (weight_row, the split and the packing run no tile
+// code, so one configuration serves a part): each 16 rows are dequantized once (weight_row), split, and packed
 // as two panels of this thread (their hi, then their lo), which a pass reads as two panels of a
 // bf16 matrix; the output tile adds the two.
 PTLLM_AMX void amx_rows_dequantized(const uint16_t* xp, int T, const WeightMatrix& w, const float* bias, float* y,
@@ -275,7 +274,6 @@ PTLLM_AMX void amx_rows_dequantized(const uint16_t* xp, int T, const WeightMatri
   const Pass ps{reinterpret_cast<const char*>(stage.data()), K / kTileK};
   const char* x0 = reinterpret_cast<const char*>(xp);
   alignas(64) float cb[4 * 256];
-  configure();  // weight_row, the split and the packing run no tile code: one configuration for the part
   for (int g = g0; g < g1; ++g) {
     const int r = g * kPanelRows, nr = std::min(kPanelRows, w.rows - r);
     for (int i = 0; i < kPanelRows; ++i) {
@@ -301,6 +299,24 @@ PTLLM_AMX void amx_rows_dequantized(const uint16_t* xp, int T, const WeightMatri
       tiles_one_slab<2>(ps, x0 + size_t(s) * slab_bytes, cb);
       write_tile(cb, cb + 256, nr, r, s, T, w.rows, bias, y);
     }
+  }
+}
+
+size_t groups_of(const WeightMatrix& w) { return size_t((w.rows + kPanelRows - 1) / kPanelRows); }
+
+// Groups [b, e) of the outputs' groups in turn (a thread's part, which may span two outputs: each
+// takes its own share of it).
+PTLLM_AMX void amx_part(const uint16_t* xp, int T, std::span<const MatmulOutput> outs, size_t b, size_t e) {
+  configure();
+  size_t first = 0;
+  for (const MatmulOutput& o : outs) {
+    const size_t n = groups_of(*o.w);
+    const size_t g0 = std::max(b, first), g1 = std::min(e, first + n);
+    if (g0 < g1) {
+      if (o.w->format == WeightFormat::Panels) amx_rows(xp, T, *o.w, o.bias, o.y, int(g0 - first), int(g1 - first));
+      else amx_rows_dequantized(xp, T, *o.w, o.bias, o.y, int(g0 - first), int(g1 - first));
+    }
+    first += n;
   }
   _tile_release();
 }
@@ -370,30 +386,35 @@ void amx_split(float x, uint16_t& hi, uint16_t& lo) {
 }
 
 void amx_matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool) {
+  const MatmulOutput out{&w, bias, y};
+  amx_matmul(x, T, std::span<const MatmulOutput>(&out, 1), pool);
+}
+
+void amx_matmul(const float* x, int T, std::span<const MatmulOutput> outs, ThreadPool& pool) {
 #if defined(PTLLM_HAVE_AMX)
-  const bool direct = amx_takes(w);
-  PTLLM_CHECK(direct || amx_takes_dequantized(w));
+  PTLLM_CHECK(!outs.empty());
+  const int K = outs[0].w->cols;
+  size_t groups = 0;  // panels, or 16 rows of another format, of every output in turn
+  for (const MatmulOutput& o : outs) {
+    PTLLM_CHECK(o.w->cols == K && (amx_takes(*o.w) || amx_takes_dequantized(*o.w)));
+    groups += groups_of(*o.w);
+  }
   thread_local std::vector<uint16_t> packed;  // reused by every call of this thread
-  const size_t need = amx_packed_values(T, w.cols);
+  const size_t need = amx_packed_values(T, K);
   if (packed.size() < need) packed.resize(need);
   uint16_t* xp = packed.data();
   const int nslabs = (T + kSlabRows - 1) / kSlabRows;
   if (nslabs < kSharedPackSlabs) {
-    pack_slabs(x, T, w.cols, 0, nslabs, xp);
+    pack_slabs(x, T, K, 0, nslabs, xp);
   } else {
-    pool.parallel_for(size_t(nslabs), [&](size_t b, size_t e) { pack_slabs(x, T, w.cols, int(b), int(e), xp); });
+    pool.parallel_for(size_t(nslabs), [&](size_t b, size_t e) { pack_slabs(x, T, K, int(b), int(e), xp); });
   }
-  const size_t groups = size_t((w.rows + kPanelRows - 1) / kPanelRows);  // panels, or 16 rows of another format
   const size_t parts = kPartsPerThread * size_t(pool.size());
   pool.parallel_for(
-      groups,
-      [&](size_t b, size_t e) {
-        if (direct) amx_rows(xp, T, w, bias, y, int(b), int(e));
-        else amx_rows_dequantized(xp, T, w, bias, y, int(b), int(e));
-      },
+      groups, [&](size_t b, size_t e) { amx_part(xp, T, outs, b, e); },
       std::max(kMinPanelsPerPart, (groups + parts - 1) / parts));
 #else
-  (void)x, (void)T, (void)w, (void)bias, (void)y, (void)pool;
+  (void)x, (void)T, (void)outs, (void)pool;
   PTLLM_CHECK(!"amx_matmul: no AMX in this build");
 #endif
 }

@@ -18,8 +18,10 @@
 // its tile, and however the rows are split over threads: a row's result does not depend on the
 // batch among the batches amx_matmul takes (so ops.h's kMatmulSmallRows rule still holds).
 #include <cstdint>
+#include <span>
 #include <vector>
 
+#include "kernels/ops.h"
 #include "kernels/weights.h"
 
 namespace ptllm {
@@ -47,6 +49,9 @@ bool amx_takes_dequantized(const WeightMatrix& w);
 // y[t][r] = sum_k x[t][k] * W[r][k] + bias[r], as ops.h matmul, for a matrix amx_takes or
 // amx_takes_dequantized.
 void amx_matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool);
+// The same for several matrices of the same cols against one x (ops.h matmul_shared_x): x is packed
+// once and the threads share all the matrices' panels in one call.
+void amx_matmul(const float* x, int T, std::span<const MatmulOutput> outs, ThreadPool& pool);
 
 // The packed activations amx_matmul reads, exposed for the tests: x [T][K] as ceil(T / 8) slabs,
 // each K / 32 tiles of 16 rows x 32 bf16 values (row c < 8: hi of x[8 s + c]'s 32 columns, c >= 8:

@@ -130,14 +130,18 @@ constexpr int kSharedXMinT = 5;
 // above kMatmulSmallRows, where their rows are shared by enough rows of x to pay for the copies.
 constexpr int kAmxMinRows = 8;
 static_assert(kAmxMinRows <= kMatmulSmallRows);
+
+
+// Whether matmul takes w on AMX for T rows of x.
+bool amx_wants(const WeightMatrix& w, int T) {
+  if (w.format == WeightFormat::Panels) return T >= kAmxMinRows && amx_takes(w);
+  return T > kMatmulSmallRows && amx_takes_dequantized(w);
+}
 }  // namespace
 
 void matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool) {
-  if (w.format == WeightFormat::Panels) {
-    if (T >= kAmxMinRows && amx_takes(w)) return amx_matmul(x, T, w, bias, y, pool);
-    return panels_matmul(x, T, w, bias, y, pool);
-  }
-  if (T > kMatmulSmallRows && amx_takes_dequantized(w)) return amx_matmul(x, T, w, bias, y, pool);
+  if (amx_wants(w, T)) return amx_matmul(x, T, w, bias, y, pool);
+  if (w.format == WeightFormat::Panels) return panels_matmul(x, T, w, bias, y, pool);
   if (w.format == WeightFormat::Affine) return affine_matmul(x, T, w, bias, y, pool);
   if (w.format == WeightFormat::Ggml) return ggml_matmul(x, T, w, bias, y, pool);
   const KernelTable& k = active_kernels();
@@ -171,6 +175,14 @@ void matmul(const float* x, int T, const WeightMatrix& w, const float* bias, flo
     pool.parallel_for(size_t(w.rows), [&](size_t b, size_t e) { k.gemm(ap, T, w, bias, y, int(b), int(e)); },
                       std::max(nr, (per + nr - 1) / nr * nr));
   }
+}
+
+void matmul_shared_x(const float* x, int T, std::span<const MatmulOutput> outs, ThreadPool& pool) {
+  const bool one_call = std::all_of(outs.begin(), outs.end(), [&](const MatmulOutput& o) {
+    return o.w->cols == outs[0].w->cols && amx_wants(*o.w, T);
+  });
+  if (one_call && !outs.empty()) return amx_matmul(x, T, outs, pool);
+  for (const MatmulOutput& o : outs) matmul(x, T, *o.w, o.bias, o.y, pool);
 }
 
 void rmsnorm(const float* x, const float* w, float* out, int n, float eps) {

@@ -4,6 +4,7 @@
 // Each kernel runs the best SIMD target of the CPU (kernels/simd.h) and has a scalar reference
 // twin (*_ref, plain loops the compiler is told not to vectorize) that the tests compare it with.
 #include <cstdint>
+#include <span>
 
 #include "core/dtype.h"
 #include "kernels/weights.h"
@@ -16,6 +17,16 @@ class ThreadPool;
 // Split over the pool by output columns: a matrix-vector product streaming the weights for small T
 // (decode), a packed matrix-matrix product for larger T (prefill).
 void matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool);
+// One of several products of the same x (q, k and v of a layer; gate and up): y = x W^T + bias.
+struct MatmulOutput {
+  const WeightMatrix* w;
+  const float* bias;  // [w->rows] or null
+  float* y;           // [T][w->rows]
+};
+// matmul for each output, every w with the same cols; the results are those of separate calls, bit
+// for bit. Where the kernel allows (AMX), x is packed once and the threads are handed all the
+// products in one call.
+void matmul_shared_x(const float* x, int T, std::span<const MatmulOutput> outs, ThreadPool& pool);
 // The most rows any weight format's matmul takes the matrix-vector path for (BF16's: ops.cpp). A row
 // computed in a batch of at most this many rows may differ in its last bits from the same row in a
 // larger batch; above it a row's result does not depend on the batch (a prefix adopted instead of

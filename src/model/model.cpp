@@ -367,10 +367,14 @@ void Model::forward(std::span<const SequenceBatch> batch, ForwardState& st, Thre
       rmsnorm(st.x.data() + size_t(r) * size_t(H), L.attn_norm.data(), st.xn.data() + size_t(r) * size_t(H), H,
               c.rms_norm_eps);
     if (!seen(li, MatmulInput::Attention, st.xn, H)) return;
+    // q is computed with k and v (one call: x shared) except at cross_layer_, which drops rows first
+    const MatmulOutput kvq[] = {{&L.wk, bias_or_null(L.bk), st.k.data()},   // k [T][kv_dim]
+                                {&L.wv, bias_or_null(L.bv), st.v.data()},   // v [T][kv_dim]
+                                {&L.wq, bias_or_null(L.bq), st.q.data()}};  // q [T][q_dim]
+    const bool q_with_kv = c.stores_kv(li) && li != cross_layer_;
     if (c.stores_kv(li)) {
-      matmul(st.xn.data(), T, L.wk, bias_or_null(L.bk), st.k.data(), pool);  // k [T][kv_dim]
+      matmul_shared_x(st.xn.data(), T, std::span(kvq, q_with_kv ? 3 : 2), pool);
       if (qk_permuted_) gguf_unpermute_heads(st.k.data(), T, c.n_kv_heads, c.head_dim);
-      matmul(st.xn.data(), T, L.wv, bias_or_null(L.bv), st.v.data(), pool);  // v [T][kv_dim]
       append_kv(li, batch, rows, st);
     }
     if (li == cross_layer_) {
@@ -378,7 +382,7 @@ void Model::forward(std::span<const SequenceBatch> batch, ForwardState& st, Thre
       st.cross_rows = T;
       if (T == 0) return;                        // no logits wanted: every K/V needed later is stored
     }
-    matmul(st.xn.data(), T, L.wq, bias_or_null(L.bq), st.q.data(), pool);  // q [T][q_dim]
+    if (!q_with_kv) matmul(st.xn.data(), T, L.wq, bias_or_null(L.bq), st.q.data(), pool);
     if (qk_permuted_) gguf_unpermute_heads(st.q.data(), T, c.n_heads, c.head_dim);
     attention(li, batch, rows, st, pool);                                   // att [T][q_dim]
     if (!seen(li, MatmulInput::AttentionOutput, st.att, c.q_dim())) return;
@@ -390,8 +394,9 @@ void Model::forward(std::span<const SequenceBatch> batch, ForwardState& st, Thre
       rmsnorm(st.x.data() + size_t(r) * size_t(H), L.mlp_norm.data(), st.xn.data() + size_t(r) * size_t(H), H,
               c.rms_norm_eps);
     if (!seen(li, MatmulInput::Mlp, st.xn, H)) return;
-    matmul(st.xn.data(), T, L.w_gate, bias_or_null(L.b_gate), st.gate.data(), pool);  // [T][inter]
-    matmul(st.xn.data(), T, L.w_up, bias_or_null(L.b_up), st.up.data(), pool);        // [T][inter]
+    const MatmulOutput gate_up[] = {{&L.w_gate, bias_or_null(L.b_gate), st.gate.data()},  // [T][inter]
+                                    {&L.w_up, bias_or_null(L.b_up), st.up.data()}};       // [T][inter]
+    matmul_shared_x(st.xn.data(), T, gate_up, pool);
     silu_mul(st.gate.data(), st.up.data(), T * I);
     if (!seen(li, MatmulInput::MlpDown, st.gate, I)) return;
     matmul(st.gate.data(), T, L.w_down, bias_or_null(L.b_down), st.xn.data(), pool);
