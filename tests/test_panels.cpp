@@ -124,6 +124,33 @@ TEST(PanelsTest, EachRowGetsTheSameBitsAloneInABatchAndWithAnyThreads) {
   }
 }
 
+// Several matrices in one call (q, k and v: ops.h matmul_shared_x): each the bits of its own product,
+// on every kernel target, whichever matrices a thread's part crosses.
+TEST(PanelsTest, SeveralMatricesInOneCallGetTheirOwnBits) {
+  ThreadPool pool(2);
+  const Packed q(80, 64, 41, pool), k(16, 64, 42, pool), v(48, 64, 43, pool);
+  const auto bias = normal(16, 0.1f, 44);
+  const SimdTarget before = active_simd_target();
+  for (SimdTarget target : available_simd_targets()) {
+    set_simd_target(target);
+    for (int T : {1, 3, 7}) {
+      const auto x = normal(size_t(T) * 64, 1.f, uint32_t(45 + T));
+      std::vector<float> yq(size_t(T) * 80), yk(size_t(T) * 16), yv(size_t(T) * 48);
+      std::vector<float> sq(yq.size(), NAN), sk(yk.size(), NAN), sv(yv.size(), NAN);
+      panels_matmul(x.data(), T, q.panels, nullptr, yq.data(), pool);
+      panels_matmul(x.data(), T, k.panels, bias.data(), yk.data(), pool);
+      panels_matmul(x.data(), T, v.panels, nullptr, yv.data(), pool);
+      const MatmulOutput outs[] = {
+          {&q.panels, nullptr, sq.data()}, {&k.panels, bias.data(), sk.data()}, {&v.panels, nullptr, sv.data()}};
+      panels_matmul(x.data(), T, outs, pool);
+      EXPECT_EQ(sq, yq) << simd_target_name(target) << " T=" << T;
+      EXPECT_EQ(sk, yk) << simd_target_name(target) << " T=" << T;
+      EXPECT_EQ(sv, yv) << simd_target_name(target) << " T=" << T;
+    }
+  }
+  set_simd_target(before);
+}
+
 // A model packed under one target still runs after a switch: every target computes the same bits
 // from the panels (the others a row at a time, with fused multiply-adds as AVX-512's).
 TEST(PanelsTest, EveryKernelTargetGivesTheSameBits) {

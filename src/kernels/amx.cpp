@@ -304,20 +304,13 @@ PTLLM_AMX void amx_rows_dequantized(const uint16_t* xp, int T, const WeightMatri
 
 size_t groups_of(const WeightMatrix& w) { return size_t((w.rows + kPanelRows - 1) / kPanelRows); }
 
-// Groups [b, e) of the outputs' groups in turn (a thread's part, which may span two outputs: each
-// takes its own share of it).
+// A thread's part: groups [b, e) of the outputs' groups in turn.
 PTLLM_AMX void amx_part(const uint16_t* xp, int T, std::span<const MatmulOutput> outs, size_t b, size_t e) {
   configure();
-  size_t first = 0;
-  for (const MatmulOutput& o : outs) {
-    const size_t n = groups_of(*o.w);
-    const size_t g0 = std::max(b, first), g1 = std::min(e, first + n);
-    if (g0 < g1) {
-      if (o.w->format == WeightFormat::Panels) amx_rows(xp, T, *o.w, o.bias, o.y, int(g0 - first), int(g1 - first));
-      else amx_rows_dequantized(xp, T, *o.w, o.bias, o.y, int(g0 - first), int(g1 - first));
-    }
-    first += n;
-  }
+  for_each_share(outs, kPanelRows, b, e, [&](const MatmulOutput& o, int g0, int g1) {
+    if (o.w->format == WeightFormat::Panels) amx_rows(xp, T, *o.w, o.bias, o.y, g0, g1);
+    else amx_rows_dequantized(xp, T, *o.w, o.bias, o.y, g0, g1);
+  });
   _tile_release();
 }
 

@@ -178,10 +178,14 @@ void matmul(const float* x, int T, const WeightMatrix& w, const float* bias, flo
 }
 
 void matmul_shared_x(const float* x, int T, std::span<const MatmulOutput> outs, ThreadPool& pool) {
-  const bool one_call = std::all_of(outs.begin(), outs.end(), [&](const MatmulOutput& o) {
-    return o.w->cols == outs[0].w->cols && amx_wants(*o.w, T);
-  });
-  if (one_call && !outs.empty()) return amx_matmul(x, T, outs, pool);
+  const auto all = [&](auto&& pred) {
+    return !outs.empty() && std::all_of(outs.begin(), outs.end(), [&](const MatmulOutput& o) {
+      return o.w->cols == outs[0].w->cols && pred(*o.w);
+    });
+  };
+  if (all([&](const WeightMatrix& w) { return amx_wants(w, T); })) return amx_matmul(x, T, outs, pool);
+  if (all([&](const WeightMatrix& w) { return w.format == WeightFormat::Panels && !amx_wants(w, T); }))
+    return panels_matmul(x, T, outs, pool);
   for (const MatmulOutput& o : outs) matmul(x, T, *o.w, o.bias, o.y, pool);
 }
 

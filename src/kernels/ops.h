@@ -27,6 +27,19 @@ struct MatmulOutput {
 // for bit. Where the kernel allows (AMX), x is packed once and the threads are handed all the
 // products in one call.
 void matmul_shared_x(const float* x, int T, std::span<const MatmulOutput> outs, ThreadPool& pool);
+// A kernel's part of such a call: groups [b, e) of all the outputs' groups of `rows_per_group` rows,
+// one output's after another's (a part may cross from one matrix into the next). fn(output, g0, g1)
+// for each output's share, g0 and g1 its own groups.
+template <class F>
+void for_each_share(std::span<const MatmulOutput> outs, int rows_per_group, size_t b, size_t e, F&& fn) {
+  size_t first = 0;
+  for (const MatmulOutput& o : outs) {
+    const size_t n = size_t((o.w->rows + rows_per_group - 1) / rows_per_group);
+    const size_t g0 = b > first ? b : first, g1 = e < first + n ? e : first + n;
+    if (g0 < g1) fn(o, int(g0 - first), int(g1 - first));
+    first += n;
+  }
+}
 // The most rows any weight format's matmul takes the matrix-vector path for (BF16's: ops.cpp). A row
 // computed in a batch of at most this many rows may differ in its last bits from the same row in a
 // larger batch; above it a row's result does not depend on the batch (a prefix adopted instead of

@@ -247,17 +247,32 @@ void panels_row(const WeightMatrix& w, int r, float* out) {
 }
 
 void panels_matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool) {
-  PTLLM_CHECK(w.format == WeightFormat::Panels);
-  const size_t panels = size_t(w.rows / kPanelRows);
-  const size_t per_panel = size_t(w.cols) * kPanelRows;
-  const size_t grain = std::max<size_t>(4, (kMinWeightsPerPart / per_panel + 3) / 4 * 4);
-#if defined(__x86_64__)
-  if (active_kernels().target == SimdTarget::AVX512) {
-    pool.parallel_for(panels, [&](size_t b, size_t e) { part_avx512(x, T, w, bias, y, int(b), int(e)); }, grain);
-    return;
+  const MatmulOutput out{&w, bias, y};
+  panels_matmul(x, T, std::span<const MatmulOutput>(&out, 1), pool);
+}
+
+void panels_matmul(const float* x, int T, std::span<const MatmulOutput> outs, ThreadPool& pool) {
+  PTLLM_CHECK(!outs.empty());
+  const int K = outs[0].w->cols;
+  size_t panels = 0;  // of every output in turn
+  for (const MatmulOutput& o : outs) {
+    PTLLM_CHECK(o.w->format == WeightFormat::Panels && o.w->cols == K);
+    panels += size_t(o.w->rows / kPanelRows);
   }
+  const size_t per_panel = size_t(K) * kPanelRows;
+  const size_t grain = std::max<size_t>(4, (kMinWeightsPerPart / per_panel + 3) / 4 * 4);
+  auto part = &part_portable;
+#if defined(__x86_64__)
+  if (active_kernels().target == SimdTarget::AVX512) part = &part_avx512;
 #endif
-  pool.parallel_for(panels, [&](size_t b, size_t e) { part_portable(x, T, w, bias, y, int(b), int(e)); }, grain);
+  pool.parallel_for(
+      panels,
+      [&](size_t b, size_t e) {
+        for_each_share(outs, kPanelRows, b, e, [&](const MatmulOutput& o, int p0, int p1) {
+          part(x, T, *o.w, o.bias, o.y, p0, p1);
+        });
+      },
+      grain);
 }
 
 }  // namespace ptllm

@@ -18,7 +18,9 @@
 // PTLLM_NO_PANELS=1 keeps the row-major layout (for comparisons).
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
+#include "kernels/ops.h"
 #include "kernels/weights.h"
 
 namespace ptllm {
@@ -44,5 +46,8 @@ WeightMatrix panels_matrix(const void* data, int rows, int cols);
 void panels_row(const WeightMatrix& w, int r, float* out);
 // y[T][w.rows] = x[T][w.cols] W^T + bias.
 void panels_matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool);
+// The same for several matrices in panels of the same cols against one x (ops.h matmul_shared_x): one
+// call hands the threads all their panels.
+void panels_matmul(const float* x, int T, std::span<const MatmulOutput> outs, ThreadPool& pool);
 
 }  // namespace ptllm
