@@ -10,6 +10,8 @@
 #include <sstream>
 #include <nlohmann/json.hpp>
 
+#include "test_util.h"
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -40,8 +42,14 @@ CliResult run(const std::vector<std::string>& args, bool with_stderr = false) {
   return r;
 }
 
+// The tests' files, in one directory removed when the test program exits.
+const fs::path& temp_dir() {
+  static const ptllm::test::TempDir dir;
+  return dir.path;
+}
+
 fs::path temp_file(const std::string& name, const std::string& content) {
-  const fs::path p = fs::temp_directory_path() / ("ptllm_template_cli_" + std::to_string(getpid()) + "_" + name);
+  const fs::path p = temp_dir() / name;
   std::ofstream(p, std::ios::binary) << content;
   return p;
 }
@@ -83,7 +91,7 @@ TEST(TemplateCli, MessagesFileAndFlags) {
   CliResult r = run({t.string(), "--messages", m.string(), "--add-generation-prompt", "--chat-template-kwargs", R"({"flag": "on"})"});
   EXPECT_EQ(r.code, 0);
   EXPECT_EQ(r.out, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n[on]");
-  const fs::path cfg_dir = fs::temp_directory_path() / ("ptllm_template_cli_dir_" + std::to_string(getpid()));
+  const fs::path cfg_dir = temp_dir() / "config";
   fs::create_directories(cfg_dir);
   std::ofstream(cfg_dir / "tokenizer_config.json") << nlohmann::json{{"chat_template", "{{ bos_token }}{{ strftime_now('%Y') }}"}, {"bos_token", "<s>"}}.dump();
   r = run({cfg_dir.string(), "--messages", m.string(), "--now", "1721995200"});
