@@ -131,7 +131,6 @@ constexpr int kSharedXMinT = 5;
 constexpr int kAmxMinRows = 8;
 static_assert(kAmxMinRows <= kMatmulSmallRows);
 
-
 // Whether matmul takes w on AMX for T rows of x.
 bool amx_wants(const WeightMatrix& w, int T) {
   if (w.format == WeightFormat::Panels) return T >= kAmxMinRows && amx_takes(w);

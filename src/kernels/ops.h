@@ -3,6 +3,7 @@
 // Weights are read in their stored format (kernels/weights.h), never copied to float32 as a whole.
 // Each kernel runs the best SIMD target of the CPU (kernels/simd.h) and has a scalar reference
 // twin (*_ref, plain loops the compiler is told not to vectorize) that the tests compare it with.
+#include <cstddef>
 #include <cstdint>
 #include <span>
 
@@ -24,8 +25,8 @@ struct MatmulOutput {
   float* y;           // [T][w->rows]
 };
 // matmul for each output, every w with the same cols; the results are those of separate calls, bit
-// for bit. Where the kernel allows (AMX), x is packed once and the threads are handed all the
-// products in one call.
+// for bit. Where one kernel takes them all (AMX; BF16 in panels), the threads are handed all the
+// products in one call, and AMX packs x once for them.
 void matmul_shared_x(const float* x, int T, std::span<const MatmulOutput> outs, ThreadPool& pool);
 // A kernel's part of such a call: groups [b, e) of all the outputs' groups of `rows_per_group` rows,
 // one output's after another's (a part may cross from one matrix into the next). fn(output, g0, g1)
