@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstring>
 #include <random>
-#include <span>
 #include <vector>
 
 #include "core/thread_pool.h"
@@ -15,6 +14,7 @@
 #include "kernels/ops.h"
 #include "kernels/panels.h"
 #include "kernels/simd.h"
+#include "shared_x_check.h"
 #include "test_util.h"
 
 namespace ptllm {
@@ -23,6 +23,7 @@ namespace {
 #define SKIP_WITHOUT_AMX() \
   if (!amx_available()) GTEST_SKIP() << "no AMX on this CPU or OS"
 
+using test::expect_shared_x_equals_separate_calls;
 using test::normal;
 
 uint16_t bf16_rne(float f) {
@@ -182,28 +183,6 @@ TEST(AmxTest, OtherTargetsAndShapesKeepTheirOwnKernels) {
 
 // Several matrices against one x in one call (q, k and v; gate and up): each output the bits of its
 // own call, however the threads' parts fall across the matrices.
-void expect_shared_x_equals_separate_calls(std::span<const WeightMatrix> ws, int T, ThreadPool& pool,
-                                           const char* what) {
-  const int K = ws[0].cols;
-  const auto x = normal(size_t(T) * size_t(K), 1.f, uint32_t(T + 20));
-  std::vector<std::vector<float>> biases, alone, shared;
-  std::vector<MatmulOutput> outs;
-  for (size_t i = 0; i < ws.size(); ++i) {
-    const size_t n = size_t(T) * size_t(ws[i].rows);
-    biases.push_back(normal(size_t(ws[i].rows), 1.f, uint32_t(30 + i)));
-    alone.emplace_back(n);
-    shared.emplace_back(n, NAN);
-  }
-  for (size_t i = 0; i < ws.size(); ++i) {
-    const float* b = i % 2 ? biases[i].data() : nullptr;
-    matmul(x.data(), T, ws[i], b, alone[i].data(), pool);
-    outs.push_back({&ws[i], b, shared[i].data()});
-  }
-  matmul_shared_x(x.data(), T, outs, pool);
-  for (size_t i = 0; i < ws.size(); ++i)
-    ASSERT_EQ(shared[i], alone[i]) << what << ": matrix " << i << ", T " << T << ", " << pool.size() << " threads";
-}
-
 TEST(AmxTest, SharedXGivesEachMatrixItsOwnBits) {
   SKIP_WITHOUT_AMX();
   ThreadPool one(1), two(2);

@@ -517,28 +517,6 @@ TEST_P(KernelTest, MatmulMatchesScalarTwin) {
       }
 }
 
-// Matrices sharing one x (ops.h matmul_shared_x) give the bits of separate calls, on every target
-// (on AMX, one call for all of them: test_amx.cpp).
-TEST_P(KernelTest, SharedXGivesTheBitsOfSeparateCalls) {
-  ThreadPool pool(3);
-  TestMatrix a(DType::BF16, 75, 96, rng_), b(DType::BF16, 32, 96, rng_), c(DType::F32, 9, 96, rng_);
-  const auto bias = random_floats(32, rng_);
-  for (int T : {1, 4, 16, 40}) {
-    const auto x = random_floats(size_t(T) * 96, rng_);
-    std::vector<float> ya(size_t(T) * 75), yb(size_t(T) * 32), yc(size_t(T) * 9);
-    std::vector<float> sa(ya.size(), NAN), sb(yb.size(), NAN), sc(yc.size(), NAN);
-    matmul(x.data(), T, a.w, nullptr, ya.data(), pool);
-    matmul(x.data(), T, b.w, bias.data(), yb.data(), pool);
-    matmul(x.data(), T, c.w, nullptr, yc.data(), pool);
-    const MatmulOutput outs[] = {
-        {&a.w, nullptr, sa.data()}, {&b.w, bias.data(), sb.data()}, {&c.w, nullptr, sc.data()}};
-    matmul_shared_x(x.data(), T, outs, pool);
-    EXPECT_EQ(sa, ya) << "T=" << T;
-    EXPECT_EQ(sb, yb) << "T=" << T;
-    EXPECT_EQ(sc, yc) << "T=" << T;
-  }
-}
-
 // One thread's share: the columns [r0, r1) and nothing else, for both product kernels.
 TEST_P(KernelTest, ProductKernelsWriteOnlyTheirColumns) {
   TestMatrix m(DType::BF16, 75, 90, rng_);

@@ -17,6 +17,7 @@
 #include "kernels/panels.h"
 #include "kernels/simd.h"
 #include "model/model.h"
+#include "shared_x_check.h"
 #include "test_util.h"
 
 namespace ptllm {
@@ -125,27 +126,18 @@ TEST(PanelsTest, EachRowGetsTheSameBitsAloneInABatchAndWithAnyThreads) {
 }
 
 // Several matrices in one call (q, k and v: ops.h matmul_shared_x): each the bits of its own product,
-// on every kernel target, whichever matrices a thread's part crosses.
+// on every kernel target, whichever matrices a thread's part crosses (9 panels, parts of 4); with a
+// row-major matrix among them each is its own call.
 TEST(PanelsTest, SeveralMatricesInOneCallGetTheirOwnBits) {
   ThreadPool pool(2);
   const Packed q(80, 64, 41, pool), k(16, 64, 42, pool), v(48, 64, 43, pool);
-  const auto bias = normal(16, 0.1f, 44);
+  const WeightMatrix panels[] = {q.panels, k.panels, v.panels}, mixed[] = {q.panels, k.dense, v.panels};
   const SimdTarget before = active_simd_target();
   for (SimdTarget target : available_simd_targets()) {
     set_simd_target(target);
-    for (int T : {1, 3, 7}) {
-      const auto x = normal(size_t(T) * 64, 1.f, uint32_t(45 + T));
-      std::vector<float> yq(size_t(T) * 80), yk(size_t(T) * 16), yv(size_t(T) * 48);
-      std::vector<float> sq(yq.size(), NAN), sk(yk.size(), NAN), sv(yv.size(), NAN);
-      panels_matmul(x.data(), T, q.panels, nullptr, yq.data(), pool);
-      panels_matmul(x.data(), T, k.panels, bias.data(), yk.data(), pool);
-      panels_matmul(x.data(), T, v.panels, nullptr, yv.data(), pool);
-      const MatmulOutput outs[] = {
-          {&q.panels, nullptr, sq.data()}, {&k.panels, bias.data(), sk.data()}, {&v.panels, nullptr, sv.data()}};
-      panels_matmul(x.data(), T, outs, pool);
-      EXPECT_EQ(sq, yq) << simd_target_name(target) << " T=" << T;
-      EXPECT_EQ(sk, yk) << simd_target_name(target) << " T=" << T;
-      EXPECT_EQ(sv, yv) << simd_target_name(target) << " T=" << T;
+    for (int T : {1, 3, 7}) {  // the panels' own product (AMX from 8 rows: test_amx.cpp)
+      test::expect_shared_x_equals_separate_calls(panels, T, pool, std::string(simd_target_name(target)).c_str());
+      test::expect_shared_x_equals_separate_calls(mixed, T, pool, std::string(simd_target_name(target)).c_str());
     }
   }
   set_simd_target(before);

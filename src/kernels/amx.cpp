@@ -225,8 +225,8 @@ void run_one_slab(int np, const Pass& ps, const char* xs, float* out) {
   }
 }
 
-// Panels [p0, p1) of y, one thread's share, tiles configured; xp: packed x. Up to 8 rows of x: 4 panels a pass over
-// the one slab; more: 2 panels against two slabs at a time.
+// Panels [p0, p1) of y, one thread's share, tiles configured; xp: packed x. Up to 8 rows of x: 4
+// panels a pass over the one slab; more: 2 panels against two slabs at a time.
 PTLLM_AMX void amx_rows(const uint16_t* xp, int T, const WeightMatrix& w, const float* bias, float* y, int p0,
                         int p1) {
   const int K = w.cols, nslabs = (T + kSlabRows - 1) / kSlabRows;
@@ -259,10 +259,10 @@ PTLLM_AMX void amx_rows(const uint16_t* xp, int T, const WeightMatrix& w, const 
 // Rows of weights converted to bf16 lose up to 2^-9 of each weight, more than some formats' own
 // rounding (Q8_0, 8-bit affine) and enough to move a 4-bit model's NLL by 1e-2: so a converted
 // weight is split as x is, w = hi + lo (amx.h). The same as amx_rows for a matrix stored in another
-// format (amx_takes_dequantized), tiles configured (weight_row, the split and the packing run no tile
-// code, so one configuration serves a part): each 16 rows are dequantized once (weight_row), split, and packed
-// as two panels of this thread (their hi, then their lo), which a pass reads as two panels of a
-// bf16 matrix; the output tile adds the two.
+// format (amx_takes_dequantized), tiles configured (weight_row, the split and the packing run no
+// tile code, so one configuration serves a part): each 16 rows are dequantized once (weight_row),
+// split, and packed as two panels of this thread (their hi, then their lo), which a pass reads as
+// two panels of a bf16 matrix; the output tile adds the two.
 PTLLM_AMX void amx_rows_dequantized(const uint16_t* xp, int T, const WeightMatrix& w, const float* bias, float* y,
                                     int g0, int g1) {
   const int K = w.cols, nslabs = (T + kSlabRows - 1) / kSlabRows;
@@ -301,8 +301,6 @@ PTLLM_AMX void amx_rows_dequantized(const uint16_t* xp, int T, const WeightMatri
     }
   }
 }
-
-size_t groups_of(const WeightMatrix& w) { return size_t((w.rows + kPanelRows - 1) / kPanelRows); }
 
 // A thread's part: groups [b, e) of the outputs' groups in turn.
 PTLLM_AMX void amx_part(const uint16_t* xp, int T, std::span<const MatmulOutput> outs, size_t b, size_t e) {
@@ -387,11 +385,8 @@ void amx_matmul(const float* x, int T, std::span<const MatmulOutput> outs, Threa
 #if defined(PTLLM_HAVE_AMX)
   PTLLM_CHECK(!outs.empty());
   const int K = outs[0].w->cols;
-  size_t groups = 0;  // panels, or 16 rows of another format, of every output in turn
-  for (const MatmulOutput& o : outs) {
-    PTLLM_CHECK(o.w->cols == K && (amx_takes(*o.w) || amx_takes_dequantized(*o.w)));
-    groups += groups_of(*o.w);
-  }
+  for (const MatmulOutput& o : outs) PTLLM_CHECK(o.w->cols == K && (amx_takes(*o.w) || amx_takes_dequantized(*o.w)));
+  const size_t groups = groups_of(outs, kPanelRows);  // panels, or 16 rows of another format, of every output
   thread_local std::vector<uint16_t> packed;  // reused by every call of this thread
   const size_t need = amx_packed_values(T, K);
   if (packed.size() < need) packed.resize(need);

@@ -31,11 +31,19 @@ void matmul_shared_x(const float* x, int T, std::span<const MatmulOutput> outs, 
 // A kernel's part of such a call: groups [b, e) of all the outputs' groups of `rows_per_group` rows,
 // one output's after another's (a part may cross from one matrix into the next). fn(output, g0, g1)
 // for each output's share, g0 and g1 its own groups.
+inline size_t groups_of(const WeightMatrix& w, int rows_per_group) {
+  return size_t((w.rows + rows_per_group - 1) / rows_per_group);
+}
+inline size_t groups_of(std::span<const MatmulOutput> outs, int rows_per_group) {
+  size_t n = 0;
+  for (const MatmulOutput& o : outs) n += groups_of(*o.w, rows_per_group);
+  return n;
+}
 template <class F>
 void for_each_share(std::span<const MatmulOutput> outs, int rows_per_group, size_t b, size_t e, F&& fn) {
   size_t first = 0;
   for (const MatmulOutput& o : outs) {
-    const size_t n = size_t((o.w->rows + rows_per_group - 1) / rows_per_group);
+    const size_t n = groups_of(*o.w, rows_per_group);
     const size_t g0 = b > first ? b : first, g1 = e < first + n ? e : first + n;
     if (g0 < g1) fn(o, int(g0 - first), int(g1 - first));
     first += n;

@@ -254,11 +254,8 @@ void panels_matmul(const float* x, int T, const WeightMatrix& w, const float* bi
 void panels_matmul(const float* x, int T, std::span<const MatmulOutput> outs, ThreadPool& pool) {
   PTLLM_CHECK(!outs.empty());
   const int K = outs[0].w->cols;
-  size_t panels = 0;  // of every output in turn
-  for (const MatmulOutput& o : outs) {
-    PTLLM_CHECK(o.w->format == WeightFormat::Panels && o.w->cols == K);
-    panels += size_t(o.w->rows / kPanelRows);
-  }
+  for (const MatmulOutput& o : outs) PTLLM_CHECK(o.w->format == WeightFormat::Panels && o.w->cols == K);
+  const size_t panels = groups_of(outs, kPanelRows);  // of every output in turn
   const size_t per_panel = size_t(K) * kPanelRows;
   const size_t grain = std::max<size_t>(4, (kMinWeightsPerPart / per_panel + 3) / 4 * 4);
   auto part = &part_portable;
