@@ -9,6 +9,7 @@
 #include <future>
 #include <map>
 #include <random>
+#include <stdexcept>
 
 #include "engine/kv_store.h"
 #include "engine/prompt_cache.h"
@@ -410,7 +411,7 @@ TEST_F(RedisStoreTest, ALongLookupComesBackInOrder) {
 
 // An error answering a lookup (here: the user may no longer run MGET) is a miss, an error counted
 // and a warning naming it; the connection stays, and the next lookup answered gets the values, as
-// does one after it (the reply is built in the store's own buffer, kept from lookup to lookup).
+// does one after it (the reader's buffer is kept from lookup to lookup).
 TEST_F(RedisStoreTest, AnErrorReplyIsAMissAndTheNextLookupIsAnswered) {
   test::RedisServer redis;
   ASSERT_TRUE(redis.running());
@@ -447,6 +448,75 @@ TEST_F(RedisStoreTest, AnErrorReplyIsAMissAndTheNextLookupIsAnswered) {
   EXPECT_EQ(*r[2], big);
   EXPECT_EQ(s->stats().errors, 1u);
   EXPECT_EQ(s->stats().lookups, 4u);  // the refused one is counted as an error, not a lookup
+}
+
+// Values are handed as they arrive, in the keys' order, each once, views of the reader's buffer
+// (a value of 300,000 bytes comes in many reads); a caller that wants no more is handed no more,
+// and the rest of the answer is still read: the next lookup on the connection gets its own values.
+TEST_F(RedisStoreTest, ALookupHandsValuesInOrderUntilTheCallerStops) {
+  test::RedisServer redis;
+  ASSERT_TRUE(redis.running());
+  auto s = open(redis.url());
+  const std::string big(300000, 'b'), big2(300001, 'c');
+  s->put("t:small", "alpha");
+  s->put("t:big", big);
+  s->put("t:big2", big2);
+  ASSERT_TRUE(s->flush(std::chrono::seconds(30)));
+  const std::vector<std::string> keys = {"t:big", "t:none", "t:small", "t:big2"};
+  std::vector<std::pair<size_t, std::optional<std::string>>> seen;
+  s->lookup(keys, [&](size_t i, std::optional<std::string_view> v) {
+    seen.emplace_back(i, v ? std::optional<std::string>(*v) : std::nullopt);
+    return true;
+  });
+  ASSERT_EQ(seen.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(seen[i].first, i);
+  EXPECT_EQ(seen[0].second, big);
+  EXPECT_FALSE(seen[1].second);
+  EXPECT_EQ(seen[2].second, "alpha");
+  EXPECT_EQ(seen[3].second, big2);
+
+  size_t handed = 0;
+  s->lookup(keys, [&](size_t i, std::optional<std::string_view> v) {
+    ++handed;
+    EXPECT_EQ(i, 0u);
+    EXPECT_EQ(v, std::optional<std::string_view>(big));
+    return false;
+  });
+  EXPECT_EQ(handed, 1u);
+  const std::vector<std::string> next = {"t:small", "t:big2"};
+  const auto v = s->get(next);
+  EXPECT_EQ(v[0], "alpha");
+  EXPECT_EQ(v[1], big2);
+  const KVStoreStats st = s->stats();
+  EXPECT_EQ(st.lookups, 3u);
+  EXPECT_EQ(st.errors, 0u);
+  EXPECT_EQ(st.bytes_in, 2 * (big.size() + 5 + big2.size()) + 5 + big2.size());  // what came, handed or not
+}
+
+// What the caller throws comes back from lookup() once the answer is read (it never crosses
+// hiredis's frames), and the connection stays in step.
+TEST_F(RedisStoreTest, AnExceptionOfTheCallerComesBackAndTheConnectionStaysInStep) {
+  test::RedisServer redis;
+  ASSERT_TRUE(redis.running());
+  auto s = open(redis.url());
+  const std::string big(300000, 'e');
+  s->put("t:a", big);
+  s->put("t:b", "beta");
+  ASSERT_TRUE(s->flush(std::chrono::seconds(30)));
+  const std::vector<std::string> keys = {"t:a", "t:b"};
+  size_t handed = 0;
+  EXPECT_THROW(s->lookup(keys,
+                         [&](size_t, std::optional<std::string_view>) -> bool {
+                           ++handed;
+                           throw std::runtime_error("the caller failed");
+                         }),
+               std::runtime_error);
+  EXPECT_EQ(handed, 1u);
+  const std::vector<std::string> swapped = {"t:b", "t:a"};
+  const auto v = s->get(swapped);
+  EXPECT_EQ(v[0], "beta");
+  EXPECT_EQ(v[1], big);
+  EXPECT_EQ(s->stats().errors, 0u);
 }
 
 TEST_F(RedisStoreTest, ValuesExpireAfterTheirTtl) {

@@ -16,18 +16,18 @@ namespace ptllm::test {
 
 class MemoryStore final : public KVStore {
  public:
-  // The values are copied (into last_): a put or an edit while the caller reads them changes nothing.
-  std::vector<std::optional<std::string_view>> get(std::span<const std::string> keys) override {
-    std::lock_guard lk(mu_);
-    ++stats_.lookups;
-    last_.assign(keys.size(), std::nullopt);
+  // The values are copied first: a put or an edit while the caller reads them changes nothing.
+  void lookup(std::span<const std::string> keys, const OnValue& on_value) override {
+    std::vector<std::optional<std::string>> values(keys.size());
+    {
+      std::lock_guard lk(mu_);
+      ++stats_.lookups;
+      stats_.keys_looked_up += keys.size();
+      for (size_t i = 0; i < keys.size(); ++i)
+        if (auto it = map_.find(keys[i]); it != map_.end()) values[i] = it->second;
+    }
     for (size_t i = 0; i < keys.size(); ++i)
-      if (auto it = map_.find(keys[i]); it != map_.end()) last_[i] = it->second;
-    std::vector<std::optional<std::string_view>> out(keys.size());
-    for (size_t i = 0; i < keys.size(); ++i)
-      if (last_[i]) out[i] = *last_[i];
-    stats_.keys_looked_up += keys.size();
-    return out;
+      if (!on_value(i, values[i] ? std::optional<std::string_view>(*values[i]) : std::nullopt)) break;
   }
   void put(std::string key, std::string value) override {
     std::lock_guard lk(mu_);
@@ -54,7 +54,6 @@ class MemoryStore final : public KVStore {
  private:
   mutable std::mutex mu_;
   std::map<std::string, std::string> map_;
-  std::vector<std::optional<std::string>> last_;  // the last get()'s values
   KVStoreStats stats_;
 };
 

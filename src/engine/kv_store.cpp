@@ -44,6 +44,15 @@ void RateLimitedLog::warn(const std::string& message) {
   }
 }
 
+std::vector<std::optional<std::string>> KVStore::get(std::span<const std::string> keys) {
+  std::vector<std::optional<std::string>> out(keys.size());
+  lookup(keys, [&](size_t i, std::optional<std::string_view> v) {
+    if (v) out[i].emplace(*v);
+    return true;
+  });
+  return out;
+}
+
 std::string kv_store_key(std::string_view prefix, const Digest& identity, const BlockHash& h) {
   std::string k(prefix);
   k += ':';
@@ -129,22 +138,24 @@ BlockExchange::Lookup BlockExchange::load(KVPool& pool, std::span<const int32_t>
   std::vector<std::string> keys;
   for (size_t j = first; j < n; ++j) keys.push_back(kv_store_key(prefix_, identity_, hashes[j]));
   out.looked_up = keys.size();
-  const std::vector<std::optional<std::string_view>> values = store_.get(keys);
-  for (size_t j = first; j < n; ++j) {
-    const std::optional<std::string_view>& v = values[j - first];
-    if (!v) break;
+  // Each value is verified and imported as it arrives; the run ends at the first that is absent,
+  // does not verify or finds the pool full.
+  store_.lookup(keys, [&](size_t i, std::optional<std::string_view> v) {
+    if (!v || i != out.hits) return false;  // a key skipped: the run ends before it
+    const size_t j = first + i;
     const KVPool::TokenRange tb = pool.token_block(j);
     const auto ids = tokens.subspan(size_t(tb.start), size_t(tb.len));
     std::string why;
     const auto payload = decode_block_value(*v, identity_, hashes[j], ids, pool.exchange_bytes(), &why);
     if (!payload) {
       ++out.rejected;
-      log_.warn("ignoring the value of " + keys[j - first] + ": " + why);
-      break;
+      log_.warn("ignoring the value of " + keys[i] + ": " + why);
+      return false;
     }
-    if (!pool.import_block(hashes[j], ids, *payload, held)) break;
+    if (!pool.import_block(hashes[j], ids, *payload, held)) return false;
     ++out.hits;
-  }
+    return true;
+  });
   return out;
 }
 

@@ -27,9 +27,9 @@ namespace ptllm {
 
 // What a store's transport did (the engine counts hits and misses itself: SchedulerStats).
 struct KVStoreStats {
-  uint64_t lookups = 0;          // get() calls that reached the store (one round trip each)
+  uint64_t lookups = 0;          // lookup() calls that reached the store (one round trip each)
   uint64_t keys_looked_up = 0;
-  double lookup_seconds = 0;     // their time, summed
+  double lookup_seconds = 0;     // their time, summed, less the time their values' callers took
   uint64_t bytes_in = 0;         // value bytes received
   uint64_t bytes_out = 0;        // value bytes written
   uint64_t writes = 0;           // values written
@@ -40,12 +40,17 @@ struct KVStoreStats {
 class KVStore {
  public:
   virtual ~KVStore() = default;
-  // The values under `keys` in one round trip: values[i] for keys[i], nullopt where absent. A store
-  // that is unreachable, slow (its read timeout) or answering errors gives all misses. Never throws.
-  // The views point into the store's own buffer, kept from one lookup to the next (a lookup moves
-  // megabytes: copying them again, into fresh pages each time, cost Redis lookups a third of their
-  // time): they are valid until the next get() or the store's destruction. One caller at a time.
-  virtual std::vector<std::optional<std::string_view>> get(std::span<const std::string> keys) = 0;
+  // A value as it arrives: keys[i]'s, or nullopt where it is absent; the view is valid during the
+  // call only. Returns false to be handed no more (the rest of the answer is still read).
+  using OnValue = std::function<bool(size_t i, std::optional<std::string_view> value)>;
+  // Looks up `keys` in one round trip and hands their values to on_value in key order as they
+  // arrive, each at most once: a lookup of megabytes is verified and loaded while the rest is still
+  // on the wire, straight from the store's read buffer. The keys not handed are misses: a store may
+  // stop at the first absent key, and one that is unreachable, slow (its read timeout) or answering
+  // errors hands none after the failure. Throws only what on_value throws. One caller at a time.
+  virtual void lookup(std::span<const std::string> keys, const OnValue& on_value) = 0;
+  // The values of `keys`, copied: values[i] for keys[i], nullopt where not handed (tests, tools).
+  std::vector<std::optional<std::string>> get(std::span<const std::string> keys);
   // Queues a write and returns at once (never blocks a scheduler step): dropped and counted when the
   // queue is full. Never throws.
   virtual void put(std::string key, std::string value) = 0;

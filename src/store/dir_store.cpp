@@ -51,11 +51,10 @@ class DirStore final : public QueuedStore {
 
   // A prompt's run of blocks ends at its first miss (BlockExchange::load), so the files after the
   // first absent or unreadable one are not read: they are answered absent.
-  std::vector<std::optional<std::string_view>> get(std::span<const std::string> keys) override {
-    std::vector<std::optional<std::string_view>> out(keys.size());
-    last_.assign(keys.size(), std::nullopt);
-    if (keys.empty()) return out;
+  void lookup(std::span<const std::string> keys, const OnValue& on_value) override {
+    if (keys.empty()) return;
     const auto t0 = Clock::now();
+    double callback_seconds = 0;
     uint64_t bytes = 0;
     size_t read = 0;
     for (size_t i = 0; i < keys.size(); ++i) {
@@ -64,19 +63,22 @@ class DirStore final : public QueuedStore {
       ++read;
       struct stat st {};
       if (::stat(p.c_str(), &st) != 0 && errno == ENOENT) break;  // not written (or evicted): a plain miss
+      std::string value;
       try {
-        last_[i] = read_whole_file(p, kMaxBlockFileBytes, "a block file");
+        value = read_whole_file(p, kMaxBlockFileBytes, "a block file");
       } catch (const Error& e) {
         fail(std::string("lookup: ") + e.what());
         break;
       }
-      out[i] = *last_[i];
-      bytes += out[i]->size();
+      bytes += value.size();
       // The least recently used files go first when the directory is full: a hit is a use.
       ::utimensat(AT_FDCWD, p.c_str(), nullptr, 0);
+      const auto c0 = Clock::now();
+      const bool more = on_value(i, std::string_view(value));
+      callback_seconds += std::chrono::duration<double>(Clock::now() - c0).count();
+      if (!more) break;
     }
-    count_lookup(read, std::chrono::duration<double>(Clock::now() - t0).count(), bytes);
-    return out;
+    count_lookup(read, std::chrono::duration<double>(Clock::now() - t0).count() - callback_seconds, bytes);
   }
 
   std::string describe() const override { return root_.string(); }
@@ -174,7 +176,6 @@ class DirStore final : public QueuedStore {
 
   DirStoreOptions opts_;
   fs::path root_;  // opts_.dir / "blocks"
-  std::vector<std::optional<std::string>> last_;  // the last get()'s values, which its views show
   RateLimitedLog own_log_;
   RateLimitedLog* log_;
   uint64_t total_bytes_ = 0;  // the block files' bytes, as the writer thread knows them
