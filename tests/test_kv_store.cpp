@@ -450,6 +450,35 @@ TEST_F(RedisStoreTest, AnErrorReplyIsAMissAndTheNextLookupIsAnswered) {
   EXPECT_EQ(s->stats().lookups, 4u);  // the refused one is counted as an error, not a lookup
 }
 
+// Writes go out as pipelined SETs written straight from the values (writev): batches far larger
+// than the socket's buffer (32 values of 1 MiB) arrive whole, with their EX.
+TEST_F(RedisStoreTest, BatchesLargerThanTheSocketBufferArriveWhole) {
+  test::RedisServer redis;
+  ASSERT_TRUE(redis.running());
+  auto s = open(redis.url(), nullptr, /*ttl=*/600);
+  std::vector<std::string> keys, values;
+  std::mt19937 rng(7);
+  for (int i = 0; i < 40; ++i) {
+    keys.push_back("t:w" + std::to_string(i));
+    std::string v(size_t(1 << 20) + size_t(i), '\0');
+    for (char& ch : v) ch = char(rng());
+    values.push_back(v);
+    s->put(keys.back(), std::move(v));
+  }
+  ASSERT_TRUE(s->flush(std::chrono::seconds(60)));
+  const KVStoreStats st = s->stats();
+  EXPECT_EQ(st.writes, 40u);
+  EXPECT_EQ(st.dropped_writes, 0u);
+  EXPECT_EQ(st.errors, 0u);
+  const auto got = s->get(keys);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_TRUE(got[i]) << i;
+    EXPECT_TRUE(*got[i] == values[i]) << i;
+  }
+  const std::string ttl = test::redis_reply(redis.port(), "TTL t:w39");
+  EXPECT_TRUE(ttl == ":600" || ttl == ":599") << ttl;  // the EX of each SET
+}
+
 // Values are handed as they arrive, in the keys' order, each once, views of the reader's buffer
 // (a value of 300,000 bytes comes in many reads); a caller that wants no more is handed no more,
 // and the rest of the answer is still read: the next lookup on the connection gets its own values.
