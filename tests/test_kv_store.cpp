@@ -10,7 +10,11 @@
 #include <map>
 #include <random>
 #include <stdexcept>
+#include <thread>
 
+#include <xxhash.h>
+
+#include "core/checksum.h"
 #include "engine/kv_store.h"
 #include "engine/prompt_cache.h"
 #include "engine/runtime.h"
@@ -86,11 +90,26 @@ TEST(KVStoreValue, AnythingThatDoesNotVerifyIsAMiss) {
   EXPECT_FALSE(decode_block_value(v, c.id, c.h, other, c.payload.size(), &why));
   EXPECT_NE(why.find("token ids"), std::string::npos) << why;
   EXPECT_FALSE(decode_block_value(v, c.id, c.h, c.ids, c.payload.size() + 4, &why));
-  // A value re-checksummed after a change of version is refused for its version.
-  std::string newer = v;
-  newer[8] = 2;
-  EXPECT_FALSE(c.decode(newer, &why));
-  EXPECT_NE(why.find("version"), std::string::npos) << why;
+  // A value of another version, its checksum right for its bytes (version 1's was XXH64, the next
+  // one's unknown), is refused for its version.
+  for (const uint32_t version : {kKVStoreVersion - 1, kKVStoreVersion + 1}) {
+    std::string other_version = v;
+    std::memcpy(other_version.data() + 8, &version, 4);
+    const uint64_t sum = version == 1 ? XXH64(other_version.data(), other_version.size() - 8, 0)
+                                      : checksum64(other_version.data(), other_version.size() - 8);
+    std::memcpy(other_version.data() + other_version.size() - 8, &sum, 8);
+    EXPECT_FALSE(c.decode(other_version, &why)) << version;
+    EXPECT_NE(why.find("version"), std::string::npos) << why;
+  }
+}
+
+TEST(KVStoreValue, TheChecksumIsXxh3OfEveryByteBeforeIt) {
+  ValueCase c;
+  const std::string v = c.value();
+  uint64_t sum;
+  std::memcpy(&sum, v.data() + v.size() - 8, 8);
+  EXPECT_EQ(sum, XXH3_64bits(v.data(), v.size() - 8));  // the library's own, not core/checksum.h's dispatch
+  EXPECT_EQ(checksum64(v.data(), v.size() - 8), sum);
 }
 
 TEST(KVStoreValue, KeysSeparateIdentitiesAndBlocks) {
@@ -374,6 +393,61 @@ TEST_F(RedisStoreTest, PutThenGetInOneRoundTrip) {
   EXPECT_EQ(st.bytes_in, 5 + big.size());
   EXPECT_EQ(st.errors, 0u);
   EXPECT_EQ(st.dropped_writes, 0u);
+}
+
+// A put's finish (BlockExchange: the checksum) runs on the writer's thread before the value is sent,
+// not on the caller's; what it wrote is what arrives.
+std::atomic<std::thread::id> finished_on{};
+void finish_for_test(std::string& v) {
+  finished_on = std::this_thread::get_id();
+  v.back() = '!';
+}
+
+TEST_F(RedisStoreTest, APutsFinishRunsOnTheWriterBeforeTheValueIsSent) {
+  test::RedisServer redis;
+  ASSERT_TRUE(redis.running());
+  auto s = open(redis.url());
+  std::string big(300000, 'x');
+  s->put("t:f", big, finish_for_test);
+  s->put("t:plain", "alpha.");
+  ASSERT_TRUE(s->flush(std::chrono::seconds(30)));
+  const std::vector<std::string> keys = {"t:f", "t:plain"};
+  const auto v = s->get(keys);
+  ASSERT_TRUE(v[0] && v[1]);
+  big.back() = '!';
+  EXPECT_EQ(*v[0], big);
+  EXPECT_EQ(*v[1], "alpha.");
+  EXPECT_NE(finished_on.load(), std::thread::id{});
+  EXPECT_NE(finished_on.load(), std::this_thread::get_id());
+}
+
+// A value written leaves its memory as a spare buffer for the next put (large values only, a bounded
+// number of them); one that was never written, or a small one, does not.
+TEST_F(RedisStoreTest, WrittenValuesComeBackAsSpareBuffers) {
+  test::RedisServer redis;
+  ASSERT_TRUE(redis.running());
+  auto s = open(redis.url());
+  EXPECT_LT(s->spare_buffer().capacity(), 1000u);  // nothing written yet
+  const size_t big = 300000;
+  for (int i = 0; i < 100; ++i) s->put("t:spare" + std::to_string(i), std::string(big, char('a' + i % 26)));
+  s->put("t:small", "tiny");
+  ASSERT_TRUE(s->flush(std::chrono::seconds(30)));
+  s->put("t:last", "x");  // the writer keeps a batch's buffers when it takes the next one
+  ASSERT_TRUE(s->flush(std::chrono::seconds(30)));
+  size_t spares = 0;
+  for (;;) {
+    const std::string b = s->spare_buffer();  // a new string each time (an assignment keeps capacity)
+    if (b.capacity() < big) break;
+    EXPECT_TRUE(b.empty());
+    ++spares;
+  }
+  EXPECT_GT(spares, 0u);
+  EXPECT_LE(spares * big, size_t(16) << 20);  // at most 16 MiB of them
+  const std::vector<std::string> keys = {"t:spare0", "t:spare99"};
+  const auto v = s->get(keys);  // what was written is intact
+  ASSERT_TRUE(v[0] && v[1]);
+  EXPECT_EQ(*v[0], std::string(big, 'a'));
+  EXPECT_EQ(*v[1], std::string(big, char('a' + 99 % 26)));
 }
 
 // A long lookup: the values come back in the keys' order, misses where they are, and the lookup

@@ -29,7 +29,9 @@ class MemoryStore final : public KVStore {
     for (size_t i = 0; i < keys.size(); ++i)
       if (!on_value(i, values[i] ? std::optional<std::string_view>(*values[i]) : std::nullopt)) break;
   }
-  void put(std::string key, std::string value) override {
+  using KVStore::put;
+  void put(std::string key, std::string value, Finish finish) override {
+    if (finish) finish(value);
     std::lock_guard lk(mu_);
     ++stats_.writes;
     map_[std::move(key)] = std::move(value);

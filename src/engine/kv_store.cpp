@@ -2,9 +2,9 @@
 
 #include <cstdio>
 #include <cstring>
-#include <xxhash.h>
 
 #include "core/bytes.h"
+#include "core/checksum.h"
 #include "core/error.h"
 #include "kv/kv_cache.h"
 
@@ -64,9 +64,11 @@ std::string kv_store_key(std::string_view prefix, const Digest& identity, const 
 }
 
 namespace {
-// A value up to its payload (which the caller appends, then seal_value).
-std::string value_head(const Digest& identity, const BlockHash& h, std::span<const int32_t> ids, size_t payload_bytes) {
-  std::string out;
+// A value up to its payload (which the caller appends, then the checksum's 8 bytes: seal_value), in
+// `out` (its contents replaced, its capacity kept).
+void value_head(std::string& out, const Digest& identity, const BlockHash& h, std::span<const int32_t> ids,
+                size_t payload_bytes) {
+  out.clear();
   out.reserve(kHeaderBytes + ids.size_bytes() + payload_bytes + 8);
   out.append(kMagic, sizeof kMagic);
   put_bytes<uint32_t>(out, kKVStoreVersion);
@@ -78,15 +80,20 @@ std::string value_head(const Digest& identity, const BlockHash& h, std::span<con
   put_bytes<uint32_t>(out, 0);
   put_bytes<uint64_t>(out, uint64_t(payload_bytes));
   out.append(reinterpret_cast<const char*>(ids.data()), ids.size_bytes());
-  return out;
 }
-void seal_value(std::string& v) { put_bytes<uint64_t>(v, XXH64(v.data(), v.size(), 0)); }
+// Fills a value's last 8 bytes with the checksum of every byte before them.
+void seal_value(std::string& v) {
+  const uint64_t sum = checksum64(v.data(), v.size() - 8);
+  std::memcpy(v.data() + v.size() - 8, &sum, 8);
+}
 }  // namespace
 
 std::string encode_block_value(const Digest& identity, const BlockHash& h, std::span<const int32_t> ids,
                                std::string_view payload) {
-  std::string out = value_head(identity, h, ids, payload.size());
+  std::string out;
+  value_head(out, identity, h, ids, payload.size());
   out.append(payload);
+  out.append(8, '\0');
   seal_value(out);
   return out;
 }
@@ -109,7 +116,7 @@ std::optional<std::string_view> decode_block_value(std::string_view value, const
   // The checksum first: every field below is then what was written.
   uint64_t sum;
   std::memcpy(&sum, value.data() + value.size() - 8, 8);
-  if (XXH64(value.data(), value.size() - 8, 0) != sum) return no("a checksum mismatch (damaged value)");
+  if (checksum64(value.data(), value.size() - 8) != sum) return no("a checksum mismatch (damaged value)");
   if (std::memcmp(r.bytes(identity.size()), identity.data(), identity.size()) != 0)
     return no("written for another model, tokenizer, build or KV configuration");
   const uint64_t lo = r.get<uint64_t>(), hi = r.get<uint64_t>();
@@ -166,11 +173,14 @@ size_t BlockExchange::save(KVPool& pool, std::span<const int32_t> tokens, std::s
   for (size_t j = first; j < n; ++j) {
     const KVPool::TokenRange tb = pool.token_block(j);
     const auto ids = tokens.subspan(size_t(tb.start), size_t(tb.len));
-    // The block's bytes are copied once, into the value (the writer thread sends it).
-    std::string v = value_head(identity_, hashes[j], ids, pool.exchange_bytes());
+    // The block's bytes are copied once, into the value (in the memory of one written before, when
+    // the store has one); the store's writer thread computes its checksum (seal_value) and sends
+    // it: the scheduler's thread only copies.
+    std::string v = store_.spare_buffer();
+    value_head(v, identity_, hashes[j], ids, pool.exchange_bytes());
     if (!pool.read_block(hashes[j], ids, v)) continue;
-    seal_value(v);
-    store_.put(kv_store_key(prefix_, identity_, hashes[j]), std::move(v));
+    v.append(8, '\0');
+    store_.put(kv_store_key(prefix_, identity_, hashes[j]), std::move(v), seal_value);
     ++queued;
   }
   return queued;

@@ -6,7 +6,7 @@
 //
 // The store is a cache that never changes an output: a value is used only when its header, format
 // version, identity (the prompt cache's: model, tokenizer, binary, every KV setting), block hash,
-// token ids, length and XXH64 checksum all verify; anything else is a miss. A store that is down or
+// token ids, length and checksum (XXH3-64) all verify; anything else is a miss. A store that is down or
 // slow is a miss too (the implementation logs a warning and counts an error), never an error to a
 // client. The implementation (store/redis_store.h) lives above the engine; the engine sees this
 // interface only.
@@ -51,9 +51,18 @@ class KVStore {
   virtual void lookup(std::span<const std::string> keys, const OnValue& on_value) = 0;
   // The values of `keys`, copied: values[i] for keys[i], nullopt where not handed (tests, tools).
   std::vector<std::optional<std::string>> get(std::span<const std::string> keys);
+  // What a store's writer does to a value just before writing it, off the thread that put it
+  // (BlockExchange: the checksum in its last 8 bytes); it must not change the value's size.
+  using Finish = void (*)(std::string& value);
   // Queues a write and returns at once (never blocks a scheduler step): dropped and counted when the
-  // queue is full. Never throws.
-  virtual void put(std::string key, std::string value) = 0;
+  // queue is full. `finish`, when given, runs on the value before it is written (or, for a store
+  // without a writer thread, before put returns). Never throws.
+  virtual void put(std::string key, std::string value, Finish finish) = 0;
+  void put(std::string key, std::string value) { put(std::move(key), std::move(value), nullptr); }
+  // An empty string with the capacity of a value already written, when the store keeps some (at most
+  // a few MiB), else a new empty one: a caller that builds its puts' values in these reuses memory
+  // instead of new pages each time (each 256 KiB block value a page fault per 4 KiB otherwise).
+  virtual std::string spare_buffer() { return {}; }
   // Waits until every queued write was attempted, at most `limit`; true when it was.
   virtual bool flush(std::chrono::milliseconds limit) = 0;
   virtual KVStoreStats stats() const = 0;
@@ -85,11 +94,12 @@ class RateLimitedLog {
 // Value (little-endian):
 //   "PTLLMKVB"  u32 version  u32 header_bytes (64)  identity[32]  u64 hash_lo  u64 hash_hi
 //   u32 n_ids  u32 0  u64 payload_bytes                                        (header, 80 bytes)
-//   i32 ids[n_ids]  payload[payload_bytes]  u64 XXH64 over every byte before it
+//   i32 ids[n_ids]  payload[payload_bytes]  u64 XXH3-64 (core/checksum.h) over every byte before it
 // The payload is the token block's bytes as KVPool::read_block gives them (the prompt-cache file's):
 // its full-precision form under every KV setting (KIVI's groups are quantized again by the sequence
 // that adopts them). n_ids is the block's token count: B, or less for StreamingLLM's last sink block.
-inline constexpr uint32_t kKVStoreVersion = 1;
+// Version 2: the checksum is XXH3-64 (version 1's was XXH64; its values are misses).
+inline constexpr uint32_t kKVStoreVersion = 2;
 
 std::string kv_store_key(std::string_view prefix, const Digest& identity, const BlockHash& h);
 std::string encode_block_value(const Digest& identity, const BlockHash& h, std::span<const int32_t> ids,

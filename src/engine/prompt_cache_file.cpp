@@ -5,7 +5,6 @@
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <bit>
@@ -19,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/bytes.h"
+#include "core/checksum.h"
 #include "core/error.h"
 #include "core/file_io.h"
 #include "engine/prompt_cache.h"
@@ -201,7 +201,7 @@ std::string encode_cache_file(const PromptCacheIdentity& id, int64_t created_ms,
                               std::span<const float> logits, std::string_view kv_state) {
   std::string out = encode_head(id, created_ms, ids, logits, kv_state.size());
   out += kv_state;
-  put_bytes<uint64_t>(out, XXH3_64bits(out.data(), out.size()));
+  put_bytes<uint64_t>(out, checksum64(out.data(), out.size()));
   return out;
 }
 
@@ -209,7 +209,7 @@ CacheFile decode_cache_file(std::string_view bytes) {
   const Preamble p = decode_preamble(bytes, bytes.size());
   uint64_t stored;
   std::memcpy(&stored, bytes.data() + bytes.size() - kTrailer, kTrailer);
-  if (XXH3_64bits(bytes.data(), bytes.size() - kTrailer) != stored) throw Error("checksum mismatch (the file is damaged)");
+  if (checksum64(bytes.data(), bytes.size() - kTrailer) != stored) throw Error("checksum mismatch (the file is damaged)");
   const HeaderFields h = decode_header(bytes.substr(kPreamble, p.header_bytes));
   size_t at = check_body(p, h);
   CacheFile f;
@@ -258,13 +258,10 @@ CacheFile read_cache_file(const fs::path& path, std::string& buffer) {
 uint64_t write_cache_file(const fs::path& path, const PromptCacheIdentity& id, int64_t created_ms,
                           std::span<const int32_t> ids, std::span<const float> logits, std::string_view kv_state) {
   const std::string head = encode_head(id, created_ms, ids, logits, kv_state.size());
-  XXH3_state_t* st = XXH3_createState();
-  PTLLM_CHECK(st != nullptr);
-  XXH3_64bits_reset(st);
-  XXH3_64bits_update(st, head.data(), head.size());
-  XXH3_64bits_update(st, kv_state.data(), kv_state.size());
-  const uint64_t sum = XXH3_64bits_digest(st);
-  XXH3_freeState(st);
+  Checksum64 st;
+  st.update(head.data(), head.size());
+  st.update(kv_state.data(), kv_state.size());
+  const uint64_t sum = st.digest();
   return write_file_atomically(path, {head, kv_state, std::string_view(reinterpret_cast<const char*>(&sum), sizeof sum)});
 }
 

@@ -170,8 +170,8 @@ class DirStore final : public QueuedStore {
 
   void write_loop() override {
     std::vector<WriteQueue::Item> batch;
-    while (queue_.take(batch, 1))  // false: stopping, and everything queued was attempted
-      write_one(batch[0].first, batch[0].second);
+    while (take(batch, 1))  // false: stopping, and everything queued was attempted
+      write_one(batch[0].key, batch[0].value);
   }
 
   DirStoreOptions opts_;

@@ -294,7 +294,7 @@ class RedisStore final : public QueuedStore {
   }
 
   // Pipelined SETs: every command of a batch sent, then every reply read.
-  void write_batch(std::vector<std::pair<std::string, std::string>>& batch) {
+  void write_batch(std::vector<WriteQueue::Item>& batch) {
     std::string error;
     redisContext* c = writes_.get(&error);
     if (!c) {
@@ -319,7 +319,7 @@ class RedisStore final : public QueuedStore {
         refusal.assign(r->str, r->len);
       } else {
         ++written;
-        bytes += batch[done].second.size();
+        bytes += batch[done].value.size();
       }
     }
     count([&](KVStoreStats& s) {
@@ -357,7 +357,8 @@ class RedisStore final : public QueuedStore {
       out += arg;
       out += "\r\n";
     };
-    for (const auto& [k, v] : batch) {
+    for (const WriteQueue::Item& item : batch) {
+      const std::string &k = item.key, &v = item.value;
       std::string& head = heads.emplace_back(opts_.ttl_s > 0 ? "*5\r\n" : "*3\r\n");
       bulk(head, "SET");
       bulk(head, k);
@@ -393,7 +394,7 @@ class RedisStore final : public QueuedStore {
   void write_loop() override {
     constexpr size_t kBatch = 32;  // SETs per pipeline round (bounds the replies awaited and the iovecs)
     std::vector<WriteQueue::Item> batch;
-    while (queue_.take(batch, kBatch)) write_batch(batch);  // false: stopping, everything attempted
+    while (take(batch, kBatch)) write_batch(batch);  // false: stopping, everything attempted
   }
 
   RedisStoreOptions opts_;

@@ -23,17 +23,20 @@ namespace ptllm::store {
 
 class WriteQueue {
  public:
-  using Item = std::pair<std::string, std::string>;  // key, value
+  struct Item {
+    std::string key, value;
+    KVStore::Finish finish = nullptr;  // still to run on value (QueuedStore::take runs it)
+  };
   explicit WriteQueue(size_t max_bytes) : max_bytes_(max_bytes) {}
 
   // Queues a write; false (nothing queued) when it would pass max_bytes or the queue is stopped.
-  bool push(std::string key, std::string value) {
+  bool push(Item item) {
     {
       std::lock_guard lk(mu_);
-      const size_t n = key.size() + value.size();
+      const size_t n = item.key.size() + item.value.size();
       if (stopping_ || queued_bytes_ + n > max_bytes_) return false;
       queued_bytes_ += n;
-      queue_.emplace_back(std::move(key), std::move(value));
+      queue_.push_back(std::move(item));
     }
     wake_.notify_one();
     return true;
@@ -47,7 +50,7 @@ class WriteQueue {
     wake_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
     batch.clear();
     while (!queue_.empty() && batch.size() < max) {
-      queued_bytes_ -= queue_.front().first.size() + queue_.front().second.size();
+      queued_bytes_ -= queue_.front().key.size() + queue_.front().value.size();
       batch.push_back(std::move(queue_.front()));
       queue_.pop_front();
     }
@@ -83,10 +86,20 @@ class WriteQueue {
 // destructor (stop_writer), before its own members go.
 class QueuedStore : public KVStore {
  public:
-  void put(std::string key, std::string value) override {
-    if (!queue_.push(std::move(key), std::move(value))) count([](KVStoreStats& s) { ++s.dropped_writes; });
+  using KVStore::put;
+  void put(std::string key, std::string value, Finish finish) override {
+    if (!queue_.push({std::move(key), std::move(value), finish})) count([](KVStoreStats& s) { ++s.dropped_writes; });
   }
   bool flush(std::chrono::milliseconds limit) override { return queue_.flush(limit); }
+  std::string spare_buffer() override {
+    std::lock_guard lk(spare_mu_);
+    if (spares_.empty()) return {};
+    std::string s = std::move(spares_.back());
+    spares_.pop_back();
+    spare_bytes_ -= s.capacity();
+    s.clear();
+    return s;
+  }
   KVStoreStats stats() const override {
     std::lock_guard lk(stats_mu_);
     return stats_;
@@ -112,8 +125,18 @@ class QueuedStore : public KVStore {
     queue_.stop();
     if (writer_.joinable()) writer_.join();
   }
-  // The writer's loop: queue_.take() batches until it returns false.
+  // The writer's loop: take() batches until it returns false.
   virtual void write_loop() = 0;
+  // The previous batch's values kept as spare buffers (as many as fit kSpareBytes), queue_.take(),
+  // then each value's finish run, on the writer's thread (at nice 10): a put's checksum is computed
+  // here, not on the scheduler's thread that put it.
+  bool take(std::vector<WriteQueue::Item>& batch, size_t max) {
+    keep_spares(batch);
+    if (!queue_.take(batch, max)) return false;
+    for (WriteQueue::Item& it : batch)
+      if (it.finish) std::exchange(it.finish, nullptr)(it.value);
+    return true;
+  }
 
   // f(stats) under the counters' lock.
   template <class F>
@@ -134,6 +157,22 @@ class QueuedStore : public KVStore {
   WriteQueue queue_;
 
  private:
+  // Spare buffers: values of at least kSpareMin bytes, kSpareBytes of them at most (64 of kjv-small's
+  // 256 KiB block values: a prefill step of four 512-token prompts puts 64).
+  static constexpr size_t kSpareMin = size_t(64) << 10, kSpareBytes = size_t(16) << 20;
+  void keep_spares(std::vector<WriteQueue::Item>& batch) {
+    std::lock_guard lk(spare_mu_);
+    for (WriteQueue::Item& it : batch) {
+      const size_t cap = it.value.capacity();
+      if (cap < kSpareMin || spare_bytes_ + cap > kSpareBytes) continue;
+      spare_bytes_ += cap;
+      spares_.push_back(std::move(it.value));
+    }
+  }
+  std::mutex spare_mu_;
+  std::vector<std::string> spares_;  // under spare_mu_
+  size_t spare_bytes_ = 0;           // their capacity, under spare_mu_
+
   mutable std::mutex stats_mu_;
   KVStoreStats stats_;
   std::thread writer_;

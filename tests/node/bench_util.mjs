@@ -120,9 +120,13 @@ export async function alternate(rounds, a, b, start, ps, concurrency, genTokens,
       const srv = await start(mode, round);
       const r = await noReuseRun(srv, ps, concurrency, genTokens, mode === b ? others() : []);
       runs[mode].push(r);
+      // The store's lookups of the round (the scheduler's thread waits for each): NaN without one.
+      const lookups = await metric(srv, 'ptllm_kv_store_lookup_seconds_count');
+      const lookupMs = 1000 * (await metric(srv, 'ptllm_kv_store_lookup_seconds_sum'));
       console.log(`round ${round} ${mode.padEnd(20)}: ${r.tokens} tokens in ${r.seconds.toFixed(2)} s = ${r.rate.toFixed(1)} tok/s; ` +
                   `CPU ${r.serverCpu.toFixed(2)} s server${mode === b ? ` (${r.writerCpu.toFixed(2)} s its store writer)` : ''}` +
-                  `${mode === b && others().length ? `, ${r.otherCpu.toFixed(2)} s store` : ''}`);
+                  `${mode === b && others().length ? `, ${r.otherCpu.toFixed(2)} s store` : ''}` +
+                  `${lookups > 0 ? `; ${lookups} lookups, ${lookupMs.toFixed(1)} ms in all` : ''}`);
       await srv.stop();
     }
   }
