@@ -9,7 +9,10 @@
 //   node scripts/bench_kv_store.mjs --binary build/posttrainllm --model ../shared/models/kjv-small
 //   node scripts/bench_kv_store.mjs --model models/kjv-tiny --history 400 --reps 2 --requests 8   (a quick check)
 //   node scripts/bench_kv_store.mjs --binary build/posttrainllm --model ../shared/models/kjv-small --kv '--kv-quantize int4'
-import { spawn } from 'node:child_process';
+//   node scripts/bench_kv_store.mjs --binary build/posttrainllm --model ../shared/models/kjv-small --threads 1 --server-cpus 0
+//     (every server on CPU 0, redis-server and this client on the others: the store's cost to the
+//     server itself, with Redis on a machine of its own as in a deployment of several replicas)
+import { spawn, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
@@ -17,8 +20,25 @@ import path from 'node:path';
 import { alternate, median, metric, prompts, ttft, storeBenchOptions } from '../tests/node/bench_util.mjs';
 import { startServer } from '../tests/node/harness.mjs';
 
-const { binary, model, threads, history, reps, requests, rounds, concurrency, promptLen, genTokens, kvFlags, ctx } =
-  storeBenchOptions(process.argv.slice(2));
+const { binary, model, threads, history, reps, requests, rounds, concurrency, promptLen, genTokens, kvFlags, ctx,
+        serverCpus } = storeBenchOptions(process.argv.slice(2));
+
+// Every thread of process `pid` on `cpus` (taskset's list).
+function pin(pid, cpus) {
+  const r = spawnSync('taskset', ['-a', '-p', '-c', cpus, String(pid)], { encoding: 'utf8' });
+  if (r.status !== 0) throw new Error(`taskset -a -p -c ${cpus} ${pid}: ${r.stderr || r.error}`);
+}
+// The CPUs not in `cpus` (a list such as "0" or "0-1,4"), as a list.
+function otherCpus(cpus) {
+  const mine = new Set();
+  for (const part of cpus.split(',')) {
+    const [a, b] = part.split('-').map(Number);
+    for (let c = a; c <= (b ?? a); ++c) mine.add(c);
+  }
+  const rest = [...Array(os.cpus().length).keys()].filter((c) => !mine.has(c));
+  if (rest.length === 0) throw new Error(`--server-cpus ${cpus}: leaves no CPU for redis-server and the client`);
+  return rest.join(',');
+}
 
 function freePort() {
   return new Promise((resolve) => {
@@ -58,8 +78,17 @@ async function startRedis() {
 
 
 const redis = await startRedis();
-const serve = (extra) =>
-  startServer(binary, model, ['-t', threads, '-c', ctx, '-np', String(concurrency), ...kvFlags, ...extra]);
+if (serverCpus) {
+  const rest = otherCpus(serverCpus);
+  pin(process.pid, rest);
+  pin(redis.pid, rest);
+  console.log(`servers on CPUs ${serverCpus} (-t ${threads}); redis-server and the client on CPUs ${rest}`);
+}
+const serve = async (extra) => {
+  const srv = await startServer(binary, model, ['-t', threads, '-c', ctx, '-np', String(concurrency), ...kvFlags, ...extra]);
+  if (serverCpus) pin(srv.proc.pid, serverCpus);
+  return srv;
+};
 try {
   // 1. Cross-replica TTFT.
   const a = await serve(['--kv-store', redis.url]);

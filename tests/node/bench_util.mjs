@@ -33,6 +33,9 @@ export function storeBenchOptions(args) {
     genTokens: Number(opt('--gen', '64')),           // their generated tokens
     // KV settings of every server, e.g. --kv '--kv-quantize int4' or '--streaming-llm-sink 32 --streaming-llm-window 1024'.
     kvFlags: opt('--kv', '').split(' ').filter((x) => x.length > 0),
+    // CPUs (taskset's list) of the servers; redis-server and this client then run on the others, as
+    // on the machines of their own a deployment gives them (use with --threads 1 on 2 cores).
+    serverCpus: opt('--server-cpus', ''),
   };
   o.ctx = String(Math.max(o.history + 64, o.promptLen + o.genTokens + 8));
   return o;
