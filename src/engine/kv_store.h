@@ -61,7 +61,7 @@ class KVStore {
   void put(std::string key, std::string value) { put(std::move(key), std::move(value), nullptr); }
   // An empty string with the capacity of a value already written, when the store keeps some (at most
   // a few MiB), else a new empty one: a caller that builds its puts' values in these reuses memory
-  // instead of new pages each time (each 256 KiB block value a page fault per 4 KiB otherwise).
+  // instead of fresh pages each time (faulted in 4 KiB at a time: a block value is 256 KiB or more).
   virtual std::string spare_buffer() { return {}; }
   // Waits until every queued write was attempted, at most `limit`; true when it was.
   virtual bool flush(std::chrono::milliseconds limit) = 0;

@@ -209,7 +209,8 @@ CacheFile decode_cache_file(std::string_view bytes) {
   const Preamble p = decode_preamble(bytes, bytes.size());
   uint64_t stored;
   std::memcpy(&stored, bytes.data() + bytes.size() - kTrailer, kTrailer);
-  if (checksum64(bytes.data(), bytes.size() - kTrailer) != stored) throw Error("checksum mismatch (the file is damaged)");
+  if (checksum64(bytes.data(), bytes.size() - kTrailer) != stored)
+    throw Error("checksum mismatch (the file is damaged)");
   const HeaderFields h = decode_header(bytes.substr(kPreamble, p.header_bytes));
   size_t at = check_body(p, h);
   CacheFile f;
