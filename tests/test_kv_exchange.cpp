@@ -250,6 +250,77 @@ TEST(ExchangeStreaming, ShortSinkBlocksTravelWithTheirLength) {
   EXPECT_FALSE(pool.read_block(hashes[0], std::span(prompt).first(32), other));
 }
 
+// save() sends a value from the pool's blocks themselves: they stay held (no other sequence can take
+// them) until the store lets go of the value and reclaim() gives them back; the value is byte for
+// byte the copied one.
+TEST(ExchangePins, SavedBlocksAreHeldUntilTheStoreLetsGoOfThem) {
+  auto model = Model::load(test::repo_model("kjv-tiny"));
+  ThreadPool tp(1);
+  const SessionOptions o = options("fp32");
+  KVPool pool(model->kv_shape(), o.kv, 1);
+  const size_t layers = pool.exchange_bytes() / pool.dense().block_bytes();
+  const std::vector<int32_t> prompt = test::random_prompt(9, 100, model->config().vocab_size);
+  test::MemoryStore store;
+  store.hold_pins(true);
+  {
+    BlockExchange ex(store, Digest{}, "t");
+    std::vector<BlockHash> hashes;
+    {
+      Session s(*model, o, tp, &pool);
+      s.feed(prompt);
+      pool.extend_block_hashes(prompt, 3, hashes);
+      EXPECT_EQ(ex.save(pool, prompt, hashes, 0, 3), 3u);
+    }
+    EXPECT_EQ(store.held_pins(), 3u);
+    EXPECT_EQ(pool.dense().available(), pool.dense().capacity() - 3 * layers);  // the session is gone
+    for (size_t j = 0; j < 3; ++j) {
+      const auto ids = std::span(prompt).subspan(32 * j, 32);
+      std::string bytes;
+      ASSERT_TRUE(pool.read_block(hashes[j], ids, bytes));
+      const auto v = store.get(std::vector<std::string>{kv_store_key("t", Digest{}, hashes[j])});
+      ASSERT_TRUE(v[0]);
+      EXPECT_EQ(*v[0], encode_block_value(Digest{}, hashes[j], ids, bytes));
+    }
+    EXPECT_FALSE(ex.has_returns());
+    store.release_pins();
+    EXPECT_TRUE(ex.has_returns());
+    EXPECT_EQ(pool.dense().available(), pool.dense().capacity() - 3 * layers);  // not before reclaim
+    EXPECT_EQ(ex.reclaim(pool), 3 * layers);
+    EXPECT_FALSE(ex.has_returns());
+    EXPECT_EQ(pool.dense().available(), pool.dense().capacity());
+  }
+}
+
+// At most a quarter of the pool is pinned: the blocks past it are copied into their values.
+TEST(ExchangePins, AtMostAQuarterOfThePoolIsPinned) {
+  auto model = Model::load(test::repo_model("kjv-tiny"));
+  ThreadPool tp(1);
+  const SessionOptions o = options("fp32");
+  KVPool pool(model->kv_shape(), o.kv, 1);
+  const size_t layers = pool.exchange_bytes() / pool.dense().block_bytes();
+  const size_t most = pool.dense().capacity() / 4 / layers;
+  const size_t n = most + 3;
+  ASSERT_LE(32 * n, size_t(o.kv.ctx_size));
+  const std::vector<int32_t> prompt = test::random_prompt(10, int(32 * n), model->config().vocab_size);
+  test::MemoryStore store;
+  store.hold_pins(true);
+  BlockExchange ex(store, Digest{}, "t");
+  Session s(*model, o, tp, &pool);
+  s.feed(prompt);
+  std::vector<BlockHash> hashes;
+  pool.extend_block_hashes(prompt, n, hashes);
+  EXPECT_EQ(ex.save(pool, prompt, hashes, 0, n), n);
+  EXPECT_EQ(store.held_pins(), most);
+  EXPECT_EQ(store.size(), n);
+  for (size_t j = 0; j < n; ++j) {
+    const auto ids = std::span(prompt).subspan(32 * j, 32);
+    const auto v = store.get(std::vector<std::string>{kv_store_key("t", Digest{}, hashes[j])});
+    ASSERT_TRUE(v[0]);
+    EXPECT_TRUE(decode_block_value(*v[0], Digest{}, hashes[j], ids, pool.exchange_bytes())) << "block " << j;
+  }
+  store.release_pins();
+  EXPECT_EQ(ex.reclaim(pool), most * layers);
+}
 
 // A prompt whose last few tokens would be left to compute after the prefix (a batch small enough for
 // matmul's other path) adopts less: the prompt's last append is then as a cold one's, and so is

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <future>
 #include <map>
+#include <memory>
 #include <random>
 #include <stdexcept>
 #include <thread>
@@ -148,6 +149,43 @@ TEST(KVStoreUrl, ParsesAndRefusesWithTheFlagsName) {
 // Schedulers exchanging blocks through a store (in memory here; Redis below).
 
 class StoreSchedulerTest : public test::StoreSchedulerFixture {};
+
+// A finished request's blocks stay held while the store still sends from them and come back as soon
+// as it lets go (the store wakes the scheduler: nothing else need run); a scheduler that ends waits
+// for the store first (the blocks' memory goes with it).
+TEST_F(StoreSchedulerTest, BlocksTheStoreSendsFromComeBackOnceItLetsGo) {
+  test::MemoryStore store;
+  store.hold_pins(true);
+  auto a = std::make_unique<Scheduler>(*rt_, config(&store));
+  const size_t layers = a->pool().exchange_bytes() / a->pool().dense().block_bytes();
+  const RequestResult r = test::run_greedy(*a, test::random_prompt(13, 200, vocab()), 20);
+  EXPECT_EQ(r.reason, FinishReason::Length);
+  a->drain();
+  EXPECT_EQ(store.held_pins(), 6u);  // 219 tokens: six full blocks
+  auto used_becomes = [&](size_t n) {
+    for (int i = 0; i < 1000 && a->stats().blocks_used != n; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return a->stats().blocks_used == n;
+  };
+  EXPECT_TRUE(used_becomes(6 * layers));
+  store.release_pins();
+  EXPECT_TRUE(used_becomes(0)) << a->stats().blocks_used;
+  // Another scheduler, destroyed while the store holds its blocks: it returns once they are let go.
+  auto b = std::make_unique<Scheduler>(*rt_, config(&store));
+  const RequestResult r2 = test::run_greedy(*b, test::random_prompt(14, 200, vocab()), 20);
+  EXPECT_EQ(r2.reason, FinishReason::Length);
+  b->drain();
+  EXPECT_EQ(store.held_pins(), 6u);
+  std::atomic<bool> released{false};
+  std::thread later([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    released = true;
+    store.release_pins();
+  });
+  b.reset();
+  EXPECT_TRUE(released.load());
+  later.join();
+}
 
 // A conversation's first turn on A, its second on B (another pool): B loads the history's blocks
 // from the store, computes only the rest, and answers what one scheduler answers alone.
@@ -398,9 +436,9 @@ TEST_F(RedisStoreTest, PutThenGetInOneRoundTrip) {
 // A put's finish (BlockExchange: the checksum) runs on the writer's thread before the value is sent,
 // not on the caller's; what it wrote is what arrives.
 std::atomic<std::thread::id> finished_on{};
-void finish_for_test(std::string& v) {
+void finish_for_test(StoreValue& v) {
   finished_on = std::this_thread::get_id();
-  v.back() = '!';
+  v.tail.back() = '!';
 }
 
 TEST_F(RedisStoreTest, APutsFinishRunsOnTheWriterBeforeTheValueIsSent) {
@@ -408,46 +446,59 @@ TEST_F(RedisStoreTest, APutsFinishRunsOnTheWriterBeforeTheValueIsSent) {
   ASSERT_TRUE(redis.running());
   auto s = open(redis.url());
   std::string big(300000, 'x');
-  s->put("t:f", big, finish_for_test);
+  StoreValue v(big.substr(0, 299999));
+  v.tail = "x";
+  s->put("t:f", std::move(v), finish_for_test);
   s->put("t:plain", "alpha.");
   ASSERT_TRUE(s->flush(std::chrono::seconds(30)));
   const std::vector<std::string> keys = {"t:f", "t:plain"};
-  const auto v = s->get(keys);
-  ASSERT_TRUE(v[0] && v[1]);
+  const auto got = s->get(keys);
+  ASSERT_TRUE(got[0] && got[1]);
   big.back() = '!';
-  EXPECT_EQ(*v[0], big);
-  EXPECT_EQ(*v[1], "alpha.");
+  EXPECT_EQ(*got[0], big);
+  EXPECT_EQ(*got[1], "alpha.");
   EXPECT_NE(finished_on.load(), std::thread::id{});
   EXPECT_NE(finished_on.load(), std::this_thread::get_id());
 }
 
-// A value written leaves its memory as a spare buffer for the next put (large values only, a bounded
-// number of them); one that was never written, or a small one, does not.
-TEST_F(RedisStoreTest, WrittenValuesComeBackAsSpareBuffers) {
+// A value's body is sent from the putter's memory (head, body parts, tail, in order), and its pin is
+// dropped once the store is done with it, on the writer's thread; a value the queue cannot take drops
+// its pin in put.
+struct PinForTest final : StoreValue::Pin {
+  explicit PinForTest(std::atomic<int>& n) : dropped(n) {}
+  ~PinForTest() override {
+    dropped_on = std::this_thread::get_id();
+    ++dropped;
+  }
+  std::atomic<int>& dropped;
+  static inline std::atomic<std::thread::id> dropped_on{};
+};
+
+TEST_F(RedisStoreTest, AValueInPartsArrivesWholeAndItsPinIsDroppedOnceSent) {
   test::RedisServer redis;
   ASSERT_TRUE(redis.running());
   auto s = open(redis.url());
-  EXPECT_LT(s->spare_buffer().capacity(), 1000u);  // nothing written yet
-  const size_t big = 300000;
-  for (int i = 0; i < 100; ++i) s->put("t:spare" + std::to_string(i), std::string(big, char('a' + i % 26)));
-  s->put("t:small", "tiny");
-  ASSERT_TRUE(s->flush(std::chrono::seconds(30)));
-  s->put("t:last", "x");  // the writer keeps a batch's buffers when it takes the next one
-  ASSERT_TRUE(s->flush(std::chrono::seconds(30)));
-  size_t spares = 0;
-  for (;;) {
-    const std::string b = s->spare_buffer();  // a new string each time (an assignment keeps capacity)
-    if (b.capacity() < big) break;
-    EXPECT_TRUE(b.empty());
-    ++spares;
+  std::vector<std::string> parts;
+  for (int i = 0; i < 8; ++i) parts.emplace_back(size_t(40000 + i), char('a' + i));
+  std::atomic<int> dropped{0};
+  for (int k = 0; k < 20; ++k) {
+    StoreValue v("head" + std::to_string(k) + ":");
+    for (const std::string& p : parts) v.body.emplace_back(p);
+    v.tail = ":tail";
+    v.pin = std::make_unique<PinForTest>(dropped);
+    s->put("t:parts" + std::to_string(k), std::move(v), nullptr);
   }
-  EXPECT_GT(spares, 0u);
-  EXPECT_LE(spares * big, size_t(16) << 20);  // at most 16 MiB of them
-  const std::vector<std::string> keys = {"t:spare0", "t:spare99"};
-  const auto v = s->get(keys);  // what was written is intact
-  ASSERT_TRUE(v[0] && v[1]);
-  EXPECT_EQ(*v[0], std::string(big, 'a'));
-  EXPECT_EQ(*v[1], std::string(big, char('a' + 99 % 26)));
+  ASSERT_TRUE(s->flush(std::chrono::seconds(30)));
+  EXPECT_EQ(dropped.load(), 20);  // every pin dropped by the time the writes are done
+  EXPECT_NE(PinForTest::dropped_on.load(), std::this_thread::get_id());
+  std::string whole;
+  for (const std::string& p : parts) whole += p;
+  const std::vector<std::string> keys = {"t:parts0", "t:parts19"};
+  const auto got = s->get(keys);
+  ASSERT_TRUE(got[0] && got[1]);
+  EXPECT_EQ(*got[0], "head0:" + whole + ":tail");
+  EXPECT_EQ(*got[1], "head19:" + whole + ":tail");
+  EXPECT_EQ(s->stats().bytes_out, 20 * (whole.size() + 5) + 10 * 6 + 10 * 7);
 }
 
 // A long lookup: the values come back in the keys' order, misses where they are, and the lookup
@@ -711,6 +762,14 @@ TEST_F(RedisStoreTest, APutBeyondTheQueueIsDroppedNotWaitedFor) {
   o.queue_bytes = 64;  // key and value bytes waiting at most
   auto s = store::open_redis_store(o);
   s->put("t:big", std::string(100, 'b'));  // more than the whole queue: dropped at once
+  std::atomic<int> dropped{0};
+  StoreValue pinned("p");
+  const std::string body(100, 'p');
+  pinned.body.emplace_back(body);
+  pinned.pin = std::make_unique<PinForTest>(dropped);
+  s->put("t:pinned", std::move(pinned), nullptr);  // its pin too, in put
+  EXPECT_EQ(dropped.load(), 1);
+  EXPECT_EQ(PinForTest::dropped_on.load(), std::this_thread::get_id());
   s->put("t:small", "s");
   ASSERT_TRUE(s->flush(std::chrono::seconds(30)));
   const std::vector<std::string> keys = {"t:big", "t:small"};
@@ -718,7 +777,7 @@ TEST_F(RedisStoreTest, APutBeyondTheQueueIsDroppedNotWaitedFor) {
   EXPECT_FALSE(v[0]);
   ASSERT_TRUE(v[1]);
   EXPECT_EQ(*v[1], "s");
-  EXPECT_EQ(s->stats().dropped_writes, 1u);
+  EXPECT_EQ(s->stats().dropped_writes, 2u);
   EXPECT_EQ(s->stats().writes, 1u);
 }
 

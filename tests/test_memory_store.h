@@ -3,6 +3,7 @@
 // test_kv_exchange.cpp): every put kept, every lookup answered from the map, values editable.
 #include <chrono>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -30,11 +31,29 @@ class MemoryStore final : public KVStore {
       if (!on_value(i, values[i] ? std::optional<std::string_view>(*values[i]) : std::nullopt)) break;
   }
   using KVStore::put;
-  void put(std::string key, std::string value, Finish finish) override {
+  // A value's pin is dropped on return (its body copied); hold_pins() keeps them instead, until
+  // release_pins(), as a store whose writer has not sent them yet would.
+  void put(std::string key, StoreValue value, Finish finish) override {
     if (finish) finish(value);
     std::lock_guard lk(mu_);
     ++stats_.writes;
-    map_[std::move(key)] = std::move(value);
+    map_[std::move(key)] = value.flatten();
+    if (hold_pins_ && value.pin) pins_.push_back(std::move(value.pin));
+  }
+  void hold_pins(bool on) {
+    std::lock_guard lk(mu_);
+    hold_pins_ = on;
+  }
+  size_t held_pins() const {
+    std::lock_guard lk(mu_);
+    return pins_.size();
+  }
+  void release_pins() {
+    std::vector<std::unique_ptr<StoreValue::Pin>> pins;
+    {
+      std::lock_guard lk(mu_);
+      pins.swap(pins_);
+    }
   }
   bool flush(std::chrono::milliseconds) override { return true; }
   KVStoreStats stats() const override {
@@ -57,6 +76,8 @@ class MemoryStore final : public KVStore {
   mutable std::mutex mu_;
   std::map<std::string, std::string> map_;
   KVStoreStats stats_;
+  bool hold_pins_ = false;
+  std::vector<std::unique_ptr<StoreValue::Pin>> pins_;
 };
 
 }  // namespace ptllm::test

@@ -1,5 +1,7 @@
 #include "engine/kv_store.h"
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 
@@ -44,6 +46,19 @@ void RateLimitedLog::warn(const std::string& message) {
   }
 }
 
+size_t StoreValue::size() const {
+  size_t n = 0;
+  each_part([&](std::string_view p) { n += p.size(); });
+  return n;
+}
+
+std::string StoreValue::flatten() const {
+  std::string out;
+  out.reserve(size());
+  each_part([&](std::string_view p) { out += p; });
+  return out;
+}
+
 std::vector<std::optional<std::string>> KVStore::get(std::span<const std::string> keys) {
   std::vector<std::optional<std::string>> out(keys.size());
   lookup(keys, [&](size_t i, std::optional<std::string_view> v) {
@@ -64,12 +79,12 @@ std::string kv_store_key(std::string_view prefix, const Digest& identity, const 
 }
 
 namespace {
-// A value up to its payload (which the caller appends, then the checksum's 8 bytes: seal_value), in
-// `out` (its contents replaced, its capacity kept).
+// A value up to its payload (which follows, then the checksum's 8 bytes: seal_value), in `out`, with
+// room reserved for `more` bytes after it.
 void value_head(std::string& out, const Digest& identity, const BlockHash& h, std::span<const int32_t> ids,
-                size_t payload_bytes) {
+                size_t payload_bytes, size_t more) {
   out.clear();
-  out.reserve(kHeaderBytes + ids.size_bytes() + payload_bytes + 8);
+  out.reserve(kHeaderBytes + ids.size_bytes() + more);
   out.append(kMagic, sizeof kMagic);
   put_bytes<uint32_t>(out, kKVStoreVersion);
   put_bytes<uint32_t>(out, kHeaderBytes);
@@ -81,21 +96,27 @@ void value_head(std::string& out, const Digest& identity, const BlockHash& h, st
   put_bytes<uint64_t>(out, uint64_t(payload_bytes));
   out.append(reinterpret_cast<const char*>(ids.data()), ids.size_bytes());
 }
-// Fills a value's last 8 bytes with the checksum of every byte before them.
-void seal_value(std::string& v) {
-  const uint64_t sum = checksum64(v.data(), v.size() - 8);
-  std::memcpy(v.data() + v.size() - 8, &sum, 8);
+// Fills a value's last 8 bytes (its tail's) with the checksum of every byte before them.
+void seal_value(StoreValue& v) {
+  PTLLM_CHECK(v.tail.size() >= 8);
+  Checksum64 sum;
+  sum.update(v.head.data(), v.head.size());
+  for (std::string_view p : v.body) sum.update(p.data(), p.size());
+  sum.update(v.tail.data(), v.tail.size() - 8);
+  const uint64_t d = sum.digest();
+  std::memcpy(v.tail.data() + v.tail.size() - 8, &d, 8);
 }
 }  // namespace
 
 std::string encode_block_value(const Digest& identity, const BlockHash& h, std::span<const int32_t> ids,
                                std::string_view payload) {
-  std::string out;
-  value_head(out, identity, h, ids, payload.size());
-  out.append(payload);
-  out.append(8, '\0');
-  seal_value(out);
-  return out;
+  StoreValue v;
+  value_head(v.head, identity, h, ids, payload.size(), payload.size() + 8);
+  v.head.append(payload);
+  v.tail.assign(8, '\0');
+  seal_value(v);
+  v.head += v.tail;
+  return std::move(v.head);
 }
 
 std::optional<std::string_view> decode_block_value(std::string_view value, const Digest& identity, const BlockHash& h,
@@ -127,8 +148,84 @@ std::optional<std::string_view> decode_block_value(std::string_view value, const
   return value.substr(r.pos(), payload_bytes);
 }
 
+// The blocks save() pinned: `pinned` held in the pool, of which `returned` are let go by the store and
+// wait for reclaim() (the pool is the scheduler's thread's alone).
+struct BlockExchange::Pins {
+  std::mutex mu;
+  std::condition_variable let_go;
+  size_t pinned = 0;                // under mu
+  std::vector<int32_t> returned;    // under mu
+  std::atomic<bool> any_returned{false};  // !returned.empty(), for a caller that holds other locks
+  std::function<void()> notify;     // set before any pin exists
+};
+
+// One value's blocks: handed to `returned` when the store drops the value's pin.
+class BlockExchange::BlockPin final : public StoreValue::Pin {
+ public:
+  BlockPin(std::shared_ptr<Pins> pins, std::vector<int32_t> ids) : pins_(std::move(pins)), ids_(std::move(ids)) {}
+  ~BlockPin() override {
+    std::lock_guard lk(pins_->mu);
+    pins_->returned.insert(pins_->returned.end(), ids_.begin(), ids_.end());
+    pins_->any_returned = true;
+    // Under the lock: ~BlockExchange, waiting on it, never returns while a pin still calls notify.
+    if (pins_->notify) pins_->notify();
+    pins_->let_go.notify_all();
+  }
+
+ private:
+  std::shared_ptr<Pins> pins_;
+  std::vector<int32_t> ids_;
+};
+
 BlockExchange::BlockExchange(KVStore& store, Digest identity, std::string prefix)
-    : store_(store), identity_(identity), prefix_(std::move(prefix)) {}
+    : store_(store), identity_(identity), prefix_(std::move(prefix)), pins_(std::make_shared<Pins>()) {}
+
+BlockExchange::~BlockExchange() {
+  if (!pinned_pool_) return;
+  // The store's writer may still read pinned blocks: the pool must not take them back before it is
+  // done (each write attempted ends within the store's timeout).
+  auto all_back = [&] { return pins_->returned.size() == pins_->pinned; };
+  bool back;
+  {
+    std::lock_guard lk(pins_->mu);
+    back = all_back();
+  }
+  if (!back) store_.flush(std::chrono::seconds(60));
+  {
+    std::unique_lock lk(pins_->mu);
+    pins_->let_go.wait(lk, all_back);
+  }
+  reclaim(*pinned_pool_);
+}
+
+size_t BlockExchange::reclaim(KVPool& pool) {
+  std::vector<int32_t> ids;
+  {
+    std::lock_guard lk(pins_->mu);
+    ids.swap(pins_->returned);
+    pins_->pinned -= ids.size();
+    pins_->any_returned = false;
+  }
+  const size_t n = ids.size();
+  if (n > 0) pool.release_held(ids);
+  return n;
+}
+
+size_t BlockExchange::reclaim_pinned(KVPool& pool, std::chrono::milliseconds limit) {
+  {
+    std::unique_lock lk(pins_->mu);
+    pins_->let_go.wait_for(lk, limit, [&] { return pins_->returned.size() == pins_->pinned; });
+  }
+  return reclaim(pool);
+}
+
+bool BlockExchange::has_returns() const { return pins_->any_returned; }
+
+void BlockExchange::on_returns(std::function<void()> notify) {
+  std::lock_guard lk(pins_->mu);
+  PTLLM_CHECK(pins_->pinned == 0);
+  pins_->notify = std::move(notify);
+}
 
 BlockExchange::Lookup BlockExchange::load(KVPool& pool, std::span<const int32_t> tokens,
                                           std::span<const BlockHash> hashes, size_t first, size_t n, size_t reserve,
@@ -136,6 +233,7 @@ BlockExchange::Lookup BlockExchange::load(KVPool& pool, std::span<const int32_t>
   Lookup out;
   PTLLM_CHECK(n <= hashes.size() && pool.complete_blocks(int64_t(tokens.size())) >= n);
   if (first >= n || !pool.exchangeable()) return out;
+  reclaim(pool);
   // Blocks beyond what the pool can take are not asked for: each takes one block per storing layer.
   const size_t per_block = pool.exchange_bytes() / pool.dense().block_bytes();
   const size_t avail = pool.dense().available();
@@ -169,20 +267,42 @@ BlockExchange::Lookup BlockExchange::load(KVPool& pool, std::span<const int32_t>
 size_t BlockExchange::save(KVPool& pool, std::span<const int32_t> tokens, std::span<const BlockHash> hashes,
                            size_t first, size_t n) {
   PTLLM_CHECK(n <= hashes.size() && pool.complete_blocks(int64_t(tokens.size())) >= n);
+  PTLLM_CHECK(!pinned_pool_ || pinned_pool_ == &pool);
+  reclaim(pool);
+  const size_t layers = pool.exchange_bytes() / pool.dense().block_bytes();
+  const size_t most_pinned = pool.dense().capacity() / 4;
   size_t queued = 0;
   for (size_t j = first; j < n; ++j) {
     const KVPool::TokenRange tb = pool.token_block(j);
     const auto ids = tokens.subspan(size_t(tb.start), size_t(tb.len));
-    // The block's bytes are copied once, into the value (in the memory of one written before, when
-    // the store has one); the store's writer thread computes its checksum (seal_value) and sends
-    // it: the scheduler's thread only copies.
-    std::string v = store_.spare_buffer();
-    value_head(v, identity_, hashes[j], ids, pool.exchange_bytes());
-    if (!pool.read_block(hashes[j], ids, v)) continue;
-    v.append(8, '\0');
+    // The value's body is the pool's blocks themselves, pinned until the store has sent them: the
+    // scheduler's thread writes the header only; the store's writer thread computes the checksum
+    // (seal_value) and sends. A copy where pinning would hold too much of the pool.
+    StoreValue v;
+    bool pinned = false;
+    {
+      std::lock_guard lk(pins_->mu);
+      pinned = pins_->pinned + layers <= most_pinned;
+      if (pinned) pins_->pinned += layers;  // taken now: a pin dropped in put gives them back at once
+    }
+    std::vector<int32_t> held;
+    if (pinned && !pool.view_block(hashes[j], ids, held, v.body)) {
+      std::lock_guard lk(pins_->mu);
+      pins_->pinned -= layers;
+      pinned = false;
+    }
+    value_head(v.head, identity_, hashes[j], ids, pool.exchange_bytes(), pinned ? 0 : pool.exchange_bytes());
+    if (pinned) {
+      pinned_pool_ = &pool;
+      v.pin = std::make_unique<BlockPin>(pins_, std::move(held));
+    } else if (!pool.read_block(hashes[j], ids, v.head)) {
+      continue;
+    }
+    v.tail.assign(8, '\0');
     store_.put(kv_store_key(prefix_, identity_, hashes[j]), std::move(v), seal_value);
     ++queued;
   }
+  reclaim(pool);
   return queued;
 }
 

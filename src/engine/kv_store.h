@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -37,6 +38,32 @@ struct KVStoreStats {
   uint64_t errors = 0;           // failed connections, timeouts, error replies
 };
 
+// A value to put: `head`, then the parts of `body`, then `tail`, written one after another. The head
+// and tail are the value's own; the body is memory its putter keeps unchanged while `pin` lives (a
+// block value is sent straight from the pool's blocks: BlockExchange::save), and a store drops the
+// pin as soon as it reads the body no more.
+struct StoreValue {
+  struct Pin {
+    virtual ~Pin() = default;
+  };
+  StoreValue() = default;
+  StoreValue(std::string whole) : head(std::move(whole)) {}  // NOLINT(google-explicit-constructor)
+  std::string head;
+  std::vector<std::string_view> body;
+  std::string tail;
+  std::unique_ptr<Pin> pin;
+
+  size_t size() const;
+  // f(part) for the head, each part of the body and the tail, in order.
+  template <class F>
+  void each_part(F&& f) const {
+    f(std::string_view(head));
+    for (std::string_view p : body) f(p);
+    f(std::string_view(tail));
+  }
+  std::string flatten() const;  // the value's bytes in one string
+};
+
 class KVStore {
  public:
   virtual ~KVStore() = default;
@@ -53,16 +80,13 @@ class KVStore {
   std::vector<std::optional<std::string>> get(std::span<const std::string> keys);
   // What a store's writer does to a value just before writing it, off the thread that put it
   // (BlockExchange: the checksum in its last 8 bytes); it must not change the value's size.
-  using Finish = void (*)(std::string& value);
+  using Finish = void (*)(StoreValue& value);
   // Queues a write and returns at once (never blocks a scheduler step): dropped and counted when the
   // queue is full. `finish`, when given, runs on the value before it is written (or, for a store
-  // without a writer thread, before put returns). Never throws.
-  virtual void put(std::string key, std::string value, Finish finish) = 0;
-  void put(std::string key, std::string value) { put(std::move(key), std::move(value), nullptr); }
-  // An empty string with the capacity of a value already written, when the store keeps some (at most
-  // a few MiB), else a new empty one: a caller that builds its puts' values in these reuses memory
-  // instead of fresh pages each time (faulted in 4 KiB at a time: a block value is 256 KiB or more).
-  virtual std::string spare_buffer() { return {}; }
+  // without a writer thread, before put returns). The value's pin is dropped once the store reads
+  // its body no more (written, dropped or failed), on the writer's thread or in put. Never throws.
+  virtual void put(std::string key, StoreValue value, Finish finish) = 0;
+  void put(std::string key, std::string value) { put(std::move(key), StoreValue(std::move(value)), nullptr); }
   // Waits until every queued write was attempted, at most `limit`; true when it was.
   virtual bool flush(std::chrono::milliseconds limit) = 0;
   virtual KVStoreStats stats() const = 0;
@@ -129,18 +153,40 @@ class BlockExchange {
   Lookup load(KVPool& pool, std::span<const int32_t> tokens, std::span<const BlockHash> hashes, size_t first,
               size_t n, size_t reserve, std::vector<int32_t>& held);
   // Puts token blocks first..n-1 of `tokens` that the pool holds (queued: returns at once).
-  // Returns the blocks queued.
+  // Returns the blocks queued. A value is sent from the pool's blocks themselves, held (pinned) until
+  // the store has sent them and reclaim() gives them back; a quarter of the pool at most is pinned,
+  // the rest (and a short sink block, whose slots past its tokens go out as zeros) copied.
   size_t save(KVPool& pool, std::span<const int32_t> tokens, std::span<const BlockHash> hashes, size_t first,
               size_t n);
+  // Gives `pool` back the blocks whose values the store sent (or dropped): on the pool's thread, as
+  // load() and save() do themselves. Returns the blocks given back.
+  size_t reclaim(KVPool& pool);
+  // reclaim() once every pinned block is let go, waiting at most `limit` for the store to send them
+  // (none pinned: no wait).
+  size_t reclaim_pinned(KVPool& pool, std::chrono::milliseconds limit);
+  // True when reclaim() has blocks to give back (takes no lock). notify, when set, is called each
+  // time blocks become so (on the store's writer thread, or in save), under the exchange's own lock:
+  // it may take a lock of the caller's (the scheduler wakes to reclaim them) if no caller holding
+  // that lock calls into the exchange other than has_returns.
+  bool has_returns() const;
+  void on_returns(std::function<void()> notify);
+  // Waits for the store to let go of every pinned block (the pool they are in must outlive this).
+  ~BlockExchange();
+  BlockExchange(const BlockExchange&) = delete;
+  BlockExchange& operator=(const BlockExchange&) = delete;
 
   KVStore& store() { return store_; }
   const KVStore& store() const { return store_; }
 
  private:
+  struct Pins;
+  class BlockPin;
   KVStore& store_;
   Digest identity_;
   std::string prefix_;
   RateLimitedLog log_;
+  std::shared_ptr<Pins> pins_;  // shared with each value's pin, which may outlive a put
+  KVPool* pinned_pool_ = nullptr;  // the pool save() pinned blocks of
 };
 
 }  // namespace ptllm

@@ -68,12 +68,20 @@ Scheduler::Scheduler(Runtime& rt, const SchedulerConfig& cfg) : rt_(rt), cfg_(cf
                          "--streaming-llm-sink a multiple of " + std::to_string(std::gcd(kv.group_size, grid)) + ")");
     }
     exchange_ = std::make_unique<BlockExchange>(*cfg_.store, cfg_.store_identity, cfg_.store_prefix);
+    // Blocks the store has sent wake the loop, which gives them back to the pool.
+    exchange_->on_returns([this] {
+      { std::lock_guard lk(mu_); }
+      wake_.notify_all();
+    });
   }
   publish_stats();
   thread_ = std::thread([this] { loop(); });
 }
 
-Scheduler::~Scheduler() { stop(); }
+Scheduler::~Scheduler() {
+  stop();
+  exchange_.reset();  // waits for the store to let go of the pool's blocks, while the loop's lock lives
+}
 
 std::string Scheduler::fit_error(const Request& r) const {
   const KVCacheConfig& kv = cfg_.session.kv;
@@ -143,9 +151,12 @@ void Scheduler::loop() {
   for (;;) {
     {
       std::unique_lock lk(mu_);
-      wake_.wait(lk, [&] { return stopping_ || !queue_.empty() || !running_.empty(); });
+      wake_.wait(lk, [&] {
+        return stopping_ || !queue_.empty() || !running_.empty() || (exchange_ && exchange_->has_returns());
+      });
       if (stopping_) break;
     }
+    if (exchange_) exchange_->reclaim(*pool_);
     reap();
     admit();
     if (!running_.empty()) step();
@@ -351,6 +362,8 @@ void Scheduler::step() {
   std::vector<Slot*> batch;
   std::vector<std::span<const int32_t>> feeds;
   while (!build_batch(batch, feeds)) {
+    // Blocks the store is still sending from are the pool's again in a moment: wait for them first.
+    if (exchange_ && exchange_->reclaim_pinned(*pool_, std::chrono::seconds(2)) > 0) continue;
     if (running_.size() == 1) {
       finish(*running_[0], FinishReason::Error, "the KV pool is full (raise --kv-budget-mb)");
       return;

@@ -64,6 +64,15 @@ bool KVPool::read_block(const BlockHash& h, std::span<const int32_t> ids, std::s
   return true;
 }
 
+bool KVPool::view_block(const BlockHash& h, std::span<const int32_t> ids, std::vector<int32_t>& held,
+                        std::vector<std::string_view>& parts) {
+  const size_t mark = held.size();
+  if (ids.size() != size_t(cfg_.group_size) || !hold_block(h, ids, held)) return false;
+  for (size_t i = mark; i < held.size(); ++i)
+    parts.emplace_back(reinterpret_cast<const char*>(dense_.data(held[i])), dense_.block_bytes());
+  return true;
+}
+
 bool KVPool::import_block(const BlockHash& h, std::span<const int32_t> ids, std::string_view bytes,
                           std::vector<int32_t>& held) {
   PTLLM_CHECK(exchangeable() && !ids.empty() && ids.size() <= size_t(cfg_.group_size) &&

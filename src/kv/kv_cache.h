@@ -99,6 +99,12 @@ class KVPool {
   bool hold_block(const BlockHash& h, std::span<const int32_t> ids, std::vector<int32_t>& held);
   // Appends the bytes of the token block to `out` if every storing layer holds it (else false).
   bool read_block(const BlockHash& h, std::span<const int32_t> ids, std::string& out);
+  // The bytes read_block gives, in place, for a token block of B tokens: hold_block's references
+  // taken (ids appended to `held`) and a view of each storing layer's block appended to `parts`,
+  // valid while held (a published block is never written again). False, nothing held, for a block
+  // the pool does not hold or a short one (its slots past its tokens are read_block's to zero).
+  bool view_block(const BlockHash& h, std::span<const int32_t> ids, std::vector<int32_t>& held,
+                  std::vector<std::string_view>& parts);
   // Writes `bytes` (exchange_bytes() of them) into fresh blocks and publishes them as computing them
   // would have, holding a reference on each; a layer that already holds the block keeps its own.
   // False (nothing held, nothing changed) when the pool has no free block left.

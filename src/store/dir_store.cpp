@@ -93,9 +93,10 @@ class DirStore final : public QueuedStore {
   }
 
   // The writer thread's: one value to its file, atomically; the oldest files removed past the bound.
-  void write_one(const std::string& key, const std::string& value) {
+  void write_one(const std::string& key, const StoreValue& value) {
     const fs::path p = dir_store_path(opts_.dir, key);
-    if (p.empty() || value.size() > opts_.max_bytes) return dropped();
+    const size_t bytes = value.size();
+    if (p.empty() || bytes > opts_.max_bytes) return dropped();
     std::error_code ec;
     fs::create_directories(p.parent_path(), ec);
     if (ec) {
@@ -106,7 +107,7 @@ class DirStore final : public QueuedStore {
     const uint64_t replaced = ::stat(p.c_str(), &old) == 0 && S_ISREG(old.st_mode) ? uint64_t(old.st_size) : 0;
     try {
       AtomicFile f(p);
-      f.write(value);
+      value.each_part([&](std::string_view part) { f.write(part); });
       f.commit(AtomicFile::Sync::Atomic);
     } catch (const Error& e) {
       fail(std::string("write: ") + e.what());
@@ -114,9 +115,9 @@ class DirStore final : public QueuedStore {
     }
     count([&](KVStoreStats& s) {
       ++s.writes;
-      s.bytes_out += value.size();
+      s.bytes_out += bytes;
     });
-    total_bytes_ = total_bytes_ + value.size() - std::min(replaced, total_bytes_ + value.size());
+    total_bytes_ = total_bytes_ + bytes - std::min(replaced, total_bytes_ + bytes);
     // The running total is an estimate (another process may share the directory); a scan corrects it.
     if (total_bytes_ > opts_.max_bytes) total_bytes_ = scan_and_evict();
   }

@@ -24,16 +24,19 @@ namespace ptllm::store {
 class WriteQueue {
  public:
   struct Item {
-    std::string key, value;
+    std::string key;
+    StoreValue value;
     KVStore::Finish finish = nullptr;  // still to run on value (QueuedStore::take runs it)
+    size_t bytes() const { return key.size() + value.size(); }
   };
   explicit WriteQueue(size_t max_bytes) : max_bytes_(max_bytes) {}
 
-  // Queues a write; false (nothing queued) when it would pass max_bytes or the queue is stopped.
+  // Queues a write; false (nothing queued, the item dropped) when it would pass max_bytes or the
+  // queue is stopped.
   bool push(Item item) {
     {
       std::lock_guard lk(mu_);
-      const size_t n = item.key.size() + item.value.size();
+      const size_t n = item.bytes();
       if (stopping_ || queued_bytes_ + n > max_bytes_) return false;
       queued_bytes_ += n;
       queue_.push_back(std::move(item));
@@ -41,16 +44,17 @@ class WriteQueue {
     wake_.notify_one();
     return true;
   }
-  // The writer's side: the previous batch is done; waits for writes and moves up to `max` into
-  // `batch`. False once stopped and everything queued was handed out.
+  // The writer's side: the previous batch is done (and dropped, its pins with it, before the wait);
+  // waits for writes and moves up to `max` into `batch`. False once stopped and everything queued was
+  // handed out.
   bool take(std::vector<Item>& batch, size_t max) {
+    batch.clear();
     std::unique_lock lk(mu_);
     writing_ = false;
     if (queue_.empty()) idle_.notify_all();
     wake_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
-    batch.clear();
     while (!queue_.empty() && batch.size() < max) {
-      queued_bytes_ -= queue_.front().key.size() + queue_.front().value.size();
+      queued_bytes_ -= queue_.front().bytes();
       batch.push_back(std::move(queue_.front()));
       queue_.pop_front();
     }
@@ -87,20 +91,11 @@ class WriteQueue {
 class QueuedStore : public KVStore {
  public:
   using KVStore::put;
-  void put(std::string key, std::string value, Finish finish) override {
+  void put(std::string key, StoreValue value, Finish finish) override {
     if (!queue_.push({std::move(key), std::move(value), finish}))
       count([](KVStoreStats& s) { ++s.dropped_writes; });
   }
   bool flush(std::chrono::milliseconds limit) override { return queue_.flush(limit); }
-  std::string spare_buffer() override {
-    std::lock_guard lk(spare_mu_);
-    if (spares_.empty()) return {};
-    std::string s = std::move(spares_.back());
-    spares_.pop_back();
-    spare_bytes_ -= s.capacity();
-    s.clear();
-    return s;
-  }
   KVStoreStats stats() const override {
     std::lock_guard lk(stats_mu_);
     return stats_;
@@ -128,11 +123,9 @@ class QueuedStore : public KVStore {
   }
   // The writer's loop: take() batches until it returns false.
   virtual void write_loop() = 0;
-  // The previous batch's values kept as spare buffers (as many as fit kSpareBytes), queue_.take(),
-  // then each value's finish run, on the writer's thread (at nice 10): a put's checksum is computed
-  // here, not on the scheduler's thread that put it.
+  // queue_.take(), then each value's finish run, on the writer's thread (at nice 10): a put's
+  // checksum is computed here, not on the scheduler's thread that put it.
   bool take(std::vector<WriteQueue::Item>& batch, size_t max) {
-    keep_spares(batch);
     if (!queue_.take(batch, max)) return false;
     for (WriteQueue::Item& it : batch)
       if (it.finish) std::exchange(it.finish, nullptr)(it.value);
@@ -158,22 +151,6 @@ class QueuedStore : public KVStore {
   WriteQueue queue_;
 
  private:
-  // Spare buffers: values of at least kSpareMin bytes, kSpareBytes of them at most (63 of kjv-small's
-  // block values, 262,440 bytes each; 536 of a no-reuse round's 544 values were built in spares).
-  static constexpr size_t kSpareMin = size_t(64) << 10, kSpareBytes = size_t(16) << 20;
-  void keep_spares(std::vector<WriteQueue::Item>& batch) {
-    std::lock_guard lk(spare_mu_);
-    for (WriteQueue::Item& it : batch) {
-      const size_t cap = it.value.capacity();
-      if (cap < kSpareMin || spare_bytes_ + cap > kSpareBytes) continue;
-      spare_bytes_ += cap;
-      spares_.push_back(std::move(it.value));
-    }
-  }
-  std::mutex spare_mu_;
-  std::vector<std::string> spares_;  // under spare_mu_
-  size_t spare_bytes_ = 0;           // their capacity, under spare_mu_
-
   mutable std::mutex stats_mu_;
   KVStoreStats stats_;
   std::thread writer_;
