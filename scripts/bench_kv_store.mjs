@@ -12,6 +12,7 @@
 //   node scripts/bench_kv_store.mjs --binary build/posttrainllm --model ../shared/models/kjv-small --threads 1 --server-cpus 0
 //     (every server on CPU 0, redis-server and this client on the others: the store's cost to the
 //     server itself, with Redis on a machine of its own as in a deployment of several replicas)
+//   ... --redis-maxmemory 64   (redis-server full and evicting, allkeys-lru, instead of emptied each round)
 import { spawn, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import net from 'node:net';
@@ -21,7 +22,7 @@ import { alternate, median, metric, prompts, ttft, storeBenchOptions } from '../
 import { startServer } from '../tests/node/harness.mjs';
 
 const { binary, model, threads, history, reps, requests, rounds, concurrency, promptLen, genTokens, kvFlags, ctx,
-        serverCpus } = storeBenchOptions(process.argv.slice(2));
+        serverCpus, redisMaxMemory } = storeBenchOptions(process.argv.slice(2));
 
 // Every thread of process `pid` on `cpus` (taskset's list).
 function pin(pid, cpus) {
@@ -63,7 +64,10 @@ async function startRedis() {
   const port = await freePort();
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ptllm-redis-'));
   const proc = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no',
-                                      '--dir', dir, '--loglevel', 'warning'], { stdio: 'ignore' });
+                                      '--dir', dir, '--loglevel', 'warning',
+                                      ...(redisMaxMemory > 0 ? ['--maxmemory', `${redisMaxMemory}mb`,
+                                                                '--maxmemory-policy', 'allkeys-lru'] : [])],
+                     { stdio: 'ignore' });
   for (let i = 0; i < 200; ++i) {
     const ok = await new Promise((resolve) => {
       const c = net.connect(port, '127.0.0.1', () => c.write('PING\r\n'));
@@ -127,15 +131,18 @@ try {
   const ps = (await prompts(probe, requests + 1, promptLen)).slice(1);
   await probe.stop();
   // Each round with the store starts from an empty Redis (the blocks of the rounds before would
-  // otherwise pile up, 147 MB a round for kjv-small, and redis-server's CPU grow with them).
+  // otherwise pile up, 147 MB a round for kjv-small, and redis-server's CPU grow with them), or with
+  // --redis-maxmemory from a full one that evicts (the first part of the benchmark filled it).
+  if (redisMaxMemory > 0) console.log(`redis-server: maxmemory ${redisMaxMemory} MB, allkeys-lru, never emptied`);
   const c = await alternate(rounds, 'no store', '--kv-store', async (mode, round) => {
     if (mode !== '--kv-store') return serve([]);
-    if ((await redis.flush()) !== '+OK') throw new Error('redis-server did not answer FLUSHALL');
+    if (redisMaxMemory === 0 && (await redis.flush()) !== '+OK') throw new Error('redis-server did not answer FLUSHALL');
     return serve(['--kv-store', redis.url, '--kv-store-prefix', `miss${round}`]);
   }, ps, concurrency, genTokens, () => [redis.pid]);
   console.log(`no reuse (${rounds} rounds): ${c.rateB.toFixed(1)} tok/s with --kv-store, ${c.rateA.toFixed(1)} without: ` +
               `${c.cost.toFixed(1)}% fewer (target: at most 5%); median of the rounds' ratios ` +
-              `${c.pairCost.toFixed(1)}% fewer, the store faster in ${c.bFaster} of ${rounds} rounds; ` +
+              `${c.pairCost.toFixed(1)}% fewer, their mean ${c.meanCost.toFixed(1)}% +- ${(2 * c.seCost).toFixed(1)}% ` +
+              `(two standard errors), the store faster in ${c.bFaster} of ${rounds} rounds; ` +
               `runs of one mode spread ${c.spreadA.toFixed(1)}% and ` +
               `${c.spreadB.toFixed(1)}%; CPU per token, server and redis-server: ${c.cpuCost.toFixed(1)}% more; ` +
               `the store's own ` +

@@ -36,6 +36,9 @@ export function storeBenchOptions(args) {
     // CPUs (taskset's list) of the servers; redis-server and this client then run on the others, as
     // on the machines of their own a deployment gives them (use with --threads 1 on 2 cores).
     serverCpus: opt('--server-cpus', ''),
+    // redis-server's maxmemory in MB (allkeys-lru; 0: none): Redis full and evicting, as a deployment
+    // runs it, instead of emptied (FLUSHALL) before each round of the no-reuse workload.
+    redisMaxMemory: Number(opt('--redis-maxmemory', '0')),
   };
   o.ctx = String(Math.max(o.history + 64, o.promptLen + o.genTokens + 8));
   return o;
@@ -143,7 +146,14 @@ export async function alternate(rounds, a, b, start, ps, concurrency, genTokens,
   // Each round's two runs sat next to each other in time: the median of the rounds' ratios is the
   // figure a drifting machine moves least.
   const ratios = runs[b].map((r, i) => r.rate / runs[a][i].rate);
+  // The rounds' costs (percent fewer tokens a second), their mean and its standard error: with the
+  // rounds independent, the cost is within two standard errors of the mean 95 times in 100.
+  const costs = ratios.map((x) => 100 * (1 - x));
+  const meanCost = mean(costs);
+  const seCost = costs.length > 1
+    ? Math.sqrt(costs.reduce((t, x) => t + (x - meanCost) ** 2, 0) / (costs.length - 1) / costs.length) : NaN;
   return {
+    meanCost, seCost,
     rateA: rate(a), rateB: rate(b), cost: 100 * (1 - rate(b) / rate(a)),
     pairCost: 100 * (1 - median(ratios)), bFaster: ratios.filter((x) => x > 1).length,
     cpuCost: 100 * (cpuPerToken(b) / cpuPerToken(a) - 1), spreadA: spread(a), spreadB: spread(b),
