@@ -389,6 +389,9 @@ PromptCacheLoad PromptCache::prefill(Session& session, std::span<const int32_t> 
       load.bytes_read = f.file_size;
       break;
     } catch (const std::exception& e) {  // ptllm::Error, or a filesystem or allocation failure: still the cold path
+      // A file another process pruned since the listing is a plain miss, said nowhere.
+      std::error_code ec;
+      if (!fs::exists(c.path, ec) && !ec) continue;
       load.warnings.push_back("ignoring " + c.path.string() + ": " + e.what());
     }
   }

@@ -339,6 +339,8 @@ std::vector<CacheEntry> list_cache_dir(const fs::path& dir) {
     try {
       e.header = read_cache_header(p);
     } catch (const Error& err) {
+      // Removed since the stat (another process pruning the directory): not an entry, not a problem.
+      if (::stat(p.c_str(), &st) != 0 && errno == ENOENT) continue;
       e.problem = err.what();
     }
     out.push_back(std::move(e));
