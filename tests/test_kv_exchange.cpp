@@ -253,15 +253,19 @@ TEST(ExchangeStreaming, ShortSinkBlocksTravelWithTheirLength) {
 // save() sends a value from the pool's blocks themselves: they stay held (no other sequence can take
 // them) until the store lets go of the value and reclaim() gives them back; the value is byte for
 // byte the copied one.
-TEST(ExchangePins, SavedBlocksAreHeldUntilTheStoreLetsGoOfThem) {
-  auto model = Model::load(test::repo_model("kjv-tiny"));
-  ThreadPool tp(1);
+// kjv-tiny's fp32 pool for one sequence, and a store that keeps the pins of what is put.
+struct PinTest : ::testing::Test {
+  void SetUp() override { store.hold_pins(true); }
+  std::unique_ptr<Model> model = Model::load(test::repo_model("kjv-tiny"));
+  ThreadPool tp{1};
   const SessionOptions o = options("fp32");
-  KVPool pool(model->kv_shape(), o.kv, 1);
+  KVPool pool{model->kv_shape(), o.kv, 1};
   const size_t layers = pool.exchange_bytes() / pool.dense().block_bytes();
-  const std::vector<int32_t> prompt = test::random_prompt(9, 100, model->config().vocab_size);
   test::MemoryStore store;
-  store.hold_pins(true);
+};
+
+TEST_F(PinTest, SavedBlocksAreHeldUntilTheStoreLetsGoOfThem) {
+  const std::vector<int32_t> prompt = test::random_prompt(9, 100, model->config().vocab_size);
   {
     BlockExchange ex(store, Digest{}, "t");
     std::vector<BlockHash> hashes;
@@ -292,18 +296,11 @@ TEST(ExchangePins, SavedBlocksAreHeldUntilTheStoreLetsGoOfThem) {
 }
 
 // At most a quarter of the pool is pinned: the blocks past it are copied into their values.
-TEST(ExchangePins, AtMostAQuarterOfThePoolIsPinned) {
-  auto model = Model::load(test::repo_model("kjv-tiny"));
-  ThreadPool tp(1);
-  const SessionOptions o = options("fp32");
-  KVPool pool(model->kv_shape(), o.kv, 1);
-  const size_t layers = pool.exchange_bytes() / pool.dense().block_bytes();
+TEST_F(PinTest, AtMostAQuarterOfThePoolIsPinned) {
   const size_t most = pool.dense().capacity() / 4 / layers;
   const size_t n = most + 3;
   ASSERT_LE(32 * n, size_t(o.kv.ctx_size));
   const std::vector<int32_t> prompt = test::random_prompt(10, int(32 * n), model->config().vocab_size);
-  test::MemoryStore store;
-  store.hold_pins(true);
   BlockExchange ex(store, Digest{}, "t");
   Session s(*model, o, tp, &pool);
   s.feed(prompt);

@@ -148,12 +148,11 @@ std::optional<std::string_view> decode_block_value(std::string_view value, const
   return value.substr(r.pos(), payload_bytes);
 }
 
-// The blocks save() pinned: `pinned` held in the pool, of which `returned` are let go by the store and
-// wait for reclaim() (the pool is the scheduler's thread's alone).
+// The pinned blocks the store has let go of, waiting for reclaim() (the pool is the scheduler's
+// thread's alone).
 struct BlockExchange::Pins {
   std::mutex mu;
   std::condition_variable let_go;
-  size_t pinned = 0;                // under mu
   std::vector<int32_t> returned;    // under mu
   std::atomic<bool> any_returned{false};  // !returned.empty(), for a caller that holds other locks
   std::function<void()> notify;     // set before any pin exists
@@ -184,18 +183,17 @@ BlockExchange::~BlockExchange() {
   if (!pinned_pool_) return;
   // The store's writer may still read pinned blocks: the pool must not take them back before it is
   // done (each write attempted ends within the store's timeout).
-  auto all_back = [&] { return pins_->returned.size() == pins_->pinned; };
-  bool back;
-  {
-    std::lock_guard lk(pins_->mu);
-    back = all_back();
-  }
-  if (!back) store_.flush(std::chrono::seconds(60));
-  {
-    std::unique_lock lk(pins_->mu);
-    pins_->let_go.wait(lk, all_back);
+  if (!all_let_go(std::chrono::milliseconds(0))) {
+    store_.flush(std::chrono::seconds(60));
+    while (!all_let_go(std::chrono::seconds(1))) {
+    }
   }
   reclaim(*pinned_pool_);
+}
+
+bool BlockExchange::all_let_go(std::chrono::milliseconds limit) {
+  std::unique_lock lk(pins_->mu);
+  return pins_->let_go.wait_for(lk, limit, [&] { return pins_->returned.size() == pinned_; });
 }
 
 size_t BlockExchange::reclaim(KVPool& pool) {
@@ -203,27 +201,24 @@ size_t BlockExchange::reclaim(KVPool& pool) {
   {
     std::lock_guard lk(pins_->mu);
     ids.swap(pins_->returned);
-    pins_->pinned -= ids.size();
     pins_->any_returned = false;
   }
   const size_t n = ids.size();
-  if (n > 0) pool.release_held(ids);
+  pinned_ -= n;
+  if (n > 0) pool.release_held(ids);  // clears ids
   return n;
 }
 
 size_t BlockExchange::reclaim_pinned(KVPool& pool, std::chrono::milliseconds limit) {
-  {
-    std::unique_lock lk(pins_->mu);
-    pins_->let_go.wait_for(lk, limit, [&] { return pins_->returned.size() == pins_->pinned; });
-  }
+  all_let_go(limit);
   return reclaim(pool);
 }
 
 bool BlockExchange::has_returns() const { return pins_->any_returned; }
 
 void BlockExchange::on_returns(std::function<void()> notify) {
+  PTLLM_CHECK(pinned_ == 0);
   std::lock_guard lk(pins_->mu);
-  PTLLM_CHECK(pins_->pinned == 0);
   pins_->notify = std::move(notify);
 }
 
@@ -268,7 +263,6 @@ size_t BlockExchange::save(KVPool& pool, std::span<const int32_t> tokens, std::s
                            size_t first, size_t n) {
   PTLLM_CHECK(n <= hashes.size() && pool.complete_blocks(int64_t(tokens.size())) >= n);
   PTLLM_CHECK(!pinned_pool_ || pinned_pool_ == &pool);
-  reclaim(pool);
   const size_t layers = pool.exchange_bytes() / pool.dense().block_bytes();
   const size_t most_pinned = pool.dense().capacity() / 4;
   size_t queued = 0;
@@ -279,20 +273,11 @@ size_t BlockExchange::save(KVPool& pool, std::span<const int32_t> tokens, std::s
     // scheduler's thread writes the header only; the store's writer thread computes the checksum
     // (seal_value) and sends. A copy where pinning would hold too much of the pool.
     StoreValue v;
-    bool pinned = false;
-    {
-      std::lock_guard lk(pins_->mu);
-      pinned = pins_->pinned + layers <= most_pinned;
-      if (pinned) pins_->pinned += layers;  // taken now: a pin dropped in put gives them back at once
-    }
     std::vector<int32_t> held;
-    if (pinned && !pool.view_block(hashes[j], ids, held, v.body)) {
-      std::lock_guard lk(pins_->mu);
-      pins_->pinned -= layers;
-      pinned = false;
-    }
+    const bool pinned = pinned_ + layers <= most_pinned && pool.view_block(hashes[j], ids, held, v.body);
     value_head(v.head, identity_, hashes[j], ids, pool.exchange_bytes(), pinned ? 0 : pool.exchange_bytes());
     if (pinned) {
+      pinned_ += layers;
       pinned_pool_ = &pool;
       v.pin = std::make_unique<BlockPin>(pins_, std::move(held));
     } else if (!pool.read_block(hashes[j], ids, v.head)) {
@@ -302,7 +287,7 @@ size_t BlockExchange::save(KVPool& pool, std::span<const int32_t> tokens, std::s
     store_.put(kv_store_key(prefix_, identity_, hashes[j]), std::move(v), seal_value);
     ++queued;
   }
-  reclaim(pool);
+  reclaim(pool);  // the pins a put dropped at once (a full queue, a store without a writer)
   return queued;
 }
 

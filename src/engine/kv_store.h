@@ -181,12 +181,15 @@ class BlockExchange {
  private:
   struct Pins;
   class BlockPin;
+  // True once the store has let go of every pinned block, waiting at most `limit`.
+  bool all_let_go(std::chrono::milliseconds limit);
   KVStore& store_;
   Digest identity_;
   std::string prefix_;
   RateLimitedLog log_;
   std::shared_ptr<Pins> pins_;  // shared with each value's pin, which may outlive a put
   KVPool* pinned_pool_ = nullptr;  // the pool save() pinned blocks of
+  size_t pinned_ = 0;  // blocks pinned and not yet reclaimed: the pool's thread's (save, reclaim)
 };
 
 }  // namespace ptllm
