@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -191,7 +192,7 @@ struct HttpServer::Impl {
   void setup();
   bool authorized(const httplib::Request& req, httplib::Response& res);
   std::string chat_prompt(const ApiRequest& r);
-  std::vector<int32_t> prompt_ids(const ApiRequest& r);
+  std::vector<int32_t> prompt_ids(ApiRequest& r);
   void generate(const httplib::Request& req, httplib::Response& res, Endpoint ep);
   void respond(const httplib::Request& req, httplib::Response& res, const ApiRequest& r, Channel& ch);
   void stream(httplib::Response& res, const ApiRequest& r, std::shared_ptr<Channel> ch);
@@ -256,7 +257,7 @@ void HttpServer::Impl::setup() {
   });
 }
 
-std::vector<int32_t> HttpServer::Impl::prompt_ids(const ApiRequest& r) {
+std::vector<int32_t> HttpServer::Impl::prompt_ids(ApiRequest& r) {
   const Tokenizer& tok = rt.tokenizer();
   if (r.endpoint == Endpoint::Completion) {
     if (r.prompt_text.empty()) {
@@ -267,8 +268,18 @@ std::vector<int32_t> HttpServer::Impl::prompt_ids(const ApiRequest& r) {
     }
     return tok.encode(r.prompt_text);  // as `posttrainllm sample` encodes -p (BOS added when the model wants it)
   }
+  const std::string text = chat_prompt(r);
+  // How the reply is read: calls parsed when the request offers tools (tool_choice not "none"),
+  // reasoning split off when the template has it, starting inside it when the prompt opened it.
+  ChatOutputOptions& o = r.output;
+  o.format = cfg.output_format;
+  o.parse_tools = !r.tools.is_null() && !r.tools.empty() && !r.tool_choice_none;
+  o.parse_reasoning = cfg.output_format.reasoning && r.reasoning.value_or(cfg.reasoning);
+  o.in_reasoning = o.parse_reasoning && prompt_opens_reasoning(text);
+  o.max_calls = r.parallel_tool_calls ? std::numeric_limits<size_t>::max() : 1;
+  o.tools = r.tools;
   // The template writes the special tokens itself (as `posttrainllm chat` encodes its turns).
-  return tok.encode(chat_prompt(r), {.add_special = false});
+  return tok.encode(text, {.add_special = false});
 }
 
 // The prompt text of a chat request: messages and tools through the chat template.
@@ -277,7 +288,7 @@ std::string HttpServer::Impl::chat_prompt(const ApiRequest& r) {
     throw bad_request("this model has no chat template: restart the server with --chat-template FILE, or use "
                       "/v1/completions");
   try {
-    return cfg.render_chat(r.messages, r.tools);
+    return cfg.render_chat(r.messages, r.tools, r.template_kwargs);
   } catch (const Error& e) {
     throw bad_request(std::string("the chat template refused the messages: ") + e.what(), "messages");
   }
@@ -357,11 +368,14 @@ void HttpServer::Impl::stream(httplib::Response& res, const ApiRequest& r, std::
     bool first = true;
     std::string id;
     int64_t created = 0;
+    std::optional<ChatOutputParser> parser;  // chat: the reply split as it streams
+    size_t calls = 0;                        // tool calls sent
   };
   auto st = std::make_shared<State>();
   st->id = random_id(r.endpoint == Endpoint::Chat ? "chatcmpl-" : "cmpl-");
   st->created = int64_t(std::time(nullptr));
   res.set_header("Cache-Control", "no-cache");
+  if (r.endpoint == Endpoint::Chat) st->parser.emplace(r.output);
   auto provider = [this, r, ch, st](size_t, httplib::DataSink& sink) {
     auto send = [&](const std::string& payload) {
       const std::string event = (payload.starts_with(':') ? payload : "data: " + payload) + "\n\n";
@@ -371,20 +385,49 @@ void HttpServer::Impl::stream(httplib::Response& res, const ApiRequest& r, std::
       ch->cancel->store(true);
       return false;
     };
+    // A delta as chunks: text and reasoning in one, then each call's id and name, then its arguments.
+    auto send_delta = [&](OutputDelta d) {
+      std::vector<ToolCall> calls = std::move(d.calls);
+      if (st->first || !d.content.empty() || !d.reasoning.empty()) {
+        if (!send(dump(chunk_json(r, d, nullptr, st->first, st->id, st->created, cfg.model_name)))) return false;
+        st->first = false;
+      }
+      for (ToolCall& c : calls) {
+        OutputDelta head;
+        std::string args = std::exchange(c.arguments, {});
+        head.calls.push_back(std::move(c));
+        if (!send(dump(chunk_json(r, head, nullptr, st->first, st->id, st->created, cfg.model_name, st->calls))) ||
+            !send(dump(tool_arguments_chunk_json(r, st->calls, args, st->id, st->created, cfg.model_name))))
+          return false;
+        st->first = false;
+        ++st->calls;
+      }
+      return true;
+    };
     auto [text, result] = ch->next(std::chrono::milliseconds(500));
     if (!sink.is_writable()) return gone();
-    // Nothing new (queued, or a long prefill): an SSE comment, which clients ignore, so that a
-    // client gone meanwhile is noticed by a failed write and its request cancelled.
-    if (!st->first && text.empty() && !result) return send(": waiting") ? true : gone();
-    if ((st->first || !text.empty()) &&
-        !send(dump(chunk_json(r, text, nullptr, st->first, st->id, st->created, cfg.model_name))))
-      return gone();
-    st->first = false;
+    OutputDelta d;
+    if (st->parser) {
+      d = st->parser->push(text);
+      if (result) {
+        OutputDelta rest = st->parser->finish();
+        d.content += rest.content;
+        d.reasoning += rest.reasoning;
+        for (ToolCall& c : rest.calls) d.calls.push_back(std::move(c));
+      }
+    } else {
+      d.content = std::move(text);
+    }
+    // Nothing new (queued, a long prefill, or text held back): an SSE comment, which clients
+    // ignore, so that a client gone meanwhile is noticed by a failed write and its request cancelled.
+    if (!st->first && d.empty() && !result) return send(": waiting") ? true : gone();
+    if (!send_delta(std::move(d))) return gone();
     if (!result) return true;
     if (result->reason == FinishReason::Error || result->reason == FinishReason::Cancelled) {
       send(dump(result_error(*result).body()));
     } else {
-      if (!send(dump(chunk_json(r, "", &*result, false, st->id, st->created, cfg.model_name)))) return gone();
+      if (!send(dump(chunk_json(r, {}, &*result, false, st->id, st->created, cfg.model_name, 0, st->calls > 0))))
+        return gone();
       if (r.include_usage && !send(dump(usage_chunk_json(r, *result, st->id, st->created, cfg.model_name))))
         return gone();
     }
