@@ -74,11 +74,14 @@ class Builder {
     std::string out;
     for (int32_t id : ids) {
       if (!out.empty()) out += ' ';
-      out += nlohmann::json(tok_.decode(std::span<const int32_t>(&id, 1), false))
-                 .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      out += quote(tok_.decode(std::span<const int32_t>(&id, 1), false));
     }
     return out;
   }
+  static std::string quote(const std::string& text) {
+    return nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  }
+  std::string next_text(int32_t id) const { return id == eos_ ? "EOS" : show(std::span<const int32_t>(&id, 1)); }
   std::string name(size_t script) const { return "script " + std::to_string(script + 1); }
 
   void encode_scripts();
@@ -183,12 +186,15 @@ void Builder::make_rules() {
         const size_t other_script = seqs_[other->second].script;
         const std::string who = other_script == q.script ? name(q.script) + " itself"
                                                          : name(other_script);
-        throw Error("scripted model: ambiguous: after the tokens " + show(g) + ", " + name(q.script) + " writes " +
-                    show(std::span<const int32_t>(&mine, 1)) + " but " + who + " writes " +
-                    show(std::span<const int32_t>(&other->first, 1)) + " (the model sees the last " +
-                    std::to_string(longest) + " token(s)" +
-                    (longest < K ? ", here limited by the prompt tail" : "") +
-                    "): reword a script, or allow more context tokens (context_tokens)");
+        // The last 16 tokens are enough to find the place in a script.
+        const std::span<const int32_t> tail_of_g(g.data() + g.size() - std::min<size_t>(g.size(), 16),
+                                                 std::min<size_t>(g.size(), 16));
+        throw Error("scripted model: ambiguous: after " + std::string(g.size() > 16 ? "..." : "") +
+                    quote(tok_.decode(tail_of_g)) + " (the last " + std::to_string(longest) + " token(s)" +
+                    (longest < K ? ", all that the prompt tail leaves" : "") + "), " + name(q.script) + " writes " +
+                    next_text(mine) + " but " + who + " writes " + next_text(other->first) +
+                    ": reword a script (make it differ sooner), or allow more context tokens (context_tokens, "
+                    "--context)");
       }
       rules_[{q.group, ngram(q, p, n)}] = next_of(q, p);
       context_ = std::max(context_, n);

@@ -44,7 +44,7 @@ struct ScriptedModelSpec {
   // K: the most tokens (the current one included) a rule may look at. Each rule looks at as few as
   // make its next token unique, so a large K costs width only where a script needs it (the second
   // of two similar tool calls).
-  int context_tokens = 32;
+  int context_tokens = 64;
   int max_position = 4096;  // config.json max_position_embeddings; the score margins hold up to it
   // The byte-level BPE tokenizer copied into the model (tokenizer.json; vocab 8192, </s> = 1 = EOS).
   std::filesystem::path tokenizer_dir;  // empty = models/kjv-tiny of this repository

@@ -21,7 +21,7 @@ const char kUsage[] =
     "                               script's trigger is\n"
     "  --prompt-tail TEXT           the text every prompt ends with (e.g. \"<|im_start|>assistant\\n\")\n"
     "  --template FILE              the chat template put into tokenizer_config.json\n"
-    "  --context N                  the most tokens a rule may look at (default 32)\n"
+    "  --context N                  the most tokens a rule may look at (default 64)\n"
     "  --max-position N             max_position_embeddings (default 4096)\n"
     "  --tokenizer DIR              where tokenizer.json comes from (default: models/kjv-tiny)\n";
 
