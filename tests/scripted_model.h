@@ -1,0 +1,67 @@
+#pragma once
+// A test fixture: a one-layer Llama checkpoint whose weights are constructed, not trained, so that
+// greedy decoding after a given prompt tail writes a given text token by token, then EOS. Tool-call
+// tests run it through the real engine, server and clients and know exactly what it will say.
+//
+// How it works (each choice is checked numerically by the builder, which refuses what it cannot
+// make exact):
+// - The residual stream holds one-hot codes: slot 0 the current token over S, the distinct tokens
+//   of the scripts, tails and triggers (any other token has the code "other"); slot d (1..K-1) the
+//   token d back, over the tokens some rule looks for there; then a constant dimension, one flag
+//   per trigger, and an output slot over the tokens the scripts emit (EOS included). Every
+//   embedding has the same norm, so the first RMSNorm is a fixed scale its weights undo.
+// - Head d copies slot 0 of the token d back: its query and key read only the constant dimension
+//   and differ by a RoPE rotation of d positions, so its score depends on the distance alone and
+//   peaks at d (sum over frequency pairs of cos((m - n - d) * theta_i)).
+// - A flag head attends to its trigger token anywhere in the context (its only nonzero key), on
+//   RoPE's slowest pair, whose angle stays small over the whole context.
+// - The SiLU-gated MLP has one unit per rule "these last n tokens (and these flags) -> this next
+//   token": the gate is a threshold on the number of matched conditions, down_proj writes the next
+//   token's output dimension, and the untied lm_head maps the output slot to the vocabulary.
+//   Each rule uses the fewest last tokens (at most K) whose continuation is unique among all the
+//   scripts of its group, so every rule that fires at a script position names the same token.
+// Scripts after a trigger: a script with trigger T runs when T's token is in the context and no
+// later-declared trigger's token is; a script without one when no trigger token is (turn k of an
+// agent loop: the tool results so far are in the prompt, the latest one selects the script).
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace ptllm::test {
+
+struct ScriptedModelSpec {
+  struct Script {
+    std::string text;     // what the model writes, then EOS
+    std::string trigger;  // "" = no trigger; else text that encodes to one token
+    std::string tail;     // the text the prompt ends with; "" = prompt_tail
+  };
+  std::vector<Script> scripts;
+  // The text every prompt ends with, e.g. "<|im_start|>assistant\n" (Qwen2.5's generation prompt).
+  // Its first token is not trusted as context: in a real prompt it may merge with what precedes it.
+  std::string prompt_tail;
+  std::string chat_template;  // tokenizer_config.json's chat_template; "" = none
+  // K: the most tokens (the current one included) a rule may look at. Each rule looks at as few as
+  // make its next token unique, so a large K costs width only where a script needs it (the second
+  // of two similar tool calls).
+  int context_tokens = 64;
+  int max_position = 4096;  // config.json max_position_embeddings; the score margins hold up to it
+  // The byte-level BPE tokenizer copied into the model (tokenizer.json; vocab 8192, </s> = 1 = EOS).
+  std::filesystem::path tokenizer_dir;  // empty = models/kjv-tiny of this repository
+};
+
+struct ScriptedModelInfo {
+  std::vector<std::vector<int32_t>> script_ids;  // each script's tokens, as the model emits them
+  int distinct_tokens = 0;  // |S|
+  int hidden_size = 0;
+  int rules = 0;  // MLP units
+  double attention_margin = 0;  // smallest score gap of a copy head over the context, in logits
+};
+
+// Writes config.json, model.safetensors, tokenizer.json, tokenizer_config.json and
+// generation_config.json into out_dir (created if missing). Throws ptllm::Error with a message
+// naming the script and the context when the scripts are ambiguous (one context, two next tokens)
+// or a script cannot be encoded exactly.
+ScriptedModelInfo write_scripted_model(const ScriptedModelSpec& spec, const std::filesystem::path& out_dir);
+
+}  // namespace ptllm::test
