@@ -214,6 +214,8 @@ bool HttpServer::Impl::authorized(const httplib::Request& req, httplib::Response
   const std::string bearer = "Bearer ";
   const std::string given = auth.rfind(bearer, 0) == 0 ? auth.substr(bearer.size()) : std::string();
   if (same_secret(given, cfg.api_key)) return true;
+  // Anthropic's clients send the key as x-api-key.
+  if (req.has_header("x-api-key") && same_secret(req.get_header_value("x-api-key"), cfg.api_key)) return true;
   send_error(res, error_of(401, auth.empty() ? "missing API key: send the header Authorization: Bearer KEY"
                                              : "invalid API key",
                            "authentication_error", "invalid_api_key"));
@@ -414,9 +416,9 @@ void HttpServer::Impl::stream_agent(httplib::Response& res, std::shared_ptr<Agen
       d.reasoning += rest.reasoning;
       for (ToolCall& c : rest.calls) d.calls.push_back(std::move(c));
     }
-    if (d.empty() && !result) {
+    if (d.empty() && !result) {  // text held back by the parser needs no keep-alive
       static const std::string ping = ": waiting\n\n";
-      return sink.write(ping.data(), ping.size()) ? true : gone();
+      return !text.empty() || sink.write(ping.data(), ping.size()) ? true : gone();
     }
     if (!send(reply->delta(d))) return gone();
     if (!result) return true;
@@ -518,7 +520,7 @@ void HttpServer::Impl::stream(httplib::Response& res, const ApiRequest& r, std::
     }
     // Nothing new (queued, a long prefill, or text held back): an SSE comment, which clients
     // ignore, so that a client gone meanwhile is noticed by a failed write and its request cancelled.
-    if (!st->first && d.empty() && !result) return send(": waiting") ? true : gone();
+    if (!st->first && d.empty() && !result) return !text.empty() || send(": waiting") ? true : gone();
     if (!send_delta(std::move(d))) return gone();
     if (!result) return true;
     if (result->reason == FinishReason::Error || result->reason == FinishReason::Cancelled) {
