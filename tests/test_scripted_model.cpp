@@ -76,6 +76,13 @@ TEST(ScriptedModelTest, WritesAToolCallThenStopsAtEos) {
   expect_writes(dir.path, qwen_prompt("What is the weather in Paris?"), kToolCall, info.script_ids[0]);
   expect_writes(dir.path, qwen_prompt("Tell me, in one word, how warm Paris is today and whether to take a coat."),
                 kToolCall, info.script_ids[0]);
+  // The emitted token's logit leads every other by about 30: sampling at temperature 1 writes the
+  // script too.
+  const auto r = test::run_command(test::binary() + " sample " + dir.path.string() + " --prompt " +
+                                   shell_quote(qwen_prompt("Weather?")) +
+                                   " --temperature 1 --top-k 0 --top-p 1 --seed 7 --json -t 1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out)["text"], kToolCall);
   // The chat template travels in tokenizer_config.json; the model stays small.
   const json cfg = test::read_json(dir.path / "tokenizer_config.json");
   EXPECT_EQ(cfg["chat_template"], read_text(template_file("Qwen-Qwen2.5-7B-Instruct.jinja")));
@@ -229,6 +236,43 @@ TEST(ScriptedModelTest, TheCommandWritesAModelThatServeRuns) {
                                      " --prompt-tail " + shell_quote(kQwenTail) + " --script Hello --script Bye");
   EXPECT_EQ(bad.code, 1);
   EXPECT_NE(bad.err.find("ambiguous"), std::string::npos) << bad.err;
+}
+
+// Other templates' generation prompts as tails: the server renders each model's own template, with
+// the request's tools, and the model answers with the script.
+TEST(ScriptedModelTest, ServeChatWithOtherTemplates) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"meta-llama-Llama-3.1-8B-Instruct.jinja", "<|start_header_id|>assistant<|end_header_id|>\n\n"},
+      {"google-gemma-2-2b-it.jinja", "<start_of_turn>model\n"},
+      {"microsoft-Phi-3.5-mini-instruct.jinja", "<|assistant|>\n"},
+      {"mistralai-Mistral-7B-Instruct-v0.3.jinja", "[/INST]"},
+      {"NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", "<|im_start|>assistant\n"},
+  };
+  for (const auto& [name, tail] : cases) {
+    SCOPED_TRACE(name);
+    test::TempDir dir;
+    ScriptedModelSpec spec;
+    spec.scripts = {{kToolCall, "", ""}};
+    spec.prompt_tail = tail;
+    spec.chat_template = read_text(template_file(name));
+    test::write_scripted_model(spec, dir.path / "model");
+    test::ServeProcess server(dir.path / "model", {}, dir.path / "serve.err");
+    ASSERT_GT(server.port, 0) << server.log();
+    const json user = {{"role", "user"}, {"content", "What is the weather in Paris?"}};
+    const json tool = {
+        {"type", "function"},
+        {"function",
+         {{"name", "get_weather"},
+          {"description", "The weather in a city"},
+          {"parameters",
+           {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}, {"required", {"city"}}}}}}};
+    const json reply = server.post_ok(
+        "/v1/chat/completions",
+        {{"messages", {user}}, {"tools", {tool}}, {"max_tokens", 200}, {"temperature", 0}});
+    EXPECT_EQ(reply["choices"][0]["message"]["content"], kToolCall);
+    EXPECT_EQ(reply["choices"][0]["finish_reason"], "stop");
+    EXPECT_EQ(server.stop(), 0);
+  }
 }
 
 }  // namespace
