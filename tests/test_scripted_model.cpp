@@ -2,6 +2,7 @@
 // write exactly the script, token by token, and stop at EOS; the builder refuses ambiguous scripts.
 #include <gtest/gtest.h>
 
+#include <future>
 #include <string>
 #include <vector>
 
@@ -143,6 +144,16 @@ TEST(ScriptedModelTest, ATriggerInThePromptSelectsTheSecondScript) {
   expect_writes(dir.path, turn2, answer, info.script_ids[1]);
 }
 
+// Scripts with tails of their own: a chat turn and a plain completion prompt in one model.
+TEST(ScriptedModelTest, EachScriptMayHaveItsOwnTail) {
+  test::TempDir dir;
+  const std::string capital = " Paris, on the Seine.";
+  const auto info = test::write_scripted_model(
+      qwen_spec({{kToolCall, "", ""}, {capital, "", "Q: What is the capital of France?\nA:"}}), dir.path);
+  expect_writes(dir.path, qwen_prompt("Weather?"), kToolCall, info.script_ids[0]);
+  expect_writes(dir.path, "Geography quiz.\nQ: What is the capital of France?\nA:", capital, info.script_ids[1]);
+}
+
 TEST(ScriptedModelTest, AmbiguousScriptsAreRefused) {
   test::TempDir dir;
   auto message = [&](const ScriptedModelSpec& spec) {
@@ -228,6 +239,17 @@ TEST(ScriptedModelTest, TheCommandWritesAModelThatServeRuns) {
   reply = server.post_ok("/v1/chat/completions",
                          {{"messages", {user, call, result}}, {"max_tokens", 200}, {"temperature", 0}});
   EXPECT_EQ(reply["choices"][0]["message"]["content"], answer);
+  // Both turns at once, decoded in one batch (-np 2), still write their scripts.
+  auto turn = [&](const json& messages) {
+    return std::async(std::launch::async, [&server, messages] {
+      return server.post_ok("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 200}, {"temperature", 0}});
+    });
+  };
+  for (int i = 0; i < 3; ++i) {
+    auto a = turn(json::array({user})), b = turn(json::array({user, call, result}));
+    EXPECT_EQ(a.get()["choices"][0]["message"]["content"], kToolCall);
+    EXPECT_EQ(b.get()["choices"][0]["message"]["content"], answer);
+  }
   EXPECT_EQ(server.stop(), 0);
 
   // Usage errors exit 2, refused scripts 1.
