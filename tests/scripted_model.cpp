@@ -4,11 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <fstream>
 #include <map>
+#include <span>
 #include <sstream>
-#include <string_view>
+#include <tuple>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -40,12 +40,6 @@ std::string slurp(const fs::path& p) {
 struct Condition {
   int dim;
   bool present;
-};
-
-// One MLP unit: when every condition holds, the next token is `next`.
-struct Rule {
-  std::vector<Condition> conditions;
-  int32_t next;
 };
 
 // A script with its tail, as token ids, and the flags that select it.
@@ -94,7 +88,7 @@ class Builder {
   std::vector<int32_t> trigger_tokens_;  // flag index -> token, in declaration order
   std::vector<Sequence> seqs_;
   std::vector<std::vector<int32_t>> script_ids_;
-  // Rules before the layout is known: (group, last n tokens oldest first) -> next.
+  // The rules, one MLP unit each: (group, last n tokens oldest first) -> next.
   struct Key {
     int group;
     std::vector<int32_t> ngram;
@@ -143,7 +137,7 @@ void Builder::encode_scripts() {
                     trigger_tokens_.begin());
     // The flags that must stay off while this script runs must not be switched on by its own text.
     for (size_t f = size_t(q.group + 1); f < trigger_tokens_.size(); ++f)
-      for (size_t p = 1; p < q.ids.size(); ++p)
+      for (size_t p = 0; p < q.ids.size(); ++p)
         if (q.ids[p] == trigger_tokens_[f])
           throw Error("scripted model: " + name(i) + (p <= q.first_position ? "'s prompt tail" : "") +
                       " contains the trigger token " + show(std::span<const int32_t>(&trigger_tokens_[f], 1)) +
@@ -428,7 +422,7 @@ ScriptedModelInfo Builder::write(const fs::path& out_dir) {
   info.distinct_tokens = N - 1;
   info.hidden_size = H;
   info.rules = I;
-  info.attention_margin = kScoreMargin;
+  info.context = context_;
   return info;
 }
 

@@ -54,8 +54,8 @@ struct ScriptedModelInfo {
   std::vector<std::vector<int32_t>> script_ids;  // each script's tokens, as the model emits them
   int distinct_tokens = 0;  // |S|
   int hidden_size = 0;
-  int rules = 0;  // MLP units
-  double attention_margin = 0;  // smallest score gap of a copy head over the context, in logits
+  int rules = 0;    // MLP units
+  int context = 0;  // the most tokens a rule looks at (at most context_tokens)
 };
 
 // Writes config.json, model.safetensors, tokenizer.json, tokenizer_config.json and

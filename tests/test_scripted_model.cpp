@@ -126,6 +126,7 @@ TEST(ScriptedModelTest, WritesParallelCallsOfTheSameFunction) {
       "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"city\": \"Tokyo\"}}\n</tool_call>";
   test::TempDir dir;
   const auto info = test::write_scripted_model(qwen_spec({{text, "", ""}}), dir.path);
+  EXPECT_GT(info.context, 30);
   expect_writes(dir.path, qwen_prompt("Weather in Paris and London, and the time in Tokyo?"), text,
                 info.script_ids[0]);
 }
