@@ -61,7 +61,7 @@ struct Replica {
     server::ServerConfig cfg;
     cfg.port = 0;
     cfg.model_name = "kjv-tiny";
-    cfg.render_chat = [&tmpl](const json& messages, const json&) {
+    cfg.render_chat = [&tmpl](const json& messages, const json&, const json&) {
       chat::ChatRequest r;
       r.messages = messages;
       r.add_generation_prompt = true;

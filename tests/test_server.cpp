@@ -60,7 +60,7 @@ class ServerTest : public ::testing::Test {
     cfg.api_key = api_key;
     cfg.model_name = "kjv-tiny";
     cfg.max_body_bytes = 64 * 1024;
-    cfg.render_chat = [](const json& messages, const json& tools) { return render(messages); };
+    cfg.render_chat = [](const json& messages, const json&, const json&) { return render(messages); };
     srv_ = std::make_unique<server::HttpServer>(*rt_, *sch_, cfg);
     port_ = srv_->bind();
     ASSERT_GT(port_, 0);

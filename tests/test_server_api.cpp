@@ -106,12 +106,14 @@ TEST(ServerApi, ResponsesAndChunks) {
   EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
   EXPECT_EQ(r["usage"]["total_tokens"], 13);
   EXPECT_EQ(r["usage"]["prompt_tokens_details"]["cached_tokens"], 8);
-  const json first = chunk_json(chat, "he", nullptr, true, "id1", 5, "m");
+  OutputDelta he;
+  he.content = "he";
+  const json first = chunk_json(chat, he, nullptr, true, "id1", 5, "m");
   EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
   EXPECT_EQ(first["choices"][0]["delta"]["content"], "he");
   EXPECT_TRUE(first["choices"][0]["finish_reason"].is_null());
   res.reason = FinishReason::Length;
-  const json last = chunk_json(chat, "", &res, false, "id1", 5, "m");
+  const json last = chunk_json(chat, OutputDelta{}, &res, false, "id1", 5, "m");
   EXPECT_TRUE(last["choices"][0]["delta"].empty());
   EXPECT_EQ(last["choices"][0]["finish_reason"], "length");
   EXPECT_TRUE(usage_chunk_json(chat, res, "id1", 5, "m")["choices"].empty());
@@ -131,6 +133,110 @@ TEST(ServerApi, MetricsText) {
   EXPECT_NE(t.find("ptllm_prefix_cache_hit_ratio 0.25\n"), std::string::npos);
   EXPECT_NE(t.find("ptllm_kv_blocks_free 54\n"), std::string::npos);
   EXPECT_NE(t.find("ptllm_parallel_slots 8\n"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ptllm::server
+
+namespace ptllm::server {
+namespace {
+
+ApiError refused(const std::string& body, Endpoint ep = Endpoint::Chat) {
+  try {
+    parse_request(body, ep, 1);
+  } catch (const ApiError& e) {
+    return e;
+  }
+  ADD_FAILURE() << "accepted: " << body;
+  return {};
+}
+
+const char* kTools = R"("tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}])";
+
+TEST(ServerApiAgents, ToolChoiceAndResponseFormat) {
+  const std::string msgs = R"("messages": [{"role": "user", "content": "x"}])";
+  EXPECT_TRUE(parse_request("{" + msgs + "," + kTools + R"(, "tool_choice": "none"})", Endpoint::Chat, 1).tool_choice_none);
+  EXPECT_FALSE(parse_request("{" + msgs + "," + kTools + R"(, "tool_choice": "auto"})", Endpoint::Chat, 1).tool_choice_none);
+  EXPECT_FALSE(parse_request("{" + msgs + R"(, "parallel_tool_calls": false})", Endpoint::Chat, 1).parallel_tool_calls);
+  EXPECT_EQ(refused("{" + msgs + "," + kTools + R"(, "tool_choice": "required"})").param, "tool_choice");
+  EXPECT_EQ(refused("{" + msgs + "," + kTools + R"(, "tool_choice": "always"})").param, "tool_choice");
+  const ApiError unknown =
+      refused("{" + msgs + "," + kTools + R"(, "tool_choice": {"type": "function", "function": {"name": "nope"}}})");
+  EXPECT_EQ(unknown.param, "tool_choice.function.name");
+  EXPECT_NE(unknown.message.find("nope"), std::string::npos);
+  EXPECT_EQ(refused("{" + msgs + "," + kTools + R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})").param,
+            "tool_choice");
+  parse_request("{" + msgs + R"(, "response_format": {"type": "text"}})", Endpoint::Chat, 1);
+  for (const char* rf : {R"({"type": "json_object"})", R"({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}})"})
+    EXPECT_EQ(refused("{" + msgs + R"(, "response_format": )" + rf + "}").param, "response_format");
+  EXPECT_EQ(parse_request("{" + msgs + R"(, "reasoning_format": "none"})", Endpoint::Chat, 1).reasoning, false);
+  EXPECT_EQ(refused("{" + msgs + R"(, "reasoning_format": "loud"})").param, "reasoning_format");
+  EXPECT_EQ(parse_request("{" + msgs + R"(, "chat_template_kwargs": {"enable_thinking": false}})", Endpoint::Chat, 1)
+                .template_kwargs["enable_thinking"],
+            false);
+}
+
+TEST(ServerApiAgents, NoFieldIsSilentlyIgnored) {
+  const std::string msgs = R"("messages": [{"role": "user", "content": "x"}])";
+  for (const char* f : {R"("logprobs": true)", R"("top_logprobs": 3)", R"("logit_bias": {"5": 10})",
+                        R"("functions": [])", R"("reasoning_effort": "high")", R"("frobnicate": 1)",
+                        R"("prediction": {"type": "content", "content": "x"})"}) {
+    const ApiError e = refused("{" + msgs + ", " + f + "}");
+    EXPECT_EQ(e.status, 400);
+    EXPECT_EQ(f, "\"" + e.param + "\"" + std::string(f).substr(e.param.size() + 2)) << e.message;
+  }
+  for (const char* f : {R"("echo": true)", R"("best_of": 2)", R"("suffix": "x")", R"("logprobs": 2)"})
+    EXPECT_EQ(refused(std::string(R"({"prompt": "x", )") + f + "}", Endpoint::Completion).status, 400) << f;
+  // Metadata and neutral values are accepted.
+  parse_request("{" + msgs + R"(, "user": "u", "metadata": {"a": "b"}, "store": false, "service_tier": "auto",
+                 "logprobs": false, "logit_bias": {}, "stream_options": {"include_usage": true}})",
+                Endpoint::Chat, 1);
+  EXPECT_TRUE(parse_request("{" + msgs + R"(, "ignore_eos": true})", Endpoint::Chat, 1).params.ignore_eos);
+}
+
+TEST(ServerApiAgents, HistoryWithCalls) {
+  const ApiRequest r = parse_request(R"({"messages": [
+      {"role": "user", "content": "weather?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+        "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "18 C"}]})",
+                                     Endpoint::Chat, 1);
+  // The template sees the arguments as an object.
+  EXPECT_EQ(r.messages[1]["tool_calls"][0]["function"]["arguments"], json({{"city", "Paris"}}));
+  const ApiError bad_args = refused(R"({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+      "function": {"name": "f", "arguments": "{city: Paris"}}]}]})");
+  EXPECT_EQ(bad_args.param, "messages[0].tool_calls[0].function.arguments");
+  EXPECT_EQ(refused(R"({"messages": [{"role": "tool", "content": "18 C"}]})").param, "messages[0].tool_call_id");
+  EXPECT_EQ(refused(R"({"messages": [{"role": "user", "content": "x", "tool_calls": []}]})").param,
+            "messages[0].tool_calls");
+}
+
+TEST(ServerApiAgents, ReplyWithCallsAndReasoning) {
+  ApiRequest r = parse_request(std::string(R"({"messages": [{"role": "user", "content": "x"}], )") + kTools + "}",
+                               Endpoint::Chat, 1);
+  r.output.format.tools = ToolCallFormat::Hermes;
+  r.output.format.reasoning = true;
+  r.output.parse_tools = true;
+  r.output.parse_reasoning = true;
+  RequestResult res;
+  res.reason = FinishReason::Stop;
+  res.text = "<think>Paris?</think>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+  const json out = response_json(r, res, "id", 1, "m");
+  const json& msg = out["choices"][0]["message"];
+  EXPECT_TRUE(msg["content"].is_null());
+  EXPECT_EQ(msg["reasoning_content"], "Paris?");
+  ASSERT_EQ(msg["tool_calls"].size(), 1u);
+  EXPECT_EQ(msg["tool_calls"][0]["type"], "function");
+  EXPECT_EQ(msg["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(json::parse(msg["tool_calls"][0]["function"]["arguments"].get<std::string>()), json({{"city", "Paris"}}));
+  EXPECT_EQ(out["choices"][0]["finish_reason"], "tool_calls");
+  // Cut off by max_tokens inside the call: text, "length".
+  res.reason = FinishReason::Length;
+  res.text = "<tool_call>\n{\"name\": \"get_wea";
+  const json cut = response_json(r, res, "id", 1, "m");
+  EXPECT_EQ(cut["choices"][0]["message"]["content"], res.text);
+  EXPECT_FALSE(cut["choices"][0]["message"].contains("tool_calls"));
+  EXPECT_EQ(cut["choices"][0]["finish_reason"], "length");
 }
 
 }  // namespace

@@ -57,6 +57,7 @@ Json special_tokens_of(const Json& cfg, const std::string& origin) {
 void ChatTemplate::add(const std::string& name, const std::string& source) {
   const std::string label = templates_.empty() && name == "default" ? origin_ : origin_ + " (" + name + ")";
   templates_[name] = std::make_shared<const Program>(parse_template(source, label));
+  source_ += source;
 }
 
 ChatTemplate ChatTemplate::from_string(const std::string& source, const std::string& name,

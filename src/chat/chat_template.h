@@ -49,10 +49,14 @@ class ChatTemplate {
   std::vector<std::string> template_names() const;
   const Json& special_tokens() const { return special_tokens_; }
   const std::string& origin() const { return origin_; }
+  // Every template's text, one after another: what a caller scans to tell the model's output
+  // format (tool-call markers, <think>).
+  const std::string& source() const { return source_; }
 
  private:
   void add(const std::string& name, const std::string& source);
   std::string origin_;
+  std::string source_;
   std::map<std::string, std::shared_ptr<const Program>> templates_;
   Json special_tokens_ = Json::object();  // bos_token, eos_token, ... as plain strings
 };

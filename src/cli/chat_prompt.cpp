@@ -91,14 +91,18 @@ ChatPrompt ChatPrompt::load(const fs::path& model_dir, const ChatPromptOptions& 
   return p;
 }
 
-std::string ChatPrompt::render(const chat_json& messages, bool add_generation_prompt, const chat_json& tools) const {
+std::string ChatPrompt::render(const chat_json& messages, bool add_generation_prompt, const chat_json& tools,
+                               const chat_json& extra_kwargs) const {
   chat::ChatRequest r;
   r.messages = messages;
   r.tools = tools;
   r.add_generation_prompt = add_generation_prompt;
   r.kwargs = kwargs_;
+  for (const auto& [k, v] : extra_kwargs.items()) r.kwargs[k] = v;
   return template_->render(r);
 }
+
+const std::string& ChatPrompt::source() const { return template_->source(); }
 
 const std::string& ChatPrompt::origin() const { return template_->origin(); }
 

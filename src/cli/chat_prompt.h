@@ -31,7 +31,11 @@ class ChatPrompt {
   static ChatPrompt load(const std::filesystem::path& model_dir, const ChatPromptOptions& o);
   // transformers' apply_chat_template(messages, add_generation_prompt=..., tools=..., tokenize=False,
   // **kwargs); tools null: none.
-  std::string render(const chat_json& messages, bool add_generation_prompt, const chat_json& tools = nullptr) const;
+  // `extra_kwargs` (a request's chat_template_kwargs) override --chat-template-kwargs.
+  std::string render(const chat_json& messages, bool add_generation_prompt, const chat_json& tools = nullptr,
+                     const chat_json& extra_kwargs = chat_json::object()) const;
+  // The template's text (to read the model's output format from it).
+  const std::string& source() const;
   // Where the template came from (a file path), for the start-up line and errors.
   const std::string& origin() const;
 

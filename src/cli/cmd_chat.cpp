@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cli/chat_prompt.h"
+#include "engine/chat_output.h"
 #include "cli/commands.h"
 #include "cli/generation.h"
 #include "cli/options.h"
@@ -45,6 +46,8 @@ struct ChatArgs {
   RuntimeOptions runtime;
   std::string prompt_cache_dir;
   double prompt_cache_max_mb = 0;
+  std::string tools_file;              // --tools: a JSON list of OpenAI function tools
+  std::string tool_call_format = "auto";
 };
 
 using Clock = std::chrono::steady_clock;
@@ -120,9 +123,15 @@ void print_footer(const ChatArgs& a, const Session& session, const TurnStats& s,
                decode_tok_s(r, s), stop_line(a, session, r).c_str());
 }
 
-void print_json(const TurnStats& s, const Reply& r) {
+void print_json(const TurnStats& s, const Reply& r, const ChatOutputParser& out) {
+  nlohmann::json calls = nlohmann::json::array();
+  for (const ToolCall& c : out.calls())
+    calls.push_back({{"id", c.id}, {"name", c.name}, {"arguments", nlohmann::json::parse(c.arguments)}});
   nlohmann::json j = {{"turn", s.turn},
                       {"text", r.text},
+                      {"content", out.content()},
+                      {"reasoning_content", out.reasoning()},
+                      {"tool_calls", calls},
                       {"tokens", r.tokens},
                       {"prompt_tokens", s.prefill.prompt_tokens},
                       {"reused_tokens", s.prefill.reused},
@@ -187,6 +196,8 @@ struct ChatState {
   int turn = 0;
   PromptCacheIdentity cache_id;      // with --prompt-cache-dir
   std::filesystem::path cache_dir;
+  chat_json tools = nullptr;         // --tools
+  OutputFormat format;               // how replies are split (the template's, or --tool-call-format)
 };
 
 chat_json initial_messages(const ChatArgs& a) {
@@ -225,7 +236,7 @@ TurnPrefill prefill_turn(ChatState& st, const std::vector<int32_t>& ids) {
 // One user turn: render, prefill what is new, generate, remember the reply. Returns the reply.
 Reply run_turn(ChatState& st, const std::string& user_text) {
   st.messages.push_back({{"role", "user"}, {"content", user_text}});
-  const std::string text = st.prompt.render(st.messages, /*add_generation_prompt=*/true);
+  const std::string text = st.prompt.render(st.messages, /*add_generation_prompt=*/true, st.tools);
   // As transformers' apply_chat_template: the template writes the special tokens itself.
   const std::vector<int32_t> ids = st.rt.tokenizer().encode(text, {.add_special = false});
   if (ids.empty()) throw Error("the chat template rendered a prompt of no tokens");
@@ -241,10 +252,29 @@ Reply run_turn(ChatState& st, const std::string& user_text) {
     SigintGuard sigint;
     r = generate_reply(st.args, st.conv.session(), st.rt.tokenizer(), st.eos, st.sampler, t_turn);
   }
-  st.messages.push_back({{"role", "assistant"}, {"content", r.text}});
+  // The reply as the server would split it; a reply with calls goes back into the history as one.
+  ChatOutputOptions oo;
+  oo.format = st.format;
+  oo.parse_tools = !st.tools.is_null();
+  oo.parse_reasoning = st.format.reasoning;
+  oo.in_reasoning = oo.parse_reasoning && prompt_opens_reasoning(text);
+  oo.tools = st.tools;
+  ChatOutputParser out(oo);
+  out.push(r.text);
+  out.finish();
+  chat_json reply = {{"role", "assistant"}, {"content", out.calls().empty() ? r.text : out.content()}};
+  if (!out.calls().empty()) {
+    reply["tool_calls"] = chat_json::array();
+    for (const ToolCall& c : out.calls())
+      reply["tool_calls"].push_back({{"id", c.id}, {"type", "function"},
+                                     {"function", {{"name", c.name}, {"arguments", chat_json::parse(c.arguments)}}}});
+  }
+  st.messages.push_back(std::move(reply));
   if (st.cache) report_cache_save(st.cache->finish());
   print_footer(st.args, st.conv.session(), s, r);
-  if (st.args.json) print_json(s, r);
+  if (!st.args.json)
+    for (const ToolCall& c : out.calls()) std::fprintf(stderr, "[tool call %s: %s %s]\n", c.id.c_str(), c.name.c_str(), c.arguments.c_str());
+  if (st.args.json) print_json(s, r, out);
   return r;
 }
 
@@ -268,7 +298,21 @@ int run_chat(ChatArgs& a) {
         PromptCacheOptions{{}, a.prompt_cache_dir, uint64_t(a.prompt_cache_max_mb * 1024 * 1024)}, cache_id,
         rt.tokenizer());
   ChatState st{a, rt, prompt, conv, cache.get(), stop_token_ids(dir, rt.config(), rt.tokenizer()),
-               Sampler(a.sampling), initial_messages(a), 0, cache_id, a.prompt_cache_dir};
+               Sampler(a.sampling), initial_messages(a), 0, cache_id, a.prompt_cache_dir, nullptr, OutputFormat{}};
+  if (!a.tools_file.empty()) {
+    st.tools = chat_json::parse(read_text_file(a.tools_file, "--tools"), nullptr, false);
+    if (st.tools.is_discarded() || !st.tools.is_array())
+      throw Error(a.tools_file + ": not a JSON array of tools (--tools), e.g. [{\"type\": \"function\", \"function\": {\"name\": ...}}]");
+    for (const chat_json& t : st.tools)
+      if (!t.is_object() || !t.contains("function") || !t["function"].is_object() || !t["function"].contains("name") ||
+          !t["function"]["name"].is_string())
+        throw Error(a.tools_file + ": every tool needs function.name (--tools), got " + t.dump());
+  }
+  st.format = detect_output_format(prompt.source());
+  if (a.tool_call_format != "auto") {
+    st.format.tools = *tool_call_format_from_name(a.tool_call_format);
+    st.format.short_ids = st.format.tools == ToolCallFormat::Mistral;
+  }
   std::fprintf(stderr, "model: %s (%s, %s), %d threads, seed %llu, chat template %s\n", dir.string().c_str(),
                rt.config().arch_name.c_str(), weights_text(rt.model()).c_str(), rt.pool().size(),
                static_cast<unsigned long long>(a.sampling.seed), prompt.origin().c_str());
@@ -328,6 +372,14 @@ Command add_chat_command(CLI::App& root) {
       ->type_name("INT");
   app->add_flag("--json", a->json, "Print one JSON object per turn on stdout (text, ids, token counts, timings, "
                                    "stop reason) instead of the streamed reply");
+  app->add_option("--tools", a->tools_file,
+                  "Offer the tools of FILE (a JSON list of OpenAI function tools) to the template; calls in replies "
+                  "are parsed (--json shows them) and kept in the history as calls");
+  app->add_option("--tool-call-format", a->tool_call_format,
+                  "How tool calls are read from replies: auto (from the chat template), hermes, llama3, mistral, "
+                  "qwen3-coder, none")
+      ->check(CLI::IsMember({"auto", "hermes", "llama3", "mistral", "qwen3-coder", "none"}))
+      ->capture_default_str();
   add_runtime_options(*app, a->runtime);
   CLI::Option* dir = app->add_option("--prompt-cache-dir", a->prompt_cache_dir,
                                      "Save each turn's state in DIR; a later launch with the same system prompt "

@@ -15,6 +15,7 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "core/error.h"
+#include "engine/chat_output.h"
 #include "engine/conversation.h"
 #include "engine/prompt_cache.h"
 #include "engine/runtime.h"
@@ -30,6 +31,8 @@ namespace {
 struct ServeArgs {
   std::string model_dir;
   std::string alias;
+  std::string tool_call_format = "auto";
+  std::string reasoning_format = "deepseek";
   server::ServerConfig http;
   int parallel = 4;
   int kv_budget_mb = 0;
@@ -45,25 +48,33 @@ struct ServeArgs {
   double prompt_cache_max_mb = 1024;
 };
 
-// The model's chat template as the server's renderer; none (a warning) when the model has none and
-// no --chat-template was given. A broken template stops the start.
-std::function<std::string(const server::json&, const server::json&)> chat_renderer(const std::filesystem::path& dir,
-                                                                                     const ChatPromptOptions& o) {
+// The model's chat template as the server's renderer, and the output format it implies (or
+// --tool-call-format's); none (a warning) when the model has none and no --chat-template was given.
+// A broken template stops the start.
+void set_chat_renderer(const std::filesystem::path& dir, const ServeArgs& a, server::ServerConfig& http) {
   std::shared_ptr<ChatPrompt> prompt;
   try {
-    prompt = std::make_shared<ChatPrompt>(ChatPrompt::load(dir, o));
+    prompt = std::make_shared<ChatPrompt>(ChatPrompt::load(dir, a.chat));
   } catch (const chat::TemplateError&) {
     throw;
   } catch (const UsageError&) {
     throw;
   } catch (const Error& e) {
-    if (!o.template_file.empty()) throw;
+    if (!a.chat.template_file.empty()) throw;
     std::fprintf(stderr, "warning: %s: /v1/chat/completions answers 400 until the server is started with one\n", e.what());
-    return {};
+    return;
   }
-  std::fprintf(stderr, "chat template: %s\n", prompt->origin().c_str());
-  return [prompt](const server::json& messages, const server::json& tools) {
-    return prompt->render(messages, /*add_generation_prompt=*/true, tools);
+  http.output_format = detect_output_format(prompt->source());
+  if (a.tool_call_format != "auto") {
+    http.output_format.tools = *tool_call_format_from_name(a.tool_call_format);
+    http.output_format.short_ids = http.output_format.tools == ToolCallFormat::Mistral;
+  }
+  http.reasoning = a.reasoning_format != "none";
+  std::fprintf(stderr, "chat template: %s (tool calls: %s%s)\n", prompt->origin().c_str(),
+               tool_call_format_name(http.output_format.tools),
+               http.output_format.reasoning && http.reasoning ? ", reasoning in <think>" : "");
+  http.render_chat = [prompt](const server::json& messages, const server::json& tools, const server::json& kwargs) {
+    return prompt->render(messages, /*add_generation_prompt=*/true, tools, kwargs);
   };
 }
 
@@ -134,7 +145,7 @@ int run_serve(ServeArgs& a) {
     sc.store_identity = prompt_cache_identity(rt.model(), rt.tokenizer(), sc.session.kv).config_key;
     sc.store_prefix = a.store_prefix;
   }
-  a.http.render_chat = chat_renderer(dir, a.chat);
+  set_chat_renderer(dir, a, a.http);
   // The directory's name, or a .gguf file's without the extension.
   a.http.model_name = !a.alias.empty() ? a.alias : rt.model().gguf() ? dir.stem().string() : dir.filename().string();
   a.http.max_body_bytes = size_t(a.max_body_mb) << 20;
@@ -219,6 +230,15 @@ Command add_serve_command(CLI::App& root) {
       ->check(number_between(0, 1 << 30))  // MiB: a byte count that fits 64 bits
       ->needs(dir);
   add_chat_prompt_options(*app, a->chat);
+  app->add_option("--tool-call-format", a->tool_call_format,
+                  "How tool calls are read from replies: auto (from the chat template), hermes, llama3, mistral, "
+                  "qwen3-coder, none")
+      ->check(CLI::IsMember({"auto", "hermes", "llama3", "mistral", "qwen3-coder", "none"}))
+      ->capture_default_str();
+  app->add_option("--reasoning-format", a->reasoning_format,
+                  "deepseek: <think>...</think> goes to reasoning_content (auto is the same); none: left in content")
+      ->check(CLI::IsMember({"none", "deepseek", "auto"}))
+      ->capture_default_str();
   add_runtime_options(*app, a->runtime);
   return {app, [a] { return run_serve(*a); }};
 }

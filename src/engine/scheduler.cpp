@@ -24,7 +24,7 @@ const char* finish_reason_name(FinishReason r) {
 // One request's life: queued (no session), running (a session on the pool), done.
 struct Scheduler::Slot {
   Slot(Request r, const Tokenizer& tok)
-      : req(std::move(r)), seq(req.prompt), sampler(req.params.sampling), detok(tok), stop(req.params.stops) {
+      : req(std::move(r)), seq(req.prompt), sampler(req.params.sampling), detok(tok, !req.params.keep_special), stop(req.params.stops) {
     result.prompt_tokens = int64_t(req.prompt.size());
   }
   Request req;

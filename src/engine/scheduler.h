@@ -55,6 +55,9 @@ struct GenerationParams {
   int max_tokens = 16;           // tokens to generate at most
   std::vector<std::string> stops;  // non-empty strings; the text ends where the first one begins
   bool ignore_eos = false;
+  // Special tokens' text is kept in the reply (a tool-call format whose marker is a special token:
+  // Mistral's [TOOL_CALLS], Llama 3's <|python_tag|>).
+  bool keep_special = false;
 };
 
 struct RequestResult {

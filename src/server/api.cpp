@@ -1,7 +1,9 @@
 #include "server/api.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <set>
 
 namespace ptllm::server {
 
@@ -129,26 +131,157 @@ void read_content(const json& content, const std::string& at) {
   }
 }
 
+// An assistant message's tool_calls, as the OpenAI API sends them back: their `arguments` strings
+// become objects, since templates write `arguments | tojson` (as llama-server and vLLM do).
+void read_history_calls(json& msg, const std::string& at) {
+  json& calls = msg["tool_calls"];
+  if (calls.is_null()) return;
+  if (!calls.is_array()) wrong_type(at + ".tool_calls", "an array", calls);
+  for (size_t j = 0; j < calls.size(); ++j) {
+    json& c = calls[j];
+    const std::string cat = at + ".tool_calls[" + std::to_string(j) + "]";
+    if (!c.is_object()) wrong_type(cat, "an object", c);
+    if (const json* type = field(c, "type"); type && *type != "function")
+      throw bad_request(cat + ".type: expected \"function\", got " + type->dump(), cat + ".type");
+    if (const json* id = field(c, "id"); id && !id->is_string()) wrong_type(cat + ".id", "a string", *id);
+    const auto fn = c.find("function");
+    if (fn == c.end() || !fn->is_object()) throw bad_request(cat + ".function: expected an object with a name", cat + ".function");
+    const json* name = field(*fn, "name");
+    if (!name || !name->is_string() || name->get<std::string>().empty())
+      throw bad_request(cat + ".function.name: expected a non-empty string", cat + ".function.name");
+    auto args = fn->find("arguments");
+    if (args == fn->end() || args->is_null()) {
+      (*fn)["arguments"] = json::object();
+    } else if (args->is_string()) {
+      const std::string text = args->get<std::string>();
+      json parsed = json::parse(text, nullptr, false);
+      if (parsed.is_discarded() || !parsed.is_object())
+        throw bad_request(cat + ".function.arguments: not a JSON object (" +
+                              (text.size() > 64 ? json(text.substr(0, 64) + "...").dump() : json(text).dump()) + ")",
+                          cat + ".function.arguments");
+      *args = std::move(parsed);
+    } else if (!args->is_object()) {
+      wrong_type(cat + ".function.arguments", "a JSON object as a string", *args);
+    }
+  }
+}
+
 json read_messages(const json& body) {
   const json* m = field(body, "messages");
   if (!m) throw bad_request("messages: required", "messages");
   if (!m->is_array()) wrong_type("messages", "an array", *m);
   if (m->empty()) throw bad_request("messages: must hold at least one message", "messages");
-  for (size_t i = 0; i < m->size(); ++i) {
-    const json& msg = (*m)[i];
+  json out = *m;
+  for (size_t i = 0; i < out.size(); ++i) {
+    json& msg = out[i];
     const std::string at = "messages[" + std::to_string(i) + "]";
     if (!msg.is_object()) wrong_type(at, "an object", msg);
     const auto role = msg.find("role");
     if (role == msg.end() || !role->is_string()) throw bad_request(at + ".role: expected a string", at + ".role");
     static const char* kRoles[] = {"system", "developer", "user", "assistant", "tool"};
-    if (std::find(std::begin(kRoles), std::end(kRoles), role->get<std::string>()) == std::end(kRoles))
+    const std::string r = role->get<std::string>();
+    if (std::find(std::begin(kRoles), std::end(kRoles), r) == std::end(kRoles))
       throw bad_request(at + ".role: unknown role " + role->dump(), at + ".role");
     const auto content = msg.find("content");
     const bool calls = msg.contains("tool_calls");
+    if (calls && r != "assistant")
+      throw bad_request(at + ".tool_calls: only assistant messages carry tool calls", at + ".tool_calls");
     if (content == msg.end() && !calls) throw bad_request(at + ".content: required", at + ".content");
     if (content != msg.end()) read_content(*content, at + ".content");
+    if (calls) read_history_calls(msg, at);
+    if (r == "tool") {
+      const json* id = field(msg, "tool_call_id");
+      if (!id) throw bad_request(at + ".tool_call_id: required in a tool message (the id of the call it answers)", at + ".tool_call_id");
+      if (!id->is_string()) wrong_type(at + ".tool_call_id", "a string", *id);
+    }
   }
-  return *m;
+  return out;
+}
+
+// tool_choice: "auto" and "none"; forcing a call ("required", a named function) needs constrained
+// decoding, which this server does not have: refused rather than ignored.
+void read_tool_choice(const json& body, ApiRequest& r) {
+  const json* tc = field(body, "tool_choice");
+  if (!tc) return;
+  if (tc->is_string()) {
+    const std::string v = tc->get<std::string>();
+    if (v == "auto") return;
+    if (v == "none") {
+      r.tool_choice_none = true;
+      return;
+    }
+    if (v == "required")
+      throw bad_request("tool_choice: \"required\" is not supported (calls cannot be enforced); use \"auto\"",
+                        "tool_choice");
+    throw bad_request("tool_choice: expected \"auto\", \"none\", \"required\" or a function, got " + tc->dump(),
+                      "tool_choice");
+  }
+  if (!tc->is_object()) wrong_type("tool_choice", "a string or an object", *tc);
+  const json* fn = field(*tc, "function");
+  const json* name = fn && fn->is_object() ? field(*fn, "name") : nullptr;
+  if (!name || !name->is_string())
+    throw bad_request("tool_choice.function.name: expected a string", "tool_choice.function.name");
+  bool known = false;
+  if (r.tools.is_array())
+    for (const json& t : r.tools) known = known || t["function"]["name"] == *name;
+  if (!known)
+    throw bad_request("tool_choice.function.name: no tool named " + name->dump() + " in tools", "tool_choice.function.name");
+  throw bad_request("tool_choice: a named function is not supported (calls cannot be enforced); use \"auto\"",
+                    "tool_choice");
+}
+
+void read_chat_options(const json& body, ApiRequest& r) {
+  read_tool_choice(body, r);
+  read_bool(body, "parallel_tool_calls", r.parallel_tool_calls);
+  if (const json* rf = field(body, "response_format")) {
+    if (!rf->is_object()) wrong_type("response_format", "an object", *rf);
+    const json* type = field(*rf, "type");
+    if (!type || !type->is_string()) throw bad_request("response_format.type: expected a string", "response_format.type");
+    if (*type != "text")
+      throw bad_request("response_format: type " + type->dump() + " is not supported (only \"text\")",
+                        "response_format");
+  }
+  if (const json* f = field(body, "reasoning_format")) {
+    if (!f->is_string() || (*f != "none" && *f != "deepseek" && *f != "auto"))
+      throw bad_request("reasoning_format: expected \"none\", \"deepseek\" or \"auto\", got " + f->dump(),
+                        "reasoning_format");
+    r.reasoning = *f != "none";
+  }
+  if (const json* k = field(body, "chat_template_kwargs")) {
+    if (!k->is_object()) wrong_type("chat_template_kwargs", "an object", *k);
+    r.template_kwargs = *k;
+  }
+}
+
+// Every field is implemented, carries only metadata, or is refused by name: none is accepted and
+// ignored when it would change the output.
+void check_fields(const json& body, Endpoint endpoint) {
+  static const std::set<std::string> common = {
+      "model", "temperature", "top_p", "min_p", "top_k", "repeat_penalty", "repeat_last_n", "presence_penalty",
+      "frequency_penalty", "seed", "max_tokens", "n", "stop", "stream", "stream_options", "ignore_eos",
+      // metadata: no effect on the output
+      "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "cache_prompt"};
+  static const std::set<std::string> chat = {"messages", "tools", "tool_choice", "parallel_tool_calls",
+                                             "response_format", "reasoning_format", "chat_template_kwargs",
+                                             "max_completion_tokens"};
+  static const std::set<std::string> completion = {"prompt"};
+  for (const auto& [key, value] : body.items()) {
+    if (common.count(key) || (endpoint == Endpoint::Chat ? chat : completion).count(key)) continue;
+    // Fields whose neutral value changes nothing are accepted with that value.
+    const bool neutral = value.is_null() || (key == "logprobs" && value == false) ||
+                         (key == "echo" && value == false) || (key == "top_logprobs" && value == 0) ||
+                         (key == "logit_bias" && value.is_object() && value.empty()) ||
+                         (key == "best_of" && value == 1) || (key == "suffix" && value == "") ||
+                         (key == "modalities" && value == json::array({"text"}));
+    if (neutral) continue;
+    static const std::set<std::string> known = {"logprobs", "top_logprobs", "logit_bias", "echo", "best_of",
+                                                "suffix", "modalities", "audio", "prediction", "functions",
+                                                "function_call", "web_search_options", "reasoning_effort",
+                                                "verbosity", "grammar", "json_schema", "n_probs"};
+    throw bad_request(key + (known.count(key) ? ": not supported by this server" : ": unknown field") +
+                          " (refused rather than ignored)",
+                      key);
+  }
 }
 
 void read_prompt(const json& body, ApiRequest& r) {
@@ -200,6 +333,7 @@ ApiRequest parse_request(const std::string& body_text, Endpoint endpoint, uint64
     throw bad_request("the request body is not valid JSON: " + (at == std::string::npos ? what : what.substr(at + 2)));
   }
   if (!body.is_object()) throw bad_request("the request body must be a JSON object");
+  check_fields(body, endpoint);
   ApiRequest r;
   r.endpoint = endpoint;
   if (const json* m = field(body, "model")) {
@@ -209,6 +343,7 @@ ApiRequest parse_request(const std::string& body_text, Endpoint endpoint, uint64
   if (endpoint == Endpoint::Chat) {
     r.messages = read_messages(body);
     if (const json* t = field(body, "tools")) r.tools = read_tools(*t);
+    read_chat_options(body, r);
   } else {
     read_prompt(body, r);
   }
@@ -225,6 +360,7 @@ ApiRequest parse_request(const std::string& body_text, Endpoint endpoint, uint64
   if (read_int(body, "n", 1, 1 << 30, n) && n != 1) throw bad_request("n: only n = 1 is supported", "n");
   r.params.stops = read_stops(body);
   read_bool(body, "stream", r.stream);
+  read_bool(body, "ignore_eos", r.params.ignore_eos);
   if (const json* so = field(body, "stream_options")) {
     if (!so->is_object()) wrong_type("stream_options", "an object", *so);
     read_bool(*so, "include_usage", r.include_usage);
@@ -232,7 +368,10 @@ ApiRequest parse_request(const std::string& body_text, Endpoint endpoint, uint64
   return r;
 }
 
-const char* openai_finish_reason(FinishReason r) { return r == FinishReason::Stop ? "stop" : "length"; }
+const char* openai_finish_reason(FinishReason r, bool calls) {
+  if (r != FinishReason::Stop) return "length";
+  return calls ? "tool_calls" : "stop";
+}
 
 json usage_json(const RequestResult& res) {
   return {{"prompt_tokens", res.prompt_tokens},
@@ -251,36 +390,79 @@ json envelope(const ApiRequest& r, bool chunk, const std::string& id, int64_t cr
 
 }  // namespace
 
+namespace {
+
+json call_json(const ToolCall& c) {
+  return {{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}};
+}
+
+}  // namespace
+
 json response_json(const ApiRequest& r, const RequestResult& res, const std::string& id, int64_t created,
                    const std::string& model) {
   json out = envelope(r, false, id, created, model);
   json choice = {{"index", 0}};
-  if (r.endpoint == Endpoint::Chat)
-    choice["message"] = {{"role", "assistant"}, {"content", res.text}};
-  else
+  bool calls = false;
+  if (r.endpoint == Endpoint::Chat) {
+    ChatOutputParser parser(r.output);
+    parser.push(res.text);
+    parser.finish();
+    calls = !parser.calls().empty();
+    json message = {{"role", "assistant"}};
+    message["content"] = calls && parser.content().empty() ? json(nullptr) : json(parser.content());
+    if (!parser.reasoning().empty()) message["reasoning_content"] = parser.reasoning();
+    if (calls) {
+      message["tool_calls"] = json::array();
+      for (const ToolCall& c : parser.calls()) message["tool_calls"].push_back(call_json(c));
+    }
+    choice["message"] = std::move(message);
+  } else {
     choice["text"] = res.text;
+  }
   choice["logprobs"] = nullptr;
-  choice["finish_reason"] = openai_finish_reason(res.reason);
+  choice["finish_reason"] = openai_finish_reason(res.reason, calls);
   out["choices"] = json::array({choice});
   out["usage"] = usage_json(res);
   return out;
 }
 
-json chunk_json(const ApiRequest& r, const std::string& text, const RequestResult* res, bool first,
-                const std::string& id, int64_t created, const std::string& model) {
+json chunk_json(const ApiRequest& r, const OutputDelta& d, const RequestResult* res, bool first,
+                const std::string& id, int64_t created, const std::string& model, size_t calls_before,
+                bool any_calls) {
   json out = envelope(r, true, id, created, model);
   json choice = {{"index", 0}};
   if (r.endpoint == Endpoint::Chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";
-    if (!res || !text.empty()) delta["content"] = text;
+    if ((!res && d.reasoning.empty() && d.calls.empty()) || !d.content.empty()) delta["content"] = d.content;
+    if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
+    if (!d.calls.empty()) {
+      // OpenAI's shape: a call's first delta has its index, id, type and name; its arguments follow.
+      json calls = json::array();
+      for (size_t i = 0; i < d.calls.size(); ++i) {
+        json c = call_json(d.calls[i]);
+        c["index"] = calls_before + i;
+        calls.push_back(std::move(c));
+      }
+      delta["tool_calls"] = std::move(calls);
+    }
     choice["delta"] = delta;
   } else {
-    choice["text"] = text;
+    choice["text"] = d.content;
   }
   choice["logprobs"] = nullptr;
-  choice["finish_reason"] = res ? json(openai_finish_reason(res->reason)) : json(nullptr);
+  choice["finish_reason"] = res ? json(openai_finish_reason(res->reason, any_calls)) : json(nullptr);
   out["choices"] = json::array({choice});
+  if (r.include_usage) out["usage"] = nullptr;
+  return out;
+}
+
+json tool_arguments_chunk_json(const ApiRequest& r, size_t index, const std::string& arguments, const std::string& id,
+                               int64_t created, const std::string& model) {
+  json out = envelope(r, true, id, created, model);
+  json call = {{"index", index}, {"function", {{"arguments", arguments}}}};
+  out["choices"] = json::array({{{"index", 0}, {"delta", {{"tool_calls", json::array({call})}}}, {"logprobs", nullptr},
+                                 {"finish_reason", nullptr}}});
   if (r.include_usage) out["usage"] = nullptr;
   return out;
 }

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/chat_output.h"
 #include "engine/scheduler.h"
 
 namespace ptllm::server {
@@ -33,6 +34,11 @@ struct ApiRequest {
   std::string model;            // as sent ("" when absent)
   json messages;                // chat: the validated messages
   json tools;                   // chat: null or the tools list, passed to the template
+  bool tool_choice_none = false;  // chat: tool_choice "none": calls are not parsed out of the reply
+  bool parallel_tool_calls = true;
+  std::optional<bool> reasoning;  // chat: reasoning_format "none" (false) or "deepseek"/"auto" (true)
+  json template_kwargs = json::object();  // chat: chat_template_kwargs
+  ChatOutputOptions output;     // chat: how the reply is split (set by the server once the prompt is rendered)
   std::string prompt_text;      // completion: a text prompt
   std::vector<int32_t> prompt_ids;  // completion: a prompt of token ids
   GenerationParams params;
@@ -45,19 +51,26 @@ struct ApiRequest {
 // `seed` unless the body gives one.
 ApiRequest parse_request(const std::string& body, Endpoint endpoint, uint64_t seed);
 
-// The response of a finished request: chat.completion or text_completion.
+// The response of a finished request: chat.completion (its reply split by r.output) or
+// text_completion.
 json response_json(const ApiRequest& r, const RequestResult& res, const std::string& id, int64_t created,
                    const std::string& model);
-// A streamed chunk: `text` as the delta (chat: the first chunk carries the role), or the last one
-// with the finish reason (res not null).
-json chunk_json(const ApiRequest& r, const std::string& text, const RequestResult* res, bool first,
-                const std::string& id, int64_t created, const std::string& model);
+// A streamed chunk: `delta` (chat: the first chunk carries the role; calls as delta.tool_calls,
+// `calls_before` of them sent earlier), or the last one with the finish reason (res not null;
+// `any_calls`: the reply had calls).
+json chunk_json(const ApiRequest& r, const OutputDelta& delta, const RequestResult* res, bool first,
+                const std::string& id, int64_t created, const std::string& model, size_t calls_before = 0,
+                bool any_calls = false);
+// A streamed piece of call `index`'s arguments (after the chunk with its id and name).
+json tool_arguments_chunk_json(const ApiRequest& r, size_t index, const std::string& arguments, const std::string& id,
+                               int64_t created, const std::string& model);
 json usage_json(const RequestResult& res);
 // The usage-only chunk of stream_options.include_usage (choices empty).
 json usage_chunk_json(const ApiRequest& r, const RequestResult& res, const std::string& id, int64_t created,
                       const std::string& model);
-// "stop" or "length" for OpenAI (a cancelled or failed request has no finish reason).
-const char* openai_finish_reason(FinishReason r);
+// "stop" or "length" for OpenAI (a cancelled or failed request has no finish reason); "tool_calls"
+// when the model stopped after calls.
+const char* openai_finish_reason(FinishReason r, bool calls = false);
 
 // GET /metrics: the Prometheus text exposition of the scheduler's counters and the pool.
 std::string metrics_text(const SchedulerStats& s, int parallel);

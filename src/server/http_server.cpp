@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -19,6 +20,7 @@
 #include "core/error.h"
 #include "engine/runtime.h"
 #include "engine/scheduler.h"
+#include "server/agent_apis.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ptllm::server {
@@ -176,6 +178,7 @@ struct HttpServer::Impl {
   std::mutex mu;
   std::condition_variable cv;
   int in_flight = 0;  // generation requests not yet answered; under mu
+  ResponseStore responses;  // /v1/responses kept for previous_response_id
 
   Impl(Runtime& r, Scheduler& s, ServerConfig c) : rt(r), sch(s), cfg(std::move(c)) {}
 
@@ -191,8 +194,13 @@ struct HttpServer::Impl {
   void setup();
   bool authorized(const httplib::Request& req, httplib::Response& res);
   std::string chat_prompt(const ApiRequest& r);
-  std::vector<int32_t> prompt_ids(const ApiRequest& r);
+  std::vector<int32_t> prompt_ids(ApiRequest& r);
+  std::shared_ptr<Channel> submit(ApiRequest& r, int64_t& prompt_tokens);
+  RequestResult wait_result(const httplib::Request& req, Channel& ch);
   void generate(const httplib::Request& req, httplib::Response& res, Endpoint ep);
+  void agent(const httplib::Request& req, httplib::Response& res, AgentApi api);
+  void stream_agent(httplib::Response& res, std::shared_ptr<AgentReply> reply, std::shared_ptr<Channel> ch,
+                    int64_t prompt_tokens);
   void respond(const httplib::Request& req, httplib::Response& res, const ApiRequest& r, Channel& ch);
   void stream(httplib::Response& res, const ApiRequest& r, std::shared_ptr<Channel> ch);
   void apply_template(const httplib::Request& req, httplib::Response& res);
@@ -206,6 +214,8 @@ bool HttpServer::Impl::authorized(const httplib::Request& req, httplib::Response
   const std::string bearer = "Bearer ";
   const std::string given = auth.rfind(bearer, 0) == 0 ? auth.substr(bearer.size()) : std::string();
   if (same_secret(given, cfg.api_key)) return true;
+  // Anthropic's clients send the key as x-api-key.
+  if (req.has_header("x-api-key") && same_secret(req.get_header_value("x-api-key"), cfg.api_key)) return true;
   send_error(res, error_of(401, auth.empty() ? "missing API key: send the header Authorization: Bearer KEY"
                                              : "invalid API key",
                            "authentication_error", "invalid_api_key"));
@@ -243,6 +253,8 @@ void HttpServer::Impl::setup() {
   });
   http.Post("/v1/chat/completions", [this](const auto& q, auto& s) { generate(q, s, Endpoint::Chat); });
   http.Post("/v1/completions", [this](const auto& q, auto& s) { generate(q, s, Endpoint::Completion); });
+  http.Post("/v1/responses", [this](const auto& q, auto& s) { agent(q, s, AgentApi::Responses); });
+  http.Post("/v1/messages", [this](const auto& q, auto& s) { agent(q, s, AgentApi::Messages); });
   http.Post("/apply-template", [this](const auto& q, auto& s) { apply_template(q, s); });
   http.Post("/tokenize", [this](const auto& q, auto& s) { tokenize(q, s); });
   http.Post("/detokenize", [this](const auto& q, auto& s) { detokenize(q, s); });
@@ -256,7 +268,7 @@ void HttpServer::Impl::setup() {
   });
 }
 
-std::vector<int32_t> HttpServer::Impl::prompt_ids(const ApiRequest& r) {
+std::vector<int32_t> HttpServer::Impl::prompt_ids(ApiRequest& r) {
   const Tokenizer& tok = rt.tokenizer();
   if (r.endpoint == Endpoint::Completion) {
     if (r.prompt_text.empty()) {
@@ -267,8 +279,19 @@ std::vector<int32_t> HttpServer::Impl::prompt_ids(const ApiRequest& r) {
     }
     return tok.encode(r.prompt_text);  // as `posttrainllm sample` encodes -p (BOS added when the model wants it)
   }
+  const std::string text = chat_prompt(r);
+  // How the reply is read: calls parsed when the request offers tools (tool_choice not "none"),
+  // reasoning split off when the template has it, starting inside it when the prompt opened it.
+  ChatOutputOptions& o = r.output;
+  o.format = cfg.output_format;
+  o.parse_tools = !r.tools.is_null() && !r.tools.empty() && !r.tool_choice_none;
+  o.parse_reasoning = cfg.output_format.reasoning && r.reasoning.value_or(cfg.reasoning);
+  o.in_reasoning = o.parse_reasoning && prompt_opens_reasoning(text);
+  o.max_calls = r.parallel_tool_calls ? std::numeric_limits<size_t>::max() : 1;
+  o.tools = r.tools;
+  r.params.keep_special = o.parse_tools && (o.format.tools == ToolCallFormat::Mistral || o.format.tools == ToolCallFormat::Llama3);
   // The template writes the special tokens itself (as `posttrainllm chat` encodes its turns).
-  return tok.encode(chat_prompt(r), {.add_special = false});
+  return tok.encode(text, {.add_special = false});
 }
 
 // The prompt text of a chat request: messages and tools through the chat template.
@@ -277,7 +300,7 @@ std::string HttpServer::Impl::chat_prompt(const ApiRequest& r) {
     throw bad_request("this model has no chat template: restart the server with --chat-template FILE, or use "
                       "/v1/completions");
   try {
-    return cfg.render_chat(r.messages, r.tools);
+    return cfg.render_chat(r.messages, r.tools, r.template_kwargs);
   } catch (const Error& e) {
     throw bad_request(std::string("the chat template refused the messages: ") + e.what(), "messages");
   }
@@ -294,30 +317,38 @@ void HttpServer::Impl::apply_template(const httplib::Request& req, httplib::Resp
   }
 }
 
+// Checks a parsed request, queues it, and returns its channel (enter() done; leave() is the caller's).
+std::shared_ptr<Channel> HttpServer::Impl::submit(ApiRequest& r, int64_t& prompt_tokens) {
+  if (!r.model.empty() && r.model != cfg.model_name)
+    throw error_of(404, "the model " + json(r.model).dump() + " does not exist; this server serves " +
+                            json(cfg.model_name).dump(),
+                   "invalid_request_error", "model_not_found");
+  Request sr;
+  sr.prompt = prompt_ids(r);
+  const KVCacheConfig& kv = sch.config().session.kv;
+  const int64_t n = int64_t(sr.prompt.size());
+  if (n == 0) throw bad_request("the prompt encodes to no tokens");
+  if (!kv.streaming() && n >= kv.ctx_size)
+    throw bad_request("the prompt has " + std::to_string(n) + " tokens; the context holds " +
+                          std::to_string(kv.ctx_size) + " (the prompt and at least one generated token)",
+                      "messages", "context_length_exceeded");
+  if (!r.max_tokens_given) r.params.max_tokens = int(kv.streaming() ? kv.ctx_size : kv.ctx_size - n);
+  sr.params = r.params;
+  auto ch = std::make_shared<Channel>();
+  sr.cancel = ch->cancel;
+  sr.on_text = [ch](std::string_view t) { ch->push(t); };
+  sr.on_done = [ch](const RequestResult& rr) { ch->finish(rr); };
+  prompt_tokens = n;
+  enter();
+  sch.submit(std::move(sr));
+  return ch;
+}
+
 void HttpServer::Impl::generate(const httplib::Request& req, httplib::Response& res, Endpoint ep) {
   try {
     ApiRequest r = parse_request(req.body, ep, random_seed());
-    if (!r.model.empty() && r.model != cfg.model_name)
-      throw error_of(404, "the model " + json(r.model).dump() + " does not exist; this server serves " +
-                              json(cfg.model_name).dump(),
-                     "invalid_request_error", "model_not_found");
-    Request sr;
-    sr.prompt = prompt_ids(r);
-    const KVCacheConfig& kv = sch.config().session.kv;
-    const int64_t n = int64_t(sr.prompt.size());
-    if (n == 0) throw bad_request("the prompt encodes to no tokens");
-    if (!kv.streaming() && n >= kv.ctx_size)
-      throw bad_request("the prompt has " + std::to_string(n) + " tokens; the context holds " +
-                            std::to_string(kv.ctx_size) + " (the prompt and at least one generated token)",
-                        "messages", "context_length_exceeded");
-    if (!r.max_tokens_given) r.params.max_tokens = int(kv.streaming() ? kv.ctx_size : kv.ctx_size - n);
-    sr.params = r.params;
-    auto ch = std::make_shared<Channel>();
-    sr.cancel = ch->cancel;
-    sr.on_text = [ch](std::string_view t) { ch->push(t); };
-    sr.on_done = [ch](const RequestResult& rr) { ch->finish(rr); };
-    enter();
-    sch.submit(std::move(sr));
+    int64_t n = 0;
+    auto ch = submit(r, n);
     // A stream, unless the request already failed (then an HTTP error status, as without "stream").
     // A request that already ended well (a short reply, its prompt from the pool) is streamed too: a
     // client asking for a stream always gets one.
@@ -329,9 +360,85 @@ void HttpServer::Impl::generate(const httplib::Request& req, httplib::Response& 
   }
 }
 
+// /v1/responses and /v1/messages: the chat path, the reply in the API's shape.
+void HttpServer::Impl::agent(const httplib::Request& req, httplib::Response& res, AgentApi api) {
+  std::shared_ptr<AgentReply> reply;
+  try {
+    reply = parse_agent_request(api, req.body, random_seed(), cfg.model_name, responses);
+    int64_t n = 0;
+    auto ch = submit(reply->request, n);
+    if (reply->request.stream && !ch->failed()) return stream_agent(res, reply, ch, n);  // leave() at its end
+    const RequestResult rr = wait_result(req, *ch);
+    leave();
+    if (rr.reason == FinishReason::Error || rr.reason == FinishReason::Cancelled) {
+      const ApiError e = result_error(rr);
+      return send_json(res, e.status, reply->error_body(e));
+    }
+    ChatOutputParser out(reply->request.output);
+    out.push(rr.text);
+    out.finish();
+    send_json(res, 200, reply->response(rr, out));
+  } catch (const ApiError& e) {
+    send_json(res, e.status, api == AgentApi::Messages ? anthropic_error_body(e) : e.body());
+  }
+}
+
+// Events in the API's SSE shape (event: NAME / data: JSON); no [DONE] line.
+void HttpServer::Impl::stream_agent(httplib::Response& res, std::shared_ptr<AgentReply> reply,
+                                    std::shared_ptr<Channel> ch, int64_t prompt_tokens) {
+  struct State {
+    bool started = false;
+    ChatOutputParser parser;
+    explicit State(const ChatOutputOptions& o) : parser(o) {}
+  };
+  auto st = std::make_shared<State>(reply->request.output);
+  res.set_header("Cache-Control", "no-cache");
+  auto provider = [ch, st, reply, prompt_tokens](size_t, httplib::DataSink& sink) {
+    auto send = [&](const std::vector<SseEvent>& events) {
+      std::string out;
+      for (const SseEvent& e : events) out += "event: " + e.name + "\ndata: " + dump(e.data) + "\n\n";
+      return out.empty() || sink.write(out.data(), out.size());
+    };
+    auto gone = [&] {
+      ch->cancel->store(true);
+      return false;
+    };
+    if (!st->started) {
+      st->started = true;
+      if (!send(reply->begin(prompt_tokens))) return gone();
+    }
+    auto [text, result] = ch->next(std::chrono::milliseconds(500));
+    if (!sink.is_writable()) return gone();
+    OutputDelta d = st->parser.push(text);
+    if (result) {
+      OutputDelta rest = st->parser.finish();
+      d.content += rest.content;
+      d.reasoning += rest.reasoning;
+      for (ToolCall& c : rest.calls) d.calls.push_back(std::move(c));
+    }
+    if (d.empty() && !result) {  // text held back by the parser needs no keep-alive
+      static const std::string ping = ": waiting\n\n";
+      return !text.empty() || sink.write(ping.data(), ping.size()) ? true : gone();
+    }
+    if (!send(reply->delta(d))) return gone();
+    if (!result) return true;
+    if (result->reason == FinishReason::Error || result->reason == FinishReason::Cancelled) {
+      send({{"error", reply->error_body(result_error(*result))}});
+    } else if (!send(reply->end(*result, st->parser))) {
+      return gone();
+    }
+    sink.done();
+    return true;
+  };
+  res.set_chunked_content_provider("text/event-stream", provider, [this, ch](bool ok) {
+    if (!ok) ch->cancel->store(true);
+    leave();
+  });
+}
+
 // While the reply is generated the connection is watched (every 50 ms): a client gone cancels the
 // request, as a failed write cancels a streamed one, so its blocks go back at the next step.
-void HttpServer::Impl::respond(const httplib::Request& req, httplib::Response& res, const ApiRequest& r, Channel& ch) {
+RequestResult HttpServer::Impl::wait_result(const httplib::Request& req, Channel& ch) {
   std::optional<RequestResult> done = ch.wait_result_for(std::chrono::milliseconds(50));
   if (!done) {
     const int fd = connection_socket(req);
@@ -344,7 +451,11 @@ void HttpServer::Impl::respond(const httplib::Request& req, httplib::Response& r
       done = ch.wait_result_for(std::chrono::milliseconds(50));
     }
   }
-  const RequestResult& rr = *done;
+  return *done;
+}
+
+void HttpServer::Impl::respond(const httplib::Request& req, httplib::Response& res, const ApiRequest& r, Channel& ch) {
+  const RequestResult rr = wait_result(req, ch);
   if (rr.reason == FinishReason::Error || rr.reason == FinishReason::Cancelled) return send_error(res, result_error(rr));
   send_json(res, 200, response_json(r, rr, random_id(r.endpoint == Endpoint::Chat ? "chatcmpl-" : "cmpl-"),
                                     int64_t(std::time(nullptr)), cfg.model_name));
@@ -357,11 +468,14 @@ void HttpServer::Impl::stream(httplib::Response& res, const ApiRequest& r, std::
     bool first = true;
     std::string id;
     int64_t created = 0;
+    std::optional<ChatOutputParser> parser;  // chat: the reply split as it streams
+    size_t calls = 0;                        // tool calls sent
   };
   auto st = std::make_shared<State>();
   st->id = random_id(r.endpoint == Endpoint::Chat ? "chatcmpl-" : "cmpl-");
   st->created = int64_t(std::time(nullptr));
   res.set_header("Cache-Control", "no-cache");
+  if (r.endpoint == Endpoint::Chat) st->parser.emplace(r.output);
   auto provider = [this, r, ch, st](size_t, httplib::DataSink& sink) {
     auto send = [&](const std::string& payload) {
       const std::string event = (payload.starts_with(':') ? payload : "data: " + payload) + "\n\n";
@@ -371,20 +485,49 @@ void HttpServer::Impl::stream(httplib::Response& res, const ApiRequest& r, std::
       ch->cancel->store(true);
       return false;
     };
+    // A delta as chunks: text and reasoning in one, then each call's id and name, then its arguments.
+    auto send_delta = [&](OutputDelta d) {
+      std::vector<ToolCall> calls = std::move(d.calls);
+      if (st->first || !d.content.empty() || !d.reasoning.empty()) {
+        if (!send(dump(chunk_json(r, d, nullptr, st->first, st->id, st->created, cfg.model_name)))) return false;
+        st->first = false;
+      }
+      for (ToolCall& c : calls) {
+        OutputDelta head;
+        std::string args = std::exchange(c.arguments, {});
+        head.calls.push_back(std::move(c));
+        if (!send(dump(chunk_json(r, head, nullptr, st->first, st->id, st->created, cfg.model_name, st->calls))) ||
+            !send(dump(tool_arguments_chunk_json(r, st->calls, args, st->id, st->created, cfg.model_name))))
+          return false;
+        st->first = false;
+        ++st->calls;
+      }
+      return true;
+    };
     auto [text, result] = ch->next(std::chrono::milliseconds(500));
     if (!sink.is_writable()) return gone();
-    // Nothing new (queued, or a long prefill): an SSE comment, which clients ignore, so that a
-    // client gone meanwhile is noticed by a failed write and its request cancelled.
-    if (!st->first && text.empty() && !result) return send(": waiting") ? true : gone();
-    if ((st->first || !text.empty()) &&
-        !send(dump(chunk_json(r, text, nullptr, st->first, st->id, st->created, cfg.model_name))))
-      return gone();
-    st->first = false;
+    OutputDelta d;
+    if (st->parser) {
+      d = st->parser->push(text);
+      if (result) {
+        OutputDelta rest = st->parser->finish();
+        d.content += rest.content;
+        d.reasoning += rest.reasoning;
+        for (ToolCall& c : rest.calls) d.calls.push_back(std::move(c));
+      }
+    } else {
+      d.content = std::move(text);
+    }
+    // Nothing new (queued, a long prefill, or text held back): an SSE comment, which clients
+    // ignore, so that a client gone meanwhile is noticed by a failed write and its request cancelled.
+    if (!st->first && d.empty() && !result) return !text.empty() || send(": waiting") ? true : gone();
+    if (!send_delta(std::move(d))) return gone();
     if (!result) return true;
     if (result->reason == FinishReason::Error || result->reason == FinishReason::Cancelled) {
       send(dump(result_error(*result).body()));
     } else {
-      if (!send(dump(chunk_json(r, "", &*result, false, st->id, st->created, cfg.model_name)))) return gone();
+      if (!send(dump(chunk_json(r, {}, &*result, false, st->id, st->created, cfg.model_name, 0, st->calls > 0))))
+        return gone();
       if (r.include_usage && !send(dump(usage_chunk_json(r, *result, st->id, st->created, cfg.model_name))))
         return gone();
     }

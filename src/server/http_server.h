@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "engine/chat_output.h"
 #include "server/api.h"
 
 namespace ptllm {
@@ -25,9 +26,14 @@ struct ServerConfig {
   size_t max_body_bytes = size_t(8) << 20;  // larger bodies: 413
   int http_threads = 0;         // connections served at once (0: 2 x parallel + 4); more wait in line
   int timeout_s = 60;           // read and write timeouts of a connection (slow clients)
-  // messages and tools (null when none) to the prompt text; throws ptllm::Error when the template
-  // refuses them. Empty: the model has no chat template and /v1/chat/completions says so.
-  std::function<std::string(const json& messages, const json& tools)> render_chat;
+  // messages, tools (null when none) and chat_template_kwargs to the prompt text; throws ptllm::Error
+  // when the template refuses them. Empty: the model has no chat template and
+  // /v1/chat/completions says so.
+  std::function<std::string(const json& messages, const json& tools, const json& kwargs)> render_chat;
+  // How replies are split into content, reasoning and tool calls (from the template, or
+  // --tool-call-format); `reasoning`: false for --reasoning-format none.
+  OutputFormat output_format;
+  bool reasoning = true;
 };
 
 class HttpServer {
