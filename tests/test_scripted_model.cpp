@@ -261,39 +261,58 @@ TEST(ScriptedModelTest, TheCommandWritesAModelThatServeRuns) {
   EXPECT_NE(bad.err.find("ambiguous"), std::string::npos) << bad.err;
 }
 
-// Other templates' generation prompts as tails: the server renders each model's own template, with
-// the request's tools, and the model answers with the script.
-TEST(ScriptedModelTest, ServeChatWithOtherTemplates) {
-  const std::pair<const char*, const char*> cases[] = {
-      {"meta-llama-Llama-3.1-8B-Instruct.jinja", "<|start_header_id|>assistant<|end_header_id|>\n\n"},
-      {"google-gemma-2-2b-it.jinja", "<start_of_turn>model\n"},
-      {"microsoft-Phi-3.5-mini-instruct.jinja", "<|assistant|>\n"},
-      {"mistralai-Mistral-7B-Instruct-v0.3.jinja", "[/INST]"},
-      {"NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", "<|im_start|>assistant\n"},
+// Other templates' generation prompts as tails, each model writing its template's own tool-call
+// syntax: the server renders the template with the request's tools and parses the call back.
+TEST(ScriptedModelTest, ServeParsesTheCallOfEachTemplate) {
+  const char* hermes = kToolCall;
+  const struct {
+    const char* name;
+    const char* tail;
+    const char* call;
+  } cases[] = {
+      {"Qwen-Qwen2.5-7B-Instruct.jinja", "<|im_start|>assistant\n", hermes},
+      {"NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", "<|im_start|>assistant\n", hermes},
+      {"meta-llama-Llama-3.1-8B-Instruct.jinja", "<|start_header_id|>assistant<|end_header_id|>\n\n",
+       "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}"},
+      {"mistralai-Mistral-7B-Instruct-v0.3.jinja", "[/INST]",
+       "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]"},
+      // Templates that show no call syntax get the Hermes one.
+      {"google-gemma-2-2b-it.jinja", "<start_of_turn>model\n", hermes},
+      {"microsoft-Phi-3.5-mini-instruct.jinja", "<|assistant|>\n", hermes},
   };
-  for (const auto& [name, tail] : cases) {
-    SCOPED_TRACE(name);
+  const json tool = {
+      {"type", "function"},
+      {"function",
+       {{"name", "get_weather"},
+        {"description", "The weather in a city"},
+        {"parameters", {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}, {"required", {"city"}}}}}}};
+  const json messages = json::array({{{"role", "user"}, {"content", "What is the weather in Paris?"}}});
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
     test::TempDir dir;
     ScriptedModelSpec spec;
-    spec.scripts = {{kToolCall, "", ""}};
-    spec.prompt_tail = tail;
-    spec.chat_template = read_text(template_file(name));
+    spec.scripts = {{c.call, "", ""}};
+    spec.prompt_tail = c.tail;
+    spec.chat_template = read_text(template_file(c.name));
     test::write_scripted_model(spec, dir.path / "model");
     test::ServeProcess server(dir.path / "model", {}, dir.path / "serve.err");
     ASSERT_GT(server.port, 0) << server.log();
-    const json user = {{"role", "user"}, {"content", "What is the weather in Paris?"}};
-    const json tool = {
-        {"type", "function"},
-        {"function",
-         {{"name", "get_weather"},
-          {"description", "The weather in a city"},
-          {"parameters",
-           {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}, {"required", {"city"}}}}}}};
-    const json reply = server.post_ok(
-        "/v1/chat/completions",
-        {{"messages", {user}}, {"tools", {tool}}, {"max_tokens", 200}, {"temperature", 0}});
-    EXPECT_EQ(reply["choices"][0]["message"]["content"], kToolCall);
-    EXPECT_EQ(reply["choices"][0]["finish_reason"], "stop");
+    json reply = server.post_ok("/v1/chat/completions", {{"messages", messages},
+                                                         {"tools", json::array({tool})},
+                                                         {"max_tokens", 200},
+                                                         {"temperature", 0}});
+    const json& calls = reply["choices"][0]["message"]["tool_calls"];
+    ASSERT_EQ(calls.size(), 1u) << reply.dump();
+    EXPECT_EQ(calls[0]["function"]["name"], "get_weather");
+    EXPECT_EQ(json::parse(calls[0]["function"]["arguments"].get<std::string>()), json({{"city", "Paris"}}));
+    EXPECT_EQ(reply["choices"][0]["finish_reason"], "tool_calls");
+    // Without tools the same reply is plain content, exactly the script (Hermes-3's tool_use
+    // template renders only requests with tools).
+    if (std::string(c.name).find("tool_use") == std::string::npos) {
+      reply = server.post_ok("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 200}, {"temperature", 0}});
+      EXPECT_EQ(reply["choices"][0]["message"]["content"], c.call);
+      EXPECT_EQ(reply["choices"][0]["finish_reason"], "stop");
+    }
     EXPECT_EQ(server.stop(), 0);
   }
 }
