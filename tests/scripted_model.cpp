@@ -101,6 +101,7 @@ class Builder {
 void Builder::encode_scripts() {
   if (spec_.scripts.empty()) throw Error("scripted model: no script");
   if (spec_.context_tokens < 1) throw Error("scripted model: context_tokens must be at least 1");
+  if (spec_.max_position < 2) throw Error("scripted model: max_position must be at least 2");
   if (!tok_.eos_id()) throw Error(tok_dir_.string() + ": the tokenizer has no eos_token");
   eos_ = *tok_.eos_id();
   for (const auto& s : spec_.scripts) {
@@ -271,7 +272,9 @@ ScriptedModelInfo Builder::write(const fs::path& out_dir) {
   const double a = std::sqrt(kScoreMargin * sqrt_d / min_gap);  // q and k per pair
   // The flag heads' pair turns by theta_min per position: its cosine over the context stays near 1.
   const double slow_cos = std::cos(double(spec_.max_position) * double(inv_freq[size_t(half - 1)]));
-  if (slow_cos < 0.5) throw Error("scripted model: max_position is too large for the flag heads");
+  if (F > 0 && slow_cos < 0.5)
+    throw Error("scripted model: max_position " + std::to_string(spec_.max_position) +
+                " is too large for the trigger heads (their RoPE pair turns past 60 degrees)");
   const double b = std::sqrt((kScoreMargin + std::log(double(spec_.max_position))) * sqrt_d / slow_cos);
 
   // Norms: every embedding is one code plus the constant (norm^2 2); after attention, up to K codes

@@ -155,6 +155,24 @@ TEST(ScriptedModelTest, EachScriptMayHaveItsOwnTail) {
   expect_writes(dir.path, "Geography quiz.\nQ: What is the capital of France?\nA:", capital, info.script_ids[1]);
 }
 
+// Three turns: each tool's result brings its trigger, and the latest trigger selects the script.
+TEST(ScriptedModelTest, TheLatestTriggerSelectsTheScript) {
+  const std::string call2 = "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+  const std::string answer = "Full sun and warm in Paris, and it is noon.";
+  test::TempDir dir;
+  const auto info = test::write_scripted_model(
+      qwen_spec({{kToolCall, "", ""}, {call2, " sun", ""}, {answer, " warm", ""}}), dir.path);
+  auto result = [](const std::string& text) {
+    return "<|im_end|>\n<|im_start|>user\n<tool_response>\n" + text + "\n</tool_response><|im_end|>\n" + kQwenTail;
+  };
+  const std::string turn1 = qwen_prompt("What is the weather in Paris, and the time?");
+  const std::string turn2 = turn1 + kToolCall + result("{\"sky\": \"full sun\"}");
+  const std::string turn3 = turn2 + call2 + result("{\"time\": \"noon\", \"feel\": \"a warm day\"}");
+  expect_writes(dir.path, turn1, kToolCall, info.script_ids[0]);
+  expect_writes(dir.path, turn2, call2, info.script_ids[1]);
+  expect_writes(dir.path, turn3, answer, info.script_ids[2]);
+}
+
 TEST(ScriptedModelTest, AmbiguousScriptsAreRefused) {
   test::TempDir dir;
   auto message = [&](const ScriptedModelSpec& spec) {
