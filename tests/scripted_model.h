@@ -24,8 +24,9 @@
 // later-declared trigger's token is; a script without one when no trigger token is (turn k of an
 // agent loop: the tool results so far are in the prompt, the latest one selects the script).
 // The emitted token's logit leads every other by about 30, so sampling writes the script too.
-// Limits: only the tail and the triggers select a script (the rest of the prompt changes nothing),
-// and a context of K tokens that recurs with two continuations is refused.
+// Limits: only the tail and the triggers select a script (the rest of the prompt changes nothing);
+// a context of K tokens that recurs with two continuations is refused; KV caches of 8 bits or more
+// keep the copy heads exact, KIVI int2 does not.
 #include <cstdint>
 #include <filesystem>
 #include <string>

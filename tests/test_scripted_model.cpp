@@ -131,6 +131,26 @@ TEST(ScriptedModelTest, WritesParallelCallsOfTheSameFunction) {
                 info.script_ids[0]);
 }
 
+// The copy heads' margins survive a KV cache of 8 bits or more: each writes the same script (the
+// second call's rules look 30 tokens back, into the quantized part of KIVI's cache). int2's four
+// levels a channel blur the RoPE phases the copy heads compare, and the script breaks.
+TEST(ScriptedModelTest, KvCachesOfEightBitsOrMoreWriteTheScript) {
+  const std::string text =
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n"
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"London\"}}\n</tool_call>";
+  test::TempDir dir;
+  test::write_scripted_model(qwen_spec({{text, "", ""}}), dir.path);
+  for (const char* kv : {"fp16", "bf16", "int8"}) {
+    const auto r = test::run_command(test::binary() + " sample " + dir.path.string() + " --prompt " +
+                                     shell_quote(qwen_prompt("Weather in Paris and London?")) +
+                                     " --temperature 0 --json -t 1 --kv-group-size 16 --kv-residual 16 --kv-quantize " + kv);
+    ASSERT_EQ(r.code, 0) << kv << ": " << r.err;
+    const json j = json::parse(r.out);
+    EXPECT_EQ(j["text"], text) << kv;
+    EXPECT_EQ(j["stop_reason"], "eos") << kv;
+  }
+}
+
 // An agent's two turns: the tool call, then, with the tool's result in the prompt, the answer.
 TEST(ScriptedModelTest, ATriggerInThePromptSelectsTheSecondScript) {
   const std::string answer = "It is sunny in Paris, 18 degrees: no coat needed.";
