@@ -4,11 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <fstream>
 #include <map>
+#include <span>
 #include <sstream>
-#include <string_view>
+#include <tuple>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -40,12 +40,6 @@ std::string slurp(const fs::path& p) {
 struct Condition {
   int dim;
   bool present;
-};
-
-// One MLP unit: when every condition holds, the next token is `next`.
-struct Rule {
-  std::vector<Condition> conditions;
-  int32_t next;
 };
 
 // A script with its tail, as token ids, and the flags that select it.
@@ -94,7 +88,7 @@ class Builder {
   std::vector<int32_t> trigger_tokens_;  // flag index -> token, in declaration order
   std::vector<Sequence> seqs_;
   std::vector<std::vector<int32_t>> script_ids_;
-  // Rules before the layout is known: (group, last n tokens oldest first) -> next.
+  // The rules, one MLP unit each: (group, last n tokens oldest first) -> next.
   struct Key {
     int group;
     std::vector<int32_t> ngram;
@@ -107,6 +101,7 @@ class Builder {
 void Builder::encode_scripts() {
   if (spec_.scripts.empty()) throw Error("scripted model: no script");
   if (spec_.context_tokens < 1) throw Error("scripted model: context_tokens must be at least 1");
+  if (spec_.max_position < 2) throw Error("scripted model: max_position must be at least 2");
   if (!tok_.eos_id()) throw Error(tok_dir_.string() + ": the tokenizer has no eos_token");
   eos_ = *tok_.eos_id();
   for (const auto& s : spec_.scripts) {
@@ -143,7 +138,7 @@ void Builder::encode_scripts() {
                     trigger_tokens_.begin());
     // The flags that must stay off while this script runs must not be switched on by its own text.
     for (size_t f = size_t(q.group + 1); f < trigger_tokens_.size(); ++f)
-      for (size_t p = 1; p < q.ids.size(); ++p)
+      for (size_t p = 0; p < q.ids.size(); ++p)
         if (q.ids[p] == trigger_tokens_[f])
           throw Error("scripted model: " + name(i) + (p <= q.first_position ? "'s prompt tail" : "") +
                       " contains the trigger token " + show(std::span<const int32_t>(&trigger_tokens_[f], 1)) +
@@ -277,7 +272,9 @@ ScriptedModelInfo Builder::write(const fs::path& out_dir) {
   const double a = std::sqrt(kScoreMargin * sqrt_d / min_gap);  // q and k per pair
   // The flag heads' pair turns by theta_min per position: its cosine over the context stays near 1.
   const double slow_cos = std::cos(double(spec_.max_position) * double(inv_freq[size_t(half - 1)]));
-  if (slow_cos < 0.5) throw Error("scripted model: max_position is too large for the flag heads");
+  if (F > 0 && slow_cos < 0.5)
+    throw Error("scripted model: max_position " + std::to_string(spec_.max_position) +
+                " is too large for the trigger heads (their RoPE pair turns past 60 degrees)");
   const double b = std::sqrt((kScoreMargin + std::log(double(spec_.max_position))) * sqrt_d / slow_cos);
 
   // Norms: every embedding is one code plus the constant (norm^2 2); after attention, up to K codes
@@ -428,7 +425,7 @@ ScriptedModelInfo Builder::write(const fs::path& out_dir) {
   info.distinct_tokens = N - 1;
   info.hidden_size = H;
   info.rules = I;
-  info.attention_margin = kScoreMargin;
+  info.context = context_;
   return info;
 }
 

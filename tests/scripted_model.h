@@ -23,6 +23,10 @@
 // Scripts after a trigger: a script with trigger T runs when T's token is in the context and no
 // later-declared trigger's token is; a script without one when no trigger token is (turn k of an
 // agent loop: the tool results so far are in the prompt, the latest one selects the script).
+// The emitted token's logit leads every other by about 30, so sampling writes the script too.
+// Limits: only the tail and the triggers select a script (the rest of the prompt changes nothing);
+// a context of K tokens that recurs with two continuations is refused; KV caches of 8 bits or more
+// keep the copy heads exact, KIVI int2 does not.
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -54,8 +58,8 @@ struct ScriptedModelInfo {
   std::vector<std::vector<int32_t>> script_ids;  // each script's tokens, as the model emits them
   int distinct_tokens = 0;  // |S|
   int hidden_size = 0;
-  int rules = 0;  // MLP units
-  double attention_margin = 0;  // smallest score gap of a copy head over the context, in logits
+  int rules = 0;    // MLP units
+  int context = 0;  // the most tokens a rule looks at (at most context_tokens)
 };
 
 // Writes config.json, model.safetensors, tokenizer.json, tokenizer_config.json and

@@ -2,6 +2,7 @@
 // write exactly the script, token by token, and stop at EOS; the builder refuses ambiguous scripts.
 #include <gtest/gtest.h>
 
+#include <future>
 #include <string>
 #include <vector>
 
@@ -76,6 +77,13 @@ TEST(ScriptedModelTest, WritesAToolCallThenStopsAtEos) {
   expect_writes(dir.path, qwen_prompt("What is the weather in Paris?"), kToolCall, info.script_ids[0]);
   expect_writes(dir.path, qwen_prompt("Tell me, in one word, how warm Paris is today and whether to take a coat."),
                 kToolCall, info.script_ids[0]);
+  // The emitted token's logit leads every other by about 30: sampling at temperature 1 writes the
+  // script too.
+  const auto r = test::run_command(test::binary() + " sample " + dir.path.string() + " --prompt " +
+                                   shell_quote(qwen_prompt("Weather?")) +
+                                   " --temperature 1 --top-k 0 --top-p 1 --seed 7 --json -t 1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out)["text"], kToolCall);
   // The chat template travels in tokenizer_config.json; the model stays small.
   const json cfg = test::read_json(dir.path / "tokenizer_config.json");
   EXPECT_EQ(cfg["chat_template"], read_text(template_file("Qwen-Qwen2.5-7B-Instruct.jinja")));
@@ -118,8 +126,29 @@ TEST(ScriptedModelTest, WritesParallelCallsOfTheSameFunction) {
       "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"city\": \"Tokyo\"}}\n</tool_call>";
   test::TempDir dir;
   const auto info = test::write_scripted_model(qwen_spec({{text, "", ""}}), dir.path);
+  EXPECT_GT(info.context, 30);
   expect_writes(dir.path, qwen_prompt("Weather in Paris and London, and the time in Tokyo?"), text,
                 info.script_ids[0]);
+}
+
+// The copy heads' margins survive a KV cache of 8 bits or more: each writes the same script (the
+// second call's rules look 30 tokens back, into the quantized part of KIVI's cache). int2's four
+// levels a channel blur the RoPE phases the copy heads compare, and the script breaks.
+TEST(ScriptedModelTest, KvCachesOfEightBitsOrMoreWriteTheScript) {
+  const std::string text =
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n"
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"London\"}}\n</tool_call>";
+  test::TempDir dir;
+  test::write_scripted_model(qwen_spec({{text, "", ""}}), dir.path);
+  for (const char* kv : {"fp16", "bf16", "int8"}) {
+    const auto r = test::run_command(test::binary() + " sample " + dir.path.string() + " --prompt " +
+                                     shell_quote(qwen_prompt("Weather in Paris and London?")) +
+                                     " --temperature 0 --json -t 1 --kv-group-size 16 --kv-residual 16 --kv-quantize " + kv);
+    ASSERT_EQ(r.code, 0) << kv << ": " << r.err;
+    const json j = json::parse(r.out);
+    EXPECT_EQ(j["text"], text) << kv;
+    EXPECT_EQ(j["stop_reason"], "eos") << kv;
+  }
 }
 
 // An agent's two turns: the tool call, then, with the tool's result in the prompt, the answer.
@@ -134,6 +163,34 @@ TEST(ScriptedModelTest, ATriggerInThePromptSelectsTheSecondScript) {
                             "<|im_end|>\n<|im_start|>user\n<tool_response>\n{\"sky\": \"clear\", \"note\": \"full "
                             "sun\", \"celsius\": 18}\n</tool_response><|im_end|>\n" + kQwenTail;
   expect_writes(dir.path, turn2, answer, info.script_ids[1]);
+}
+
+// Scripts with tails of their own: a chat turn and a plain completion prompt in one model.
+TEST(ScriptedModelTest, EachScriptMayHaveItsOwnTail) {
+  test::TempDir dir;
+  const std::string capital = " Paris, on the Seine.";
+  const auto info = test::write_scripted_model(
+      qwen_spec({{kToolCall, "", ""}, {capital, "", "Q: What is the capital of France?\nA:"}}), dir.path);
+  expect_writes(dir.path, qwen_prompt("Weather?"), kToolCall, info.script_ids[0]);
+  expect_writes(dir.path, "Geography quiz.\nQ: What is the capital of France?\nA:", capital, info.script_ids[1]);
+}
+
+// Three turns: each tool's result brings its trigger, and the latest trigger selects the script.
+TEST(ScriptedModelTest, TheLatestTriggerSelectsTheScript) {
+  const std::string call2 = "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+  const std::string answer = "Full sun and warm in Paris, and it is noon.";
+  test::TempDir dir;
+  const auto info = test::write_scripted_model(
+      qwen_spec({{kToolCall, "", ""}, {call2, " sun", ""}, {answer, " warm", ""}}), dir.path);
+  auto result = [](const std::string& text) {
+    return "<|im_end|>\n<|im_start|>user\n<tool_response>\n" + text + "\n</tool_response><|im_end|>\n" + kQwenTail;
+  };
+  const std::string turn1 = qwen_prompt("What is the weather in Paris, and the time?");
+  const std::string turn2 = turn1 + kToolCall + result("{\"sky\": \"full sun\"}");
+  const std::string turn3 = turn2 + call2 + result("{\"time\": \"noon\", \"feel\": \"a warm day\"}");
+  expect_writes(dir.path, turn1, kToolCall, info.script_ids[0]);
+  expect_writes(dir.path, turn2, call2, info.script_ids[1]);
+  expect_writes(dir.path, turn3, answer, info.script_ids[2]);
 }
 
 TEST(ScriptedModelTest, AmbiguousScriptsAreRefused) {
@@ -221,6 +278,17 @@ TEST(ScriptedModelTest, TheCommandWritesAModelThatServeRuns) {
   reply = server.post_ok("/v1/chat/completions",
                          {{"messages", {user, call, result}}, {"max_tokens", 200}, {"temperature", 0}});
   EXPECT_EQ(reply["choices"][0]["message"]["content"], answer);
+  // Both turns at once, decoded in one batch (-np 2), still write their scripts.
+  auto turn = [&](const json& messages) {
+    return std::async(std::launch::async, [&server, messages] {
+      return server.post_ok("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 200}, {"temperature", 0}});
+    });
+  };
+  for (int i = 0; i < 3; ++i) {
+    auto a = turn(json::array({user})), b = turn(json::array({user, call, result}));
+    EXPECT_EQ(a.get()["choices"][0]["message"]["content"], kToolCall);
+    EXPECT_EQ(b.get()["choices"][0]["message"]["content"], answer);
+  }
   EXPECT_EQ(server.stop(), 0);
 
   // Usage errors exit 2, refused scripts 1.
@@ -229,6 +297,62 @@ TEST(ScriptedModelTest, TheCommandWritesAModelThatServeRuns) {
                                      " --prompt-tail " + shell_quote(kQwenTail) + " --script Hello --script Bye");
   EXPECT_EQ(bad.code, 1);
   EXPECT_NE(bad.err.find("ambiguous"), std::string::npos) << bad.err;
+}
+
+// Other templates' generation prompts as tails, each model writing its template's own tool-call
+// syntax: the server renders the template with the request's tools and parses the call back.
+TEST(ScriptedModelTest, ServeParsesTheCallOfEachTemplate) {
+  const char* hermes = kToolCall;
+  const struct {
+    const char* name;
+    const char* tail;
+    const char* call;
+  } cases[] = {
+      {"Qwen-Qwen2.5-7B-Instruct.jinja", "<|im_start|>assistant\n", hermes},
+      {"NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", "<|im_start|>assistant\n", hermes},
+      {"meta-llama-Llama-3.1-8B-Instruct.jinja", "<|start_header_id|>assistant<|end_header_id|>\n\n",
+       "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}"},
+      {"mistralai-Mistral-7B-Instruct-v0.3.jinja", "[/INST]",
+       "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]"},
+      // Templates that show no call syntax get the Hermes one.
+      {"google-gemma-2-2b-it.jinja", "<start_of_turn>model\n", hermes},
+      {"microsoft-Phi-3.5-mini-instruct.jinja", "<|assistant|>\n", hermes},
+  };
+  const json tool = {
+      {"type", "function"},
+      {"function",
+       {{"name", "get_weather"},
+        {"description", "The weather in a city"},
+        {"parameters", {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}, {"required", {"city"}}}}}}};
+  const json messages = json::array({{{"role", "user"}, {"content", "What is the weather in Paris?"}}});
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    test::TempDir dir;
+    ScriptedModelSpec spec;
+    spec.scripts = {{c.call, "", ""}};
+    spec.prompt_tail = c.tail;
+    spec.chat_template = read_text(template_file(c.name));
+    test::write_scripted_model(spec, dir.path / "model");
+    test::ServeProcess server(dir.path / "model", {}, dir.path / "serve.err");
+    ASSERT_GT(server.port, 0) << server.log();
+    json reply = server.post_ok("/v1/chat/completions", {{"messages", messages},
+                                                         {"tools", json::array({tool})},
+                                                         {"max_tokens", 200},
+                                                         {"temperature", 0}});
+    const json& calls = reply["choices"][0]["message"]["tool_calls"];
+    ASSERT_EQ(calls.size(), 1u) << reply.dump();
+    EXPECT_EQ(calls[0]["function"]["name"], "get_weather");
+    EXPECT_EQ(json::parse(calls[0]["function"]["arguments"].get<std::string>()), json({{"city", "Paris"}}));
+    EXPECT_EQ(reply["choices"][0]["finish_reason"], "tool_calls");
+    // Without tools the same reply is plain content, exactly the script (Hermes-3's tool_use
+    // template renders only requests with tools).
+    if (std::string(c.name).find("tool_use") == std::string::npos) {
+      reply = server.post_ok("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 200}, {"temperature", 0}});
+      EXPECT_EQ(reply["choices"][0]["message"]["content"], c.call);
+      EXPECT_EQ(reply["choices"][0]["finish_reason"], "stop");
+    }
+    EXPECT_EQ(server.stop(), 0);
+  }
 }
 
 }  // namespace

@@ -96,7 +96,8 @@ int main(int argc, char** argv) {
                               {"script_ids", info.script_ids},
                               {"distinct_tokens", info.distinct_tokens},
                               {"hidden_size", info.hidden_size},
-                              {"rules", info.rules}};
+                              {"rules", info.rules},
+                              {"context", info.context}};
     std::printf("%s\n", j.dump().c_str());
   } catch (const ptllm::Error& e) {
     std::fprintf(stderr, "ptllm_scripted_model: %s\n", e.what());
