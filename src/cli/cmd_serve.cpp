@@ -45,8 +45,9 @@ struct ServeArgs {
   double prompt_cache_max_mb = 1024;
 };
 
-// The model's chat template as the server's renderer; none (a warning) when the model has none and
-// no --chat-template was given. A broken template stops the start.
+// The chat template as the server's renderer: --chat-template, the model's, or chatml for a model
+// without one (ChatPrompt warns). None (a warning) when the model's tokenizer configuration cannot be
+// read and no --chat-template was given; a broken template stops the start.
 std::function<std::string(const server::json&, const server::json&)> chat_renderer(const std::filesystem::path& dir,
                                                                                      const ChatPromptOptions& o) {
   std::shared_ptr<ChatPrompt> prompt;
