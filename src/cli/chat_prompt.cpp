@@ -84,14 +84,10 @@ chat::ChatTemplate load_builtin(const std::string& name) {
   return chat::ChatTemplate::from_string(source, "built-in " + name);
 }
 
-// Whether the model ships a chat template; a broken configuration counts as one, so that loading
-// it reports the file and field.
-bool model_has_template(const fs::path& model_dir) {
+// Whether a model directory ships a chat template; a broken configuration counts as one, so that
+// loading it reports the file and field.
+bool dir_has_template(const fs::path& model_dir) {
   std::error_code ec;
-  if (is_gguf_path(model_dir)) {
-    const chat::Json cfg = gguf_config(model_dir);
-    return cfg.contains("chat_template") && !cfg["chat_template"].is_null();
-  }
   if (!fs::is_directory(model_dir, ec) || fs::exists(model_dir / "chat_template.jinja", ec)) return true;
   const fs::path cfg_path = model_dir / "tokenizer_config.json";
   if (!fs::exists(cfg_path, ec)) return false;
@@ -104,14 +100,15 @@ chat::ChatTemplate load_template(const fs::path& model_dir, const ChatPromptOpti
   std::error_code ec;
   if (!o.template_file.empty())  // a path that exists is a file, even if it is also a built-in name
     return fs::exists(o.template_file, ec) ? load_override(model_dir, o.template_file) : load_builtin(o.template_file);
-  if (!model_has_template(model_dir)) {
+  const bool gguf = is_gguf_path(model_dir);
+  const chat::Json gguf_cfg = gguf ? gguf_config(model_dir) : chat::Json();
+  if (gguf ? !gguf_cfg.contains("chat_template") || gguf_cfg["chat_template"].is_null() : !dir_has_template(model_dir)) {
     std::fprintf(stderr, "warning: %s has no chat template; using the built-in chatml (choose another with "
                  "--chat-template NAME or FILE)\n", model_dir.string().c_str());
     return load_builtin("chatml");
   }
   try {
-    if (is_gguf_path(model_dir))
-      return chat::ChatTemplate::from_config(gguf_config(model_dir), model_dir.string() + " (tokenizer.chat_template)");
+    if (gguf) return chat::ChatTemplate::from_config(gguf_cfg, model_dir.string() + " (tokenizer.chat_template)");
     return chat::ChatTemplate::load(model_dir.string());
   } catch (const chat::TemplateError&) {
     throw;
