@@ -201,7 +201,7 @@ TEST(ChatSystemRole, FoldedSystemMessageOpensTheFirstUserTurn) {
   EXPECT_EQ(ptllm::chat::fold_system_message(none), none);
 }
 
-// Not a benchmark: one figure for docs/chat.md (issue 17: below ~1 ms per conversation is fine).
+// Not a benchmark: one figure for docs/chat.md (below ~1 ms per conversation is fine).
 TEST(ChatTemplates, RenderTimeLlama31LongConversation) {
   const Corpus& c = corpus();
   const ChatTemplate& t = c.templates.at("meta-llama-Llama-3.1-8B-Instruct.jinja");
