@@ -131,5 +131,5 @@ python3 -c "
 import struct; d=bytearray(open('$Q','rb').read()); struct.pack_into('<Q', d, 8, 1<<40); open('$T/count.gguf','wb').write(d)"
 row ".gguf tensor count 2^40" $B sample "$T/count.gguf" -p hi
 [ -f ../shared/models/gguf/kjv-small-Q4_K_M.gguf ] && row ".gguf of a block type the kernels lack" $B sample ../shared/models/gguf/kjv-small-Q4_K_M.gguf -p hi
-row "chat on a .gguf without tokenizer.chat_template" $B chat $Q -f "$T/notes.txt"
+row "chat --chat-template with neither a file nor a built-in name" $B chat $Q --chat-template llama-3 -f "$T/notes.txt"
 row "quantize --type Q4_K" $B quantize $M "$T/out.gguf" --type Q4_K

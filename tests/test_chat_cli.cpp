@@ -98,6 +98,10 @@ TEST(TemplateCli, MessagesFileAndFlags) {
   EXPECT_EQ(r.out, "<s>2024");
   r = run({(cfg_dir / "tokenizer_config.json").string(), "--messages", m.string(), "--now", "0"});
   EXPECT_EQ(r.out, "<s>1970");
+  // A built-in template by name, as chat and serve take it.
+  r = run({"phi3", "--messages", m.string(), "--add-generation-prompt"});
+  EXPECT_EQ(r.code, 0);
+  EXPECT_EQ(r.out, "<|user|>\nhi<|end|>\n<|assistant|>\n");
   fs::remove_all(cfg_dir);
 }
 

@@ -190,17 +190,33 @@ TEST_F(ChatModel, SystemPromptFlags) {
   EXPECT_TRUE(has(missing.err, "nope.txt: cannot open (--system-file)")) << missing.err;
 }
 
-// A model without a chat template is a clear error; --chat-template FILE supplies one, and
-// --chat-template-kwargs reaches it (bad JSON names the flag).
+// A model without a chat template chats through the built-in chatml, with a warning; --chat-template
+// FILE or NAME supplies another, and --chat-template-kwargs reaches it (bad JSON names the flag).
 TEST(ChatCommand, TemplateErrorsAndOverrides) {
   test::TempDir tmp;
   const fs::path tiny = test::repo_model("kjv-tiny");
   const fs::path conv = write_file(tmp.path / "conv.txt", "In the beginning\n");
   const std::string gen = " -f " + conv.string() + " --temperature 0 -n 3 --json";
   auto r = test::run_command(chat_cmd(tiny, gen));
-  EXPECT_EQ(r.code, 1);
-  EXPECT_TRUE(has(r.err, "tokenizer_config.json: chat_template: missing")) << r.err;
-  EXPECT_TRUE(has(r.err, "--chat-template FILE")) << r.err;
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(has(r.err, "has no chat template; using the built-in chatml")) << r.err;
+  EXPECT_TRUE(has(r.err, "chat template built-in chatml")) << r.err;
+  // The same prompt and reply as ChatML written out in a file.
+  const fs::path chatml = write_file(tmp.path / "chatml.jinja",
+                                     "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + "
+                                     "'<|im_end|>\\n' }}{% endfor %}{{ '<|im_start|>assistant\\n' }}");
+  auto file = test::run_command(chat_cmd(tiny, "--chat-template " + chatml.string() + gen));
+  ASSERT_EQ(file.code, 0) << file.err;
+  EXPECT_FALSE(has(file.err, "has no chat template")) << file.err;
+  EXPECT_EQ(turns_of(r.out)[0]["prompt_tokens"], turns_of(file.out)[0]["prompt_tokens"]);
+  EXPECT_EQ(turns_of(r.out)[0]["tokens"], turns_of(file.out)[0]["tokens"]);
+  auto named = test::run_command(chat_cmd(tiny, "--chat-template chatml" + gen));
+  ASSERT_EQ(named.code, 0) << named.err;
+  EXPECT_FALSE(has(named.err, "has no chat template")) << named.err;
+  EXPECT_EQ(turns_of(named.out)[0]["tokens"], turns_of(file.out)[0]["tokens"]);
+  auto llama3 = test::run_command(chat_cmd(tiny, "--chat-template llama3" + gen));
+  ASSERT_EQ(llama3.code, 0) << llama3.err;
+  EXPECT_GT(turns_of(llama3.out)[0]["prompt_tokens"].get<int>(), turns_of(named.out)[0]["prompt_tokens"].get<int>() + 10);
 
   const fs::path tmpl = write_file(tmp.path / "t.jinja",
                                    "{{ bos_token }}{% if loud %}LOUD {% endif %}{% for m in messages %}{{ m.role }}: "
@@ -220,7 +236,33 @@ TEST(ChatCommand, TemplateErrorsAndOverrides) {
   EXPECT_TRUE(has(list.err, "--chat-template-kwargs: expected a JSON object")) << list.err;
   auto nofile = test::run_command(chat_cmd(tiny, "--chat-template " + (tmp.path / "no.jinja").string() + gen));
   EXPECT_EQ(nofile.code, 1);
-  EXPECT_TRUE(has(nofile.err, "no.jinja: cannot open the chat template (--chat-template)")) << nofile.err;
+  EXPECT_TRUE(has(nofile.err, "no.jinja: no such file, and not a built-in template name (chatml, llama3, mistral-v7, "
+                              "qwen2.5, gemma, phi3)")) << nofile.err;
+}
+
+// Gemma 2's template raises on a system message: chat folds --system into the first user turn,
+// with a warning. Gemma 3's template folds it the same way itself: same prompt, same reply.
+TEST(ChatCommand, SystemPromptFoldedForTemplatesThatRefuseIt) {
+  test::TempDir tmp;
+  const fs::path tiny = test::repo_model("kjv-tiny");
+  const fs::path dir = test::repo_dir() / "tests" / "data" / "chat_templates";
+  const fs::path conv = write_file(tmp.path / "conv.txt", "In the beginning\nAnd God said\n");
+  const std::string gen = " --system 'Thou art a scribe.' --temperature 0 -n 3 --json -f " + conv.string();
+  auto g2 = test::run_command(chat_cmd(tiny, "--chat-template " + (dir / "google-gemma-2-2b-it.jinja").string() + gen));
+  ASSERT_EQ(g2.code, 0) << g2.err;
+  const std::string warning = "refuses system messages; the system message is put at the start of the first user message";
+  EXPECT_TRUE(has(g2.err, warning)) << g2.err;
+  EXPECT_EQ(g2.err.find(warning), g2.err.rfind(warning)) << "warned more than once: " << g2.err;
+  auto g3 = test::run_command(chat_cmd(tiny, "--chat-template " + (dir / "google-gemma-3-4b-it.jinja").string() + gen));
+  ASSERT_EQ(g3.code, 0) << g3.err;
+  EXPECT_FALSE(has(g3.err, warning)) << g3.err;
+  const auto a = turns_of(g2.out), b = turns_of(g3.out);
+  ASSERT_EQ(a.size(), 2u);
+  ASSERT_EQ(b.size(), 2u);
+  for (size_t k = 0; k < 2; ++k) {
+    EXPECT_EQ(a[k]["prompt_tokens"], b[k]["prompt_tokens"]);
+    EXPECT_EQ(a[k]["tokens"], b[k]["tokens"]);
+  }
 }
 
 // --prompt-cache-dir: each turn's state is saved; the same conversation launched again restores

@@ -17,6 +17,7 @@
 #include <fstream>
 #include <future>
 #include <regex>
+#include <sstream>
 #include <thread>
 
 #include "chat/chat_template.h"
@@ -458,9 +459,26 @@ TEST(ServeCommand, PortZeroAnswersAndSigtermExitsZero) {
                         "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200);
-  // No chat template in the shipped model: the chat endpoint says so.
-  expect_error(c.Post("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}]})", "application/json"),
-               400, "no chat template");
+  // No chat template in the shipped model: the chat endpoint uses ChatML, with a warning at start.
+  const auto chat = c.Post("/v1/chat/completions",
+                           R"({"messages": [{"role": "user", "content": "In the beginning"}], "max_tokens": 4, "temperature": 0})",
+                           "application/json");
+  ASSERT_TRUE(chat);
+  ASSERT_EQ(chat->status, 200) << chat->body;
+  const json answer = json::parse(chat->body);
+  EXPECT_EQ(answer["choices"][0]["message"]["role"], "assistant");
+  EXPECT_GT(answer["usage"]["completion_tokens"].get<int>(), 0);
+  const auto prompt = c.Post("/apply-template", R"({"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]})",
+                             "application/json");
+  ASSERT_TRUE(prompt);
+  EXPECT_EQ(json::parse(prompt->body)["prompt"], "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n");
+  {
+    std::ifstream in(err);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    EXPECT_NE(ss.str().find("has no chat template; using the built-in chatml"), std::string::npos) << ss.str();
+    EXPECT_NE(ss.str().find("chat template: built-in chatml"), std::string::npos) << ss.str();
+  }
   ASSERT_EQ(kill(pid, SIGTERM), 0);
   int status = 0;
   ASSERT_EQ(waitpid(pid, &status, 0), pid);

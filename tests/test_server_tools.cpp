@@ -3,7 +3,8 @@
 // the case "tools_user" (tests/data/chat_cases.jsonl): the prompt the server builds (its
 // /apply-template, and the prompt tokens of /v1/chat/completions) is byte for byte what Jinja2 set
 // up as transformers' apply_chat_template renders (tests/data/chat_expected.jsonl, written by
-// scripts/render_chat_templates.py). And invalid `tools` are a 400 naming the field.
+// scripts/render_chat_templates.py). And invalid `tools` are a 400 naming the field; a built-in
+// --chat-template NAME, and a system message folded for a template that refuses the role.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -125,6 +126,39 @@ TEST_F(ServerToolsTest, InvalidToolsAreA400NamingTheField) {
                                     {"tools", json::array({{{"type", "function"}, {"function", {{"name", "f"}}}}})},
                                     {"max_tokens", 2}});
   EXPECT_GE(ok["usage"]["completion_tokens"].get<int>(), 1);
+}
+
+// serve --chat-template NAME takes a built-in; a template that refuses the system role (Gemma 2)
+// gets the system message folded into the first user message, with one warning at the first fold.
+TEST(ServeTemplates, BuiltinNameAndSystemFolding) {
+  test::TempDir tmp;
+  const json conv = {{"messages", {{{"role", "system"}, {"content", "S"}}, {{"role", "user"}, {"content", "U"}}}}};
+  {
+    test::ServeProcess llama3(test::repo_model("kjv-tiny"), {"--chat-template", "llama3"}, tmp.path / "llama3.err");
+    ASSERT_GT(llama3.port, 0) << llama3.log();
+    EXPECT_EQ(llama3.post_ok("/apply-template", conv)["prompt"],
+              "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+              "Today Date: 26 Jul 2024\n\nS<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nU<|eot_id|>"
+              "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    EXPECT_NE(llama3.log().find("chat template: built-in llama3"), std::string::npos) << llama3.log();
+    EXPECT_EQ(llama3.stop(), 0);
+  }
+  const fs::path gemma2 = data_dir() / "chat_templates" / "google-gemma-2-2b-it.jinja";
+  test::ServeProcess gemma(test::repo_model("kjv-tiny"), {"--chat-template", gemma2.string()}, tmp.path / "gemma.err");
+  ASSERT_GT(gemma.port, 0) << gemma.log();
+  const std::string warning = "refuses system messages";
+  EXPECT_EQ(gemma.log().find(warning), std::string::npos) << "warned before any system message: " << gemma.log();
+  // kjv-tiny's bos_token is <s>.
+  const std::string folded = "<s><start_of_turn>user\nS\n\nU<end_of_turn>\n<start_of_turn>model\n";
+  EXPECT_EQ(gemma.post_ok("/apply-template", conv)["prompt"], folded);
+  EXPECT_EQ(gemma.post_ok("/apply-template", conv)["prompt"], folded);
+  json gen = conv;
+  gen["max_tokens"] = 2;
+  EXPECT_GE(gemma.post_ok("/v1/chat/completions", gen)["usage"]["completion_tokens"].get<int>(), 1);
+  const std::string log = gemma.log();
+  EXPECT_NE(log.find(warning), std::string::npos) << log;
+  EXPECT_EQ(log.find(warning), log.rfind(warning)) << "warned more than once: " << log;
+  EXPECT_EQ(gemma.stop(), 0);
 }
 
 }  // namespace

@@ -24,6 +24,8 @@ Value get_item(const Value& obj, const Value& key);
 // What `for x in v` walks: list items, dict keys, str characters; Undefined: nothing.
 List iterate(const Value& v);
 [[noreturn]] void fail_undefined(const Value& u);
+// markupsafe.escape: & < > " ' as HTML entities.
+std::string html_escape(std::string_view s);
 
 // Filters and tests.
 Value filter(Evaluator& ev, const std::string& name, const Value& v, CallArgs& args);

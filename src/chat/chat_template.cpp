@@ -139,4 +139,57 @@ std::string ChatTemplate::render(const ChatRequest& req, const RenderOptions& op
   return chat::render(*it->second, ctx, options);
 }
 
+bool ChatTemplate::refuses_system_role() const {
+  ChatRequest with, without;
+  with.messages = Json::parse(R"([{"role": "system", "content": "S"}, {"role": "user", "content": "U"}])");
+  without.messages = Json::parse(R"([{"role": "user", "content": "U"}])");
+  with.add_generation_prompt = without.add_generation_prompt = true;
+  RenderOptions opt;
+  opt.now = 0;  // no clock needed
+  try {
+    render(with, opt);
+    return false;
+  } catch (const TemplateError&) {
+  }
+  try {
+    render(without, opt);
+    return true;
+  } catch (const TemplateError&) {
+    return false;  // refuses this much: not about the system role
+  }
+}
+
+Json fold_system_message(const Json& messages) {
+  if (!messages.is_array() || messages.empty() || !messages[0].is_object() || messages[0].value("role", "") != "system")
+    return messages;
+  const Json& sys = messages[0].contains("content") ? messages[0]["content"] : Json();
+  std::string text;
+  if (sys.is_string()) {
+    text = sys.get<std::string>();
+  } else if (sys.is_array()) {
+    for (const Json& part : sys)
+      if (part.is_object() && part.value("type", "") == "text" && part.contains("text") && part["text"].is_string())
+        text += part["text"].get<std::string>();
+  }
+  Json out = Json::array();
+  bool folded = false;
+  for (size_t i = 1; i < messages.size(); ++i) {
+    Json m = messages[i];
+    if (!folded && m.is_object() && m.value("role", "") == "user") {
+      Json& c = m["content"];
+      if (c.is_string()) {
+        c = text + "\n\n" + c.get<std::string>();
+      } else if (c.is_array()) {
+        c.insert(c.begin(), Json{{"type", "text"}, {"text", text + "\n\n"}});
+      } else {
+        c = text;
+      }
+      folded = true;
+    }
+    out.push_back(std::move(m));
+  }
+  if (!folded) return messages;  // no user turn to carry it: the template decides
+  return out;
+}
+
 }  // namespace ptllm::chat

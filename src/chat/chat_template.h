@@ -13,6 +13,8 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "chat/ast.h"
 #include "chat/eval.h"
@@ -45,6 +47,11 @@ class ChatTemplate {
   // operation), Error for a missing template name.
   std::string render(const ChatRequest& request, const RenderOptions& options = {}) const;
 
+  // Whether the template raises on a leading system message although it renders the same
+  // conversation without one (Gemma 2: "System role not supported"). Found by rendering two probe
+  // conversations, so it holds for any template that refuses the role, whatever its message.
+  bool refuses_system_role() const;
+
   // The names of the templates ("default" for a single one) and the special tokens.
   std::vector<std::string> template_names() const;
   const Json& special_tokens() const { return special_tokens_; }
@@ -60,5 +67,14 @@ class ChatTemplate {
   std::map<std::string, std::shared_ptr<const Program>> templates_;
   Json special_tokens_ = Json::object();  // bos_token, eos_token, ... as plain strings
 };
+
+// The built-in templates of --chat-template NAME (chatml, llama3, mistral-v7, qwen2.5, gemma,
+// phi3): their names, and the source of one (nullptr for an unknown name).
+std::vector<std::string> builtin_template_names();
+const char* builtin_template_source(std::string_view name);
+
+// `messages` with a leading system message folded into the first user message ("SYSTEM\n\nUSER"),
+// for templates that refuse the system role; unchanged when there is nothing to fold.
+Json fold_system_message(const Json& messages);
 
 }  // namespace ptllm::chat

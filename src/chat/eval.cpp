@@ -16,18 +16,18 @@ Value loop_object(const List& items, size_t i) {
   const int64_t k = static_cast<int64_t>(i);
   Dict d;
   d.items.reserve(12);
-  d.items.emplace_back("index", Value::integer(k + 1));
-  d.items.emplace_back("index0", Value::integer(k));
-  d.items.emplace_back("revindex", Value::integer(n - k));
-  d.items.emplace_back("revindex0", Value::integer(n - k - 1));
-  d.items.emplace_back("first", Value::boolean(i == 0));
-  d.items.emplace_back("last", Value::boolean(k == n - 1));
-  d.items.emplace_back("length", Value::integer(n));
-  d.items.emplace_back("depth", Value::integer(1));
-  d.items.emplace_back("depth0", Value::integer(0));
-  d.items.emplace_back("previtem", i > 0 ? items[i - 1] : Value::undefined("there is no previous item"));
-  d.items.emplace_back("nextitem", k + 1 < n ? items[i + 1] : Value::undefined("there is no next item"));
-  d.items.emplace_back("cycle", Value::callable("loop.cycle", [i](Evaluator&, CallArgs& a) {
+  d.items.emplace_back(Value::string("index"), Value::integer(k + 1));
+  d.items.emplace_back(Value::string("index0"), Value::integer(k));
+  d.items.emplace_back(Value::string("revindex"), Value::integer(n - k));
+  d.items.emplace_back(Value::string("revindex0"), Value::integer(n - k - 1));
+  d.items.emplace_back(Value::string("first"), Value::boolean(i == 0));
+  d.items.emplace_back(Value::string("last"), Value::boolean(k == n - 1));
+  d.items.emplace_back(Value::string("length"), Value::integer(n));
+  d.items.emplace_back(Value::string("depth"), Value::integer(1));
+  d.items.emplace_back(Value::string("depth0"), Value::integer(0));
+  d.items.emplace_back(Value::string("previtem"), i > 0 ? items[i - 1] : Value::undefined("there is no previous item"));
+  d.items.emplace_back(Value::string("nextitem"), k + 1 < n ? items[i + 1] : Value::undefined("there is no next item"));
+  d.items.emplace_back(Value::string("cycle"), Value::callable("loop.cycle", [i](Evaluator&, CallArgs& a) {
     if (a.pos.empty()) throw EvalError("no items for cycling given");
     return a.pos[i % a.pos.size()];
   }));
@@ -55,7 +55,9 @@ void Evaluator::check_size(size_t bytes) const {
 
 std::string Evaluator::run(const Dict& context) {
   frames_.clear();
-  frames_.push_back({context.items, SIZE_MAX});
+  frames_.push_back({{}, SIZE_MAX});
+  for (const auto& [k, v] : context.items)
+    if (k.is_string()) frames_.back().vars.emplace_back(k.as_string(), v);
   current_ = 0;
   std::string out;
   try {

@@ -28,9 +28,9 @@ Value Evaluator::eval(const Expr& e) {
     case ExprKind::Dict: {
       Dict d;
       for (size_t i = 0; i + 1 < e.args.size(); i += 2) {
-        const Value k = eval(*e.args[i]);
-        if (!k.is_string()) throw EvalError("dict keys other than strings are not supported");
-        d.set(k.as_string(), eval(*e.args[i + 1]));
+        Value k = eval(*e.args[i]);
+        check_hashable(k);
+        d.set(std::move(k), eval(*e.args[i + 1]));
       }
       return Value::dict(std::move(d));
     }

@@ -61,7 +61,7 @@ Value f_upper(Evaluator&, const Value& v, CallArgs&) { return Value::string(pyst
 Value f_title(Evaluator&, const Value& v, CallArgs&) { return Value::string(pystr::jinja_title(v.str())); }
 Value f_capitalize(Evaluator&, const Value& v, CallArgs&) { return Value::string(pystr::capitalize(v.str())); }
 Value f_string(Evaluator&, const Value& v, CallArgs&) { return v.is_string() ? v : Value::string(v.str()); }
-Value f_safe(Evaluator&, const Value& v, CallArgs&) { return v.is_string() ? v : Value::string(v.str()); }
+Value f_safe(Evaluator&, const Value& v, CallArgs&) { return Value::markup(v.str()); }
 
 Value f_replace(Evaluator&, const Value& v, CallArgs& a) {
   const Value& cnt = arg(a, 2, "count", kNone);
@@ -102,12 +102,15 @@ Value f_items(Evaluator&, const Value& v, CallArgs&) {
   if (v.is_undefined()) return Value::list({});
   if (!v.is_dict()) throw EvalError("Can only get item pairs from a mapping.");
   List out;
-  for (const auto& [k, x] : v.as_dict().items) out.push_back(Value::list({Value::string(k), x}, true));
+  for (const auto& [k, x] : v.as_dict().items) out.push_back(Value::list({k, x}, true));
   return Value::list(std::move(out));
 }
 
+// As Jinja2, map and the select family yield nothing for a falsy value (None, 0, ''), before
+// looking at their arguments: functionary's template filters `tools` when it is None.
 Value f_map(Evaluator& ev, const Value& v, CallArgs& a) {
   List out;
+  if (!v.truthy()) return Value::list({});
   if (const Value* attr = a.get(SIZE_MAX, "attribute")) {
     const Value* dflt = a.get(SIZE_MAX, "default");
     for (const auto& x : iterate(v)) {
@@ -130,6 +133,7 @@ Value f_map(Evaluator& ev, const Value& v, CallArgs& a) {
 
 // select / reject / selectattr / rejectattr: `attr` set for the *attr forms.
 Value select_impl(Evaluator& ev, const Value& v, CallArgs& a, bool keep, bool by_attr) {
+  if (!v.truthy()) return Value::list({});
   size_t first = 0;
   std::string attr;
   if (by_attr) {
@@ -304,7 +308,7 @@ Value f_dictsort(Evaluator&, const Value& v, CallArgs& a) {
   const bool cs = arg_bool(a, 0, "case_sensitive", false), rev = arg_bool(a, 2, "reverse", false);
   const bool by_value = arg_str(a, 1, "by", "key") == "value";
   List items;
-  for (const auto& [k, x] : v.as_dict().items) items.push_back(Value::list({Value::string(k), x}, true));
+  for (const auto& [k, x] : v.as_dict().items) items.push_back(Value::list({k, x}, true));
   std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
     const Value kx = sort_key(x.as_list()[by_value], cs), ky = sort_key(y.as_list()[by_value], cs);
     return rev ? less(ky, kx) : less(kx, ky);
@@ -361,19 +365,9 @@ Value f_center(Evaluator&, const Value& v, CallArgs& a) {
 }
 
 Value f_escape(Evaluator&, const Value& v, CallArgs&) {
-  std::string out;
-  for (char c : v.str()) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&#34;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
-    }
-  }
-  return Value::string(std::move(out));
+  return v.is_markup() ? v : Value::markup(html_escape(v.str()));
 }
+Value f_forceescape(Evaluator&, const Value& v, CallArgs&) { return Value::markup(html_escape(v.str())); }
 
 // printf-style "%s" % args, the conversions templates use: %s %r %d %i %f %%.
 Value f_format(Evaluator&, const Value& v, CallArgs& a) {
@@ -421,7 +415,7 @@ const std::unordered_map<std::string_view, FilterFn>& filters() {
       {"indent", f_indent}, {"abs", f_abs}, {"round", f_round}, {"unique", f_unique},
       {"reverse", f_reverse}, {"sort", f_sort}, {"dictsort", f_dictsort}, {"wordcount", f_wordcount},
       {"sum", f_sum}, {"max", f_max}, {"min", f_min}, {"attr", f_attr}, {"center", f_center},
-      {"escape", f_escape}, {"e", f_escape}, {"forceescape", f_escape}, {"format", f_format},
+      {"escape", f_escape}, {"e", f_escape}, {"forceescape", f_forceescape}, {"format", f_format},
   };
   return m;
 }

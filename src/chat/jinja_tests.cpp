@@ -71,7 +71,7 @@ bool t_upper(Evaluator&, const Value& v, CallArgs&) {
   const std::string s = v.str();
   return pystr::upper(s) == s && pystr::lower(s) != s;
 }
-bool t_escaped(Evaluator&, const Value&, CallArgs&) { return false; }
+bool t_escaped(Evaluator&, const Value& v, CallArgs&) { return v.is_markup(); }
 
 const std::unordered_map<std::string_view, TestFn>& tests() {
   static const std::unordered_map<std::string_view, TestFn> m = {

@@ -33,7 +33,7 @@ Value from_json_at(const Json& j, int depth) {
     case Json::value_t::object: {
       Dict d;
       d.items.reserve(j.size());
-      for (const auto& [k, v] : j.items()) d.items.emplace_back(k, from_json_at(v, depth + 1));
+      for (const auto& [k, v] : j.items()) d.items.emplace_back(Value::string(k), from_json_at(v, depth + 1));
       return Value::dict(std::move(d));
     }
     default: return Value::none();  // binary / discarded: not produced by the parser
@@ -79,6 +79,19 @@ void dump_string(std::string& out, std::string_view s, bool ensure_ascii) {
   out += '"';
 }
 
+void dump(std::string& out, const Value& v, const JsonDumpOptions& o, int depth);
+
+// json.dumps writes a key as a string: an int, float, bool or None key as its JSON text.
+std::string key_text(const Value& k) {
+  if (k.is_string()) return k.as_string();
+  if (k.is_none() || k.is_bool() || k.is_int() || k.is_float()) {
+    std::string s;
+    dump(s, k, {}, 0);
+    return s;
+  }
+  throw EvalError("keys must be str, int, float, bool or None, not " + k.type_name());
+}
+
 void dump(std::string& out, const Value& v, const JsonDumpOptions& o, int depth) {
   if (depth > 200) throw EvalError("tojson: nesting too deep");
   using K = Value::Kind;
@@ -116,19 +129,19 @@ void dump(std::string& out, const Value& v, const JsonDumpOptions& o, int depth)
       return;
     }
     case K::Dict: {
-      std::vector<const std::pair<std::string, Value>*> items;
+      std::vector<const std::pair<Value, Value>*> items;
       for (const auto& kv : v.as_dict().items) items.push_back(&kv);
       if (items.empty()) {
         out += "{}";
         return;
       }
       if (o.sort_keys)
-        std::stable_sort(items.begin(), items.end(), [](auto* a, auto* b) { return a->first < b->first; });
+        std::stable_sort(items.begin(), items.end(), [](auto* a, auto* b) { return less(a->first, b->first); });
       out += '{';
       for (size_t i = 0; i < items.size(); ++i) {
         if (i) out += o.item_sep;
         newline(depth + 1);
-        dump_string(out, items[i]->first, o.ensure_ascii);
+        dump_string(out, key_text(items[i]->first), o.ensure_ascii);
         out += o.key_sep;
         dump(out, items[i]->second, o, depth + 1);
       }

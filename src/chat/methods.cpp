@@ -140,13 +140,14 @@ Value string_method(const std::string& s, const std::string& m, CallArgs& a) {
 Value dict_method(const Dict& d, const std::string& m, CallArgs& a) {
   if (m == "get") {
     if (a.pos.empty()) throw EvalError("get expected at least 1 argument, got 0");
-    const Value* v = a.pos[0].is_string() ? d.find(a.pos[0].as_string()) : nullptr;
+    check_hashable(a.pos[0]);
+    const Value* v = d.find(a.pos[0]);
     return v ? *v : (a.pos.size() > 1 ? a.pos[1] : Value::none());
   }
   List out;
   for (const auto& [k, v] : d.items) {
-    if (m == "items") out.push_back(Value::list({Value::string(k), v}, true));
-    else if (m == "keys") out.push_back(Value::string(k));
+    if (m == "items") out.push_back(Value::list({k, v}, true));
+    else if (m == "keys") out.push_back(k);
     else out.push_back(v);
   }
   return Value::list(std::move(out));

@@ -111,6 +111,22 @@ void fail_undefined(const Value& u) {
   throw EvalError(u.as_string().empty() ? "value is undefined" : u.as_string());
 }
 
+std::string html_escape(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&#34;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
 Value arith(Op op, const Value& a, const Value& b) {
   if (a.is_undefined()) fail_undefined(a);
   if (b.is_undefined()) fail_undefined(b);
@@ -119,7 +135,11 @@ Value arith(Op op, const Value& a, const Value& b) {
     return int_arith(op, a.as_int(), b.as_int());
   }
   if (op == Op::Add) {
-    if (a.is_string() && b.is_string()) return Value::string(a.as_string() + b.as_string());
+    if (a.is_string() && b.is_string()) {
+      if (!a.is_markup() && !b.is_markup()) return Value::string(a.as_string() + b.as_string());
+      auto text = [](const Value& v) { return v.is_markup() ? v.as_string() : html_escape(v.as_string()); };
+      return Value::markup(text(a) + text(b));
+    }
     if (a.is_list() && b.is_list() && a.is_tuple() == b.is_tuple()) {
       List out = a.as_list();
       out.insert(out.end(), b.as_list().begin(), b.as_list().end());
@@ -155,7 +175,9 @@ bool contains(const Value& c, const Value& needle) {
       for (const auto& x : c.as_list())
         if (equals(x, needle)) return true;
       return false;
-    case Value::Kind::Dict: return needle.is_string() && c.as_dict().find(needle.as_string()) != nullptr;
+    case Value::Kind::Dict:
+      check_hashable(needle);
+      return c.as_dict().find(needle) != nullptr;
     default: throw EvalError("argument of type '" + c.type_name() + "' is not iterable");
   }
 }
@@ -202,6 +224,11 @@ Value get_item(const Value& obj, const Value& key) {
     if (obj.is_dict() && has_method(obj, key.as_string())) return get_attr(obj, key.as_string());
     return Value::undefined("'dict object' has no attribute '" + key.as_string() + "'");
   }
+  if (obj.is_dict()) {
+    if (!key.is_list() && !key.is_dict() && !key.is_namespace() && !key.is_callable())
+      if (const Value* v = obj.as_dict().find(key)) return *v;
+    return Value::undefined("'dict object' has no element " + key.repr());
+  }
   if ((obj.is_list() || obj.is_string()) && (key.is_int() || key.is_bool())) {
     int64_t i = key.as_int();
     if (obj.is_list()) {
@@ -226,7 +253,7 @@ List iterate(const Value& v) {
     case Value::Kind::Dict: {
       List keys;
       keys.reserve(v.as_dict().items.size());
-      for (const auto& [k, x] : v.as_dict().items) keys.push_back(Value::string(k));
+      for (const auto& [k, x] : v.as_dict().items) keys.push_back(k);
       return keys;
     }
     case Value::Kind::String: {

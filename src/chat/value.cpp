@@ -14,17 +14,42 @@ TemplateError::TemplateError(const std::string& template_name, int line_, const 
 
 const Value* Dict::find(std::string_view key) const {
   for (const auto& [k, v] : items)
-    if (k == key) return &v;
+    if (k.is_string() && k.as_string() == key) return &v;
+  return nullptr;
+}
+
+const Value* Dict::find(const Value& key) const {
+  if (key.is_string()) return find(std::string_view(key.as_string()));
+  for (const auto& [k, v] : items)
+    if (equals(k, key)) return &v;
   return nullptr;
 }
 
 void Dict::set(std::string_view key, Value v) {
   for (auto& [k, old] : items)
-    if (k == key) {
+    if (k.is_string() && k.as_string() == key) {
       old = std::move(v);
       return;
     }
-  items.emplace_back(std::string(key), std::move(v));
+  items.emplace_back(Value::string(std::string(key)), std::move(v));
+}
+
+void Dict::set(Value key, Value v) {
+  for (auto& [k, old] : items)
+    if (equals(k, key)) {
+      old = std::move(v);
+      return;
+    }
+  items.emplace_back(std::move(key), std::move(v));
+}
+
+void check_hashable(const Value& key) {
+  if (key.is_list() && key.is_tuple()) {
+    for (const auto& x : key.as_list()) check_hashable(x);
+    return;
+  }
+  if (key.is_list() || key.is_dict() || key.is_namespace() || key.is_callable())
+    throw EvalError("unhashable type: '" + key.type_name() + "'");
 }
 
 const Value* CallArgs::get(size_t i, std::string_view name) const {
@@ -67,6 +92,11 @@ Value Value::string(std::string s) {
   v.s_ = std::move(s);
   return v;
 }
+Value Value::markup(std::string s) {
+  Value v = string(std::move(s));
+  v.markup_ = true;
+  return v;
+}
 namespace {
 uint16_t nested_depth(int child_depth) {
   if (child_depth + 1 > Value::kMaxDepth) throw EvalError("values nested too deeply");
@@ -98,7 +128,7 @@ Value Value::list(List items, bool tuple) {
 Value Value::dict(Dict d) {
   Value v;
   int depth = 0;
-  for (const auto& [k, x] : d.items) depth = std::max(depth, static_cast<int>(x.depth_));
+  for (const auto& [k, x] : d.items) depth = std::max({depth, static_cast<int>(k.depth_), static_cast<int>(x.depth_)});
   v.depth_ = nested_depth(depth);
   v.kind_ = Kind::Dict;
   v.dict_ = std::make_shared<Dict>(std::move(d));
@@ -217,7 +247,7 @@ std::string Value::repr() const {
     case Kind::Namespace: {
       std::string out = kind_ == Kind::Namespace ? "<Namespace {" : "{";
       for (size_t i = 0; i < dict_->items.size(); ++i)
-        out += (i ? ", " : "") + repr_string(dict_->items[i].first) + ": " + dict_->items[i].second.repr();
+        out += (i ? ", " : "") + dict_->items[i].first.repr() + ": " + dict_->items[i].second.repr();
       return out + (kind_ == Kind::Namespace ? "}>" : "}");
     }
     case Kind::Callable: return "<function " + fn_->name + ">";

@@ -28,12 +28,20 @@ struct EvalError : std::runtime_error {
 
 class Value;
 using List = std::vector<Value>;
-// Insertion-ordered (Python 3.7+ dict order); chat dicts are small, so lookup is linear.
+// Insertion-ordered (Python 3.7+ dict order); chat dicts are small, so lookup is linear. Keys are
+// strings mostly, but any hashable value (int, float, bool, None, a tuple of those) may be one:
+// Seed-OSS keys a table by ints. As in Python, 1, 1.0 and True are the same key.
 struct Dict {
-  std::vector<std::pair<std::string, Value>> items;
-  const Value* find(std::string_view key) const;
+  std::vector<std::pair<Value, Value>> items;
+  const Value* find(std::string_view key) const;  // a str key
+  const Value* find(const Value& key) const;
   void set(std::string_view key, Value v);
+  void set(Value key, Value v);  // an existing equal key stays, its value is replaced
 };
+
+// Python's hash(): lists, dicts, namespaces and callables cannot be keys; throws EvalError
+// "unhashable type: 'list'".
+void check_hashable(const Value& key);
 
 struct CallArgs {
   std::vector<Value> pos;
@@ -59,6 +67,9 @@ class Value {
   static Value integer(int64_t i);
   static Value real(double d);
   static Value string(std::string s);
+  // markupsafe's Markup, what `safe` and `escape` return: a str whose `+` HTML-escapes the plain
+  // str on the other side (Functionary's template relies on it).
+  static Value markup(std::string s);
   static Value list(List items, bool tuple = false);
   static Value dict(Dict d);
   static Value ns(Dict d);  // namespace(): the one mutable object templates have
@@ -80,6 +91,7 @@ class Value {
   bool is_float() const { return kind_ == Kind::Float; }
   bool is_number() const { return kind_ == Kind::Int || kind_ == Kind::Float || kind_ == Kind::Bool; }
   bool is_string() const { return kind_ == Kind::String; }
+  bool is_markup() const { return kind_ == Kind::String && markup_; }
   bool is_list() const { return kind_ == Kind::List; }
   bool is_tuple() const { return kind_ == Kind::List && tuple_; }
   bool is_dict() const { return kind_ == Kind::Dict; }
@@ -104,6 +116,7 @@ class Value {
   Kind kind_ = Kind::Undefined;
   bool b_ = false;
   bool tuple_ = false;
+  bool markup_ = false;
   uint16_t depth_ = 0;
   int64_t i_ = 0;
   double f_ = 0;

@@ -1,5 +1,6 @@
 #include "cli/chat_prompt.h"
 
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
@@ -12,10 +13,22 @@ namespace ptllm::cli {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+std::string builtin_names() {
+  std::string s;
+  for (const std::string& n : chat::builtin_template_names()) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+
+}  // namespace
+
 void add_chat_prompt_options(CLI::App& app, ChatPromptOptions& o) {
   app.add_option("--chat-template", o.template_file,
-                 "A Jinja chat template FILE instead of the model's (its special tokens still come from "
-                 "tokenizer_config.json)");
+                 "A chat template instead of the model's: a Jinja FILE (the special tokens still come from "
+                 "tokenizer_config.json) or a built-in NAME: " + builtin_names() +
+                     ". A model without a template uses chatml")
+      ->type_name("FILE|NAME");
   app.add_option("--chat-template-kwargs", o.kwargs,
                  "Extra template variables as a JSON object, e.g. '{\"enable_thinking\": false}'");
 }
@@ -64,37 +77,65 @@ chat::ChatTemplate load_override(const fs::path& model_dir, const std::string& f
   return chat::ChatTemplate::from_config(cfg, file);
 }
 
+chat::ChatTemplate load_builtin(const std::string& name) {
+  const char* source = chat::builtin_template_source(name);
+  if (source == nullptr)
+    throw Error("--chat-template " + name + ": no such file, and not a built-in template name (" + builtin_names() + ")");
+  return chat::ChatTemplate::from_string(source, "built-in " + name);
+}
+
+// Whether a model directory ships a chat template; a broken configuration counts as one, so that
+// loading it reports the file and field.
+bool dir_has_template(const fs::path& model_dir) {
+  std::error_code ec;
+  if (!fs::is_directory(model_dir, ec) || fs::exists(model_dir / "chat_template.jinja", ec)) return true;
+  const fs::path cfg_path = model_dir / "tokenizer_config.json";
+  if (!fs::exists(cfg_path, ec)) return false;
+  const chat::Json cfg = chat::Json::parse(read_file(cfg_path, "the tokenizer config"), nullptr, false);
+  return !cfg.is_object() || (cfg.contains("chat_template") && !cfg["chat_template"].is_null());
+}
+
+// The template that --chat-template and the model give, before any rendering.
+chat::ChatTemplate load_template(const fs::path& model_dir, const ChatPromptOptions& o) {
+  std::error_code ec;
+  if (!o.template_file.empty())  // a path that exists is a file, even if it is also a built-in name
+    return fs::exists(o.template_file, ec) ? load_override(model_dir, o.template_file) : load_builtin(o.template_file);
+  const bool gguf = is_gguf_path(model_dir);
+  const chat::Json gguf_cfg = gguf ? gguf_config(model_dir) : chat::Json();
+  if (gguf ? !gguf_cfg.contains("chat_template") || gguf_cfg["chat_template"].is_null() : !dir_has_template(model_dir)) {
+    std::fprintf(stderr, "warning: %s has no chat template; using the built-in chatml (choose another with "
+                 "--chat-template NAME or FILE)\n", model_dir.string().c_str());
+    return load_builtin("chatml");
+  }
+  try {
+    if (gguf) return chat::ChatTemplate::from_config(gguf_cfg, model_dir.string() + " (tokenizer.chat_template)");
+    return chat::ChatTemplate::load(model_dir.string());
+  } catch (const chat::TemplateError&) {
+    throw;
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + "; give one with --chat-template NAME or FILE");
+  }
+}
+
 }  // namespace
 
 ChatPrompt ChatPrompt::load(const fs::path& model_dir, const ChatPromptOptions& o) {
   ChatPrompt p;
   p.kwargs_ = parse_kwargs(o.kwargs);
-  if (!o.template_file.empty()) {
-    p.template_ = std::make_shared<const chat::ChatTemplate>(load_override(model_dir, o.template_file));
-    return p;
-  }
-  try {
-    if (is_gguf_path(model_dir)) {
-      const chat::Json cfg = gguf_config(model_dir);
-      if (!cfg.contains("chat_template"))
-        throw Error(model_dir.string() + ": metadata 'tokenizer.chat_template' is missing (no chat template)");
-      p.template_ = std::make_shared<const chat::ChatTemplate>(
-          chat::ChatTemplate::from_config(cfg, model_dir.string() + " (tokenizer.chat_template)"));
-      return p;
-    }
-    p.template_ = std::make_shared<const chat::ChatTemplate>(chat::ChatTemplate::load(model_dir.string()));
-  } catch (const chat::TemplateError&) {
-    throw;
-  } catch (const Error& e) {
-    throw Error(std::string(e.what()) + "; give one with --chat-template FILE");
-  }
+  p.template_ = std::make_shared<const chat::ChatTemplate>(load_template(model_dir, o));
+  p.fold_system_ = p.template_->refuses_system_role();
   return p;
 }
 
 std::string ChatPrompt::render(const chat_json& messages, bool add_generation_prompt, const chat_json& tools,
                                const chat_json& extra_kwargs) const {
   chat::ChatRequest r;
-  r.messages = messages;
+  r.messages = fold_system_ ? chat::fold_system_message(messages) : messages;
+  if (fold_system_ && r.messages != messages) {
+    if (!warned_fold_->exchange(true))
+      std::fprintf(stderr, "warning: the chat template (%s) refuses system messages; the system message is put at "
+                   "the start of the first user message\n", origin().c_str());
+  }
   r.tools = tools;
   r.add_generation_prompt = add_generation_prompt;
   r.kwargs = kwargs_;

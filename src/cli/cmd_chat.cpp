@@ -215,7 +215,8 @@ chat_json initial_messages(const ChatArgs& a) {
 // prompt and another first message restores it (PromptCache takes the longest cached prefix).
 TurnPrefill prefill_turn(ChatState& st, const std::vector<int32_t>& ids) {
   const bool has_system = !st.messages.empty() && st.messages[0]["role"] == "system";
-  if (st.cache == nullptr || !st.conv.session().history().empty() || !has_system)
+  // A template that refuses the system role has no rendering of the system prompt alone.
+  if (st.cache == nullptr || !st.conv.session().history().empty() || !has_system || st.prompt.folds_system())
     return st.conv.prefill(ids, st.cache);
   const std::string sys_text = st.prompt.render(chat_json::array({st.messages[0]}), false);
   const std::vector<int32_t> sys = st.rt.tokenizer().encode(sys_text, {.add_special = false});

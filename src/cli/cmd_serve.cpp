@@ -48,9 +48,10 @@ struct ServeArgs {
   double prompt_cache_max_mb = 1024;
 };
 
-// The model's chat template as the server's renderer, and the output format it implies (or
-// --tool-call-format's); none (a warning) when the model has none and no --chat-template was given.
-// A broken template stops the start.
+// The chat template as the server's renderer (--chat-template, the model's, or chatml for a model
+// without one: ChatPrompt warns), and the output format it implies (or --tool-call-format's). None
+// (a warning) when the model's tokenizer configuration cannot be read and no --chat-template was
+// given; a broken template stops the start.
 void set_chat_renderer(const std::filesystem::path& dir, const ServeArgs& a, server::ServerConfig& http) {
   std::shared_ptr<ChatPrompt> prompt;
   try {

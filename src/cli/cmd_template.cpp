@@ -2,6 +2,7 @@
 // apply_chat_template(..., tokenize=False) does; for checking templates from the shell (llama.cpp
 // has the same kind of tool) and for the template tests.
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -75,7 +76,10 @@ int run_template(const TemplateArgs& a) {
     kwargs = Json::parse(a.kwargs, nullptr, false);
     if (!kwargs.is_object()) throw UsageError("--chat-template-kwargs: expected a JSON object");
   }
-  const chat::ChatTemplate tmpl = chat::ChatTemplate::load(a.path);
+  std::error_code ec;  // a path that exists is a file, even if it is also a built-in name
+  const char* builtin = std::filesystem::exists(a.path, ec) ? nullptr : chat::builtin_template_source(a.path);
+  const chat::ChatTemplate tmpl = builtin ? chat::ChatTemplate::from_string(builtin, "built-in " + a.path)
+                                          : chat::ChatTemplate::load(a.path);
   chat::RenderOptions opt;
   if (a.now_opt->count()) opt.now = static_cast<std::time_t>(a.now);
 
@@ -112,7 +116,11 @@ Command add_template_command(CLI::App& root) {
   auto args = std::make_shared<TemplateArgs>();
   CLI::App* app = root.add_subcommand(
       "template", "Render a chat template over conversations (transformers' apply_chat_template)");
-  app->add_option("path", args->path, "model directory, tokenizer_config.json or .jinja file")->required();
+  std::string names;
+  for (const std::string& n : chat::builtin_template_names()) names += (names.empty() ? "" : ", ") + n;
+  app->add_option("path", args->path,
+                  "model directory, tokenizer_config.json, .jinja file, or a built-in template name (" + names + ")")
+      ->required();
   args->jsonl_opt = app->add_option(
       "--jsonl", args->jsonl,
       "one conversation per line: {\"messages\": [...], \"tools\": [...], \"add_generation_prompt\": "

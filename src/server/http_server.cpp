@@ -297,8 +297,8 @@ std::vector<int32_t> HttpServer::Impl::prompt_ids(ApiRequest& r) {
 // The prompt text of a chat request: messages and tools through the chat template.
 std::string HttpServer::Impl::chat_prompt(const ApiRequest& r) {
   if (!cfg.render_chat)
-    throw bad_request("this model has no chat template: restart the server with --chat-template FILE, or use "
-                      "/v1/completions");
+    throw bad_request("this model has no usable chat template: restart the server with --chat-template NAME or "
+                      "FILE, or use /v1/completions");
   try {
     return cfg.render_chat(r.messages, r.tools, r.template_kwargs);
   } catch (const Error& e) {

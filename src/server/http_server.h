@@ -27,7 +27,7 @@ struct ServerConfig {
   int http_threads = 0;         // connections served at once (0: 2 x parallel + 4); more wait in line
   int timeout_s = 60;           // read and write timeouts of a connection (slow clients)
   // messages, tools (null when none) and chat_template_kwargs to the prompt text; throws ptllm::Error
-  // when the template refuses them. Empty: the model has no chat template and
+  // when the template refuses them. Empty: no template could be loaded, and
   // /v1/chat/completions says so.
   std::function<std::string(const json& messages, const json& tools, const json& kwargs)> render_chat;
   // How replies are split into content, reasoning and tool calls (from the template, or
