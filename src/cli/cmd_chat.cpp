@@ -20,6 +20,7 @@
 #include "cli/commands.h"
 #include "cli/generation.h"
 #include "cli/options.h"
+#include "cli/output.h"
 #include "core/error.h"
 #include "core/file_io.h"
 #include "engine/conversation.h"
@@ -120,7 +121,8 @@ void print_footer(const ChatArgs& a, const Session& session, const TurnStats& s,
                decode_tok_s(r, s), stop_line(a, session, r).c_str());
 }
 
-void print_json(const TurnStats& s, const Reply& r) {
+// False when nobody reads stdout any more.
+bool print_json(const TurnStats& s, const Reply& r) {
   nlohmann::json j = {{"turn", s.turn},
                       {"text", r.text},
                       {"tokens", r.tokens},
@@ -132,8 +134,7 @@ void print_json(const TurnStats& s, const Reply& r) {
   if (r.reason == StopReason::StopString) j["stop_string"] = r.stop_string;
   j["timings"] = {{"prefill_ms", s.prefill_ms}, {"ttft_ms", r.ttft_ms}, {"decode_ms", r.decode_ms},
                   {"decode_tokens", r.sampled}, {"decode_tok_s", decode_tok_s(r, s)}};
-  std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
-  std::fflush(stdout);
+  return write_stdout(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
 void report_cache_save(const PromptCacheSave& r) {
@@ -244,7 +245,7 @@ Reply run_turn(ChatState& st, const std::string& user_text) {
   st.messages.push_back({{"role", "assistant"}, {"content", r.text}});
   if (st.cache) report_cache_save(st.cache->finish());
   print_footer(st.args, st.conv.session(), s, r);
-  if (st.args.json) print_json(s, r);
+  if (st.args.json && !print_json(s, r)) r.reason = StopReason::OutputClosed;
   return r;
 }
 
@@ -290,6 +291,8 @@ int run_chat(ChatArgs& a) {
     Reply r;
     try {
       r = run_turn(st, line);
+    } catch (const OutputError&) {
+      throw;
     } catch (const Error& e) {
       if (!source.interactive()) throw;
       // A person can go on: a template refusing the message, a conversation past --ctx-size.

@@ -20,6 +20,7 @@
 #include "cli/commands.h"
 #include "cli/generation.h"
 #include "cli/options.h"
+#include "cli/output.h"
 #include "engine/runtime.h"
 #include "core/error.h"
 #include "core/file_io.h"
@@ -249,8 +250,7 @@ void print_json(const SampleArgs& a, const std::filesystem::path& dir, const Ses
     j["kv_cache"] = nullptr;
   }
   // The JSON carries the text: no escape may be lost, invalid UTF-8 from a byte-level model included.
-  std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
-  std::fflush(stdout);
+  write_stdout(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
 // The prompt's ids; warns when the text already begins with BOS and the tokenizer adds it again.
