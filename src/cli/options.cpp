@@ -109,6 +109,8 @@ CLI::Validator number_between(double lo, double hi) {
                         "");
 }
 
+CLI::Validator thread_count() { return integer_between(0, kMaxThreads); }
+
 namespace {
 
 // llama.cpp's --cache-type-k/-v names, and ours, to our KV precision names ("" = not one of them).
@@ -151,8 +153,7 @@ std::string resolve_kv_type(const RuntimeOptions& o) {
 }  // namespace
 
 void add_runtime_options(CLI::App& app, RuntimeOptions& o) {
-  app.add_option("--threads,-t", o.threads, "Threads for the heavy kernels (0 = all cores)")
-      ->check(integer_at_least(0));
+  app.add_option("--threads,-t", o.threads, "Threads for the heavy kernels (0 = all cores)")->check(thread_count());
   app.add_option("--ctx-size,-c", o.ctx_size,
                  "KV-cache capacity in tokens")
       ->check(integer_at_least(1))
