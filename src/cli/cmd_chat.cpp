@@ -46,6 +46,7 @@ struct ChatArgs {
   RuntimeOptions runtime;
   std::string prompt_cache_dir;
   double prompt_cache_max_mb = 0;
+  size_t max_turn_bytes = size_t(4) << 20;  // far more than a context holds: a bound on memory
 };
 
 using Clock = std::chrono::steady_clock;
@@ -144,25 +145,46 @@ void report_cache_save(const PromptCacheSave& r) {
 }
 
 // Where the user turns come from: -f FILE, standard input when it is not a terminal (one turn per
-// line, for scripts), else the terminal with a prompt.
+// line, for scripts), else the terminal with a prompt. A line is read in pieces and never held past
+// --max-turn-bytes (`chat < /dev/zero` has no line end).
 class TurnSource {
  public:
-  explicit TurnSource(const ChatArgs& a) {
+  explicit TurnSource(const ChatArgs& a) : max_bytes_(a.max_turn_bytes) {
     if (a.input_opt->count() && a.input_file != "-") {
       file_.open(a.input_file, std::ios::binary);
       if (!file_) throw Error(a.input_file + ": cannot open the conversation file (--file)");
       in_ = &file_;
+      name_ = a.input_file;
     }
     interactive_ = in_ == &std::cin && isatty(STDIN_FILENO) && !a.input_opt->count();
   }
   bool interactive() const { return interactive_; }
-  // The next line, without its line ending; false at the end of the input.
+  // The next line, without its line ending; false at the end of the input. A line longer than
+  // --max-turn-bytes is an error; on a terminal it is skipped with a message instead.
   bool next(std::string& line) {
     if (interactive_) {
       std::fputs("> ", stdout);
       std::fflush(stdout);
     }
-    if (!std::getline(*in_, line)) {
+    ++line_no_;
+    line.clear();
+    std::streambuf* sb = in_->rdbuf();
+    bool any = false;
+    for (int c; (c = sb->sbumpc()) != std::char_traits<char>::eof();) {
+      any = true;
+      if (c == '\n') break;
+      if (line.size() == max_bytes_) {
+        const std::string what = name_ + ":" + std::to_string(line_no_) + ": a turn longer than --max-turn-bytes " +
+                                 std::to_string(max_bytes_);
+        if (!interactive_) throw Error(what + " (give each turn on a line of its own, or raise the limit)");
+        while (c != '\n' && c != std::char_traits<char>::eof()) c = sb->sbumpc();
+        std::fprintf(stderr, "error: %s (the message was dropped)\n", what.c_str());
+        line.clear();
+        return true;
+      }
+      line += char(c);
+    }
+    if (!any) {
       if (interactive_) std::fputc('\n', stdout);  // Ctrl-D: end the prompt's line
       return false;
     }
@@ -173,6 +195,9 @@ class TurnSource {
  private:
   std::ifstream file_;
   std::istream* in_ = &std::cin;
+  std::string name_ = "standard input";
+  size_t max_bytes_;
+  size_t line_no_ = 0;
   bool interactive_ = false;
 };
 
@@ -322,6 +347,8 @@ Command add_chat_command(CLI::App& root) {
                                  "Read the user turns from FILE, one per line (- = standard input); without it "
                                  "they come from standard input, with a prompt when it is a terminal");
   add_chat_prompt_options(*app, a->prompt);
+  app->add_option("--max-turn-bytes", a->max_turn_bytes, "Longest user turn (one line) read, in bytes")
+      ->check(integer_at_least(1, int64_t(1) << 40));
   app->add_option("--stop", a->stops, "End a reply when its text contains STR (repeatable)")->default_str("");
   app->add_option("--tokens,-n", a->tokens, "Most tokens per reply (-1 = until EOS, a stop string or a full context)")
       ->check(integer_at_least(-1));

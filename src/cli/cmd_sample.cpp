@@ -116,16 +116,14 @@ std::string read_prompt(const SampleArgs& a) {
     throw UsageError("give the prompt: -p TEXT, or -f FILE (- for standard input)");
   std::string text = a.prompt;
   if (a.file_opt->count()) {
-    std::ostringstream ss;
     if (a.prompt_file == "-") {
-      ss << std::cin.rdbuf();
+      text = read_standard_input(kMaxTextBytes, "a prompt (--file -)");
     } else {
       std::error_code ec;
       if (!std::filesystem::exists(a.prompt_file, ec))
         throw Error(a.prompt_file + ": cannot open the prompt file (--file)");
-      ss << read_whole_file(a.prompt_file, kMaxTextBytes, "a prompt file (--file)");
+      text = read_whole_file(a.prompt_file, kMaxTextBytes, "a prompt file (--file)");
     }
-    text = ss.str();
     if (!text.empty() && text.back() == '\n') text.pop_back();
   }
   return a.escape ? process_escapes(text) : text;

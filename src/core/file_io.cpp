@@ -97,6 +97,23 @@ std::string read_whole_file(const fs::path& path, uint64_t max_bytes, std::strin
   return out;
 }
 
+std::string read_standard_input(uint64_t max_bytes, std::string_view what) {
+  std::string out;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t got = ::read(STDIN_FILENO, buf, sizeof buf);
+    if (got == 0) return out;
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      throw Error("standard input: cannot read: " + errno_text(errno));
+    }
+    if (out.size() + size_t(got) > max_bytes)
+      throw Error("standard input: more than the limit of " + std::to_string(max_bytes) + " bytes for " +
+                  std::string(what));
+    out.append(buf, size_t(got));
+  }
+}
+
 AtomicFile::AtomicFile(const fs::path& path) : path_(path) {
   thread_local std::mt19937_64 rng{std::random_device{}()};
   char suffix[48];
