@@ -256,6 +256,11 @@ constexpr std::string_view kChat = "conversation mode is a command of its own: u
 constexpr std::string_view kOneSeq = "this command runs one sequence: parallel sequences are `posttrainllm serve --parallel N`";
 constexpr std::string_view kDownload =
     "downloading models is not supported: pass a local Hugging Face model directory (-m DIR)";
+constexpr std::string_view kDraft = "speculative decoding is not supported yet";
+constexpr std::string_view kGrammar = "constrained sampling (grammars, JSON schemas) is not supported yet";
+constexpr std::string_view kLora =
+    "LoRA adapters are not supported: merge the adapter into the weights first (peft's merge_and_unload) and "
+    "pass the merged model";
 
 constexpr HabitFlag kHabitFlags[] = {
     {"-ctk", "--cache-type-k", "this command has no KV cache"},
@@ -271,6 +276,7 @@ constexpr HabitFlag kHabitFlags[] = {
     {"--interactive", "", kChat},
     {"-mli", "", kChat},
     {"--multiline-input", "", kChat},
+    {"--log-disable", "--quiet", "this command has no --quiet: its status lines go to stderr (2>/dev/null)"},
     {"-ngl", "", kGpu},
     {"--n-gpu-layers", "", kGpu},
     {"--gpu-layers", "", kGpu},
@@ -287,7 +293,18 @@ constexpr HabitFlag kHabitFlags[] = {
     {"-cb", "", "continuous batching is how `posttrainllm serve` always runs; other commands run one sequence"},
     {"-tb", "", "one thread count serves prefill and decode: use --threads (-t)"},
     {"-ub", "", "the prompt is prefilled in one batch; there is no batch size to set"},
-    {"-md", "", "speculative decoding is not supported"},
+    {"-md", "", kDraft},
+    {"--model-draft", "", kDraft},
+    {"--draft", "", kDraft},
+    {"--draft-max", "", kDraft},
+    {"--grammar", "", kGrammar},
+    {"--grammar-file", "", kGrammar},
+    {"--json-schema", "", kGrammar},
+    {"-j", "", kGrammar},
+    {"--json-schema-file", "", kGrammar},
+    {"--lora", "", kLora},
+    {"--lora-scaled", "", kLora},
+    {"--mlock", "", "locking the weights in memory is not supported: they are memory-mapped and paged in as read"},
     {"-hf", "", kDownload},
     {"-hfr", "", kDownload},
     {"-mu", "", kDownload},
@@ -347,8 +364,16 @@ std::vector<std::string> preprocess_args(const CLI::App& root, int argc, char** 
   }
   if (i == args.size() && cmd->get_require_subcommand_min() > 0)
     throw UsageError("give a command: " + command_list(*cmd, words) + " (--help says what each does)");
-  for (; i < args.size() && args[i] != "--"; ++i)
+  for (; i < args.size() && args[i] != "--"; ++i) {
+    if (args[i] == "--jinja" && cmd->get_option_no_throw("--jinja") == nullptr) {
+      // llama.cpp's switch to Jinja templates: here every template is Jinja, so it changes nothing.
+      if (cmd->get_option_no_throw("--chat-template-kwargs") == nullptr)
+        throw UsageError("--jinja: this command renders no chat template (chat, serve and template do, always as Jinja)");
+      args.erase(args.begin() + std::ptrdiff_t(i--));
+      continue;
+    }
     if (args[i].starts_with('-')) args[i] = rewrite_arg(*cmd, args[i]);
+  }
   return args;
 }
 
