@@ -399,6 +399,9 @@ std::filesystem::path default_model_dir() {
       fs::path cand = dir / "models" / "kjv-tiny";
       if (fs::exists(cand / "config.json")) return cand;
     }
+    // Installed (cmake --install): PREFIX/bin/posttrainllm and PREFIX/share/posttrainllm/models.
+    const fs::path installed = exe.parent_path().parent_path() / "share" / "posttrainllm" / "models" / "kjv-tiny";
+    if (fs::exists(installed / "config.json")) return installed;
   }
   return fs::path(PTLLM_SOURCE_DIR) / "models" / "kjv-tiny";
 }
