@@ -200,4 +200,15 @@ bool is_stale_temporary(const fs::path& path, int64_t max_age_s) {
   return age > max_age_s;
 }
 
+void remove_stale_temporaries(const fs::path& path) {
+  const fs::path parent = path.has_parent_path() ? path.parent_path() : fs::path(".");
+  const std::string prefix = path.filename().string() + std::string(kTempMark);
+  std::error_code ec;
+  for (fs::directory_iterator it(parent, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.starts_with(prefix) && temporary_writer(name) && is_stale_temporary(it->path()))
+      ::unlink(it->path().c_str());
+  }
+}
+
 }  // namespace ptllm

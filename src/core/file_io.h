@@ -86,5 +86,8 @@ std::optional<int> temporary_writer(std::string_view name);
 // A temporary left by a writer that is gone (its pid no longer runs), or older than max_age_s
 // (a pid can be reused).
 bool is_stale_temporary(const std::filesystem::path& path, int64_t max_age_s = 3600);
+// Removes the stale temporaries of `path` ("<path>.tmp-<pid>-<hex>" beside it): a writer of one
+// file that was killed leaves one, which the next write of that file clears. Errors are ignored.
+void remove_stale_temporaries(const std::filesystem::path& path);
 
 }  // namespace ptllm

@@ -271,10 +271,16 @@ uint64_t write_cache_file(const fs::path& path, const PromptCacheIdentity& id, i
 bool is_prompt_cache_file(const fs::path& path) {
   try {
     const RegularFile f(path);
-    char magic[sizeof kMagic];
-    if (f.size() < sizeof magic) return false;
-    f.read_at(magic, sizeof magic, 0);
-    return std::memcmp(magic, kMagic, sizeof kMagic) == 0;
+    char pre[kPreamble];
+    if (f.size() < sizeof pre) return false;
+    f.read_at(pre, sizeof pre, 0);
+    if (std::memcmp(pre, kMagic, sizeof kMagic) != 0) return false;
+    // The binary fields after the magic: a text file that begins with the magic has ASCII there,
+    // which reads as a version and a header length in the hundreds of millions.
+    uint32_t version = 0, header_bytes = 0;
+    std::memcpy(&version, pre + 8, 4);
+    std::memcpy(&header_bytes, pre + 12, 4);
+    return version >= 1 && version <= 0xffff && header_bytes <= kMaxHeader;
   } catch (const Error&) {
     return false;
   }
