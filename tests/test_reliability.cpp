@@ -473,7 +473,7 @@ TEST(TokenizerFileTest, DeeplyNestedSequencesAreRefused) {
 TEST(FileMessagesTest, ConfigJsonSyntaxErrorsNameLineAndColumn) {
   test::TempDir tmp;
   const fs::path dir = model_with_config(tmp.path / "m", json::object());
-  spit(dir / "config.json", "{\n  \"hidden_size\": 128,\n  num_hidden_layers: 4\n}\n");
+  spit(dir / "config.json", "{\n  \"hidden_size\": 128,\n  x: 4\n}\n");
   std::string e = error_of([&] { ModelConfig::load(dir / "config.json"); });
   EXPECT_TRUE(has(e, (dir / "config.json").string() + ": not valid JSON at line 3, column 3 (")) << e;
   spit(dir / "config.json", "");
