@@ -29,19 +29,19 @@ void reserve_standard_streams() {
 
 bool flush_stdout() {
   if (std::fflush(stdout) != 0)
-    g_errno = errno != 0 ? errno : EIO;
+    g_errno = errno;
   else if (!std::ferror(stdout))
     return true;
-  if (g_errno == 0) g_errno = EIO;
   if (g_errno == EPIPE) return false;
   if (g_stdout_closed) throw OutputError("cannot write the output: stdout is closed");
-  throw OutputError(std::string("cannot write the output to stdout: ") + std::strerror(g_errno));
+  // g_errno is 0 when the failed write was not ours (CLI11's --help through std::cout).
+  throw OutputError(std::string("cannot write the output to stdout") +
+                    (g_errno != 0 ? std::string(": ") + std::strerror(g_errno) : std::string()));
 }
 
 bool write_stdout(std::string_view text) {
   errno = 0;
-  if (!text.empty() && std::fwrite(text.data(), 1, text.size(), stdout) != text.size())
-    g_errno = errno != 0 ? errno : EIO;
+  if (!text.empty() && std::fwrite(text.data(), 1, text.size(), stdout) != text.size()) g_errno = errno;
   return flush_stdout();
 }
 
