@@ -193,12 +193,6 @@ SessionOptions make_session_options(const RuntimeOptions& o, const ModelConfig& 
   if (o.ctx_size > cfg.max_position_embeddings)
     throw UsageError("--ctx-size " + std::to_string(o.ctx_size) + " is more than the model's max_position_embeddings (" +
                      std::to_string(cfg.max_position_embeddings) + ", config.json)");
-  // The same for the StreamingLLM span (sinks and window), which sizes the cache's rings and the
-  // RoPE tables of cache positions.
-  if (o.window > 0 && int64_t(o.sink) + o.window > cfg.max_position_embeddings)
-    throw UsageError("--streaming-llm-sink " + std::to_string(o.sink) + " + --streaming-llm-window " +
-                     std::to_string(o.window) + " is more than the model's max_position_embeddings (" +
-                     std::to_string(cfg.max_position_embeddings) + ", config.json)");
   s.kv.ctx_size = o.ctx_size > 0 ? o.ctx_size : default_ctx_size(cfg);
   s.kv.preallocate = o.preallocate;
   s.kv.precision = *parse_kv_precision(resolve_kv_type(o));
@@ -211,6 +205,12 @@ SessionOptions make_session_options(const RuntimeOptions& o, const ModelConfig& 
                                             : PositionMode::Absolute;
   s.use_cache = !o.no_cache;
   s.kv.validate();
+  // As --ctx-size, the StreamingLLM span (sinks and window), which sizes the cache's rings and the
+  // RoPE tables of cache positions: checked before the cache is made.
+  if (o.window > 0 && int64_t(o.sink) + o.window > cfg.max_position_embeddings)
+    throw UsageError("--streaming-llm-sink " + std::to_string(o.sink) + " + --streaming-llm-window " +
+                     std::to_string(o.window) + " is more than the model's max_position_embeddings (" +
+                     std::to_string(cfg.max_position_embeddings) + ", config.json)");
   return s;
 }
 
