@@ -78,6 +78,15 @@ TEST(CliLimitsTest, AStreamingWindowPastTheModelsPositionsIsRefusedAtOnce) {
       << r.err;
   const auto ok = test::run_command(cli("sample -p x -n 1 --streaming-llm-sink 4 --streaming-llm-window 2044"));
   EXPECT_EQ(ok.code, 0) << ok.err;
+  // eval's cache specs too.
+  test::TempDir tmp;
+  std::ofstream(tmp.path / "t.txt") << "In the beginning God created the heaven and the earth.\n";
+  const auto e = test::run_command("(ulimit -v 1000000; " + cli("eval --text " + (tmp.path / "t.txt").string() +
+                                                                 " --configs 'fp32; sink4 w2147483647'") + ")");
+  EXPECT_EQ(e.code, 2) << e.err;
+  EXPECT_TRUE(has(e.err, "error: cache spec 'sink4 w2147483647': sink 4 + window 2147483647 is more than the "
+                         "model's max_position_embeddings (2048)"))
+      << e.err;
 }
 
 }  // namespace
