@@ -393,6 +393,7 @@ TEST(CliHabitsCommands, LlamaCppFeatureFlagsAreRefusedWithTheReason) {
            {"sample -p x --jinja", "--jinja: this command renders no chat template (chat, serve and template do, "
                                    "always as Jinja)"},
            {"tokenize " + tiny() + " -p x --log-disable", "--log-disable: this command has no --quiet"},
+           {"bench " + tiny() + " --log-disable", "--log-disable: this command has no --quiet"},
        })
     expect_usage_error(c);
 }
@@ -429,6 +430,19 @@ TEST(CliHabitsSample, QuietLeavesOnlyTheText) {
     EXPECT_EQ(r->err, "");
   }
   EXPECT_TRUE(has(loud.err, "model: ")) << loud.err;
+  // chat's too: the replies alone.
+  test::TempDir tmp;
+  const auto tmpl = write_file(tmp.path / "t.jinja", "{% for m in messages %}{{ m.content }}\n{% endfor %}");
+  const auto conv = write_file(tmp.path / "conv.txt", "In the beginning\nAnd God said\n");
+  const std::string chat = "chat " + tiny() + " --chat-template " + tmpl.string() + " -f " + conv.string() +
+                           " --temperature 0 -n 4 --threads 2";
+  auto chat_loud = test::run_command(cli(chat));
+  auto chat_quiet = test::run_command(cli(chat + " -q"));
+  ASSERT_EQ(chat_quiet.code, 0) << chat_quiet.err;
+  EXPECT_EQ(chat_quiet.out, chat_loud.out);
+  EXPECT_FALSE(chat_quiet.out.empty());
+  EXPECT_EQ(chat_quiet.err, "");
+  EXPECT_TRUE(has(chat_loud.err, "[turn 2: ")) << chat_loud.err;
   // Warnings stay.
   auto warn = test::run_command(sample_cmd("-p '<s>In the beginning' -n 2 --temperature 0 -q"));
   EXPECT_TRUE(has(warn.err, "warning: the prompt begins with the BOS token")) << warn.err;

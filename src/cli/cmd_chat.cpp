@@ -47,6 +47,7 @@ struct ChatArgs {
   std::string prompt_cache_dir;
   double prompt_cache_max_mb = 0;
   size_t max_turn_bytes = size_t(4) << 20;  // far more than a context holds: a bound on memory
+  bool quiet = false;  // no model:, footer, prompt cache or rewind lines (warnings and errors stay)
 };
 
 using Clock = std::chrono::steady_clock;
@@ -138,8 +139,9 @@ bool print_json(const TurnStats& s, const Reply& r) {
   return write_stdout(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
-void report_cache_save(const PromptCacheSave& r) {
+void report_cache_save(const PromptCacheSave& r, bool quiet) {
   for (const std::string& w : r.warnings) std::fprintf(stderr, "warning: prompt cache: %s\n", w.c_str());
+  if (quiet) return;
   for (const auto& s : r.saved)
     std::fprintf(stderr, "prompt cache: saved %lld tokens to %s\n", (long long)s.tokens, s.path.c_str());
 }
@@ -239,7 +241,7 @@ TurnPrefill prefill_turn(ChatState& st, const std::vector<int32_t>& ids) {
   if (!prefix || std::filesystem::exists(st.cache_dir / prompt_cache_file_name(st.cache_id, sys), ec))
     return st.conv.prefill(ids, st.cache);  // saved already: the longest cached prefix is taken
   const TurnPrefill first = st.conv.prefill(sys, st.cache);
-  report_cache_save(st.cache->finish());
+  report_cache_save(st.cache->finish(), st.args.quiet);
   TurnPrefill t = st.conv.prefill(ids, st.cache);
   t.from_cache = first.from_cache;
   t.reused = first.reused;
@@ -261,15 +263,15 @@ Reply run_turn(ChatState& st, const std::string& user_text) {
   s.prefill = prefill_turn(st, ids);
   st.turn = s.turn;
   s.prefill_ms = ms_since(t_turn);
-  if (!s.prefill.note.empty()) std::fprintf(stderr, "%s\n", s.prefill.note.c_str());
+  if (!s.prefill.note.empty() && !st.args.quiet) std::fprintf(stderr, "%s\n", s.prefill.note.c_str());
   Reply r;
   {
     SigintGuard sigint;
     r = generate_reply(st.args, st.conv.session(), st.rt.tokenizer(), st.eos, st.sampler, t_turn);
   }
   st.messages.push_back({{"role", "assistant"}, {"content", r.text}});
-  if (st.cache) report_cache_save(st.cache->finish());
-  print_footer(st.args, st.conv.session(), s, r);
+  if (st.cache) report_cache_save(st.cache->finish(), st.args.quiet);
+  if (!st.args.quiet) print_footer(st.args, st.conv.session(), s, r);
   if (st.args.json && !print_json(s, r)) r.reason = StopReason::OutputClosed;
   return r;
 }
@@ -295,10 +297,11 @@ int run_chat(ChatArgs& a) {
         rt.tokenizer());
   ChatState st{a, rt, prompt, conv, cache.get(), stop_token_ids(dir, rt.config(), rt.tokenizer()),
                Sampler(a.sampling), initial_messages(a), 0, cache_id, a.prompt_cache_dir};
-  std::fprintf(stderr, "model: %s (%s, %s), %d threads, seed %llu, chat template %s\n", dir.string().c_str(),
-               rt.config().arch_name.c_str(), weights_text(rt.model()).c_str(), rt.pool().size(),
-               static_cast<unsigned long long>(a.sampling.seed), prompt.origin().c_str());
-  if (source.interactive())
+  if (!a.quiet)
+    std::fprintf(stderr, "model: %s (%s, %s), %d threads, seed %llu, chat template %s\n", dir.string().c_str(),
+                 rt.config().arch_name.c_str(), weights_text(rt.model()).c_str(), rt.pool().size(),
+                 static_cast<unsigned long long>(a.sampling.seed), prompt.origin().c_str());
+  if (source.interactive() && !a.quiet)
     std::fprintf(stderr, "chat: type a message; /reset starts over, /exit or Ctrl-D ends, Ctrl-C stops a reply\n");
   // A script stopped by Ctrl-C ends, also between turns; on a terminal Ctrl-C stops only a reply.
   std::optional<SigintGuard> script_sigint;
@@ -309,7 +312,7 @@ int run_chat(ChatArgs& a) {
     if (line == "/reset") {
       st.messages = initial_messages(a);
       conv.reset();
-      std::fprintf(stderr, "conversation reset\n");
+      if (!a.quiet) std::fprintf(stderr, "conversation reset\n");
       continue;
     }
     if (line.empty()) continue;
@@ -356,6 +359,8 @@ Command add_chat_command(CLI::App& root) {
   app->add_option("--seed,-s", a->seed, "RNG seed (-1 = random, printed at start)")
       ->check(CLI::Validator([](std::string& s) { return s == "-1" ? std::string() : unsigned_integer()(s); }, ""))
       ->type_name("INT");
+  app->add_flag("--quiet,-q", a->quiet,
+                "Only the replies (or the JSON) and warnings: no model:, turn footer or prompt cache lines on stderr");
   app->add_flag("--json", a->json, "Print one JSON object per turn on stdout (text, ids, token counts, timings, "
                                    "stop reason) instead of the streamed reply");
   add_runtime_options(*app, a->runtime);
