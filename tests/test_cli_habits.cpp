@@ -389,7 +389,7 @@ TEST(CliHabitsCommands, LlamaCppFeatureFlagsAreRefusedWithTheReason) {
            {"sample -p x --grammar-file g.gbnf", "--grammar-file: constrained sampling"},
            {"sample -p x --json-schema '{}'", "--json-schema: constrained sampling"},
            {"chat --lora a.gguf", "--lora: LoRA adapters are not supported: merge the adapter into the weights"},
-           {"sample -p x --mlock", "--mlock: locking the weights in memory is not supported"},
+           {"sample -p x --mlock", "--mlock: locking the model in memory is not supported"},
            {"sample -p x --jinja", "--jinja: this command renders no chat template (chat, serve and template do, "
                                    "always as Jinja)"},
            {"tokenize " + tiny() + " -p x --log-disable", "--log-disable: this command has no --quiet"},

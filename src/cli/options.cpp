@@ -304,7 +304,7 @@ constexpr HabitFlag kHabitFlags[] = {
     {"--json-schema-file", "", kGrammar},
     {"--lora", "", kLora},
     {"--lora-scaled", "", kLora},
-    {"--mlock", "", "locking the weights in memory is not supported: they are memory-mapped and paged in as read"},
+    {"--mlock", "", "locking the model in memory is not supported"},
     {"-hf", "", kDownload},
     {"-hfr", "", kDownload},
     {"-mu", "", kDownload},
