@@ -115,6 +115,8 @@ row "stdout closed" sh -c "exec $B $S >&-"
 printf '{%% for m in messages %%}{{ m.content }}{%% endfor %%}' > "$T/t.jinja"
 row "chat: a turn with no line end (/dev/zero)" sh -c "exec $B chat $M --chat-template $T/t.jinja </dev/zero"
 row "--cache-prompt a text file (kept)" $B $S --cache-prompt "$T/notes.txt"
+printf 'PTLLMKVC are the first bytes of a prompt-cache file\n' > "$T/magic.txt"
+row "--cache-prompt a text file beginning with PTLLMKVC (kept)" $B $S --cache-prompt "$T/magic.txt"
 row "--cache-prompt a FIFO" $B $S --cache-prompt "$T/fifo"
 row "--cache-prompt /dev/null" $B $S --cache-prompt /dev/null
 row "--cache-prompt random bytes" $B $S --cache-prompt "$T/random.bin"
