@@ -547,6 +547,9 @@ TEST(CachePromptFileTest, ATextFileBeginningWithTheMagicIsNotReplaced) {
   EXPECT_FALSE(is_prompt_cache_file(f));
   const auto r = run_limited(test::binary() + kSample + " --cache-prompt " + f.string());
   ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(has(r.err, "warning: prompt cache: ignoring " + f.string() +
+                             ": not a prompt-cache file (the magic, then no version)"))
+      << r.err;
   EXPECT_TRUE(has(r.err, "warning: prompt cache: not saving " + f.string() +
                              ": it is not a prompt-cache file (left as it is)"))
       << r.err;

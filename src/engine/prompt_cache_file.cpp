@@ -117,6 +117,8 @@ Preamble decode_preamble(std::string_view bytes, uint64_t actual_size) {
   std::memcpy(&p.version, bytes.data() + 8, 4);
   std::memcpy(&p.header_bytes, bytes.data() + 12, 4);
   std::memcpy(&p.file_size, bytes.data() + 16, 8);
+  if (p.version == 0 || p.version > 0xffff)  // text after the magic (is_prompt_cache_file)
+    throw Error("not a prompt-cache file (the magic, then no version)");
   if (p.version != kPromptCacheVersion)
     throw Error("format version " + std::to_string(p.version) + ", this build reads version " +
                 std::to_string(kPromptCacheVersion));
