@@ -1,7 +1,5 @@
 #include "cli/generation.h"
 
-#include "cli/output.h"
-
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -9,6 +7,8 @@
 #include <csignal>
 #include <cstdio>
 #include <utility>
+
+#include "cli/output.h"
 
 namespace ptllm::cli {
 
