@@ -53,6 +53,7 @@ row "model directory missing" $B sample "$T/none" -p hi
 row "config.json missing" $B sample "$(mk noconfig config.json)" -p hi
 d=$(mk cfgempty config.json); : > "$d/config.json"; row "config.json empty" $B sample "$d" -p hi
 d=$(mk cfgtrunc config.json); cp "$T/trunc.json" "$d/config.json"; row "config.json truncated" $B sample "$d" -p hi
+d=$(mk cfgsyntax config.json); printf '{\n  "hidden_size": 128,\n  num_hidden_layers: 4\n}\n' > "$d/config.json"; row "config.json with a syntax error" $B sample "$d" -p hi
 d=$(mk cfgfifo config.json); ln -s "$T/fifo" "$d/config.json"; row "config.json a FIFO" $B sample "$d" -p hi
 d=$(mk cfgdev config.json); ln -s /dev/zero "$d/config.json"; row "config.json -> /dev/zero" $B sample "$d" -p hi
 d=$(mk cfghuge config.json); ln -s "$T/huge.txt" "$d/config.json"; row "config.json of 3 GB" $B sample "$d" -p hi
@@ -71,6 +72,7 @@ d=$(mk strand model.safetensors); cp "$T/random.bin" "$d/model.safetensors"; row
 d=$(mk stdup model.safetensors); python3 -c "
 import struct,sys; h=b'{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}'
 sys.stdout.buffer.write(struct.pack('<Q', len(h)) + h + b'\0'*8)" > "$d/model.safetensors"; row "a tensor named twice in the header" $B sample "$d" -p hi
+d=$(mk stindex model.safetensors); echo '{"metadata": {}, "weight_map": {}}' > "$d/model.safetensors.index.json"; row "model.safetensors.index.json: an empty weight_map" $B sample "$d" -p hi
 d=$(mk stfifo model.safetensors); ln -s "$T/fifo" "$d/model.safetensors"; row "model.safetensors a FIFO" $B sample "$d" -p hi
 d=$(mk toknone tokenizer.json); row "tokenizer.json missing" $B sample "$d" -p hi
 d=$(mk tokempty tokenizer.json); : > "$d/tokenizer.json"; row "tokenizer.json empty" $B sample "$d" -p hi
@@ -93,6 +95,8 @@ row "eval --text /dev/zero" $B eval $M --text /dev/zero
 row "eval --text of 3 GB" $B eval $M --text "$T/huge.txt"
 row "eval --text empty" $B eval $M --text "$T/empty"
 row "--temperature nan" $B $S --temperature nan
+row "tokenizer_config.json: bos_token an id" $B sample "$(tokjson tb 'k["bos_token"]=0')" -p hi
+row "tokenizer_config.json: bos_token {\"content\": 7}" $B sample "$(tokjson tc 'k["bos_token"]={"content": 7}')" -p hi
 row "--top-p 2" $B $S --top-p 2
 row "--min-p nan" $B $S --min-p nan
 row "--repeat-penalty nan" $B $S --repeat-penalty nan
@@ -104,7 +108,15 @@ row "--ctx-size 0" $B $S --ctx-size 0
 big=$(cfg bigctx "c['max_position_embeddings']=1<<30")
 row "--ctx-size 1073741824 (more than RAM)" $B sample "$big" -p hi -n 1 --ctx-size 1073741824
 row "--kv-quantize int3" $B $S --kv-quantize int3
+row "--threads 100000" $B $S --threads 100000
+row "--streaming-llm-window 2147483647" $B $S --streaming-llm-window 2147483647
+row "stdout on a full disk" sh -c "exec $B $S >/dev/full"
+row "stdout closed" sh -c "exec $B $S >&-"
+printf '{%% for m in messages %%}{{ m.content }}{%% endfor %%}' > "$T/t.jinja"
+row "chat: a turn with no line end (/dev/zero)" sh -c "exec $B chat $M --chat-template $T/t.jinja </dev/zero"
 row "--cache-prompt a text file (kept)" $B $S --cache-prompt "$T/notes.txt"
+printf 'PTLLMKVC are the first bytes of a prompt-cache file\n' > "$T/magic.txt"
+row "--cache-prompt a text file beginning with PTLLMKVC (kept)" $B $S --cache-prompt "$T/magic.txt"
 row "--cache-prompt a FIFO" $B $S --cache-prompt "$T/fifo"
 row "--cache-prompt /dev/null" $B $S --cache-prompt /dev/null
 row "--cache-prompt random bytes" $B $S --cache-prompt "$T/random.bin"
@@ -130,6 +142,16 @@ row ".gguf unsupported architecture" $B sample "$T/arch.gguf" -p hi
 python3 -c "
 import struct; d=bytearray(open('$Q','rb').read()); struct.pack_into('<Q', d, 8, 1<<40); open('$T/count.gguf','wb').write(d)"
 row ".gguf tensor count 2^40" $B sample "$T/count.gguf" -p hi
-[ -f ../shared/models/gguf/kjv-small-Q4_K_M.gguf ] && row ".gguf of a block type the kernels lack" $B sample ../shared/models/gguf/kjv-small-Q4_K_M.gguf -p hi
+# An F32 file with token_embd's type id set to Q8_1 (ggml's activation type, which no weight file
+# holds): its blocks are smaller than the F32 data, so the file stays in bounds.
+$B quantize $M "$T/f32.gguf" --format gguf --type F32 >/dev/null 2>&1
+python3 -c "
+import struct; d=bytearray(open('$T/f32.gguf','rb').read()); i=d.find(b'token_embd.weight')+17
+n=struct.unpack_from('<I', d, i)[0]; struct.pack_into('<I', d, i+4+8*n, 9); open('$T/q81.gguf','wb').write(d)"
+row ".gguf of a block type the kernels lack" $B sample "$T/q81.gguf" -p hi
+python3 -c "
+import struct; d=bytearray(open('$T/f32.gguf','rb').read()); i=d.find(b'token_embd.weight')+17
+a, b = struct.unpack_from('<QQ', d, i+4); struct.pack_into('<QQ', d, i+4, b, a); open('$T/swap.gguf','wb').write(d)"
+row ".gguf token_embd with its dims swapped" $B sample "$T/swap.gguf" -p hi
 row "chat --chat-template with neither a file nor a built-in name" $B chat $Q --chat-template llama-3 -f "$T/notes.txt"
 row "quantize --type Q4_K" $B quantize $M "$T/out.gguf" --type Q4_K

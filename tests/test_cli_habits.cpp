@@ -296,14 +296,14 @@ TEST(CliHabitsCommands, RangeErrorsSayTheBoundWithoutAHugeMaximum) {
            {"sample -p x --top-p 1.5", "--top-p: must be between 0 and 1 (got 1.5)"},
            {"sample -p x --repeat-penalty 0", "--repeat-penalty: must be greater than 0 (got 0)"},
            {"sample -p x --ctx-size 0", "--ctx-size: must be at least 1 (got 0)"},
-           {"sample -p x --threads 3000000000", "--threads: must be at most 2147483647 (got 3000000000)"},
+           {"sample -p x --threads 3000000000", "--threads: must be between 0 and 1024 (got 3000000000)"},
            {"sample -p x --prompt-cache-dir /tmp --prompt-cache-max-mb -1",
             "--prompt-cache-max-mb: must be greater than 0 (got -1)"},
            {"eval --text " + text.string() + " --max-tokens -1", "--max-tokens: must be at least 0 (got -1)"},
            {"eval --text " + text.string() + " --ppl-chunks 2", "--ppl-chunks: must be at least 4 (got 2)"},
            {"bench " + tiny() + " --gen-tokens 0", "--gen-tokens: must be at least 1 (got 0)"},
            {"bench " + tiny() + " --kv-group-size 5000", "--kv-group-size: must be between 1 and 4096 (got 5000)"},
-           {"make-model --shape tiny /tmp/x --threads -1", "--threads: must be at least 0 (got -1)"},
+           {"make-model --shape tiny /tmp/x --threads -1", "--threads: must be between 0 and 1024 (got -1)"},
            {"make-model --shape tiny /tmp/x --seed -5", "--seed: must be at least 0 (got -5)"},
            {"cache prune /tmp --max-mb -1", "--max-mb: must be at least 0 (got -1)"},
        })
@@ -379,6 +379,91 @@ TEST(CliHabitsCommands, LlamaCppMultiLetterFlagsAreRefusedByName) {
     expect_usage_error(c);
 }
 
+// llama.cpp's flags for what this runtime does not do: a sentence each, not CLI11's "not expected".
+TEST(CliHabitsCommands, LlamaCppFeatureFlagsAreRefusedWithTheReason) {
+  for (const Refusal& c : std::vector<Refusal>{
+           {"sample -p x --model-draft d.gguf", "--model-draft: speculative decoding is not supported yet"},
+           {"sample -p x -md d.gguf", "-md: speculative decoding is not supported yet"},
+           {"sample -p x --grammar 'root ::= \"a\"'", "--grammar: constrained sampling (grammars, JSON schemas) is "
+                                                       "not supported yet"},
+           {"sample -p x --grammar-file g.gbnf", "--grammar-file: constrained sampling"},
+           {"sample -p x --json-schema '{}'", "--json-schema: constrained sampling"},
+           {"chat --lora a.gguf", "--lora: LoRA adapters are not supported: merge the adapter into the weights"},
+           {"sample -p x --mlock", "--mlock: locking the model in memory is not supported"},
+           {"sample -p x --jinja", "--jinja: this command renders no chat template (chat, serve and template do, "
+                                   "always as Jinja)"},
+           {"tokenize " + tiny() + " -p x --log-disable", "--log-disable: this command has no --quiet"},
+           {"bench " + tiny() + " --log-disable", "--log-disable: this command has no --quiet"},
+       })
+    expect_usage_error(c);
+}
+
+// Templates are always Jinja here: llama.cpp's --jinja changes nothing where a template is rendered.
+TEST(CliHabitsCommands, JinjaIsAcceptedWhereATemplateIsRendered) {
+  test::TempDir tmp;
+  const auto tmpl = write_file(tmp.path / "t.jinja", "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}");
+  const auto conv = write_file(tmp.path / "conv.txt", "In the beginning\n");
+  const std::string chat = "chat " + tiny() + " --chat-template " + tmpl.string() + " -f " + conv.string() +
+                           " --temperature 0 -n 4 --json --threads 2";
+  auto plain = test::run_command(cli(chat));
+  auto jinja = test::run_command(cli(chat + " --jinja"));
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  ASSERT_EQ(jinja.code, 0) << jinja.err;
+  EXPECT_EQ(nlohmann::json::parse(jinja.out)["tokens"], nlohmann::json::parse(plain.out)["tokens"]);
+  const auto msgs = write_file(tmp.path / "m.json", R"([{"role": "user", "content": "hi"}])");
+  auto t = test::run_command(cli("template --jinja " + tmpl.string() + " --messages " + msgs.string()));
+  EXPECT_EQ(t.code, 0) << t.err;
+  EXPECT_EQ(t.out, "user: hi\n") << t.err;
+}
+
+// --quiet (llama.cpp's --log-disable): the text alone on stdout, nothing on stderr but warnings.
+TEST(CliHabitsSample, QuietLeavesOnlyTheText) {
+  const std::string gen = "-p 'In the beginning' -n 48 --temperature 0 --ignore-eos";
+  auto loud = test::run_command(sample_cmd(gen));
+  auto quiet = test::run_command(sample_cmd(gen + " --quiet"));
+  auto q = test::run_command(sample_cmd(gen + " -q"));
+  auto log_disable = test::run_command(sample_cmd(gen + " --log-disable"));
+  ASSERT_EQ(loud.code, 0) << loud.err;
+  for (const auto* r : {&quiet, &q, &log_disable}) {
+    ASSERT_EQ(r->code, 0) << r->err;
+    EXPECT_EQ(r->out, golden_text() + "\n");
+    EXPECT_EQ(r->err, "");
+  }
+  EXPECT_TRUE(has(loud.err, "model: ")) << loud.err;
+  // chat's too: the replies alone.
+  test::TempDir tmp;
+  const auto tmpl = write_file(tmp.path / "t.jinja", "{% for m in messages %}{{ m.content }}\n{% endfor %}");
+  const auto conv = write_file(tmp.path / "conv.txt", "In the beginning\nAnd God said\n");
+  const std::string chat = "chat " + tiny() + " --chat-template " + tmpl.string() + " -f " + conv.string() +
+                           " --temperature 0 -n 4 --threads 2";
+  auto chat_loud = test::run_command(cli(chat));
+  auto chat_quiet = test::run_command(cli(chat + " -q"));
+  ASSERT_EQ(chat_quiet.code, 0) << chat_quiet.err;
+  EXPECT_EQ(chat_quiet.out, chat_loud.out);
+  EXPECT_FALSE(chat_quiet.out.empty());
+  EXPECT_EQ(chat_quiet.err, "");
+  EXPECT_TRUE(has(chat_loud.err, "[turn 2: ")) << chat_loud.err;
+  // Warnings stay.
+  auto warn = test::run_command(sample_cmd("-p '<s>In the beginning' -n 2 --temperature 0 -q"));
+  EXPECT_TRUE(has(warn.err, "warning: the prompt begins with the BOS token")) << warn.err;
+  EXPECT_FALSE(has(warn.err, "model: ")) << warn.err;
+}
+
+// cmake --install puts the binary in PREFIX/bin and kjv-tiny where the binary finds it without
+// the source tree.
+TEST(CliHabitsCommands, InstallGivesABinaryThatFindsItsModel) {
+  test::TempDir tmp;
+  const std::filesystem::path build = std::filesystem::path(test::binary()).parent_path();
+  auto r = test::run_command("cmake --install " + build.string() + " --prefix " + tmp.path.string());
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const auto bin = tmp.path / "bin" / "posttrainllm";
+  ASSERT_TRUE(std::filesystem::exists(bin));
+  r = test::run_command("cd / && " + bin.string() + " sample -p 'In the beginning' -n 48 --temperature 0 --ignore-eos");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, golden_text() + "\n");
+  EXPECT_TRUE(has(r.err, "model: " + (tmp.path / "share/posttrainllm/models/kjv-tiny").string())) << r.err;
+}
+
 TEST(CliHabitsCommands, CacheTypeKAndVSetTheKvPrecision) {
   const std::string base = "sample -p 'In the beginning' -n 3 --temperature 0 ";
   for (const auto& [flags, kv] : std::vector<std::pair<std::string, std::string>>{
@@ -414,14 +499,14 @@ TEST(CliHabitsCommands, ModelFlagOrPositional) {
   ASSERT_EQ(a.code, 0) << a.err;
   EXPECT_EQ(a.out, golden_text() + "\n");
   EXPECT_TRUE(has(a.err, "model: " + tiny() + " (")) << a.err;
-  auto t1 = test::run_command(cli("tokenize -m " + tiny() + " --text 'In the beginning'"));
-  auto t2 = test::run_command(cli("tokenize " + tiny() + " --text 'In the beginning'"));
+  auto t1 = test::run_command(cli("tokenize -m " + tiny() + " -p 'In the beginning' --ids"));
+  auto t2 = test::run_command(cli("tokenize " + tiny() + " -p 'In the beginning' --ids"));
   ASSERT_EQ(t1.code, 0) << t1.err;
-  EXPECT_EQ(t1.out, "0 613 265 3896\n");
+  EXPECT_EQ(t1.out, "[0, 613, 265, 3896]\n");
   EXPECT_EQ(t1.out, t2.out);
   expect_usage_error({"sample " + tiny() + " -m " + tiny() + " -p x", "model_dir excludes --model"});
   expect_usage_error({"bench --gen-tokens 2", "give the model directory: bench MODEL, or -m MODEL"});
-  expect_usage_error({"tokenize --text x", "give the model directory or tokenizer.json"});
+  expect_usage_error({"tokenize -p x", "give the model directory or tokenizer.json"});
 }
 
 TEST(CliHabitsCommands, ARepeatedOptionTakesTheLastValue) {
@@ -430,8 +515,8 @@ TEST(CliHabitsCommands, ARepeatedOptionTakesTheLastValue) {
   EXPECT_TRUE(has(r.err, "decode: 5 tokens")) << r.err;
   auto greedy = test::run_command(sample_cmd("-p 'In the beginning' -n 5 --temp 0 --ignore-eos"));
   EXPECT_EQ(r.out, greedy.out);  // --temp 0 won: greedy
-  r = test::run_command(cli("tokenize " + tiny() + " --text 'And God' --text 'In the beginning'"));
-  EXPECT_EQ(r.out, "0 613 265 3896\n");
+  r = test::run_command(cli("tokenize " + tiny() + " -p 'And God' --text 'In the beginning' --ids"));
+  EXPECT_EQ(r.out, "[0, 613, 265, 3896]\n");
 }
 
 // ---- eval --------------------------------------------------------------------------------------

@@ -641,7 +641,14 @@ TEST(GgufModel, UnsupportedArchitectureAndBadShapesAreErrors) {
   EXPECT_NE(model_file([](GgufBuilder&) {}).find("tensor 'token_embd.weight' is missing"), std::string::npos);
   EXPECT_NE(model_file([](GgufBuilder& b) {
               b.add_tensor("token_embd.weight", {32, 10}, GgmlType::F32, [](uint8_t* o) { std::memset(o, 0, 1280); });
-            }).find("tensor 'token_embd.weight' has dims [32, 10], the metadata implies [64, 10]"),
+            }).find("tensor 'token_embd.weight' has dims [32, 10], expected [64, n_vocab] "
+                    "([llama.embedding_length, tokens])"),
+            std::string::npos);
+  // Swapped dims are named as such, not as a vocabulary of 64 tokens.
+  EXPECT_NE(model_file([](GgufBuilder& b) {
+              b.add_tensor("token_embd.weight", {10, 64}, GgmlType::F32, [](uint8_t* o) { std::memset(o, 0, 2560); });
+            }).find("tensor 'token_embd.weight' has dims [10, 64], expected [64, n_vocab] "
+                    "([llama.embedding_length, tokens]): its two dims are swapped"),
             std::string::npos);
   EXPECT_NE(model_file([](GgufBuilder& b) { b.add_u32("llama.attention.head_count_kv", 3); })
                 .find("metadata 'llama.attention.head_count_kv': (3) must divide"),

@@ -467,5 +467,94 @@ TEST(TokenizerFileTest, DeeplyNestedSequencesAreRefused) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// (i) messages that did not say where, and values dropped silently
+
+TEST(FileMessagesTest, ConfigJsonSyntaxErrorsNameLineAndColumn) {
+  test::TempDir tmp;
+  const fs::path dir = model_with_config(tmp.path / "m", json::object());
+  spit(dir / "config.json", "{\n  \"hidden_size\": 128,\n  x: 4\n}\n");
+  std::string e = error_of([&] { ModelConfig::load(dir / "config.json"); });
+  EXPECT_TRUE(has(e, (dir / "config.json").string() + ": not valid JSON at line 3, column 3 (")) << e;
+  spit(dir / "config.json", "");
+  e = error_of([&] { ModelConfig::load(dir / "config.json"); });
+  EXPECT_TRUE(has(e, ": not valid JSON at line 1, column 1 (")) << e;
+  spit(dir / "config.json", "{\"a\": 1,");  // ends where a key should begin
+  e = error_of([&] { ModelConfig::load(dir / "config.json"); });
+  EXPECT_TRUE(has(e, ": not valid JSON at line 1, column 9 (")) << e;
+}
+
+TEST(FileMessagesTest, AnEmptyWeightMapNamesTheIndex) {
+  test::TempDir tmp;
+  const fs::path dir = model_with_config(tmp.path / "m", kjv_config());
+  fs::remove(dir / "model.safetensors");
+  spit(dir / "model.safetensors.index.json", R"({"metadata": {}, "weight_map": {}})");
+  const auto r = run_limited(test::binary() + " sample " + dir.string() + " -p hi -n 1");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_TRUE(has(r.err, "error: " + (dir / "model.safetensors.index.json").string() +
+                             ": weight_map is empty (it names no tensor and no shard file)"))
+      << r.err;
+  // A tensor the shards lack names the index and its shards.
+  fs::copy_file(test::repo_model("kjv-tiny") / "model.safetensors", dir / "model-00001-of-00001.safetensors");
+  spit(dir / "model.safetensors.index.json", R"({"weight_map": {"model.norm.weight": "model-00001-of-00001.safetensors"}})");
+  const std::string e = error_of([&] { WeightFiles::open(dir).get("lm_head.missing"); });
+  EXPECT_EQ(e, (dir / "model.safetensors.index.json").string() +
+                   " (shards model-00001-of-00001.safetensors): tensor 'lm_head.missing' is missing");
+}
+
+// An id, or {"content": 7}, where the token's text belongs: refused, never BOS dropped silently.
+TEST(FileMessagesTest, ABosTokenThatIsNotTextIsAnError) {
+  test::TempDir tmp;
+  for (const json& bos : {json(0), json{{"content", 7}}, json::array({"<s>"})}) {
+    SCOPED_TRACE(bos.dump());
+    const fs::path dir = tokenizer_dir(tmp.path / std::to_string(std::hash<std::string>{}(bos.dump())),
+                                       [&](json&, json& c) { c["bos_token"] = bos; });
+    const std::string e = error_of([&] { Tokenizer::load(dir); });
+    EXPECT_EQ(e, (dir / "tokenizer_config.json").string() +
+                     ": bos_token: expected the token's text, as a string or {\"content\": \"...\"}, got " + bos.dump());
+  }
+  // The forms that name the token still give BOS.
+  for (const json& bos : {json("<s>"), json{{"content", "<s>"}, {"lstrip", false}}}) {
+    const fs::path dir = tokenizer_dir(tmp.path / ("ok" + std::to_string(bos.is_string())),
+                                       [&](json&, json& c) { c["bos_token"] = bos; });
+    EXPECT_EQ(Tokenizer::load(dir).encode("In the beginning").size(), 4u) << bos.dump();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// (j) --cache-prompt FILE: its killed writers' temporaries, and a text file that looks like one
+
+TEST(CachePromptFileTest, TheNextWriteRemovesTemporariesOfDeadWriters) {
+  test::TempDir tmp;
+  const fs::path f = tmp.path / "p.kvcache";
+  const std::string dead = "p.kvcache.tmp-" + std::to_string(dead_pid()) + "-0123abcd";
+  const std::string live = "p.kvcache.tmp-" + std::to_string(getpid()) + "-0123abcd";
+  const std::string other = "q.kvcache.tmp-" + std::to_string(dead_pid()) + "-0123abcd";  // another file's
+  for (const std::string& n : {dead, live, other}) spit(tmp.path / n, "PTLLMKVC partial");
+  const auto r = run_limited(test::binary() + kSample + " --cache-prompt " + f.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(has(r.err, "prompt cache: saved")) << r.err;
+  std::vector<std::string> expect = {live, "p.kvcache", other};
+  std::sort(expect.begin(), expect.end());
+  EXPECT_EQ(files_in(tmp.path), expect);
+}
+
+TEST(CachePromptFileTest, ATextFileBeginningWithTheMagicIsNotReplaced) {
+  test::TempDir tmp;
+  const fs::path f = tmp.path / "notes.txt";
+  const std::string text = "PTLLMKVC is the magic of posttrainllm's prompt-cache files; these are my notes.\n";
+  spit(f, text);
+  EXPECT_FALSE(is_prompt_cache_file(f));
+  const auto r = run_limited(test::binary() + kSample + " --cache-prompt " + f.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(has(r.err, "warning: prompt cache: ignoring " + f.string() +
+                             ": not a prompt-cache file (the magic, then no version)"))
+      << r.err;
+  EXPECT_TRUE(has(r.err, "warning: prompt cache: not saving " + f.string() +
+                             ": it is not a prompt-cache file (left as it is)"))
+      << r.err;
+  EXPECT_TRUE(slurp(f) == text);  // (not EXPECT_EQ: a replaced file would print its bytes)
+}
+
 }  // namespace
 }  // namespace ptllm

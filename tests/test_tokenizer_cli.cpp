@@ -1,5 +1,5 @@
-// posttrainllm tokenize, run as a user would: ids out, JSON out, --jsonl batches, --decode,
-// --no-special, and exit codes 2 for bad flags and 1 for runtime errors.
+// posttrainllm tokenize, run as a user would: llama-tokenize's "id -> 'piece'" lines and --ids, JSON
+// out, --jsonl batches, --decode, --no-special, and exit codes 2 for bad flags and 1 for runtime errors.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -47,18 +47,41 @@ fs::path temp_file(const std::string& name, const std::string& content) {
 }
 
 TEST(TokenizerCli, EncodeText) {
-  EXPECT_EQ(run({kModel, "--text", "Hello, world!"}).out, "0 42 443 81 14 1412 3\n");
-  EXPECT_EQ(run({kModel, "--text", "Hello, world!", "--json"}).out, "[0,42,443,81,14,1412,3]\n");
-  EXPECT_EQ(run({kModel, "--text", "Hello, world!", "--no-special"}).out, "42 443 81 14 1412 3\n");
-  EXPECT_EQ(run({kModel + "/tokenizer.json", "--text", ""}).out, "0\n");
+  EXPECT_EQ(run({kModel, "-p", "Hello, world!", "--ids"}).out, "[0, 42, 443, 81, 14, 1412, 3]\n");
+  EXPECT_EQ(run({kModel, "--prompt", "Hello, world!", "--ids"}).out, "[0, 42, 443, 81, 14, 1412, 3]\n");
+  EXPECT_EQ(run({kModel, "--text", "Hello, world!", "--ids"}).out, "[0, 42, 443, 81, 14, 1412, 3]\n");
+  EXPECT_EQ(run({kModel, "-p", "Hello, world!", "--json"}).out, "[0,42,443,81,14,1412,3]\n");
+  EXPECT_EQ(run({kModel, "-p", "Hello, world!", "--ids", "--no-special"}).out, "[42, 443, 81, 14, 1412, 3]\n");
+  EXPECT_EQ(run({kModel + "/tokenizer.json", "-p", "", "--ids"}).out, "[0]\n");
   // <s> in the text is the special token, unless --no-parse-special.
-  EXPECT_EQ(run({kModel, "--text", "<s>", "--no-special"}).out, "0\n");
-  EXPECT_NE(run({kModel, "--text", "<s>", "--no-special", "--no-parse-special"}).out, "0\n");
+  EXPECT_EQ(run({kModel, "-p", "<s>", "--no-special", "--ids"}).out, "[0]\n");
+  EXPECT_NE(run({kModel, "-p", "<s>", "--no-special", "--no-parse-special", "--ids"}).out, "[0]\n");
+}
+
+// The default output is llama-tokenize's: the id right-aligned in 6 columns, then the token's text.
+constexpr const char* kPiecesHello =
+    "     0 -> '<s>'\n"
+    "    42 -> 'H'\n"
+    "   443 -> 'ell'\n"
+    "    81 -> 'o'\n"
+    "    14 -> ','\n"
+    "  1412 -> ' world'\n"
+    "     3 -> '!'\n";
+
+TEST(TokenizerCli, PiecesByDefault) {
+  EXPECT_EQ(run({kModel, "-p", "Hello, world!"}).out, kPiecesHello);
+  EXPECT_EQ(run({kModel, "-p", "Hello, world!", "--show-count"}).out,
+            std::string(kPiecesHello) + "Total number of tokens: 7\n");
+  EXPECT_EQ(run({kModel, "-p", "Hello, world!", "--ids", "--show-count"}).out,
+            "[0, 42, 443, 81, 14, 1412, 3]\nTotal number of tokens: 7\n");
+  EXPECT_EQ(run({kModel, "-p", "x", "--ids", "--json"}).code, 2);
+  EXPECT_EQ(run({kModel, "--decode", "1", "--ids"}).code, 2);
 }
 
 TEST(TokenizerCli, EncodeFileAndJsonl) {
   const fs::path text = temp_file("text.txt", "Hello, world!");
-  EXPECT_EQ(run({kModel, "--file", text.string()}).out, "0 42 443 81 14 1412 3\n");
+  EXPECT_EQ(run({kModel, "-f", text.string(), "--ids"}).out, "[0, 42, 443, 81, 14, 1412, 3]\n");
+  EXPECT_EQ(run({kModel, "--file", text.string(), "--ids"}).out, "[0, 42, 443, 81, 14, 1412, 3]\n");
   const fs::path lines = temp_file("lines.jsonl", "\"Hello, world!\"\n\"\"\n\" \"\n");
   const CliResult r = run({kModel, "--jsonl", lines.string()});
   EXPECT_EQ(r.code, 0);

@@ -21,6 +21,7 @@
 #include "cli/commands.h"
 #include "cli/generation.h"
 #include "cli/options.h"
+#include "cli/output.h"
 #include "core/error.h"
 #include "core/file_io.h"
 #include "engine/conversation.h"
@@ -48,6 +49,8 @@ struct ChatArgs {
   double prompt_cache_max_mb = 0;
   std::string tools_file;              // --tools: a JSON list of OpenAI function tools
   std::string tool_call_format = "auto";
+  size_t max_turn_bytes = size_t(4) << 20;  // far more than a context holds: a bound on memory
+  bool quiet = false;  // no model:, footer, prompt cache or rewind lines (warnings and errors stay)
 };
 
 using Clock = std::chrono::steady_clock;
@@ -123,7 +126,8 @@ void print_footer(const ChatArgs& a, const Session& session, const TurnStats& s,
                decode_tok_s(r, s), stop_line(a, session, r).c_str());
 }
 
-void print_json(const TurnStats& s, const Reply& r, const ChatOutputParser& out) {
+// False when nobody reads stdout any more.
+bool print_json(const TurnStats& s, const Reply& r, const ChatOutputParser& out) {
   nlohmann::json calls = nlohmann::json::array();
   for (const ToolCall& c : out.calls())
     calls.push_back({{"id", c.id}, {"name", c.name}, {"arguments", nlohmann::json::parse(c.arguments)}});
@@ -141,36 +145,57 @@ void print_json(const TurnStats& s, const Reply& r, const ChatOutputParser& out)
   if (r.reason == StopReason::StopString) j["stop_string"] = r.stop_string;
   j["timings"] = {{"prefill_ms", s.prefill_ms}, {"ttft_ms", r.ttft_ms}, {"decode_ms", r.decode_ms},
                   {"decode_tokens", r.sampled}, {"decode_tok_s", decode_tok_s(r, s)}};
-  std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
-  std::fflush(stdout);
+  return write_stdout(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
-void report_cache_save(const PromptCacheSave& r) {
+void report_cache_save(const PromptCacheSave& r, bool quiet) {
   for (const std::string& w : r.warnings) std::fprintf(stderr, "warning: prompt cache: %s\n", w.c_str());
+  if (quiet) return;
   for (const auto& s : r.saved)
     std::fprintf(stderr, "prompt cache: saved %lld tokens to %s\n", (long long)s.tokens, s.path.c_str());
 }
 
 // Where the user turns come from: -f FILE, standard input when it is not a terminal (one turn per
-// line, for scripts), else the terminal with a prompt.
+// line, for scripts), else the terminal with a prompt. A line is read in pieces and never held past
+// --max-turn-bytes (`chat < /dev/zero` has no line end).
 class TurnSource {
  public:
-  explicit TurnSource(const ChatArgs& a) {
+  explicit TurnSource(const ChatArgs& a) : max_bytes_(a.max_turn_bytes) {
     if (a.input_opt->count() && a.input_file != "-") {
       file_.open(a.input_file, std::ios::binary);
       if (!file_) throw Error(a.input_file + ": cannot open the conversation file (--file)");
       in_ = &file_;
+      name_ = a.input_file;
     }
     interactive_ = in_ == &std::cin && isatty(STDIN_FILENO) && !a.input_opt->count();
   }
   bool interactive() const { return interactive_; }
-  // The next line, without its line ending; false at the end of the input.
+  // The next line, without its line ending; false at the end of the input. A line longer than
+  // --max-turn-bytes is an error; on a terminal it is skipped with a message instead.
   bool next(std::string& line) {
     if (interactive_) {
       std::fputs("> ", stdout);
       std::fflush(stdout);
     }
-    if (!std::getline(*in_, line)) {
+    ++line_no_;
+    line.clear();
+    std::streambuf* sb = in_->rdbuf();
+    bool any = false;
+    for (int c; (c = sb->sbumpc()) != std::char_traits<char>::eof();) {
+      any = true;
+      if (c == '\n') break;
+      if (line.size() == max_bytes_) {
+        const std::string what = name_ + ":" + std::to_string(line_no_) + ": a turn longer than --max-turn-bytes " +
+                                 std::to_string(max_bytes_);
+        if (!interactive_) throw Error(what + " (give each turn on a line of its own, or raise the limit)");
+        while (c != '\n' && c != std::char_traits<char>::eof()) c = sb->sbumpc();
+        std::fprintf(stderr, "error: %s (the message was dropped)\n", what.c_str());
+        line.clear();
+        return true;
+      }
+      line += char(c);
+    }
+    if (!any) {
       if (interactive_) std::fputc('\n', stdout);  // Ctrl-D: end the prompt's line
       return false;
     }
@@ -181,6 +206,9 @@ class TurnSource {
  private:
   std::ifstream file_;
   std::istream* in_ = &std::cin;
+  std::string name_ = "standard input";
+  size_t max_bytes_;
+  size_t line_no_ = 0;
   bool interactive_ = false;
 };
 
@@ -225,7 +253,7 @@ TurnPrefill prefill_turn(ChatState& st, const std::vector<int32_t>& ids) {
   if (!prefix || std::filesystem::exists(st.cache_dir / prompt_cache_file_name(st.cache_id, sys), ec))
     return st.conv.prefill(ids, st.cache);  // saved already: the longest cached prefix is taken
   const TurnPrefill first = st.conv.prefill(sys, st.cache);
-  report_cache_save(st.cache->finish());
+  report_cache_save(st.cache->finish(), st.args.quiet);
   TurnPrefill t = st.conv.prefill(ids, st.cache);
   t.from_cache = first.from_cache;
   t.reused = first.reused;
@@ -247,7 +275,7 @@ Reply run_turn(ChatState& st, const std::string& user_text) {
   s.prefill = prefill_turn(st, ids);
   st.turn = s.turn;
   s.prefill_ms = ms_since(t_turn);
-  if (!s.prefill.note.empty()) std::fprintf(stderr, "%s\n", s.prefill.note.c_str());
+  if (!s.prefill.note.empty() && !st.args.quiet) std::fprintf(stderr, "%s\n", s.prefill.note.c_str());
   Reply r;
   {
     SigintGuard sigint;
@@ -271,11 +299,12 @@ Reply run_turn(ChatState& st, const std::string& user_text) {
                                      {"function", {{"name", c.name}, {"arguments", chat_json::parse(c.arguments)}}}});
   }
   st.messages.push_back(std::move(reply));
-  if (st.cache) report_cache_save(st.cache->finish());
-  print_footer(st.args, st.conv.session(), s, r);
+  if (st.cache) report_cache_save(st.cache->finish(), st.args.quiet);
+  if (!st.args.quiet) print_footer(st.args, st.conv.session(), s, r);
   if (!st.args.json)
-    for (const ToolCall& c : out.calls()) std::fprintf(stderr, "[tool call %s: %s %s]\n", c.id.c_str(), c.name.c_str(), c.arguments.c_str());
-  if (st.args.json) print_json(s, r, out);
+    for (const ToolCall& c : out.calls())
+      std::fprintf(stderr, "[tool call %s: %s %s]\n", c.id.c_str(), c.name.c_str(), c.arguments.c_str());
+  if (st.args.json && !print_json(s, r, out)) r.reason = StopReason::OutputClosed;
   return r;
 }
 
@@ -314,10 +343,11 @@ int run_chat(ChatArgs& a) {
     st.format.tools = *tool_call_format_from_name(a.tool_call_format);
     st.format.short_ids = st.format.tools == ToolCallFormat::Mistral;
   }
-  std::fprintf(stderr, "model: %s (%s, %s), %d threads, seed %llu, chat template %s\n", dir.string().c_str(),
-               rt.config().arch_name.c_str(), weights_text(rt.model()).c_str(), rt.pool().size(),
-               static_cast<unsigned long long>(a.sampling.seed), prompt.origin().c_str());
-  if (source.interactive())
+  if (!a.quiet)
+    std::fprintf(stderr, "model: %s (%s, %s), %d threads, seed %llu, chat template %s\n", dir.string().c_str(),
+                 rt.config().arch_name.c_str(), weights_text(rt.model()).c_str(), rt.pool().size(),
+                 static_cast<unsigned long long>(a.sampling.seed), prompt.origin().c_str());
+  if (source.interactive() && !a.quiet)
     std::fprintf(stderr, "chat: type a message; /reset starts over, /exit or Ctrl-D ends, Ctrl-C stops a reply\n");
   // A script stopped by Ctrl-C ends, also between turns; on a terminal Ctrl-C stops only a reply.
   std::optional<SigintGuard> script_sigint;
@@ -328,13 +358,15 @@ int run_chat(ChatArgs& a) {
     if (line == "/reset") {
       st.messages = initial_messages(a);
       conv.reset();
-      std::fprintf(stderr, "conversation reset\n");
+      if (!a.quiet) std::fprintf(stderr, "conversation reset\n");
       continue;
     }
     if (line.empty()) continue;
     Reply r;
     try {
       r = run_turn(st, line);
+    } catch (const OutputError&) {
+      throw;
     } catch (const Error& e) {
       if (!source.interactive()) throw;
       // A person can go on: a template refusing the message, a conversation past --ctx-size.
@@ -364,6 +396,8 @@ Command add_chat_command(CLI::App& root) {
                                  "Read the user turns from FILE, one per line (- = standard input); without it "
                                  "they come from standard input, with a prompt when it is a terminal");
   add_chat_prompt_options(*app, a->prompt);
+  app->add_option("--max-turn-bytes", a->max_turn_bytes, "Longest user turn (one line) read, in bytes")
+      ->check(integer_at_least(1, int64_t(1) << 40));
   app->add_option("--stop", a->stops, "End a reply when its text contains STR (repeatable)")->default_str("");
   app->add_option("--tokens,-n", a->tokens, "Most tokens per reply (-1 = until EOS, a stop string or a full context)")
       ->check(integer_at_least(-1));
@@ -371,6 +405,8 @@ Command add_chat_command(CLI::App& root) {
   app->add_option("--seed,-s", a->seed, "RNG seed (-1 = random, printed at start)")
       ->check(CLI::Validator([](std::string& s) { return s == "-1" ? std::string() : unsigned_integer()(s); }, ""))
       ->type_name("INT");
+  app->add_flag("--quiet,-q", a->quiet,
+                "Only the replies (or the JSON) and warnings: no model:, turn footer or prompt cache lines on stderr");
   app->add_flag("--json", a->json, "Print one JSON object per turn on stdout (text, ids, token counts, timings, "
                                    "stop reason) instead of the streamed reply");
   app->add_option("--tools", a->tools_file,

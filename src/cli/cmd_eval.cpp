@@ -466,6 +466,12 @@ int run_eval(EvalArgs& a) {
   if (a.runtime.ctx_size == 0) base.ctx_size = 0;  // no --ctx-size: every stream fits (quality, not capacity)
   const std::vector<CacheSpec> specs =
       a.configs.empty() ? std::vector<CacheSpec>{{base.describe(), base}} : parse_cache_specs(a.configs, base);
+  // A window sizes the cache's rings and RoPE tables: bounded by the model's positions, as --ctx-size.
+  for (const CacheSpec& spec : specs)
+    if (spec.kv.window > 0 && int64_t(spec.kv.sink) + spec.kv.window > cfg.max_position_embeddings)
+      throw UsageError("cache spec '" + spec.name + "': sink " + std::to_string(spec.kv.sink) + " + window " +
+                       std::to_string(spec.kv.window) + " is more than the model's max_position_embeddings (" +
+                       std::to_string(cfg.max_position_embeddings) + ")");
   ThreadPool& pool = rt.pool();
   // --baseline-model: the baseline runs another checkpoint of the same vocabulary (a quantized model
   // against its bf16 original).

@@ -260,7 +260,7 @@ Command add_make_model_command(CLI::App& root) {
       ->check(CLI::IsMember({"bf16", "f16", "f32"}));
   app->add_option("--seed", a->seed, "Seed of the random weights")->check(unsigned_integer());
   app->add_option("--threads,-t", a->threads, "Threads generating the weights (0 = all cores)")
-      ->check(integer_at_least(0));
+      ->check(thread_count());
   return {app, [a] { return run_make_model(*a); }};
 }
 

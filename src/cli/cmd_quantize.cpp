@@ -188,7 +188,7 @@ Command add_quantize_command(CLI::App& root) {
       ->check(CLI::Range(0.0, 1.0));
   app->add_flag("--gptq-act-order", a->gptq_act_order,
                 "--method gptq: solve the columns by decreasing input energy (groups fitted up front)");
-  app->add_option("--threads,-t", a->threads, "Threads (0 = all cores)")->check(integer_at_least(0));
+  app->add_option("--threads,-t", a->threads, "Threads (0 = all cores)")->check(thread_count());
   return {app, [a] { return run_quantize(*a); }};
 }
 

@@ -20,6 +20,7 @@
 #include "cli/commands.h"
 #include "cli/generation.h"
 #include "cli/options.h"
+#include "cli/output.h"
 #include "engine/runtime.h"
 #include "core/error.h"
 #include "core/file_io.h"
@@ -46,6 +47,7 @@ struct SampleArgs {
   bool ignore_eos = false;
   std::string seed = "-1";  // -1 = random
   bool json = false;
+  bool quiet = false;  // no model:, load:, prompt cache or footer lines (warnings stay)
   SamplingConfig sampling;
   RuntimeOptions runtime;
   std::string cache_prompt;
@@ -56,8 +58,9 @@ struct SampleArgs {
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
-void report_cache_load(const PromptCacheLoad& r) {
+void report_cache_load(const PromptCacheLoad& r, bool quiet) {
   for (const std::string& w : r.warnings) std::fprintf(stderr, "warning: prompt cache: %s\n", w.c_str());
+  if (quiet) return;
   const std::string read = format_bytes(r.bytes_read);
   if (r.outcome == PromptCacheOutcome::Hit)
     std::fprintf(stderr, "prompt cache: hit, %lld tokens reused from %s (%s read)\n", (long long)r.reused,
@@ -69,8 +72,9 @@ void report_cache_load(const PromptCacheLoad& r) {
     std::fprintf(stderr, "prompt cache: miss, %lld tokens prefilled\n", (long long)r.prompt);
 }
 
-void report_cache_save(const PromptCacheSave& r) {
+void report_cache_save(const PromptCacheSave& r, bool quiet) {
   for (const std::string& w : r.warnings) std::fprintf(stderr, "warning: prompt cache: %s\n", w.c_str());
+  if (quiet) return;
   for (const auto& s : r.saved)
     std::fprintf(stderr, "prompt cache: saved %lld tokens to %s (%s written)\n", (long long)s.tokens, s.path.c_str(),
                  format_bytes(s.bytes).c_str());
@@ -115,16 +119,14 @@ std::string read_prompt(const SampleArgs& a) {
     throw UsageError("give the prompt: -p TEXT, or -f FILE (- for standard input)");
   std::string text = a.prompt;
   if (a.file_opt->count()) {
-    std::ostringstream ss;
     if (a.prompt_file == "-") {
-      ss << std::cin.rdbuf();
+      text = read_standard_input(kMaxTextBytes, "a prompt (--file -)");
     } else {
       std::error_code ec;
       if (!std::filesystem::exists(a.prompt_file, ec))
         throw Error(a.prompt_file + ": cannot open the prompt file (--file)");
-      ss << read_whole_file(a.prompt_file, kMaxTextBytes, "a prompt file (--file)");
+      text = read_whole_file(a.prompt_file, kMaxTextBytes, "a prompt file (--file)");
     }
-    text = ss.str();
     if (!text.empty() && text.back() == '\n') text.pop_back();
   }
   return a.escape ? process_escapes(text) : text;
@@ -249,8 +251,7 @@ void print_json(const SampleArgs& a, const std::filesystem::path& dir, const Ses
     j["kv_cache"] = nullptr;
   }
   // The JSON carries the text: no escape may be lost, invalid UTF-8 from a byte-level model included.
-  std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
-  std::fflush(stdout);
+  write_stdout(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
 // The prompt's ids; warns when the text already begins with BOS and the tokenizer adds it again.
@@ -287,10 +288,12 @@ int run_sample(SampleArgs& a) {
     throw Error("the prompt has " + std::to_string(prompt.size()) + " tokens, more than --ctx-size " +
                 std::to_string(sopts.kv.ctx_size));
   a.sampling.seed = a.seed == "-1" ? uint64_t(std::random_device{}()) : std::stoull(a.seed);
-  std::fprintf(stderr, "model: %s (%s, %s), %d threads, seed %llu\n", dir.string().c_str(),
-               cfg.arch_name.c_str(), weights_text(model).c_str(), pool.size(),
-               static_cast<unsigned long long>(a.sampling.seed));
-  std::fprintf(stderr, "load: %.1f ms\n", t.load_ms);
+  if (!a.quiet) {
+    std::fprintf(stderr, "model: %s (%s, %s), %d threads, seed %llu\n", dir.string().c_str(),
+                 cfg.arch_name.c_str(), weights_text(model).c_str(), pool.size(),
+                 static_cast<unsigned long long>(a.sampling.seed));
+    std::fprintf(stderr, "load: %.1f ms\n", t.load_ms);
+  }
 
   SigintGuard sigint;
   const auto t_prefill = Clock::now();
@@ -301,7 +304,7 @@ int run_sample(SampleArgs& a) {
   std::span<float> logits;
   if (pc_opts.enabled()) {
     prompt_cache = std::make_unique<PromptCache>(pc_opts, prompt_cache_identity(model, tok, sopts.kv), tok);
-    report_cache_load(prompt_cache->prefill(session, prompt));
+    report_cache_load(prompt_cache->prefill(session, prompt), a.quiet);
     first_logits.assign(session.last_logits().begin(), session.last_logits().end());
     logits = first_logits;
   } else {
@@ -309,8 +312,8 @@ int run_sample(SampleArgs& a) {
   }
   t.prefill_ms = ms_since(t_prefill);
   const Generation g = generate(a, session, tok, logits, t_prefill);
-  if (prompt_cache) report_cache_save(prompt_cache->finish());
-  print_footer(a, session, prompt.size(), g, t);
+  if (prompt_cache) report_cache_save(prompt_cache->finish(), a.quiet);
+  if (!a.quiet) print_footer(a, session, prompt.size(), g, t);
   if (a.json) print_json(a, dir, session, prompt.size(), g, t);
   return g.reason == StopReason::Interrupted ? 130 : 0;
 }
@@ -340,6 +343,8 @@ Command add_sample_command(CLI::App& root) {
   app->add_flag("--json", a->json,
                 "Print one JSON object on stdout (text, token ids, timings, stop reason, KV cache) instead of "
                 "the streamed text");
+  app->add_flag("--quiet,-q", a->quiet,
+                "Only the text (or the JSON) and warnings: no model:, load:, prompt cache or footer lines on stderr");
   add_runtime_options(*app, a->runtime);
   CLI::Option* no_cache = app->get_option("--no-cache");
   app->add_option("--cache-prompt", a->cache_prompt,

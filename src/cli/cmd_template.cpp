@@ -32,11 +32,7 @@ void write_out(const std::string& s) { std::fwrite(s.data(), 1, s.size(), stdout
 
 // "-" is standard input.
 std::string read_all(const std::string& path) {
-  std::ostringstream ss;
-  if (path == "-") {
-    ss << std::cin.rdbuf();
-    return ss.str();
-  }
+  if (path == "-") return read_standard_input(kMaxTextBytes, "an input");
   return read_whole_file(path, kMaxTextBytes, "an input file");
 }
 

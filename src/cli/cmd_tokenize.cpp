@@ -1,5 +1,6 @@
 // posttrainllm tokenize: encode text to ids or decode ids to text with a model's tokenizer, for
-// checking a tokenizer from the shell (llama.cpp's tokenize tool) and for data preparation.
+// checking a tokenizer from the shell (llama.cpp's llama-tokenize: the same flags and output) and for
+// data preparation.
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -11,6 +12,7 @@
 
 #include "cli/commands.h"
 #include "cli/options.h"
+#include "cli/output.h"
 #include "core/error.h"
 #include "core/file_io.h"
 #include "engine/runtime.h"
@@ -27,28 +29,37 @@ struct TokenizeArgs {
   bool no_parse_special = false;
   bool keep_special = false;
   bool json = false;
+  bool ids = false;
+  bool show_count = false;
   CLI::Option *text_opt = nullptr, *file_opt = nullptr, *jsonl_opt = nullptr, *decode_opt = nullptr;
 };
 
-void write_out(const std::string& s) { std::fwrite(s.data(), 1, s.size(), stdout); }
+// False when nobody reads stdout any more (| head); a failed write throws OutputError.
+bool write_out(const std::string& s) { return write_stdout(s); }
 
-std::string ids_line(const std::vector<int32_t>& ids, bool as_json) {
-  if (as_json) return nlohmann::json(ids).dump() + "\n";
+// As llama-tokenize prints them: "[1, 2, 3]" with --ids, else one "    42 -> 'piece'" line per token
+// (the piece is the token's text decoded alone; a byte of an unfinished UTF-8 character shows as U+FFFD).
+std::string ids_text(const Tokenizer& tok, const std::vector<int32_t>& ids, const TokenizeArgs& a) {
+  if (a.json) return nlohmann::json(ids).dump() + "\n";
   std::string out;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (i) out += ' ';
-    out += std::to_string(ids[i]);
+  if (a.ids) {
+    out = "[";
+    for (size_t i = 0; i < ids.size(); ++i) out += (i ? ", " : "") + std::to_string(ids[i]);
+    out += "]\n";
+  } else {
+    char num[32];
+    for (const int32_t id : ids) {
+      std::snprintf(num, sizeof num, "%6d -> '", id);
+      out += num + tok.decode(std::span(&id, 1), /*skip_special=*/false) + "'\n";
+    }
   }
-  return out + "\n";
+  if (a.show_count) out += "Total number of tokens: " + std::to_string(ids.size()) + "\n";
+  return out;
 }
 
 // "-" is standard input.
 std::string read_all(const std::string& path) {
-  if (path == "-") {
-    std::ostringstream ss;
-    ss << std::cin.rdbuf();
-    return ss.str();
-  }
+  if (path == "-") return read_standard_input(kMaxTextBytes, "an input");
   return read_whole_file(path, kMaxTextBytes, "an input file");
 }
 
@@ -82,10 +93,12 @@ std::vector<int32_t> parse_ids(const std::string& s) {
 int run_tokenize(const TokenizeArgs& a) {
   const int modes = (a.text_opt->count() > 0) + (a.file_opt->count() > 0) +
                     (a.jsonl_opt->count() > 0) + (a.decode_opt->count() > 0);
-  if (modes != 1) throw UsageError("give exactly one of --text, --file, --jsonl, --decode");
+  if (modes != 1) throw UsageError("give exactly one of -p/--prompt TEXT, -f/--file FILE, --jsonl FILE, --decode IDS");
   const bool decoding = a.decode_opt->count() > 0;
-  if (decoding && (a.no_special || a.no_parse_special))
-    throw UsageError("--no-special and --no-parse-special are for encoding, not --decode");
+  if (decoding && (a.no_special || a.no_parse_special || a.ids || a.show_count))
+    throw UsageError("--no-special, --no-parse-special, --ids and --show-count are for encoding, not --decode");
+  if (a.jsonl_opt->count() && (a.ids || a.show_count))
+    throw UsageError("--jsonl prints a JSON array per line; --ids and --show-count go with -p or -f");
   if (!decoding && a.keep_special) throw UsageError("--keep-special goes with --decode");
 
   if (a.path.empty()) throw UsageError("give the model directory or tokenizer.json: tokenize PATH, or -m PATH");
@@ -112,14 +125,14 @@ int run_tokenize(const TokenizeArgs& a) {
       const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
       if (!j.is_string())
         throw Error(a.jsonl + ":" + std::to_string(n) + ": expected a JSON string");
-      out += ids_line(tok.encode(j.get<std::string>(), opts), true);
-      if (out.size() > (1 << 20)) write_out(std::exchange(out, {}));
+      out += nlohmann::json(tok.encode(j.get<std::string>(), opts)).dump() + "\n";
+      if (out.size() > (1 << 20) && !write_out(std::exchange(out, {}))) return 0;
     }
     write_out(out);
     return 0;
   }
   const std::string text = a.text_opt->count() ? a.text : read_all(a.file);
-  write_out(ids_line(tok.encode(text, opts), a.json));
+  write_out(ids_text(tok, tok.encode(text, opts), a));
   return 0;
 }
 
@@ -130,20 +143,24 @@ Command add_tokenize_command(CLI::App& root) {
   CLI::App* app = root.add_subcommand(
       "tokenize", "Encode text to token ids (or decode ids to text) with a model's tokenizer");
   add_model_option(*app, args->path, "model directory, tokenizer.json or .gguf file");
-  args->text_opt = app->add_option("--text", args->text, "text to encode");
+  args->text_opt = app->add_option("--prompt,-p,--text", args->text, "text to encode");
   args->file_opt =
-      app->add_option("--file", args->file, "encode the contents of this file (- for stdin)");
+      app->add_option("--file,-f", args->file, "encode the contents of this file (- for stdin)");
   args->jsonl_opt = app->add_option(
       "--jsonl", args->jsonl,
       "encode many texts: each line of this file is a JSON string; prints one JSON array per line");
   args->decode_opt =
-      app->add_option("--decode", args->decode, "print the text of these ids (\"1 2 3\")");
+      app->add_option("--decode", args->decode, "print the text of these ids (\"1 2 3\" or \"[1, 2, 3]\")");
   app->add_flag("--no-special", args->no_special,
                 "no special tokens from the post-processor (add_special_tokens=False)");
   app->add_flag("--no-parse-special", args->no_parse_special,
                 "encode special tokens written in the text as plain text");
   app->add_flag("--keep-special", args->keep_special, "--decode: keep special tokens in the text");
-  app->add_flag("--json", args->json, "print ids as a JSON array (a JSON string with --decode)");
+  auto* ids = app->add_flag("--ids", args->ids,
+                            "print only the ids, as llama-tokenize --ids: [1, 2, 3] (default: one 'id -> piece' line "
+                            "per token)");
+  app->add_flag("--json", args->json, "print ids as a compact JSON array (a JSON string with --decode)")->excludes(ids);
+  app->add_flag("--show-count", args->show_count, "end with the number of tokens (llama-tokenize's flag)");
   return {app, [args] { return run_tokenize(*args); }};
 }
 

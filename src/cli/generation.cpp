@@ -4,10 +4,11 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <utility>
+
+#include "cli/output.h"
 
 namespace ptllm::cli {
 
@@ -89,9 +90,8 @@ std::string stop_reason_text(StopReason r, const std::string& stop_string, int m
 
 void TextStream::emit(const std::string& text) {
   out_.text += text;
-  if (quiet_ || text.empty()) return;
-  std::fwrite(text.data(), 1, text.size(), stdout);
-  if (std::fflush(stdout) != 0 && errno == EPIPE) closed_ = true;
+  if (quiet_ || text.empty() || closed_) return;
+  if (!write_stdout(text)) closed_ = true;
 }
 
 void TextStream::end(StopText& stop, StreamingDetokenizer& detok) {
@@ -100,10 +100,7 @@ void TextStream::end(StopText& stop, StreamingDetokenizer& detok) {
     out_.reason = StopReason::StopString;
     out_.stop_string = stop.found();
   }
-  if (!quiet_) {
-    std::fputc('\n', stdout);
-    std::fflush(stdout);
-  }
+  if (!quiet_ && !closed_ && !write_stdout("\n")) closed_ = true;
 }
 
 }  // namespace ptllm::cli

@@ -37,7 +37,8 @@ struct GeneratedText {
 };
 
 // A generation's text as it streams: kept in out.text and, unless quiet (--json), written to stdout
-// at once. closed(): nobody reads stdout any more (EPIPE; SIGPIPE is ignored, main.cpp).
+// at once. closed(): nobody reads stdout any more (EPIPE; SIGPIPE is ignored, main.cpp); any other
+// failed write throws OutputError (cli/output.h).
 class TextStream {
  public:
   TextStream(GeneratedText& out, bool quiet) : out_(out), quiet_(quiet) {}

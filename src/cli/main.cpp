@@ -1,5 +1,5 @@
-// posttrainllm: command dispatch. Exit codes: 0 ok, 1 runtime error (bad file, ...), 2 usage error;
-// `sample` interrupted by Ctrl-C exits 130 after its footer.
+// posttrainllm: command dispatch. Exit codes: 0 ok, 1 runtime error (bad file, a failed write of the
+// output, ...), 2 usage error; `sample` interrupted by Ctrl-C exits 130 after its footer.
 #include <csignal>
 #include <cstdio>
 #include <exception>
@@ -8,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "cli/options.h"
+#include "cli/output.h"
 #include "core/error.h"
 
 namespace {
@@ -63,13 +64,15 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  ptllm::cli::reserve_standard_streams();
   // A save that reaches `ulimit -f` gets EFBIG (a one-line warning, the temporary removed) instead
   // of SIGXFSZ killing the run; a closed stdout (`| head -c 1`) gets EPIPE (sample stops generating)
   // instead of SIGPIPE killing the process in the middle of a save.
   std::signal(SIGXFSZ, SIG_IGN);
   std::signal(SIGPIPE, SIG_IGN);
+  int code = 0;
   try {
-    return run(argc, argv);
+    code = run(argc, argv);
   } catch (const ptllm::UsageError& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;
@@ -77,4 +80,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }
+  // Output still buffered (--help, a table, the last line) and writes that failed unchecked.
+  const std::string failure = ptllm::cli::stdout_failure();
+  if (failure.empty()) return code;
+  std::fprintf(stderr, "error: %s\n", failure.c_str());
+  return code == 0 ? 1 : code;
 }

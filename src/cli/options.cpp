@@ -109,6 +109,8 @@ CLI::Validator number_between(double lo, double hi) {
                         "");
 }
 
+CLI::Validator thread_count() { return integer_between(0, kMaxThreads); }
+
 namespace {
 
 // llama.cpp's --cache-type-k/-v names, and ours, to our KV precision names ("" = not one of them).
@@ -151,8 +153,7 @@ std::string resolve_kv_type(const RuntimeOptions& o) {
 }  // namespace
 
 void add_runtime_options(CLI::App& app, RuntimeOptions& o) {
-  app.add_option("--threads,-t", o.threads, "Threads for the heavy kernels (0 = all cores)")
-      ->check(integer_at_least(0));
+  app.add_option("--threads,-t", o.threads, "Threads for the heavy kernels (0 = all cores)")->check(thread_count());
   app.add_option("--ctx-size,-c", o.ctx_size,
                  "KV-cache capacity in tokens")
       ->check(integer_at_least(1))
@@ -204,6 +205,12 @@ SessionOptions make_session_options(const RuntimeOptions& o, const ModelConfig& 
                                             : PositionMode::Absolute;
   s.use_cache = !o.no_cache;
   s.kv.validate();
+  // As --ctx-size, the StreamingLLM span (sinks and window), which sizes the cache's rings and the
+  // RoPE tables of cache positions: checked before the cache is made.
+  if (o.window > 0 && int64_t(o.sink) + o.window > cfg.max_position_embeddings)
+    throw UsageError("--streaming-llm-sink " + std::to_string(o.sink) + " + --streaming-llm-window " +
+                     std::to_string(o.window) + " is more than the model's max_position_embeddings (" +
+                     std::to_string(cfg.max_position_embeddings) + ", config.json)");
   return s;
 }
 
@@ -249,6 +256,11 @@ constexpr std::string_view kChat = "conversation mode is a command of its own: u
 constexpr std::string_view kOneSeq = "this command runs one sequence: parallel sequences are `posttrainllm serve --parallel N`";
 constexpr std::string_view kDownload =
     "downloading models is not supported: pass a local Hugging Face model directory (-m DIR)";
+constexpr std::string_view kDraft = "speculative decoding is not supported yet";
+constexpr std::string_view kGrammar = "constrained sampling (grammars, JSON schemas) is not supported yet";
+constexpr std::string_view kLora =
+    "LoRA adapters are not supported: merge the adapter into the weights first (peft's merge_and_unload) and "
+    "pass the merged model";
 
 constexpr HabitFlag kHabitFlags[] = {
     {"-ctk", "--cache-type-k", "this command has no KV cache"},
@@ -264,6 +276,7 @@ constexpr HabitFlag kHabitFlags[] = {
     {"--interactive", "", kChat},
     {"-mli", "", kChat},
     {"--multiline-input", "", kChat},
+    {"--log-disable", "--quiet", "this command has no --quiet: its status lines go to stderr (2>/dev/null)"},
     {"-ngl", "", kGpu},
     {"--n-gpu-layers", "", kGpu},
     {"--gpu-layers", "", kGpu},
@@ -280,7 +293,18 @@ constexpr HabitFlag kHabitFlags[] = {
     {"-cb", "", "continuous batching is how `posttrainllm serve` always runs; other commands run one sequence"},
     {"-tb", "", "one thread count serves prefill and decode: use --threads (-t)"},
     {"-ub", "", "the prompt is prefilled in one batch; there is no batch size to set"},
-    {"-md", "", "speculative decoding is not supported"},
+    {"-md", "", kDraft},
+    {"--model-draft", "", kDraft},
+    {"--draft", "", kDraft},
+    {"--draft-max", "", kDraft},
+    {"--grammar", "", kGrammar},
+    {"--grammar-file", "", kGrammar},
+    {"--json-schema", "", kGrammar},
+    {"-j", "", kGrammar},
+    {"--json-schema-file", "", kGrammar},
+    {"--lora", "", kLora},
+    {"--lora-scaled", "", kLora},
+    {"--mlock", "", "locking the model in memory is not supported"},
     {"-hf", "", kDownload},
     {"-hfr", "", kDownload},
     {"-mu", "", kDownload},
@@ -340,8 +364,16 @@ std::vector<std::string> preprocess_args(const CLI::App& root, int argc, char** 
   }
   if (i == args.size() && cmd->get_require_subcommand_min() > 0)
     throw UsageError("give a command: " + command_list(*cmd, words) + " (--help says what each does)");
-  for (; i < args.size() && args[i] != "--"; ++i)
+  for (; i < args.size() && args[i] != "--"; ++i) {
+    if (args[i] == "--jinja" && cmd->get_option_no_throw("--jinja") == nullptr) {
+      // llama.cpp's switch to Jinja templates: here every template is Jinja, so it changes nothing.
+      if (cmd->get_option_no_throw("--chat-template-kwargs") == nullptr)
+        throw UsageError("--jinja: this command renders no chat template (chat, serve and template do, always as Jinja)");
+      args.erase(args.begin() + std::ptrdiff_t(i--));
+      continue;
+    }
     if (args[i].starts_with('-')) args[i] = rewrite_arg(*cmd, args[i]);
+  }
   return args;
 }
 
@@ -367,6 +399,9 @@ std::filesystem::path default_model_dir() {
       fs::path cand = dir / "models" / "kjv-tiny";
       if (fs::exists(cand / "config.json")) return cand;
     }
+    // Installed (cmake --install): PREFIX/bin/posttrainllm and PREFIX/share/posttrainllm/models.
+    const fs::path installed = exe.parent_path().parent_path() / "share" / "posttrainllm" / "models" / "kjv-tiny";
+    if (fs::exists(installed / "config.json")) return installed;
   }
   return fs::path(PTLLM_SOURCE_DIR) / "models" / "kjv-tiny";
 }

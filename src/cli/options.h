@@ -45,6 +45,11 @@ CLI::Validator unsigned_integer();  // a 64-bit seed
 CLI::Validator number_at_least(double lo, bool exclusive = false);
 CLI::Validator number_between(double lo, double hi);
 
+// --threads: 0 (all cores) to kMaxThreads. More threads than cores only slow the kernels down; the
+// bound keeps a typo (-t 100000) from asking the system for a hundred thousand threads.
+inline constexpr int kMaxThreads = 1024;
+CLI::Validator thread_count();
+
 // Rewrites argv before CLI11 sees it (CLI11 would read llama.cpp's -cnv as -c nv): llama.cpp's
 // multi-letter single-dash flags are mapped to their long names where this runtime has them
 // (-ctk -> --cache-type-k) or refused with a message naming them. Also refuses an unknown command

@@ -97,6 +97,23 @@ std::string read_whole_file(const fs::path& path, uint64_t max_bytes, std::strin
   return out;
 }
 
+std::string read_standard_input(uint64_t max_bytes, std::string_view what) {
+  std::string out;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t got = ::read(STDIN_FILENO, buf, sizeof buf);
+    if (got == 0) return out;
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      throw Error("standard input: cannot read: " + errno_text(errno));
+    }
+    if (out.size() + size_t(got) > max_bytes)
+      throw Error("standard input: more than the limit of " + std::to_string(max_bytes) + " bytes for " +
+                  std::string(what));
+    out.append(buf, size_t(got));
+  }
+}
+
 AtomicFile::AtomicFile(const fs::path& path) : path_(path) {
   thread_local std::mt19937_64 rng{std::random_device{}()};
   char suffix[48];
@@ -181,6 +198,17 @@ bool is_stale_temporary(const fs::path& path, int64_t max_age_s) {
                                   .count()) -
                       int64_t(st.st_mtim.tv_sec);
   return age > max_age_s;
+}
+
+void remove_stale_temporaries(const fs::path& path) {
+  const fs::path parent = path.has_parent_path() ? path.parent_path() : fs::path(".");
+  const std::string prefix = path.filename().string() + std::string(kTempMark);
+  std::error_code ec;
+  for (fs::directory_iterator it(parent, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.starts_with(prefix) && temporary_writer(name) && is_stale_temporary(it->path()))
+      ::unlink(it->path().c_str());
+  }
 }
 
 }  // namespace ptllm

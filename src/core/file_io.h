@@ -48,6 +48,10 @@ class RegularFile {
 // The whole file, at most max_bytes ("PATH: is N bytes, more than the limit of M bytes for WHAT").
 std::string read_whole_file(const std::filesystem::path& path, uint64_t max_bytes, std::string_view what);
 
+// Standard input to its end, at most max_bytes ("standard input: more than the limit of M bytes for
+// WHAT"): read in pieces, so that an endless input (/dev/zero) stops at the limit.
+std::string read_standard_input(uint64_t max_bytes, std::string_view what);
+
 // A file written in pieces and then committed atomically (the streaming form of
 // write_file_atomically, for outputs too large to hold in memory: make-model's weights).
 // Destroyed without commit() (an exception, an early return), it removes its temporary.
@@ -82,5 +86,8 @@ std::optional<int> temporary_writer(std::string_view name);
 // A temporary left by a writer that is gone (its pid no longer runs), or older than max_age_s
 // (a pid can be reused).
 bool is_stale_temporary(const std::filesystem::path& path, int64_t max_age_s = 3600);
+// Removes the stale temporaries of `path` ("<path>.tmp-<pid>-<hex>" beside it): a writer of one
+// file that was killed leaves one, which the next write of that file clears. Errors are ignored.
+void remove_stale_temporaries(const std::filesystem::path& path);
 
 }  // namespace ptllm

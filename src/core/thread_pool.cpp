@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <string>
+#include <system_error>
 #include <utility>
+
+#include "core/error.h"
 
 #if defined(__linux__)
 #include <sched.h>
@@ -57,10 +61,21 @@ int ThreadPool::default_threads() {
 }
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(std::max(1, n_threads)) {
-  for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this] { worker(); });
+  try {
+    for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this] { worker(); });
+  } catch (const std::system_error& e) {
+    // The destructor does not run for a constructor that throws: the started workers are joined
+    // here (a joinable std::thread destroyed would end the process).
+    const size_t started = workers_.size() + 1;
+    stop_workers();
+    throw Error("cannot start " + std::to_string(n_threads_) + " threads (" + std::to_string(started) +
+                " started): " + e.code().message() + "; give fewer with --threads");
+  }
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::~ThreadPool() { stop_workers(); }
+
+void ThreadPool::stop_workers() {
   stop_.store(true, std::memory_order_release);
   generation_.value.fetch_add(1, std::memory_order_seq_cst);
   generation_.value.notify_all();

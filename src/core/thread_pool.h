@@ -19,7 +19,8 @@ namespace ptllm {
 
 class ThreadPool {
  public:
-  explicit ThreadPool(int n_threads);  // n_threads >= 1 (the caller counts as one)
+  // n_threads >= 1 (the caller counts as one); throws ptllm::Error when the system cannot start them.
+  explicit ThreadPool(int n_threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -50,6 +51,7 @@ class ThreadPool {
   };
 
   void run(size_t n, size_t grain, Job job);
+  void stop_workers();
   void worker();
   // Claims and runs parts of job `gen` until none is left (or a newer job replaced it).
   void work_on(uint32_t gen);

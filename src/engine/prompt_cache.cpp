@@ -315,6 +315,7 @@ void PromptCache::write_async(std::vector<Job> jobs, fs::path used, bool dir_ok)
         continue;
       }
       try {
+        remove_stale_temporaries(j.path);
         const int64_t created = now_ms();
         const uint64_t bytes = write_cache_file(j.path, id_, created, j.ids, j.logits, j.kv_state);
         s.saved.push_back({j.path, int64_t(j.ids.size()), bytes});

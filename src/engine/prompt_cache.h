@@ -97,7 +97,8 @@ uint64_t write_cache_file(const std::filesystem::path& path, const PromptCacheId
 uint64_t cache_file_size(const PromptCacheIdentity& id, uint64_t n_ids, uint64_t kv_bytes);
 // (The same atomic write for any bytes, the sidecars': write_file_atomically() of core/file_io.h.)
 
-// A regular file starting with this format's magic (any version): one this program wrote.
+// A regular file starting with this format's preamble (the magic, a version, a header length that
+// fits; any version, the rest possibly damaged): one this program wrote.
 bool is_prompt_cache_file(const std::filesystem::path& path);
 // A sidecar this program wrote: a JSON object with format_version and config_key whose "file" is
 // the cache file beside it.

@@ -117,6 +117,8 @@ Preamble decode_preamble(std::string_view bytes, uint64_t actual_size) {
   std::memcpy(&p.version, bytes.data() + 8, 4);
   std::memcpy(&p.header_bytes, bytes.data() + 12, 4);
   std::memcpy(&p.file_size, bytes.data() + 16, 8);
+  if (p.version == 0 || p.version > 0xffff)  // text after the magic (is_prompt_cache_file)
+    throw Error("not a prompt-cache file (the magic, then no version)");
   if (p.version != kPromptCacheVersion)
     throw Error("format version " + std::to_string(p.version) + ", this build reads version " +
                 std::to_string(kPromptCacheVersion));
@@ -271,10 +273,16 @@ uint64_t write_cache_file(const fs::path& path, const PromptCacheIdentity& id, i
 bool is_prompt_cache_file(const fs::path& path) {
   try {
     const RegularFile f(path);
-    char magic[sizeof kMagic];
-    if (f.size() < sizeof magic) return false;
-    f.read_at(magic, sizeof magic, 0);
-    return std::memcmp(magic, kMagic, sizeof kMagic) == 0;
+    char pre[kPreamble];
+    if (f.size() < sizeof pre) return false;
+    f.read_at(pre, sizeof pre, 0);
+    if (std::memcmp(pre, kMagic, sizeof kMagic) != 0) return false;
+    // The binary fields after the magic: a text file that begins with the magic has ASCII there,
+    // which reads as a version and a header length in the hundreds of millions.
+    uint32_t version = 0, header_bytes = 0;
+    std::memcpy(&version, pre + 8, 4);
+    std::memcpy(&header_bytes, pre + 12, 4);
+    return version >= 1 && version <= 0xffff && header_bytes <= kMaxHeader;
   } catch (const Error&) {
     return false;
   }

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/file_io.h"
+#include "core/json_text.h"
 
 namespace ptllm {
 
@@ -317,8 +318,7 @@ ModelConfig ModelConfig::load(const std::filesystem::path& config_json) {
   std::error_code ec;
   if (!std::filesystem::exists(config_json, ec))
     throw Error(config_json.string() + ": cannot open (is this a Hugging Face model directory?)");
-  json j = json::parse(read_whole_file(config_json, kMaxJsonConfigBytes, "config.json"), nullptr, false);
-  if (j.is_discarded()) throw Error(config_json.string() + ": not valid JSON");
+  const json j = parse_json_text(read_whole_file(config_json, kMaxJsonConfigBytes, "config.json"), config_json.string());
   return from_json(j, config_json.string());
 }
 

@@ -75,9 +75,14 @@ ModelConfig gguf_model_config(const GgufFile& f) {
   c.tie_word_embeddings = f.find_tensor("output.weight") == nullptr;
   const GgufTensor* embd = f.find_tensor("token_embd.weight");
   if (!embd) throw Error(f.name() + ": tensor 'token_embd.weight' is missing");
-  if (embd->dims.size() != 2)
+  // The vocabulary size is read from this tensor, so its first dim is checked against the metadata
+  // here: a swapped tensor would otherwise pass on a vocabulary of hidden_size tokens.
+  if (embd->dims.size() != 2 || int64_t(embd->dims[0]) != c.hidden_size) {
+    const bool swapped = embd->dims.size() == 2 && int64_t(embd->dims[1]) == c.hidden_size;
     throw Error(f.name() + ": tensor 'token_embd.weight' has dims " + embd->dims_str() + ", expected [" +
-                std::to_string(c.hidden_size) + ", vocab]");
+                std::to_string(c.hidden_size) + ", n_vocab] ([" + p + "embedding_length, tokens])" +
+                (swapped ? ": its two dims are swapped" : ""));
+  }
   c.vocab_size = int(embd->dims[1]);
   if (auto sw = f.opt_int(p + "attention.sliding_window", 0, int64_t(1) << 30)) c.sliding_window = int(*sw);
   c.layer_kinds.assign(size_t(c.n_layers), c.sliding_window > 0 ? AttentionKind::Sliding : AttentionKind::Full);

@@ -57,8 +57,8 @@ struct GgufLoader {
     bool same = t->dims.size() == dims.size();
     for (size_t i = 0; same && i < dims.size(); ++i) same = int64_t(t->dims[i]) == dims.begin()[i];
     if (!same)
-      throw Error(f.name() + ": tensor '" + name + "' has dims " + t->dims_str() + ", the metadata implies " +
-                  dims_of(dims));
+      throw Error(f.name() + ": tensor '" + name + "' has dims " + t->dims_str() + ", expected " + dims_of(dims) +
+                  " from the file's metadata" + (dims.size() == 2 ? " ([columns, rows], as GGUF orders them)" : ""));
     return *t;
   }
   static bool dense_type(GgmlType t, DType& d) {

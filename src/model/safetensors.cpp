@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/file_io.h"
+#include "core/json_text.h"
 
 namespace ptllm {
 
@@ -119,8 +120,8 @@ WeightFiles WeightFiles::open(const std::filesystem::path& dir) {
   if (std::filesystem::exists(single)) {
     w.files_.push_back(std::make_unique<SafetensorsFile>(single));
   } else if (std::filesystem::exists(index)) {
-    json j = json::parse(read_whole_file(index, kMaxJsonConfigBytes, "a shard index"), nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+    json j = parse_json_text(read_whole_file(index, kMaxJsonConfigBytes, "a shard index"), index.string());
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
       throw Error(index.string() + ": not a valid index (expected an object with 'weight_map')");
     std::set<std::string> shards;
     for (auto& [name, file] : j["weight_map"].items()) {
@@ -130,6 +131,8 @@ WeightFiles WeightFiles::open(const std::filesystem::path& dir) {
         throw Error(index.string() + ": weight_map entry '" + name + "' names a file outside the model directory");
       shards.insert(f);
     }
+    if (shards.empty()) throw Error(index.string() + ": weight_map is empty (it names no tensor and no shard file)");
+    w.index_file_ = index;
     for (const auto& f : shards) w.files_.push_back(std::make_unique<SafetensorsFile>(dir / f));
   } else {
     throw Error(dir.string() + ": no model.safetensors or model.safetensors.index.json");
@@ -154,9 +157,10 @@ const TensorView& WeightFiles::get(const std::string& name) const {
 }
 
 std::string WeightFiles::files_description() const {
-  std::string s;
-  for (size_t i = 0; i < files_.size(); ++i) s += (i ? ", " : "") + files_[i]->path().string();
-  return s;
+  if (index_file_.empty()) return files_.empty() ? "model.safetensors" : files_[0]->path().string();
+  std::string s = index_file_.string() + " (shards ";
+  for (size_t i = 0; i < files_.size(); ++i) s += (i ? ", " : "") + files_[i]->path().filename().string();
+  return s + ")";
 }
 
 }  // namespace ptllm

@@ -51,9 +51,11 @@ class WeightFiles {
   const TensorView& get(const std::string& name) const;
   const TensorView* find(const std::string& name) const;
   const std::vector<std::unique_ptr<SafetensorsFile>>& files() const { return files_; }
-  std::string files_description() const;  // "model.safetensors" or "model-00001-of-00002.safetensors, ..."
+  // "DIR/model.safetensors", or "DIR/model.safetensors.index.json (shards model-00001-of-00002.safetensors, ...)".
+  std::string files_description() const;
 
  private:
+  std::filesystem::path index_file_;  // empty for a single model.safetensors
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, const TensorView*> index_;
 };

@@ -130,14 +130,18 @@ void parse_post_processor(const json& j, const JsonPath& at, std::vector<Templat
   }
 }
 
-// bos_token / eos_token of tokenizer_config.json: a string, {"content": ...}, or null.
-std::optional<std::string> config_token(const json& cfg, const char* key) {
+// bos_token / eos_token of tokenizer_config.json: a string, {"content": ...}, or null. Anything else
+// (an id, {"content": 7}) is refused: ignored, it would drop BOS from every prompt.
+std::optional<std::string> config_token(const json& cfg, const char* key, const std::string& config_file) {
   auto it = cfg.find(key);
-  if (it == cfg.end()) return std::nullopt;
+  if (it == cfg.end() || it->is_null()) return std::nullopt;
   if (it->is_string()) return it->get<std::string>();
   if (it->is_object() && it->contains("content") && (*it)["content"].is_string())
     return (*it)["content"].get<std::string>();
-  return std::nullopt;
+  std::string got = it->dump();
+  if (got.size() > 80) got = got.substr(0, 80) + "...";
+  throw Error(config_file + ": " + key + ": expected the token's text, as a string or {\"content\": \"...\"}, got " +
+              got);
 }
 
 }  // namespace
@@ -268,7 +272,7 @@ Tokenizer Tokenizer::from_json(const json& root, const json& config, const std::
   // A bos_token or eos_token that is not a token would silently drop BOS (the output changes): refused.
   for (const auto& [key, slot] : {std::pair<const char*, std::optional<int32_t>*>{"bos_token", &impl->bos},
                                   std::pair<const char*, std::optional<int32_t>*>{"eos_token", &impl->eos}}) {
-    if (auto t = config_token(config, key)) {
+    if (auto t = config_token(config, key, config_file)) {
       *slot = impl->token_to_id(*t);
       if (!*slot)
         throw Error(config_file + ": " + key + " '" + *t + "' is not a token of " + file);

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The developer's set-up on Debian 12, on top of scripts/setup.sh: the libraries and tools of the
+# tests (GoogleTest, redis-server for serve --kv-store's tests, the openai npm client), the
+# benchmarks (Google Benchmark, OpenBLAS) and the fuzzers (clang 14 with libFuzzer). Then
+# scripts/test.sh builds and runs the tests. Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DEV_PACKAGES=(libgtest-dev libgmock-dev libbenchmark-dev
+  libopenblas-dev  # OpenBLAS: only the sgemm comparison in bench/bench_kernels.cpp (loaded at run time)
+  redis-server     # the tests of serve --kv-store start their own redis-server
+  clang-14 libclang-rt-14-dev)  # the libFuzzer targets (scripts/fuzz.sh), which .ci/run runs briefly
+
+missing=()
+for p in "${DEV_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  echo "installing: ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# The openai npm client for the server's client tests (ctest node_openai_client) and
+# scripts/serve_load.mjs; optional: without npm those tests are skipped.
+if command -v npm >/dev/null 2>&1; then
+  (cd tests/node && npm ci --no-audit --no-fund) ||
+    echo "npm ci failed (no registry?): the openai-client tests of posttrainllm serve will be skipped"
+else
+  echo "npm not found: the openai-client tests of posttrainllm serve will be skipped"
+fi
