@@ -6,9 +6,11 @@
 
 #include <atomic>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "chat/chat_template.h"
 #include "cli/chat_prompt.h"
@@ -30,6 +32,7 @@ namespace {
 struct ServeArgs {
   std::string model_dir;
   std::string alias;
+  bool api_key_given = false;
   server::ServerConfig http;
   int parallel = 4;
   int kv_budget_mb = 0;
@@ -44,6 +47,16 @@ struct ServeArgs {
   std::string prompt_cache_dir;      // --prompt-cache-dir: the blocks persist there (store/dir_store.h)
   double prompt_cache_max_mb = 1024;
 };
+
+// `text` with every "DIR/" of `dirs` taken out.
+std::string without_directories(std::string text, const std::vector<std::filesystem::path>& dirs) {
+  for (const auto& d : dirs) {
+    if (d.empty()) continue;
+    const std::string prefix = (d / "").string();
+    for (size_t at; (at = text.find(prefix)) != std::string::npos;) text.erase(at, prefix.size());
+  }
+  return text;
+}
 
 // The model's chat template as the server's renderer; none (a warning) when the model has none and
 // no --chat-template was given. A broken template stops the start.
@@ -62,9 +75,19 @@ std::function<std::string(const server::json&, const server::json&)> chat_render
     return {};
   }
   std::fprintf(stderr, "chat template: %s\n", prompt->origin().c_str());
-  return [prompt](const server::json& messages, const server::json& tools) {
-    return prompt->render(messages, /*add_generation_prompt=*/true, tools);
+  return [prompt, dir](const server::json& messages, const server::json& tools) {
+    try {
+      return prompt->render(messages, /*add_generation_prompt=*/true, tools);
+    } catch (const Error& e) {
+      // A client sees the template's file name and line, not where the server keeps it.
+      throw Error(without_directories(e.what(), {std::filesystem::path(prompt->origin()).parent_path(), dir}));
+    }
   };
+}
+
+// Loopback addresses, where a server without --api-key is reachable from this machine only.
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }
 
 // SIGTERM and SIGINT are blocked in every thread (the mask is inherited) and taken by one waiting
@@ -106,6 +129,12 @@ int run_serve(ServeArgs& a) {
   if (!a.prompt_cache_dir.empty() && !a.store.url.empty())
     throw UsageError("--prompt-cache-dir and --kv-store: give one of them (the server looks up one block store: a "
                      "directory for restarts of one server, or Redis for replicas)");
+  if (!is_loopback(a.http.host) && a.http.api_key.empty())
+    std::fprintf(stderr, "warning: --host %s without --api-key: anyone who can reach this address can use the server\n",
+                 a.http.host.c_str());
+  if (a.api_key_given && a.http.api_key.empty())
+    throw UsageError("--api-key: the key is empty, which would serve without authentication; give a key, or leave "
+                     "out --api-key");
   SignalStop signals;  // before any thread exists
   const std::filesystem::path dir = a.model_dir.empty() ? default_model_dir() : std::filesystem::path(a.model_dir);
   Runtime rt({dir, resolve_threads(a.runtime), true});
@@ -179,14 +208,21 @@ Command add_serve_command(CLI::App& root) {
       ->check(integer_between(0, 65535));
   app->add_option("--parallel", a->parallel, "Sequences decoding together (llama-server's -np); more requests wait")
       ->check(integer_between(1, 255));
-  app->add_option("--api-key", a->http.api_key, "Require Authorization: Bearer KEY on every endpoint but /health");
+  app->add_option("--api-key", a->http.api_key, "Require Authorization: Bearer KEY on every endpoint but /health")
+      ->each([a](const std::string&) { a->api_key_given = true; });
   app->add_option("--kv-budget-mb", a->kv_budget_mb,
                   "MiB of KV blocks shared by all sequences (0 = room for --parallel sequences of --ctx-size)")
       ->check(integer_between(0, 1 << 20));
   app->add_option("--prefill-chunk", a->prefill_chunk,
                   "Most prompt tokens one step prefills beside the others' decode tokens")
       ->check(integer_between(1, 1 << 16));
-  app->add_option("--alias,-a", a->alias, "The model id /v1/models lists (default: the model directory's name)");
+  app->add_option("--alias,-a", a->alias,
+                  "The model id /v1/models lists and responses carry (default: the model directory's name)");
+  app->add_flag("--strict-model-name", a->http.strict_model_name,
+                "Answer 404 to a request whose \"model\" is not the served id (by default any name is served)");
+  app->add_option("--cors-origin", a->http.cors_origin,
+                  "Let pages of ORIGIN (https://host:port, or * for any) call the server from a browser "
+                  "(default: none)");
   app->add_option("--timeout", a->http.timeout_s, "Read and write timeout of a connection, seconds")
       ->check(integer_between(1, 86400));
   app->add_option("--max-body-mb", a->max_body_mb, "Largest request body, MiB (larger: 413)")
@@ -220,6 +256,11 @@ Command add_serve_command(CLI::App& root) {
       ->needs(dir);
   add_chat_prompt_options(*app, a->chat);
   add_runtime_options(*app, a->runtime);
+  // Defaults of the requests that leave these fields out.
+  add_sampling_options(*app, a->http.defaults.sampling);
+  app->add_option("--tokens,-n", a->http.defaults.max_tokens,
+                  "Default max_tokens (-1 = chat until the context is full, completions 16)")
+      ->check(CLI::Validator([](std::string& v) { return v == "-1" ? std::string() : integer_between(1, 1 << 30)(v); }, ""));
   return {app, [a] { return run_serve(*a); }};
 }
 

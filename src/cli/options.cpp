@@ -151,8 +151,10 @@ std::string resolve_kv_type(const RuntimeOptions& o) {
 }  // namespace
 
 void add_runtime_options(CLI::App& app, RuntimeOptions& o) {
-  app.add_option("--threads,-t", o.threads, "Threads for the heavy kernels (0 = all cores)")
-      ->check(integer_at_least(0));
+  // A bound well past any machine's cores: asking for 100,000 threads made thread creation fail
+  // part way, which aborted the process.
+  app.add_option("--threads,-t", o.threads, "Threads for the heavy kernels (0 = all cores, at most 1024)")
+      ->check(integer_between(0, 1024));
   app.add_option("--ctx-size,-c", o.ctx_size,
                  "KV-cache capacity in tokens")
       ->check(integer_at_least(1))
