@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <fstream>
 #include <functional>
 #include <thread>
@@ -304,6 +305,64 @@ TEST_F(ServerLimits, NoCorsOriginByDefault) {
   const auto get = c.Get("/v1/models", {{"Origin", "https://app.example"}});
   ASSERT_TRUE(get);
   EXPECT_FALSE(get->has_header("Access-Control-Allow-Origin"));
+}
+
+// A client connected to the server's port that sends a request line, then a header byte every
+// 200 ms for at most 20 s; `closed` counts those the server cut off.
+std::thread trickler(int port, std::atomic<int>& closed) {
+  return std::thread([port, &closed] {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(uint16_t(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return;
+    const std::string line = "GET /health HTTP/1.1\r\n";
+    ::send(fd, line.data(), line.size(), MSG_NOSIGNAL);
+    for (int i = 0; i < 100; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      if (::send(fd, "X", 1, MSG_NOSIGNAL) != 1) {
+        ++closed;
+        break;
+      }
+    }
+    ::close(fd);
+  });
+}
+
+// As many trickling clients as HTTP threads once held them all: /health waited for ever.
+TEST_F(ServerLimits, TricklingClientsDoNotStallTheServer) {
+  start([](server::ServerConfig& c) {
+    c.http_threads = 2;
+    c.header_timeout_s = 1;
+  });
+  std::atomic<int> closed{0};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 2; ++i) clients.push_back(trickler(port_, closed));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // both threads taken first
+  httplib::Client c = client();
+  c.set_read_timeout(8, 0);  // the tricklers would hold the threads for 20 s
+  const auto r = c.Get("/health");
+  for (auto& t : clients) t.join();
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(closed, 2);
+}
+
+// shutdown() once waited for trickling clients (each byte restarts httplib's read timeout).
+TEST_F(ServerLimits, ShutdownDoesNotWaitForTricklingClients) {
+  start([](server::ServerConfig& c) { c.http_threads = 2; });  // header_timeout_s 10: only the shutdown cuts them
+  std::atomic<int> closed{0};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 2; ++i) clients.push_back(trickler(port_, closed));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto t0 = std::chrono::steady_clock::now();
+  srv_->shutdown(std::chrono::seconds(1));
+  thread_.join();
+  // A bound far from the tricklers' 20 s, not a timing measurement.
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(closed, 2);
 }
 
 // cpp-httplib set SO_REUSEPORT: a second server on a port in use started and shared its connections.

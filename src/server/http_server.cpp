@@ -3,6 +3,7 @@
 #include <httplib.h>
 #include <netdb.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 
@@ -12,9 +13,11 @@
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <random>
+#include <thread>
 
 #include "core/error.h"
 #include "engine/runtime.h"
@@ -204,6 +207,68 @@ std::optional<ApiError> framing_error(const httplib::Request& req, size_t max_bo
   return std::nullopt;
 }
 
+// The connections httplib serves, watched from a thread of their own. httplib 0.11.4 times out
+// each recv on its own and reads a request's headers a byte per recv, so a client that sends a
+// header byte a second holds an HTTP thread for ever, and as many such clients as threads stall
+// every other request (/health too) and the shutdown, which joins the threads.
+class ConnectionWatch {
+ public:
+  using Clock = std::chrono::steady_clock;
+  using Key = std::pair<std::string, int>;  // the client's address and port
+
+  // A request's headers were read (the pre-routing handler), or its reply written (the logger).
+  void started(const httplib::Request& req) {
+    std::lock_guard lk(mu_);
+    conns_[{req.remote_addr, req.remote_port}].busy = true;
+  }
+  void ended(const httplib::Request& req) {
+    std::lock_guard lk(mu_);
+    Conn& c = conns_[{req.remote_addr, req.remote_port}];
+    c.busy = false;
+    c.since = Clock::now();
+  }
+
+  // Shuts down the connections to `port` that have been between requests for longer than
+  // `timeout` (all of them once `stopping`) while a thread reads them: the thread's recv returns at
+  // once and the thread is free. A connection still waiting for a thread holds the bytes it sent
+  // unread (FIONREAD), and is left to wait its turn.
+  void sweep(int port, std::chrono::seconds timeout, bool stopping) {
+    std::map<Key, Conn> seen;
+    std::error_code ec;
+    const auto now = Clock::now();
+    std::lock_guard lk(mu_);
+    for (std::filesystem::directory_iterator it("/proc/self/fd", ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      char* tail = nullptr;
+      const long fd = std::strtol(name.c_str(), &tail, 10);
+      if (tail == name.c_str() || *tail != '\0') continue;
+      struct stat st {};
+      std::string host;
+      int p = 0;
+      if (::fstat(int(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+      if (!socket_end(int(fd), false, host, p) || p != port) continue;
+      if (!socket_end(int(fd), true, host, p)) continue;  // the listening socket
+      const Key key{host, p};
+      const auto old = conns_.find(key);
+      Conn c = old != conns_.end() ? old->second : Conn{now, false};
+      int unread = 0;
+      if (!c.busy && (stopping || now - c.since > timeout) && ::ioctl(int(fd), FIONREAD, &unread) == 0 &&
+          (unread == 0 || stopping))
+        ::shutdown(int(fd), SHUT_RDWR);
+      seen[key] = c;
+    }
+    conns_ = std::move(seen);  // closed connections are forgotten
+  }
+
+ private:
+  struct Conn {
+    Clock::time_point since;  // connected, or its last reply written
+    bool busy = false;        // a request's headers read, its reply not yet written
+  };
+  std::mutex mu_;
+  std::map<Key, Conn> conns_;
+};
+
 // A request the scheduler ended without an answer, as an HTTP error.
 ApiError result_error(const RequestResult& r) {
   if (r.reason == FinishReason::Cancelled)
@@ -238,6 +303,9 @@ struct HttpServer::Impl {
   std::mutex mu;
   std::condition_variable cv;
   int in_flight = 0;  // generation requests not yet answered; under mu
+  int port = 0;       // bound
+  ConnectionWatch watch;
+  std::atomic<bool> stopping{false};
 
   Impl(Runtime& r, Scheduler& s, ServerConfig c) : rt(r), sch(s), cfg(std::move(c)) {}
 
@@ -290,6 +358,7 @@ void HttpServer::Impl::allow_origin(const httplib::Request& req, httplib::Respon
 // False when the request is answered here.
 bool HttpServer::Impl::admit(const httplib::Request& req, httplib::Response& res) {
   t_close_after_reply = false;
+  watch.started(req);
   allow_origin(req, res);
   if (req.method == "OPTIONS") {  // a browser's preflight carries no API key
     res.status = 204;
@@ -357,7 +426,8 @@ void HttpServer::Impl::setup() {
   http.set_tcp_nodelay(true);
   const int threads = cfg.http_threads > 0 ? cfg.http_threads : 2 * sch.config().parallel + 4;
   http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
-  http.set_logger([](const httplib::Request& req, const httplib::Response&) {  // after the reply is written
+  http.set_logger([this](const httplib::Request& req, const httplib::Response&) {  // after the reply is written
+    watch.ended(req);
     if (!std::exchange(t_close_after_reply, false)) return;
     if (const int fd = connection_socket(req); fd >= 0) linger_close(fd);
   });
@@ -595,10 +665,28 @@ int HttpServer::bind() {
                 ": the address is in use (another server?) or not this machine's (--host, --port)");
   }
   if (port < 0) throw Error("cannot listen on " + m.cfg.host + " (--host)");
+  m.port = port;
   return port;
 }
 
-void HttpServer::run() { impl_->http.listen_after_bind(); }
+void HttpServer::run() {
+  Impl& m = *impl_;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread watcher([&] {
+    std::unique_lock lk(mu);
+    for (int tick = 0; !cv.wait_for(lk, std::chrono::milliseconds(100), [&] { return done; }); ++tick)
+      if (m.stopping || tick % 5 == 0) m.watch.sweep(m.port, std::chrono::seconds(m.cfg.header_timeout_s), m.stopping);
+  });
+  m.http.listen_after_bind();  // returns once every HTTP thread has ended
+  {
+    std::lock_guard lk(mu);
+    done = true;
+  }
+  cv.notify_one();
+  watcher.join();
+}
 
 void HttpServer::shutdown(std::chrono::milliseconds grace) {
   Impl& m = *impl_;
@@ -608,6 +696,7 @@ void HttpServer::shutdown(std::chrono::milliseconds grace) {
     std::unique_lock lk(m.mu);
     m.cv.wait_for(lk, std::chrono::seconds(5), [&] { return m.in_flight == 0; });  // the last chunks written
   }
+  m.stopping = true;  // connections between requests are shut down, so that no thread waits on a client
   m.http.stop();
 }
 

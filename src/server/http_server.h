@@ -28,6 +28,9 @@ struct ServerConfig {
   size_t max_body_bytes = size_t(8) << 20;  // larger bodies (after Content-Encoding is undone): 413
   int http_threads = 0;         // connections served at once (0: 2 x parallel + 4); more wait in line
   int timeout_s = 60;           // read and write timeouts of a connection (slow clients)
+  // Most seconds a connection may spend between requests (its next request's headers included)
+  // before it is closed; more than httplib's 5 s keep-alive wait, which closes idle ones first.
+  int header_timeout_s = 10;
   // messages and tools (null when none) to the prompt text; throws ptllm::Error when the template
   // refuses them. Empty: the model has no chat template and /v1/chat/completions says so.
   std::function<std::string(const json& messages, const json& tools)> render_chat;
