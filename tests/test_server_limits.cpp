@@ -429,5 +429,23 @@ TEST(ServeCommandLimits, SamplingFlagsAreTheRequestDefaults) {
   EXPECT_EQ(two["usage"]["completion_tokens"], 2);
 }
 
+// -c is llama-server's: the context of all the sequences together (ServeProcess: -np 2 -c 1024).
+TEST(ServeCommandLimits, CtxSizeIsSharedByTheSequences) {
+  test::TempDir tmp;
+  test::ServeProcess srv(test::repo_model("kjv-tiny"), {}, tmp.path / "log");
+  ASSERT_GT(srv.port, 0) << srv.log();
+  EXPECT_NE(srv.log().find("2 parallel sequences of 512 tokens"), std::string::npos) << srv.log();
+  std::string words;
+  for (int i = 0; i < 200; ++i) words += "light and darkness ";
+  const auto r = srv.post("/v1/completions", nlohmann::ordered_json({{"prompt", words}}).dump());
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_NE(r->body.find("the context holds 512"), std::string::npos) << r->body;
+  const auto small = test::run_command(test::binary() + " serve -np 4 -c 6 --port 0");
+  EXPECT_EQ(small.code, 2);
+  EXPECT_NE(small.err.find("--ctx-size 6 is too small for --parallel 4"), std::string::npos)
+      << small.err;
+}
+
 }  // namespace
 }  // namespace ptllm

@@ -138,6 +138,19 @@ int run_serve(ServeArgs& a) {
   SignalStop signals;  // before any thread exists
   const std::filesystem::path dir = a.model_dir.empty() ? default_model_dir() : std::filesystem::path(a.model_dir);
   Runtime rt({dir, resolve_threads(a.runtime), true});
+  // -c is the context of all the sequences together, as llama-server's: each gets an equal share.
+  const int ctx_total = a.runtime.ctx_size;
+  if (ctx_total > 0) {
+    a.runtime.ctx_size = ctx_total / a.parallel;
+    if (a.runtime.ctx_size < 2)
+      throw UsageError("--ctx-size " + std::to_string(ctx_total) + " is too small for --parallel " +
+                       std::to_string(a.parallel) + ": each sequence needs at least 2 tokens");
+    if (a.runtime.ctx_size > rt.config().max_position_embeddings)
+      throw UsageError("--ctx-size " + std::to_string(ctx_total) + " over --parallel " + std::to_string(a.parallel) +
+                       " gives each sequence " + std::to_string(a.runtime.ctx_size) +
+                       " tokens, more than the model's max_position_embeddings (" +
+                       std::to_string(rt.config().max_position_embeddings) + ", config.json)");
+  }
   SchedulerConfig sc;
   sc.session = make_session_options(a.runtime, rt.config());
   sc.parallel = a.parallel;
@@ -170,9 +183,9 @@ int run_serve(ServeArgs& a) {
   Scheduler scheduler(rt, sc);
   server::HttpServer srv(rt, scheduler, a.http);
   const int port = srv.bind();
-  std::fprintf(stderr, "model: %s (%s, %s), %d threads, %d parallel sequences, KV pool %s (%s)\n",
+  std::fprintf(stderr, "model: %s (%s, %s), %d threads, %d parallel sequences of %d tokens, KV pool %s (%s)\n",
                dir.string().c_str(), rt.config().arch_name.c_str(), weights_text(rt.model()).c_str(), rt.pool().size(),
-               a.parallel,
+               a.parallel, sc.session.kv.ctx_size,
                format_bytes(scheduler.pool().dense().capacity() * scheduler.pool().dense().block_bytes() +
                             scheduler.pool().quant().capacity() * scheduler.pool().quant().block_bytes())
                    .c_str(),
@@ -211,7 +224,7 @@ Command add_serve_command(CLI::App& root) {
   app->add_option("--api-key", a->http.api_key, "Require Authorization: Bearer KEY on every endpoint but /health")
       ->each([a](const std::string&) { a->api_key_given = true; });
   app->add_option("--kv-budget-mb", a->kv_budget_mb,
-                  "MiB of KV blocks shared by all sequences (0 = room for --parallel sequences of --ctx-size)")
+                  "MiB of KV blocks shared by all sequences (0 = room for every sequence's full context)")
       ->check(integer_between(0, 1 << 20));
   app->add_option("--prefill-chunk", a->prefill_chunk,
                   "Most prompt tokens one step prefills beside the others' decode tokens")
@@ -256,6 +269,9 @@ Command add_serve_command(CLI::App& root) {
       ->needs(dir);
   add_chat_prompt_options(*app, a->chat);
   add_runtime_options(*app, a->runtime);
+  app->get_option("--ctx-size")
+      ->description("Context of all the sequences together, as llama-server's -c: each of the --parallel sequences "
+                    "gets an equal share (default: min(max_position_embeddings, 4096) for each)");
   // Defaults of the requests that leave these fields out.
   add_sampling_options(*app, a->http.defaults.sampling);
   app->add_option("--tokens,-n", a->http.defaults.max_tokens,

@@ -26,7 +26,7 @@ let server;
 let client;
 
 before(async () => {
-  server = await startServer(binary, model, ['-np', '3', '-t', '2', '--ctx-size', '512', '--api-key', KEY]);
+  server = await startServer(binary, model, ['-np', '3', '-t', '2', '--ctx-size', '1536', '--api-key', KEY]);
   client = new OpenAI({ baseURL: server.baseURL, apiKey: KEY, maxRetries: 0 });
 });
 
