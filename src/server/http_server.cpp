@@ -375,7 +375,7 @@ bool HttpServer::Impl::admit(const httplib::Request& req, httplib::Response& res
     refused = framing_error(req, cfg.max_body_bytes);
   if (!refused && authorized(req, res)) return true;
   if (refused) send_error(res, *refused);
-  if (req.method != "GET" && req.method != "HEAD") close_after_reply(res);
+  if (refused || req.method == "POST") close_after_reply(res);  // its body, if any, is not read
   return false;
 }
 
