@@ -330,18 +330,16 @@ std::thread trickler(int port, std::atomic<int>& closed) {
   });
 }
 
-// As many trickling clients as HTTP threads once held them all: /health waited for ever.
+// As many trickling clients as HTTP threads once held them all: /health waited for ever. With every
+// thread taken, a connection gets 2 s for its headers (not header_timeout_s, 10).
 TEST_F(ServerLimits, TricklingClientsDoNotStallTheServer) {
-  start([](server::ServerConfig& c) {
-    c.http_threads = 2;
-    c.header_timeout_s = 1;
-  });
+  start([](server::ServerConfig& c) { c.http_threads = 2; });
   std::atomic<int> closed{0};
   std::vector<std::thread> clients;
   for (int i = 0; i < 2; ++i) clients.push_back(trickler(port_, closed));
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // both threads taken first
   httplib::Client c = client();
-  c.set_read_timeout(8, 0);  // the tricklers would hold the threads for 20 s
+  c.set_read_timeout(6, 0);  // under header_timeout_s; the tricklers would hold the threads for 20 s
   const auto r = c.Get("/health");
   for (auto& t : clients) t.join();
   ASSERT_TRUE(r) << httplib::to_string(r.error());
@@ -351,7 +349,8 @@ TEST_F(ServerLimits, TricklingClientsDoNotStallTheServer) {
 
 // shutdown() once waited for trickling clients (each byte restarts httplib's read timeout).
 TEST_F(ServerLimits, ShutdownDoesNotWaitForTricklingClients) {
-  start([](server::ServerConfig& c) { c.http_threads = 2; });  // header_timeout_s 10: only the shutdown cuts them
+  // Threads to spare and header_timeout_s 10: only the shutdown cuts the tricklers.
+  start([](server::ServerConfig& c) { c.http_threads = 4; });
   std::atomic<int> closed{0};
   std::vector<std::thread> clients;
   for (int i = 0; i < 2; ++i) clients.push_back(trickler(port_, closed));

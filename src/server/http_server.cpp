@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
@@ -18,6 +19,7 @@
 #include <optional>
 #include <random>
 #include <thread>
+#include <vector>
 
 #include "core/error.h"
 #include "engine/runtime.h"
@@ -231,9 +233,16 @@ class ConnectionWatch {
   // Shuts down the connections to `port` that have been between requests for longer than
   // `timeout` (all of them once `stopping`) while a thread reads them: the thread's recv returns at
   // once and the thread is free. A connection still waiting for a thread holds the bytes it sent
-  // unread (FIONREAD), and is left to wait its turn.
-  void sweep(int port, std::chrono::seconds timeout, bool stopping) {
-    std::map<Key, Conn> seen;
+  // unread (FIONREAD), and is left to wait its turn. When every one of the `threads` HTTP threads is
+  // taken, 2 s is the bound: a client sends its headers at once, and others are waiting.
+  void sweep(int port, std::chrono::seconds timeout, int threads, bool stopping) {
+    struct Open {
+      int fd;
+      Key key;
+      Conn conn;
+      bool held;  // a thread reads it or answers it
+    };
+    std::vector<Open> open;
     std::error_code ec;
     const auto now = Clock::now();
     std::lock_guard lk(mu_);
@@ -250,12 +259,16 @@ class ConnectionWatch {
       if (!socket_end(int(fd), true, host, p)) continue;  // the listening socket
       const Key key{host, p};
       const auto old = conns_.find(key);
-      Conn c = old != conns_.end() ? old->second : Conn{now, false};
+      const Conn c = old != conns_.end() ? old->second : Conn{now, false};
       int unread = 0;
-      if (!c.busy && (stopping || now - c.since > timeout) && ::ioctl(int(fd), FIONREAD, &unread) == 0 &&
-          (unread == 0 || stopping))
-        ::shutdown(int(fd), SHUT_RDWR);
-      seen[key] = c;
+      open.push_back({int(fd), key, c, c.busy || (::ioctl(int(fd), FIONREAD, &unread) == 0 && unread == 0)});
+    }
+    const long held = std::count_if(open.begin(), open.end(), [](const Open& o) { return o.held; });
+    if (held >= threads) timeout = std::min(timeout, std::chrono::seconds(2));
+    std::map<Key, Conn> seen;
+    for (const Open& o : open) {
+      if (!o.conn.busy && (stopping || (o.held && now - o.conn.since > timeout))) ::shutdown(o.fd, SHUT_RDWR);
+      seen[o.key] = o.conn;
     }
     conns_ = std::move(seen);  // closed connections are forgotten
   }
@@ -304,6 +317,7 @@ struct HttpServer::Impl {
   std::condition_variable cv;
   int in_flight = 0;  // generation requests not yet answered; under mu
   int port = 0;       // bound
+  int threads = 0;    // HTTP threads
   ConnectionWatch watch;
   std::atomic<bool> stopping{false};
 
@@ -424,8 +438,8 @@ void HttpServer::Impl::setup() {
   // Replies go out at once: with Nagle on, a reply written in parts waits for the client's delayed ACK
   // (40 ms on Linux) before its last part.
   http.set_tcp_nodelay(true);
-  const int threads = cfg.http_threads > 0 ? cfg.http_threads : 2 * sch.config().parallel + 4;
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+  threads = cfg.http_threads > 0 ? cfg.http_threads : 2 * sch.config().parallel + 4;
+  http.new_task_queue = [this] { return new httplib::ThreadPool(size_t(threads)); };
   http.set_logger([this](const httplib::Request& req, const httplib::Response&) {  // after the reply is written
     watch.ended(req);
     if (!std::exchange(t_close_after_reply, false)) return;
@@ -677,7 +691,8 @@ void HttpServer::run() {
   std::thread watcher([&] {
     std::unique_lock lk(mu);
     for (int tick = 0; !cv.wait_for(lk, std::chrono::milliseconds(100), [&] { return done; }); ++tick)
-      if (m.stopping || tick % 5 == 0) m.watch.sweep(m.port, std::chrono::seconds(m.cfg.header_timeout_s), m.stopping);
+      if (m.stopping || tick % 5 == 0)
+        m.watch.sweep(m.port, std::chrono::seconds(m.cfg.header_timeout_s), m.threads, m.stopping);
   });
   m.http.listen_after_bind();  // returns once every HTTP thread has ended
   {
