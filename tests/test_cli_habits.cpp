@@ -296,7 +296,7 @@ TEST(CliHabitsCommands, RangeErrorsSayTheBoundWithoutAHugeMaximum) {
            {"sample -p x --top-p 1.5", "--top-p: must be between 0 and 1 (got 1.5)"},
            {"sample -p x --repeat-penalty 0", "--repeat-penalty: must be greater than 0 (got 0)"},
            {"sample -p x --ctx-size 0", "--ctx-size: must be at least 1 (got 0)"},
-           {"sample -p x --threads 3000000000", "--threads: must be at most 2147483647 (got 3000000000)"},
+           {"sample -p x --threads 3000000000", "--threads: must be between 0 and 1024 (got 3000000000)"},
            {"sample -p x --prompt-cache-dir /tmp --prompt-cache-max-mb -1",
             "--prompt-cache-max-mb: must be greater than 0 (got -1)"},
            {"eval --text " + text.string() + " --max-tokens -1", "--max-tokens: must be at least 0 (got -1)"},
