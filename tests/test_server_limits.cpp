@@ -347,6 +347,35 @@ TEST_F(ServerLimits, TricklingClientsDoNotStallTheServer) {
   EXPECT_EQ(closed, 2);
 }
 
+// A body sent a byte at a time restarted httplib's read timeout with every byte; it gets --timeout
+// from its first byte to its last.
+TEST_F(ServerLimits, ABodyTrickledPastTheTimeoutIs408) {
+  start([](server::ServerConfig& c) { c.timeout_s = 1; });
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  timeval rcv{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &rcv, sizeof rcv);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(uint16_t(port_));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const std::string head = "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{";
+  ASSERT_EQ(::send(fd, head.data(), head.size(), MSG_NOSIGNAL), ssize_t(head.size()));
+  std::string got;
+  char buf[4096];
+  for (int i = 0; i < 99 && got.empty(); ++i) {  // 20 s at most
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT)) > 0;) got.append(buf, size_t(n));
+    if (got.empty() && ::send(fd, " ", 1, MSG_NOSIGNAL) != 1) break;
+  }
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) got.append(buf, size_t(n));
+  ::close(fd);
+  EXPECT_EQ(got.rfind("HTTP/1.1 408", 0), 0u) << got.substr(0, 300);
+  EXPECT_NE(got.find("did not arrive within 1 s (--timeout)"), std::string::npos) << got.substr(0, 600);
+  EXPECT_TRUE(healthy());
+}
+
 // shutdown() once waited for trickling clients (each byte restarts httplib's read timeout).
 TEST_F(ServerLimits, ShutdownDoesNotWaitForTricklingClients) {
   // Threads to spare and header_timeout_s 10: only the shutdown cuts the tricklers.

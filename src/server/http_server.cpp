@@ -416,7 +416,7 @@ bool HttpServer::Impl::read_body(const httplib::Request& req, httplib::Response&
   if (too_large) send_error(res, too_large_error(cfg.max_body_bytes));
   else if (too_slow)
     send_error(res, error_of(408, "the request body did not arrive within " + std::to_string(cfg.timeout_s) +
-                                      " seconds (--timeout)", "invalid_request_error", "timeout"));
+                                      " s (--timeout)", "invalid_request_error", "timeout"));
   else
     send_error(res, error_of(400, "the request body could not be read (it ended early, or a chunk or its "
                                   "compressed stream is malformed)", "invalid_request_error"));
