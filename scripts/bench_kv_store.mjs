@@ -89,7 +89,7 @@ if (serverCpus) {
   console.log(`servers on CPUs ${serverCpus} (-t ${threads}); redis-server and the client on CPUs ${rest}`);
 }
 const serve = async (extra) => {
-  const srv = await startServer(binary, model, ['-t', threads, '-c', ctx, '-np', String(concurrency), ...kvFlags, ...extra]);
+  const srv = await startServer(binary, model, ['-t', threads, '-c', String(Number(ctx) * concurrency), '-np', String(concurrency), ...kvFlags, ...extra]);
   if (serverCpus) pin(srv.proc.pid, serverCpus);
   return srv;
 };

@@ -21,7 +21,7 @@ const { binary, model, threads, history, reps, requests, rounds, concurrency, pr
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ptllm-pcache-'));
 const serve = (extra) =>
-  startServer(binary, model, ['-t', threads, '-c', ctx, '-np', String(concurrency), ...kvFlags, ...extra]);
+  startServer(binary, model, ['-t', threads, '-c', String(Number(ctx) * concurrency), '-np', String(concurrency), ...kvFlags, ...extra]);
 try {
   // 1. Restarts.
   const cacheDir = path.join(dir, 'cache');

@@ -24,7 +24,7 @@
 namespace ptllm::test {
 
 struct ServeProcess {
-  // `serve MODEL --port 0 -t 1 -np 2 -c 512 EXTRA...`, stderr to log_file.
+  // `serve MODEL --port 0 -t 1 -np 2 -c 1024 EXTRA...` (512 tokens a sequence), stderr to log_file.
   ServeProcess(const std::filesystem::path& model, const std::vector<std::string>& extra,
                const std::filesystem::path& log_file)
       : err(log_file.string()) {
@@ -32,7 +32,7 @@ struct ServeProcess {
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    std::vector<std::string> args = {bin, "serve", model.string(), "--port", "0", "-t", "1", "-np", "2", "-c", "512"};
+    std::vector<std::string> args = {bin, "serve", model.string(), "--port", "0", "-t", "1", "-np", "2", "-c", "1024"};
     args.insert(args.end(), extra.begin(), extra.end());
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());

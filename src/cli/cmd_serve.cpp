@@ -6,9 +6,11 @@
 
 #include <atomic>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "chat/chat_template.h"
 #include "cli/chat_prompt.h"
@@ -33,6 +35,7 @@ struct ServeArgs {
   std::string alias;
   std::string tool_call_format = "auto";
   std::string reasoning_format = "deepseek";
+  bool api_key_given = false;
   server::ServerConfig http;
   int parallel = 4;
   int kv_budget_mb = 0;
@@ -47,6 +50,16 @@ struct ServeArgs {
   std::string prompt_cache_dir;      // --prompt-cache-dir: the blocks persist there (store/dir_store.h)
   double prompt_cache_max_mb = 1024;
 };
+
+// `text` with every "DIR/" of `dirs` taken out.
+std::string without_directories(std::string text, const std::vector<std::filesystem::path>& dirs) {
+  for (const auto& d : dirs) {
+    if (d.empty()) continue;
+    const std::string prefix = (d / "").string();
+    for (size_t at; (at = text.find(prefix)) != std::string::npos;) text.erase(at, prefix.size());
+  }
+  return text;
+}
 
 // The chat template as the server's renderer (--chat-template, the model's, or chatml for a model
 // without one: ChatPrompt warns), and the output format it implies (or --tool-call-format's). None
@@ -74,9 +87,19 @@ void set_chat_renderer(const std::filesystem::path& dir, const ServeArgs& a, ser
   std::fprintf(stderr, "chat template: %s (tool calls: %s%s)\n", prompt->origin().c_str(),
                tool_call_format_name(http.output_format.tools),
                http.output_format.reasoning && http.reasoning ? ", reasoning in <think>" : "");
-  http.render_chat = [prompt](const server::json& messages, const server::json& tools, const server::json& kwargs) {
-    return prompt->render(messages, /*add_generation_prompt=*/true, tools, kwargs);
+  http.render_chat = [prompt, dir](const server::json& messages, const server::json& tools, const server::json& kwargs) {
+    try {
+      return prompt->render(messages, /*add_generation_prompt=*/true, tools, kwargs);
+    } catch (const Error& e) {
+      // A client sees the template's file name and line, not where the server keeps it.
+      throw Error(without_directories(e.what(), {std::filesystem::path(prompt->origin()).parent_path(), dir}));
+    }
   };
+}
+
+// Loopback addresses, where a server without --api-key is reachable from this machine only.
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }
 
 // SIGTERM and SIGINT are blocked in every thread (the mask is inherited) and taken by one waiting
@@ -118,9 +141,28 @@ int run_serve(ServeArgs& a) {
   if (!a.prompt_cache_dir.empty() && !a.store.url.empty())
     throw UsageError("--prompt-cache-dir and --kv-store: give one of them (the server looks up one block store: a "
                      "directory for restarts of one server, or Redis for replicas)");
+  if (!is_loopback(a.http.host) && a.http.api_key.empty())
+    std::fprintf(stderr, "warning: --host %s without --api-key: anyone who can reach this address can use the server\n",
+                 a.http.host.c_str());
+  if (a.api_key_given && a.http.api_key.empty())
+    throw UsageError("--api-key: the key is empty, which would serve without authentication; give a key, or leave "
+                     "out --api-key");
   SignalStop signals;  // before any thread exists
   const std::filesystem::path dir = a.model_dir.empty() ? default_model_dir() : std::filesystem::path(a.model_dir);
   Runtime rt({dir, resolve_threads(a.runtime), true});
+  // -c is the context of all the sequences together, as llama-server's: each gets an equal share.
+  const int ctx_total = a.runtime.ctx_size;
+  if (ctx_total > 0) {
+    a.runtime.ctx_size = ctx_total / a.parallel;
+    if (a.runtime.ctx_size < 2)
+      throw UsageError("--ctx-size " + std::to_string(ctx_total) + " is too small for --parallel " +
+                       std::to_string(a.parallel) + ": each sequence needs at least 2 tokens");
+    if (a.runtime.ctx_size > rt.config().max_position_embeddings)
+      throw UsageError("--ctx-size " + std::to_string(ctx_total) + " over --parallel " + std::to_string(a.parallel) +
+                       " gives each sequence " + std::to_string(a.runtime.ctx_size) +
+                       " tokens, more than the model's max_position_embeddings (" +
+                       std::to_string(rt.config().max_position_embeddings) + ", config.json)");
+  }
   SchedulerConfig sc;
   sc.session = make_session_options(a.runtime, rt.config());
   sc.parallel = a.parallel;
@@ -153,9 +195,9 @@ int run_serve(ServeArgs& a) {
   Scheduler scheduler(rt, sc);
   server::HttpServer srv(rt, scheduler, a.http);
   const int port = srv.bind();
-  std::fprintf(stderr, "model: %s (%s, %s), %d threads, %d parallel sequences, KV pool %s (%s)\n",
+  std::fprintf(stderr, "model: %s (%s, %s), %d threads, %d parallel sequences of %d tokens, KV pool %s (%s)\n",
                dir.string().c_str(), rt.config().arch_name.c_str(), weights_text(rt.model()).c_str(), rt.pool().size(),
-               a.parallel,
+               a.parallel, sc.session.kv.ctx_size,
                format_bytes(scheduler.pool().dense().capacity() * scheduler.pool().dense().block_bytes() +
                             scheduler.pool().quant().capacity() * scheduler.pool().quant().block_bytes())
                    .c_str(),
@@ -191,14 +233,21 @@ Command add_serve_command(CLI::App& root) {
       ->check(integer_between(0, 65535));
   app->add_option("--parallel", a->parallel, "Sequences decoding together (llama-server's -np); more requests wait")
       ->check(integer_between(1, 255));
-  app->add_option("--api-key", a->http.api_key, "Require Authorization: Bearer KEY on every endpoint but /health");
+  app->add_option("--api-key", a->http.api_key, "Require Authorization: Bearer KEY on every endpoint but /health")
+      ->each([a](const std::string&) { a->api_key_given = true; });
   app->add_option("--kv-budget-mb", a->kv_budget_mb,
-                  "MiB of KV blocks shared by all sequences (0 = room for --parallel sequences of --ctx-size)")
+                  "MiB of KV blocks shared by all sequences (0 = room for every sequence's full context)")
       ->check(integer_between(0, 1 << 20));
   app->add_option("--prefill-chunk", a->prefill_chunk,
                   "Most prompt tokens one step prefills beside the others' decode tokens")
       ->check(integer_between(1, 1 << 16));
-  app->add_option("--alias,-a", a->alias, "The model id /v1/models lists (default: the model directory's name)");
+  app->add_option("--alias,-a", a->alias,
+                  "The model id /v1/models lists and responses carry (default: the model directory's name)");
+  app->add_flag("--strict-model-name", a->http.strict_model_name,
+                "Answer 404 to a request whose \"model\" is not the served id (by default any name is served)");
+  app->add_option("--cors-origin", a->http.cors_origin,
+                  "Let pages of ORIGIN (https://host:port, or * for any) call the server from a browser "
+                  "(default: none)");
   app->add_option("--timeout", a->http.timeout_s, "Read and write timeout of a connection, seconds")
       ->check(integer_between(1, 86400));
   app->add_option("--max-body-mb", a->max_body_mb, "Largest request body, MiB (larger: 413)")
@@ -241,6 +290,14 @@ Command add_serve_command(CLI::App& root) {
       ->check(CLI::IsMember({"none", "deepseek", "auto"}))
       ->capture_default_str();
   add_runtime_options(*app, a->runtime);
+  app->get_option("--ctx-size")
+      ->description("Context of all the sequences together, as llama-server's -c: each of the --parallel sequences "
+                    "gets an equal share (default: min(max_position_embeddings, 4096) for each)");
+  // Defaults of the requests that leave these fields out.
+  add_sampling_options(*app, a->http.defaults.sampling);
+  app->add_option("--tokens,-n", a->http.defaults.max_tokens,
+                  "Default max_tokens (-1 = chat until the context is full, completions 16)")
+      ->check(CLI::Validator([](std::string& v) { return v == "-1" ? std::string() : integer_between(1, 1 << 30)(v); }, ""));
   return {app, [a] { return run_serve(*a); }};
 }
 

@@ -67,7 +67,9 @@ json assistant_message(const ChatOutputParser& out) {
   return m;
 }
 
-ApiRequest chat_request(const json& chat_body, uint64_t seed) { return parse_request(chat_body.dump(), Endpoint::Chat, seed); }
+ApiRequest chat_request(const json& chat_body, uint64_t seed, const RequestDefaults& defaults) {
+  return parse_request(chat_body.dump(), Endpoint::Chat, seed, defaults);
+}
 
 // ---- Anthropic Messages -------------------------------------------------------------------------
 
@@ -556,15 +558,14 @@ json anthropic_error_body(const ApiError& e) {
 }
 
 std::unique_ptr<AgentReply> parse_agent_request(AgentApi api, const std::string& body_text, uint64_t seed,
-                                                const std::string& model, ResponseStore& store) {
-  json body = json::parse(body_text, nullptr, false);
-  if (body.is_discarded()) throw bad_request("the request body is not valid JSON");
-  if (!body.is_object()) throw bad_request("the request body must be a JSON object");
+                                                const std::string& model, ResponseStore& store,
+                                                const RequestDefaults& defaults) {
+  const json body = parse_json_object(body_text);
   std::unique_ptr<AgentReply> reply;
   if (api == AgentApi::Messages) {
     const json chat = messages_to_chat(body);
     reply = std::make_unique<MessagesReply>(model);
-    reply->request = chat_request(chat, seed);
+    reply->request = chat_request(chat, seed, defaults);
   } else {
     json history;
     const json chat = responses_to_chat(body, store, history);
@@ -580,7 +581,7 @@ std::unique_ptr<AgentReply> parse_agent_request(AgentApi api, const std::string&
     echo["text"] = {{"format", {{"type", "text"}}}};
     echo["truncation"] = "disabled";
     reply = std::make_unique<ResponsesReply>(model, echo, std::move(history), echo["store"] == true, store);
-    reply->request = chat_request(chat, seed);
+    reply->request = chat_request(chat, seed, defaults);
   }
   return reply;
 }

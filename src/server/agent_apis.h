@@ -55,9 +55,10 @@ class AgentReply {
 };
 
 // Parses a body of `api` into a chat request and the writer of its reply (throws ApiError naming the
-// API's own fields). `store` keeps and finds responses for previous_response_id.
+// API's own fields; the server's sampling defaults under the request's). `store` keeps and finds responses for previous_response_id.
 std::unique_ptr<AgentReply> parse_agent_request(AgentApi api, const std::string& body, uint64_t seed,
-                                                const std::string& model, ResponseStore& store);
+                                                const std::string& model, ResponseStore& store,
+                                                const RequestDefaults& defaults = {});
 
 // Anthropic's error shape, for errors before a request is parsed.
 json anthropic_error_body(const ApiError& e);

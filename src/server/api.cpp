@@ -298,6 +298,10 @@ void read_prompt(const json& body, ApiRequest& r) {
   if (v.empty()) throw bad_request("prompt: empty", "prompt");
   for (const json& id : v) {
     if (!id.is_number_integer()) throw bad_request("prompt: only one prompt per request (n = 1): a string or an array of token ids", "prompt");
+    // Checked in the JSON's own form: get<int32_t>() would wrap 4294967301 to 5. The vocabulary's
+    // bound is checked where the model is known (http_server.cpp).
+    if (id.is_number_unsigned() ? id.get<uint64_t>() > uint64_t(INT32_MAX) : id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
+      throw bad_request("prompt: token id " + id.dump() + " is outside the vocabulary", "prompt");
     r.prompt_ids.push_back(id.get<int32_t>());
   }
 }
@@ -321,10 +325,40 @@ void read_sampling(const json& body, ApiRequest& r) {
 
 }  // namespace
 
-ApiRequest parse_request(const std::string& body_text, Endpoint endpoint, uint64_t seed) {
+namespace {
+
+// The deepest nesting of arrays and objects in `text`, brackets inside strings not counted; the scan
+// stops once past `limit`. No recursion, so it is safe on any input; malformed JSON is left for
+// the parser to report.
+int nesting_depth(const std::string& text, int limit) {
+  int depth = 0, deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > limit) break;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+}  // namespace
+
+json parse_json_object(const std::string& text) {
+  if (nesting_depth(text, kMaxJsonDepth) > kMaxJsonDepth)
+    throw bad_request("the request body nests arrays and objects more than " + std::to_string(kMaxJsonDepth) +
+                      " levels deep (the limit)");
   json body;
   try {
-    body = json::parse(body_text);
+    body = json::parse(text);
   } catch (const json::exception& e) {
     // "[json.exception.parse_error.101] parse error at line 1, column 3: ..." without the prefix
     // (ill-formed UTF-8 is one of these; a number past double's range, 1e999, is out_of_range.406).
@@ -333,6 +367,12 @@ ApiRequest parse_request(const std::string& body_text, Endpoint endpoint, uint64
     throw bad_request("the request body is not valid JSON: " + (at == std::string::npos ? what : what.substr(at + 2)));
   }
   if (!body.is_object()) throw bad_request("the request body must be a JSON object");
+  return body;
+}
+
+ApiRequest parse_request(const std::string& body_text, Endpoint endpoint, uint64_t seed,
+                         const RequestDefaults& defaults) {
+  const json body = parse_json_object(body_text);
   check_fields(body, endpoint);
   ApiRequest r;
   r.endpoint = endpoint;
@@ -347,10 +387,15 @@ ApiRequest parse_request(const std::string& body_text, Endpoint endpoint, uint64
   } else {
     read_prompt(body, r);
   }
+  r.params.sampling = defaults.sampling;
   r.params.sampling.seed = seed;
   read_sampling(body, r);
   int64_t n = 0;
   r.params.max_tokens = endpoint == Endpoint::Completion ? 16 : 0;  // chat: until the context is full
+  if (defaults.max_tokens > 0) {
+    r.params.max_tokens = defaults.max_tokens;
+    r.max_tokens_given = true;
+  }
   for (const char* name : {"max_tokens", "max_completion_tokens"})
     if (read_int(body, name, 1, 1 << 30, n)) {
       r.params.max_tokens = int(n);

@@ -47,9 +47,25 @@ struct ApiRequest {
   bool include_usage = false;
 };
 
-// Parses and checks a body; throws ApiError. Sampling defaults are llama-server's; the seed is
-// `seed` unless the body gives one.
-ApiRequest parse_request(const std::string& body, Endpoint endpoint, uint64_t seed);
+// Deepest nesting of arrays and objects a request body may have. Copying, rendering and printing
+// a JSON value recurse once per level, so a body of 100,000 nested brackets (200 KB) would overflow
+// an HTTP thread's stack; tool schemas, the deepest thing a client sends, nest a few dozen levels.
+inline constexpr int kMaxJsonDepth = 128;
+
+// A request body as JSON: a 400 (an ApiError) when it is not valid JSON (with the line and column),
+// nests deeper than kMaxJsonDepth, or is not an object.
+json parse_json_object(const std::string& body);
+
+// What a request gets for the fields it leaves out (serve's --temp, --top-k, --top-p, --min-p,
+// --repeat-penalty, -n). Sampling defaults are llama-server's.
+struct RequestDefaults {
+  SamplingConfig sampling;
+  int max_tokens = -1;  // -1: chat until the context is full, completions 16
+};
+
+// Parses and checks a body; throws ApiError. The seed is `seed` unless the body gives one.
+ApiRequest parse_request(const std::string& body, Endpoint endpoint, uint64_t seed,
+                         const RequestDefaults& defaults = {});
 
 // The response of a finished request: chat.completion (its reply split by r.output) or
 // text_completion.

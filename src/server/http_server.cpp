@@ -3,9 +3,11 @@
 #include <httplib.h>
 #include <netdb.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
@@ -13,9 +15,12 @@
 #include <ctime>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <random>
+#include <thread>
+#include <vector>
 
 #include "core/error.h"
 #include "engine/runtime.h"
@@ -144,6 +149,141 @@ bool peer_closed(int fd) {
   return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
+// Set while this HTTP thread answers a request without reading all of its body (over the limit,
+// malformed framing, refused before it was read): the connection then ends after the reply. The
+// pre-routing handler, the route's handler and the logger run on the connection's thread.
+thread_local bool t_close_after_reply = false;
+
+// The connection ends after this reply, instead of reading the rest of the body or parsing it as
+// the next request.
+void close_after_reply(httplib::Response& res) {
+  res.set_header("Connection", "close");
+  t_close_after_reply = true;
+}
+
+// Closes a connection whose request body was not read without losing the reply: a socket closed
+// with unread bytes sends a reset, which can reach the client before it has read the reply. So the
+// reply is followed by a FIN and the client's bytes are dropped until it closes, for at most 2 s;
+// after that httplib closes whatever is left.
+void linger_close(int fd) {
+  ::shutdown(fd, SHUT_WR);
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  char buf[16384];
+  while (std::chrono::steady_clock::now() < end) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) < 0) break;
+    if (p.revents == 0) continue;
+    const ssize_t n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n == 0) return;  // the client closed: httplib's next read sees the end
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return;
+  }
+  ::shutdown(fd, SHUT_RD);
+}
+
+ApiError too_large_error(size_t max_body_bytes) {
+  return error_of(413, "the request body is larger than the limit of " + std::to_string(max_body_bytes) +
+                           " bytes (--max-body-mb)",
+                  "invalid_request_error", "payload_too_large");
+}
+
+// What httplib 0.11.4 would get wrong in a request's framing, checked before it reads a body. It
+// reads Content-Length with strtoull: "-5" and 2^64 become a length near 2^64 that it then waits for,
+// "9e18" becomes 9 (the rest read as a next request). An encoding it does not know reaches the
+// handler as if there were none. A multipart body goes to a parser this server has no callbacks for.
+std::optional<ApiError> framing_error(const httplib::Request& req, size_t max_body_bytes) {
+  const size_t lengths = req.get_header_value_count("Content-Length");
+  for (size_t i = 0; i < lengths; ++i) {
+    const std::string v = req.get_header_value("Content-Length", i);
+    if (v.empty() || v.size() > 19 || v.find_first_not_of("0123456789") != std::string::npos ||
+        v != req.get_header_value("Content-Length", 0))
+      return error_of(400, "Content-Length " + dump(json(v)) + " is not a byte count", "invalid_request_error");
+    if (std::stoull(v) > max_body_bytes) return too_large_error(max_body_bytes);
+  }
+  if (req.has_header("Content-Encoding")) {
+    const std::string enc = req.get_header_value("Content-Encoding");
+    if (enc != "gzip" && enc != "deflate" && enc != "br" && enc != "identity")
+      return error_of(415, "Content-Encoding " + dump(json(enc)) + " is not supported (gzip, deflate, br or none)",
+                      "invalid_request_error", "unsupported_media_type");
+  }
+  if (req.is_multipart_form_data())
+    return error_of(415, "multipart bodies are not supported: send the request as JSON", "invalid_request_error",
+                    "unsupported_media_type");
+  return std::nullopt;
+}
+
+// The connections httplib serves, watched from a thread of their own. httplib 0.11.4 times out
+// each recv on its own and reads a request's headers a byte per recv, so a client that sends a
+// header byte a second holds an HTTP thread for ever, and as many such clients as threads stall
+// every other request (/health too) and the shutdown, which joins the threads.
+class ConnectionWatch {
+ public:
+  using Clock = std::chrono::steady_clock;
+  using Key = std::pair<std::string, int>;  // the client's address and port
+
+  // A request's headers were read (the pre-routing handler), or its reply written (the logger).
+  void started(const httplib::Request& req) {
+    std::lock_guard lk(mu_);
+    conns_[{req.remote_addr, req.remote_port}].busy = true;
+  }
+  void ended(const httplib::Request& req) {
+    std::lock_guard lk(mu_);
+    Conn& c = conns_[{req.remote_addr, req.remote_port}];
+    c.busy = false;
+    c.since = Clock::now();
+  }
+
+  // Shuts down the connections to `port` that have been between requests for longer than
+  // `timeout` (all of them once `stopping`) while a thread reads them: the thread's recv returns at
+  // once and the thread is free. A connection still waiting for a thread holds the bytes it sent
+  // unread (FIONREAD), and is left to wait its turn. When every one of the `threads` HTTP threads is
+  // taken, 2 s is the bound: a client sends its headers at once, and others are waiting.
+  void sweep(int port, std::chrono::seconds timeout, int threads, bool stopping) {
+    struct Open {
+      int fd;
+      Key key;
+      Conn conn;
+      bool held;  // a thread reads it or answers it
+    };
+    std::vector<Open> open;
+    std::error_code ec;
+    const auto now = Clock::now();
+    std::lock_guard lk(mu_);
+    for (std::filesystem::directory_iterator it("/proc/self/fd", ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      char* tail = nullptr;
+      const long fd = std::strtol(name.c_str(), &tail, 10);
+      if (tail == name.c_str() || *tail != '\0') continue;
+      struct stat st {};
+      std::string host;
+      int p = 0;
+      if (::fstat(int(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+      if (!socket_end(int(fd), false, host, p) || p != port) continue;
+      if (!socket_end(int(fd), true, host, p)) continue;  // the listening socket
+      const Key key{host, p};
+      const auto old = conns_.find(key);
+      const Conn c = old != conns_.end() ? old->second : Conn{now, false};
+      int unread = 0;
+      open.push_back({int(fd), key, c, c.busy || (::ioctl(int(fd), FIONREAD, &unread) == 0 && unread == 0)});
+    }
+    const long held = std::count_if(open.begin(), open.end(), [](const Open& o) { return o.held; });
+    if (held >= threads) timeout = std::min(timeout, std::chrono::seconds(2));
+    std::map<Key, Conn> seen;
+    for (const Open& o : open) {
+      if (!o.conn.busy && (stopping || (o.held && now - o.conn.since > timeout))) ::shutdown(o.fd, SHUT_RDWR);
+      seen[o.key] = o.conn;
+    }
+    conns_ = std::move(seen);  // closed connections are forgotten
+  }
+
+ private:
+  struct Conn {
+    Clock::time_point since;  // connected, or its last reply written
+    bool busy = false;        // a request's headers read, its reply not yet written
+  };
+  std::mutex mu_;
+  std::map<Key, Conn> conns_;
+};
+
 // A request the scheduler ended without an answer, as an HTTP error.
 ApiError result_error(const RequestResult& r) {
   if (r.reason == FinishReason::Cancelled)
@@ -179,6 +319,10 @@ struct HttpServer::Impl {
   std::condition_variable cv;
   int in_flight = 0;  // generation requests not yet answered; under mu
   ResponseStore responses;  // /v1/responses kept for previous_response_id
+  int port = 0;       // bound
+  int threads = 0;    // HTTP threads
+  ConnectionWatch watch;
+  std::atomic<bool> stopping{false};
 
   Impl(Runtime& r, Scheduler& s, ServerConfig c) : rt(r), sch(s), cfg(std::move(c)) {}
 
@@ -193,6 +337,9 @@ struct HttpServer::Impl {
 
   void setup();
   bool authorized(const httplib::Request& req, httplib::Response& res);
+  bool admit(const httplib::Request& req, httplib::Response& res);
+  void allow_origin(const httplib::Request& req, httplib::Response& res) const;
+  bool read_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader);
   std::string chat_prompt(const ApiRequest& r);
   std::vector<int32_t> prompt_ids(ApiRequest& r);
   std::shared_ptr<Channel> submit(ApiRequest& r, int64_t& prompt_tokens);
@@ -222,7 +369,78 @@ bool HttpServer::Impl::authorized(const httplib::Request& req, httplib::Response
   return false;
 }
 
+// Access-Control-Allow-Origin on every answer (errors too, so that a page can read them), when
+// --cors-origin allows the request's origin.
+void HttpServer::Impl::allow_origin(const httplib::Request& req, httplib::Response& res) const {
+  if (cfg.cors_origin.empty()) return;
+  if (cfg.cors_origin == "*") return res.set_header("Access-Control-Allow-Origin", "*");
+  res.set_header("Vary", "Origin");
+  if (req.get_header_value("Origin") == cfg.cors_origin) res.set_header("Access-Control-Allow-Origin", cfg.cors_origin);
+}
+
+// Before httplib reads a body: CORS preflights, the methods served, the body's framing, the API key.
+// False when the request is answered here.
+bool HttpServer::Impl::admit(const httplib::Request& req, httplib::Response& res) {
+  t_close_after_reply = false;
+  watch.started(req);
+  allow_origin(req, res);
+  if (req.method == "OPTIONS") {  // a browser's preflight carries no API key
+    res.status = 204;
+    res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    const std::string asked = req.get_header_value("Access-Control-Request-Headers");
+    res.set_header("Access-Control-Allow-Headers", asked.empty() ? "Authorization, Content-Type" : asked);
+    res.set_header("Access-Control-Max-Age", "600");
+    return false;
+  }
+  std::optional<ApiError> refused;
+  if (req.method != "GET" && req.method != "HEAD" && req.method != "POST")
+    refused = error_of(405, "the method " + req.method + " is not served (GET, POST, OPTIONS)", "invalid_request_error");
+  else
+    refused = framing_error(req, cfg.max_body_bytes);
+  if (!refused && authorized(req, res)) return true;
+  if (refused) send_error(res, *refused);
+  if (refused || req.method == "POST") close_after_reply(res);  // its body, if any, is not read
+  return false;
+}
+
+// Reads the body as it streams, whatever its Content-Type (httplib's own reading caps a form-encoded
+// one, what `curl -d` sends, at 8 KiB, and does not bound a chunked one), counting the bytes after
+// Content-Encoding is undone. Fills req.body; false once the request is answered with an error.
+bool HttpServer::Impl::read_body(const httplib::Request& req, httplib::Response& res,
+                                 const httplib::ContentReader& reader) {
+  std::string body;
+  bool too_large = false, too_slow = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(cfg.timeout_s);
+  const bool ok = reader([&](const char* data, size_t n) {
+    if (body.size() + n > cfg.max_body_bytes) return !(too_large = true);
+    if (std::chrono::steady_clock::now() > deadline) return !(too_slow = true);  // a body trickled byte by byte
+    body.append(data, n);
+    return true;
+  });
+  if (ok) {
+    // httplib hands a handler a const view of its own, non-const Request.
+    const_cast<httplib::Request&>(req).body = std::move(body);
+    return true;
+  }
+  close_after_reply(res);
+  if (too_large) send_error(res, too_large_error(cfg.max_body_bytes));
+  else if (too_slow)
+    send_error(res, error_of(408, "the request body did not arrive within " + std::to_string(cfg.timeout_s) +
+                                      " s (--timeout)", "invalid_request_error", "timeout"));
+  else
+    send_error(res, error_of(400, "the request body could not be read (it ended early, or a chunk or its "
+                                  "compressed stream is malformed)", "invalid_request_error"));
+  return false;
+}
+
 void HttpServer::Impl::setup() {
+  // httplib's default socket options add SO_REUSEPORT, with which a second server binds a port in use
+  // and the kernel splits the connections between the two; SO_REUSEADDR alone still allows a restart
+  // while the old connections linger in TIME_WAIT.
+  http.set_socket_options([](int sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   http.set_payload_max_length(cfg.max_body_bytes);
   http.set_read_timeout(cfg.timeout_s, 0);
   http.set_write_timeout(cfg.timeout_s, 0);
@@ -230,19 +448,20 @@ void HttpServer::Impl::setup() {
   // Replies go out at once: with Nagle on, a reply written in parts waits for the client's delayed ACK
   // (40 ms on Linux) before its last part.
   http.set_tcp_nodelay(true);
-  const int threads = cfg.http_threads > 0 ? cfg.http_threads : 2 * sch.config().parallel + 4;
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+  threads = cfg.http_threads > 0 ? cfg.http_threads : 2 * sch.config().parallel + 4;
+  http.new_task_queue = [this] { return new httplib::ThreadPool(size_t(threads)); };
+  http.set_logger([this](const httplib::Request& req, const httplib::Response&) {  // after the reply is written
+    watch.ended(req);
+    if (!std::exchange(t_close_after_reply, false)) return;
+    if (const int fd = connection_socket(req); fd >= 0) linger_close(fd);
+  });
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    return authorized(req, res) ? httplib::Server::HandlerResponse::Unhandled
-                                : httplib::Server::HandlerResponse::Handled;
+    return admit(req, res) ? httplib::Server::HandlerResponse::Unhandled : httplib::Server::HandlerResponse::Handled;
   });
   // Statuses httplib sets itself (404, 413, 400 for an unreadable request) get an OpenAI body.
   http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
-    if (res.status == 413)
-      return send_error(res, error_of(413, "the request body is larger than the limit of " +
-                                               std::to_string(cfg.max_body_bytes) + " bytes",
-                                      "invalid_request_error", "payload_too_large"));
+    if (res.status == 413) return send_error(res, too_large_error(cfg.max_body_bytes));
     if (res.status == 404)
       return send_error(res, error_of(404, "unknown endpoint " + req.method + " " + req.path,
                                       "invalid_request_error", "not_found"));
@@ -251,13 +470,24 @@ void HttpServer::Impl::setup() {
   http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
     send_error(res, error_of(500, "internal server error", "server_error"));
   });
-  http.Post("/v1/chat/completions", [this](const auto& q, auto& s) { generate(q, s, Endpoint::Chat); });
-  http.Post("/v1/completions", [this](const auto& q, auto& s) { generate(q, s, Endpoint::Completion); });
-  http.Post("/v1/responses", [this](const auto& q, auto& s) { agent(q, s, AgentApi::Responses); });
-  http.Post("/v1/messages", [this](const auto& q, auto& s) { agent(q, s, AgentApi::Messages); });
-  http.Post("/apply-template", [this](const auto& q, auto& s) { apply_template(q, s); });
-  http.Post("/tokenize", [this](const auto& q, auto& s) { tokenize(q, s); });
-  http.Post("/detokenize", [this](const auto& q, auto& s) { detokenize(q, s); });
+  // Every POST body is read by read_body (bounded as it streams), then handled as `handler(req, res)`.
+  auto with_body = [this](auto handler) {
+    return [this, handler](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+      if (read_body(req, res, reader)) handler(req, res);
+    };
+  };
+  http.Post("/v1/chat/completions", with_body([this](const auto& q, auto& s) { generate(q, s, Endpoint::Chat); }));
+  http.Post("/v1/completions", with_body([this](const auto& q, auto& s) { generate(q, s, Endpoint::Completion); }));
+  http.Post("/v1/responses", with_body([this](const auto& q, auto& s) { agent(q, s, AgentApi::Responses); }));
+  http.Post("/v1/messages", with_body([this](const auto& q, auto& s) { agent(q, s, AgentApi::Messages); }));
+  http.Post("/apply-template", with_body([this](const auto& q, auto& s) { apply_template(q, s); }));
+  http.Post("/tokenize", with_body([this](const auto& q, auto& s) { tokenize(q, s); }));
+  http.Post("/detokenize", with_body([this](const auto& q, auto& s) { detokenize(q, s); }));
+  // Any other path: 404 without reading the body (httplib would read a chunked one with no bound).
+  http.Post(".*", [](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader&) {
+    close_after_reply(res);
+    send_error(res, error_of(404, "unknown endpoint POST " + req.path, "invalid_request_error", "not_found"));
+  });
   http.Get("/health", [](const auto&, auto& s) { send_json(s, 200, {{"status", "ok"}}); });
   http.Get("/v1/models", [this](const auto&, auto& s) {
     const json model = {{"id", cfg.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "posttrainllm"}};
@@ -319,7 +549,7 @@ void HttpServer::Impl::apply_template(const httplib::Request& req, httplib::Resp
 
 // Checks a parsed request, queues it, and returns its channel (enter() done; leave() is the caller's).
 std::shared_ptr<Channel> HttpServer::Impl::submit(ApiRequest& r, int64_t& prompt_tokens) {
-  if (!r.model.empty() && r.model != cfg.model_name)
+  if (cfg.strict_model_name && !r.model.empty() && r.model != cfg.model_name)
     throw error_of(404, "the model " + json(r.model).dump() + " does not exist; this server serves " +
                             json(cfg.model_name).dump(),
                    "invalid_request_error", "model_not_found");
@@ -331,7 +561,7 @@ std::shared_ptr<Channel> HttpServer::Impl::submit(ApiRequest& r, int64_t& prompt
   if (!kv.streaming() && n >= kv.ctx_size)
     throw bad_request("the prompt has " + std::to_string(n) + " tokens; the context holds " +
                           std::to_string(kv.ctx_size) + " (the prompt and at least one generated token)",
-                      "messages", "context_length_exceeded");
+                      r.endpoint == Endpoint::Chat ? "messages" : "prompt", "context_length_exceeded");
   if (!r.max_tokens_given) r.params.max_tokens = int(kv.streaming() ? kv.ctx_size : kv.ctx_size - n);
   sr.params = r.params;
   auto ch = std::make_shared<Channel>();
@@ -346,7 +576,7 @@ std::shared_ptr<Channel> HttpServer::Impl::submit(ApiRequest& r, int64_t& prompt
 
 void HttpServer::Impl::generate(const httplib::Request& req, httplib::Response& res, Endpoint ep) {
   try {
-    ApiRequest r = parse_request(req.body, ep, random_seed());
+    ApiRequest r = parse_request(req.body, ep, random_seed(), cfg.defaults);
     int64_t n = 0;
     auto ch = submit(r, n);
     // A stream, unless the request already failed (then an HTTP error status, as without "stream").
@@ -364,7 +594,7 @@ void HttpServer::Impl::generate(const httplib::Request& req, httplib::Response& 
 void HttpServer::Impl::agent(const httplib::Request& req, httplib::Response& res, AgentApi api) {
   std::shared_ptr<AgentReply> reply;
   try {
-    reply = parse_agent_request(api, req.body, random_seed(), cfg.model_name, responses);
+    reply = parse_agent_request(api, req.body, random_seed(), cfg.model_name, responses, cfg.defaults);
     int64_t n = 0;
     auto ch = submit(reply->request, n);
     if (reply->request.stream && !ch->failed()) return stream_agent(res, reply, ch, n);  // leave() at its end
@@ -542,8 +772,12 @@ void HttpServer::Impl::stream(httplib::Response& res, const ApiRequest& r, std::
 }
 
 void HttpServer::Impl::tokenize(const httplib::Request& req, httplib::Response& res) {
-  const json body = json::parse(req.body, nullptr, false);
-  if (body.is_discarded() || !body.is_object()) return send_error(res, bad_request("the request body must be a JSON object"));
+  json body;
+  try {
+    body = parse_json_object(req.body);
+  } catch (const ApiError& e) {
+    return send_error(res, e);
+  }
   const auto content = body.find("content");
   if (content == body.end() || !content->is_string())
     return send_error(res, bad_request("content: expected a string", "content"));
@@ -556,8 +790,12 @@ void HttpServer::Impl::tokenize(const httplib::Request& req, httplib::Response& 
 }
 
 void HttpServer::Impl::detokenize(const httplib::Request& req, httplib::Response& res) {
-  const json body = json::parse(req.body, nullptr, false);
-  if (body.is_discarded() || !body.is_object()) return send_error(res, bad_request("the request body must be a JSON object"));
+  json body;
+  try {
+    body = parse_json_object(req.body);
+  } catch (const ApiError& e) {
+    return send_error(res, e);
+  }
   const auto tokens = body.find("tokens");
   if (tokens == body.end() || !tokens->is_array()) return send_error(res, bad_request("tokens: expected an array of token ids", "tokens"));
   std::vector<int32_t> ids;
@@ -581,13 +819,32 @@ int HttpServer::bind() {
   const int port = m.cfg.port == 0 ? m.http.bind_to_any_port(m.cfg.host) : m.cfg.port;
   if (m.cfg.port != 0 && !m.http.bind_to_port(m.cfg.host, m.cfg.port)) {
     throw Error("cannot listen on " + m.cfg.host + ":" + std::to_string(m.cfg.port) +
-                " (the address is in use or not this machine's; --host, --port)");
+                ": the address is in use (another server?) or not this machine's (--host, --port)");
   }
   if (port < 0) throw Error("cannot listen on " + m.cfg.host + " (--host)");
+  m.port = port;
   return port;
 }
 
-void HttpServer::run() { impl_->http.listen_after_bind(); }
+void HttpServer::run() {
+  Impl& m = *impl_;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread watcher([&] {
+    std::unique_lock lk(mu);
+    for (int tick = 0; !cv.wait_for(lk, std::chrono::milliseconds(100), [&] { return done; }); ++tick)
+      if (m.stopping || tick % 5 == 0)
+        m.watch.sweep(m.port, std::chrono::seconds(m.cfg.header_timeout_s), m.threads, m.stopping);
+  });
+  m.http.listen_after_bind();  // returns once every HTTP thread has ended
+  {
+    std::lock_guard lk(mu);
+    done = true;
+  }
+  cv.notify_one();
+  watcher.join();
+}
 
 void HttpServer::shutdown(std::chrono::milliseconds grace) {
   Impl& m = *impl_;
@@ -597,6 +854,7 @@ void HttpServer::shutdown(std::chrono::milliseconds grace) {
     std::unique_lock lk(m.mu);
     m.cv.wait_for(lk, std::chrono::seconds(5), [&] { return m.in_flight == 0; });  // the last chunks written
   }
+  m.stopping = true;  // connections between requests are shut down, so that no thread waits on a client
   m.http.stop();
 }
 

@@ -23,9 +23,15 @@ struct ServerConfig {
   int port = 8080;              // 0: any free port (bind() says which)
   std::string api_key;          // "": no authentication
   std::string model_name;       // the id /v1/models lists and responses carry
-  size_t max_body_bytes = size_t(8) << 20;  // larger bodies: 413
+  bool strict_model_name = false;  // a request naming another model: 404 (else it is served as this one)
+  std::string cors_origin;      // Access-Control-Allow-Origin: "" none, "*" any, else that one origin
+  RequestDefaults defaults;     // what a request leaves out
+  size_t max_body_bytes = size_t(8) << 20;  // larger bodies (after Content-Encoding is undone): 413
   int http_threads = 0;         // connections served at once (0: 2 x parallel + 4); more wait in line
   int timeout_s = 60;           // read and write timeouts of a connection (slow clients)
+  // Most seconds a connection may spend between requests (its next request's headers included)
+  // before it is closed; more than httplib's 5 s keep-alive wait, which closes idle ones first.
+  int header_timeout_s = 10;
   // messages, tools (null when none) and chat_template_kwargs to the prompt text; throws ptllm::Error
   // when the template refuses them. Empty: no template could be loaded, and
   // /v1/chat/completions says so.

@@ -1,0 +1,479 @@
+// The server against hostile or careless input: bodies nested 100,000 deep, bodies over the limit
+// sent chunked or gzip-compressed, nonsense Content-Length values, token ids past 32 bits; and the
+// first-contact behaviours: any model name, CORS preflights, a port already in use, an empty API
+// key, a template error without the server's paths.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <functional>
+#include <thread>
+
+#include "chat/chat_template.h"
+#include "engine/runtime.h"
+#include "engine/scheduler.h"
+#include "serve_process.h"
+#include "server/http_server.h"
+#include "test_util.h"
+
+namespace ptllm {
+namespace {
+
+using server::json;
+
+const char* kChatML =
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+constexpr size_t kMaxBody = 256 * 1024;
+
+class ServerLimits : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    rt_ = new Runtime({test::repo_model("kjv-tiny"), 1, true});
+    tmpl_ = new chat::ChatTemplate(chat::ChatTemplate::from_string(kChatML));
+  }
+  static void TearDownTestSuite() {
+    delete rt_;
+    delete tmpl_;
+  }
+  void start(const std::function<void(server::ServerConfig&)>& configure = {}) {
+    SchedulerConfig sc;
+    sc.session.kv.ctx_size = 256;
+    sc.parallel = 2;
+    sc.eos_ids = {1};
+    sch_ = std::make_unique<Scheduler>(*rt_, sc);
+    server::ServerConfig cfg;
+    cfg.port = 0;
+    cfg.model_name = "kjv-tiny";
+    cfg.max_body_bytes = kMaxBody;
+    cfg.timeout_s = 20;
+    cfg.render_chat = [](const json& messages, const json&, const json&) {
+      chat::ChatRequest r;
+      r.messages = messages;
+      r.add_generation_prompt = true;
+      return tmpl_->render(r);
+    };
+    if (configure) configure(cfg);
+    srv_ = std::make_unique<server::HttpServer>(*rt_, *sch_, cfg);
+    port_ = srv_->bind();
+    ASSERT_GT(port_, 0);
+    thread_ = std::thread([this] { srv_->run(); });
+  }
+  void TearDown() override {
+    if (srv_) srv_->shutdown(std::chrono::seconds(5));
+    if (thread_.joinable()) thread_.join();
+    srv_.reset();
+    sch_.reset();
+  }
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(60, 0);
+    return c;
+  }
+  httplib::Result post(const std::string& path, const std::string& body,
+                       const std::string& type = "application/json") const {
+    return client().Post(path.c_str(), body, type.c_str());
+  }
+  bool healthy() const {
+    const auto r = client().Get("/health");
+    return r && r->status == 200;
+  }
+  // Sends `head` then `body` on a fresh connection and returns what comes back before the server
+  // closes it or 10 s pass (sends give up after 2 s of a full window).
+  std::string raw(const std::string& head, const std::string& body = "") const {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return "";
+    timeval snd{2, 0}, rcv{10, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &snd, sizeof snd);
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &rcv, sizeof rcv);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(uint16_t(port_));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    std::string got;
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+      const std::string all = head + body;
+      for (size_t sent = 0; sent < all.size();) {
+        const ssize_t n = ::send(fd, all.data() + sent, std::min<size_t>(all.size() - sent, 65536), MSG_NOSIGNAL);
+        if (n <= 0) break;  // the server stopped reading
+        sent += size_t(n);
+      }
+      char buf[4096];
+      for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) got.append(buf, size_t(n));
+    }
+    ::close(fd);
+    return got;
+  }
+  static Runtime* rt_;
+  static chat::ChatTemplate* tmpl_;
+  std::unique_ptr<Scheduler> sch_;
+  std::unique_ptr<server::HttpServer> srv_;
+  std::thread thread_;
+  int port_ = 0;
+};
+Runtime* ServerLimits::rt_ = nullptr;
+chat::ChatTemplate* ServerLimits::tmpl_ = nullptr;
+
+void expect_error(const httplib::Result& r, int status, const std::string& message_part, const std::string& param = "") {
+  ASSERT_TRUE(r) << "no response: " << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, status) << r->body;
+  const json j = json::parse(r->body, nullptr, false);
+  ASSERT_TRUE(j.is_object() && j.contains("error")) << r->body;
+  EXPECT_NE(j["error"]["message"].get<std::string>().find(message_part), std::string::npos) << r->body;
+  if (!param.empty()) {
+    EXPECT_EQ(j["error"]["param"], param) << r->body;
+  }
+}
+
+// `{"key": [[[...]]]}`, `depth` brackets deep, with `inner` at the bottom.
+std::string nested(const std::string& key, int depth, const std::string& inner = "") {
+  return "{\"" + key + "\": " + std::string(size_t(depth), '[') + inner + std::string(size_t(depth), ']') + "}";
+}
+
+// 100,000 nested brackets (200 KB) once overflowed an HTTP thread's stack, killing the server.
+TEST_F(ServerLimits, DeeplyNestedJsonIsA400AndTheServerLives) {
+  start();
+  const int deep = 100000;
+  expect_error(post("/detokenize", nested("tokens", deep)), 400, "more than 128 levels deep");
+  expect_error(post("/tokenize", nested("content", deep)), 400, "more than 128 levels deep");
+  expect_error(post("/v1/completions", nested("prompt", deep)), 400, "more than 128 levels deep");
+  expect_error(post("/v1/completions", "{\"prompt\": \"x\", " + nested("stop", deep).substr(1)), 400,
+               "more than 128 levels deep");
+  expect_error(post("/v1/chat/completions", nested("messages", deep)), 400, "more than 128 levels deep");
+  expect_error(post("/apply-template", nested("messages", deep)), 400, "more than 128 levels deep");
+  // Brackets inside strings are text, not nesting.
+  const auto ok = post("/tokenize", json({{"content", std::string(100000, '[')}}).dump());
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+  // At the limit a body is parsed (and then refused for its type, not its depth).
+  expect_error(post("/detokenize", nested("tokens", 127)), 400, "not a token id", "tokens");
+  EXPECT_TRUE(healthy());
+}
+
+// What `curl -d` sends: a form-encoded JSON body over httplib's 8 KiB cap for forms.
+TEST_F(ServerLimits, AFormEncodedBodyIsReadAsJson) {
+  start();
+  std::string words;
+  for (int i = 0; i < 3000; ++i) words += "light ";
+  const auto r = post("/tokenize", json({{"content", words}}).dump(), "application/x-www-form-urlencoded");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["tokens"].size(), rt_->tokenizer().encode(words, {.add_special = false}).size());
+}
+
+// A chunked body has no length to check up front: it is counted as it comes, and refused once over.
+TEST_F(ServerLimits, AChunkedBodyOverTheLimitIs413) {
+  start();
+  const std::string piece(64 * 1024, ' ');
+  std::string chunks;
+  for (size_t sent = 0; sent < 4 * kMaxBody; sent += piece.size()) {
+    char size[16];
+    std::snprintf(size, sizeof size, "%zx\r\n", piece.size());
+    chunks += size + piece + "\r\n";
+  }
+  chunks += "0\r\n\r\n";
+  const std::string got = raw(
+      "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n",
+      chunks);
+  EXPECT_EQ(got.rfind("HTTP/1.1 413", 0), 0u) << got.substr(0, 300);
+  EXPECT_NE(got.find("larger than the limit of 262144 bytes"), std::string::npos) << got.substr(0, 600);
+  // Under the limit, chunked is fine.
+  const std::string body = json({{"content", "And God said"}}).dump();
+  char size[16];
+  std::snprintf(size, sizeof size, "%zx\r\n", body.size());
+  const std::string small = raw(
+      "POST /tokenize HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n",
+      size + body + "\r\n0\r\n\r\n");
+  EXPECT_EQ(small.rfind("HTTP/1.1 200", 0), 0u) << small.substr(0, 300);
+  EXPECT_TRUE(healthy());
+}
+
+// A gzip body is bounded by its decompressed size: 1 MiB of spaces is 1 KB on the wire.
+TEST_F(ServerLimits, AGzipBodyIsBoundedWhenDecompressed) {
+  start();
+  httplib::Client c = client();
+  c.set_compress(true);  // gzip the request body
+  const auto bomb = c.Post("/tokenize", "{\"content\": \"" + std::string(4 * kMaxBody, ' ') + "\"}", "application/json");
+  expect_error(bomb, 413, "larger than the limit");
+  const auto ok = c.Post("/tokenize", json({{"content", "And God said"}}).dump(), "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+  httplib::Client plain = client();
+  expect_error(plain.Post("/tokenize", {{"Content-Encoding", "zstd"}}, "{}", "application/json"), 415,
+               "Content-Encoding \"zstd\" is not supported");
+  EXPECT_TRUE(healthy());
+}
+
+// httplib read Content-Length with strtoull: -5 and 2^64 were lengths it waited for.
+TEST_F(ServerLimits, NonsenseContentLengthIsA400AtOnce) {
+  start();
+  for (const std::string len : {"-5", "18446744073709551616", "9e18", "12abc"}) {
+    const std::string got = raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + len + "\r\n\r\n",
+                                "{\"prompt\": \"x\"}");
+    EXPECT_EQ(got.rfind("HTTP/1.1 400", 0), 0u) << len << ": " << got.substr(0, 300);
+    EXPECT_NE(got.find("is not a byte count"), std::string::npos) << len << ": " << got.substr(0, 600);
+  }
+  // A length over the limit is refused before any of the body is read.
+  const std::string big = raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 9000000000000000000\r\n\r\n");
+  EXPECT_EQ(big.rfind("HTTP/1.1 413", 0), 0u) << big.substr(0, 300);
+  EXPECT_TRUE(healthy());
+}
+
+// 4294967301 once wrapped to the id 5.
+TEST_F(ServerLimits, TokenIdsOutsideTheVocabularyAreRefusedInTheirJsonForm) {
+  start();
+  for (const std::string ids : {"[1, 4294967301]", "[1, -4294967291]", "[1, 18446744073709551615]", "[2147483648]"})
+    expect_error(post("/v1/completions", "{\"prompt\": " + ids + ", \"max_tokens\": 1}"), 400,
+                 "outside the vocabulary", "prompt");
+  const auto ok = post("/v1/completions", R"({"prompt": [1, 5], "max_tokens": 1})");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+}
+
+TEST_F(ServerLimits, ContextErrorsNameTheFieldOfTheEndpoint) {
+  start();
+  std::string words;
+  for (int i = 0; i < 200; ++i) words += "light and darkness ";
+  expect_error(post("/v1/completions", json({{"prompt", words}}).dump()), 400, "the context holds 256", "prompt");
+  expect_error(post("/v1/chat/completions", json({{"messages", json::array({{{"role", "user"}, {"content", words}}})}}).dump()),
+               400, "the context holds 256", "messages");
+}
+
+TEST_F(ServerLimits, TokenizeNamesInvalidJson) {
+  start();
+  expect_error(post("/tokenize", "{\"content\": "), 400, "not valid JSON: parse error at line 1, column 13");
+  expect_error(post("/detokenize", "{\"tokens\": [1,}"), 400, "not valid JSON: parse error at line 1");
+  expect_error(post("/tokenize", "[1]"), 400, "must be a JSON object");
+}
+
+// Agent configurations send their own model names (gpt-4o-mini): served as this model by default.
+TEST_F(ServerLimits, AnyModelNameIsServedUnlessStrict) {
+  start();
+  const auto r = post("/v1/completions", R"({"model": "gpt-4o-mini", "prompt": "And God said", "max_tokens": 2})");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["model"], "kjv-tiny");
+}
+
+TEST_F(ServerLimits, StrictModelNameIs404) {
+  start([](server::ServerConfig& c) { c.strict_model_name = true; });
+  expect_error(post("/v1/completions", R"({"model": "gpt-4o-mini", "prompt": "x", "max_tokens": 2})"), 404,
+               "does not exist");
+  const auto ok = post("/v1/completions", R"({"model": "kjv-tiny", "prompt": "x", "max_tokens": 2})");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+}
+
+TEST_F(ServerLimits, CorsPreflightAndAllowedOrigin) {
+  start([](server::ServerConfig& c) {
+    c.cors_origin = "https://app.example";
+    c.api_key = "k";
+  });
+  httplib::Client c = client();
+  // A preflight carries no API key and is answered.
+  const auto pre = c.Options("/v1/chat/completions", {{"Origin", "https://app.example"},
+                                                      {"Access-Control-Request-Method", "POST"},
+                                                      {"Access-Control-Request-Headers", "authorization,content-type"}});
+  ASSERT_TRUE(pre);
+  EXPECT_EQ(pre->status, 204);
+  EXPECT_EQ(pre->get_header_value("Access-Control-Allow-Origin"), "https://app.example");
+  EXPECT_NE(pre->get_header_value("Access-Control-Allow-Methods").find("POST"), std::string::npos);
+  EXPECT_EQ(pre->get_header_value("Access-Control-Allow-Headers"), "authorization,content-type");
+  const auto ok = c.Post("/tokenize", {{"Origin", "https://app.example"}, {"Authorization", "Bearer k"}},
+                         R"({"content": "x"})", "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200);
+  EXPECT_EQ(ok->get_header_value("Access-Control-Allow-Origin"), "https://app.example");
+  const auto other = c.Get("/v1/models", {{"Origin", "https://evil.example"}, {"Authorization", "Bearer k"}});
+  ASSERT_TRUE(other);
+  EXPECT_FALSE(other->has_header("Access-Control-Allow-Origin"));
+}
+
+TEST_F(ServerLimits, NoCorsOriginByDefault) {
+  start();
+  httplib::Client c = client();
+  const auto pre = c.Options("/v1/models", {{"Origin", "https://app.example"}});
+  ASSERT_TRUE(pre);
+  EXPECT_EQ(pre->status, 204);
+  EXPECT_FALSE(pre->has_header("Access-Control-Allow-Origin"));
+  const auto get = c.Get("/v1/models", {{"Origin", "https://app.example"}});
+  ASSERT_TRUE(get);
+  EXPECT_FALSE(get->has_header("Access-Control-Allow-Origin"));
+}
+
+// A client connected to the server's port that sends a request line, then a header byte every
+// 200 ms for at most 20 s; `closed` counts those the server cut off.
+std::thread trickler(int port, std::atomic<int>& closed) {
+  return std::thread([port, &closed] {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(uint16_t(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return;
+    const std::string line = "GET /health HTTP/1.1\r\n";
+    ::send(fd, line.data(), line.size(), MSG_NOSIGNAL);
+    for (int i = 0; i < 100; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      if (::send(fd, "X", 1, MSG_NOSIGNAL) != 1) {
+        ++closed;
+        break;
+      }
+    }
+    ::close(fd);
+  });
+}
+
+// As many trickling clients as HTTP threads once held them all: /health waited for ever. With every
+// thread taken, a connection gets 2 s for its headers (not header_timeout_s, 10).
+TEST_F(ServerLimits, TricklingClientsDoNotStallTheServer) {
+  start([](server::ServerConfig& c) { c.http_threads = 2; });
+  std::atomic<int> closed{0};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 2; ++i) clients.push_back(trickler(port_, closed));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // both threads taken first
+  httplib::Client c = client();
+  c.set_read_timeout(6, 0);  // under header_timeout_s; the tricklers would hold the threads for 20 s
+  const auto r = c.Get("/health");
+  for (auto& t : clients) t.join();
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(closed, 2);
+}
+
+// A body sent a byte at a time restarted httplib's read timeout with every byte; it gets --timeout
+// from its first byte to its last.
+TEST_F(ServerLimits, ABodyTrickledPastTheTimeoutIs408) {
+  start([](server::ServerConfig& c) { c.timeout_s = 1; });
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  timeval rcv{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &rcv, sizeof rcv);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(uint16_t(port_));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const std::string head = "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{";
+  ASSERT_EQ(::send(fd, head.data(), head.size(), MSG_NOSIGNAL), ssize_t(head.size()));
+  std::string got;
+  char buf[4096];
+  for (int i = 0; i < 99 && got.empty(); ++i) {  // 20 s at most
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT)) > 0;) got.append(buf, size_t(n));
+    if (got.empty() && ::send(fd, " ", 1, MSG_NOSIGNAL) != 1) break;
+  }
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) got.append(buf, size_t(n));
+  ::close(fd);
+  EXPECT_EQ(got.rfind("HTTP/1.1 408", 0), 0u) << got.substr(0, 300);
+  EXPECT_NE(got.find("did not arrive within 1 s (--timeout)"), std::string::npos) << got.substr(0, 600);
+  EXPECT_TRUE(healthy());
+}
+
+// shutdown() once waited for trickling clients (each byte restarts httplib's read timeout).
+TEST_F(ServerLimits, ShutdownDoesNotWaitForTricklingClients) {
+  // Threads to spare and header_timeout_s 10: only the shutdown cuts the tricklers.
+  start([](server::ServerConfig& c) { c.http_threads = 4; });
+  std::atomic<int> closed{0};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 2; ++i) clients.push_back(trickler(port_, closed));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto t0 = std::chrono::steady_clock::now();
+  srv_->shutdown(std::chrono::seconds(1));
+  thread_.join();
+  // A bound far from the tricklers' 20 s, not a timing measurement.
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(closed, 2);
+}
+
+// cpp-httplib set SO_REUSEPORT: a second server on a port in use started and shared its connections.
+TEST(ServeCommandLimits, ASecondServerOnABusyPortExitsWithTheAddress) {
+  test::TempDir tmp;
+  test::ServeProcess first(test::repo_model("kjv-tiny"), {}, tmp.path / "first.log");
+  ASSERT_GT(first.port, 0) << first.log();
+  const std::string port = std::to_string(first.port);
+  // timeout: were the second server to start, the test ends instead of waiting for it.
+  const auto second = test::run_command("timeout 120 " + test::binary() + " serve " +
+                                        test::repo_model("kjv-tiny").string() + " -t 1 -np 1 --port " + port);
+  EXPECT_NE(second.code, 0);
+  EXPECT_NE(second.code, 124) << "the second server started";
+  EXPECT_NE(second.err.find("cannot listen on 127.0.0.1:" + port + ": the address is in use"), std::string::npos)
+      << second.err;
+  EXPECT_EQ(first.stop(), 0);
+}
+
+TEST(ServeCommandLimits, AnEmptyApiKeyIsRefusedAndAnExposedHostWarns) {
+  // timeout: a server that started anyway (listening on every interface) ends with the test.
+  const auto r = test::run_command("timeout 60 " + test::binary() + " serve --host 0.0.0.0 --api-key ''");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--api-key: the key is empty"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("warning: --host 0.0.0.0 without --api-key"), std::string::npos) << r.err;
+}
+
+// 100,000 threads once aborted the process ("terminate called without an active exception").
+TEST(ServeCommandLimits, TooManyThreadsIsAUsageError) {
+  for (const char* cmd : {" serve --threads 100000", " sample -p x -t 100000"}) {
+    const auto r = test::run_command(test::binary() + cmd);
+    EXPECT_EQ(r.code, 2) << cmd << ": " << r.err;
+    EXPECT_NE(r.err.find("between 0 and 1024"), std::string::npos) << cmd << ": " << r.err;
+  }
+}
+
+// A template error reaches the client with the template's file name and line, not the server's paths.
+TEST(ServeCommandLimits, TemplateErrorsDoNotShowTheServersPaths) {
+  test::TempDir tmp;
+  const auto file = tmp.path / "strict.jinja";
+  std::ofstream(file) << "{% for m in messages %}{{ m['content'] }}\n"
+                         "{% if m['role'] == 'system' %}{{ raise_exception('no system messages') }}{% endif %}"
+                         "{% endfor %}";
+  test::ServeProcess srv(test::repo_model("kjv-tiny"), {"--chat-template", file.string()}, tmp.path / "log");
+  ASSERT_GT(srv.port, 0) << srv.log();
+  const auto r = srv.post("/apply-template", R"({"messages": [{"role": "system", "content": "x"}]})");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_NE(r->body.find("strict.jinja, line 2: no system messages"), std::string::npos) << r->body;
+  EXPECT_EQ(r->body.find(tmp.path.string()), std::string::npos) << r->body;
+}
+
+// serve --temp and -n are the defaults of a request that leaves temperature and max_tokens out.
+TEST(ServeCommandLimits, SamplingFlagsAreTheRequestDefaults) {
+  test::TempDir tmp;
+  test::ServeProcess srv(test::repo_model("kjv-tiny"), {"--temp", "0", "-n", "5"}, tmp.path / "log");
+  ASSERT_GT(srv.port, 0) << srv.log();
+  const auto defaulted = srv.post_ok("/v1/completions", {{"prompt", "In the beginning"}});
+  const auto greedy = srv.post_ok("/v1/completions", {{"prompt", "In the beginning"}, {"temperature", 0}, {"max_tokens", 5}});
+  EXPECT_EQ(defaulted["choices"][0]["text"], greedy["choices"][0]["text"]);
+  EXPECT_EQ(defaulted["usage"]["completion_tokens"], greedy["usage"]["completion_tokens"]);
+  EXPECT_EQ(defaulted["usage"]["completion_tokens"], 5) << defaulted.dump();
+  // A request's own value wins.
+  const auto two = srv.post_ok("/v1/completions", {{"prompt", "In the beginning"}, {"max_tokens", 2}});
+  EXPECT_EQ(two["usage"]["completion_tokens"], 2);
+}
+
+// -c is llama-server's: the context of all the sequences together (ServeProcess: -np 2 -c 1024).
+TEST(ServeCommandLimits, CtxSizeIsSharedByTheSequences) {
+  test::TempDir tmp;
+  test::ServeProcess srv(test::repo_model("kjv-tiny"), {}, tmp.path / "log");
+  ASSERT_GT(srv.port, 0) << srv.log();
+  EXPECT_NE(srv.log().find("2 parallel sequences of 512 tokens"), std::string::npos) << srv.log();
+  std::string words;
+  for (int i = 0; i < 200; ++i) words += "light and darkness ";
+  const auto r = srv.post("/v1/completions", nlohmann::ordered_json({{"prompt", words}}).dump());
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_NE(r->body.find("the context holds 512"), std::string::npos) << r->body;
+  const auto small = test::run_command(test::binary() + " serve -np 4 -c 6 --port 0");
+  EXPECT_EQ(small.code, 2);
+  EXPECT_NE(small.err.find("--ctx-size 6 is too small for --parallel 4"), std::string::npos)
+      << small.err;
+}
+
+}  // namespace
+}  // namespace ptllm
