@@ -42,7 +42,7 @@ let server;
 let openai;
 
 before(async () => {
-  server = await startServer(binary, modelDir, ['-np', '2', '-t', '2', '--ctx-size', '2048', '--api-key', KEY, '--alias', MODEL]);
+  server = await startServer(binary, modelDir, ['-np', '2', '-t', '2', '--ctx-size', '8192', '--api-key', KEY, '--alias', MODEL]);
   openai = new OpenAI({ baseURL: server.baseURL, apiKey: KEY, maxRetries: 0 });
 });
 
@@ -114,6 +114,32 @@ test('chat completions: the call, streamed and not, and a tool loop that reuses 
   const none = await openai.chat.completions.create({ messages, tools: [weatherTool], model: MODEL, tool_choice: 'none' });
   assert.equal(none.choices[0].message.content, CALL);
   assert.equal(none.choices[0].finish_reason, 'stop');
+});
+
+test('a ten-step tool loop prefills only what each turn adds', async () => {
+  const messages = [{ role: 'system', content: 'You are a weather agent.' }, { role: 'user', content: 'Weather in Paris?' }];
+  const perTurn = [];
+  for (let step = 1; step <= 10; ++step) {
+    const r = await openai.chat.completions.create({ model: MODEL, messages, tools: [weatherTool], temperature: 0 });
+    const m = r.choices[0].message;
+    perTurn.push([r.usage.prompt_tokens, r.usage.prompt_tokens_details.cached_tokens]);
+    if (step > 1) {
+      const [prompt, cached] = perTurn.at(-1);
+      const added = prompt - perTurn.at(-2)[0];
+      // Besides the new text, only what lies past the last whole block on the prefill-chunk grid is
+      // recomputed (the scheduler adopts a prefix where a cold prefill would give the same bits:
+      // whole 64-token blocks, chunks of --prefill-chunk 256).
+      assert.ok(prompt - cached < added + 256 + 64, `turn ${step}: ${cached} of ${prompt} cached, ${added} added`);
+    }
+    if (step < 10) {
+      assert.equal(r.choices[0].finish_reason, 'tool_calls');
+      messages.push(m, { role: 'tool', tool_call_id: m.tool_calls[0].id,
+        content: step === 9 ? TOOL_RESULT : `No data yet (${step}).` });
+    } else {
+      assert.equal(m.content, ANSWER);
+    }
+  }
+  console.log(`ten-step loop (prompt, cached) per turn: ${JSON.stringify(perTurn)}`);
 });
 
 for (const api of ['responses', 'chat_completions']) {
