@@ -222,3 +222,31 @@ TEST(AgentFormats, MalformedCallIsText) {
 
 }  // namespace
 }  // namespace ptllm
+
+namespace ptllm {
+namespace {
+
+// logit_bias goes through the generator's processors: +100 on a token makes it the first one; a
+// token outside the vocabulary is a 400.
+TEST(AgentFormats, LogitBias) {
+  Served s("Qwen-Qwen2.5-7B-Instruct.jinja", kQwenTail, "It is sunny.");
+  ASSERT_GT(s.server->port, 0) << s.server->log();
+  json body = chat_body();
+  body.erase("tools");
+  EXPECT_EQ(s.server->post_ok("/v1/chat/completions", body)["choices"][0]["message"]["content"], "It is sunny.");
+  const json ids = s.server->post_ok("/tokenize", {{"content", " gold"}});
+  ASSERT_EQ(ids["tokens"].size(), 1u);
+  body["logit_bias"] = {{std::to_string(ids["tokens"][0].get<int>()), 100}};
+  body["max_tokens"] = 3;
+  const std::string biased = s.server->post_ok("/v1/chat/completions", body)["choices"][0]["message"]["content"];
+  EXPECT_TRUE(biased.starts_with(" gold")) << biased;
+  body["logit_bias"] = {{"8192", 1}};
+  const auto r = s.server->post("/v1/chat/completions", body.dump());
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_NE(r->body.find("logit_bias"), std::string::npos);
+  EXPECT_EQ(s.server->stop(), 0);
+}
+
+}  // namespace
+}  // namespace ptllm

@@ -178,7 +178,7 @@ TEST(ServerApiAgents, ToolChoiceAndResponseFormat) {
 
 TEST(ServerApiAgents, NoFieldIsSilentlyIgnored) {
   const std::string msgs = R"("messages": [{"role": "user", "content": "x"}])";
-  for (const char* f : {R"("logprobs": true)", R"("top_logprobs": 3)", R"("logit_bias": {"5": 10})",
+  for (const char* f : {R"("logprobs": true)", R"("top_logprobs": 3)",
                         R"("functions": [])", R"("reasoning_effort": "high")", R"("frobnicate": 1)",
                         R"("prediction": {"type": "content", "content": "x"})"}) {
     const ApiError e = refused("{" + msgs + ", " + f + "}");
@@ -192,6 +192,16 @@ TEST(ServerApiAgents, NoFieldIsSilentlyIgnored) {
                  "logprobs": false, "logit_bias": {}, "stream_options": {"include_usage": true}})",
                 Endpoint::Chat, 1);
   EXPECT_TRUE(parse_request("{" + msgs + R"(, "ignore_eos": true})", Endpoint::Chat, 1).params.ignore_eos);
+}
+
+TEST(ServerApiAgents, LogitBias) {
+  const std::string msgs = R"("messages": [{"role": "user", "content": "x"}])";
+  const ApiRequest r = parse_request("{" + msgs + R"(, "logit_bias": {"5": -100, "17": 2.5}})", Endpoint::Chat, 1);
+  ASSERT_EQ(r.params.logit_bias.size(), 2u);
+  EXPECT_EQ(r.params.logit_bias[0], std::make_pair(int32_t(5), -100.0f));
+  EXPECT_EQ(r.params.logit_bias[1], std::make_pair(int32_t(17), 2.5f));
+  for (const char* bad : {R"({"x": 1})", R"({"-1": 1})", R"({"5": 101})", R"({"5": "1"})", R"([1])", R"({"4294967301": 1})"})
+    EXPECT_EQ(refused("{" + msgs + R"(, "logit_bias": )" + bad + "}").param, "logit_bias") << bad;
 }
 
 TEST(ServerApiAgents, HistoryWithCalls) {

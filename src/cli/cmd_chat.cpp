@@ -64,38 +64,31 @@ std::string read_text_file(const std::string& path, const std::string& flag) {
 
 using Reply = GeneratedText;  // ttft_ms: from the start of the turn's prefill
 
-// The decode loop of one reply, from the prompt's logits; streams to stdout unless --json.
+// The decode loop of one reply, from the prompt's logits; streams to stdout unless --json. Every
+// token of the reply that fits is fed, so that the next turn need not prefill it.
 Reply generate_reply(const ChatArgs& a, Session& session, const Tokenizer& tok, const std::vector<int32_t>& eos,
                      Sampler& sampler, Clock::time_point t_turn) {
   std::vector<float> logits(session.last_logits().begin(), session.last_logits().end());
   std::span<float> cur = logits;
-  StreamingDetokenizer detok(tok);
-  StopText stop(a.stops);
+  GeneratorOptions o;
+  o.stops = a.stops;
+  o.eos_ids = eos;
+  o.max_tokens = a.tokens;
+  Generator gen(tok, std::move(o), sampler);
   Reply r;
   TextStream out(r, a.json);
   const auto t_decode = Clock::now();
-  for (int i = 0; a.tokens < 0 || i < a.tokens; ++i) {
+  for (int i = 0; (a.tokens < 0 || i < a.tokens) && !gen.done(); ++i) {
     if (interrupted() || out.closed()) {
-      r.reason = interrupted() ? StopReason::Interrupted : StopReason::OutputClosed;
+      gen.stop(interrupted() ? StopReason::Interrupted : StopReason::OutputClosed);
       break;
     }
-    const int32_t next = sampler.sample(cur, session.history());
+    const Generator::Step step = gen.next(cur, session.history(), session.fits(1));
     if (i == 0) r.ttft_ms = ms_since(t_turn);
-    ++r.sampled;
-    if (std::find(eos.begin(), eos.end(), next) != eos.end()) {
-      r.reason = StopReason::Eos;
-      break;
-    }
-    if (!session.fits(1)) {
-      r.reason = StopReason::ContextFull;
-      break;
-    }
-    r.tokens.push_back(next);
-    cur = session.feed({&next, 1});  // in the KV, so that the next turn need not prefill it
-    out.emit(stop.push(detok.push(next)));
-    if (stop.stopped()) break;
+    if (step.accepted && session.fits(1)) cur = session.feed({&step.id, 1});
+    out.emit(step.text);
   }
-  out.end(stop, detok);
+  out.end(gen);
   r.decode_ms = ms_since(t_decode);
   return r;
 }

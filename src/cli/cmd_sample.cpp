@@ -28,6 +28,7 @@
 #include "engine/prompt_cache.h"
 #include "engine/session.h"
 #include "model/model.h"
+#include "engine/conversation.h"
 #include "sample/sampler.h"
 #include "tokenizer/tokenizer.h"
 
@@ -143,45 +144,32 @@ struct Timing {
 };
 
 // The decode loop: samples from `logits` (the prompt's), streams text to stdout unless --json.
-Generation generate(const SampleArgs& a, Session& session, const Tokenizer& tok, std::span<float> logits,
-                    Clock::time_point t_prefill) {
-  const ModelConfig& cfg = session.model().config();
-  Sampler sampler(a.sampling);
-  StreamingDetokenizer detok(tok);
-  StopText stop(a.stops);
-  auto is_eos = [&](int32_t id) {
-    for (int e : cfg.eos_token_ids)
-      if (id == e) return true;
-    return tok.eos_id() && *tok.eos_id() == id;
-  };
+Generation generate(const SampleArgs& a, Session& session, const Tokenizer& tok, std::vector<int32_t> eos_ids,
+                    std::span<float> logits, Clock::time_point t_prefill) {
+  GeneratorOptions o;
+  o.sampling = a.sampling;
+  o.stops = a.stops;
+  o.eos_ids = std::move(eos_ids);
+  o.ignore_eos = a.ignore_eos;
+  o.max_tokens = a.tokens;
+  Generator gen(tok, std::move(o));
   Generation g;
   TextStream out(g, a.json);
   const auto t_decode = Clock::now();
-  for (int i = 0; i < a.tokens; ++i) {
+  for (int i = 0; i < a.tokens && !gen.done(); ++i) {
     if (interrupted() || out.closed()) {
-      g.reason = interrupted() ? StopReason::Interrupted : StopReason::OutputClosed;
+      gen.stop(interrupted() ? StopReason::Interrupted : StopReason::OutputClosed);
       break;
     }
-    const int32_t next = sampler.sample(logits, session.history());
+    const Generator::Step step = gen.next(logits, session.history(), session.fits(1));
     if (i == 0) g.ttft_ms = ms_since(t_prefill);
-    ++g.sampled;
-    if (is_eos(next) && !a.ignore_eos) {
-      g.reason = StopReason::Eos;
-      break;
-    }
-    g.tokens.push_back(next);
-    out.emit(stop.push(detok.push(next)));
-    if (stop.stopped()) break;
-    if (i + 1 == a.tokens) break;
-    if (!session.fits(1)) {
-      g.reason = StopReason::ContextFull;
-      break;
-    }
+    out.emit(step.text);
+    if (gen.done()) break;
     if (i == 0) g.rate.start();
-    logits = session.feed({&next, 1});
+    logits = session.feed({&step.id, 1});
     g.rate.step();
   }
-  out.end(stop, detok);
+  out.end(gen);
   g.decode_ms = ms_since(t_decode);
   return g;
 }
@@ -311,7 +299,7 @@ int run_sample(SampleArgs& a) {
     logits = session.feed(prompt);
   }
   t.prefill_ms = ms_since(t_prefill);
-  const Generation g = generate(a, session, tok, logits, t_prefill);
+  const Generation g = generate(a, session, tok, stop_token_ids(dir, cfg, tok), logits, t_prefill);
   if (prompt_cache) report_cache_save(prompt_cache->finish(), a.quiet);
   if (!a.quiet) print_footer(a, session, prompt.size(), g, t);
   if (a.json) print_json(a, dir, session, prompt.size(), g, t);

@@ -42,18 +42,6 @@ std::string process_escapes(const std::string& in) {
 }
 
 
-const char* stop_reason_key(StopReason r) {
-  switch (r) {
-    case StopReason::Eos: return "eos";
-    case StopReason::StopString: return "stop_string";
-    case StopReason::TokenLimit: return "token_limit";
-    case StopReason::ContextFull: return "context_full";
-    case StopReason::Interrupted: return "interrupted";
-    case StopReason::OutputClosed: return "output_closed";
-  }
-  return "";
-}
-
 namespace {
 volatile std::sig_atomic_t g_interrupted = 0;
 extern "C" void on_sigint(int) { g_interrupted = 1; }
@@ -84,6 +72,8 @@ std::string stop_reason_text(StopReason r, const std::string& stop_string, int m
     case StopReason::ContextFull: return "the context is full (" + std::to_string(ctx_size) + " tokens, --ctx-size)";
     case StopReason::Interrupted: return "interrupted (Ctrl-C)";
     case StopReason::OutputClosed: return "stdout was closed (nobody reads the output)";
+    case StopReason::Cancelled: return "cancelled";
+    case StopReason::Error: return "an error";
   }
   return "";
 }
@@ -94,12 +84,12 @@ void TextStream::emit(const std::string& text) {
   if (!write_stdout(text)) closed_ = true;
 }
 
-void TextStream::end(StopText& stop, StreamingDetokenizer& detok) {
-  if (!stop.stopped()) emit(stop.close(detok.finish()));
-  if (stop.stopped()) {
-    out_.reason = StopReason::StopString;
-    out_.stop_string = stop.found();
-  }
+void TextStream::end(Generator& gen) {
+  emit(gen.finish());
+  out_.reason = gen.reason();
+  out_.stop_string = gen.stop_string();
+  out_.tokens = gen.tokens();
+  out_.sampled = gen.sampled();
   if (!quiet_ && !closed_ && !write_stdout("\n")) closed_ = true;
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/generator.h"
 #include "engine/stop_text.h"
 #include "tokenizer/tokenizer.h"
 
@@ -18,10 +19,10 @@ std::string process_escapes(const std::string& in);
 // StopText (stop strings held back until they cannot begin one) lives in engine/ (the server uses it too).
 using ptllm::StopText;
 
-enum class StopReason { Eos, StopString, TokenLimit, ContextFull, Interrupted, OutputClosed };
-// "eos", "stop_string", "token_limit", "context_full", "interrupted", "output_closed" (the JSON values;
-// output_closed: stdout was closed by its reader, `| head -c 100`).
-const char* stop_reason_key(StopReason r);
+// The stop reason and its JSON values are the generator's (engine/generator.h; output_closed: stdout
+// was closed by its reader, `| head -c 100`).
+using ptllm::StopReason;
+using ptllm::stop_reason_key;
 // What a footer says: "end of sequence (EOS)", "the token limit (--tokens 16)", ...
 std::string stop_reason_text(StopReason r, const std::string& stop_string, int max_tokens, int ctx_size);
 
@@ -44,9 +45,9 @@ class TextStream {
   TextStream(GeneratedText& out, bool quiet) : out_(out), quiet_(quiet) {}
   void emit(const std::string& text);
   bool closed() const { return closed_; }
-  // The end of the generation: the detokenizer's rest through the stop strings (unless one was
-  // met), out.reason / out.stop_string set when one was, and the line ended on a terminal.
-  void end(StopText& stop, StreamingDetokenizer& detok);
+  // The end of the generation: the generator's held-back text, its ids, count and stop reason into
+  // out, and the line ended on a terminal.
+  void end(Generator& gen);
 
  private:
   GeneratedText& out_;

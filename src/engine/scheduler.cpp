@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "engine/runtime.h"
+#include "engine/generator.h"
 #include "engine/stop_text.h"
 #include "tokenizer/tokenizer.h"
 
@@ -21,18 +22,43 @@ const char* finish_reason_name(FinishReason r) {
   return "";
 }
 
+namespace {
+
+GeneratorOptions generator_options(const GenerationParams& p, const std::vector<int32_t>& eos) {
+  GeneratorOptions o;
+  o.sampling = p.sampling;
+  o.stops = p.stops;
+  o.eos_ids = eos;
+  o.ignore_eos = p.ignore_eos;
+  o.max_tokens = p.max_tokens;
+  o.keep_special = p.keep_special;
+  o.logit_bias = p.logit_bias;
+  return o;
+}
+
+}  // namespace
+
+FinishReason finish_reason_of(StopReason r) {
+  switch (r) {
+    case StopReason::Eos:
+    case StopReason::StopString: return FinishReason::Stop;
+    case StopReason::TokenLimit:
+    case StopReason::ContextFull: return FinishReason::Length;
+    case StopReason::Error: return FinishReason::Error;
+    default: return FinishReason::Cancelled;
+  }
+}
+
 // One request's life: queued (no session), running (a session on the pool), done.
 struct Scheduler::Slot {
-  Slot(Request r, const Tokenizer& tok)
-      : req(std::move(r)), seq(req.prompt), sampler(req.params.sampling), detok(tok, !req.params.keep_special), stop(req.params.stops) {
+  Slot(Request r, const Tokenizer& tok, const std::vector<int32_t>& eos)
+      : req(std::move(r)), seq(req.prompt), gen(tok, generator_options(req.params, eos)) {
     result.prompt_tokens = int64_t(req.prompt.size());
   }
   Request req;
   std::vector<int32_t> seq;  // the prompt, then every sampled id; the last one unfed while decoding
   std::unique_ptr<Session> session;  // null while queued (or preempted)
-  Sampler sampler;
-  StreamingDetokenizer detok;
-  StopText stop;
+  Generator gen;  // sampling, EOS, detokenizer, stop strings, the token limit
   RequestResult result;
   uint64_t order = 0;     // admission order: the youngest is preempted first
   bool started = false;   // admitted once (prompt_tokens counts the first admission only)
@@ -98,7 +124,7 @@ std::string Scheduler::fit_error(const Request& r) const {
 void Scheduler::submit(Request r) {
   std::string error = fit_error(r);
   FinishReason reason = FinishReason::Error;
-  auto slot = std::make_unique<Slot>(std::move(r), rt_.tokenizer());
+  auto slot = std::make_unique<Slot>(std::move(r), rt_.tokenizer(), cfg_.eos_ids);
   {
     std::lock_guard lk(mu_);
     if (error.empty() && (stopping_ || draining_)) {
@@ -398,34 +424,28 @@ void Scheduler::step() {
 void Scheduler::sample_next(Slot& s) {
   const auto lg = s.session->last_logits();
   logits_.assign(lg.begin(), lg.end());
-  const int32_t id = s.sampler.sample(logits_, s.session->history());
+  const Generator::Step step = s.gen.next(logits_, s.session->history(), s.session->fits(1));
   ++s.result.completion_tokens;
   ++live_.generated_tokens;
-  const bool eos = std::find(cfg_.eos_ids.begin(), cfg_.eos_ids.end(), id) != cfg_.eos_ids.end();
-  if (eos && !s.req.params.ignore_eos) return finish(s, FinishReason::Stop);
-  s.result.tokens.push_back(id);
-  const std::string piece = s.stop.push(s.detok.push(id));
-  s.result.text += piece;
-  if (!piece.empty() && s.req.on_text) s.req.on_text(piece);
-  if (s.stop.stopped()) {
-    s.result.stop_string = s.stop.found();
-    return finish(s, FinishReason::Stop);
-  }
-  if (s.result.completion_tokens >= s.req.params.max_tokens || !s.session->fits(1))
-    return finish(s, FinishReason::Length);
-  s.seq.push_back(id);
+  if (step.accepted) s.result.tokens.push_back(step.id);
+  s.result.text += step.text;
+  if (!step.text.empty() && s.req.on_text) s.req.on_text(step.text);
+  if (s.gen.done()) return finish(s, finish_reason_of(s.gen.reason()));
+  s.seq.push_back(step.id);
 }
 
 void Scheduler::finish(Slot& s, FinishReason r, std::string error) {
   if (s.done) return;
-  if ((r == FinishReason::Stop || r == FinishReason::Length) && !s.stop.stopped()) {
-    const std::string rest = s.stop.close(s.detok.finish());
+  if (r == FinishReason::Stop || r == FinishReason::Length) {
+    const std::string rest = s.gen.finish();  // a stop string its last bytes complete makes it Stop
     s.result.text += rest;
     if (!rest.empty() && s.req.on_text) s.req.on_text(rest);
-    if (s.stop.stopped()) {  // the detokenizer's last bytes completed a stop string
-      s.result.stop_string = s.stop.found();
-      r = FinishReason::Stop;
-    }
+    s.result.stop_reason = s.gen.reason();
+    s.result.stop_string = s.gen.stop_string();
+    r = finish_reason_of(s.gen.reason());
+  } else {
+    s.gen.stop(r == FinishReason::Cancelled ? StopReason::Cancelled : StopReason::Error);
+    s.result.stop_reason = s.gen.reason();
   }
   s.done = true;
   s.session.reset();  // the blocks go back now

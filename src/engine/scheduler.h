@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/generator.h"
 #include "engine/kv_store.h"
 #include "engine/session.h"
 #include "sample/sampler.h"
@@ -46,9 +47,12 @@ struct SchedulerConfig {
   std::string store_flag = "--kv-store";  // the flag that gave the store, for errors
 };
 
+// What an API reports: the generator's StopReason (engine/generator.h) in four classes.
 enum class FinishReason { Stop, Length, Cancelled, Error };
 // "stop", "length", "cancelled", "error".
 const char* finish_reason_name(FinishReason r);
+// Eos, StopString: Stop; TokenLimit, ContextFull: Length; Error: Error; the rest Cancelled.
+FinishReason finish_reason_of(StopReason r);
 
 struct GenerationParams {
   SamplingConfig sampling;       // temperature 0: greedy
@@ -58,10 +62,12 @@ struct GenerationParams {
   // Special tokens' text is kept in the reply (a tool-call format whose marker is a special token:
   // Mistral's [TOOL_CALLS], Llama 3's <|python_tag|>).
   bool keep_special = false;
+  std::vector<std::pair<int32_t, float>> logit_bias;  // OpenAI's: added to the logits before sampling
 };
 
 struct RequestResult {
   FinishReason reason = FinishReason::Length;
+  StopReason stop_reason = StopReason::TokenLimit;  // the generator's own
   std::string text;              // everything streamed
   std::vector<int32_t> tokens;   // ids generated (a stopping EOS not included)
   int64_t prompt_tokens = 0;

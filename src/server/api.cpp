@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <set>
 
@@ -253,12 +254,30 @@ void read_chat_options(const json& body, ApiRequest& r) {
   }
 }
 
+// OpenAI's logit_bias: {"token id": bias from -100 to 100}. The ids are checked against the
+// vocabulary by the server, which knows it.
+std::vector<std::pair<int32_t, float>> read_logit_bias(const json& v) {
+  if (!v.is_object()) wrong_type("logit_bias", "an object of token ids to biases", v);
+  std::vector<std::pair<int32_t, float>> out;
+  for (const auto& [key, bias] : v.items()) {
+    char* end = nullptr;
+    const long long id = std::strtoll(key.c_str(), &end, 10);
+    if (key.empty() || *end != '\0' || id < 0 || id > INT32_MAX)
+      throw bad_request("logit_bias: " + json(key).dump() + " is not a token id", "logit_bias");
+    if (!bias.is_number() || !std::isfinite(bias.get<double>()) || bias.get<double>() < -100 || bias.get<double>() > 100)
+      throw bad_request("logit_bias: the bias of " + key + " must be a number from -100 to 100 (got " + bias.dump() + ")",
+                        "logit_bias");
+    out.emplace_back(int32_t(id), bias.get<float>());
+  }
+  return out;
+}
+
 // Every field is implemented, carries only metadata, or is refused by name: none is accepted and
 // ignored when it would change the output.
 void check_fields(const json& body, Endpoint endpoint) {
   static const std::set<std::string> common = {
       "model", "temperature", "top_p", "min_p", "top_k", "repeat_penalty", "repeat_last_n", "presence_penalty",
-      "frequency_penalty", "seed", "max_tokens", "n", "stop", "stream", "stream_options", "ignore_eos",
+      "frequency_penalty", "seed", "max_tokens", "n", "stop", "stream", "stream_options", "ignore_eos", "logit_bias",
       // metadata: no effect on the output
       "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "cache_prompt"};
   static const std::set<std::string> chat = {"messages", "tools", "tool_choice", "parallel_tool_calls",
@@ -270,11 +289,10 @@ void check_fields(const json& body, Endpoint endpoint) {
     // Fields whose neutral value changes nothing are accepted with that value.
     const bool neutral = value.is_null() || (key == "logprobs" && value == false) ||
                          (key == "echo" && value == false) || (key == "top_logprobs" && value == 0) ||
-                         (key == "logit_bias" && value.is_object() && value.empty()) ||
                          (key == "best_of" && value == 1) || (key == "suffix" && value == "") ||
                          (key == "modalities" && value == json::array({"text"}));
     if (neutral) continue;
-    static const std::set<std::string> known = {"logprobs", "top_logprobs", "logit_bias", "echo", "best_of",
+    static const std::set<std::string> known = {"logprobs", "top_logprobs", "echo", "best_of",
                                                 "suffix", "modalities", "audio", "prediction", "functions",
                                                 "function_call", "web_search_options", "reasoning_effort",
                                                 "verbosity", "grammar", "json_schema", "n_probs"};
@@ -406,6 +424,7 @@ ApiRequest parse_request(const std::string& body_text, Endpoint endpoint, uint64
   r.params.stops = read_stops(body);
   read_bool(body, "stream", r.stream);
   read_bool(body, "ignore_eos", r.params.ignore_eos);
+  if (const json* lb = field(body, "logit_bias")) r.params.logit_bias = read_logit_bias(*lb);
   if (const json* so = field(body, "stream_options")) {
     if (!so->is_object()) wrong_type("stream_options", "an object", *so);
     read_bool(*so, "include_usage", r.include_usage);

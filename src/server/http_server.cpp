@@ -553,6 +553,11 @@ std::shared_ptr<Channel> HttpServer::Impl::submit(ApiRequest& r, int64_t& prompt
     throw error_of(404, "the model " + json(r.model).dump() + " does not exist; this server serves " +
                             json(cfg.model_name).dump(),
                    "invalid_request_error", "model_not_found");
+  for (const auto& [id, bias] : r.params.logit_bias)
+    if (id >= rt.config().vocab_size)
+      throw bad_request("logit_bias: token id " + std::to_string(id) + " is outside the vocabulary (" +
+                            std::to_string(rt.config().vocab_size) + " tokens)",
+                        "logit_bias");
   Request sr;
   sr.prompt = prompt_ids(r);
   const KVCacheConfig& kv = sch.config().session.kv;
