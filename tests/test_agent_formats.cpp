@@ -248,5 +248,50 @@ TEST(AgentFormats, LogitBias) {
   EXPECT_EQ(s.server->stop(), 0);
 }
 
+// Log-probabilities: one entry per token, its text adding up to the reply; the scripted model's
+// choice is its top alternative with a probability near 1; streamed, the same entries.
+TEST(AgentFormats, Logprobs) {
+  Served s("Qwen-Qwen2.5-7B-Instruct.jinja", kQwenTail, "It is sunny in Paris.");
+  ASSERT_GT(s.server->port, 0) << s.server->log();
+  json body = chat_body();
+  body.erase("tools");
+  body["logprobs"] = true;
+  body["top_logprobs"] = 2;
+  const json whole = s.server->post_ok("/v1/chat/completions", body);
+  const json& content = whole["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), whole["usage"]["completion_tokens"].get<size_t>() - 1);  // the EOS has none
+  std::string text;
+  for (const json& e : content) {
+    text += e["token"].get<std::string>();
+    EXPECT_GT(e["logprob"].get<double>(), -1e-3);
+    ASSERT_EQ(e["top_logprobs"].size(), 2u);
+    EXPECT_EQ(e["top_logprobs"][0]["token"], e["token"]);
+    EXPECT_LT(e["top_logprobs"][1]["logprob"].get<double>(), -20);
+  }
+  EXPECT_EQ(text, "It is sunny in Paris.");
+  body["stream"] = true;
+  const auto r = s.server->post("/v1/chat/completions", body.dump());
+  ASSERT_TRUE(r && r->status == 200);
+  std::istringstream in(r->body);
+  std::string line, streamed;
+  size_t entries = 0;
+  while (std::getline(in, line)) {
+    if (!line.starts_with("data: {")) continue;
+    const json c = json::parse(line.substr(6));
+    if (c["choices"].empty() || c["choices"][0]["logprobs"].is_null()) continue;
+    for (const json& e : c["choices"][0]["logprobs"]["content"]) streamed += e["token"].get<std::string>(), ++entries;
+  }
+  EXPECT_EQ(entries, content.size());
+  EXPECT_EQ(streamed, text);
+  // Completions: the legacy shape.
+  const json legacy = s.server->post_ok("/v1/completions", {{"prompt", "Weather?<|im_start|>assistant\n"}, {"max_tokens", 4},
+                                                            {"temperature", 0}, {"logprobs", 1}});
+  const json& lp = legacy["choices"][0]["logprobs"];
+  EXPECT_EQ(lp["tokens"].size(), 4u);
+  EXPECT_EQ(lp["text_offset"][0], 0);
+  EXPECT_EQ(lp["top_logprobs"][0].size(), 1u);
+  EXPECT_EQ(s.server->stop(), 0);
+}
+
 }  // namespace
 }  // namespace ptllm

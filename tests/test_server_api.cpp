@@ -178,14 +178,14 @@ TEST(ServerApiAgents, ToolChoiceAndResponseFormat) {
 
 TEST(ServerApiAgents, NoFieldIsSilentlyIgnored) {
   const std::string msgs = R"("messages": [{"role": "user", "content": "x"}])";
-  for (const char* f : {R"("logprobs": true)", R"("top_logprobs": 3)",
+  for (const char* f : {R"("top_logprobs": 3)",
                         R"("functions": [])", R"("reasoning_effort": "high")", R"("frobnicate": 1)",
                         R"("prediction": {"type": "content", "content": "x"})"}) {
     const ApiError e = refused("{" + msgs + ", " + f + "}");
     EXPECT_EQ(e.status, 400);
     EXPECT_EQ(f, "\"" + e.param + "\"" + std::string(f).substr(e.param.size() + 2)) << e.message;
   }
-  for (const char* f : {R"("echo": true)", R"("best_of": 2)", R"("suffix": "x")", R"("logprobs": 2)"})
+  for (const char* f : {R"("echo": true)", R"("best_of": 2)", R"("suffix": "x")", R"("logprobs": 21)"})
     EXPECT_EQ(refused(std::string(R"({"prompt": "x", )") + f + "}", Endpoint::Completion).status, 400) << f;
   // Metadata and neutral values are accepted.
   parse_request("{" + msgs + R"(, "user": "u", "metadata": {"a": "b"}, "store": false, "service_tier": "auto",
@@ -202,6 +202,31 @@ TEST(ServerApiAgents, LogitBias) {
   EXPECT_EQ(r.params.logit_bias[1], std::make_pair(int32_t(17), 2.5f));
   for (const char* bad : {R"({"x": 1})", R"({"-1": 1})", R"({"5": 101})", R"({"5": "1"})", R"([1])", R"({"4294967301": 1})"})
     EXPECT_EQ(refused("{" + msgs + R"(, "logit_bias": )" + bad + "}").param, "logit_bias") << bad;
+}
+
+TEST(ServerApiAgents, Logprobs) {
+  const std::string msgs = R"("messages": [{"role": "user", "content": "x"}])";
+  ApiRequest chat = parse_request("{" + msgs + R"(, "logprobs": true, "top_logprobs": 2})", Endpoint::Chat, 1);
+  EXPECT_TRUE(chat.logprobs);
+  EXPECT_EQ(chat.params.top_logprobs, 2);
+  EXPECT_EQ(parse_request("{" + msgs + "}", Endpoint::Chat, 1).params.top_logprobs, -1);
+  EXPECT_EQ(refused("{" + msgs + R"(, "top_logprobs": 2})").param, "top_logprobs");
+  ApiRequest text = parse_request(R"({"prompt": "x", "logprobs": 3})", Endpoint::Completion, 1);
+  EXPECT_EQ(text.params.top_logprobs, 3);
+  std::vector<TokenLogprob> lps(2);
+  lps[0].chosen = {5, "ab", -0.5f};
+  lps[0].top = {{5, "ab", -0.5f}, {6, "c", -1.5f}};
+  lps[1].chosen = {7, "d", -0.25f};
+  const json c = logprobs_json(chat, lps, 0);
+  ASSERT_EQ(c["content"].size(), 2u);
+  EXPECT_EQ(c["content"][0]["token"], "ab");
+  EXPECT_EQ(c["content"][0]["bytes"], json({97, 98}));
+  EXPECT_EQ(c["content"][0]["top_logprobs"][1]["token"], "c");
+  const json t = logprobs_json(text, lps, 10);
+  EXPECT_EQ(t["tokens"], json({"ab", "d"}));
+  EXPECT_EQ(t["text_offset"], json({10, 12}));
+  EXPECT_EQ(t["top_logprobs"][0]["c"], -1.5f);
+  EXPECT_TRUE(logprobs_json(parse_request("{" + msgs + "}", Endpoint::Chat, 1), lps, 0).is_null());
 }
 
 TEST(ServerApiAgents, HistoryWithCalls) {

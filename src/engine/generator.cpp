@@ -1,6 +1,7 @@
 #include "engine/generator.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace ptllm {
 
@@ -24,7 +25,7 @@ Generator::Generator(const Tokenizer& tok, GeneratorOptions o, Sampler& sampler)
     : Generator(tok, std::move(o), &sampler) {}
 
 Generator::Generator(const Tokenizer& tok, GeneratorOptions o, Sampler* sampler)
-    : o_(std::move(o)), sampler_(sampler), detok_(tok, !o_.keep_special), stop_(o_.stops) {
+    : tok_(tok), o_(std::move(o)), sampler_(sampler), detok_(tok, !o_.keep_special), stop_(o_.stops) {
   if (!sampler_) sampler_ = &own_sampler_.emplace(o_.sampling);
   if (!o_.logit_bias.empty())
     add_processor([bias = o_.logit_bias](std::span<float> logits, std::span<const int32_t>) {
@@ -37,7 +38,26 @@ Generator::Step Generator::next(std::span<float> logits, std::span<const int32_t
   Step s;
   if (done_) return s;
   for (const LogitsProcessor& p : processors_) p(logits, history);
+  float lse = 0;
+  if (o_.top_logprobs >= 0) {  // the sampler modifies the logits: keep them
+    scratch_.assign(logits.begin(), logits.end());
+    const float mx = *std::max_element(scratch_.begin(), scratch_.end());
+    double sum = 0;
+    for (float v : scratch_) sum += std::exp(double(v - mx));
+    lse = mx + float(std::log(sum));
+  }
   s.id = sampler_->sample(logits, history);
+  if (o_.top_logprobs >= 0) {
+    TokenLogprob lp;
+    lp.chosen = entry(s.id, scratch_[size_t(s.id)] - lse);
+    const size_t k = std::min(size_t(o_.top_logprobs), scratch_.size());
+    std::vector<int32_t> ids(scratch_.size());
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i);
+    std::partial_sort(ids.begin(), ids.begin() + std::ptrdiff_t(k), ids.end(),
+                      [&](int32_t a, int32_t b) { return scratch_[size_t(a)] > scratch_[size_t(b)] || (scratch_[size_t(a)] == scratch_[size_t(b)] && a < b); });
+    for (size_t i = 0; i < k; ++i) lp.top.push_back(entry(ids[i], scratch_[size_t(ids[i])] - lse));
+    s.logprob = std::move(lp);
+  }
   ++sampled_;
   const bool eos = std::find(o_.eos_ids.begin(), o_.eos_ids.end(), s.id) != o_.eos_ids.end();
   if (eos && !o_.ignore_eos) {
@@ -56,6 +76,11 @@ Generator::Step Generator::next(std::span<float> logits, std::span<const int32_t
     stop(StopReason::ContextFull);
   }
   return s;
+}
+
+TokenLogprob::Entry Generator::entry(int32_t id, float logprob) const {
+  const int32_t one[] = {id};
+  return {id, tok_.decode(one, /*skip_special=*/false), logprob};
 }
 
 void Generator::stop(StopReason why) {

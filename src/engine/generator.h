@@ -28,6 +28,18 @@ const char* stop_reason_key(StopReason r);
 // Changes a step's logits [vocab] before sampling; `history` is the prompt and the tokens so far.
 using LogitsProcessor = std::function<void(std::span<float> logits, std::span<const int32_t> history)>;
 
+// A generated token's log-probability under the model (log-softmax of the logits after the
+// processors, before the sampler's penalties and cuts), with the most likely alternatives.
+struct TokenLogprob {
+  struct Entry {
+    int32_t id = 0;
+    std::string text;  // the token's own text (decoded alone, special tokens included)
+    float logprob = 0;
+  };
+  Entry chosen;
+  std::vector<Entry> top;  // top_logprobs of them, most likely first
+};
+
 struct GeneratorOptions {
   SamplingConfig sampling;
   std::vector<std::string> stops;  // non-empty strings; the text ends where the first one begins
@@ -37,6 +49,7 @@ struct GeneratorOptions {
   bool keep_special = false;       // special tokens' text is kept in the output
   // OpenAI's logit_bias: added to a token's logit before sampling (-100 bans it, +100 all but forces it).
   std::vector<std::pair<int32_t, float>> logit_bias;
+  int top_logprobs = -1;  // -1: no log-probabilities; n >= 0: each step's, with n alternatives
 };
 
 class Generator {
@@ -49,6 +62,7 @@ class Generator {
     int32_t id = -1;        // the sampled id
     bool accepted = false;  // the id is part of the output (not an ending EOS)
     std::string text;       // text now safe to show (stop strings held back)
+    std::optional<TokenLogprob> logprob;  // with top_logprobs >= 0
   };
   // One step from the logits of the last fed token (modified in place). `fits`: whether the context
   // has room to feed one more token. After it, done() says whether the generation ended; if not, the
@@ -70,8 +84,11 @@ class Generator {
 
  private:
   Generator(const Tokenizer& tok, GeneratorOptions o, Sampler* sampler);
+  TokenLogprob::Entry entry(int32_t id, float logprob) const;
+  const Tokenizer& tok_;
   GeneratorOptions o_;
   std::vector<LogitsProcessor> processors_;
+  std::vector<float> scratch_;  // [vocab] the logits before sampling (log-probabilities)
   std::optional<Sampler> own_sampler_;
   Sampler* sampler_;
   StreamingDetokenizer detok_;

@@ -33,6 +33,7 @@ GeneratorOptions generator_options(const GenerationParams& p, const std::vector<
   o.max_tokens = p.max_tokens;
   o.keep_special = p.keep_special;
   o.logit_bias = p.logit_bias;
+  o.top_logprobs = p.top_logprobs;
   return o;
 }
 
@@ -428,6 +429,10 @@ void Scheduler::sample_next(Slot& s) {
   ++s.result.completion_tokens;
   ++live_.generated_tokens;
   if (step.accepted) s.result.tokens.push_back(step.id);
+  if (step.accepted && step.logprob) {
+    if (s.req.on_logprob) s.req.on_logprob(*step.logprob);
+    s.result.logprobs.push_back(std::move(*step.logprob));
+  }
   s.result.text += step.text;
   if (!step.text.empty() && s.req.on_text) s.req.on_text(step.text);
   if (s.gen.done()) return finish(s, finish_reason_of(s.gen.reason()));

@@ -63,6 +63,7 @@ struct GenerationParams {
   // Mistral's [TOOL_CALLS], Llama 3's <|python_tag|>).
   bool keep_special = false;
   std::vector<std::pair<int32_t, float>> logit_bias;  // OpenAI's: added to the logits before sampling
+  int top_logprobs = -1;  // -1: none; n >= 0: each token's log-probability with n alternatives
 };
 
 struct RequestResult {
@@ -75,6 +76,7 @@ struct RequestResult {
   int64_t store_tokens = 0;      // of those, tokens loaded from the block store (SchedulerConfig::store)
   int64_t completion_tokens = 0; // ids sampled, a stopping EOS included
   std::string stop_string;       // the stop string met (reason Stop), else empty
+  std::vector<TokenLogprob> logprobs;  // with params.top_logprobs >= 0: one per accepted token
   std::string error;             // reason Error: why
 };
 
@@ -84,6 +86,8 @@ struct Request {
   // Both called on the scheduler thread, so they must not block: on_text with each piece of text
   // safe to show (stop strings held back), on_done exactly once at the end, whatever the end.
   std::function<void(std::string_view text)> on_text;
+  // With params.top_logprobs >= 0: each accepted token's log-probability, before its text.
+  std::function<void(const TokenLogprob&)> on_logprob;
   std::function<void(const RequestResult&)> on_done;
   // Set by the client's side (a disconnect): the request ends at the next step, its blocks freed.
   std::shared_ptr<std::atomic<bool>> cancel;

@@ -278,21 +278,21 @@ void check_fields(const json& body, Endpoint endpoint) {
   static const std::set<std::string> common = {
       "model", "temperature", "top_p", "min_p", "top_k", "repeat_penalty", "repeat_last_n", "presence_penalty",
       "frequency_penalty", "seed", "max_tokens", "n", "stop", "stream", "stream_options", "ignore_eos", "logit_bias",
+      "logprobs",
       // metadata: no effect on the output
       "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "cache_prompt"};
   static const std::set<std::string> chat = {"messages", "tools", "tool_choice", "parallel_tool_calls",
                                              "response_format", "reasoning_format", "chat_template_kwargs",
-                                             "max_completion_tokens"};
+                                             "max_completion_tokens", "top_logprobs"};
   static const std::set<std::string> completion = {"prompt"};
   for (const auto& [key, value] : body.items()) {
     if (common.count(key) || (endpoint == Endpoint::Chat ? chat : completion).count(key)) continue;
     // Fields whose neutral value changes nothing are accepted with that value.
-    const bool neutral = value.is_null() || (key == "logprobs" && value == false) ||
-                         (key == "echo" && value == false) || (key == "top_logprobs" && value == 0) ||
+    const bool neutral = value.is_null() || (key == "echo" && value == false) ||
                          (key == "best_of" && value == 1) || (key == "suffix" && value == "") ||
                          (key == "modalities" && value == json::array({"text"}));
     if (neutral) continue;
-    static const std::set<std::string> known = {"logprobs", "top_logprobs", "echo", "best_of",
+    static const std::set<std::string> known = {"top_logprobs", "echo", "best_of",
                                                 "suffix", "modalities", "audio", "prediction", "functions",
                                                 "function_call", "web_search_options", "reasoning_effort",
                                                 "verbosity", "grammar", "json_schema", "n_probs"};
@@ -425,6 +425,18 @@ ApiRequest parse_request(const std::string& body_text, Endpoint endpoint, uint64
   read_bool(body, "stream", r.stream);
   read_bool(body, "ignore_eos", r.params.ignore_eos);
   if (const json* lb = field(body, "logit_bias")) r.params.logit_bias = read_logit_bias(*lb);
+  // Log-probabilities: chat's logprobs (a boolean) and top_logprobs (0-20); completions' logprobs
+  // (the number of alternatives, 0-20).
+  int64_t k = 0;
+  if (endpoint == Endpoint::Chat) {
+    read_bool(body, "logprobs", r.logprobs);
+    if (read_int(body, "top_logprobs", 0, 20, k) && !r.logprobs)
+      throw bad_request("top_logprobs: needs \"logprobs\": true", "top_logprobs");
+    if (r.logprobs) r.params.top_logprobs = int(k);
+  } else if (read_int(body, "logprobs", 0, 20, k)) {
+    r.logprobs = true;
+    r.params.top_logprobs = int(k);
+  }
   if (const json* so = field(body, "stream_options")) {
     if (!so->is_object()) wrong_type("stream_options", "an object", *so);
     read_bool(*so, "include_usage", r.include_usage);
@@ -456,11 +468,46 @@ json envelope(const ApiRequest& r, bool chunk, const std::string& id, int64_t cr
 
 namespace {
 
+json bytes_json(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back(int(c));
+  return b;
+}
+
+json entry_json(const TokenLogprob::Entry& e) {
+  return {{"token", e.text}, {"logprob", e.logprob}, {"bytes", bytes_json(e.text)}};
+}
+
 json call_json(const ToolCall& c) {
   return {{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}};
 }
 
 }  // namespace
+
+json logprobs_json(const ApiRequest& r, std::span<const TokenLogprob> lps, size_t text_offset) {
+  if (!r.logprobs) return nullptr;
+  if (r.endpoint == Endpoint::Chat) {
+    json content = json::array();
+    for (const TokenLogprob& lp : lps) {
+      json e = entry_json(lp.chosen);
+      e["top_logprobs"] = json::array();
+      for (const auto& t : lp.top) e["top_logprobs"].push_back(entry_json(t));
+      content.push_back(std::move(e));
+    }
+    return {{"content", content}};
+  }
+  json tokens = json::array(), values = json::array(), top = json::array(), offsets = json::array();
+  for (const TokenLogprob& lp : lps) {
+    tokens.push_back(lp.chosen.text);
+    values.push_back(lp.chosen.logprob);
+    json alt = json::object();
+    for (const auto& t : lp.top) alt[t.text] = t.logprob;
+    top.push_back(std::move(alt));
+    offsets.push_back(text_offset);
+    text_offset += lp.chosen.text.size();
+  }
+  return {{"tokens", tokens}, {"token_logprobs", values}, {"top_logprobs", top}, {"text_offset", offsets}};
+}
 
 json response_json(const ApiRequest& r, const RequestResult& res, const std::string& id, int64_t created,
                    const std::string& model) {
@@ -483,7 +530,7 @@ json response_json(const ApiRequest& r, const RequestResult& res, const std::str
   } else {
     choice["text"] = res.text;
   }
-  choice["logprobs"] = nullptr;
+  choice["logprobs"] = logprobs_json(r, res.logprobs, 0);
   choice["finish_reason"] = openai_finish_reason(res.reason, calls);
   out["choices"] = json::array({choice});
   out["usage"] = usage_json(res);

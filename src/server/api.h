@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,7 @@ struct ApiRequest {
   bool max_tokens_given = false;
   bool stream = false;
   bool include_usage = false;
+  bool logprobs = false;        // log-probabilities in the reply (params.top_logprobs alternatives)
 };
 
 // Deepest nesting of arrays and objects a request body may have. Copying, rendering and printing
@@ -81,6 +83,9 @@ json chunk_json(const ApiRequest& r, const OutputDelta& delta, const RequestResu
 json tool_arguments_chunk_json(const ApiRequest& r, size_t index, const std::string& arguments, const std::string& id,
                                int64_t created, const std::string& model);
 json usage_json(const RequestResult& res);
+// choice.logprobs for these tokens (null without logprobs): chat's {"content": [...]}, or
+// completions' {tokens, token_logprobs, top_logprobs, text_offset}, offsets from text_offset.
+json logprobs_json(const ApiRequest& r, std::span<const TokenLogprob> lps, size_t text_offset);
 // The usage-only chunk of stream_options.include_usage (choices empty).
 json usage_chunk_json(const ApiRequest& r, const RequestResult& res, const std::string& id, int64_t created,
                       const std::string& model);

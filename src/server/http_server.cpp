@@ -76,6 +76,15 @@ struct Channel {
     result = r;
     cv.notify_one();
   }
+  std::vector<TokenLogprob> logprobs;  // arrived, not yet sent
+  void push_logprob(const TokenLogprob& lp) {
+    std::lock_guard lk(mu);
+    logprobs.push_back(lp);
+  }
+  std::vector<TokenLogprob> take_logprobs() {
+    std::lock_guard lk(mu);
+    return std::exchange(logprobs, {});
+  }
   // Waits up to `wait` for news; takes the text so far and, at the end, the result.
   std::pair<std::string, std::optional<RequestResult>> next(std::chrono::milliseconds wait) {
     std::unique_lock lk(mu);
@@ -573,6 +582,7 @@ std::shared_ptr<Channel> HttpServer::Impl::submit(ApiRequest& r, int64_t& prompt
   sr.cancel = ch->cancel;
   sr.on_text = [ch](std::string_view t) { ch->push(t); };
   sr.on_done = [ch](const RequestResult& rr) { ch->finish(rr); };
+  if (r.logprobs) sr.on_logprob = [ch](const TokenLogprob& lp) { ch->push_logprob(lp); };
   prompt_tokens = n;
   enter();
   sch.submit(std::move(sr));
@@ -705,6 +715,8 @@ void HttpServer::Impl::stream(httplib::Response& res, const ApiRequest& r, std::
     int64_t created = 0;
     std::optional<ChatOutputParser> parser;  // chat: the reply split as it streams
     size_t calls = 0;                        // tool calls sent
+    std::vector<TokenLogprob> logprobs;      // with logprobs: received, not yet sent
+    size_t text_offset = 0;                  // completions' text_offset of the next one
   };
   auto st = std::make_shared<State>();
   st->id = random_id(r.endpoint == Endpoint::Chat ? "chatcmpl-" : "cmpl-");
@@ -721,10 +733,20 @@ void HttpServer::Impl::stream(httplib::Response& res, const ApiRequest& r, std::
       return false;
     };
     // A delta as chunks: text and reasoning in one, then each call's id and name, then its arguments.
+    // The log-probabilities received so far ride on the next chunk.
+    auto with_logprobs = [&](json chunk) {
+      if (r.logprobs && !st->logprobs.empty() && !chunk["choices"].empty()) {
+        chunk["choices"][0]["logprobs"] = logprobs_json(r, st->logprobs, st->text_offset);
+        for (const TokenLogprob& lp : st->logprobs) st->text_offset += lp.chosen.text.size();
+        st->logprobs.clear();
+      }
+      return chunk;
+    };
     auto send_delta = [&](OutputDelta d) {
       std::vector<ToolCall> calls = std::move(d.calls);
       if (st->first || !d.content.empty() || !d.reasoning.empty()) {
-        if (!send(dump(chunk_json(r, d, nullptr, st->first, st->id, st->created, cfg.model_name)))) return false;
+        if (!send(dump(with_logprobs(chunk_json(r, d, nullptr, st->first, st->id, st->created, cfg.model_name)))))
+          return false;
         st->first = false;
       }
       for (ToolCall& c : calls) {
@@ -741,6 +763,7 @@ void HttpServer::Impl::stream(httplib::Response& res, const ApiRequest& r, std::
     };
     auto [text, result] = ch->next(std::chrono::milliseconds(500));
     if (!sink.is_writable()) return gone();
+    for (TokenLogprob& lp : ch->take_logprobs()) st->logprobs.push_back(std::move(lp));
     OutputDelta d;
     if (st->parser) {
       d = st->parser->push(text);
@@ -761,7 +784,8 @@ void HttpServer::Impl::stream(httplib::Response& res, const ApiRequest& r, std::
     if (result->reason == FinishReason::Error || result->reason == FinishReason::Cancelled) {
       send(dump(result_error(*result).body()));
     } else {
-      if (!send(dump(chunk_json(r, {}, &*result, false, st->id, st->created, cfg.model_name, 0, st->calls > 0))))
+      if (!send(dump(with_logprobs(chunk_json(r, {}, &*result, false, st->id, st->created, cfg.model_name, 0,
+                                              st->calls > 0)))))
         return gone();
       if (r.include_usage && !send(dump(usage_chunk_json(r, *result, st->id, st->created, cfg.model_name))))
         return gone();
