@@ -293,5 +293,37 @@ TEST(AgentFormats, Logprobs) {
   EXPECT_EQ(s.server->stop(), 0);
 }
 
+// `chat --tools FILE --json`: the template is offered the tools, the reply's call is parsed into
+// tool_calls and kept in the history as a call (the next turn's prompt renders it as Qwen's
+// <tool_call>, so the conversation's KV is reused).
+TEST(AgentFormats, ChatCommandParsesCalls) {
+  Served s("Qwen-Qwen2.5-7B-Instruct.jinja", kQwenTail,
+           "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>");
+  s.server->stop();
+  const fs::path tools = s.dir.path / "tools.json";
+  std::ofstream(tools) << kTools.dump();
+  const fs::path turns = s.dir.path / "turns.txt";
+  std::ofstream(turns) << "Weather in Paris?\nAnd tomorrow?\n";
+  const auto r = test::run_command(test::binary() + " chat " + (s.dir.path / "model").string() + " --tools " +
+                                   tools.string() + " -f " + turns.string() + " --json --temp 0 -n 100 -t 1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::istringstream lines(r.out);
+  std::string line;
+  std::vector<json> out;
+  while (std::getline(lines, line)) out.push_back(json::parse(line));
+  ASSERT_EQ(out.size(), 2u) << r.out;
+  ASSERT_EQ(out[0]["tool_calls"].size(), 1u);
+  EXPECT_EQ(out[0]["tool_calls"][0]["name"], "get_weather");
+  EXPECT_EQ(out[0]["tool_calls"][0]["arguments"], json({{"city", "Paris"}}));
+  EXPECT_EQ(out[0]["content"], "");
+  EXPECT_GT(out[1]["reused_tokens"].get<int>(), out[0]["prompt_tokens"].get<int>()) << "the first turn's call is reused";
+  // A bad tools file is an error naming it.
+  std::ofstream(tools) << "{\"not\": \"a list\"}";
+  const auto bad = test::run_command(test::binary() + " chat " + (s.dir.path / "model").string() + " --tools " +
+                                     tools.string() + " -f " + turns.string() + " --json");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("tools.json"), std::string::npos) << bad.err;
+}
+
 }  // namespace
 }  // namespace ptllm
