@@ -552,6 +552,18 @@ TEST_F(ServerLimits, OversizedHeadersAre431AtOnce) {
   EXPECT_TRUE(healthy());
 }
 
+// A chunk's size line is bounded as a header line is: httplib read it until its newline.
+TEST_F(ServerLimits, AnEndlessChunkSizeLineIsA400AtOnce) {
+  start();
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string got = raw("POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n",
+                              std::string(1 << 20, '0'));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));  // not raw()'s 10 s wait
+  EXPECT_EQ(got.rfind("HTTP/1.1 400", 0), 0u) << got.substr(0, 300);
+  EXPECT_NE(got.find("could not be read"), std::string::npos) << got.substr(0, 600);
+  EXPECT_TRUE(healthy());
+}
+
 // Connections past --max-connections are answered 503 at once and closed; others are served.
 TEST_F(ServerLimits, ConnectionsPastTheCapGet503) {
   start([](server::ServerConfig& c) {

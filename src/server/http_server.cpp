@@ -327,7 +327,7 @@ class ConnectionStream final : public httplib::Stream {
   // The next bytes are a request's head, counted until its blank line.
   void start_request() {
     in_head_ = true;
-    head_ = line_ = 0;
+    head_ = line_ = run_ = 0;
   }
   // The error of a head past a bound, or nullptr. The stream then reads and writes nothing more.
   const ApiError* head_too_large() const { return too_large_ ? &error_ : nullptr; }
@@ -358,7 +358,7 @@ class ConnectionStream final : public httplib::Stream {
     return n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR));
   }
   ssize_t read(char* ptr, size_t size) override {
-    if (too_large_) return -1;
+    if (too_large_ || line_too_long_) return -1;
     if (off_ == len_) {
       if (!ready(POLLIN, read_ms_)) return -1;
       const ssize_t n = ::recv(fd_, buf_, sizeof buf_, 0);
@@ -370,6 +370,18 @@ class ConnectionStream final : public httplib::Stream {
     if (in_head_ && !count_head(n)) return -1;
     std::memcpy(ptr, buf_ + off_, n);
     off_ += n;
+    // After the head httplib reads a line (a chunk's size) a byte at a time, and body bytes in
+    // larger reads but for a chunk's last byte, just before the line that ends the chunk: so a run
+    // of one-byte reads without a newline is a line, bounded as a head's line (the body then
+    // fails to read: 400).
+    if (!in_head_) {
+      if (size != 1 || ptr[0] == '\n') {
+        run_ = 0;
+      } else if (++run_ > kMaxHeadLine) {
+        line_too_long_ = true;
+        return -1;
+      }
+    }
     return ssize_t(n);
   }
   ssize_t write(const char* ptr, size_t size) override {
@@ -422,7 +434,9 @@ class ConnectionStream final : public httplib::Stream {
   bool in_head_ = false;
   size_t head_ = 0, line_ = 0;  // bytes of the head, and of its current line
   char prev_ = 0;               // the head's last byte counted
+  size_t run_ = 0;              // one-byte reads since the last newline, after the head
   bool too_large_ = false;
+  bool line_too_long_ = false;
   ApiError error_;
 };
 
