@@ -212,8 +212,8 @@ std::optional<ApiError> framing_error(const httplib::Request& req, size_t max_bo
   return std::nullopt;
 }
 
-// The connections httplib serves, watched from a thread of their own. httplib 0.11.4 times out
-// each recv on its own and reads a request's headers a byte per recv, so a client that sends a
+// The connections httplib serves, watched from a thread of their own. httplib 0.11.4 reads a
+// request's headers a byte per read, and each read has its own timeout, so a client that sends a
 // header byte a second holds an HTTP thread for ever, and as many such clients as threads stall
 // every other request (/health too) and the shutdown, which joins the threads.
 class ConnectionWatch {
