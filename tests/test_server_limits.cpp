@@ -655,6 +655,28 @@ TEST(ServeCommandLimits, SamplingFlagsAreTheRequestDefaults) {
   EXPECT_EQ(two["usage"]["completion_tokens"], 2);
 }
 
+// --max-connections reaches the server: one idle connection open, the next gets 503.
+TEST(ServeCommandLimits, MaxConnectionsIsTheServersCap) {
+  test::TempDir tmp;
+  test::ServeProcess srv(test::repo_model("kjv-tiny"), {"--max-connections", "1", "--threads-http", "1"},
+                         tmp.path / "log");
+  ASSERT_GT(srv.port, 0) << srv.log();
+  const int idle = connect_loopback(srv.port);
+  ASSERT_GE(idle, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // accepted
+  const int fd = connect_loopback(srv.port);
+  ASSERT_GE(fd, 0);
+  const std::string get = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  ::send(fd, get.data(), get.size(), MSG_NOSIGNAL);
+  const std::vector<RawResponse> got = read_responses(fd, 1);
+  ::close(fd);
+  ::close(idle);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].status, 503) << got[0].head;
+  EXPECT_NE(got[0].body.find("--max-connections 1"), std::string::npos) << got[0].body;
+  EXPECT_EQ(srv.stop(), 0);
+}
+
 // The server's resident memory in KiB (VmRSS), 0 when unknown.
 long rss_kib(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
