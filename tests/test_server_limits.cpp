@@ -393,6 +393,204 @@ TEST_F(ServerLimits, ShutdownDoesNotWaitForTricklingClients) {
   EXPECT_EQ(closed, 2);
 }
 
+// A loopback connection to `port` with 10 s receive and 2 s send timeouts; -1 when it fails.
+int connect_loopback(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  timeval snd{2, 0}, rcv{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &snd, sizeof snd);
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &rcv, sizeof rcv);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(uint16_t(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) return fd;
+  ::close(fd);
+  return -1;
+}
+
+struct RawResponse {
+  int status = 0;
+  std::string head;  // status line and headers
+  std::string body;
+};
+
+// Reads up to `n` responses with a Content-Length from `fd`, as many as come before the server
+// closes the connection or 10 s pass without a byte.
+std::vector<RawResponse> read_responses(int fd, size_t n) {
+  std::vector<RawResponse> out;
+  std::string got;
+  char buf[4096];
+  while (out.size() < n) {
+    const size_t end = got.find("\r\n\r\n");
+    if (end != std::string::npos) {
+      RawResponse r;
+      r.head = got.substr(0, end + 2);
+      r.status = std::atoi(r.head.c_str() + 9);
+      const size_t at = r.head.find("Content-Length: ");
+      const size_t length = at == std::string::npos ? 0 : std::stoul(r.head.substr(at + 16));
+      if (got.size() >= end + 4 + length) {
+        r.body = got.substr(end + 4, length);
+        got.erase(0, end + 4 + length);
+        out.push_back(std::move(r));
+        continue;
+      }
+    }
+    const ssize_t k = ::recv(fd, buf, sizeof buf, 0);
+    if (k <= 0) break;
+    got.append(buf, size_t(k));
+  }
+  return out;
+}
+
+// httplib 0.11.4 read each request through a stream with a read-ahead buffer of its own, dropped
+// with the request: of requests sent back to back on one connection only the first was answered.
+TEST_F(ServerLimits, PipelinedRequestsAreAllAnsweredInOrder) {
+  start();
+  const std::vector<std::string> texts = {"In the beginning", "And God said", "Let there be light"};
+  auto tokenize = [](const std::string& text) {
+    const std::string body = json({{"content", text}}).dump();
+    return "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+           std::to_string(body.size()) + "\r\n\r\n" + body;
+  };
+  const std::string health = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  // What each request must get, in order: "" for /health, else the text whose tokens come back.
+  for (const std::vector<std::string>& sequence :
+       {std::vector<std::string>{"", texts[0]}, {texts[0], "", texts[1], "", texts[2]}}) {
+    std::string all;
+    for (const std::string& s : sequence) all += s.empty() ? health : tokenize(s);
+    const int fd = connect_loopback(port_);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::send(fd, all.data(), all.size(), MSG_NOSIGNAL), ssize_t(all.size()));  // one send()
+    const std::vector<RawResponse> got = read_responses(fd, sequence.size());
+    ::close(fd);
+    ASSERT_EQ(got.size(), sequence.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i].status, 200) << i << ": " << got[i].head << got[i].body;
+      const json j = json::parse(got[i].body);
+      if (sequence[i].empty()) {
+        EXPECT_EQ(j, json({{"status", "ok"}})) << i;
+      } else {
+        EXPECT_EQ(j["tokens"].get<std::vector<int32_t>>(),
+                  rt_->tokenizer().encode(sequence[i], {.add_special = false})) << i;
+      }
+    }
+  }
+  EXPECT_TRUE(healthy());
+}
+
+// An HTTP/1.0 client cannot read a chunked body: its stream comes unchunked and ends with the
+// connection.
+TEST_F(ServerLimits, AStreamToAnHttp10ClientIsNotChunked) {
+  start();
+  const std::string body = R"({"prompt": "In the beginning", "max_tokens": 4, "temperature": 0, "stream": true})";
+  const std::string got = raw("POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: " +
+                                  std::to_string(body.size()) + "\r\n\r\n",
+                              body);
+  const size_t end = got.find("\r\n\r\n");
+  ASSERT_NE(end, std::string::npos) << got;
+  const std::string head = got.substr(0, end + 2), events = got.substr(end + 4);
+  EXPECT_EQ(head.rfind("HTTP/1.1 200", 0), 0u) << head;
+  EXPECT_EQ(head.find("Transfer-Encoding"), std::string::npos) << head;
+  EXPECT_EQ(head.find("Content-Length"), std::string::npos) << head;
+  EXPECT_NE(head.find("Connection: close\r\n"), std::string::npos) << head;
+  // Only events: "data: ..." lines, each followed by a blank line; no chunk sizes between them.
+  size_t data = 0;
+  for (size_t at = 0; at < events.size();) {
+    const size_t nl = events.find("\n\n", at);
+    ASSERT_NE(nl, std::string::npos) << events.substr(at);
+    const std::string line = events.substr(at, nl - at);
+    ASSERT_EQ(line.rfind("data: ", 0), 0u) << line;
+    if (line != "data: [DONE]") {
+      EXPECT_TRUE(json::parse(line.substr(6)).contains("choices")) << line;
+    }
+    ++data;
+    at = nl + 2;
+  }
+  EXPECT_GE(data, 3u) << events;
+  EXPECT_TRUE(events.ends_with("data: [DONE]\n\n")) << events;
+  // One that asks to keep the connection: the stream still ends with it, not with the keep-alive wait.
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string kept = raw("POST /v1/completions HTTP/1.0\r\nConnection: Keep-Alive\r\nContent-Length: " +
+                                   std::to_string(body.size()) + "\r\n\r\n",
+                               body);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(4));
+  EXPECT_EQ(kept.find("Transfer-Encoding"), std::string::npos) << kept.substr(0, 300);
+  EXPECT_TRUE(kept.ends_with("data: [DONE]\n\n")) << kept;
+  // An HTTP/1.1 client still gets chunks.
+  const std::string chunked = raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: " +
+                                      std::to_string(body.size()) + "\r\n\r\n",
+                                  body);
+  EXPECT_NE(chunked.find("Transfer-Encoding: chunked\r\n"), std::string::npos) << chunked.substr(0, 300);
+}
+
+// httplib read a request line or a header until its newline, whatever its length.
+TEST_F(ServerLimits, OversizedHeadersAre431AtOnce) {
+  start();
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string long_line = raw("GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(100000, 'a') + "\r\n\r\n");
+  EXPECT_EQ(long_line.rfind("HTTP/1.1 431", 0), 0u) << long_line.substr(0, 300);
+  EXPECT_NE(long_line.find("8192 bytes"), std::string::npos) << long_line.substr(0, 600);
+  const std::string long_target = raw("GET /" + std::string(20000, 'a') + " HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(long_target.rfind("HTTP/1.1 431", 0), 0u) << long_target.substr(0, 300);
+  // A line that never ends: the answer comes without waiting for its end, and the connection closes.
+  const std::string endless = raw("GET /health HTTP/1.1\r\nX-Big: " + std::string(1 << 20, 'a'));
+  EXPECT_EQ(endless.rfind("HTTP/1.1 431", 0), 0u) << endless.substr(0, 300);
+  // Lines under the bound, 80 KB of them together.
+  std::string many;
+  for (int i = 0; i < 80; ++i) many += "X-H" + std::to_string(i) + ": " + std::string(1000, 'b') + "\r\n";
+  const std::string total = raw("GET /health HTTP/1.1\r\nHost: x\r\n" + many + "\r\n");
+  EXPECT_EQ(total.rfind("HTTP/1.1 431", 0), 0u) << total.substr(0, 300);
+  EXPECT_NE(total.find("65536 bytes"), std::string::npos) << total.substr(0, 600);
+  // Each ended with the server's close, not with raw()'s 10 s receive timeout.
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+  // Under both bounds: answered.
+  std::string some;
+  for (int i = 0; i < 40; ++i) some += "X-H" + std::to_string(i) + ": " + std::string(1000, 'b') + "\r\n";
+  const std::string fine = raw("GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + some + "\r\n");
+  EXPECT_EQ(fine.rfind("HTTP/1.1 200", 0), 0u) << fine.substr(0, 300);
+  EXPECT_TRUE(healthy());
+}
+
+// A chunk's size line is bounded as a header line is: httplib read it until its newline.
+TEST_F(ServerLimits, AnEndlessChunkSizeLineIsA400AtOnce) {
+  start();
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string got = raw("POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n",
+                              std::string(1 << 20, '0'));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));  // not raw()'s 10 s wait
+  EXPECT_EQ(got.rfind("HTTP/1.1 400", 0), 0u) << got.substr(0, 300);
+  EXPECT_NE(got.find("could not be read"), std::string::npos) << got.substr(0, 600);
+  EXPECT_TRUE(healthy());
+}
+
+// Connections past --max-connections are answered 503 at once and closed; others are served.
+TEST_F(ServerLimits, ConnectionsPastTheCapGet503) {
+  start([](server::ServerConfig& c) {
+    c.http_threads = 2;
+    c.max_connections = 3;
+  });
+  std::vector<int> idle;
+  for (int i = 0; i < 3; ++i) {
+    idle.push_back(connect_loopback(port_));
+    ASSERT_GE(idle.back(), 0);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // accepted (the watcher cuts them after 2 s)
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string refused = raw("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  EXPECT_EQ(refused.rfind("HTTP/1.1 503", 0), 0u) << refused.substr(0, 300);
+  EXPECT_NE(refused.find("Connection: close\r\n"), std::string::npos) << refused.substr(0, 300);
+  EXPECT_NE(refused.find("--max-connections 3"), std::string::npos) << refused;
+  for (int fd : idle) ::close(fd);
+  bool served = false;
+  for (int i = 0; i < 50 && !served; ++i) {  // the idle ones' threads see them closed
+    served = raw("GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").rfind("HTTP/1.1 200", 0) == 0;
+    if (!served) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(served);
+}
+
 // cpp-httplib set SO_REUSEPORT: a second server on a port in use started and shared its connections.
 TEST(ServeCommandLimits, ASecondServerOnABusyPortExitsWithTheAddress) {
   test::TempDir tmp;
@@ -455,6 +653,64 @@ TEST(ServeCommandLimits, SamplingFlagsAreTheRequestDefaults) {
   // A request's own value wins.
   const auto two = srv.post_ok("/v1/completions", {{"prompt", "In the beginning"}, {"max_tokens", 2}});
   EXPECT_EQ(two["usage"]["completion_tokens"], 2);
+}
+
+// --max-connections reaches the server: one idle connection open, the next gets 503.
+TEST(ServeCommandLimits, MaxConnectionsIsTheServersCap) {
+  test::TempDir tmp;
+  test::ServeProcess srv(test::repo_model("kjv-tiny"), {"--max-connections", "1", "--threads-http", "1"},
+                         tmp.path / "log");
+  ASSERT_GT(srv.port, 0) << srv.log();
+  const int idle = connect_loopback(srv.port);
+  ASSERT_GE(idle, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // accepted
+  const int fd = connect_loopback(srv.port);
+  ASSERT_GE(fd, 0);
+  const std::string get = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  ::send(fd, get.data(), get.size(), MSG_NOSIGNAL);
+  const std::vector<RawResponse> got = read_responses(fd, 1);
+  ::close(fd);
+  ::close(idle);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].status, 503) << got[0].head;
+  EXPECT_NE(got[0].body.find("--max-connections 1"), std::string::npos) << got[0].body;
+  EXPECT_EQ(srv.stop(), 0);
+}
+
+// The server's resident memory in KiB (VmRSS), 0 when unknown.
+long rss_kib(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("VmRSS:", 0) == 0) return std::atol(line.c_str() + 6);
+  return 0;
+}
+
+// Ten 2 MB bodies nested a million deep once took the server from 100 MB to 640 MB, where it stayed.
+TEST(ServeCommandLimits, DeeplyNestedBodiesDoNotGrowTheServersMemory) {
+  test::TempDir tmp;
+  test::ServeProcess srv(test::repo_model("kjv-tiny"), {}, tmp.path / "log");
+  ASSERT_GT(srv.port, 0) << srv.log();
+  const std::string deep = "{\"messages\": " + std::string(1000000, '[') + std::string(1000000, ']') + "}";
+  // One first, so that what a first request allocates for good is in the baseline.
+  ASSERT_TRUE(srv.post("/v1/chat/completions", deep));
+  const long before = rss_kib(srv.pid);
+  ASSERT_GT(before, 0);
+  // At once, so that several HTTP threads (and their malloc arenas) read one each.
+  std::vector<std::string> answers(10);
+  std::vector<std::thread> clients;
+  for (std::string& a : answers)
+    clients.emplace_back([&srv, &deep, &a] {
+      const auto r = srv.post("/v1/chat/completions", deep);
+      a = r ? std::to_string(r->status) + " " + r->body : "no response";
+    });
+  for (auto& t : clients) t.join();
+  for (const std::string& a : answers) {
+    EXPECT_EQ(a.rfind("400 ", 0), 0u) << a;
+    EXPECT_NE(a.find("more than 128 levels deep"), std::string::npos) << a;
+  }
+  const long after = rss_kib(srv.pid);
+  EXPECT_LT(after - before, 64 * 1024) << before << " KiB before, " << after << " KiB after";
+  EXPECT_EQ(srv.stop(), 0);
 }
 
 // -c is llama-server's: the context of all the sequences together (ServeProcess: -np 2 -c 1024).

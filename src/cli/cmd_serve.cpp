@@ -254,6 +254,9 @@ Command add_serve_command(CLI::App& root) {
       ->check(integer_between(1, 1024));
   app->add_option("--threads-http", a->http.http_threads, "Connections served at once (0 = 2 x --parallel + 4)")
       ->check(integer_between(0, 4096));
+  app->add_option("--max-connections", a->http.max_connections,
+                  "Connections open at once, waiting ones included; more get 503 (0 = 4 x --threads-http)")
+      ->check(integer_between(0, 1 << 20));
   app->add_option("--kv-store", a->store.url,
                   "Share full prefix blocks with other replicas through Redis: redis://[:PASSWORD@]HOST[:PORT][/DB]");
   app->add_option("--kv-store-prefix", a->store_prefix, "First part of every key in the store")

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <limits>
@@ -220,8 +221,8 @@ std::optional<ApiError> framing_error(const httplib::Request& req, size_t max_bo
   return std::nullopt;
 }
 
-// The connections httplib serves, watched from a thread of their own. httplib 0.11.4 times out
-// each recv on its own and reads a request's headers a byte per recv, so a client that sends a
+// The connections httplib serves, watched from a thread of their own. httplib 0.11.4 reads a
+// request's headers a byte per read, and each read has its own timeout, so a client that sends a
 // header byte a second holds an HTTP thread for ever, and as many such clients as threads stall
 // every other request (/health too) and the shutdown, which joins the threads.
 class ConnectionWatch {
@@ -293,6 +294,278 @@ class ConnectionWatch {
   std::map<Key, Conn> conns_;
 };
 
+// Most bytes of one line of a request's head (the request line or a header, its CRLF included), and
+// of the whole head; past either the request is answered 431 and its connection closed. The line
+// bound is httplib's own (it answers a longer line 414 or 400, but only once the line has ended).
+constexpr size_t kMaxHeadLine = 8192;
+constexpr size_t kMaxHead = 65536;
+
+// Set on the accepting thread while it refuses a connection past --max-connections.
+thread_local bool t_refuse_connection = false;
+// Set by the logger when a reply said Connection: close: its connection ends after it.
+thread_local bool t_reply_closes = false;
+
+// Reads and drops what the client sent (at most 1 MiB); true once it has closed its side.
+bool drain(int fd) {
+  char buf[16384];
+  for (int i = 0; i < 64; ++i) {
+    const ssize_t n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n == 0) return true;
+    if (n < 0) return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+  }
+  return false;
+}
+
+// A whole reply that ends its connection, for answers written beside httplib's own.
+std::string closing_reply(const ApiError& e, const char* reason) {
+  const std::string body = dump(e.body());
+  return "HTTP/1.1 " + std::to_string(e.status) + " " + reason +
+         "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+         "\r\nConnection: close\r\n\r\n" + body;
+}
+
+// One connection's bytes, read through one buffer for all of its requests. httplib 0.11.4 reads
+// each request through a stream of its own whose read-ahead buffer (4 KiB) goes with it, so the
+// bytes of pipelined requests it had read were lost. A request's head is counted as it is read:
+// httplib reads a head line into a buffer without a bound until its newline.
+class ConnectionStream final : public httplib::Stream {
+ public:
+  ConnectionStream(int fd, int read_timeout_ms, int write_timeout_ms)
+      : fd_(fd), read_ms_(read_timeout_ms), write_ms_(write_timeout_ms) {}
+
+  // The next bytes are a request's head, counted until its blank line.
+  void start_request() {
+    in_head_ = true;
+    head_ = line_ = run_ = 0;
+  }
+  // The error of a head past a bound, or nullptr. The stream then reads and writes nothing more.
+  const ApiError* head_too_large() const { return too_large_ ? &error_ : nullptr; }
+  // Bytes of the client's not yet read by httplib, in the buffer or the socket.
+  bool unread() const {
+    int n = 0;
+    return off_ < len_ || (::ioctl(fd_, FIONREAD, &n) == 0 && n > 0);
+  }
+  // Waits up to `wait` for the next request's first byte (or the client's close); false when the
+  // wait ends or `stop()` says so.
+  template <class Stop>
+  bool wait_request(std::chrono::milliseconds wait, Stop stop) const {
+    const auto end = std::chrono::steady_clock::now() + wait;
+    while (off_ == len_) {
+      if (stop() || std::chrono::steady_clock::now() > end) return false;
+      if (ready(POLLIN, 50)) return true;
+    }
+    return true;
+  }
+
+  bool is_readable() const override { return off_ < len_ || ready(POLLIN, read_ms_); }
+  // httplib's test: a client that closed its side is not written to (a stream stops there).
+  bool is_writable() const override {
+    if (!ready(POLLOUT, write_ms_)) return false;
+    if (!ready(POLLIN, 0)) return true;
+    char c;
+    const ssize_t n = ::recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR));
+  }
+  ssize_t read(char* ptr, size_t size) override {
+    if (too_large_ || line_too_long_) return -1;
+    if (off_ == len_) {
+      if (!ready(POLLIN, read_ms_)) return -1;
+      const ssize_t n = ::recv(fd_, buf_, sizeof buf_, 0);
+      if (n <= 0) return n;
+      off_ = 0;
+      len_ = size_t(n);
+    }
+    size_t n = std::min(size, len_ - off_);
+    if (in_head_ && !count_head(n)) return -1;
+    std::memcpy(ptr, buf_ + off_, n);
+    off_ += n;
+    // After the head httplib reads a line (a chunk's size) a byte at a time, and body bytes in
+    // larger reads but for a chunk's last byte, just before the line that ends the chunk: so a run
+    // of one-byte reads without a newline is a line, bounded as a head's line (the body then
+    // fails to read: 400).
+    if (!in_head_) {
+      if (size != 1 || ptr[0] == '\n') {
+        run_ = 0;
+      } else if (++run_ > kMaxHeadLine) {
+        line_too_long_ = true;
+        return -1;
+      }
+    }
+    return ssize_t(n);
+  }
+  ssize_t write(const char* ptr, size_t size) override {
+    if (too_large_ || !is_writable()) return -1;
+    return ::send(fd_, ptr, size, MSG_NOSIGNAL);
+  }
+  void get_remote_ip_and_port(std::string& ip, int& port) const override { socket_end(fd_, true, ip, port); }
+  void get_local_ip_and_port(std::string& ip, int& port) const override { socket_end(fd_, false, ip, port); }
+  int socket() const override { return fd_; }
+
+ private:
+  bool ready(short events, int ms) const {
+    pollfd p{fd_, events, 0};
+    int r;
+    while ((r = ::poll(&p, 1, ms)) < 0 && errno == EINTR) {
+    }
+    return r > 0;
+  }
+  // Counts the next `n` head bytes (httplib reads a head a byte at a time), ending `n` at the blank
+  // line that ends the head; false past a bound.
+  bool count_head(size_t& n) {
+    for (size_t i = 0; i < n; ++i) {
+      const char c = buf_[off_ + i];
+      ++head_;
+      if (++line_ > kMaxHeadLine || head_ > kMaxHead) {
+        too_large_ = true;
+        error_ = error_of(431,
+                          line_ > kMaxHeadLine
+                              ? "a request line or header is longer than " + std::to_string(kMaxHeadLine) + " bytes"
+                              : "the request line and headers are longer than " + std::to_string(kMaxHead) +
+                                    " bytes together",
+                          "invalid_request_error", "request_header_fields_too_large");
+        return false;
+      }
+      const bool blank = c == '\n' && line_ == 2 && prev_ == '\r' && head_ > 2;
+      prev_ = c;
+      if (c == '\n') line_ = 0;
+      if (blank) {
+        in_head_ = false;
+        n = i + 1;
+      }
+    }
+    return true;
+  }
+
+  int fd_;
+  int read_ms_, write_ms_;
+  char buf_[16384];
+  size_t off_ = 0, len_ = 0;  // buf_[off_, len_) is read from the socket, not yet by httplib
+  bool in_head_ = false;
+  size_t head_ = 0, line_ = 0;  // bytes of the head, and of its current line
+  char prev_ = 0;               // the head's last byte counted
+  size_t run_ = 0;              // one-byte reads since the last newline, after the head
+  bool too_large_ = false;
+  bool line_too_long_ = false;
+  ApiError error_;
+};
+
+// httplib's server with its connection loop replaced (Server::process_and_close_socket is
+// virtual): one ConnectionStream a connection, whose requests are read in turn (pipelining), a
+// bound on each request's head (431), and connections past --max-connections refused (503).
+class ConnectionServer final : public httplib::Server {
+ public:
+  ~ConnectionServer() override { close_refused(true); }
+  size_t max_connections = 0;
+
+  // Closes the refused connections whose client has closed, or that were refused 2 s ago (all).
+  void close_refused(bool all) {
+    const auto now = std::chrono::steady_clock::now();
+    std::lock_guard lk(mu_);
+    std::erase_if(refused_, [&](const std::pair<int, std::chrono::steady_clock::time_point>& r) {
+      if (!all && now < r.second && !drain(r.first)) return false;
+      ::close(r.first);
+      return true;
+    });
+  }
+
+ private:
+  bool process_and_close_socket(int sock) override {
+    if (t_refuse_connection) return refuse(sock);
+    ConnectionStream strm(sock, int(read_timeout_sec_ * 1000 + read_timeout_usec_ / 1000),
+                          int(write_timeout_sec_ * 1000 + write_timeout_usec_ / 1000));
+    const auto stopped = [this] { return svr_sock_ == INVALID_SOCKET; };
+    for (size_t left = keep_alive_max_count_; left > 0; --left) {
+      if (!strm.wait_request(std::chrono::seconds(keep_alive_timeout_sec_), stopped)) break;
+      strm.start_request();
+      t_reply_closes = false;
+      bool closed = false;
+      const bool ok = process_request(strm, left == 1, closed, nullptr);
+      if (const ApiError* e = strm.head_too_large()) {
+        const std::string reply = closing_reply(*e, "Request Header Fields Too Large");
+        ::send(sock, reply.data(), reply.size(), MSG_NOSIGNAL);
+        break;
+      }
+      if (!ok || closed || t_reply_closes) break;
+    }
+    // Bytes left unread (the rest of a refused head, a request past the last one) would turn the
+    // close into a reset, which can destroy the last reply before the client reads it.
+    if (strm.unread()) linger_close(sock);
+    ::shutdown(sock, SHUT_RDWR);
+    ::close(sock);
+    return true;
+  }
+
+  // 503 at once, on the accepting thread: the request is not read. The socket is closed once the
+  // client closes its side, or after 2 s (by close_refused), so the reply is not lost to a reset;
+  // at most max_connections of them wait so, and the others are closed at once.
+  bool refuse(int sock) {
+    const std::string reply = closing_reply(
+        error_of(503,
+                 "the server has " + std::to_string(max_connections) +
+                     " connections open, its limit (--max-connections " + std::to_string(max_connections) +
+                     "): retry later",
+                 "server_error", "too_many_connections"),
+        "Service Unavailable");
+    ::send(sock, reply.data(), reply.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    ::shutdown(sock, SHUT_WR);
+    std::lock_guard lk(mu_);
+    if (refused_.size() >= max_connections) {
+      ::close(sock);
+      return false;
+    }
+    refused_.emplace_back(sock, std::chrono::steady_clock::now() + std::chrono::seconds(2));
+    return false;
+  }
+
+  std::mutex mu_;
+  std::vector<std::pair<int, std::chrono::steady_clock::time_point>> refused_;  // (socket, when to close it)
+};
+
+// httplib's thread pool, counting the connections it holds (waiting for a thread, or served). Past
+// `cap` a new connection is refused by the accepting thread itself, at once: queued, it would hold a
+// file descriptor until a thread took it, and clients reconnecting in a storm could take them all.
+class ConnectionQueue final : public httplib::TaskQueue {
+ public:
+  ConnectionQueue(size_t threads, size_t cap) : cap_(cap), pool_(threads) {}
+  // `fn` is httplib's call of process_and_close_socket for the connection just accepted.
+  void enqueue(std::function<void()> fn) override {
+    if (open_ >= cap_) {
+      t_refuse_connection = true;
+      fn();
+      t_refuse_connection = false;
+      return;
+    }
+    ++open_;
+    pool_.enqueue([this, fn = std::move(fn)] {
+      fn();
+      --open_;
+    });
+  }
+  void shutdown() override { pool_.shutdown(); }
+
+ private:
+  const size_t cap_;
+  std::atomic<size_t> open_{0};
+  httplib::ThreadPool pool_;
+};
+
+// An HTTP/1.0 client reads no chunked coding, and httplib 0.11.4 closes its connection after the
+// reply (unless it asked for Keep-Alive) without saying so. A stream goes to it unchunked (httplib
+// writes a provider without a length as it comes) and ends with the connection.
+void reply_to_http10(const httplib::Request& req, httplib::Response& res) {
+  if (req.version != "HTTP/1.0") return;
+  const bool stream = res.is_chunked_content_provider_;
+  if (stream) {
+    res.is_chunked_content_provider_ = false;  // what Response::set_content_provider without a length sets
+    res.headers.erase("Transfer-Encoding");
+    res.headers.erase("Content-Encoding");  // set for a chunked reply only
+  }
+  if (stream || req.get_header_value("Connection") != "Keep-Alive") {
+    res.headers.erase("Keep-Alive");
+    if (res.get_header_value("Connection") != "close") res.set_header("Connection", "close");
+  }
+}
+
 // A request the scheduler ended without an answer, as an HTTP error.
 ApiError result_error(const RequestResult& r) {
   if (r.reason == FinishReason::Cancelled)
@@ -323,7 +596,7 @@ struct HttpServer::Impl {
   Runtime& rt;
   Scheduler& sch;
   ServerConfig cfg;
-  httplib::Server http;
+  ConnectionServer http;
   std::mutex mu;
   std::condition_variable cv;
   int in_flight = 0;  // generation requests not yet answered; under mu
@@ -458,9 +731,12 @@ void HttpServer::Impl::setup() {
   // (40 ms on Linux) before its last part.
   http.set_tcp_nodelay(true);
   threads = cfg.http_threads > 0 ? cfg.http_threads : 2 * sch.config().parallel + 4;
-  http.new_task_queue = [this] { return new httplib::ThreadPool(size_t(threads)); };
-  http.set_logger([this](const httplib::Request& req, const httplib::Response&) {  // after the reply is written
+  http.max_connections = size_t(cfg.max_connections > 0 ? cfg.max_connections : 4 * threads);
+  http.new_task_queue = [this] { return new ConnectionQueue(size_t(threads), http.max_connections); };
+  http.set_post_routing_handler(reply_to_http10);
+  http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {  // after the reply is written
     watch.ended(req);
+    t_reply_closes = res.get_header_value("Connection") == "close";
     if (!std::exchange(t_close_after_reply, false)) return;
     if (const int fd = connection_socket(req); fd >= 0) linger_close(fd);
   });
@@ -862,9 +1138,11 @@ void HttpServer::run() {
   bool done = false;
   std::thread watcher([&] {
     std::unique_lock lk(mu);
-    for (int tick = 0; !cv.wait_for(lk, std::chrono::milliseconds(100), [&] { return done; }); ++tick)
+    for (int tick = 0; !cv.wait_for(lk, std::chrono::milliseconds(100), [&] { return done; }); ++tick) {
       if (m.stopping || tick % 5 == 0)
         m.watch.sweep(m.port, std::chrono::seconds(m.cfg.header_timeout_s), m.threads, m.stopping);
+      m.http.close_refused(false);
+    }
   });
   m.http.listen_after_bind();  // returns once every HTTP thread has ended
   {
@@ -873,6 +1151,7 @@ void HttpServer::run() {
   }
   cv.notify_one();
   watcher.join();
+  m.http.close_refused(true);
 }
 
 void HttpServer::shutdown(std::chrono::milliseconds grace) {

@@ -28,6 +28,7 @@ struct ServerConfig {
   RequestDefaults defaults;     // what a request leaves out
   size_t max_body_bytes = size_t(8) << 20;  // larger bodies (after Content-Encoding is undone): 413
   int http_threads = 0;         // connections served at once (0: 2 x parallel + 4); more wait in line
+  int max_connections = 0;      // connections open at once, waiting ones included (0: 4 x http threads); more: 503
   int timeout_s = 60;           // read and write timeouts of a connection (slow clients)
   // Most seconds a connection may spend between requests (its next request's headers included)
   // before it is closed; more than httplib's 5 s keep-alive wait, which closes idle ones first.
