@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <sstream>
@@ -253,6 +254,10 @@ TEST(ChatTerminal, UpRecallsAnEditableLineAndTheHistoryIsKept) {
   const fs::path hist = tmp.path / "history", save = tmp.path / "s.json", save2 = tmp.path / "s2.json";
   const std::string chat = test::binary() + " chat " + test::repo_model("kjv-tiny").string() +
                            " --threads 2 --temp 0 -n 8 --history-file " + hist.string();
+  // A long history from earlier runs: the file keeps its last kMaxHistory (1000) lines.
+  std::string old = "_HiStOrY_V2_\n";
+  for (int i = 0; i < 1200; ++i) old += "old\\040line\\040" + std::to_string(i) + "\n";
+  write_file(hist, old);
   Tmux t("ptllm-chat-test-" + std::to_string(getpid()));
   ASSERT_EQ(test::run_command(t.cmd("new-session -d -s chat -x 160 -y 50 '" + chat + "; echo chat-ended; sleep 30'")).code, 0);
   ASSERT_TRUE(t.wait_for("/help lists the commands")) << t.screen();
@@ -277,7 +282,10 @@ TEST(ChatTerminal, UpRecallsAnEditableLineAndTheHistoryIsKept) {
   // The history file (libedit's format), the owner's alone; the next launch recalls its lines.
   std::ifstream in(hist);
   const std::string h((std::istreambuf_iterator<char>(in)), {});
-  EXPECT_TRUE(has(h, "beginning")) << h;
+  EXPECT_TRUE(has(h, "In\\040the\\040beginning\\040God\n")) << h;
+  EXPECT_EQ(std::count(h.begin(), h.end(), '\n'), 1001);  // the header line and 1000 lines
+  EXPECT_FALSE(has(h, "old\\040line\\040203\n"));
+  EXPECT_TRUE(has(h, "old\\040line\\040204\n"));  // 996 old lines, then the 4 typed
   EXPECT_EQ(fs::status(hist).permissions() & fs::perms::others_read, fs::perms::none);
   Tmux t2("ptllm-chat-test2-" + std::to_string(getpid()));
   ASSERT_EQ(test::run_command(t2.cmd("new-session -d -s chat -x 160 -y 50 '" + chat + "; echo chat-ended; sleep 30'")).code, 0);

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <istream>
 #include <string>
+#include <utility>
 
 namespace ptllm::cli {
 

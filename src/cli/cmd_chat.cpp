@@ -474,8 +474,7 @@ Command add_chat_command(CLI::App& root) {
   app->footer(std::string("\nOn a terminal: ") +
               (line_editor_available() ? "line editing and history (libedit)"
                                        : "plain lines (this build has no libedit: no line editing or history)") +
-              ". A line ending in \\ continues on the next; /paste or \"\"\" reads lines up to \"\"\" or /end as "
-              "one message.\n" + chat_commands_help());
+              ".\n" + chat_commands_help());
   add_model_option(*app, a->model_dir, "Hugging Face model directory or .gguf file (default: the shipped models/kjv-tiny)");
   a->system_opt = app->add_option("--system", a->system, "The system prompt (llama.cpp's -sys)");
   a->system_file_opt =
