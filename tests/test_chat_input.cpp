@@ -188,11 +188,13 @@ TEST_F(ChatCommands, ReadSendsAFileAsTheNextTurn) {
 }
 
 TEST_F(ChatCommands, SaveWritesTheMessagesAsJson) {
-  auto r = run("In the beginning\nAnd God said\n/save " + path("s.json") + "\n/reset\n/save " + path("empty.json") + "\n",
+  auto r = run("In the beginning\nAnd God said\n/save " + path("s.json") + "\n/reset\n/save " + path("empty.json") +
+                   "\nAnd God said\n/clear\n/save " + path("cleared.json") + "\n",
                false, "--system 'Be brief.'");
   ASSERT_EQ(r.code, 0) << r.err;
   const auto t = turns_of(r.out);
-  ASSERT_EQ(t.size(), 2u);
+  ASSERT_EQ(t.size(), 3u);
+  EXPECT_EQ(t[2]["reused_tokens"], 0);  // after /reset, from an empty KV
   const Json m = saved("s.json");
   ASSERT_TRUE(m.is_array());
   ASSERT_EQ(m.size(), 5u) << m.dump();
@@ -203,6 +205,7 @@ TEST_F(ChatCommands, SaveWritesTheMessagesAsJson) {
   EXPECT_EQ(m[2]["content"], t[0]["text"]);
   EXPECT_EQ(m[4]["content"], t[1]["text"]);
   EXPECT_EQ(saved("empty.json"), Json::array({{{"role", "system"}, {"content", "Be brief."}}}));
+  EXPECT_EQ(saved("cleared.json"), saved("empty.json"));
   EXPECT_TRUE(has(r.err, "saved 5 messages to " + path("s.json"))) << r.err;
 }
 
@@ -276,6 +279,12 @@ TEST(ChatTerminal, UpRecallsAnEditableLineAndTheHistoryIsKept) {
   ASSERT_EQ(m.size(), 4u) << m.dump();
   EXPECT_EQ(m[0]["content"], "In the beginning");
   EXPECT_EQ(m[2]["content"], "In the beginning God");
+  t.keys("-l /clear");
+  t.keys("Enter");
+  ASSERT_TRUE(t.wait_for("conversation reset")) << t.screen();
+  const std::string visible = test::run_command(t.cmd("capture-pane -p -t chat")).out;
+  EXPECT_FALSE(has(visible, "[turn 1:")) << visible;
+  EXPECT_TRUE(has(visible, "conversation reset")) << visible;
   t.keys("-l /exit");
   t.keys("Enter");
   ASSERT_TRUE(t.wait_for("chat-ended")) << t.screen();
@@ -284,13 +293,14 @@ TEST(ChatTerminal, UpRecallsAnEditableLineAndTheHistoryIsKept) {
   const std::string h((std::istreambuf_iterator<char>(in)), {});
   EXPECT_TRUE(has(h, "In\\040the\\040beginning\\040God\n")) << h;
   EXPECT_EQ(std::count(h.begin(), h.end(), '\n'), 1001);  // the header line and 1000 lines
-  EXPECT_FALSE(has(h, "old\\040line\\040203\n"));
-  EXPECT_TRUE(has(h, "old\\040line\\040204\n"));  // 996 old lines, then the 4 typed
+  EXPECT_FALSE(has(h, "old\\040line\\040204\n"));
+  EXPECT_TRUE(has(h, "old\\040line\\040205\n"));  // 995 old lines, then the 5 typed
   EXPECT_EQ(fs::status(hist).permissions() & fs::perms::others_read, fs::perms::none);
   Tmux t2("ptllm-chat-test2-" + std::to_string(getpid()));
   ASSERT_EQ(test::run_command(t2.cmd("new-session -d -s chat -x 160 -y 50 '" + chat + "; echo chat-ended; sleep 30'")).code, 0);
   ASSERT_TRUE(t2.wait_for("/help lists the commands")) << t2.screen();
   t2.keys("Up");  // /exit
+  t2.keys("Up");  // /clear
   t2.keys("Up");  // /save ...
   t2.keys("Up");  // In the beginning God
   t2.keys("Enter");
