@@ -311,5 +311,47 @@ TEST(ChatTerminal, UpRecallsAnEditableLineAndTheHistoryIsKept) {
   EXPECT_EQ(test::read_json(save2)[0]["content"], "In the beginning God");
 }
 
+// Where the history goes: $XDG_STATE_HOME/posttrainllm/history, else ~/.posttrainllm_history;
+// --no-history writes none.
+TEST(ChatTerminal, HistoryFilePlaces) {
+  if (test::run_command("command -v tmux").code != 0) GTEST_SKIP() << "tmux is not installed (scripts/setup-dev.sh)";
+  if (!has(test::run_command(test::binary() + " chat --help").out, "line editing and history (libedit)"))
+    GTEST_SKIP() << "this build has no libedit (Debian libedit-dev)";
+  test::TempDir tmp;
+  const std::string chat = test::binary() + " chat " + test::repo_model("kjv-tiny").string() + " --threads 2 -n 2";
+  struct Case {
+    std::string env, flags;
+    fs::path written;
+  };
+  const fs::path state = tmp.path / "state", home = tmp.path / "home", home2 = tmp.path / "home2";
+  fs::create_directories(state);
+  fs::create_directories(home);
+  fs::create_directories(home2);
+  const Case cases[] = {{"HOME=" + home.string() + " XDG_STATE_HOME=" + state.string(), "", state / "posttrainllm" / "history"},
+                        {"HOME=" + home.string() + " XDG_STATE_HOME=", "", home / ".posttrainllm_history"},
+                        {"HOME=" + home2.string() + " XDG_STATE_HOME=", "--no-history", ""}};
+  int k = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.env + " " + c.flags);
+    Tmux t("ptllm-chat-hist-" + std::to_string(getpid()) + "-" + std::to_string(k++));
+    ASSERT_EQ(test::run_command(t.cmd("new-session -d -s chat -x 160 -y 50 'env " + c.env + " " + chat + " " + c.flags +
+                                      "; echo chat-ended; sleep 30'")).code, 0);
+    ASSERT_TRUE(t.wait_for("/help lists the commands")) << t.screen();
+    t.keys("-l /help");
+    t.keys("Enter");
+    t.keys("-l /exit");
+    t.keys("Enter");
+    ASSERT_TRUE(t.wait_for("chat-ended")) << t.screen();
+    if (c.written.empty()) {
+      EXPECT_TRUE(fs::is_empty(home2)) << "a history file was written";
+      continue;
+    }
+    std::ifstream in(c.written);
+    const std::string h((std::istreambuf_iterator<char>(in)), {});
+    EXPECT_TRUE(has(h, "/help\n/exit\n")) << c.written << ": " << h;
+    fs::remove(c.written);
+  }
+}
+
 }  // namespace
 }  // namespace ptllm
