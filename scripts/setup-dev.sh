@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The developer's set-up on Debian 12, on top of scripts/setup.sh: the libraries and tools of the
-# tests (GoogleTest, redis-server for serve --kv-store's tests, the openai npm client), the
-# benchmarks (Google Benchmark, OpenBLAS) and the fuzzers (clang 14 with libFuzzer). Then
+# tests (GoogleTest, redis-server for serve --kv-store's tests, tmux for chat's terminal test, the
+# openai npm client), the benchmarks (Google Benchmark, OpenBLAS) and the fuzzers (clang 14 with libFuzzer). Then
 # scripts/test.sh builds and runs the tests. Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,6 +9,7 @@ cd "$(dirname "$0")/.."
 DEV_PACKAGES=(libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev  # OpenBLAS: only the sgemm comparison in bench/bench_kernels.cpp (loaded at run time)
   redis-server     # the tests of serve --kv-store start their own redis-server
+  tmux             # chat's terminal test types into a tmux pane (skipped without it)
   clang-14 libclang-rt-14-dev)  # the libFuzzer targets (scripts/fuzz.sh), which .ci/run runs briefly
 
 missing=()

@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 PACKAGES=(build-essential cmake pkg-config
   nlohmann-json3-dev libpcre2-dev libssl-dev libxxhash-dev libcli11-dev
   libcpp-httplib-dev  # the HTTP server of `posttrainllm serve`
-  libhiredis-dev)     # serve --kv-store (Redis); without it that flag says what is missing
+  libhiredis-dev      # serve --kv-store (Redis); without it that flag says what is missing
+  libedit-dev)        # chat's line editing and history on a terminal; without it plain lines
 
 missing=()
 for p in "${PACKAGES[@]}"; do

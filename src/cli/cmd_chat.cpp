@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -16,10 +18,12 @@
 #include <string>
 #include <vector>
 
+#include "cli/chat_input.h"
 #include "cli/chat_prompt.h"
 #include "engine/chat_output.h"
 #include "cli/commands.h"
 #include "cli/generation.h"
+#include "cli/line_editor.h"
 #include "cli/options.h"
 #include "cli/output.h"
 #include "core/error.h"
@@ -51,6 +55,8 @@ struct ChatArgs {
   std::string tool_call_format = "auto";
   size_t max_turn_bytes = size_t(4) << 20;  // far more than a context holds: a bound on memory
   bool quiet = false;  // no model:, footer, prompt cache or rewind lines (warnings and errors stay)
+  std::string history_file;  // --history-file; empty: the default place
+  bool no_history = false;
 };
 
 using Clock = std::chrono::steady_clock;
@@ -148,60 +154,51 @@ void report_cache_save(const PromptCacheSave& r, bool quiet) {
     std::fprintf(stderr, "prompt cache: saved %lld tokens to %s\n", (long long)s.tokens, s.path.c_str());
 }
 
-// Where the user turns come from: -f FILE, standard input when it is not a terminal (one turn per
-// line, for scripts), else the terminal with a prompt. A line is read in pieces and never held past
-// --max-turn-bytes (`chat < /dev/zero` has no line end).
+// Where the user turns come from: -f FILE, standard input when it is not a terminal (scripts), else
+// the terminal with a prompt, through the line editor where the build has one. A line is read in
+// pieces and never held past --max-turn-bytes (`chat < /dev/zero` has no line end).
 class TurnSource {
  public:
-  explicit TurnSource(const ChatArgs& a) : max_bytes_(a.max_turn_bytes) {
+  explicit TurnSource(const ChatArgs& a) {
+    std::istream* in = &std::cin;
+    std::string name = "standard input";
     if (a.input_opt->count() && a.input_file != "-") {
       file_.open(a.input_file, std::ios::binary);
       if (!file_) throw Error(a.input_file + ": cannot open the conversation file (--file)");
-      in_ = &file_;
-      name_ = a.input_file;
+      in = &file_;
+      name = a.input_file;
     }
-    interactive_ = in_ == &std::cin && isatty(STDIN_FILENO) && !a.input_opt->count();
+    interactive_ = in == &std::cin && isatty(STDIN_FILENO) && !a.input_opt->count();
+    // The editor echoes what is typed: it needs a terminal to show it on.
+    if (interactive_ && (isatty(STDOUT_FILENO) || isatty(STDERR_FILENO)))
+      lines_ = make_line_editor(history_path(a), a.max_turn_bytes);
+    if (!lines_) lines_ = std::make_unique<StreamLineReader>(*in, a.max_turn_bytes, interactive_);
+    turns_.emplace(*lines_, a.max_turn_bytes, name, interactive_);
   }
   bool interactive() const { return interactive_; }
-  // The next line, without its line ending; false at the end of the input. A line longer than
-  // --max-turn-bytes is an error; on a terminal it is skipped with a message instead.
-  bool next(std::string& line) {
-    if (interactive_) {
-      std::fputs("> ", stdout);
-      std::fflush(stdout);
-    }
-    ++line_no_;
-    line.clear();
-    std::streambuf* sb = in_->rdbuf();
-    bool any = false;
-    for (int c; (c = sb->sbumpc()) != std::char_traits<char>::eof();) {
-      any = true;
-      if (c == '\n') break;
-      if (line.size() == max_bytes_) {
-        const std::string what = name_ + ":" + std::to_string(line_no_) + ": a turn longer than --max-turn-bytes " +
-                                 std::to_string(max_bytes_);
-        if (!interactive_) throw Error(what + " (give each turn on a line of its own, or raise the limit)");
-        while (c != '\n' && c != std::char_traits<char>::eof()) c = sb->sbumpc();
-        std::fprintf(stderr, "error: %s (the message was dropped)\n", what.c_str());
-        line.clear();
-        return true;
-      }
-      line += char(c);
-    }
-    if (!any) {
-      if (interactive_) std::fputc('\n', stdout);  // Ctrl-D: end the prompt's line
-      return false;
-    }
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    return true;
-  }
+  // The next message or command; Kind::End at the end of the input.
+  ChatInput next() { return turns_->next(); }
 
  private:
+  // --history-file, else $XDG_STATE_HOME/posttrainllm/history, else ~/.posttrainllm_history; empty
+  // with --no-history or nowhere to keep it.
+  static std::string history_path(const ChatArgs& a) {
+    if (a.no_history) return "";
+    if (!a.history_file.empty()) return a.history_file;
+    if (const char* state = std::getenv("XDG_STATE_HOME"); state != nullptr && *state == '/') {
+      const std::filesystem::path dir = std::filesystem::path(state) / "posttrainllm";
+      std::error_code ec;
+      std::filesystem::create_directories(dir, ec);
+      return (dir / "history").string();
+    }
+    if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0')
+      return (std::filesystem::path(home) / ".posttrainllm_history").string();
+    return "";
+  }
+
   std::ifstream file_;
-  std::istream* in_ = &std::cin;
-  std::string name_ = "standard input";
-  size_t max_bytes_;
-  size_t line_no_ = 0;
+  std::unique_ptr<LineReader> lines_;
+  std::optional<TurnReader> turns_;
   bool interactive_ = false;
 };
 
@@ -301,6 +298,68 @@ Reply run_turn(ChatState& st, const std::string& user_text) {
   return r;
 }
 
+// What the loop does after a command.
+enum class AfterCommand { Next, Send, Regen, Exit };
+
+// /read FILE: the file's text, bounded as a typed turn; one final line end dropped.
+std::string read_turn_file(const std::string& path, size_t max_bytes) {
+  if (path.empty()) throw Error("/read: which file? (/read FILE)");
+  std::string text = read_whole_file(path, max_bytes, "a turn (/read; --max-turn-bytes)");
+  if (text.ends_with("\n")) text.pop_back();
+  if (text.ends_with("\r")) text.pop_back();
+  if (text.empty()) throw Error(path + ": empty (/read)");
+  return text;
+}
+
+void reset_conversation(ChatState& st) {
+  st.messages = initial_messages(st.args);
+  st.conv.reset();
+}
+
+// Carries out a command, but for sending (Send: `text`; Regen), which is the loop's. Throws
+// ptllm::Error for a command that cannot be done (a file that cannot be read or written).
+AfterCommand run_command(ChatState& st, const ChatInput& in, bool interactive, std::string& text) {
+  const bool quiet = st.args.quiet;
+  switch (in.command) {
+    case ChatCommand::Help:
+      std::fputs(chat_commands_help(), stderr);
+      return AfterCommand::Next;
+    case ChatCommand::Reset:
+    case ChatCommand::Clear:
+      reset_conversation(st);
+      if (in.command == ChatCommand::Clear && interactive && isatty(STDOUT_FILENO)) {
+        std::fputs("\033[H\033[2J", stdout);  // cursor home, erase the screen
+        std::fflush(stdout);
+      }
+      if (!quiet) std::fprintf(stderr, "conversation reset\n");
+      return AfterCommand::Next;
+    case ChatCommand::Regen: {
+      const chat_json& m = st.messages;
+      if (m.size() < 2 || m.back()["role"] != "assistant" || m[m.size() - 2]["role"] != "user" ||
+          !m[m.size() - 2]["content"].is_string()) {
+        std::fprintf(stderr, "/regen: no reply to generate again\n");
+        return AfterCommand::Next;
+      }
+      return AfterCommand::Regen;
+    }
+    case ChatCommand::Read:
+      text = read_turn_file(in.text, st.args.max_turn_bytes);
+      return AfterCommand::Send;
+    case ChatCommand::Save: {
+      if (in.text.empty()) throw Error("/save: which file? (/save FILE)");
+      write_file_atomically(in.text, {st.messages.dump(2, ' ', false, chat_json::error_handler_t::replace), "\n"});
+      if (!quiet) std::fprintf(stderr, "saved %zu messages to %s\n", st.messages.size(), in.text.c_str());
+      return AfterCommand::Next;
+    }
+    case ChatCommand::Exit:
+      return AfterCommand::Exit;
+    case ChatCommand::Unknown:
+      std::fprintf(stderr, "unknown command %s; /help lists them\n", in.word.c_str());
+      return AfterCommand::Next;
+  }
+  return AfterCommand::Next;
+}
+
 int run_chat(ChatArgs& a) {
   if (a.system_opt->count() && a.system_file_opt->count()) throw UsageError("give one of --system, --system-file");
   const std::filesystem::path dir = a.model_dir.empty() ? default_model_dir() : std::filesystem::path(a.model_dir);
@@ -341,23 +400,15 @@ int run_chat(ChatArgs& a) {
                  rt.config().arch_name.c_str(), weights_text(rt.model()).c_str(), rt.pool().size(),
                  static_cast<unsigned long long>(a.sampling.seed), prompt.origin().c_str());
   if (source.interactive() && !a.quiet)
-    std::fprintf(stderr, "chat: type a message; /reset starts over, /exit or Ctrl-D ends, Ctrl-C stops a reply\n");
+    std::fprintf(stderr, "chat: type a message; /help lists the commands, /exit or Ctrl-D ends, Ctrl-C stops a reply\n");
   // A script stopped by Ctrl-C ends, also between turns; on a terminal Ctrl-C stops only a reply.
   std::optional<SigintGuard> script_sigint;
   if (!source.interactive()) script_sigint.emplace();
-  std::string line;
-  while (!interrupted() && source.next(line)) {
-    if (line == "/exit") break;
-    if (line == "/reset") {
-      st.messages = initial_messages(a);
-      conv.reset();
-      if (!a.quiet) std::fprintf(stderr, "conversation reset\n");
-      continue;
-    }
-    if (line.empty()) continue;
+  // One message to the model; an exit code when the chat ends with it.
+  auto send = [&](const std::string& text) -> std::optional<int> {
     Reply r;
     try {
-      r = run_turn(st, line);
+      r = run_turn(st, text);
     } catch (const OutputError&) {
       throw;
     } catch (const Error& e) {
@@ -365,12 +416,44 @@ int run_chat(ChatArgs& a) {
       // A person can go on: a template refusing the message, a conversation past --ctx-size.
       st.messages.erase(st.messages.end() - 1);
       std::fprintf(stderr, "error: %s (the message was dropped)\n", e.what());
-      continue;
+      return std::nullopt;
     }
     if (r.reason == StopReason::OutputClosed) return 0;  // nobody reads the replies any more
     if (r.reason == StopReason::Interrupted) {
       if (!source.interactive()) return 130;  // a script interrupted ends; a person goes on typing
       clear_interrupted();
+    }
+    return std::nullopt;
+  };
+  while (!interrupted()) {
+    const ChatInput in = source.next();
+    if (in.kind == ChatInput::Kind::End) break;
+    if (in.kind == ChatInput::Kind::Message) {
+      if (const auto code = send(in.text)) return *code;
+      continue;
+    }
+    AfterCommand then = AfterCommand::Next;
+    std::string text;
+    try {
+      then = run_command(st, in, source.interactive(), text);
+    } catch (const OutputError&) {
+      throw;
+    } catch (const Error& e) {
+      if (!source.interactive()) throw;  // as any error of a script: /read of a missing file ends it
+      std::fprintf(stderr, "error: %s\n", e.what());
+      continue;
+    }
+    if (then == AfterCommand::Exit) break;
+    if (then == AfterCommand::Send) {
+      if (const auto code = send(text)) return *code;
+    } else if (then == AfterCommand::Regen) {
+      // The last user message again, its reply gone: the prefill rewinds the KV to before the reply.
+      const chat_json saved = st.messages;
+      const std::string user = st.messages[st.messages.size() - 2]["content"];
+      st.messages.erase(st.messages.end() - 2, st.messages.end());
+      const size_t before = st.messages.size();
+      if (const auto code = send(user)) return *code;
+      if (st.messages.size() == before) st.messages = saved;  // dropped: the old reply stays
     }
   }
   return interrupted() ? 130 : 0;
@@ -381,6 +464,10 @@ int run_chat(ChatArgs& a) {
 Command add_chat_command(CLI::App& root) {
   auto a = std::make_shared<ChatArgs>();
   CLI::App* app = root.add_subcommand("chat", "A multi-turn conversation through the model's chat template");
+  app->footer(std::string("\nOn a terminal: ") +
+              (line_editor_available() ? "line editing and history (libedit)"
+                                       : "plain lines (this build has no libedit: no line editing or history)") +
+              ".\n" + chat_commands_help());
   add_model_option(*app, a->model_dir, "Hugging Face model directory or .gguf file (default: the shipped models/kjv-tiny)");
   a->system_opt = app->add_option("--system", a->system, "The system prompt (llama.cpp's -sys)");
   a->system_file_opt =
@@ -388,8 +475,13 @@ Command add_chat_command(CLI::App& root) {
   a->input_opt = app->add_option("--file,-f", a->input_file,
                                  "Read the user turns from FILE, one per line (- = standard input); without it "
                                  "they come from standard input, with a prompt when it is a terminal");
+  app->add_option("--history-file", a->history_file,
+                  "Keep the lines typed on a terminal in FILE (default: $XDG_STATE_HOME/posttrainllm/history, "
+                  "else ~/.posttrainllm_history; the last 1000 lines)");
+  app->add_flag("--no-history", a->no_history, "Keep no history file (Up still recalls this session's lines)");
   add_chat_prompt_options(*app, a->prompt);
-  app->add_option("--max-turn-bytes", a->max_turn_bytes, "Longest user turn (one line) read, in bytes")
+  app->add_option("--max-turn-bytes", a->max_turn_bytes,
+                  "Longest user turn read (a line, lines joined by \\ or /paste, a /read file), in bytes")
       ->check(integer_at_least(1, int64_t(1) << 40));
   app->add_option("--stop", a->stops, "End a reply when its text contains STR (repeatable)")->default_str("");
   app->add_option("--tokens,-n", a->tokens, "Most tokens per reply (-1 = until EOS, a stop string or a full context)")
