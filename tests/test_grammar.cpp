@@ -1,0 +1,347 @@
+// The GBNF parser, the byte matcher and token masks (src/grammar/grammar.h).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "grammar/grammar.h"
+#include "test_util.h"
+#include "tokenizer/tokenizer.h"
+
+using namespace ptllm;
+using namespace ptllm::grammar;
+
+namespace {
+
+bool matches(const std::shared_ptr<const Grammar>& g, std::string_view s) {
+  GrammarMatcher m(g);
+  return m.accept_string(s) && m.can_end();
+}
+
+bool matches(std::string_view grammar, std::string_view s) { return matches(Grammar::parse(grammar), s); }
+
+GrammarError parse_error(std::string_view text) {
+  try {
+    Grammar::parse(text);
+  } catch (const GrammarError& e) {
+    return e;
+  }
+  ADD_FAILURE() << "no error for: " << text;
+  return GrammarError(0, 0, "");
+}
+
+// llama.cpp's grammars/json.gbnf in spirit, written here with bounded whitespace.
+const char* kJson = R"(
+root   ::= object
+value  ::= object | array | string | number | ("true" | "false" | "null") ws
+
+object ::=
+  "{" ws (
+            string ":" ws value
+    ("," ws string ":" ws value)*
+  )? "}" ws
+
+array  ::=
+  "[" ws (
+            value
+    ("," ws value)*
+  )? "]" ws
+
+string ::=
+  "\"" (
+    [^"\\\x7F\x00-\x1F] |
+    "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}) # escapes
+  )* "\"" ws
+
+number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9]{1,16})? ws
+
+# Optional space: by convention, applied in this grammar after literal chars when allowed
+ws ::= | " " | "\n" [ \t]{0,20}
+)";
+
+const char* kArith = R"gbnf(
+root ::= expr
+expr ::= term (("+" | "-") term)*
+term ::= factor (("*" | "/") factor)*
+factor ::= [0-9]+ | "(" expr ")" | "-" factor
+)gbnf";
+
+const std::vector<std::string>& kjv_vocab(std::vector<bool>* special = nullptr) {
+  static std::vector<std::string> vocab;
+  static std::vector<bool> spec;
+  if (vocab.empty()) {
+    const Tokenizer tok = Tokenizer::load(test::repo_model("kjv-tiny"));
+    for (int32_t id = 0; id < tok.vocab_size(); ++id) {
+      const int32_t ids[1] = {id};
+      vocab.push_back(tok.decode(ids, false));
+      spec.push_back(tok.is_special(id));
+    }
+  }
+  if (special) *special = spec;
+  return vocab;
+}
+
+std::vector<bool> brute_force_mask(const GrammarMatcher& m, const std::vector<std::string>& vocab,
+                                   const std::vector<bool>& special) {
+  std::vector<bool> out(vocab.size(), false);
+  for (size_t id = 0; id < vocab.size(); ++id) {
+    if (special[id]) { out[id] = m.can_end(); continue; }
+    if (vocab[id].empty()) continue;
+    GrammarMatcher c = m;
+    out[id] = c.accept_string(vocab[id]);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(GrammarParse, Constructs) {
+  EXPECT_TRUE(matches(R"(root ::= "ab" | "cd")", "cd"));
+  EXPECT_FALSE(matches(R"(root ::= "ab" | "cd")", "ac"));
+  EXPECT_TRUE(matches(R"(root ::= "a" ( "b" | "c" ) "d")", "acd"));
+  EXPECT_TRUE(matches(R"(root ::= "a"* "b"+ "c"?)", "bbb"));
+  EXPECT_TRUE(matches(R"(root ::= "a"* "b"+ "c"?)", "aabc"));
+  EXPECT_FALSE(matches(R"(root ::= "a"* "b"+ "c"?)", "aac"));
+  EXPECT_TRUE(matches(R"(root ::= [a-c]+ [^a-c])", "abcz"));
+  EXPECT_FALSE(matches(R"(root ::= [a-c]+ [^a-c])", "abca"));
+  EXPECT_TRUE(matches(R"(root ::= . . .)", "x\n\xCE\xB1"));
+  EXPECT_TRUE(matches("root ::= x # a comment\nx ::= \"q\" # another\n", "q"));
+  EXPECT_TRUE(matches("root ::= (\n  \"a\" |\n  \"b\"\n)\n", "b"));
+  EXPECT_TRUE(matches("root ::=\n  \"a\" b\nb ::= \"b\"", "ab"));
+}
+
+TEST(GrammarParse, Escapes) {
+  EXPECT_TRUE(matches(R"(root ::= "\n\t\r\\\"")", "\n\t\r\\\""));
+  EXPECT_TRUE(matches(R"(root ::= "\x41\u03B1\U0001F600")", "A\xCE\xB1\xF0\x9F\x98\x80"));
+  EXPECT_TRUE(matches(R"(root ::= [\]\-\\]+)", "]-\\"));
+  EXPECT_TRUE(matches(R"(root ::= [\x30-\x39]{2})", "42"));
+  EXPECT_TRUE(matches(R"(root ::= "α" [β-δ])", "αγ"));
+}
+
+TEST(GrammarParse, Counts) {
+  const auto g = Grammar::parse(R"(root ::= "a"{3} "b"{2,} "c"{1,3} ("de"){0,2})");
+  EXPECT_TRUE(matches(g, "aaabbc"));
+  EXPECT_TRUE(matches(g, "aaabbbbbcccdede"));
+  EXPECT_FALSE(matches(g, "aabbc"));
+  EXPECT_FALSE(matches(g, "aaabc"));
+  EXPECT_FALSE(matches(g, "aaabbcccc"));
+  EXPECT_FALSE(matches(g, "aaabbcdedede"));
+  EXPECT_FALSE(matches(g, "aaabbcd"));
+  EXPECT_TRUE(matches(R"(root ::= [0-9]{ 2 , 3 })", "123"));
+}
+
+TEST(GrammarParse, Errors) {
+  {
+    GrammarError e = parse_error("root ::= \"a\" foo\n");
+    EXPECT_EQ(e.line, 1);
+    EXPECT_EQ(e.column, 14);
+    EXPECT_NE(e.message.find("undefined rule 'foo'"), std::string::npos) << e.message;
+  }
+  {
+    GrammarError e = parse_error("start ::= \"a\"\n");
+    EXPECT_NE(e.message.find("no rule 'root'"), std::string::npos) << e.message;
+  }
+  {
+    GrammarError e = parse_error("root ::= a\na ::= \"x\" )\n");
+    EXPECT_EQ(e.line, 2);
+    EXPECT_EQ(e.column, 11);
+    EXPECT_NE(e.message.find("expected the end of the rule"), std::string::npos) << e.message;
+  }
+  {
+    GrammarError e = parse_error("root ::= \"a\n");
+    EXPECT_EQ(e.line, 1);
+    EXPECT_EQ(e.column, 10);
+    EXPECT_NE(e.message.find("unterminated string"), std::string::npos) << e.message;
+  }
+  {
+    GrammarError e = parse_error("root ::= [a-z\n");
+    EXPECT_NE(e.message.find("expected"), std::string::npos) << e.message;
+  }
+  {
+    GrammarError e = parse_error("root ::= (\"a\" | \"b\"\n\n");
+    EXPECT_EQ(e.line, 3);
+    EXPECT_NE(e.message.find("expected ')'"), std::string::npos) << e.message;
+  }
+  {
+    GrammarError e = parse_error("root ::= \"a\"{3,2}");
+    EXPECT_EQ(e.column, 13);
+    EXPECT_NE(e.message.find("n < m"), std::string::npos) << e.message;
+  }
+  {
+    GrammarError e = parse_error("root = \"a\"");
+    EXPECT_EQ(e.column, 6);
+    EXPECT_NE(e.message.find("expected '::='"), std::string::npos) << e.message;
+  }
+  {
+    GrammarError e = parse_error("root ::= \"\\q\"");
+    EXPECT_NE(e.message.find("unknown escape"), std::string::npos) << e.message;
+  }
+  {
+    GrammarError e = parse_error("root ::= expr\nexpr ::= expr \"+\" num | num\nnum ::= [0-9]+\n");
+    EXPECT_EQ(e.line, 2);
+    EXPECT_EQ(e.column, 1);
+    EXPECT_NE(e.message.find("'expr' is left-recursive"), std::string::npos) << e.message;
+  }
+  {
+    // Through a nullable prefix.
+    GrammarError e = parse_error("root ::= a\na ::= b a \"x\" | \"y\"\nb ::= \"z\"?\n");
+    EXPECT_NE(e.message.find("'a' is left-recursive"), std::string::npos) << e.message;
+  }
+  {
+    GrammarError e = parse_error("root ::= \"a\"\nroot ::= \"b\"\n");
+    EXPECT_EQ(e.line, 2);
+    EXPECT_NE(e.message.find("defined twice"), std::string::npos) << e.message;
+  }
+  EXPECT_NO_THROW(Grammar::parse("main ::= \"a\"", "main"));
+}
+
+TEST(GrammarMatch, Json) {
+  const auto g = Grammar::parse(kJson);
+  EXPECT_TRUE(matches(g, R"({"a": [1, 2.5, -3e10, true, null], "b": {"c": "d\n\u00e9"}})"));
+  EXPECT_TRUE(matches(g, "{}"));
+  EXPECT_TRUE(matches(g, "{\"é漢\": \"\xF0\x9F\x98\x80\"}"));
+  EXPECT_FALSE(matches(g, R"({"a": 01})"));
+  EXPECT_FALSE(matches(g, R"({"a": [1,]})"));
+  EXPECT_FALSE(matches(g, R"({"a" 1})"));
+  EXPECT_FALSE(matches(g, R"([1])"));
+  EXPECT_FALSE(matches(g, "{\"a\": \"\x01\"}"));
+  GrammarMatcher m(g);
+  EXPECT_TRUE(m.accept_string("{\"a\": tr"));
+  EXPECT_FALSE(m.accept_string("x"));
+  EXPECT_FALSE(m.can_end());
+  EXPECT_TRUE(m.accept_string("ue}"));
+  EXPECT_TRUE(m.can_end());
+  EXPECT_FALSE(m.has_nothing_left());  // whitespace may follow
+}
+
+TEST(GrammarMatch, Arithmetic) {
+  const auto g = Grammar::parse(kArith);
+  EXPECT_TRUE(matches(g, "1+2*(3-4)/-5"));
+  EXPECT_TRUE(matches(g, "((((7))))"));
+  EXPECT_FALSE(matches(g, "1+"));
+  EXPECT_FALSE(matches(g, "(1"));
+  EXPECT_FALSE(matches(g, "1+*2"));
+  GrammarMatcher m(g);
+  EXPECT_FALSE(m.accept_string("1+)"));
+  EXPECT_TRUE(m.accept_string("1+"));  // unchanged by the failed string
+  EXPECT_TRUE(m.accept_string("2"));
+  EXPECT_TRUE(m.can_end());
+}
+
+TEST(GrammarMatch, NothingLeft) {
+  GrammarMatcher m(Grammar::parse(R"(root ::= "yes" | "no")"));
+  EXPECT_FALSE(m.has_nothing_left());
+  EXPECT_TRUE(m.accept_string("no"));
+  EXPECT_TRUE(m.can_end());
+  EXPECT_TRUE(m.has_nothing_left());
+  EXPECT_FALSE(m.accept_byte('x'));
+}
+
+TEST(GrammarMatch, UnicodeClasses) {
+  const auto g = Grammar::parse(R"(root ::= [α-ω]+)");
+  EXPECT_TRUE(matches(g, "αβγω"));
+  EXPECT_FALSE(matches(g, "αa"));
+  EXPECT_FALSE(matches(g, "Α"));  // capital alpha U+0391
+  GrammarMatcher m(g);
+  // α is CE B1, ω is CF 89: a lead byte is accepted only when some completion is in the class.
+  EXPECT_FALSE(m.accept_byte(0xCD));
+  EXPECT_TRUE(m.accept_byte(0xCE));
+  EXPECT_FALSE(m.can_end());
+  EXPECT_FALSE(m.accept_byte(0x91));  // U+0391
+  EXPECT_TRUE(m.accept_byte(0xB1));
+  EXPECT_TRUE(m.can_end());
+  EXPECT_TRUE(m.accept_byte(0xCF));
+  EXPECT_FALSE(m.accept_byte(0x8A));  // U+03CA, past ω
+  EXPECT_TRUE(m.accept_byte(0x89));
+
+  const auto neg = Grammar::parse(R"(root ::= [^α-ωa]+)");
+  EXPECT_TRUE(matches(neg, "bΑ漢\xF0\x9F\x98\x80"));
+  EXPECT_FALSE(matches(neg, "bβ"));
+  EXPECT_FALSE(matches(neg, "a"));
+  GrammarMatcher n(neg);
+  EXPECT_TRUE(n.accept_byte(0xCE));   // CE 80..B0 are outside the class
+  EXPECT_FALSE(n.accept_byte(0xB2));  // β
+  EXPECT_TRUE(n.accept_byte(0x91));
+  // Invalid UTF-8 never matches, not even '.': overlong forms, surrogates, stray continuations.
+  GrammarMatcher any(Grammar::parse("root ::= .*"));
+  EXPECT_FALSE(any.accept_byte(0xC0));
+  EXPECT_FALSE(any.accept_byte(0x80));
+  EXPECT_TRUE(any.accept_byte(0xED));
+  EXPECT_FALSE(any.accept_byte(0xA0));  // U+D800..
+  EXPECT_TRUE(any.accept_byte(0x9F));
+  EXPECT_TRUE(any.accept_byte(0xBF));
+  EXPECT_TRUE(any.can_end());
+}
+
+TEST(GrammarMatch, LimitsThrow) {
+  // An ambiguous grammar: every split of the a's is a stack.
+  const auto g = Grammar::parse(R"(root ::= x
+x ::= "a" x "b" | "a" x | "")");
+  GrammarMatcher m(g, Limits{64, 32});
+  EXPECT_THROW(
+      {
+        for (int i = 0; i < 100; ++i) m.accept_byte('a');
+      },
+      GrammarLimitError);
+}
+
+TEST(GrammarMask, MatchesBruteForce) {
+  std::vector<bool> special;
+  const auto& vocab = kjv_vocab(&special);
+  ASSERT_GT(vocab.size(), 100u);
+  const TokenTrie trie(vocab, special);
+  const char* grammars[] = {kJson, kArith, R"(root ::= ([a-z ]+ "." " "?){1,3})",
+                            R"(root ::= [^α-ω\n]{0,12} "\n" [α-ω]*)"};
+  std::mt19937 rng(1234);
+  int states = 0;
+  for (const char* text : grammars) {
+    const auto g = Grammar::parse(text);
+    for (int walk = 0; walk < 10; ++walk) {
+      GrammarMatcher m(g);
+      for (int step = 0; step < 12; ++step) {
+        const std::vector<bool> mask = trie.allowed(m);
+        ASSERT_EQ(mask, brute_force_mask(m, vocab, special)) << text << " step " << step;
+        ++states;
+        std::vector<size_t> ok;
+        for (size_t id = 0; id < mask.size(); ++id)
+          if (mask[id] && !special[id]) ok.push_back(id);
+        if (ok.empty()) break;
+        ASSERT_TRUE(m.accept_string(vocab[ok[rng() % ok.size()]]));
+      }
+    }
+  }
+  EXPECT_GE(states, 200);
+}
+
+TEST(GrammarMask, JsonWalksParse) {
+  std::vector<bool> special;
+  const auto& vocab = kjv_vocab(&special);
+  const TokenTrie trie(vocab, special);
+  const auto g = Grammar::parse(kJson);
+  std::mt19937 rng(99);
+  int ends = 0;
+  for (int walk = 0; walk < 40; ++walk) {
+    GrammarMatcher m(g);
+    std::string text;
+    for (int step = 0; step < 60; ++step) {
+      if (m.can_end()) {
+        ++ends;
+        EXPECT_TRUE(nlohmann::json::accept(text)) << text;
+      }
+      const std::vector<bool> mask = trie.allowed(m);
+      std::vector<size_t> ok;
+      for (size_t id = 0; id < mask.size(); ++id)
+        if (mask[id] && !special[id]) ok.push_back(id);
+      if (ok.empty()) break;
+      // Half the time close something when possible, so that walks reach the end of a value.
+      std::vector<size_t> closing;
+      for (size_t id : ok)
+        if (vocab[id] == "\"" || vocab[id] == "}" || vocab[id] == "]") closing.push_back(id);
+      const auto& pick = !closing.empty() && rng() % 2 == 0 ? closing : ok;
+      const std::string& piece = vocab[pick[rng() % pick.size()]];
+      ASSERT_TRUE(m.accept_string(piece));
+      text += piece;
+    }
+  }
+  EXPECT_GT(ends, 0);
+}
