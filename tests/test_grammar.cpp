@@ -353,3 +353,44 @@ TEST(GrammarMask, JsonWalksParse) {
   }
   EXPECT_GE(ends, 10);
 }
+
+TEST(GrammarMatch, CommentsInsideGroups) {
+  // The layout of the GBNF guide's chess example: a parenthesized root across lines with comments.
+  const auto g = Grammar::parse(R"gbnf(
+# a numbered list of moves
+root ::= (
+    # the first line
+    "1. " move " " move "\n"
+
+    # then more, numbered with one or two digits
+    ([1-9] [0-9]? ". " move " " move "\n")+
+)
+move ::= (pawn | piece | castle) [+#]?   # check or mate
+pawn ::= ([a-h] "x")? [a-h] [1-8] ("=" [NBRQ])?
+piece ::= [NBRQK] [a-h]? [1-8]? "x"? [a-h] [1-8]
+castle ::= "O-O" "-O"?
+)gbnf");
+  EXPECT_TRUE(matches(g, "1. e4 e5\n2. Nf3 Nc6\n10. O-O-O Qxd8#\n"));
+  EXPECT_FALSE(matches(g, "1. e4 e5\n"));  // at least one more line
+  EXPECT_FALSE(matches(g, "1. e9 e5\n2. d4 d5\n"));
+}
+
+TEST(GrammarMatch, DepthLimitLeavesStateUnchanged) {
+  GrammarMatcher m(Grammar::parse(kArith), Limits{4096, 16});
+  std::string opened;
+  bool threw = false;
+  for (int i = 0; i < 40 && !threw; ++i) {
+    try {
+      ASSERT_TRUE(m.accept_byte('('));
+      opened += '(';
+    } catch (const GrammarLimitError&) {
+      threw = true;
+    }
+  }
+  ASSERT_TRUE(threw);
+  EXPECT_LT(opened.size(), 16u);
+  // The byte that passed the bound was not taken: the parentheses read so far can still be closed.
+  ASSERT_TRUE(m.accept_byte('1'));
+  EXPECT_TRUE(m.accept_string(std::string(opened.size(), ')')));
+  EXPECT_TRUE(m.can_end());
+}
