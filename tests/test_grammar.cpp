@@ -108,6 +108,9 @@ TEST(GrammarParse, Constructs) {
   EXPECT_TRUE(matches("root ::= x # a comment\nx ::= \"q\" # another\n", "q"));
   EXPECT_TRUE(matches("root ::= (\n  \"a\" |\n  \"b\"\n)\n", "b"));
   EXPECT_TRUE(matches("root ::=\n  \"a\" b\nb ::= \"b\"", "ab"));
+  const auto lines = Grammar::parse("root ::= \"a\"\n  | \"b\" # comment\n\n  | \"c\"\nd ::= \"d\"\n");
+  EXPECT_TRUE(matches(lines, "c"));
+  EXPECT_FALSE(matches(lines, "d"));
 }
 
 TEST(GrammarParse, Escapes) {

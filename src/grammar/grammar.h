@@ -17,7 +17,8 @@
 //
 // Cost: one byte is O(stacks x depth) plus the expansion of the stacks that advanced. The number of
 // stacks and their depth are bounded (Limits); passing a bound throws GrammarLimitError rather
-// than growing without end (ambiguous grammars can multiply stacks).
+// than growing without end (ambiguous grammars can multiply stacks); the matcher is then as it was
+// before the byte.
 //
 // Token masks: the vocabulary's byte strings go into a trie once; a mask walks the trie depth
 // first from a copy of the matcher, pruning a subtree at its first rejected byte and restoring the

@@ -1,5 +1,6 @@
 // The GBNF parser and compiler to the flat form of grammar.h. Syntax as in llama.cpp's
-// docs/grammars/README.md: newlines end a rule except after "::=", after "|" and inside parentheses.
+// docs/grammars/README.md: newlines end a rule except after "::=", after "|" and inside parentheses;
+// also accepted here, a line that starts with "|" continues the rule above.
 #include <algorithm>
 #include <functional>
 #include <map>
@@ -122,7 +123,14 @@ class Compiler {
   std::vector<Seq> parse_alternatives(bool nested) {
     std::vector<Seq> alts;
     alts.push_back(parse_sequence(nested));
-    while (peek() == '|') {
+    while (true) {
+      // A line that begins with '|' continues the rule above: no rule can begin with '|'.
+      const size_t save = p_;
+      skip_space(true);
+      if (peek() != '|') {
+        p_ = save;
+        break;
+      }
       ++p_;
       skip_space(true);
       alts.push_back(parse_sequence(nested));
