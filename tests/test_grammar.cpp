@@ -139,6 +139,7 @@ TEST(GrammarParse, Errors) {
     EXPECT_EQ(e.line, 1);
     EXPECT_EQ(e.column, 14);
     EXPECT_NE(e.message.find("undefined rule 'foo'"), std::string::npos) << e.message;
+    EXPECT_STREQ(e.what(), "grammar: line 1, column 14: undefined rule 'foo'");
   }
   {
     GrammarError e = parse_error("start ::= \"a\"\n");
@@ -194,6 +195,15 @@ TEST(GrammarParse, Errors) {
     GrammarError e = parse_error("root ::= \"a\"\nroot ::= \"b\"\n");
     EXPECT_EQ(e.line, 2);
     EXPECT_NE(e.message.find("defined twice"), std::string::npos) << e.message;
+  }
+  {
+    GrammarError e = parse_error("root ::= \"ab\\");
+    EXPECT_NE(e.message.find("unexpected end of input"), std::string::npos) << e.message;
+  }
+  {
+    GrammarError e = parse_error("root ::= \"a\" | ]");
+    EXPECT_EQ(e.column, 16);
+    EXPECT_NE(e.message.find("expected an element"), std::string::npos) << e.message;
   }
   EXPECT_NO_THROW(Grammar::parse("main ::= \"a\"", "main"));
 }

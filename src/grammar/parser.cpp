@@ -267,6 +267,7 @@ class Compiler {
     unsigned char c = static_cast<unsigned char>(t_[p_]);
     if (c == '\\') {
       ++p_;
+      if (at_end()) fail("unexpected end of input after '\\'");
       char e = peek();
       ++p_;
       switch (e) {
