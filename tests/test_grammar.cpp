@@ -2,7 +2,9 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <map>
 #include <random>
+#include <set>
 
 #include "grammar/grammar.h"
 #include "test_util.h"
@@ -406,4 +408,76 @@ TEST(GrammarMatch, DepthLimitLeavesStateUnchanged) {
   ASSERT_TRUE(m.accept_byte('1'));
   EXPECT_TRUE(m.accept_string(std::string(opened.size(), ')')));
   EXPECT_TRUE(m.can_end());
+}
+
+namespace {
+
+// A reference recognizer over the compiled form: the end positions of a rule from a position,
+// memoized (terminates because left recursion is refused). Independent of the matcher's stacks.
+struct Reference {
+  const Grammar& g;
+  std::vector<uint32_t> cps;
+  std::map<std::pair<uint32_t, size_t>, std::set<size_t>> memo;
+
+  std::set<size_t> seq(uint32_t pos, size_t i) {
+    const Element& e = g.elements()[pos];
+    if (e.kind == Element::Kind::End) return {i};
+    std::set<size_t> out;
+    if (e.kind == Element::Kind::Char) {
+      if (i < cps.size() && g.classes()[e.index].contains(cps[i])) out = seq(pos + 1, i + 1);
+      return out;
+    }
+    for (size_t j : rule(e.index, i)) {
+      auto rest = seq(pos + 1, j);
+      out.insert(rest.begin(), rest.end());
+    }
+    return out;
+  }
+  std::set<size_t> rule(uint32_t r, size_t i) {
+    auto it = memo.find({r, i});
+    if (it != memo.end()) return it->second;
+    std::set<size_t> out;
+    for (uint32_t start : g.rules()[r]) {
+      auto ends = seq(start, i);
+      out.insert(ends.begin(), ends.end());
+    }
+    memo[{r, i}] = out;
+    return out;
+  }
+};
+
+}  // namespace
+
+TEST(GrammarMatch, AgreesWithReferenceOnRandomStrings) {
+  struct Case {
+    const char* grammar;
+    std::vector<std::string> alphabet;  // one character each
+    std::vector<uint32_t> values;       // its code point
+  };
+  const std::vector<Case> cases = {
+      {kArith, {"1", "0", "+", "-", "*", "(", ")"}, {'1', '0', '+', '-', '*', '(', ')'}},
+      {R"(root ::= "a"{2,4} ("bc"){0,2} [ab]+ "c"?)", {"a", "b", "c"}, {'a', 'b', 'c'}},
+      {R"(root ::= ([α-γ] | "ω" [^α-γ])* "!")", {"α", "β", "ω", "a", "漢", "!"}, {0x3B1, 0x3B2, 0x3C9, 'a', 0x6F22, '!'}},
+      {R"gbnf(root ::= "[" (v ("," v)*)? "]"
+v ::= [0-9] | root)gbnf", {"[", "]", ",", "1"}, {'[', ']', ',', '1'}},
+  };
+  std::mt19937 rng(7);
+  for (const Case& c : cases) {
+    const auto g = Grammar::parse(c.grammar);
+    int accepted = 0;
+    for (int trial = 0; trial < 400; ++trial) {
+      std::vector<size_t> picks(rng() % 9);
+      for (size_t& p : picks) p = rng() % c.alphabet.size();
+      std::string text;
+      for (size_t p : picks) text += c.alphabet[p];
+      Reference ref{*g, {}, {}};
+      for (size_t p : picks) ref.cps.push_back(c.values[p]);
+      const bool expected = ref.rule(g->root(), 0).count(ref.cps.size()) > 0;
+      GrammarMatcher m(g);
+      const bool got = m.accept_string(text) && m.can_end();
+      ASSERT_EQ(got, expected) << c.grammar << " on '" << text << "'";
+      accepted += expected;
+    }
+    EXPECT_GT(accepted, 0) << c.grammar;
+  }
 }
