@@ -12,17 +12,8 @@ DEV_PACKAGES=(libgtest-dev libgmock-dev libbenchmark-dev
   tmux             # chat's terminal test types into a tmux pane (skipped without it)
   clang-14 libclang-rt-14-dev)  # the libFuzzer targets (scripts/fuzz.sh), which .ci/run runs briefly
 
-missing=()
-for p in "${DEV_PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  SUDO=""
-  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  echo "installing: ${missing[*]}"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+source scripts/apt_install.sh
+install_packages "${DEV_PACKAGES[@]}"
 
 # The openai npm client for the server's client tests (ctest node_openai_client) and
 # scripts/serve_load.mjs; optional: without npm those tests are skipped.

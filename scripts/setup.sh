@@ -12,17 +12,8 @@ PACKAGES=(build-essential cmake pkg-config
   libhiredis-dev      # serve --kv-store (Redis); without it that flag says what is missing
   libedit-dev)        # chat's line editing and history on a terminal; without it plain lines
 
-missing=()
-for p in "${PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  SUDO=""
-  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  echo "installing: ${missing[*]}"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+source scripts/apt_install.sh
+install_packages "${PACKAGES[@]}"
 
 # Without the tests and benchmarks: their libraries are scripts/setup-dev.sh's.
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DPTLLM_BUILD_TESTS=OFF -DPTLLM_BUILD_BENCH=OFF

@@ -281,6 +281,15 @@ TEST(ChatOutput, FormatFromTheTemplate) {
     EXPECT_EQ(f.reasoning, c.reasoning) << c.file;
     EXPECT_EQ(f.short_ids, c.tools == ToolCallFormat::Mistral) << c.file;
   }
+  // --tool-call-format overrides the template's syntax; the marker of Mistral and Llama 3 is a special
+  // token, kept as text only when calls are parsed.
+  const OutputFormat forced = detect_output_format(read_template("Qwen-Qwen2.5-7B-Instruct.jinja"), "mistral");
+  EXPECT_EQ(forced.tools, ToolCallFormat::Mistral);
+  EXPECT_TRUE(forced.short_ids);
+  const json tools = json::parse(R"([{"type": "function", "function": {"name": "f"}}])");
+  EXPECT_TRUE(needs_special_text(chat_output_options(forced, true, tools, true, "")));
+  EXPECT_FALSE(needs_special_text(chat_output_options(forced, true, json(), true, "")));
+  EXPECT_EQ(chat_output_options(forced, true, tools, false, "").max_calls, 1u);
   EXPECT_TRUE(prompt_opens_reasoning("<｜Assistant｜><think>\n"));
   EXPECT_FALSE(prompt_opens_reasoning("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
   EXPECT_EQ(tool_call_format_from_name("qwen3-coder"), ToolCallFormat::Qwen3Coder);

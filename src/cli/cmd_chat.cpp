@@ -73,13 +73,14 @@ using Reply = GeneratedText;  // ttft_ms: from the start of the turn's prefill
 // The decode loop of one reply, from the prompt's logits; streams to stdout unless --json. Every
 // token of the reply that fits is fed, so that the next turn need not prefill it.
 Reply generate_reply(const ChatArgs& a, Session& session, const Tokenizer& tok, const std::vector<int32_t>& eos,
-                     Sampler& sampler, Clock::time_point t_turn) {
+                     Sampler& sampler, bool keep_special, Clock::time_point t_turn) {
   std::vector<float> logits(session.last_logits().begin(), session.last_logits().end());
   std::span<float> cur = logits;
   GeneratorOptions o;
   o.stops = a.stops;
   o.eos_ids = eos;
   o.max_tokens = a.tokens;
+  o.keep_special = keep_special;
   Generator gen(tok, std::move(o), sampler);
   Reply r;
   TextStream out(r, a.json);
@@ -259,6 +260,8 @@ Reply run_turn(ChatState& st, const std::string& user_text) {
   // As transformers' apply_chat_template: the template writes the special tokens itself.
   const std::vector<int32_t> ids = st.rt.tokenizer().encode(text, {.add_special = false});
   if (ids.empty()) throw Error("the chat template rendered a prompt of no tokens");
+  // The reply as the server would split it; a reply with calls goes back into the history as one.
+  const ChatOutputOptions oo = chat_output_options(st.format, /*reasoning=*/true, st.tools, /*parallel_calls=*/true, text);
   TurnStats s;
   s.turn = st.turn + 1;
   const auto t_turn = Clock::now();
@@ -269,15 +272,8 @@ Reply run_turn(ChatState& st, const std::string& user_text) {
   Reply r;
   {
     SigintGuard sigint;
-    r = generate_reply(st.args, st.conv.session(), st.rt.tokenizer(), st.eos, st.sampler, t_turn);
+    r = generate_reply(st.args, st.conv.session(), st.rt.tokenizer(), st.eos, st.sampler, needs_special_text(oo), t_turn);
   }
-  // The reply as the server would split it; a reply with calls goes back into the history as one.
-  ChatOutputOptions oo;
-  oo.format = st.format;
-  oo.parse_tools = !st.tools.is_null();
-  oo.parse_reasoning = st.format.reasoning;
-  oo.in_reasoning = oo.parse_reasoning && prompt_opens_reasoning(text);
-  oo.tools = st.tools;
   ChatOutputParser out(oo);
   out.push(r.text);
   out.finish();
@@ -390,11 +386,7 @@ int run_chat(ChatArgs& a) {
           !t["function"]["name"].is_string())
         throw Error(a.tools_file + ": every tool needs function.name (--tools), got " + t.dump());
   }
-  st.format = detect_output_format(prompt.source());
-  if (a.tool_call_format != "auto") {
-    st.format.tools = *tool_call_format_from_name(a.tool_call_format);
-    st.format.short_ids = st.format.tools == ToolCallFormat::Mistral;
-  }
+  st.format = detect_output_format(prompt.source(), a.tool_call_format);
   if (!a.quiet)
     std::fprintf(stderr, "model: %s (%s, %s), %d threads, seed %llu, chat template %s\n", dir.string().c_str(),
                  rt.config().arch_name.c_str(), weights_text(rt.model()).c_str(), rt.pool().size(),
@@ -478,7 +470,7 @@ Command add_chat_command(CLI::App& root) {
   app->add_option("--history-file", a->history_file,
                   "Keep the lines typed on a terminal in FILE (default: $XDG_STATE_HOME/posttrainllm/history, "
                   "else ~/.posttrainllm_history; the last 1000 lines)");
-  app->add_flag("--no-history", a->no_history, "Keep no history file (Up still recalls this session's lines)");
+  app->add_flag("--no-history", a->no_history, "Keep no history file (Up still recalls the lines typed since chat started)");
   add_chat_prompt_options(*app, a->prompt);
   app->add_option("--max-turn-bytes", a->max_turn_bytes,
                   "Longest user turn read (a line, lines joined by \\ or /paste, a /read file), in bytes")

@@ -78,11 +78,7 @@ void set_chat_renderer(const std::filesystem::path& dir, const ServeArgs& a, ser
     std::fprintf(stderr, "warning: %s: /v1/chat/completions answers 400 until the server is started with one\n", e.what());
     return;
   }
-  http.output_format = detect_output_format(prompt->source());
-  if (a.tool_call_format != "auto") {
-    http.output_format.tools = *tool_call_format_from_name(a.tool_call_format);
-    http.output_format.short_ids = http.output_format.tools == ToolCallFormat::Mistral;
-  }
+  http.output_format = detect_output_format(prompt->source(), a.tool_call_format);
   http.reasoning = a.reasoning_format != "none";
   std::fprintf(stderr, "chat template: %s (tool calls: %s%s)\n", prompt->origin().c_str(),
                tool_call_format_name(http.output_format.tools),

@@ -182,7 +182,7 @@ std::optional<ToolCallFormat> tool_call_format_from_name(std::string_view name) 
   return std::nullopt;
 }
 
-OutputFormat detect_output_format(std::string_view src) {
+OutputFormat detect_output_format(std::string_view src, std::string_view tool_call_format) {
   const auto has = [&](std::string_view s) { return src.find(s) != std::string_view::npos; };
   OutputFormat f;
   f.reasoning = has(kThinkOpen);
@@ -192,8 +192,41 @@ OutputFormat detect_output_format(std::string_view src) {
     f.tools = ToolCallFormat::Mistral;
   else if (has("<|start_header_id|>") && (has(kPythonTag) || has("\"parameters\"")))
     f.tools = ToolCallFormat::Llama3;
+  if (const auto forced = tool_call_format_from_name(tool_call_format)) f.tools = *forced;
   f.short_ids = f.tools == ToolCallFormat::Mistral;
   return f;
+}
+
+ChatOutputOptions chat_output_options(const OutputFormat& format, bool reasoning, const nlohmann::ordered_json& tools,
+                                      bool parallel_calls, std::string_view prompt) {
+  ChatOutputOptions o;
+  o.format = format;
+  o.parse_tools = tools.is_array() && !tools.empty() && format.tools != ToolCallFormat::None;
+  o.parse_reasoning = format.reasoning && reasoning;
+  o.in_reasoning = o.parse_reasoning && prompt_opens_reasoning(prompt);
+  o.max_calls = parallel_calls ? std::numeric_limits<size_t>::max() : 1;
+  o.tools = tools;
+  return o;
+}
+
+bool needs_special_text(const ChatOutputOptions& o) {
+  return o.parse_tools && (o.format.tools == ToolCallFormat::Mistral || o.format.tools == ToolCallFormat::Llama3);
+}
+
+std::string random_alnum_id(std::string_view prefix, int n) {
+  static constexpr char kAlnum[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  static std::mutex mu;
+  static std::mt19937_64 rng(std::random_device{}());
+  std::lock_guard lk(mu);
+  std::string id(prefix);
+  for (int i = 0; i < n; ++i) id += kAlnum[rng() % (sizeof kAlnum - 1)];
+  return id;
+}
+
+void OutputDelta::append(OutputDelta&& d) {
+  content += d.content;
+  reasoning += d.reasoning;
+  for (ToolCall& c : d.calls) calls.push_back(std::move(c));
 }
 
 bool prompt_opens_reasoning(std::string_view prompt) {
@@ -449,7 +482,8 @@ void ChatOutputParser::emit_reasoning(std::string_view s, OutputDelta& d) {
 void ChatOutputParser::add_call(std::string name, std::string arguments, std::string id, OutputDelta& d) {
   if (calls_.size() >= o_.max_calls) return;
   held_ws_.clear();
-  ToolCall c{id.empty() ? new_id() : std::move(id), std::move(name), std::move(arguments)};
+  if (id.empty()) id = o_.format.short_ids ? random_alnum_id("", 9) : random_alnum_id("call_", 24);
+  ToolCall c{std::move(id), std::move(name), std::move(arguments)};
   calls_.push_back(c);
   d.calls.push_back(std::move(c));
 }
@@ -460,16 +494,6 @@ void ChatOutputParser::malformed(bool final, OutputDelta& d) {
   emit_content(final ? marker_ + buf_ : marker_, d);
   if (final) buf_.clear();
   state_ = State::Text;
-}
-
-std::string ChatOutputParser::new_id() const {
-  static constexpr char kAlnum[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-  static std::mutex mu;
-  static std::mt19937_64 rng(std::random_device{}());
-  std::lock_guard lk(mu);
-  std::string id = o_.format.short_ids ? "" : "call_";
-  for (int i = 0, n = o_.format.short_ids ? 9 : 24; i < n; ++i) id += kAlnum[rng() % (sizeof kAlnum - 1)];
-  return id;
 }
 
 }  // namespace ptllm

@@ -35,8 +35,9 @@ struct OutputFormat {
   bool short_ids = false;  // call ids of 9 alphanumerics (Mistral's templates refuse others)
 };
 // What a chat template's source says of its model's replies. A template that shows no known
-// tool-call syntax gets Hermes, the most common one among fine-tunes.
-OutputFormat detect_output_format(std::string_view template_source);
+// tool-call syntax gets Hermes, the most common one among fine-tunes. `tool_call_format` other than
+// "auto" (a tool_call_format_name) overrides the template's tool-call syntax.
+OutputFormat detect_output_format(std::string_view template_source, std::string_view tool_call_format = "auto");
 
 // Whether a rendered prompt ends inside an open <think> (DeepSeek-R1 and QwQ's generation prompts
 // open it, so the reply starts in the reasoning).
@@ -53,6 +54,7 @@ struct OutputDelta {
   std::string reasoning;
   std::vector<ToolCall> calls;  // calls completed by this piece, whole
   bool empty() const { return content.empty() && reasoning.empty() && calls.empty(); }
+  void append(OutputDelta&& d);
 };
 
 struct ChatOutputOptions {
@@ -64,6 +66,18 @@ struct ChatOutputOptions {
   // The request's tools: Qwen3-Coder's parameter values are typed by their schemas.
   nlohmann::ordered_json tools;
 };
+
+// How one reply is read: calls parsed when `tools` is a non-empty list (null or empty: none, as for
+// tool_choice "none"), reasoning split when the format has it and `reasoning` is on, starting inside
+// it when `prompt` opened it; at most one call unless `parallel_calls`.
+ChatOutputOptions chat_output_options(const OutputFormat& format, bool reasoning, const nlohmann::ordered_json& tools,
+                                      bool parallel_calls, std::string_view prompt);
+// Whether the reply's special tokens must be kept as text for the parser: the format's marker is a
+// special token (Mistral's [TOOL_CALLS], Llama 3's <|python_tag|>).
+bool needs_special_text(const ChatOutputOptions& o);
+
+// `prefix` then `n` random letters and digits (call ids, response ids).
+std::string random_alnum_id(std::string_view prefix, int n);
 
 class ChatOutputParser {
  public:
@@ -90,7 +104,6 @@ class ChatOutputParser {
   void emit_reasoning(std::string_view s, OutputDelta& d);
   void add_call(std::string name, std::string arguments, std::string id, OutputDelta& d);
   void malformed(bool final, OutputDelta& d);  // the call's marker (and at the end its text) becomes content
-  std::string new_id() const;
 
   ChatOutputOptions o_;
   State state_ = State::Start;

@@ -51,7 +51,8 @@ Generator::Step Generator::next(std::span<float> logits, std::span<const int32_t
     TokenLogprob lp;
     lp.chosen = entry(s.id, scratch_[size_t(s.id)] - lse);
     const size_t k = std::min(size_t(o_.top_logprobs), scratch_.size());
-    std::vector<int32_t> ids(scratch_.size());
+    std::vector<int32_t>& ids = order_;
+    ids.resize(scratch_.size());
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i);
     std::partial_sort(ids.begin(), ids.begin() + std::ptrdiff_t(k), ids.end(),
                       [&](int32_t a, int32_t b) { return scratch_[size_t(a)] > scratch_[size_t(b)] || (scratch_[size_t(a)] == scratch_[size_t(b)] && a < b); });

@@ -89,6 +89,7 @@ class Generator {
   GeneratorOptions o_;
   std::vector<LogitsProcessor> processors_;
   std::vector<float> scratch_;  // [vocab] the logits before sampling (log-probabilities)
+  std::vector<int32_t> order_;  // [vocab] ids, partly sorted for the top alternatives
   std::optional<Sampler> own_sampler_;
   Sampler* sampler_;
   StreamingDetokenizer detok_;

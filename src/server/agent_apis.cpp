@@ -1,22 +1,13 @@
 #include "server/agent_apis.h"
 
 #include <ctime>
-#include <random>
 #include <set>
 
 namespace ptllm::server {
 
 namespace {
 
-std::string new_id(const char* prefix) {
-  static constexpr char kAlnum[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-  static std::mutex mu;
-  static std::mt19937_64 rng(std::random_device{}());
-  std::lock_guard lk(mu);
-  std::string id = prefix;
-  for (int i = 0; i < 24; ++i) id += kAlnum[rng() % (sizeof kAlnum - 1)];
-  return id;
-}
+std::string new_id(const char* prefix) { return random_alnum_id(prefix, 24); }
 
 const json* field(const json& body, const char* name) {
   const auto it = body.find(name);
@@ -50,6 +41,14 @@ std::string text_of(const json& content, const std::string& at, const std::set<s
 
 json chat_call(const std::string& id, const std::string& name, const std::string& arguments) {
   return {{"id", id}, {"type", "function"}, {"function", {{"name", name}, {"arguments", arguments}}}};
+}
+
+// A flat tool ({name, description?, SCHEMA_KEY?}) as a chat tool; the chat parser checks its fields.
+json chat_tool(const json& t, const char* schema_key) {
+  json fn = {{"name", t.value("name", json())}};
+  if (const json* d = field(t, "description")) fn["description"] = *d;
+  if (const json* s = field(t, schema_key)) fn["parameters"] = *s;
+  return {{"type", "function"}, {"function", fn}};
 }
 
 json parsed_arguments(const std::string& text) {
@@ -147,10 +146,7 @@ json messages_to_chat(const json& b) {
       if (!t.is_object()) wrong(at, "expected an object");
       if (const json* type = field(t, "type"); type && *type != "custom")
         wrong(at + ".type", "server tools (" + type->dump() + ") are not supported; give a custom tool with input_schema");
-      json fn = {{"name", t.value("name", json())}};
-      if (t.contains("description")) fn["description"] = t["description"];
-      if (const json* s = field(t, "input_schema")) fn["parameters"] = *s;
-      out.push_back({{"type", "function"}, {"function", fn}});
+      out.push_back(chat_tool(t, "input_schema"));
     }
     chat["tools"] = std::move(out);
   }
@@ -355,10 +351,7 @@ json responses_to_chat(const json& b, const ResponseStore& store, json& history)
       const std::string at = "tools[" + std::to_string(i) + "]";
       if (!t.is_object() || t.value("type", json()) != "function")
         wrong(at + ".type", "only tools of type \"function\" are supported");
-      json fn = {{"name", t.value("name", json())}};
-      if (t.contains("description") && !t["description"].is_null()) fn["description"] = t["description"];
-      if (const json* p = field(t, "parameters")) fn["parameters"] = *p;
-      out.push_back({{"type", "function"}, {"function", fn}});
+      out.push_back(chat_tool(t, "parameters"));
     }
     chat["tools"] = std::move(out);
   }

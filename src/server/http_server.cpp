@@ -797,14 +797,9 @@ std::vector<int32_t> HttpServer::Impl::prompt_ids(ApiRequest& r) {
   const std::string text = chat_prompt(r);
   // How the reply is read: calls parsed when the request offers tools (tool_choice not "none"),
   // reasoning split off when the template has it, starting inside it when the prompt opened it.
-  ChatOutputOptions& o = r.output;
-  o.format = cfg.output_format;
-  o.parse_tools = !r.tools.is_null() && !r.tools.empty() && !r.tool_choice_none;
-  o.parse_reasoning = cfg.output_format.reasoning && r.reasoning.value_or(cfg.reasoning);
-  o.in_reasoning = o.parse_reasoning && prompt_opens_reasoning(text);
-  o.max_calls = r.parallel_tool_calls ? std::numeric_limits<size_t>::max() : 1;
-  o.tools = r.tools;
-  r.params.keep_special = o.parse_tools && (o.format.tools == ToolCallFormat::Mistral || o.format.tools == ToolCallFormat::Llama3);
+  r.output = chat_output_options(cfg.output_format, r.reasoning.value_or(cfg.reasoning),
+                                 r.tool_choice_none ? json() : r.tools, r.parallel_tool_calls, text);
+  r.params.keep_special = needs_special_text(r.output);
   // The template writes the special tokens itself (as `posttrainllm chat` encodes its turns).
   return tok.encode(text, {.add_special = false});
 }
@@ -932,10 +927,7 @@ void HttpServer::Impl::stream_agent(httplib::Response& res, std::shared_ptr<Agen
     if (!sink.is_writable()) return gone();
     OutputDelta d = st->parser.push(text);
     if (result) {
-      OutputDelta rest = st->parser.finish();
-      d.content += rest.content;
-      d.reasoning += rest.reasoning;
-      for (ToolCall& c : rest.calls) d.calls.push_back(std::move(c));
+      d.append(st->parser.finish());
     }
     if (d.empty() && !result) {  // text held back by the parser needs no keep-alive
       static const std::string ping = ": waiting\n\n";
@@ -1044,10 +1036,7 @@ void HttpServer::Impl::stream(httplib::Response& res, const ApiRequest& r, std::
     if (st->parser) {
       d = st->parser->push(text);
       if (result) {
-        OutputDelta rest = st->parser->finish();
-        d.content += rest.content;
-        d.reasoning += rest.reasoning;
-        for (ToolCall& c : rest.calls) d.calls.push_back(std::move(c));
+        d.append(st->parser->finish());
       }
     } else {
       d.content = std::move(text);
