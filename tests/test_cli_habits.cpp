@@ -384,10 +384,8 @@ TEST(CliHabitsCommands, LlamaCppFeatureFlagsAreRefusedWithTheReason) {
   for (const Refusal& c : std::vector<Refusal>{
            {"sample -p x --model-draft d.gguf", "--model-draft: speculative decoding is not supported yet"},
            {"sample -p x -md d.gguf", "-md: speculative decoding is not supported yet"},
-           {"sample -p x --grammar 'root ::= \"a\"'", "--grammar: constrained sampling (grammars, JSON schemas) is "
-                                                       "not supported yet"},
-           {"sample -p x --grammar-file g.gbnf", "--grammar-file: constrained sampling"},
-           {"sample -p x --json-schema '{}'", "--json-schema: constrained sampling"},
+           {"eval " + tiny() + " --grammar 'root ::= \"a\"'", "--grammar: grammars and JSON schemas constrain `sample` and `chat`"},
+           {"eval " + tiny() + " -j '{}'", "-j: grammars and JSON schemas constrain"},
            {"chat --lora a.gguf", "--lora: LoRA adapters are not supported: merge the adapter into the weights"},
            {"sample -p x --mlock", "--mlock: locking the model in memory is not supported"},
            {"sample -p x --jinja", "--jinja: this command renders no chat template (chat, serve and template do, "

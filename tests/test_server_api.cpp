@@ -158,17 +158,28 @@ TEST(ServerApiAgents, ToolChoiceAndResponseFormat) {
   EXPECT_TRUE(parse_request("{" + msgs + "," + kTools + R"(, "tool_choice": "none"})", Endpoint::Chat, 1).tool_choice_none);
   EXPECT_FALSE(parse_request("{" + msgs + "," + kTools + R"(, "tool_choice": "auto"})", Endpoint::Chat, 1).tool_choice_none);
   EXPECT_FALSE(parse_request("{" + msgs + R"(, "parallel_tool_calls": false})", Endpoint::Chat, 1).parallel_tool_calls);
-  EXPECT_EQ(refused("{" + msgs + "," + kTools + R"(, "tool_choice": "required"})").param, "tool_choice");
+  EXPECT_TRUE(parse_request("{" + msgs + "," + kTools + R"(, "tool_choice": "required"})", Endpoint::Chat, 1).tool_choice_required);
+  EXPECT_EQ(refused("{" + msgs + R"(, "tool_choice": "required"})").param, "tool_choice");  // no tools
   EXPECT_EQ(refused("{" + msgs + "," + kTools + R"(, "tool_choice": "always"})").param, "tool_choice");
   const ApiError unknown =
       refused("{" + msgs + "," + kTools + R"(, "tool_choice": {"type": "function", "function": {"name": "nope"}}})");
   EXPECT_EQ(unknown.param, "tool_choice.function.name");
   EXPECT_NE(unknown.message.find("nope"), std::string::npos);
-  EXPECT_EQ(refused("{" + msgs + "," + kTools + R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})").param,
-            "tool_choice");
-  parse_request("{" + msgs + R"(, "response_format": {"type": "text"}})", Endpoint::Chat, 1);
-  for (const char* rf : {R"({"type": "json_object"})", R"({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}})"})
-    EXPECT_EQ(refused("{" + msgs + R"(, "response_format": )" + rf + "}").param, "response_format");
+  EXPECT_EQ(parse_request("{" + msgs + "," + kTools + R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})",
+                          Endpoint::Chat, 1).tool_choice_name,
+            "get_weather");
+  EXPECT_EQ(parse_request("{" + msgs + R"(, "response_format": {"type": "text"}})", Endpoint::Chat, 1).constraint.kind,
+            OutputConstraint::Kind::None);
+  EXPECT_EQ(parse_request("{" + msgs + R"(, "response_format": {"type": "json_object"}})", Endpoint::Chat, 1).constraint.kind,
+            OutputConstraint::Kind::AnyObject);
+  const ApiRequest js = parse_request(
+      "{" + msgs + R"(, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer"}}}})",
+      Endpoint::Chat, 1);
+  EXPECT_EQ(js.constraint.kind, OutputConstraint::Kind::Schema);
+  EXPECT_EQ(js.constraint.schema, json({{"type", "integer"}}));
+  EXPECT_EQ(refused("{" + msgs + R"(, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}})").param,
+            "response_format.json_schema.schema");
+  EXPECT_EQ(refused("{" + msgs + R"(, "response_format": {"type": "xml"}})").param, "response_format.type");
   EXPECT_EQ(parse_request("{" + msgs + R"(, "reasoning_format": "none"})", Endpoint::Chat, 1).reasoning, false);
   EXPECT_EQ(refused("{" + msgs + R"(, "reasoning_format": "loud"})").param, "reasoning_format");
   EXPECT_EQ(parse_request("{" + msgs + R"(, "chat_template_kwargs": {"enable_thinking": false}})", Endpoint::Chat, 1)

@@ -48,6 +48,8 @@ struct ChatArgs {
   std::string seed = "-1";
   bool json = false;
   SamplingConfig sampling;
+  GrammarArgs grammar;
+  std::shared_ptr<const ConstraintSpec> constraint;  // every reply follows it
   RuntimeOptions runtime;
   std::string prompt_cache_dir;
   double prompt_cache_max_mb = 0;
@@ -81,6 +83,7 @@ Reply generate_reply(const ChatArgs& a, Session& session, const Tokenizer& tok, 
   o.eos_ids = eos;
   o.max_tokens = a.tokens;
   o.keep_special = keep_special;
+  o.constraint = a.constraint;
   Generator gen(tok, std::move(o), sampler);
   Reply r;
   TextStream out(r, a.json);
@@ -360,6 +363,7 @@ int run_chat(ChatArgs& a) {
   if (a.system_opt->count() && a.system_file_opt->count()) throw UsageError("give one of --system, --system-file");
   const std::filesystem::path dir = a.model_dir.empty() ? default_model_dir() : std::filesystem::path(a.model_dir);
   ChatPrompt prompt = ChatPrompt::load(dir, a.prompt);  // template errors before the model loads
+  a.constraint = grammar_constraint(a.grammar);
   for (const std::string& s : a.stops)
     if (s.empty()) throw UsageError("--stop: an empty stop string");
   TurnSource source(a);
@@ -479,6 +483,7 @@ Command add_chat_command(CLI::App& root) {
   app->add_option("--tokens,-n", a->tokens, "Most tokens per reply (-1 = until EOS, a stop string or a full context)")
       ->check(integer_at_least(-1));
   add_sampling_options(*app, a->sampling);
+  add_grammar_options(*app, a->grammar);
   app->add_option("--seed,-s", a->seed, "RNG seed (-1 = random, printed at start)")
       ->check(CLI::Validator([](std::string& s) { return s == "-1" ? std::string() : unsigned_integer()(s); }, ""))
       ->type_name("INT");

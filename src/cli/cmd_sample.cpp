@@ -50,6 +50,8 @@ struct SampleArgs {
   bool json = false;
   bool quiet = false;  // no model:, load:, prompt cache or footer lines (warnings stay)
   SamplingConfig sampling;
+  GrammarArgs grammar;
+  std::shared_ptr<const ConstraintSpec> constraint;
   RuntimeOptions runtime;
   std::string cache_prompt;
   std::string prompt_cache_dir;
@@ -146,16 +148,17 @@ struct Timing {
 // The decode loop: samples from `logits` (the prompt's), streams text to stdout unless --json.
 Generation generate(const SampleArgs& a, Session& session, const Tokenizer& tok, std::vector<int32_t> eos_ids,
                     std::span<float> logits, Clock::time_point t_prefill) {
+  const auto t_decode = Clock::now();  // a grammar's vocabulary is built with the generator: its time counts
   GeneratorOptions o;
   o.sampling = a.sampling;
   o.stops = a.stops;
   o.eos_ids = std::move(eos_ids);
   o.ignore_eos = a.ignore_eos;
   o.max_tokens = a.tokens;
+  o.constraint = a.constraint;
   Generator gen(tok, std::move(o));
   Generation g;
   TextStream out(g, a.json);
-  const auto t_decode = Clock::now();
   for (int i = 0; i < a.tokens && !gen.done(); ++i) {
     if (interrupted() || out.closed()) {
       gen.stop(interrupted() ? StopReason::Interrupted : StopReason::OutputClosed);
@@ -257,6 +260,7 @@ std::vector<int32_t> encode_prompt(const Tokenizer& tok, const std::string& text
 
 int run_sample(SampleArgs& a) {
   const std::string prompt_text = read_prompt(a);
+  a.constraint = grammar_constraint(a.grammar);
   if (a.escape)
     for (std::string& s : a.stops) s = process_escapes(s);
   Timing t;
@@ -324,6 +328,7 @@ Command add_sample_command(CLI::App& root) {
   app->add_option("--tokens,-n", a->tokens, "Tokens to generate (fewer at EOS, a stop string, a full context)")
       ->check(integer_at_least(0));
   add_sampling_options(*app, a->sampling);
+  add_grammar_options(*app, a->grammar);
   app->add_option("--seed,-s", a->seed, "RNG seed (-1 = random, printed in the footer)")
       ->check(CLI::Validator([](std::string& s) { return s == "-1" ? std::string() : unsigned_integer()(s); }, ""))
       ->type_name("INT");

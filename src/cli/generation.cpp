@@ -8,7 +8,11 @@
 #include <cstdio>
 #include <utility>
 
+#include <CLI/CLI.hpp>
+
 #include "cli/output.h"
+#include "core/file_io.h"
+#include "grammar/json_schema.h"
 
 namespace ptllm::cli {
 
@@ -70,6 +74,7 @@ std::string stop_reason_text(StopReason r, const std::string& stop_string, int m
     case StopReason::StopString: return "the stop string " + nlohmann::json(stop_string).dump();
     case StopReason::TokenLimit: return "the token limit (--tokens " + std::to_string(max_tokens) + ")";
     case StopReason::ContextFull: return "the context is full (" + std::to_string(ctx_size) + " tokens, --ctx-size)";
+    case StopReason::Grammar: return "the grammar is complete";
     case StopReason::Interrupted: return "interrupted (Ctrl-C)";
     case StopReason::OutputClosed: return "stdout was closed (nobody reads the output)";
     case StopReason::Cancelled: return "cancelled";
@@ -91,6 +96,58 @@ void TextStream::end(Generator& gen) {
   out_.tokens = gen.tokens();
   out_.sampled = gen.sampled();
   if (!quiet_ && !closed_ && !write_stdout("\n")) closed_ = true;
+}
+
+void add_grammar_options(CLI::App& app, GrammarArgs& g) {
+  CLI::Option* a = app.add_option("--grammar", g.grammar, "Constrain the output to a GBNF grammar (llama.cpp's syntax; root rule \"root\")");
+  CLI::Option* b = app.add_option("--grammar-file", g.grammar_file, "Read the GBNF grammar from FILE");
+  CLI::Option* c = app.add_option("--json-schema,-j", g.json_schema,
+                                  "Constrain the output to JSON matching this JSON Schema (TEXT, or @FILE)");
+  CLI::Option* d = app.add_option("--json-schema-file", g.json_schema_file, "Read the JSON Schema from FILE");
+  a->excludes(b)->excludes(c)->excludes(d);
+  b->excludes(c)->excludes(d);
+  c->excludes(d);
+}
+
+namespace {
+
+constexpr uint64_t kMaxGrammarBytes = uint64_t(16) << 20;
+
+std::shared_ptr<const ConstraintSpec> spec_of(const std::string& gbnf, const std::string& where) {
+  auto spec = std::make_shared<ConstraintSpec>();
+  try {
+    spec->grammar = compile_grammar(gbnf);
+  } catch (const grammar::GrammarError& e) {
+    throw UsageError(where + ": line " + std::to_string(e.line) + ", column " + std::to_string(e.column) + ": " +
+                     e.message);
+  }
+  return spec;
+}
+
+}  // namespace
+
+std::shared_ptr<const ConstraintSpec> grammar_constraint(const GrammarArgs& g) {
+  if (!g.grammar.empty()) return spec_of(g.grammar, "--grammar");
+  if (!g.grammar_file.empty())
+    return spec_of(read_whole_file(g.grammar_file, kMaxGrammarBytes, "grammar"), "--grammar-file " + g.grammar_file);
+  std::string flag = "--json-schema", text = g.json_schema;
+  if (!g.json_schema_file.empty() || text.starts_with('@')) {
+    const std::string path = g.json_schema_file.empty() ? text.substr(1) : g.json_schema_file;
+    flag = (g.json_schema_file.empty() ? "--json-schema @" : "--json-schema-file ") + path;
+    text = read_whole_file(path, kMaxGrammarBytes, "JSON Schema");
+  }
+  if (text.empty()) return nullptr;
+  nlohmann::ordered_json schema;
+  try {
+    schema = nlohmann::ordered_json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw UsageError(flag + ": not valid JSON (" + e.what() + ")");
+  }
+  try {
+    return spec_of(grammar::json_schema_to_gbnf(schema), flag);
+  } catch (const grammar::SchemaError& e) {
+    throw UsageError(flag + ": " + e.what());
+  }
 }
 
 }  // namespace ptllm::cli

@@ -7,9 +7,14 @@
 #include <string>
 #include <vector>
 
+#include "engine/constraint.h"
 #include "engine/generator.h"
 #include "engine/stop_text.h"
 #include "tokenizer/tokenizer.h"
+
+namespace CLI {
+class App;
+}
 
 namespace ptllm::cli {
 
@@ -25,6 +30,16 @@ using ptllm::StopReason;
 using ptllm::stop_reason_key;
 // What a footer says: "end of sequence (EOS)", "the token limit (--tokens 16)", ...
 std::string stop_reason_text(StopReason r, const std::string& stop_string, int max_tokens, int ctx_size);
+
+// llama.cpp's flags for constrained sampling: --grammar TEXT, --grammar-file F, --json-schema
+// TEXT|@FILE (-j), --json-schema-file F; at most one of them.
+struct GrammarArgs {
+  std::string grammar, grammar_file, json_schema, json_schema_file;
+};
+void add_grammar_options(CLI::App& app, GrammarArgs& g);
+// The constraint they ask for, or null. Throws UsageError naming the flag (and the file, line and
+// column of a grammar's mistake, or the JSON Schema keyword that cannot be honoured).
+std::shared_ptr<const ConstraintSpec> grammar_constraint(const GrammarArgs& g);
 
 // What the decode loop of sample and chat produced.
 struct GeneratedText {

@@ -257,7 +257,9 @@ constexpr std::string_view kOneSeq = "this command runs one sequence: parallel s
 constexpr std::string_view kDownload =
     "downloading models is not supported: pass a local Hugging Face model directory (-m DIR)";
 constexpr std::string_view kDraft = "speculative decoding is not supported yet";
-constexpr std::string_view kGrammar = "constrained sampling (grammars, JSON schemas) is not supported yet";
+constexpr std::string_view kGrammar =
+    "grammars and JSON schemas constrain `sample` and `chat` (serve takes them per request: the grammar, json_schema "
+    "and response_format fields)";
 constexpr std::string_view kLora =
     "LoRA adapters are not supported: merge the adapter into the weights first (peft's merge_and_unload) and "
     "pass the merged model";
@@ -300,7 +302,7 @@ constexpr HabitFlag kHabitFlags[] = {
     {"--grammar", "", kGrammar},
     {"--grammar-file", "", kGrammar},
     {"--json-schema", "", kGrammar},
-    {"-j", "", kGrammar},
+    {"-j", "--json-schema", kGrammar},
     {"--json-schema-file", "", kGrammar},
     {"--lora", "", kLora},
     {"--lora-scaled", "", kLora},

@@ -11,6 +11,7 @@ const char* stop_reason_key(StopReason r) {
     case StopReason::StopString: return "stop_string";
     case StopReason::TokenLimit: return "token_limit";
     case StopReason::ContextFull: return "context_full";
+    case StopReason::Grammar: return "grammar";
     case StopReason::Interrupted: return "interrupted";
     case StopReason::OutputClosed: return "output_closed";
     case StopReason::Cancelled: return "cancelled";
@@ -27,6 +28,7 @@ Generator::Generator(const Tokenizer& tok, GeneratorOptions o, Sampler& sampler)
 Generator::Generator(const Tokenizer& tok, GeneratorOptions o, Sampler* sampler)
     : tok_(tok), o_(std::move(o)), sampler_(sampler), detok_(tok, !o_.keep_special), stop_(o_.stops) {
   if (!sampler_) sampler_ = &own_sampler_.emplace(o_.sampling);
+  if (o_.constraint) constraint_.emplace(o_.constraint, GrammarVocab::of(tok_));
   if (!o_.logit_bias.empty())
     add_processor([bias = o_.logit_bias](std::span<float> logits, std::span<const int32_t>) {
       for (const auto& [id, b] : bias)
@@ -38,6 +40,11 @@ Generator::Step Generator::next(std::span<float> logits, std::span<const int32_t
   Step s;
   if (done_) return s;
   for (const LogitsProcessor& p : processors_) p(logits, history);
+  if (constraint_ && !constraint_->mask(logits, o_.eos_ids)) {
+    error_ = "no token of the vocabulary can continue the grammar";
+    stop(StopReason::Error);
+    return s;
+  }
   float lse = 0;
   if (o_.top_logprobs >= 0) {  // the sampler modifies the logits: keep them
     scratch_.assign(logits.begin(), logits.end());
@@ -56,7 +63,8 @@ Generator::Step Generator::next(std::span<float> logits, std::span<const int32_t
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i);
     std::partial_sort(ids.begin(), ids.begin() + std::ptrdiff_t(k), ids.end(),
                       [&](int32_t a, int32_t b) { return scratch_[size_t(a)] > scratch_[size_t(b)] || (scratch_[size_t(a)] == scratch_[size_t(b)] && a < b); });
-    for (size_t i = 0; i < k; ++i) lp.top.push_back(entry(ids[i], scratch_[size_t(ids[i])] - lse));
+    for (size_t i = 0; i < k && std::isfinite(scratch_[size_t(ids[i])]); ++i)  // a grammar's bans
+      lp.top.push_back(entry(ids[i], scratch_[size_t(ids[i])] - lse));
     s.logprob = std::move(lp);
   }
   ++sampled_;
@@ -67,10 +75,13 @@ Generator::Step Generator::next(std::span<float> logits, std::span<const int32_t
   }
   s.accepted = true;
   tokens_.push_back(s.id);
+  if (constraint_) constraint_->accept(s.id);
   s.text = stop_.push(detok_.push(s.id));
   if (stop_.stopped()) {
     stop_string_ = stop_.found();
     stop(StopReason::StopString);
+  } else if (constraint_ && constraint_->complete()) {
+    stop(StopReason::Grammar);
   } else if (o_.max_tokens >= 0 && sampled_ >= o_.max_tokens) {
     stop(StopReason::TokenLimit);
   } else if (!fits) {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/constraint.h"
 #include "engine/stop_text.h"
 #include "sample/sampler.h"
 #include "tokenizer/tokenizer.h"
@@ -20,9 +21,10 @@ namespace ptllm {
 
 // Why a generation ended. Eos, StopString, TokenLimit and ContextFull come from the generator;
 // the others from its caller (Ctrl-C, a closed stdout, a client gone, a failure).
-enum class StopReason { Eos, StopString, TokenLimit, ContextFull, Interrupted, OutputClosed, Cancelled, Error };
-// "eos", "stop_string", "token_limit", "context_full", "interrupted", "output_closed", "cancelled",
-// "error".
+// Grammar: the constraint's grammar is complete and nothing can follow.
+enum class StopReason { Eos, StopString, TokenLimit, ContextFull, Grammar, Interrupted, OutputClosed, Cancelled, Error };
+// "eos", "stop_string", "token_limit", "context_full", "grammar", "interrupted", "output_closed",
+// "cancelled", "error".
 const char* stop_reason_key(StopReason r);
 
 // Changes a step's logits [vocab] before sampling; `history` is the prompt and the tokens so far.
@@ -50,6 +52,8 @@ struct GeneratorOptions {
   // OpenAI's logit_bias: added to a token's logit before sampling (-100 bans it, +100 all but forces it).
   std::vector<std::pair<int32_t, float>> logit_bias;
   int top_logprobs = -1;  // -1: no log-probabilities; n >= 0: each step's, with n alternatives
+  // A grammar the output must follow (engine/constraint.h), applied after the processors.
+  std::shared_ptr<const ConstraintSpec> constraint;
 };
 
 class Generator {
@@ -77,6 +81,7 @@ class Generator {
   void add_processor(LogitsProcessor p) { processors_.push_back(std::move(p)); }
   bool done() const { return done_; }
   StopReason reason() const { return reason_; }
+  const std::string& error() const { return error_; }  // reason Error set by the generator: why
   const std::string& stop_string() const { return stop_string_; }
   const std::vector<int32_t>& tokens() const { return tokens_; }  // accepted ids
   int sampled() const { return sampled_; }                        // ids sampled, an ending EOS included
@@ -91,6 +96,7 @@ class Generator {
   std::vector<float> scratch_;  // [vocab] the logits before sampling (log-probabilities)
   std::vector<int32_t> order_;  // [vocab] ids, partly sorted for the top alternatives
   std::optional<Sampler> own_sampler_;
+  std::optional<Constraint> constraint_;
   Sampler* sampler_;
   StreamingDetokenizer detok_;
   StopText stop_;
@@ -99,6 +105,7 @@ class Generator {
   bool done_ = false, finished_ = false;
   StopReason reason_ = StopReason::TokenLimit;
   std::string stop_string_;
+  std::string error_;
 };
 
 }  // namespace ptllm

@@ -34,6 +34,7 @@ GeneratorOptions generator_options(const GenerationParams& p, const std::vector<
   o.keep_special = p.keep_special;
   o.logit_bias = p.logit_bias;
   o.top_logprobs = p.top_logprobs;
+  o.constraint = p.constraint;
   return o;
 }
 
@@ -42,7 +43,8 @@ GeneratorOptions generator_options(const GenerationParams& p, const std::vector<
 FinishReason finish_reason_of(StopReason r) {
   switch (r) {
     case StopReason::Eos:
-    case StopReason::StopString: return FinishReason::Stop;
+    case StopReason::StopString:
+    case StopReason::Grammar: return FinishReason::Stop;
     case StopReason::TokenLimit:
     case StopReason::ContextFull: return FinishReason::Length;
     case StopReason::Error: return FinishReason::Error;
@@ -435,7 +437,7 @@ void Scheduler::sample_next(Slot& s) {
   }
   s.result.text += step.text;
   if (!step.text.empty() && s.req.on_text) s.req.on_text(step.text);
-  if (s.gen.done()) return finish(s, finish_reason_of(s.gen.reason()));
+  if (s.gen.done()) return finish(s, finish_reason_of(s.gen.reason()), s.gen.error());
   s.seq.push_back(step.id);
 }
 

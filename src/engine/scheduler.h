@@ -64,6 +64,7 @@ struct GenerationParams {
   bool keep_special = false;
   std::vector<std::pair<int32_t, float>> logit_bias;  // OpenAI's: added to the logits before sampling
   int top_logprobs = -1;  // -1: none; n >= 0: each token's log-probability with n alternatives
+  std::shared_ptr<const ConstraintSpec> constraint;  // a grammar the reply follows
 };
 
 struct RequestResult {

@@ -99,6 +99,8 @@ class GrammarMatcher {
   // No byte can follow: the reply must end here.
   bool has_nothing_left() const;
   size_t stack_count() const { return stacks_.size(); }
+  // The state as bytes: equal keys accept exactly the same continuations (a mask cache's key).
+  std::string state_key() const;
   const Grammar& grammar() const { return *grammar_; }
 
   // Copies are the rollback: save one, try bytes, assign it back.

@@ -125,6 +125,23 @@ bool GrammarMatcher::accept_string(std::string_view s) {
   return true;
 }
 
+std::string GrammarMatcher::state_key() const {
+  std::vector<const Stack*> order;
+  order.reserve(stacks_.size());
+  for (const Stack& st : stacks_) order.push_back(&st);
+  std::sort(order.begin(), order.end(), [](const Stack* a, const Stack* b) { return *a < *b; });
+  std::string key;
+  const auto put = [&](uint32_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  put(partial_);
+  put(uint32_t(need_));
+  put(uint32_t(length_));
+  for (const Stack* st : order) {
+    put(uint32_t(st->size()));
+    for (uint32_t e : *st) put(e);
+  }
+  return key;
+}
+
 bool GrammarMatcher::can_end() const {
   return need_ == 0 && std::any_of(stacks_.begin(), stacks_.end(), [](const Stack& s) { return s.empty(); });
 }

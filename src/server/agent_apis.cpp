@@ -48,6 +48,7 @@ json chat_tool(const json& t, const char* schema_key) {
   json fn = {{"name", t.value("name", json())}};
   if (const json* d = field(t, "description")) fn["description"] = *d;
   if (const json* s = field(t, schema_key)) fn["parameters"] = *s;
+  if (const json* s = field(t, "strict")) fn["strict"] = *s;
   return {{"type", "function"}, {"function", fn}};
 }
 
@@ -153,10 +154,17 @@ json messages_to_chat(const json& b) {
   if (const json* tc = field(b, "tool_choice")) {
     const json* type = tc->is_object() ? field(*tc, "type") : nullptr;
     if (!type || !type->is_string()) wrong("tool_choice.type", "expected a string");
-    if (*type == "auto" || *type == "none") chat["tool_choice"] = *type;
-    else if (*type == "any" || *type == "tool")
-      wrong("tool_choice", "type " + type->dump() + " is not supported (calls cannot be enforced); use \"auto\"");
-    else wrong("tool_choice.type", "expected \"auto\", \"any\", \"tool\" or \"none\"");
+    if (*type == "auto" || *type == "none") {
+      chat["tool_choice"] = *type;
+    } else if (*type == "any") {
+      chat["tool_choice"] = "required";
+    } else if (*type == "tool") {
+      const json* name = field(*tc, "name");
+      if (!name || !name->is_string()) wrong("tool_choice.name", "expected the name of a tool");
+      chat["tool_choice"] = {{"type", "function"}, {"function", {{"name", *name}}}};
+    } else {
+      wrong("tool_choice.type", "expected \"auto\", \"any\", \"tool\" or \"none\"");
+    }
     if (const json* d = field(*tc, "disable_parallel_tool_use"); d && *d == true) chat["parallel_tool_calls"] = false;
   }
   return chat;
@@ -278,9 +286,22 @@ json responses_to_chat(const json& b, const ResponseStore& store, json& history)
     if (const json* v = field(b, k)) chat[k] = *v;
   if (const json* v = field(b, "max_output_tokens")) chat["max_tokens"] = *v;
   if (const json* t = field(b, "text")) {
-    const json* fmt = t->is_object() ? field(*t, "format") : nullptr;
-    if (fmt && (!fmt->is_object() || fmt->value("type", json()) != "text"))
-      wrong("text.format", "only {\"type\": \"text\"} is supported");
+    if (!t->is_object()) wrong("text", "expected an object");
+    // text.format: the chat API's response_format, its json_schema's fields beside the type.
+    if (const json* fmt = field(*t, "format")) {
+      if (!fmt->is_object()) wrong("text.format", "expected an object");
+      const json type = fmt->value("type", json());
+      if (type == "json_schema") {
+        json js = json::object();
+        for (const char* k : {"name", "schema", "strict", "description"})
+          if (const json* v = field(*fmt, k)) js[k] = *v;
+        chat["response_format"] = {{"type", "json_schema"}, {"json_schema", js}};
+      } else if (type == "text" || type == "json_object") {
+        chat["response_format"] = {{"type", type}};
+      } else {
+        wrong("text.format.type", "expected \"text\", \"json_object\" or \"json_schema\"");
+      }
+    }
   }
   // The conversation: the previous response's, then this input.
   history = json::array();

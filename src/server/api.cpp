@@ -66,6 +66,7 @@ json read_tools(const json& tools) {
       wrong_type(at + ".function.description", "a string", *d);
     if (const json* p = field(*fn, "parameters"); p && !p->is_object())
       wrong_type(at + ".function.parameters", "an object (a JSON Schema)", *p);
+    if (const json* st = field(*fn, "strict"); st && !st->is_boolean()) wrong_type(at + ".function.strict", "a boolean", *st);
   }
   return tools;
 }
@@ -199,11 +200,12 @@ json read_messages(const json& body) {
   return out;
 }
 
-// tool_choice: "auto" and "none"; forcing a call ("required", a named function) needs constrained
-// decoding, which this server does not have: refused rather than ignored.
+// tool_choice: "auto", "none", "required" (the reply is one or more calls) or a named function
+// (the reply is calls of it); both enforced by a grammar over the model's call syntax.
 void read_tool_choice(const json& body, ApiRequest& r) {
   const json* tc = field(body, "tool_choice");
   if (!tc) return;
+  const bool has_tools = r.tools.is_array() && !r.tools.empty();
   if (tc->is_string()) {
     const std::string v = tc->get<std::string>();
     if (v == "auto") return;
@@ -211,9 +213,11 @@ void read_tool_choice(const json& body, ApiRequest& r) {
       r.tool_choice_none = true;
       return;
     }
-    if (v == "required")
-      throw bad_request("tool_choice: \"required\" is not supported (calls cannot be enforced); use \"auto\"",
-                        "tool_choice");
+    if (v == "required") {
+      if (!has_tools) throw bad_request("tool_choice: \"required\" needs tools", "tool_choice");
+      r.tool_choice_required = true;
+      return;
+    }
     throw bad_request("tool_choice: expected \"auto\", \"none\", \"required\" or a function, got " + tc->dump(),
                       "tool_choice");
   }
@@ -227,21 +231,68 @@ void read_tool_choice(const json& body, ApiRequest& r) {
     for (const json& t : r.tools) known = known || t["function"]["name"] == *name;
   if (!known)
     throw bad_request("tool_choice.function.name: no tool named " + name->dump() + " in tools", "tool_choice.function.name");
-  throw bad_request("tool_choice: a named function is not supported (calls cannot be enforced); use \"auto\"",
-                    "tool_choice");
+  r.tool_choice_required = true;
+  r.tool_choice_name = name->get<std::string>();
+}
+
+void set_constraint(ApiRequest& r, OutputConstraint c) {
+  if (r.constraint.kind != OutputConstraint::Kind::None)
+    throw bad_request(c.param + ": only one of grammar, json_schema and a JSON response_format may be given (" +
+                          r.constraint.param + " was too)",
+                      c.param);
+  r.constraint = std::move(c);
+}
+
+// llama-server's fields: "grammar" (GBNF) and "json_schema" (a schema), for both endpoints.
+void read_constraint_fields(const json& body, ApiRequest& r) {
+  if (const json* g = field(body, "grammar")) {
+    if (!g->is_string()) wrong_type("grammar", "a string (GBNF)", *g);
+    if (!g->get<std::string>().empty())
+      set_constraint(r, {OutputConstraint::Kind::Grammar, g->get<std::string>(), json(), "grammar"});
+  }
+  if (const json* js = field(body, "json_schema")) {
+    if (!js->is_object() && !js->is_boolean()) wrong_type("json_schema", "a JSON Schema object", *js);
+    set_constraint(r, {OutputConstraint::Kind::Schema, {}, *js, "json_schema"});
+  }
+}
+
+// response_format: text, json_object (any object; llama-server's "schema" beside it too) and
+// json_schema {name, schema, strict}.
+void read_response_format(const json& body, ApiRequest& r) {
+  const json* rf = field(body, "response_format");
+  if (!rf) return;
+  if (!rf->is_object()) wrong_type("response_format", "an object", *rf);
+  const json* type = field(*rf, "type");
+  if (!type || !type->is_string()) throw bad_request("response_format.type: expected a string", "response_format.type");
+  if (*type == "text") return;
+  if (*type == "json_object") {
+    if (const json* schema = field(*rf, "schema")) {
+      if (!schema->is_object()) wrong_type("response_format.schema", "a JSON Schema object", *schema);
+      return set_constraint(r, {OutputConstraint::Kind::Schema, {}, *schema, "response_format.schema"});
+    }
+    return set_constraint(r, {OutputConstraint::Kind::AnyObject, {}, json(), "response_format"});
+  }
+  if (*type == "json_schema") {
+    const json* js = field(*rf, "json_schema");
+    if (!js || !js->is_object()) throw bad_request("response_format.json_schema: expected an object {name, schema, strict}", "response_format.json_schema");
+    if (const json* name = field(*js, "name"); name && !name->is_string())
+      wrong_type("response_format.json_schema.name", "a string", *name);
+    if (const json* strict = field(*js, "strict"); strict && !strict->is_boolean())
+      wrong_type("response_format.json_schema.strict", "a boolean", *strict);
+    const json* schema = field(*js, "schema");
+    if (!schema) throw bad_request("response_format.json_schema.schema: required", "response_format.json_schema.schema");
+    if (!schema->is_object() && !schema->is_boolean())
+      wrong_type("response_format.json_schema.schema", "a JSON Schema object", *schema);
+    return set_constraint(r, {OutputConstraint::Kind::Schema, {}, *schema, "response_format.json_schema.schema"});
+  }
+  throw bad_request("response_format.type: expected \"text\", \"json_object\" or \"json_schema\", got " + type->dump(),
+                    "response_format.type");
 }
 
 void read_chat_options(const json& body, ApiRequest& r) {
   read_tool_choice(body, r);
   read_bool(body, "parallel_tool_calls", r.parallel_tool_calls);
-  if (const json* rf = field(body, "response_format")) {
-    if (!rf->is_object()) wrong_type("response_format", "an object", *rf);
-    const json* type = field(*rf, "type");
-    if (!type || !type->is_string()) throw bad_request("response_format.type: expected a string", "response_format.type");
-    if (*type != "text")
-      throw bad_request("response_format: type " + type->dump() + " is not supported (only \"text\")",
-                        "response_format");
-  }
+  read_response_format(body, r);
   if (const json* f = field(body, "reasoning_format")) {
     if (!f->is_string() || (*f != "none" && *f != "deepseek" && *f != "auto"))
       throw bad_request("reasoning_format: expected \"none\", \"deepseek\" or \"auto\", got " + f->dump(),
@@ -278,7 +329,7 @@ void check_fields(const json& body, Endpoint endpoint) {
   static const std::set<std::string> common = {
       "model", "temperature", "top_p", "min_p", "top_k", "repeat_penalty", "repeat_last_n", "presence_penalty",
       "frequency_penalty", "seed", "max_tokens", "n", "stop", "stream", "stream_options", "ignore_eos", "logit_bias",
-      "logprobs",
+      "logprobs", "grammar", "json_schema",
       // metadata: no effect on the output
       "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "cache_prompt"};
   static const std::set<std::string> chat = {"messages", "tools", "tool_choice", "parallel_tool_calls",
@@ -295,7 +346,7 @@ void check_fields(const json& body, Endpoint endpoint) {
     static const std::set<std::string> known = {"top_logprobs", "echo", "best_of",
                                                 "suffix", "modalities", "audio", "prediction", "functions",
                                                 "function_call", "web_search_options", "reasoning_effort",
-                                                "verbosity", "grammar", "json_schema", "n_probs"};
+                                                "verbosity", "n_probs"};
     throw bad_request(key + (known.count(key) ? ": not supported by this server" : ": unknown field") +
                           " (refused rather than ignored)",
                       key);
@@ -405,6 +456,7 @@ ApiRequest parse_request(const std::string& body_text, Endpoint endpoint, uint64
   } else {
     read_prompt(body, r);
   }
+  read_constraint_fields(body, r);
   r.params.sampling = defaults.sampling;
   r.params.sampling.seed = seed;
   read_sampling(body, r);

@@ -30,12 +30,25 @@ ApiError bad_request(std::string message, std::string param = {}, std::string co
 
 enum class Endpoint { Chat, Completion };
 
+// Structured output as a request asks for it; the server compiles it once the prompt's reply
+// format is known (server/structured.h).
+struct OutputConstraint {
+  enum class Kind { None, Grammar, Schema, AnyObject };
+  Kind kind = Kind::None;
+  std::string grammar;  // Grammar: GBNF text
+  json schema;          // Schema: a JSON Schema
+  std::string param;    // the field it came from ("grammar", "json_schema", "response_format.json_schema.schema")
+};
+
 struct ApiRequest {
   Endpoint endpoint = Endpoint::Chat;
   std::string model;            // as sent ("" when absent)
   json messages;                // chat: the validated messages
   json tools;                   // chat: null or the tools list, passed to the template
   bool tool_choice_none = false;  // chat: tool_choice "none": calls are not parsed out of the reply
+  bool tool_choice_required = false;  // chat: "required" or a named function: the reply is calls
+  std::string tool_choice_name;       // chat: the named function, the only one the reply may call
+  OutputConstraint constraint;
   bool parallel_tool_calls = true;
   std::optional<bool> reasoning;  // chat: reasoning_format "none" (false) or "deepseek"/"auto" (true)
   json template_kwargs = json::object();  // chat: chat_template_kwargs

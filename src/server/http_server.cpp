@@ -27,6 +27,7 @@
 #include "engine/runtime.h"
 #include "engine/scheduler.h"
 #include "server/agent_apis.h"
+#include "server/structured.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ptllm::server {
@@ -840,6 +841,7 @@ std::shared_ptr<Channel> HttpServer::Impl::submit(ApiRequest& r, int64_t& prompt
                         "logit_bias");
   Request sr;
   sr.prompt = prompt_ids(r);
+  r.params.constraint = request_constraint(r, rt.tokenizer());
   const KVCacheConfig& kv = sch.config().session.kv;
   const int64_t n = int64_t(sr.prompt.size());
   if (n == 0) throw bad_request("the prompt encodes to no tokens");

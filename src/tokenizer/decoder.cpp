@@ -88,7 +88,7 @@ class TokenStage : public Stage {
 // a character outside the table (an added token's text) keeps its own bytes.
 class ByteLevelStage final : public TokenStage {
  public:
-  using TokenStage::TokenStage;
+  ByteLevelStage(Stage* next, bool fused_in, bool raw) : TokenStage(next, fused_in), raw_(raw) {}
 
  protected:
   void token(std::string_view t) override {
@@ -102,6 +102,10 @@ class ByteLevelStage final : public TokenStage {
       }
       bytes += static_cast<char>(b);
     }
+    if (raw_) {
+      if (!bytes.empty()) next_->push(bytes);
+      return;
+    }
     std::string text;
     repair_.push(bytes, text);
     if (!text.empty()) next_->push(text);
@@ -114,6 +118,7 @@ class ByteLevelStage final : public TokenStage {
 
  private:
   Utf8Repairer repair_;
+  bool raw_;
 };
 
 // ▁ back to a space; in the first token it is dropped when encoding prepended it.
@@ -201,7 +206,7 @@ class ReplaceStage final : public TokenStage {
 // are not valid UTF-8. A run is held until it ends, so no stray byte is ever emitted.
 class ByteFallbackStage final : public TokenStage {
  public:
-  using TokenStage::TokenStage;
+  ByteFallbackStage(Stage* next, bool fused_in, bool raw) : TokenStage(next, fused_in), raw_(raw) {}
 
  protected:
   void token(std::string_view t) override {
@@ -230,7 +235,7 @@ class ByteFallbackStage final : public TokenStage {
   }
   void flush() {
     if (bytes_.empty()) return;
-    if (is_valid_utf8(bytes_)) {
+    if (raw_ || is_valid_utf8(bytes_)) {
       next_->push(bytes_);
     } else {
       for (size_t i = 0; i < bytes_.size(); ++i) next_->push(kReplacementChar);
@@ -238,6 +243,7 @@ class ByteFallbackStage final : public TokenStage {
     bytes_.clear();
   }
   std::string bytes_;
+  bool raw_;
 };
 
 class FuseStage final : public TokenStage {
@@ -298,12 +304,12 @@ class StripStage final : public TokenStage {
   std::string held_;  // trailing content characters that the end may strip
 };
 
-std::unique_ptr<Stage> make_stage(const Step& s, Stage* next, bool fused_in) {
+std::unique_ptr<Stage> make_stage(const Step& s, Stage* next, bool fused_in, bool raw) {
   switch (s.kind) {
-    case Step::ByteLevel: return std::make_unique<ByteLevelStage>(next, fused_in);
+    case Step::ByteLevel: return std::make_unique<ByteLevelStage>(next, fused_in, raw);
     case Step::Metaspace: return std::make_unique<MetaspaceStage>(next, fused_in, s);
     case Step::Replace: return std::make_unique<ReplaceStage>(next, fused_in, s);
-    case Step::ByteFallback: return std::make_unique<ByteFallbackStage>(next, fused_in);
+    case Step::ByteFallback: return std::make_unique<ByteFallbackStage>(next, fused_in, raw);
     case Step::Fuse: return std::make_unique<FuseStage>(next, fused_in);
     case Step::Strip: return std::make_unique<StripStage>(next, fused_in, s);
   }
@@ -353,12 +359,12 @@ DecoderPlan::DecoderPlan(const json& j, const JsonPath& at) : join_with_space_(j
 DecoderPlan::~DecoderPlan() = default;
 DecoderPlan::DecoderPlan(DecoderPlan&&) noexcept = default;
 
-std::unique_ptr<DecodeStream> DecoderPlan::start() const {
-  return std::make_unique<DecodeStream>(steps_, join_with_space_);
+std::unique_ptr<DecodeStream> DecoderPlan::start(bool raw) const {
+  return std::make_unique<DecodeStream>(steps_, join_with_space_, raw);
 }
 
 DecodeStream::DecodeStream(const std::vector<std::unique_ptr<DecoderPlan::Step>>& steps,
-                           bool join_with_space) {
+                           bool join_with_space, bool raw) {
   std::vector<bool> fused_in(steps.size());
   bool fused = false;
   for (size_t i = 0; i < steps.size(); ++i) {
@@ -368,7 +374,7 @@ DecodeStream::DecodeStream(const std::vector<std::unique_ptr<DecoderPlan::Step>>
   stages_.resize(steps.size() + 1);
   stages_.back() = std::make_unique<Sink>(out_, join_with_space);
   for (size_t i = steps.size(); i-- > 0;)
-    stages_[i] = make_stage(*steps[i], stages_[i + 1].get(), fused_in[i]);
+    stages_[i] = make_stage(*steps[i], stages_[i + 1].get(), fused_in[i], raw);
 }
 
 DecodeStream::~DecodeStream() = default;

@@ -20,7 +20,9 @@ class DecoderPlan {
   ~DecoderPlan();
   DecoderPlan(DecoderPlan&&) noexcept;
 
-  std::unique_ptr<DecodeStream> start() const;
+  // raw: bytes as the tokens spell them, with no UTF-8 repair (a token may hold part of a
+  // character); for the grammar's view of each token.
+  std::unique_ptr<DecodeStream> start(bool raw = false) const;
 
   struct Step;
 
@@ -33,12 +35,12 @@ class Stage;
 
 class DecodeStream {
  public:
-  DecodeStream(const std::vector<std::unique_ptr<DecoderPlan::Step>>& steps, bool join_with_space);
+  DecodeStream(const std::vector<std::unique_ptr<DecoderPlan::Step>>& steps, bool join_with_space, bool raw = false);
   ~DecodeStream();
 
   void push(std::string_view token);  // not after finish()
   void finish();                      // a second call does nothing
-  // Text produced so far and not yet taken: always whole UTF-8 characters.
+  // Text produced so far and not yet taken: always whole UTF-8 characters (unless raw).
   std::string take();
 
  private:

@@ -320,6 +320,42 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) c
   return stream->take();
 }
 
+std::vector<std::string> Tokenizer::token_bytes() const {
+  const int32_t n = vocab_size();
+  std::vector<std::string> out(size_t(std::max(n, 0)));
+  auto raw = [&](std::initializer_list<const std::string*> tokens) {
+    auto stream = impl_->decoder->start(/*raw=*/true);
+    for (const std::string* t : tokens) stream->push(*t);
+    stream->finish();
+    return stream->take();
+  };
+  // A token's bytes in the middle of a text: decoders treat the first token apart (Metaspace
+  // drops its leading space, Strip trims the text's start), so each token is decoded after a
+  // fixed ordinary one and that one's own text is cut off.
+  const std::string* lead = nullptr;
+  std::string lead_text;
+  for (int32_t id = 0; id < n && !lead; ++id) {
+    const std::string* t = impl_->token_of(id);
+    if (!t || impl_->is_special(id)) continue;
+    std::string text = raw({t});
+    if (!text.empty() && std::all_of(text.begin(), text.end(), [](char c) { return c > ' ' && c < 127; })) {
+      lead = t;
+      lead_text = std::move(text);
+    }
+  }
+  for (int32_t id = 0; id < n; ++id) {
+    const std::string* t = impl_->token_of(id);
+    if (!t) continue;
+    if (!lead) {
+      out[size_t(id)] = raw({t});
+      continue;
+    }
+    std::string both = raw({lead, t});
+    out[size_t(id)] = both.compare(0, lead_text.size(), lead_text) == 0 ? both.substr(lead_text.size()) : raw({t});
+  }
+  return out;
+}
+
 int32_t Tokenizer::vocab_size() const {
   return std::max(impl_->model->max_id(), impl_->added->max_id()) + 1;
 }

@@ -43,6 +43,9 @@ class Tokenizer {
   std::string decode(std::span<const int32_t> ids, bool skip_special = true) const;
 
   int32_t vocab_size() const;             // highest id + 1, added tokens included
+  // Each id's bytes as it adds them to a text after other tokens (raw: a byte-level token may hold
+  // part of a UTF-8 character); special tokens give their text; ids outside the vocabulary "".
+  std::vector<std::string> token_bytes() const;
   std::optional<int32_t> bos_id() const;  // from tokenizer_config bos_token if present
   std::optional<int32_t> eos_id() const;
   bool is_special(int32_t id) const;

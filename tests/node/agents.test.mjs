@@ -108,8 +108,13 @@ test('chat completions: the call, streamed and not, and a tool loop that reuses 
     function: { name: 'get_weather', arguments: '{city: Paris' } }] }];
   await assert.rejects(openai.chat.completions.create({ messages: bad, tools: [weatherTool], model: MODEL }),
     (e) => e.status === 400 && /tool_calls\[0\]\.function\.arguments/.test(e.message));
-  await assert.rejects(openai.chat.completions.create({ messages, tools: [weatherTool], model: MODEL, tool_choice: 'required' }),
-    (e) => e.status === 400 && /tool_choice/.test(e.message));
+  // tool_choice required: a call although the model would answer (its arguments follow the schema).
+  const forced = await openai.chat.completions.create({ messages, tools: [weatherTool], model: MODEL, tool_choice: 'required',
+    parallel_tool_calls: false, max_tokens: 200 });
+  assert.equal(forced.choices[0].finish_reason, 'tool_calls', JSON.stringify(forced.choices[0]));
+  const fc = forced.choices[0].message.tool_calls[0];
+  assert.equal(fc.function.name, 'get_weather');
+  assert.equal(typeof JSON.parse(fc.function.arguments).city, 'string', fc.function.arguments);
   // tool_choice none: the reply is text.
   const none = await openai.chat.completions.create({ messages, tools: [weatherTool], model: MODEL, tool_choice: 'none' });
   assert.equal(none.choices[0].message.content, CALL);
