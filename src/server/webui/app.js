@@ -373,24 +373,27 @@ function renderAll() {
 }
 
 function bindSettings() {
-  const bind = (id, set) => $(id).addEventListener('input', () => {
-    if (!current) newConversation();
-    set(current, $(id));
+  // A setting changed before the first message starts a conversation (which renders the form anew,
+  // so the value is read first and the form rendered again after it is kept).
+  const bind = (id, set) => $(id).addEventListener($(id).type === 'checkbox' ? 'change' : 'input', () => {
+    const value = $(id).type === 'checkbox' ? $(id).checked : $(id).value;
+    const created = !current;
+    if (created) newConversation();
+    set(current, value);
     save();
+    if (created) renderSettings();
   });
-  bind('set-system', (c, e) => { c.system = e.value; });
-  bind('set-temperature', (c, e) => { c.settings.temperature = e.value; });
-  bind('set-top-p', (c, e) => { c.settings.top_p = e.value; });
-  bind('set-max-tokens', (c, e) => { c.settings.max_tokens = e.value; });
-  bind('set-seed', (c, e) => { c.settings.seed = e.value; });
-  bind('set-tools', (c, e) => { c.tools = e.value; });
-  bind('set-schema-name', (c, e) => { c.schema.name = e.value; });
-  bind('set-schema', (c, e) => { c.schema.text = e.value; });
-  $('set-schema-on').addEventListener('change', () => {
-    if (!current) newConversation();
-    current.schema.on = $('set-schema-on').checked;
-    $('schema-fields').hidden = !current.schema.on;
-    save();
+  bind('set-system', (c, v) => { c.system = v; });
+  bind('set-temperature', (c, v) => { c.settings.temperature = v; });
+  bind('set-top-p', (c, v) => { c.settings.top_p = v; });
+  bind('set-max-tokens', (c, v) => { c.settings.max_tokens = v; });
+  bind('set-seed', (c, v) => { c.settings.seed = v; });
+  bind('set-tools', (c, v) => { c.tools = v; });
+  bind('set-schema-name', (c, v) => { c.schema.name = v; });
+  bind('set-schema', (c, v) => { c.schema.text = v; });
+  bind('set-schema-on', (c, v) => {
+    c.schema.on = v;
+    $('schema-fields').hidden = !v;
   });
 }
 
@@ -481,7 +484,7 @@ async function generate() {
   let node = $('messages').lastElementChild;  // the reply's bubble, replaced as text arrives
   const t0 = performance.now();
   let tFirst = null;
-  let tLast = null;
+  let tEnd = null;
   let scheduled = false;
   const update = () => {
     scheduled = false;
@@ -520,11 +523,7 @@ async function generate() {
         const choice = chunk.choices && chunk.choices[0];
         if (!choice) return;
         const d = choice.delta || {};
-        if (d.content || d.reasoning_content || d.tool_calls) {
-          const now = performance.now();
-          if (tFirst === null) tFirst = now;
-          tLast = now;
-        }
+        if (tFirst === null && (d.content || d.reasoning_content || d.tool_calls)) tFirst = performance.now();
         if (d.content) reply.content += d.content;
         if (d.reasoning_content) reply.reasoning_content = (reply.reasoning_content || '') + d.reasoning_content;
         for (const tc of d.tool_calls || []) {
@@ -535,7 +534,10 @@ async function generate() {
           if (tc.function && tc.function.name) call.function.name += tc.function.name;
           if (tc.function && tc.function.arguments) call.function.arguments += tc.function.arguments;
         }
-        if (choice.finish_reason) reply.stats.finish = choice.finish_reason;
+        if (choice.finish_reason) {
+          reply.stats.finish = choice.finish_reason;
+          tEnd = performance.now();
+        }
         schedule();
       });
     }
@@ -549,8 +551,10 @@ async function generate() {
   }
   if (tFirst !== null) {
     reply.stats.ttft_ms = tFirst - t0;
+    // Decode speed: the tokens after the first over the time from the first to the last. Text the
+    // server holds back (a tool call is sent once complete) arrives late, so that time can be ~0.
     const n = reply.stats.completion_tokens;
-    if (n > 1 && tLast > tFirst) reply.stats.tok_s = (n - 1) / ((tLast - tFirst) / 1000);
+    if (n > 1 && tEnd !== null && tEnd - tFirst >= 1) reply.stats.tok_s = (n - 1) / ((tEnd - tFirst) / 1000);
   }
   if (!reply.stats.finish && !reply.error) reply.error = 'the reply ended without a finish reason';
   generating = null;
