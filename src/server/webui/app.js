@@ -401,6 +401,9 @@ function bindSettings() {
 
 // The request body of conversation c; throws an Error naming the setting that is wrong.
 function requestBody(c) {
+  // A number field holding text that is not a number reads as empty: refused, not taken as "default".
+  for (const [id, name] of [['set-temperature', 'temperature'], ['set-top-p', 'top_p'], ['set-max-tokens', 'max_tokens'], ['set-seed', 'seed']])
+    if ($(id).validity.badInput) throw new Error(`${name}: not a number`);
   const messages = [];
   if (c.system.trim()) messages.push({ role: 'system', content: c.system });
   for (const m of c.messages) {
@@ -485,6 +488,8 @@ async function generate() {
   const t0 = performance.now();
   let tFirst = null;
   let tEnd = null;
+  let tLast = null;
+  let pieces = 0;  // deltas with text: one token each, but for text the server held back
   let scheduled = false;
   const update = () => {
     scheduled = false;
@@ -523,7 +528,11 @@ async function generate() {
         const choice = chunk.choices && chunk.choices[0];
         if (!choice) return;
         const d = choice.delta || {};
-        if (tFirst === null && (d.content || d.reasoning_content || d.tool_calls)) tFirst = performance.now();
+        if (d.content || d.reasoning_content || d.tool_calls) {
+          tLast = performance.now();
+          if (tFirst === null) tFirst = tLast;
+          ++pieces;
+        }
         if (d.content) reply.content += d.content;
         if (d.reasoning_content) reply.reasoning_content = (reply.reasoning_content || '') + d.reasoning_content;
         for (const tc of d.tool_calls || []) {
@@ -551,10 +560,13 @@ async function generate() {
   }
   if (tFirst !== null) {
     reply.stats.ttft_ms = tFirst - t0;
-    // Decode speed: the tokens after the first over the time from the first to the last. Text the
-    // server holds back (a tool call is sent once complete) arrives late, so that time can be ~0.
-    const n = reply.stats.completion_tokens;
-    if (n > 1 && tEnd !== null && tEnd - tFirst >= 1) reply.stats.tok_s = (n - 1) / ((tEnd - tFirst) / 1000);
+    // Decode speed: the tokens after the first over the time from the first to the finish (or, for
+    // a reply stopped before its usage came, the deltas received up to the last). Left out when
+    // everything arrived at once (a tool call is sent once complete; a short reply can come in one
+    // read), where the browser cannot time it.
+    const n = reply.stats.completion_tokens ?? pieces;
+    const t1 = reply.stats.completion_tokens !== undefined ? tEnd : tLast;
+    if (n > 1 && t1 !== null && t1 - tFirst >= 1) reply.stats.tok_s = (n - 1) / ((t1 - tFirst) / 1000);
   }
   if (!reply.stats.finish && !reply.error) reply.error = 'the reply ended without a finish reason';
   generating = null;
@@ -584,6 +596,12 @@ function send() {
   if (!text.trim() || generating) return;
   if (!current) newConversation();
   const c = current;
+  try {
+    requestBody(c);  // the settings are checked before the message is taken
+  } catch (e) {
+    showError(e.message);
+    return;
+  }
   c.messages.push({ role: 'user', content: text });
   if (c.title === 'New chat') c.title = text.trim().split('\n')[0].slice(0, 40);
   $('input').value = '';
