@@ -38,6 +38,7 @@ const CODE = '```python\nprint("hello")\n```';
 const THINK = 'The user wants HTML.';
 const CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>';
 const ANSWER = 'It is warm in Paris.';
+const JSON_ANSWER = '{"answer": "The sun is up."}';  // valid under the schema mode's schema
 
 let browser;
 let plain;      // kjv-tiny, --api-key
@@ -50,7 +51,7 @@ before(async () => {
   scriptedDir = fs.mkdtempSync(path.join(os.tmpdir(), 'ptllm-webui-'));
   execFileSync(scriptedBinary, [scriptedDir, '--template', templateFile, '--prompt-tail', '<|im_start|>assistant\n',
     '--script', `<think>${THINK}</think>\n\n${XSS}\n\n${CODE}`,
-    '--script-after', ' weather', CALL, '--script-after', ' warm', ANSWER], { stdio: ['ignore', 'ignore', 'inherit'] });
+    '--script-after', ' weather', CALL, '--script-after', ' warm', ANSWER, '--script-after', ' sun', JSON_ANSWER], { stdio: ['ignore', 'ignore', 'inherit'] });
   [plain, endless, scripted] = await Promise.all([
     startServer(binary, modelDir, ['-t', '1', '-np', '2', '-c', '2048', '--api-key', KEY]),
     startServer(binary, modelDir, ['-t', '1', '-np', '1', '-c', '1024', '--streaming-llm-sink', '4',
@@ -306,7 +307,7 @@ test('JSON-schema output mode sends response_format json_schema', async (t) => {
   await page.check('#set-schema-on');
   await page.fill('#set-schema', JSON.stringify({ type: 'object', properties: { answer: { type: 'string' } }, required: ['answer'] }));
   const sent = page.waitForRequest((r) => r.url().endsWith('/v1/chat/completions'));
-  await send(page, 'Answer in JSON');
+  await send(page, 'Where is the sun?');
   const body = JSON.parse((await sent).postData());
   assert.deepEqual(body.response_format, { type: 'json_schema', json_schema: { name: 'answer',
     schema: { type: 'object', properties: { answer: { type: 'string' } }, required: ['answer'] } } });
@@ -320,7 +321,7 @@ test('JSON-schema output mode sends response_format json_schema', async (t) => {
     return;
   }
   assert.equal(reply.error, undefined);
-  assert.equal(typeof JSON.parse(reply.content).answer, 'string');
+  assert.deepEqual(JSON.parse(reply.content), JSON.parse(JSON_ANSWER));
   await shot(page, '12-json-schema');
   assert.deepEqual(errors, []);
   await context.close();

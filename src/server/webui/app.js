@@ -637,14 +637,14 @@ function start() {
     else localStorage.removeItem(KEY);
     $('forget-key').hidden = !apiKey;
     clearError();
-    checkServer().then((ok) => { if (ok) startStatus(); });
+    checkServer().then((ok) => { if (ok) startStatus(); else refreshStatus(); });
   });
   $('forget-key').hidden = !apiKey;
   $('forget-key').addEventListener('click', () => {
     apiKey = '';
     localStorage.removeItem(KEY);
     $('forget-key').hidden = true;
-    checkServer();
+    checkServer().then(refreshStatus);
   });
   renderAll();
   checkServer().then((ok) => { if (ok) startStatus(); else refreshStatus(); });
