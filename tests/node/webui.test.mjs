@@ -228,7 +228,6 @@ test('the stop button ends a long reply, and the server stops generating it', as
   assert.equal(await metric(endless, 'ptllm_requests_running'), 1);
   await page.click('#stop');
   await page.locator('#send').waitFor({ state: 'visible' });
-  await shot(page, '07-stopped');
   const reply = (await stored(page))[0].messages[1];
   assert.equal(reply.stats.finish, 'stopped');
   assert.ok(reply.stats.ttft_ms > 0 && reply.stats.tok_s > 0, JSON.stringify(reply.stats));
@@ -241,6 +240,10 @@ test('the stop button ends a long reply, and the server stops generating it', as
   assert.equal(await metric(endless, 'ptllm_requests_running'), 0);
   assert.equal(await metric(endless, 'ptllm_kv_blocks_used'), 0);
   assert.ok(await metric(endless, 'ptllm_generated_tokens_total') < 20000);
+  // The status panel shows it too.
+  await page.waitForFunction(() => /0 running of 1.*0 used of.*0 done, 1 cancelled/s.test(document.getElementById('status-body').textContent));
+  assert.match(await page.locator('.message.assistant .stats').textContent(), /\d+ pieces received/);
+  await shot(page, '07-stopped');
   assert.deepEqual(errors, []);
   await context.close();
 });

@@ -288,6 +288,7 @@ function statsText(s) {
   const parts = [];
   if (s.prompt_tokens !== undefined) parts.push(`prompt ${s.prompt_tokens} tokens, ${s.cached_tokens ?? 0} cached`);
   if (s.completion_tokens !== undefined) parts.push(`${s.completion_tokens} generated`);
+  else if (s.received) parts.push(`${s.received} pieces received`);
   if (s.ttft_ms !== undefined) parts.push(`TTFT ${s.ttft_ms.toFixed(0)} ms`);
   if (s.tok_s !== undefined) parts.push(`${s.tok_s.toFixed(1)} tok/s`);
   if (s.finish) parts.push(s.finish);
@@ -553,6 +554,7 @@ async function generate() {
   } catch (e) {
     if (e.name === 'AbortError') {
       reply.stats.finish = 'stopped';
+      setTimeout(refreshStatus, 600);  // the server cancels the request at its next step
     } else {
       reply.error = e instanceof SyntaxError ? 'the server sent a malformed event: ' + e.message : unreachable(e);
       showError(reply.error);
@@ -564,6 +566,7 @@ async function generate() {
     // a reply stopped before its usage came, the deltas received up to the last). Left out when
     // everything arrived at once (a tool call is sent once complete; a short reply can come in one
     // read), where the browser cannot time it.
+    if (reply.stats.completion_tokens === undefined) reply.stats.received = pieces;
     const n = reply.stats.completion_tokens ?? pieces;
     const t1 = reply.stats.completion_tokens !== undefined ? tEnd : tLast;
     if (n > 1 && t1 !== null && t1 - tFirst >= 1) reply.stats.tok_s = (n - 1) / ((t1 - tFirst) / 1000);
