@@ -10,7 +10,8 @@ PACKAGES=(build-essential cmake pkg-config
   nlohmann-json3-dev libpcre2-dev libssl-dev libxxhash-dev libcli11-dev
   libcpp-httplib-dev  # the HTTP server of `posttrainllm serve`
   libhiredis-dev      # serve --kv-store (Redis); without it that flag says what is missing
-  libedit-dev)        # chat's line editing and history on a terminal; without it plain lines
+  libedit-dev         # chat's line editing and history on a terminal; without it plain lines
+  libjs-marked node-dompurify node-highlight.js)  # serve's chat page: built into the binary
 
 source scripts/apt_install.sh
 install_packages "${PACKAGES[@]}"

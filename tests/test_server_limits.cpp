@@ -295,6 +295,46 @@ TEST_F(ServerLimits, CorsPreflightAndAllowedOrigin) {
   EXPECT_FALSE(other->has_header("Access-Control-Allow-Origin"));
 }
 
+// The chat page: its files are served without the key (a browser opening a page sends no header)
+// with a Content-Security-Policy; every data endpoint still needs the key; off, / is a 404.
+TEST_F(ServerLimits, ChatPageFilesNeedNoKeyButDataDoes) {
+  start([](server::ServerConfig& c) { c.api_key = "k"; });
+  httplib::Client c = client();
+  const auto page = c.Get("/");
+  ASSERT_TRUE(page);
+  EXPECT_EQ(page->status, 200);
+  EXPECT_EQ(page->get_header_value("Content-Type"), "text/html; charset=utf-8");
+  const std::string csp = page->get_header_value("Content-Security-Policy");
+  EXPECT_NE(csp.find("script-src 'self'"), std::string::npos) << csp;
+  EXPECT_NE(csp.find("connect-src 'self'"), std::string::npos) << csp;
+  EXPECT_NE(page->body.find("<script src=\"/webui/app.js\""), std::string::npos);
+  for (const char* path : {"/webui/app.js", "/webui/style.css", "/webui/marked.js", "/webui/purify.js",
+                           "/webui/highlight.js", "/webui/highlight.css"}) {
+    const auto r = c.Get(path);
+    ASSERT_TRUE(r) << path;
+    EXPECT_EQ(r->status, 200) << path;
+    EXPECT_GT(r->body.size(), 500u) << path;
+  }
+  EXPECT_NE(c.Get("/webui/purify.js")->body.find("DOMPurify"), std::string::npos);
+  EXPECT_NE(c.Get("/webui/highlight.js")->body.find("registerLanguage('python'"), std::string::npos);
+  // An unknown file is asked for the key like any other path; with it, a 404.
+  EXPECT_EQ(c.Get("/webui/other.js")->status, 401);
+  EXPECT_EQ(c.Get("/webui/other.js", {{"Authorization", "Bearer k"}})->status, 404);
+  for (const char* path : {"/metrics", "/v1/models"}) EXPECT_EQ(c.Get(path)->status, 401) << path;
+  EXPECT_EQ(c.Post("/", "{}", "application/json")->status, 401);
+}
+
+TEST_F(ServerLimits, NoChatPageWithWebuiOff) {
+  start([](server::ServerConfig& c) { c.webui = false; });
+  httplib::Client c = client();
+  for (const char* path : {"/", "/webui/app.js"}) {
+    const auto r = c.Get(path);
+    ASSERT_TRUE(r) << path;
+    EXPECT_EQ(r->status, 404) << path;
+    EXPECT_NE(r->body.find("unknown endpoint"), std::string::npos) << r->body;
+  }
+}
+
 TEST_F(ServerLimits, NoCorsOriginByDefault) {
   start();
   httplib::Client c = client();

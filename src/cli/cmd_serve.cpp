@@ -205,6 +205,7 @@ int run_serve(ServeArgs& a) {
     std::fprintf(stderr, "kv store: %s, keys %s:%s:*%s\n", store->describe().c_str(), a.store_prefix.c_str(),
                  to_hex(std::span<const uint8_t>(sc.store_identity.data(), 16)).c_str(),
                  a.store.ttl_s > 0 ? (", expiring after " + std::to_string(a.store.ttl_s) + " s").c_str() : "");
+  if (a.http.webui) std::fprintf(stderr, "chat page: http://%s:%d/ (--no-webui turns it off)\n", a.http.host.c_str(), port);
   std::fprintf(stderr, "listening on http://%s:%d\n", a.http.host.c_str(), port);
   std::fflush(stderr);
   signals.watch(srv);
@@ -244,6 +245,7 @@ Command add_serve_command(CLI::App& root) {
   app->add_option("--cors-origin", a->http.cors_origin,
                   "Let pages of ORIGIN (https://host:port, or * for any) call the server from a browser "
                   "(default: none)");
+  app->add_flag("--no-webui{false}", a->http.webui, "Do not serve the chat page at / (then / is a 404)");
   app->add_option("--timeout", a->http.timeout_s, "Read and write timeout of a connection, seconds")
       ->check(integer_between(1, 86400));
   app->add_option("--max-body-mb", a->max_body_mb, "Largest request body, MiB (larger: 413)")

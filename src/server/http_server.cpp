@@ -28,6 +28,7 @@
 #include "engine/scheduler.h"
 #include "server/agent_apis.h"
 #include "server/structured.h"
+#include "server/webui.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ptllm::server {
@@ -640,6 +641,10 @@ struct HttpServer::Impl {
 
 bool HttpServer::Impl::authorized(const httplib::Request& req, httplib::Response& res) {
   if (cfg.api_key.empty() || req.path == "/health") return true;
+  // The chat page's files are the same for everyone and hold no data; a browser cannot send a header
+  // when it opens a page, so they are served without the key, and the page sends the key with every
+  // request for data.
+  if (cfg.webui && req.method != "POST" && webui::find(req.path)) return true;
   const std::string auth = req.get_header_value("Authorization");
   const std::string bearer = "Bearer ";
   const std::string given = auth.rfind(bearer, 0) == 0 ? auth.substr(bearer.size()) : std::string();
@@ -775,6 +780,24 @@ void HttpServer::Impl::setup() {
     send_error(res, error_of(404, "unknown endpoint POST " + req.path, "invalid_request_error", "not_found"));
   });
   http.Get("/health", [](const auto&, auto& s) { send_json(s, 200, {{"status", "ok"}}); });
+  if (cfg.webui) {
+    http.Get("/|/webui/.*", [](const httplib::Request& req, httplib::Response& res) {
+      const webui::Asset* a = webui::find(req.path);
+      if (!a) {
+        res.status = 404;  // the error handler writes the body
+        return;
+      }
+      res.set_content(a->body.data(), a->body.size(), std::string(a->content_type).c_str());
+      // Replies are untrusted text: scripts come from this server's files only (none inline), and the
+      // page reaches nothing but this server (no images, fonts or requests elsewhere).
+      res.set_header("Content-Security-Policy",
+                     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                     "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'");
+      res.set_header("X-Content-Type-Options", "nosniff");
+      res.set_header("Referrer-Policy", "no-referrer");
+      res.set_header("Cache-Control", "no-cache");  // a rebuilt binary's page is loaded at once
+    });
+  }
   http.Get("/v1/models", [this](const auto&, auto& s) {
     const json model = {{"id", cfg.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "posttrainllm"}};
     send_json(s, 200, {{"object", "list"}, {"data", json::array({model})}});

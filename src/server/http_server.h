@@ -25,6 +25,7 @@ struct ServerConfig {
   std::string model_name;       // the id /v1/models lists and responses carry
   bool strict_model_name = false;  // a request naming another model: 404 (else it is served as this one)
   std::string cors_origin;      // Access-Control-Allow-Origin: "" none, "*" any, else that one origin
+  bool webui = true;            // the chat page at / (server/webui.h); false: / is a 404
   RequestDefaults defaults;     // what a request leaves out
   size_t max_body_bytes = size_t(8) << 20;  // larger bodies (after Content-Encoding is undone): 413
   int http_threads = 0;         // connections served at once (0: 2 x parallel + 4); more wait in line
