@@ -292,3 +292,87 @@ TEST(JsonSchema, BuilderCombinesSchemas) {
   EXPECT_NE(b.add_rule("root", "\"x\""), "root");
 }
 
+namespace {
+
+std::filesystem::path corpus_dir() { return test::repo_dir() / "tests" / "data" / "json_schemas"; }
+
+std::vector<std::filesystem::path> corpus_files(const std::filesystem::path& dir) {
+  std::vector<std::filesystem::path> out;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir))
+    if (e.path().extension() == ".json" && e.path().string().find("/unsupported/") == std::string::npos) out.push_back(e.path());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+ojson read_ojson(const std::filesystem::path& p) {
+  std::ifstream f(p);
+  return ojson::parse(f);
+}
+
+}  // namespace
+
+// Every corpus schema converts; its random sentences parse and validate; its known valid instances
+// (compact and indented) are accepted and its invalid ones rejected, byte by byte.
+TEST(JsonSchemaCorpus, SupportedSchemas) {
+  const auto files = corpus_files(corpus_dir());
+  ASSERT_GE(files.size(), 200u);
+  size_t sentences = 0;
+  for (const auto& path : files) {
+    SCOPED_TRACE(path.filename().string());
+    const ojson doc = read_ojson(path);
+    ASSERT_TRUE(doc.contains("schema"));
+    const ojson& schema = doc["schema"];
+    std::shared_ptr<const Grammar> g;
+    try {
+      g = Grammar::parse(json_schema_to_gbnf(schema));
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << e.what();
+      continue;
+    }
+    const test::SchemaChecker checker(schema);
+    for (const auto& v : doc.value("valid", ojson::array())) {
+      ASSERT_EQ(checker.check(v), "") << v.dump();
+      EXPECT_TRUE(accepts(g, v.dump())) << v.dump();
+      EXPECT_TRUE(accepts(g, v.dump(2))) << v.dump(2);
+    }
+    for (const auto& v : doc.value("invalid", ojson::array())) {
+      EXPECT_NE(checker.check(v), "") << "corpus says invalid but it validates: " << v.dump();
+      EXPECT_FALSE(accepts(g, v.dump())) << v.dump();
+    }
+    for (const auto& t : doc.value("invalid_text", ojson::array())) EXPECT_FALSE(accepts(g, t.get<std::string>())) << t;
+    test::GrammarSampler sampler(g);
+    std::mt19937 rng(static_cast<uint32_t>(std::hash<std::string>{}(path.filename().string())));
+    for (int i = 0; i < 40; ++i) {
+      const std::string text = sampler.sample(rng, 60 + static_cast<size_t>(i) * 10);
+      ASSERT_TRUE(accepts(g, text)) << "the matcher rejects a sentence of its grammar: " << text;
+      ojson v;
+      try {
+        v = ojson::parse(text);
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "not JSON: " << text << ": " << e.what();
+        continue;
+      }
+      EXPECT_EQ(checker.check(v), "") << text;
+      ++sentences;
+    }
+  }
+  EXPECT_GT(sentences, 8000u);
+}
+
+// Each schema of unsupported/ is refused, naming the keyword its file names.
+TEST(JsonSchemaCorpus, UnsupportedSchemasAreRefused) {
+  size_t n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(corpus_dir() / "unsupported")) {
+    if (e.path().extension() != ".json") continue;
+    SCOPED_TRACE(e.path().filename().string());
+    const ojson doc = read_ojson(e.path());
+    try {
+      json_schema_to_gbnf(doc["schema"]);
+      ADD_FAILURE() << "accepted";
+    } catch (const SchemaError& err) {
+      EXPECT_EQ(err.keyword, doc["keyword"].get<std::string>()) << err.what();
+    }
+    ++n;
+  }
+  EXPECT_GE(n, 10u);
+}

@@ -317,6 +317,22 @@ class SchemaVisitor {
  private:
   std::string literal(const json& v) { return gbnf_literal(v.dump(-1, ' ', false, json::error_handler_t::strict)); }
 
+  // A constant value: scalars as written by dump(), containers with whitespace allowed between tokens.
+  std::string value_literal(const json& v) {
+    if (!v.is_object() && !v.is_array()) return literal(v);
+    const std::string w = ws();
+    std::string out = v.is_object() ? "\"{\" " + w : "\"[\" " + w;
+    bool first = true;
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      out += first ? " " : " " + w + " \",\" " + w + " ";
+      if (v.is_object()) out += literal(json(it.key())) + " " + w + " \":\" " + w + " ";
+      out += value_literal(it.value());
+      first = false;
+    }
+    if (!first) out += " " + w;
+    return out + (v.is_object() ? " \"}\"" : " \"]\"");
+  }
+
   // Repetition of `x` (a rule name or a parenthesized expression) lo..hi times; hi < 0: unbounded.
   std::string repeat(const std::string& x, int64_t lo, int64_t hi, const std::string& keyword, const std::string& path) {
     constexpr int64_t kMax = 1000;  // the GBNF parser's bound on {m,n}
@@ -616,7 +632,7 @@ std::string SchemaVisitor::visit_enum(const json& s, const std::string& path, co
   std::string body;
   for (auto& v : values) {
     if (!types.empty() && !type_allows(types, type_of(v))) continue;
-    body += (body.empty() ? "" : " | ") + literal(v);
+    body += (body.empty() ? "" : " | ") + value_literal(v);
   }
   if (body.empty()) bad(kw, path, "no value has the schema's type");
   return rule(hint, body, path);
