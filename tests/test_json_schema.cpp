@@ -270,7 +270,35 @@ TEST(JsonSchema, BoundsOnSizeAndDepth) {
   const SchemaError e = error_of(deep);
   EXPECT_EQ(e.keyword, "max_depth");
   EXPECT_NE(std::string(e.what()).find("deeper than 64"), std::string::npos);
-  EXPECT_EQ(error_of(R"({"type":"string","maxLength":5000})").keyword, "maxLength");
+  EXPECT_EQ(error_of(R"({"type":"string","maxLength":5000000})").keyword, "maxLength");
+  small.max_rules = 1500;
+  EXPECT_EQ(error_of(R"({"type":"string","maxLength":100000})", small).keyword, "max_rules");
+}
+
+TEST(JsonSchema, LargeCountsAreExact) {
+  // Counts above the GBNF parser's {m,n} bound are built from chunks of 1000.
+  for (auto [lo, hi] : std::vector<std::pair<int, int>>{{0, 2500}, {1001, 3003}, {2000, 2000}, {1500, -1}, {0, 1999}, {999, 1001}}) {
+    ojson s = {{"type", "string"}};
+    if (lo) s["minLength"] = lo;
+    if (hi >= 0) s["maxLength"] = hi;
+    auto g = Grammar::parse(json_schema_to_gbnf(s));
+    const int top = hi >= 0 ? hi : lo + 1200;
+    for (int n : {0, 1, 998, 999, 1000, 1001, 1002, 1499, 1500, 1501, 1998, 1999, 2000, 2001, 2499, 2500, 2501, 3002, 3003, 3004}) {
+      if (n > top + 1) continue;
+      const bool want = n >= lo && (hi < 0 || n <= hi);
+      EXPECT_EQ(accepts(g, "\"" + std::string(static_cast<size_t>(n), 'a') + "\""), want) << lo << ".." << hi << " length " << n;
+    }
+  }
+  auto g = compile(R"({"type":"array","items":{"type":"integer"},"minItems":1200,"maxItems":2100})");
+  auto arr = [](int n) {
+    std::string t = "[";
+    for (int i = 0; i < n; ++i) t += i ? ",1" : "1";
+    return t + "]";
+  };
+  EXPECT_FALSE(accepts(g, arr(1199)));
+  EXPECT_TRUE(accepts(g, arr(1200)));
+  EXPECT_TRUE(accepts(g, arr(2100)));
+  EXPECT_FALSE(accepts(g, arr(2101)));
 }
 
 TEST(JsonSchema, BuilderCombinesSchemas) {

@@ -280,10 +280,10 @@ class SchemaVisitor {
   std::string json_char() {
     const std::string hex = shared("hex", "[0-9a-fA-F]");
     // \u escapes of surrogates only as a high-low pair (RFC 8259 section 7; parsers reject lone ones).
-    return shared("char", "[^\"\\\\\\x00-\\x1F] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" ( [0-9a-cA-C] " + hex + " " + hex +
-                              " " + hex + " | [dD] [0-7] " + hex + " " + hex + " | [eEfF] " + hex + " " + hex + " " +
-                              hex + " ) ) | \"\\\\u\" [dD] [89abAB] " + hex + " " + hex + " \"\\\\u\" [dD] [c-fC-F] " +
-                              hex + " " + hex);
+    // One alternative per first byte keeps the matcher at three stacks inside a string.
+    return shared("char", "[^\"\\\\\\x00-\\x1F] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" ( [0-9a-cA-C] " + hex + " " + hex + " " +
+                              hex + " | [dD] [0-7] " + hex + " " + hex + " | [eEfF] " + hex + " " + hex + " " + hex +
+                              " | [dD] [89abAB] " + hex + " " + hex + " \"\\\\u\" [dD] [c-fC-F] " + hex + " " + hex + " ) )");
   }
   std::string any_string() { return shared("string", "\"\\\"\" " + json_char() + "* \"\\\"\""); }
   std::string any_integer() { return shared("integer", "\"-\"? ( \"0\" | [1-9] [0-9]{0,15} )", 16); }
@@ -334,10 +334,36 @@ class SchemaVisitor {
   }
 
   // Repetition of `x` (a rule name or a parenthesized expression) lo..hi times; hi < 0: unbounded.
+  // Repetition of `x` (a rule name or a parenthesized expression) lo..hi times; hi < 0: unbounded.
+  // Counts up to kChunk are GBNF's {m,n} (the parser's bound); larger ones are built from chunks
+  // of kChunk so that the grammar grows with count / kChunk, not with the count.
+  static constexpr int64_t kChunk = 1000;
+  static constexpr int64_t kMaxCount = 1000000;
+
   std::string repeat(const std::string& x, int64_t lo, int64_t hi, const std::string& keyword, const std::string& path) {
-    constexpr int64_t kMax = 1000;  // the GBNF parser's bound on {m,n}
-    if (lo > kMax || hi > kMax) bad(keyword, path, "bounds above " + std::to_string(kMax) + " are not supported");
-    charge(static_cast<size_t>(hi < 0 ? 1 : hi - lo + 1), path);
+    if (lo > kMaxCount || hi > kMaxCount) bad(keyword, path, "bounds above " + std::to_string(kMaxCount) + " are not supported");
+    if (lo <= kChunk && hi <= kChunk) return small_repeat(x, lo, hi, path);
+    auto seq = [](const std::string& a, const std::string& b) { return a.empty() ? b : b.empty() ? a : a + " " + b; };
+    std::string chunk;
+    auto get_chunk = [&] {
+      if (chunk.empty()) chunk = rule("chunk", small_repeat(x, kChunk, kChunk, path), path);
+      return chunk;
+    };
+    std::string head;  // x{lo}
+    if (lo > kChunk) head = seq(small_repeat(get_chunk(), lo / kChunk, lo / kChunk, path), small_repeat(x, lo % kChunk, lo % kChunk, path));
+    else head = small_repeat(x, lo, lo, path);
+    if (hi < 0) return seq(head, small_repeat(x, 0, -1, path));
+    const int64_t m = hi - lo;  // then x{0,m}
+    if (m <= kChunk) return seq(head, small_repeat(x, 0, m, path));
+    // L_0 = x{0, m mod kChunk}; L_j = chunk L_{j-1} | x{0, kChunk-1}: L_j covers 0 .. j*kChunk + m mod kChunk.
+    const std::string below = rule("upto", small_repeat(x, 0, kChunk - 1, path), path);
+    std::string level = rule("upto", "\"\" " + small_repeat(x, 0, m % kChunk, path), path);
+    for (int64_t j = 1; j <= m / kChunk; ++j) level = rule("upto", get_chunk() + " " + level + " | " + below, path);
+    return seq(head, level);
+  }
+
+  std::string small_repeat(const std::string& x, int64_t lo, int64_t hi, const std::string& path) {
+    charge(static_cast<size_t>(hi < 0 ? lo + 1 : hi), path);
     if (hi < 0) {
       if (lo == 0) return x + "*";
       if (lo == 1) return x + "+";
