@@ -241,8 +241,48 @@ TEST(JsonSchema, IntegerRangesAreExact) {
     EXPECT_FALSE(accepts(g, "-0"));
   }
   EXPECT_EQ(error_of(R"({"type":"integer","minimum":10,"maximum":5})").keyword, "minimum");
-  EXPECT_EQ(error_of(R"({"type":"number","minimum":0})").keyword, "minimum");
-  EXPECT_EQ(error_of(R"({"type":"number","exclusiveMaximum":1})").keyword, "exclusiveMaximum");
+}
+
+TEST(JsonSchema, NumberRangesAreExact) {
+  struct Case {
+    std::string bounds;
+    double lo, hi;
+    bool lo_ex, hi_ex;
+  };
+  const double inf = 1e300;
+  const std::vector<Case> cases = {
+      {R"("minimum":0)", 0, inf, false, false},
+      {R"("minimum":0,"maximum":1)", 0, 1, false, false},
+      {R"("exclusiveMinimum":0,"maximum":100)", 0, 100, true, false},
+      {R"("minimum":-5,"exclusiveMaximum":5)", -5, 5, false, true},
+      {R"("exclusiveMinimum":-3,"exclusiveMaximum":-1)", -3, -1, true, true},
+      {R"("maximum":-2)", -inf, -2, false, false},
+      {R"("exclusiveMaximum":0)", -inf, 0, false, true},
+      {R"("minimum":7,"maximum":7)", 7, 7, false, false},
+      {R"("minimum":2,"exclusiveMinimum":true,"maximum":4,"exclusiveMaximum":true)", 2, 4, true, true},
+      {R"("minimum":-12,"maximum":40,"exclusiveMinimum":-12)", -12, 40, true, false},
+  };
+  std::vector<std::string> probes = {"0", "-0", "0.0", "-0.0", "0.5", "-0.5", "1e2", "0.000001", "-0.000001"};
+  for (int i = -45; i <= 105; ++i) {
+    probes.push_back(std::to_string(i));
+    for (const char* f : {".0", ".00", ".25", ".5", ".999999", ".000001", ".0000000000001"}) probes.push_back(std::to_string(i) + f);
+  }
+  for (const auto& c : cases) {
+    auto g = compile(R"({"type":"number",)" + c.bounds + "}");
+    for (const auto& p : probes) {
+      const double v = std::stod(p);
+      const bool want = p.find('e') == std::string::npos && (c.lo_ex ? v > c.lo : v >= c.lo) && (c.hi_ex ? v < c.hi : v <= c.hi);
+      // Never an invalid value; every valid one with up to 6 decimals (the grammar bounds the
+      // digits to 15 significant ones), except the spelling "-0" of zero.
+      const size_t dot = p.find('.');
+      const bool short_form = dot == std::string::npos || p.size() - dot - 1 <= 6;
+      if (accepts(g, p)) EXPECT_TRUE(want) << c.bounds << " accepts " << p;
+      else EXPECT_FALSE(want && short_form && !(p.rfind("-0", 0) == 0 && v == 0)) << c.bounds << " rejects " << p;
+    }
+  }
+  EXPECT_EQ(error_of(R"({"type":"number","minimum":0.5})").keyword, "minimum");
+  EXPECT_EQ(error_of(R"({"type":"number","exclusiveMaximum":1.25})").keyword, "exclusiveMaximum");
+  EXPECT_EQ(error_of(R"({"type":"number","minimum":3,"maximum":2})").keyword, "minimum");
 }
 
 TEST(JsonSchema, MetadataIgnoredUnknownRefused) {

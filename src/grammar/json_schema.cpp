@@ -158,9 +158,9 @@ std::string same_length_range(const std::string& lo, const std::string& hi) {
 
 // Non-negative integers lo..hi without leading zeros (hi empty: no upper bound, at most
 // max(kMaxIntDigits, digits of lo) digits).
-std::string nonneg_range(uint64_t lo, std::optional<uint64_t> hi) {
+std::string nonneg_range(uint64_t lo, std::optional<uint64_t> hi, size_t open_digits = kMaxIntDigits) {
   const std::string los = std::to_string(lo);
-  const size_t max_len = hi ? std::to_string(*hi).size() : std::max<size_t>(kMaxIntDigits, los.size());
+  const size_t max_len = hi ? std::to_string(*hi).size() : std::max<size_t>(open_digits, los.size());
   std::vector<std::string> alts;
   for (size_t d = los.size(); d <= max_len; ++d) {
     std::string a = d == los.size() ? los : "1" + std::string(d - 1, '0');
@@ -200,6 +200,60 @@ std::string integer_range_gbnf(std::optional<int64_t> lo, std::optional<int64_t>
 }
 
 }  // namespace
+
+// A number (no exponent) in the range, bounds integral; "" when the range is empty. Digits are
+// bounded to 15 significant ones, so that a validator reading the number as an IEEE double (as
+// JavaScript's ajv does) rounds it to a value on the same side of each bound.
+struct NumberBound {
+  int64_t value;
+  bool exclusive;
+};
+
+std::string nonneg_number(NumberBound lo, std::optional<NumberBound> hi) {
+  constexpr size_t kSignificant = 15;
+  constexpr size_t kOpenDigits = 9;  // integer digits without an upper bound
+  const size_t int_digits = hi ? std::to_string(hi->value).size() : std::max(kOpenDigits, std::to_string(lo.value).size());
+  const size_t frac = int_digits < kSignificant ? kSignificant - int_digits : 0;
+  const std::string f = frac ? "[0-9]{1," + std::to_string(frac) + "}" : "";
+  const std::string any_frac = frac ? " ( \".\" " + f + " )?" : "";
+  const std::string zero_frac = frac ? " ( \".\" \"0\"{1," + std::to_string(frac) + "} )?" : "";
+  std::vector<std::string> alts;
+  const int64_t a = lo.exclusive ? lo.value + 1 : lo.value;
+  if (!hi || a <= hi->value - 1) {
+    std::optional<uint64_t> b;
+    if (hi) b = static_cast<uint64_t>(hi->value - 1);
+    alts.push_back("( " + nonneg_range(static_cast<uint64_t>(a), b, kOpenDigits) + " )" + any_frac);
+  }
+  if (lo.exclusive && frac && (!hi || lo.value < hi->value))
+    alts.push_back("\"" + std::to_string(lo.value) + ".\" \"0\"{0," + std::to_string(frac - 1) + "} [1-9] [0-9]{0," +
+                   std::to_string(frac - 1) + "}");
+  if (hi && !hi->exclusive && (hi->value > lo.value || (hi->value == lo.value && !lo.exclusive)))
+    alts.push_back("\"" + std::to_string(hi->value) + "\"" + zero_frac);
+  std::string out;
+  for (size_t i = 0; i < alts.size(); ++i) out += (i ? " | " : "") + alts[i];
+  return out;
+}
+
+std::string number_range_gbnf(std::optional<NumberBound> lo, std::optional<NumberBound> hi) {
+  std::vector<std::string> alts;
+  // x >= 0 part.
+  if (!hi || hi->value > 0 || (hi->value == 0 && !hi->exclusive)) {
+    NumberBound a = lo && lo->value >= 0 ? *lo : NumberBound{0, false};
+    std::string p = nonneg_number(a, hi);
+    if (!p.empty()) alts.push_back(p);
+  }
+  // x < 0 part: x = -y.
+  if (!lo || lo->value < 0) {
+    NumberBound ylo = hi && hi->value <= 0 ? NumberBound{-hi->value, hi->exclusive} : NumberBound{0, true};
+    std::optional<NumberBound> yhi;
+    if (lo) yhi = NumberBound{-lo->value, lo->exclusive};
+    std::string p = nonneg_number(ylo, yhi);
+    if (!p.empty()) alts.push_back("\"-\" ( " + p + " )");
+  }
+  std::string out;
+  for (size_t i = 0; i < alts.size(); ++i) out += (i ? " | " : "") + std::string("( ") + alts[i] + " )";
+  return out;
+}
 
 // ---- the builder -----------------------------------------------------------------------------
 
@@ -834,8 +888,32 @@ std::string SchemaVisitor::visit_number(const json& s, const std::string& path, 
     if (s.contains(k)) any_bound = true;
   if (!any_bound) return integer ? any_integer() : any_number();
   if (!integer) {
-    for (const auto& k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
-      if (s.contains(k)) bad(k, path, "bounds on numbers are not supported (they are on integers)");
+    std::optional<NumberBound> lo, hi;
+    std::string lo_kw = "minimum";
+    auto bound = [&](const char* k) {
+      const json& v = s.at(k);
+      if (!v.is_number()) bad(k, path, "must be a number");
+      const double d = v.get<double>();
+      if (std::floor(d) != d) bad(k, path, "bounds on numbers must be whole numbers (non-integral bounds are not supported)");
+      if (std::fabs(d) > 1e15) bad(k, path, "bounds beyond 1e15 are not supported");
+      return static_cast<int64_t>(d);
+    };
+    auto tighten_lo = [&](NumberBound b, const char* k) {
+      if (!lo || b.value > lo->value || (b.value == lo->value && b.exclusive)) { lo = b; lo_kw = k; }
+    };
+    auto tighten_hi = [&](NumberBound b) {
+      if (!hi || b.value < hi->value || (b.value == hi->value && b.exclusive)) hi = b;
+    };
+    const bool ex_min_bool = s.contains("exclusiveMinimum") && s["exclusiveMinimum"].is_boolean();
+    const bool ex_max_bool = s.contains("exclusiveMaximum") && s["exclusiveMaximum"].is_boolean();
+    if (s.contains("minimum")) tighten_lo({bound("minimum"), ex_min_bool && s["exclusiveMinimum"].get<bool>()}, "minimum");
+    if (s.contains("maximum")) tighten_hi({bound("maximum"), ex_max_bool && s["exclusiveMaximum"].get<bool>()});
+    if (s.contains("exclusiveMinimum") && !ex_min_bool) tighten_lo({bound("exclusiveMinimum"), true}, "exclusiveMinimum");
+    if (s.contains("exclusiveMaximum") && !ex_max_bool) tighten_hi({bound("exclusiveMaximum"), true});
+    const std::string body = number_range_gbnf(lo, hi);
+    if (body.empty()) bad(lo_kw, path, "no number lies within the bounds");
+    charge(body.size() / 16, path);
+    return rule(hint, body, path);
   }
   std::optional<int64_t> lo, hi;
   auto num = [&](const char* k) {

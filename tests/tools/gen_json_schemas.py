@@ -26,6 +26,7 @@ PRIMS = [
     ({"type": "string", "minLength": 2}, ["ab"], ["a"]),
     ({"type": "integer", "minimum": 1, "maximum": 10}, [1, 10], [0, 11]),
     ({"type": "integer", "minimum": 0}, [0, 12345], [-1]),
+    ({"type": "number", "minimum": 0, "maximum": 100}, [0, 99.5], [-1, 100.5]),
     ({"enum": ["a", "b", "c"]}, ["a", "c"], ["d"]),
     ({"type": "array", "items": {"type": "string"}}, [[], ["x", "y"]], [[1]]),
     ({"type": "array", "items": {"type": "integer"}, "maxItems": 3}, [[1, 2, 3]], [[1, 2, 3, 4]]),
@@ -89,6 +90,16 @@ for lo, hi, ex in [(0, 10, None), (-5, 5, None), (1, None, None), (None, 0, None
     if ehi is not None:
         invalid.append(ehi + 1)
     add(f"integer_range_{lo}_{hi}_{ex}", s, valid, invalid)
+
+# 2b. number ranges (whole-number bounds)
+for bounds, valid, invalid in [({"minimum": 0}, [0, 0.5, 1234.75], [-0.01, -3]),
+                               ({"minimum": 0, "maximum": 1}, [0, 0.25, 1], [1.0001, -0.5]),
+                               ({"exclusiveMinimum": 0, "maximum": 100}, [0.001, 100], [0, 100.5]),
+                               ({"minimum": -90, "maximum": 90}, [-90, 45.123456, 90], [-90.5, 91]),
+                               ({"minimum": -180, "exclusiveMaximum": 180}, [-180, 179.999], [180, -181]),
+                               ({"exclusiveMinimum": -1, "exclusiveMaximum": 1}, [-0.999, 0, 0.5], [-1, 1]),
+                               ({"maximum": 0}, [0, -12.5], [0.1]), ({"exclusiveMaximum": -10}, [-10.5, -1000], [-10, 0])]:
+    add("number_range_" + "_".join(f"{k}{v}" for k, v in bounds.items()), {"type": "number", **bounds}, valid, invalid + ["1"])
 
 # 3. numbers and type lists
 add("number_plain", {"type": "number"}, [0, -0.5, 3.25, 100, 1.5e-7], ["1", None])
