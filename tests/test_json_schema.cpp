@@ -358,6 +358,27 @@ TEST(JsonSchema, BuilderCombinesSchemas) {
   EXPECT_EQ(b.gbnf(), before);
   // Taken names get a suffix.
   EXPECT_NE(b.add_rule("root", "\"x\""), "root");
+  // A caller's rule named like a shared one is not taken for it.
+  SchemaGrammarBuilder c;
+  c.add_rule("ws", "\"WS\"");
+  c.add_rule("string", "\"S\"");
+  const std::string r = c.add(ojson::parse(R"({"type":"array","items":{"type":"string"}})"), "list");
+  c.add_rule("root", r);
+  auto g2 = Grammar::parse(c.gbnf());
+  EXPECT_TRUE(accepts(g2, R"([ "a", "b" ])"));
+  EXPECT_FALSE(accepts(g2, "[WSS]"));
+}
+
+TEST(JsonSchema, EdgeCases) {
+  // A property whose schema is false never appears.
+  expect(R"({"type":"object","properties":{"a":false,"b":{"type":"integer"}}})", {R"({"b":1})", "{}"}, {R"({"a":1})"});
+  EXPECT_EQ(error_of(R"({"type":"object","properties":{"a":false},"required":["a"]})").keyword, "required");
+  // A reference cycle that writes nothing.
+  EXPECT_EQ(error_of(R"({"$ref":"#"})").keyword, "$ref");
+  EXPECT_EQ(error_of(R"({"anyOf":[{"$ref":"#"},{"type":"null"}]})").keyword, "$ref");
+  EXPECT_EQ(error_of(R"({"type":"strin"})").keyword, "type");
+  EXPECT_EQ(error_of(R"({"type":"object","required":["a"]})").keyword, "required");
+  EXPECT_EQ(error_of(R"(false)").keyword, "false");
 }
 
 namespace {

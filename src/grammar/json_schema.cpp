@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "grammar/grammar.h"
 #include "grammar/regex_gbnf.h"
 
 namespace ptllm::grammar {
@@ -276,17 +277,17 @@ std::string SchemaGrammarBuilder::gbnf() const {
 }
 
 std::string SchemaGrammarBuilder::whitespace() {
-  auto it = by_name_.find("ws");
-  if (it != by_name_.end()) return "ws";
+  auto it = shared_.find("ws");
+  if (it != shared_.end()) return it->second;
   const int n = options_.max_whitespace;
   std::string body;
   if (n <= 0) body = "\"\"";
   else if (n == 1) body = "\" \"?";
   else body = "( \" \" | \"\\n\" [ \\t]{0," + std::to_string(n - 1) + "} )?";
   weight_ += static_cast<size_t>(std::max(0, n));
-  by_name_["ws"] = rules_.size();
-  rules_.emplace_back("ws", body);
-  return "ws";
+  const std::string name = add_rule("ws", body);
+  shared_["ws"] = name;
+  return name;
 }
 
 class SchemaVisitor {
@@ -321,11 +322,12 @@ class SchemaVisitor {
 
   // A rule with a fixed name for the shared primitives.
   std::string shared(const std::string& name, const std::string& body, size_t weight = 1) {
-    if (b_.by_name_.count(name)) return name;
-    b_.by_name_[name] = b_.rules_.size();
-    b_.rules_.emplace_back(name, body);
-    b_.weight_ += weight;
-    return name;
+    auto it = b_.shared_.find(name);
+    if (it != b_.shared_.end()) return it->second;
+    const std::string actual = b_.add_rule(name, body);
+    b_.shared_[name] = actual;
+    b_.weight_ += weight - 1;
+    return actual;
   }
 
   std::string ws() { return b_.whitespace(); }
@@ -347,25 +349,25 @@ class SchemaVisitor {
   std::string any_boolean() { return shared("boolean", "\"true\" | \"false\""); }
   std::string any_null() { return shared("null", "\"null\""); }
   std::string any_value() {
-    if (b_.by_name_.count("value")) return "value";
-    b_.by_name_["value"] = b_.rules_.size();
-    b_.rules_.emplace_back("value", "");
-    const size_t at = b_.rules_.size() - 1;
+    auto it = b_.shared_.find("value");
+    if (it != b_.shared_.end()) return it->second;
+    const std::string value = b_.add_rule("value", "");
+    b_.shared_["value"] = value;
+    const size_t at = b_.by_name_[value];
     const std::string w = ws();
     const std::string str = any_string();
-    const std::string obj = shared("object", "\"{\" " + w + " ( " + str + " " + w + " \":\" " + w + " value " + w +
-                                                 " ( \",\" " + w + " " + str + " " + w + " \":\" " + w + " value " + w +
+    const std::string obj = shared("object", "\"{\" " + w + " ( " + str + " " + w + " \":\" " + w + " " + value + " " + w +
+                                                 " ( \",\" " + w + " " + str + " " + w + " \":\" " + w + " " + value + " " + w +
                                                  " )* )? \"}\"");
     const std::string arr =
-        shared("array", "\"[\" " + w + " ( value " + w + " ( \",\" " + w + " value " + w + " )* )? \"]\"");
+        shared("array", "\"[\" " + w + " ( " + value + " " + w + " ( \",\" " + w + " " + value + " " + w + " )* )? \"]\"");
     b_.rules_[at].second =
         obj + " | " + arr + " | " + str + " | " + any_number() + " | " + any_boolean() + " | " + any_null();
-    b_.weight_ += 1;
-    return "value";
+    return value;
   }
   std::string any_object() {
     any_value();
-    return "object";
+    return b_.shared_.at("object");
   }
 
  private:
@@ -725,7 +727,15 @@ std::string SchemaVisitor::visit_object(const json& s, const std::string& path, 
   std::vector<std::pair<std::string, const json*>> props;
   if (has_props) {
     if (!s["properties"].is_object()) bad("properties", path, "must be an object");
-    for (auto& [k, v] : s["properties"].items()) props.emplace_back(k, &v);
+    for (auto& [k, v] : s["properties"].items()) {
+      // A property whose schema is false must not appear.
+      if (v.is_boolean() && !v.get<bool>()) {
+        if (s.contains("required") && std::find(s["required"].begin(), s["required"].end(), k) != s["required"].end())
+          bad("required", path, "property \"" + k + "\" is required but its schema is false");
+        continue;
+      }
+      props.emplace_back(k, &v);
+    }
   }
   std::set<std::string> required;
   if (s.contains("required")) {
@@ -1066,7 +1076,14 @@ std::string json_schema_to_gbnf(const nlohmann::ordered_json& schema, const Sche
   SchemaGrammarBuilder b(options);
   const std::string value = b.add(schema, "root-value");
   b.add_rule("root", value);
-  return b.gbnf();
+  std::string out = b.gbnf();
+  try {
+    Grammar::parse(out);
+  } catch (const GrammarError& e) {
+    // A $ref cycle that writes nothing (e.g. {"$ref": "#"} or anyOf [{"$ref": "#"}, ...]).
+    throw SchemaError("$ref", "", "JSON Schema \"$ref\" cycle that consumes no input: " + e.message);
+  }
+  return out;
 }
 
 std::string json_object_gbnf(const SchemaOptions& options) {

@@ -73,6 +73,7 @@ class SchemaGrammarBuilder {
   std::vector<std::pair<std::string, std::string>> rules_;  // in order of addition
   std::map<std::string, size_t> by_name_;
   std::map<std::string, std::string> by_body_;  // dedup of identical bodies
+  std::map<std::string, std::string> shared_;   // primitives (ws, string, ...) -> their rule names
   size_t weight_ = 0;                           // rules plus implied repetition helpers
 };
 
