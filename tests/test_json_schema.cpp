@@ -357,7 +357,9 @@ TEST(JsonSchema, BuilderCombinesSchemas) {
   EXPECT_THROW(b.add(ojson::parse(R"({"type":"object","properties":{"x":{"not":{}}}})"), "bad"), SchemaError);
   EXPECT_EQ(b.gbnf(), before);
   // Taken names get a suffix.
-  EXPECT_NE(b.add_rule("root", "\"x\""), "root");
+  EXPECT_EQ(b.add_rule("root", "\"x\""), "root-2");
+  EXPECT_EQ(b.add_rule("tool_call", "\"x\""), "tool_call");
+  EXPECT_EQ(b.add_rule("a b", "\"x\""), "a-b");
   // A caller's rule named like a shared one is not taken for it.
   SchemaGrammarBuilder c;
   c.add_rule("ws", "\"WS\"");

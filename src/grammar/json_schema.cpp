@@ -35,7 +35,7 @@ std::string child_path(const std::string& path, std::string_view key) {
 std::string sanitize(std::string_view hint) {
   std::string out;
   for (char c : hint) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-';
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_';
     out += ok ? c : '-';
     if (out.size() >= 40) break;
   }
