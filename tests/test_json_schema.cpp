@@ -299,6 +299,61 @@ TEST(JsonSchema, MetadataIgnoredUnknownRefused) {
   }
 }
 
+TEST(JsonSchema, MalformedKeywordValuesAreSchemaErrors) {
+  // Each wrong-typed keyword value is a SchemaError naming the keyword, never another exception.
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"x({"type":5})x", "type"},
+      {R"x({"type":[]})x", "type"},
+      {R"x({"type":["string",3]})x", "type"},
+      {R"x({"type":"object","properties":5})x", "properties"},
+      {R"x({"type":"object","properties":{"a":{}},"required":"a"})x", "required"},
+      {R"x({"type":"object","properties":{"a":{}},"required":[1]})x", "required"},
+      {R"x({"type":"object","properties":{"a":5}})x", ""},
+      {R"x({"type":"object","additionalProperties":5})x", "additionalProperties"},
+      {R"x({"enum":3})x", "enum"},
+      {R"x({"enum":[]})x", "enum"},
+      {R"x({"anyOf":{}})x", "anyOf"},
+      {R"x({"oneOf":[]})x", "oneOf"},
+      {R"x({"allOf":[5]})x", "allOf"},
+      {R"x({"allOf":{}})x", "allOf"},
+      {R"x({"$ref":5})x", "$ref"},
+      {R"x({"$ref":"#/no/such"})x", "$ref"},
+      {R"x({"$ref":"#/$defs/a~"})x", "$ref"},
+      {R"x({"type":"array","prefixItems":5})x", "prefixItems"},
+      {R"x({"type":"array","items":5})x", ""},
+      {R"x({"type":"array","minItems":"2"})x", "minItems"},
+      {R"x({"type":"array","maxItems":-1})x", "maxItems"},
+      {R"x({"type":"array","minItems":3,"maxItems":2})x", "minItems"},
+      {R"x({"type":"string","minLength":1.5})x", "minLength"},
+      {R"x({"type":"string","maxLength":null})x", "maxLength"},
+      {R"x({"type":"string","pattern":5})x", "pattern"},
+      {R"x({"type":"string","pattern":"(a"})x", "pattern"},
+      {R"x({"type":"string","pattern":"[a"})x", "pattern"},
+      {R"x({"type":"string","pattern":"a)"})x", "pattern"},
+      {R"x({"type":"string","pattern":"[z-a]"})x", "pattern"},
+      {R"x({"type":"string","pattern":"a{3,1}"})x", "pattern"},
+      {R"x({"type":"string","pattern":"\\u{110000}"})x", "pattern"},
+      {R"x({"type":"string","format":5})x", "format"},
+      {R"x({"type":"integer","minimum":"0"})x", "minimum"},
+      {R"x({"type":"number","maximum":true})x", "maximum"},
+      {R"x({"type":"integer","minimum":1e300})x", "minimum"},
+      {R"x({"const":1,"enum":[1]})x", "const"},
+      {R"x({"enum":["a"],"minLength":1})x", "minLength"},
+      {R"x(5)x", ""},
+      {R"x("string")x", ""},
+  };
+  for (const auto& [schema, keyword] : cases) {
+    try {
+      json_schema_to_gbnf(ojson::parse(schema));
+      ADD_FAILURE() << "accepted " << schema;
+    } catch (const SchemaError& e) {
+      EXPECT_EQ(e.keyword, keyword) << schema << ": " << e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << schema << " threw another exception: " << e.what();
+    }
+  }
+}
+
 TEST(JsonSchema, BoundsOnSizeAndDepth) {
   SchemaOptions small;
   small.max_rules = 50;
