@@ -214,6 +214,11 @@ TEST(JsonSchema, Formats) {
   expect(R"({"type":"string","format":"uuid"})", {R"("123e4567-e89b-12d3-a456-426614174000")"}, {R"("123e4567e89b12d3a456426614174000")"});
   expect(R"({"type":"string","format":"email"})", {R"("a.b+c@example.co.uk")"}, {R"("a@b")", R"("@b.com")", R"("a@-b.com")"});
   EXPECT_EQ(error_of(R"({"type":"string","format":"uri"})").keyword, "format");
+  // Length bounds that the format implies are accepted; others refused.
+  expect(R"({"type":"string","format":"date-time","maxLength":40})", {R"("2024-01-15T08:30:00.123456+01:00")"}, {R"("x")"});
+  expect(R"({"type":"string","format":"uuid","minLength":36,"maxLength":36})", {R"("123e4567-e89b-12d3-a456-426614174000")"}, {});
+  EXPECT_EQ(error_of(R"({"type":"string","format":"date-time","maxLength":25})").keyword, "maxLength");
+  EXPECT_EQ(error_of(R"({"type":"string","format":"email","maxLength":254})").keyword, "maxLength");
 }
 
 TEST(JsonSchema, IntegerRangesAreExact) {
@@ -308,6 +313,7 @@ TEST(JsonSchema, MalformedKeywordValuesAreSchemaErrors) {
       {R"x({"type":"object","properties":5})x", "properties"},
       {R"x({"type":"object","properties":{"a":{}},"required":"a"})x", "required"},
       {R"x({"type":"object","properties":{"a":{}},"required":[1]})x", "required"},
+      {R"x({"type":"object","required":{"a":1}})x", "required"},
       {R"x({"type":"object","properties":{"a":5}})x", ""},
       {R"x({"type":"object","additionalProperties":5})x", "additionalProperties"},
       {R"x({"enum":3})x", "enum"},
@@ -434,7 +440,11 @@ TEST(JsonSchema, EdgeCases) {
   EXPECT_EQ(error_of(R"({"$ref":"#"})").keyword, "$ref");
   EXPECT_EQ(error_of(R"({"anyOf":[{"$ref":"#"},{"type":"null"}]})").keyword, "$ref");
   EXPECT_EQ(error_of(R"({"type":"strin"})").keyword, "type");
-  EXPECT_EQ(error_of(R"({"type":"object","required":["a"]})").keyword, "required");
+  // Required keys that properties lacks: any value, or additionalProperties' schema.
+  expect(R"({"type":"object","required":["a"]})", {R"({"a":[1,{"b":null}]})", R"({"a":1})"}, {"{}", R"({"b":1})"});
+  expect(R"({"type":"object","properties":{"x":{"type":"integer"}},"required":["id","x"],"additionalProperties":{"type":"string"}})",
+         {R"({"x":1,"id":"s"})", R"({"x":1,"id":"s","more":"t"})"}, {R"({"x":1,"id":2})", R"({"x":1})"});
+  EXPECT_EQ(error_of(R"({"type":"object","properties":{"x":{}},"required":["y"],"additionalProperties":false})").keyword, "required");
   EXPECT_EQ(error_of(R"(false)").keyword, "false");
 }
 

@@ -745,12 +745,16 @@ std::string SchemaVisitor::visit_object(const json& s, const std::string& path, 
       required.insert(r.get<std::string>());
     }
   }
-  for (const auto& r : required) {
-    bool found = std::any_of(props.begin(), props.end(), [&](const auto& p) { return p.first == r; });
-    if (!found && !(has_ap && s["additionalProperties"] != false))
-      bad("required", path, "property \"" + r + "\" is required but not in properties");
-    if (!found)
-      bad("required", path, "required property \"" + r + "\" must be listed in properties");
+  // A required key no property declares: any value (absent additionalProperties) or one of the
+  // additionalProperties schema, written after the declared ones, in the order of "required".
+  static const json kAnyValue = json::object();
+  for (const auto& r : s.contains("required") ? s["required"] : json::array()) {
+    const std::string k = r.get<std::string>();
+    if (std::any_of(props.begin(), props.end(), [&](const auto& p) { return p.first == k; })) continue;
+    if (has_props && s["properties"].contains(k)) continue;  // false: refused above
+    if (has_ap && s["additionalProperties"] == false)
+      bad("required", path, "property \"" + k + "\" is required but additionalProperties is false and properties lacks it");
+    props.emplace_back(k, has_ap ? &s["additionalProperties"] : &kAnyValue);
   }
   const std::string w = ws();
   // Extra properties: keys other than the declared ones, values per additionalProperties.
@@ -765,9 +769,6 @@ std::string SchemaVisitor::visit_object(const json& s, const std::string& path, 
       const std::string key = keys.empty() ? any_string() : rule(hint + "-additional-key", string_not_in_gbnf(keys, json_char()), path);
       extra = rule(hint + "-additional-kv", key + " " + w + " \":\" " + w + " " + val, path);
     }
-  } else if (!has_props) {
-    // Only "required" given: any object with those keys would do; refuse rather than guess.
-    bad("required", path, "without properties is not supported");
   }
   // C_i: the members from property i on, at least one (the next key decides which); B_i: what may
   // follow a member, i.e. "," then C_i, optional when no required property is left. One comma
@@ -881,9 +882,17 @@ std::string SchemaVisitor::visit_string(const json& s, const std::string& path, 
     return rule(hint, q + " " + expr + " " + q, path);
   }
   if (s.contains("format")) {
-    if (has_len) bad(s.contains("maxLength") ? "maxLength" : "minLength", path, "together with format is not supported");
     if (!s["format"].is_string()) bad("format", path, "must be a string");
     const std::string f = s["format"].get<std::string>();
+    if (has_len) {
+      // Allowed when every string of the format's grammar has a length within the bounds.
+      static const std::map<std::string, std::pair<int64_t, int64_t>> kLengths = {
+          {"date", {10, 10}}, {"time", {9, 21}}, {"date-time", {20, 32}}, {"uuid", {36, 36}}};
+      auto it = kLengths.find(f);
+      const char* kw = s.contains("maxLength") ? "maxLength" : "minLength";
+      if (it == kLengths.end() || it->second.first < lo || (hi >= 0 && it->second.second > hi))
+        bad(kw, path, "together with format \"" + f + "\" is supported only when the format's lengths lie within it");
+    }
     const std::string body = format_gbnf(f, [&](const std::string& n, const std::string& b) { return shared(n, b, 4); });
     if (body.empty()) bad("format", path, "format \"" + f + "\" is not supported (date, time, date-time, uuid, email are)");
     return rule(hint, q + " " + body + " " + q, path);
