@@ -192,6 +192,17 @@ TEST(JsonSchema, Patterns) {
   expect(R"({"type":"string","pattern":"^.$"})", {R"("x")", R"("\t")"}, {R"("\n")", R"("\r")", R"("xy")"});
   expect(R"({"type":"string","pattern":"^\\w+@\\w+\\.com$"})", {R"("a_1@b.com")"}, {R"("a@b.org")"});
   expect(R"({"type":"string","pattern":"^[\\u0041-\\u0043\\s]+$"})", {R"("AB C")", R"("A\tC")"}, {R"("D")"});
+  // With length bounds: patterns whose matches all fit, or one class repeated.
+  expect(R"({"type":"string","pattern":"^[a-z]+$","maxLength":4})", {R"("a")", R"("abcd")"}, {R"("")", R"("abcde")", R"("aB")"});
+  expect(R"({"type":"string","pattern":"^\\d*$","minLength":2,"maxLength":3})", {R"("12")", R"("123")"}, {R"("1")", R"("1234")"});
+  expect(R"({"type":"string","pattern":"^[A-Z]{2,3}$","maxLength":3})", {R"("AB")", R"("ABC")"}, {R"("A")"});
+  expect(R"({"type":"string","pattern":"^[a-z]{5,}$","maxLength":6})", {R"("abcde")", R"("abcdef")"}, {R"("abcd")", R"("abcdefg")"});
+  EXPECT_EQ(error_of(R"({"type":"string","pattern":"^a+b$","maxLength":4})").keyword, "maxLength");
+  EXPECT_EQ(error_of(R"({"type":"string","pattern":"^([a-z]+){2}$","maxLength":4})").keyword, "maxLength");
+  expect(R"({"type":"string","pattern":"^([a-z]+)$","maxLength":2})", {R"("ab")"}, {R"("abc")"});
+  EXPECT_EQ(error_of(R"({"type":"string","pattern":"[a-z]+","maxLength":4})").keyword, "maxLength");
+  EXPECT_EQ(error_of(R"({"type":"string","pattern":"^[a-z]{5}$","maxLength":4})").keyword, "maxLength");
+  EXPECT_EQ(error_of(R"({"type":"string","pattern":"^[a-z]+$","minLength":3000})").keyword, "minLength");
   for (const char* bad : {R"((?=a))", R"((?<n>a))", R"(a\1)", R"(\bword)", R"(a^b)", R"(a$b)", R"(\p{L})", R"([[:alpha:]])", R"(a{2)", R"(*a)"}) {
     ojson s = {{"type", "string"}, {"pattern", bad}};
     try {

@@ -869,12 +869,15 @@ std::string SchemaVisitor::visit_string(const json& s, const std::string& path, 
   if (hi >= 0 && lo > hi) bad("minLength", path, "is above maxLength");
   const std::string q = "\"\\\"\"";
   if (s.contains("pattern")) {
-    if (has_len) bad(s.contains("maxLength") ? "maxLength" : "minLength", path, "together with pattern is not supported");
     if (s.contains("format")) bad("format", path, "together with pattern is not supported");
     if (!s["pattern"].is_string()) bad("pattern", path, "must be a string");
     std::string expr;
     try {
-      expr = regex_to_gbnf(s["pattern"].get<std::string>(), json_char());
+      expr = regex_to_gbnf(s["pattern"].get<std::string>(), json_char(), lo, hi);
+    } catch (const RegexLengthError& e) {
+      bad(s.contains("maxLength") ? "maxLength" : "minLength", path,
+          std::string("together with pattern: ") + e.what() +
+              " (supported when the pattern's lengths lie within the bounds, or the pattern is one class repeated, e.g. ^[a-z]+$)");
     } catch (const RegexError& e) {
       bad("pattern", path, e.what());
     }

@@ -299,6 +299,18 @@ for i, (pat, valid, invalid) in enumerate(PATTERNS):
         continue
     add(f"pattern_{i}", {"type": "string", "pattern": pat}, valid, invalid + [1])
 
+for i, (pat, lo, hi, valid, invalid) in enumerate([("^[a-z0-9_]+$", 3, 16, ["abc", "a_very_long_name"], ["ab", "Abc", "a" * 17]),
+                                                   ("^\\d+$", None, 6, ["1", "123456"], ["1234567", ""]),
+                                                   ("^[A-Z]{2}$", 2, 2, ["FR"], ["F"]), ("^.+$", 1, 10, ["x", "0123456789"], ["", "01234567890"])]):
+    s = {"type": "string", "pattern": pat, "maxLength": hi}
+    if lo is not None:
+        s["minLength"] = lo
+    add(f"pattern_length_{i}", s, valid, invalid)
+add("required_beyond_properties", {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name", "id"],
+                                   "additionalProperties": {"type": "integer"}}, [{"name": "a", "id": 1}, {"name": "a", "id": 2, "n": 3}],
+    [{"name": "a"}, {"name": "a", "id": "1"}])
+add("required_only", {"type": "object", "required": ["token"]}, [{"token": "x"}, {"token": [1, None]}], [{}])
+
 # 12. formats
 FORMATS = {"date": (["2024-02-29", "1999-12-31"], ["2023-02-29", "2024-1-1"]),
            "time": (["12:34:56Z", "23:59:59.999+01:00"], ["25:00:00Z"]),
@@ -308,6 +320,8 @@ FORMATS = {"date": (["2024-02-29", "1999-12-31"], ["2023-02-29", "2024-1-1"]),
 for f, (valid, invalid) in FORMATS.items():
     add(f"format_{f}", {"type": "string", "format": f}, valid, invalid + [1])
     add(f"format_{f}_in_array", {"type": "array", "items": {"type": "string", "format": f}, "maxItems": 4}, [valid, []], [invalid])
+    if f != "email":
+        add(f"format_{f}_max_length", {"type": "string", "format": f, "maxLength": 40}, valid, invalid)
 
 os.makedirs(OUT, exist_ok=True)
 for old in os.listdir(OUT):
