@@ -31,6 +31,28 @@ inline std::u32string to_u32(const std::string& s) {
   return out;
 }
 
+// \s and \S with ECMAScript's meaning (std::wregex asks the C locale, which knows no Unicode spaces).
+inline std::u32string js_classes(const std::u32string& p) {
+  const std::u32string spaces = U"\t\n\v\f\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff";
+  std::u32string out;
+  bool in_class = false;
+  for (size_t i = 0; i < p.size(); ++i) {
+    const char32_t c = p[i];
+    if (c == U'\\' && i + 1 < p.size()) {
+      const char32_t e = p[i + 1];
+      if (e == U's') out += in_class ? spaces : U"[" + spaces + U"]";
+      else if (e == U'S' && !in_class) out += U"[^" + spaces + U"]";
+      else { out += c; out += e; }
+      ++i;
+      continue;
+    }
+    if (c == U'[') in_class = true;
+    if (c == U']') in_class = false;
+    out += c;
+  }
+  return out;
+}
+
 class SchemaChecker {
  public:
   explicit SchemaChecker(const ojson& root) : root_(root) {}
@@ -184,7 +206,7 @@ class SchemaChecker {
       if (s.contains("maxLength") && n > s["maxLength"].get<size_t>()) return at + ": too long";
       if (s.contains("pattern")) {
         // ECMAScript syntax over code points (wchar_t is UTF-32 here), unanchored like ajv.
-        const std::u32string p32 = to_u32(s["pattern"].get<std::string>());
+        const std::u32string p32 = js_classes(to_u32(s["pattern"].get<std::string>()));
         const std::u32string s32 = to_u32(str);
         const std::wregex re(std::wstring(p32.begin(), p32.end()), std::regex::ECMAScript);
         if (!std::regex_search(std::wstring(s32.begin(), s32.end()), re)) return at + ": pattern mismatch: " + str;

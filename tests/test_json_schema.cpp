@@ -192,6 +192,17 @@ TEST(JsonSchema, Patterns) {
   expect(R"({"type":"string","pattern":"^.$"})", {R"("x")", R"("\t")"}, {R"("\n")", R"("\r")", R"("xy")"});
   expect(R"({"type":"string","pattern":"^\\w+@\\w+\\.com$"})", {R"("a_1@b.com")"}, {R"("a@b.org")"});
   expect(R"({"type":"string","pattern":"^[\\u0041-\\u0043\\s]+$"})", {R"("AB C")", R"("A\tC")"}, {R"("D")"});
+  // With length bounds: patterns whose matches all fit, or one class repeated.
+  expect(R"({"type":"string","pattern":"^[a-z]+$","maxLength":4})", {R"("a")", R"("abcd")"}, {R"("")", R"("abcde")", R"("aB")"});
+  expect(R"({"type":"string","pattern":"^\\d*$","minLength":2,"maxLength":3})", {R"("12")", R"("123")"}, {R"("1")", R"("1234")"});
+  expect(R"({"type":"string","pattern":"^[A-Z]{2,3}$","maxLength":3})", {R"("AB")", R"("ABC")"}, {R"("A")"});
+  expect(R"({"type":"string","pattern":"^[a-z]{5,}$","maxLength":6})", {R"("abcde")", R"("abcdef")"}, {R"("abcd")", R"("abcdefg")"});
+  EXPECT_EQ(error_of(R"({"type":"string","pattern":"^a+b$","maxLength":4})").keyword, "maxLength");
+  EXPECT_EQ(error_of(R"({"type":"string","pattern":"^([a-z]+){2}$","maxLength":4})").keyword, "maxLength");
+  expect(R"({"type":"string","pattern":"^([a-z]+)$","maxLength":2})", {R"("ab")"}, {R"("abc")"});
+  EXPECT_EQ(error_of(R"({"type":"string","pattern":"[a-z]+","maxLength":4})").keyword, "maxLength");
+  EXPECT_EQ(error_of(R"({"type":"string","pattern":"^[a-z]{5}$","maxLength":4})").keyword, "maxLength");
+  EXPECT_EQ(error_of(R"({"type":"string","pattern":"^[a-z]+$","minLength":3000})").keyword, "minLength");
   for (const char* bad : {R"((?=a))", R"((?<n>a))", R"(a\1)", R"(\bword)", R"(a^b)", R"(a$b)", R"(\p{L})", R"([[:alpha:]])", R"(a{2)", R"(*a)"}) {
     ojson s = {{"type", "string"}, {"pattern", bad}};
     try {
@@ -214,6 +225,11 @@ TEST(JsonSchema, Formats) {
   expect(R"({"type":"string","format":"uuid"})", {R"("123e4567-e89b-12d3-a456-426614174000")"}, {R"("123e4567e89b12d3a456426614174000")"});
   expect(R"({"type":"string","format":"email"})", {R"("a.b+c@example.co.uk")"}, {R"("a@b")", R"("@b.com")", R"("a@-b.com")"});
   EXPECT_EQ(error_of(R"({"type":"string","format":"uri"})").keyword, "format");
+  // Length bounds that the format implies are accepted; others refused.
+  expect(R"({"type":"string","format":"date-time","maxLength":40})", {R"("2024-01-15T08:30:00.123456+01:00")"}, {R"("x")"});
+  expect(R"({"type":"string","format":"uuid","minLength":36,"maxLength":36})", {R"("123e4567-e89b-12d3-a456-426614174000")"}, {});
+  EXPECT_EQ(error_of(R"({"type":"string","format":"date-time","maxLength":25})").keyword, "maxLength");
+  EXPECT_EQ(error_of(R"({"type":"string","format":"email","maxLength":254})").keyword, "maxLength");
 }
 
 TEST(JsonSchema, IntegerRangesAreExact) {
@@ -241,8 +257,48 @@ TEST(JsonSchema, IntegerRangesAreExact) {
     EXPECT_FALSE(accepts(g, "-0"));
   }
   EXPECT_EQ(error_of(R"({"type":"integer","minimum":10,"maximum":5})").keyword, "minimum");
-  EXPECT_EQ(error_of(R"({"type":"number","minimum":0})").keyword, "minimum");
-  EXPECT_EQ(error_of(R"({"type":"number","exclusiveMaximum":1})").keyword, "exclusiveMaximum");
+}
+
+TEST(JsonSchema, NumberRangesAreExact) {
+  struct Case {
+    std::string bounds;
+    double lo, hi;
+    bool lo_ex, hi_ex;
+  };
+  const double inf = 1e300;
+  const std::vector<Case> cases = {
+      {R"("minimum":0)", 0, inf, false, false},
+      {R"("minimum":0,"maximum":1)", 0, 1, false, false},
+      {R"("exclusiveMinimum":0,"maximum":100)", 0, 100, true, false},
+      {R"("minimum":-5,"exclusiveMaximum":5)", -5, 5, false, true},
+      {R"("exclusiveMinimum":-3,"exclusiveMaximum":-1)", -3, -1, true, true},
+      {R"("maximum":-2)", -inf, -2, false, false},
+      {R"("exclusiveMaximum":0)", -inf, 0, false, true},
+      {R"("minimum":7,"maximum":7)", 7, 7, false, false},
+      {R"("minimum":2,"exclusiveMinimum":true,"maximum":4,"exclusiveMaximum":true)", 2, 4, true, true},
+      {R"("minimum":-12,"maximum":40,"exclusiveMinimum":-12)", -12, 40, true, false},
+  };
+  std::vector<std::string> probes = {"0", "-0", "0.0", "-0.0", "0.5", "-0.5", "1e2", "0.000001", "-0.000001"};
+  for (int i = -45; i <= 105; ++i) {
+    probes.push_back(std::to_string(i));
+    for (const char* f : {".0", ".00", ".25", ".5", ".999999", ".000001", ".0000000000001"}) probes.push_back(std::to_string(i) + f);
+  }
+  for (const auto& c : cases) {
+    auto g = compile(R"({"type":"number",)" + c.bounds + "}");
+    for (const auto& p : probes) {
+      const double v = std::stod(p);
+      const bool want = p.find('e') == std::string::npos && (c.lo_ex ? v > c.lo : v >= c.lo) && (c.hi_ex ? v < c.hi : v <= c.hi);
+      // Never an invalid value; every valid one with up to 6 decimals (the grammar bounds the
+      // digits to 15 significant ones), except the spelling "-0" of zero.
+      const size_t dot = p.find('.');
+      const bool short_form = dot == std::string::npos || p.size() - dot - 1 <= 6;
+      if (accepts(g, p)) EXPECT_TRUE(want) << c.bounds << " accepts " << p;
+      else EXPECT_FALSE(want && short_form && !(p.rfind("-0", 0) == 0 && v == 0)) << c.bounds << " rejects " << p;
+    }
+  }
+  EXPECT_EQ(error_of(R"({"type":"number","minimum":0.5})").keyword, "minimum");
+  EXPECT_EQ(error_of(R"({"type":"number","exclusiveMaximum":1.25})").keyword, "exclusiveMaximum");
+  EXPECT_EQ(error_of(R"({"type":"number","minimum":3,"maximum":2})").keyword, "minimum");
 }
 
 TEST(JsonSchema, MetadataIgnoredUnknownRefused) {
@@ -259,6 +315,62 @@ TEST(JsonSchema, MetadataIgnoredUnknownRefused) {
   }
 }
 
+TEST(JsonSchema, MalformedKeywordValuesAreSchemaErrors) {
+  // Each wrong-typed keyword value is a SchemaError naming the keyword, never another exception.
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"x({"type":5})x", "type"},
+      {R"x({"type":[]})x", "type"},
+      {R"x({"type":["string",3]})x", "type"},
+      {R"x({"type":"object","properties":5})x", "properties"},
+      {R"x({"type":"object","properties":{"a":{}},"required":"a"})x", "required"},
+      {R"x({"type":"object","properties":{"a":{}},"required":[1]})x", "required"},
+      {R"x({"type":"object","required":{"a":1}})x", "required"},
+      {R"x({"type":"object","properties":{"a":5}})x", ""},
+      {R"x({"type":"object","additionalProperties":5})x", "additionalProperties"},
+      {R"x({"enum":3})x", "enum"},
+      {R"x({"enum":[]})x", "enum"},
+      {R"x({"anyOf":{}})x", "anyOf"},
+      {R"x({"oneOf":[]})x", "oneOf"},
+      {R"x({"allOf":[5]})x", "allOf"},
+      {R"x({"allOf":{}})x", "allOf"},
+      {R"x({"$ref":5})x", "$ref"},
+      {R"x({"$ref":"#/no/such"})x", "$ref"},
+      {R"x({"$ref":"#/$defs/a~"})x", "$ref"},
+      {R"x({"type":"array","prefixItems":5})x", "prefixItems"},
+      {R"x({"type":"array","items":5})x", ""},
+      {R"x({"type":"array","minItems":"2"})x", "minItems"},
+      {R"x({"type":"array","maxItems":-1})x", "maxItems"},
+      {R"x({"type":"array","minItems":3,"maxItems":2})x", "minItems"},
+      {R"x({"type":"string","minLength":1.5})x", "minLength"},
+      {R"x({"type":"string","maxLength":null})x", "maxLength"},
+      {R"x({"type":"string","pattern":5})x", "pattern"},
+      {R"x({"type":"string","pattern":"(a"})x", "pattern"},
+      {R"x({"type":"string","pattern":"[a"})x", "pattern"},
+      {R"x({"type":"string","pattern":"a)"})x", "pattern"},
+      {R"x({"type":"string","pattern":"[z-a]"})x", "pattern"},
+      {R"x({"type":"string","pattern":"a{3,1}"})x", "pattern"},
+      {R"x({"type":"string","pattern":"\\u{110000}"})x", "pattern"},
+      {R"x({"type":"string","format":5})x", "format"},
+      {R"x({"type":"integer","minimum":"0"})x", "minimum"},
+      {R"x({"type":"number","maximum":true})x", "maximum"},
+      {R"x({"type":"integer","minimum":1e300})x", "minimum"},
+      {R"x({"const":1,"enum":[1]})x", "const"},
+      {R"x({"enum":["a"],"minLength":1})x", "minLength"},
+      {R"x(5)x", ""},
+      {R"x("string")x", ""},
+  };
+  for (const auto& [schema, keyword] : cases) {
+    try {
+      json_schema_to_gbnf(ojson::parse(schema));
+      ADD_FAILURE() << "accepted " << schema;
+    } catch (const SchemaError& e) {
+      EXPECT_EQ(e.keyword, keyword) << schema << ": " << e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << schema << " threw another exception: " << e.what();
+    }
+  }
+}
+
 TEST(JsonSchema, BoundsOnSizeAndDepth) {
   SchemaOptions small;
   small.max_rules = 50;
@@ -270,7 +382,35 @@ TEST(JsonSchema, BoundsOnSizeAndDepth) {
   const SchemaError e = error_of(deep);
   EXPECT_EQ(e.keyword, "max_depth");
   EXPECT_NE(std::string(e.what()).find("deeper than 64"), std::string::npos);
-  EXPECT_EQ(error_of(R"({"type":"string","maxLength":5000})").keyword, "maxLength");
+  EXPECT_EQ(error_of(R"({"type":"string","maxLength":5000000})").keyword, "maxLength");
+  small.max_rules = 1500;
+  EXPECT_EQ(error_of(R"({"type":"string","maxLength":100000})", small).keyword, "max_rules");
+}
+
+TEST(JsonSchema, LargeCountsAreExact) {
+  // Counts above the GBNF parser's {m,n} bound are built from chunks of 1000.
+  for (auto [lo, hi] : std::vector<std::pair<int, int>>{{0, 2500}, {1001, 3003}, {2000, 2000}, {1500, -1}, {0, 1999}, {999, 1001}}) {
+    ojson s = {{"type", "string"}};
+    if (lo) s["minLength"] = lo;
+    if (hi >= 0) s["maxLength"] = hi;
+    auto g = Grammar::parse(json_schema_to_gbnf(s));
+    const int top = hi >= 0 ? hi : lo + 1200;
+    for (int n : {0, 1, 998, 999, 1000, 1001, 1002, 1499, 1500, 1501, 1998, 1999, 2000, 2001, 2499, 2500, 2501, 3002, 3003, 3004}) {
+      if (n > top + 1) continue;
+      const bool want = n >= lo && (hi < 0 || n <= hi);
+      EXPECT_EQ(accepts(g, "\"" + std::string(static_cast<size_t>(n), 'a') + "\""), want) << lo << ".." << hi << " length " << n;
+    }
+  }
+  auto g = compile(R"({"type":"array","items":{"type":"integer"},"minItems":1200,"maxItems":2100})");
+  auto arr = [](int n) {
+    std::string t = "[";
+    for (int i = 0; i < n; ++i) t += i ? ",1" : "1";
+    return t + "]";
+  };
+  EXPECT_FALSE(accepts(g, arr(1199)));
+  EXPECT_TRUE(accepts(g, arr(1200)));
+  EXPECT_TRUE(accepts(g, arr(2100)));
+  EXPECT_FALSE(accepts(g, arr(2101)));
 }
 
 TEST(JsonSchema, BuilderCombinesSchemas) {
@@ -289,6 +429,117 @@ TEST(JsonSchema, BuilderCombinesSchemas) {
   EXPECT_THROW(b.add(ojson::parse(R"({"type":"object","properties":{"x":{"not":{}}}})"), "bad"), SchemaError);
   EXPECT_EQ(b.gbnf(), before);
   // Taken names get a suffix.
-  EXPECT_NE(b.add_rule("root", "\"x\""), "root");
+  EXPECT_EQ(b.add_rule("root", "\"x\""), "root-2");
+  EXPECT_EQ(b.add_rule("tool_call", "\"x\""), "tool_call");
+  EXPECT_EQ(b.add_rule("a b", "\"x\""), "a-b");
+  // A caller's rule named like a shared one is not taken for it.
+  SchemaGrammarBuilder c;
+  c.add_rule("ws", "\"WS\"");
+  c.add_rule("string", "\"S\"");
+  const std::string r = c.add(ojson::parse(R"({"type":"array","items":{"type":"string"}})"), "list");
+  c.add_rule("root", r);
+  auto g2 = Grammar::parse(c.gbnf());
+  EXPECT_TRUE(accepts(g2, R"([ "a", "b" ])"));
+  EXPECT_FALSE(accepts(g2, "[WSS]"));
 }
 
+TEST(JsonSchema, EdgeCases) {
+  // A property whose schema is false never appears.
+  expect(R"({"type":"object","properties":{"a":false,"b":{"type":"integer"}}})", {R"({"b":1})", "{}"}, {R"({"a":1})"});
+  EXPECT_EQ(error_of(R"({"type":"object","properties":{"a":false},"required":["a"]})").keyword, "required");
+  // A reference cycle that writes nothing.
+  EXPECT_EQ(error_of(R"({"$ref":"#"})").keyword, "$ref");
+  EXPECT_EQ(error_of(R"({"anyOf":[{"$ref":"#"},{"type":"null"}]})").keyword, "$ref");
+  EXPECT_EQ(error_of(R"({"type":"strin"})").keyword, "type");
+  // Required keys that properties lacks: any value, or additionalProperties' schema.
+  expect(R"({"type":"object","required":["a"]})", {R"({"a":[1,{"b":null}]})", R"({"a":1})"}, {"{}", R"({"b":1})"});
+  expect(R"({"type":"object","properties":{"x":{"type":"integer"}},"required":["id","x"],"additionalProperties":{"type":"string"}})",
+         {R"({"x":1,"id":"s"})", R"({"x":1,"id":"s","more":"t"})"}, {R"({"x":1,"id":2})", R"({"x":1})"});
+  EXPECT_EQ(error_of(R"({"type":"object","properties":{"x":{}},"required":["y"],"additionalProperties":false})").keyword, "required");
+  EXPECT_EQ(error_of(R"(false)").keyword, "false");
+}
+
+namespace {
+
+std::filesystem::path corpus_dir() { return test::repo_dir() / "tests" / "data" / "json_schemas"; }
+
+std::vector<std::filesystem::path> corpus_files(const std::filesystem::path& dir) {
+  std::vector<std::filesystem::path> out;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir))
+    if (e.path().extension() == ".json" && e.path().string().find("/unsupported/") == std::string::npos) out.push_back(e.path());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+ojson read_ojson(const std::filesystem::path& p) {
+  std::ifstream f(p);
+  return ojson::parse(f);
+}
+
+}  // namespace
+
+// Every corpus schema converts; its random sentences parse and validate; its known valid instances
+// (compact and indented) are accepted and its invalid ones rejected, byte by byte.
+TEST(JsonSchemaCorpus, SupportedSchemas) {
+  const auto files = corpus_files(corpus_dir());
+  ASSERT_GE(files.size(), 200u);
+  size_t sentences = 0;
+  for (const auto& path : files) {
+    SCOPED_TRACE(path.filename().string());
+    const ojson doc = read_ojson(path);
+    ASSERT_TRUE(doc.contains("schema"));
+    const ojson& schema = doc["schema"];
+    std::shared_ptr<const Grammar> g;
+    try {
+      g = Grammar::parse(json_schema_to_gbnf(schema));
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << e.what();
+      continue;
+    }
+    const test::SchemaChecker checker(schema);
+    for (const auto& v : doc.value("valid", ojson::array())) {
+      ASSERT_EQ(checker.check(v), "") << v.dump();
+      EXPECT_TRUE(accepts(g, v.dump())) << v.dump();
+      EXPECT_TRUE(accepts(g, v.dump(2))) << v.dump(2);
+    }
+    for (const auto& v : doc.value("invalid", ojson::array())) {
+      EXPECT_NE(checker.check(v), "") << "corpus says invalid but it validates: " << v.dump();
+      EXPECT_FALSE(accepts(g, v.dump())) << v.dump();
+    }
+    for (const auto& t : doc.value("invalid_text", ojson::array())) EXPECT_FALSE(accepts(g, t.get<std::string>())) << t;
+    test::GrammarSampler sampler(g);
+    std::mt19937 rng(static_cast<uint32_t>(std::hash<std::string>{}(path.filename().string())));
+    for (int i = 0; i < 40; ++i) {
+      const std::string text = sampler.sample(rng, 60 + static_cast<size_t>(i) * 10);
+      ASSERT_TRUE(accepts(g, text)) << "the matcher rejects a sentence of its grammar: " << text;
+      ojson v;
+      try {
+        v = ojson::parse(text);
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "not JSON: " << text << ": " << e.what();
+        continue;
+      }
+      EXPECT_EQ(checker.check(v), "") << text;
+      ++sentences;
+    }
+  }
+  EXPECT_GT(sentences, 8000u);
+}
+
+// Each schema of unsupported/ is refused, naming the keyword its file names.
+TEST(JsonSchemaCorpus, UnsupportedSchemasAreRefused) {
+  size_t n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(corpus_dir() / "unsupported")) {
+    if (e.path().extension() != ".json") continue;
+    SCOPED_TRACE(e.path().filename().string());
+    const ojson doc = read_ojson(e.path());
+    try {
+      json_schema_to_gbnf(doc["schema"]);
+      ADD_FAILURE() << "accepted";
+    } catch (const SchemaError& err) {
+      EXPECT_EQ(err.keyword, doc["keyword"].get<std::string>()) << err.what();
+    }
+    ++n;
+  }
+  EXPECT_GE(n, 10u);
+}

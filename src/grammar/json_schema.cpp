@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "grammar/grammar.h"
 #include "grammar/regex_gbnf.h"
 
 namespace ptllm::grammar {
@@ -34,7 +35,7 @@ std::string child_path(const std::string& path, std::string_view key) {
 std::string sanitize(std::string_view hint) {
   std::string out;
   for (char c : hint) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-';
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_';
     out += ok ? c : '-';
     if (out.size() >= 40) break;
   }
@@ -158,9 +159,9 @@ std::string same_length_range(const std::string& lo, const std::string& hi) {
 
 // Non-negative integers lo..hi without leading zeros (hi empty: no upper bound, at most
 // max(kMaxIntDigits, digits of lo) digits).
-std::string nonneg_range(uint64_t lo, std::optional<uint64_t> hi) {
+std::string nonneg_range(uint64_t lo, std::optional<uint64_t> hi, size_t open_digits = kMaxIntDigits) {
   const std::string los = std::to_string(lo);
-  const size_t max_len = hi ? std::to_string(*hi).size() : std::max<size_t>(kMaxIntDigits, los.size());
+  const size_t max_len = hi ? std::to_string(*hi).size() : std::max<size_t>(open_digits, los.size());
   std::vector<std::string> alts;
   for (size_t d = los.size(); d <= max_len; ++d) {
     std::string a = d == los.size() ? los : "1" + std::string(d - 1, '0');
@@ -201,6 +202,60 @@ std::string integer_range_gbnf(std::optional<int64_t> lo, std::optional<int64_t>
 
 }  // namespace
 
+// A number (no exponent) in the range, bounds integral; "" when the range is empty. Digits are
+// bounded to 15 significant ones, so that a validator reading the number as an IEEE double (as
+// JavaScript's ajv does) rounds it to a value on the same side of each bound.
+struct NumberBound {
+  int64_t value;
+  bool exclusive;
+};
+
+std::string nonneg_number(NumberBound lo, std::optional<NumberBound> hi) {
+  constexpr size_t kSignificant = 15;
+  constexpr size_t kOpenDigits = 9;  // integer digits without an upper bound
+  const size_t int_digits = hi ? std::to_string(hi->value).size() : std::max(kOpenDigits, std::to_string(lo.value).size());
+  const size_t frac = int_digits < kSignificant ? kSignificant - int_digits : 0;
+  const std::string f = frac ? "[0-9]{1," + std::to_string(frac) + "}" : "";
+  const std::string any_frac = frac ? " ( \".\" " + f + " )?" : "";
+  const std::string zero_frac = frac ? " ( \".\" \"0\"{1," + std::to_string(frac) + "} )?" : "";
+  std::vector<std::string> alts;
+  const int64_t a = lo.exclusive ? lo.value + 1 : lo.value;
+  if (!hi || a <= hi->value - 1) {
+    std::optional<uint64_t> b;
+    if (hi) b = static_cast<uint64_t>(hi->value - 1);
+    alts.push_back("( " + nonneg_range(static_cast<uint64_t>(a), b, kOpenDigits) + " )" + any_frac);
+  }
+  if (lo.exclusive && frac && (!hi || lo.value < hi->value))
+    alts.push_back("\"" + std::to_string(lo.value) + ".\" \"0\"{0," + std::to_string(frac - 1) + "} [1-9] [0-9]{0," +
+                   std::to_string(frac - 1) + "}");
+  if (hi && !hi->exclusive && (hi->value > lo.value || (hi->value == lo.value && !lo.exclusive)))
+    alts.push_back("\"" + std::to_string(hi->value) + "\"" + zero_frac);
+  std::string out;
+  for (size_t i = 0; i < alts.size(); ++i) out += (i ? " | " : "") + alts[i];
+  return out;
+}
+
+std::string number_range_gbnf(std::optional<NumberBound> lo, std::optional<NumberBound> hi) {
+  std::vector<std::string> alts;
+  // x >= 0 part.
+  if (!hi || hi->value > 0 || (hi->value == 0 && !hi->exclusive)) {
+    NumberBound a = lo && lo->value >= 0 ? *lo : NumberBound{0, false};
+    std::string p = nonneg_number(a, hi);
+    if (!p.empty()) alts.push_back(p);
+  }
+  // x < 0 part: x = -y.
+  if (!lo || lo->value < 0) {
+    NumberBound ylo = hi && hi->value <= 0 ? NumberBound{-hi->value, hi->exclusive} : NumberBound{0, true};
+    std::optional<NumberBound> yhi;
+    if (lo) yhi = NumberBound{-lo->value, lo->exclusive};
+    std::string p = nonneg_number(ylo, yhi);
+    if (!p.empty()) alts.push_back("\"-\" ( " + p + " )");
+  }
+  std::string out;
+  for (size_t i = 0; i < alts.size(); ++i) out += (i ? " | " : "") + std::string("( ") + alts[i] + " )";
+  return out;
+}
+
 // ---- the builder -----------------------------------------------------------------------------
 
 SchemaGrammarBuilder::SchemaGrammarBuilder(SchemaOptions options) : options_(options) {}
@@ -222,17 +277,17 @@ std::string SchemaGrammarBuilder::gbnf() const {
 }
 
 std::string SchemaGrammarBuilder::whitespace() {
-  auto it = by_name_.find("ws");
-  if (it != by_name_.end()) return "ws";
+  auto it = shared_.find("ws");
+  if (it != shared_.end()) return it->second;
   const int n = options_.max_whitespace;
   std::string body;
   if (n <= 0) body = "\"\"";
   else if (n == 1) body = "\" \"?";
   else body = "( \" \" | \"\\n\" [ \\t]{0," + std::to_string(n - 1) + "} )?";
   weight_ += static_cast<size_t>(std::max(0, n));
-  by_name_["ws"] = rules_.size();
-  rules_.emplace_back("ws", body);
-  return "ws";
+  const std::string name = add_rule("ws", body);
+  shared_["ws"] = name;
+  return name;
 }
 
 class SchemaVisitor {
@@ -267,11 +322,12 @@ class SchemaVisitor {
 
   // A rule with a fixed name for the shared primitives.
   std::string shared(const std::string& name, const std::string& body, size_t weight = 1) {
-    if (b_.by_name_.count(name)) return name;
-    b_.by_name_[name] = b_.rules_.size();
-    b_.rules_.emplace_back(name, body);
-    b_.weight_ += weight;
-    return name;
+    auto it = b_.shared_.find(name);
+    if (it != b_.shared_.end()) return it->second;
+    const std::string actual = b_.add_rule(name, body);
+    b_.shared_[name] = actual;
+    b_.weight_ += weight - 1;
+    return actual;
   }
 
   std::string ws() { return b_.whitespace(); }
@@ -280,10 +336,10 @@ class SchemaVisitor {
   std::string json_char() {
     const std::string hex = shared("hex", "[0-9a-fA-F]");
     // \u escapes of surrogates only as a high-low pair (RFC 8259 section 7; parsers reject lone ones).
-    return shared("char", "[^\"\\\\\\x00-\\x1F] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" ( [0-9a-cA-C] " + hex + " " + hex +
-                              " " + hex + " | [dD] [0-7] " + hex + " " + hex + " | [eEfF] " + hex + " " + hex + " " +
-                              hex + " ) ) | \"\\\\u\" [dD] [89abAB] " + hex + " " + hex + " \"\\\\u\" [dD] [c-fC-F] " +
-                              hex + " " + hex);
+    // One alternative per first byte keeps the matcher at three stacks inside a string.
+    return shared("char", "[^\"\\\\\\x00-\\x1F] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" ( [0-9a-cA-C] " + hex + " " + hex + " " +
+                              hex + " | [dD] [0-7] " + hex + " " + hex + " | [eEfF] " + hex + " " + hex + " " + hex +
+                              " | [dD] [89abAB] " + hex + " " + hex + " \"\\\\u\" [dD] [c-fC-F] " + hex + " " + hex + " ) )");
   }
   std::string any_string() { return shared("string", "\"\\\"\" " + json_char() + "* \"\\\"\""); }
   std::string any_integer() { return shared("integer", "\"-\"? ( \"0\" | [1-9] [0-9]{0,15} )", 16); }
@@ -293,35 +349,77 @@ class SchemaVisitor {
   std::string any_boolean() { return shared("boolean", "\"true\" | \"false\""); }
   std::string any_null() { return shared("null", "\"null\""); }
   std::string any_value() {
-    if (b_.by_name_.count("value")) return "value";
-    b_.by_name_["value"] = b_.rules_.size();
-    b_.rules_.emplace_back("value", "");
-    const size_t at = b_.rules_.size() - 1;
+    auto it = b_.shared_.find("value");
+    if (it != b_.shared_.end()) return it->second;
+    const std::string value = b_.add_rule("value", "");
+    b_.shared_["value"] = value;
+    const size_t at = b_.by_name_[value];
     const std::string w = ws();
     const std::string str = any_string();
-    const std::string obj = shared("object", "\"{\" " + w + " ( " + str + " " + w + " \":\" " + w + " value " + w +
-                                                 " ( \",\" " + w + " " + str + " " + w + " \":\" " + w + " value " + w +
+    const std::string obj = shared("object", "\"{\" " + w + " ( " + str + " " + w + " \":\" " + w + " " + value + " " + w +
+                                                 " ( \",\" " + w + " " + str + " " + w + " \":\" " + w + " " + value + " " + w +
                                                  " )* )? \"}\"");
     const std::string arr =
-        shared("array", "\"[\" " + w + " ( value " + w + " ( \",\" " + w + " value " + w + " )* )? \"]\"");
+        shared("array", "\"[\" " + w + " ( " + value + " " + w + " ( \",\" " + w + " " + value + " " + w + " )* )? \"]\"");
     b_.rules_[at].second =
         obj + " | " + arr + " | " + str + " | " + any_number() + " | " + any_boolean() + " | " + any_null();
-    b_.weight_ += 1;
-    return "value";
+    return value;
   }
   std::string any_object() {
     any_value();
-    return "object";
+    return b_.shared_.at("object");
   }
 
  private:
   std::string literal(const json& v) { return gbnf_literal(v.dump(-1, ' ', false, json::error_handler_t::strict)); }
 
+  // A constant value: scalars as written by dump(), containers with whitespace allowed between tokens.
+  std::string value_literal(const json& v) {
+    if (!v.is_object() && !v.is_array()) return literal(v);
+    const std::string w = ws();
+    std::string out = v.is_object() ? "\"{\" " + w : "\"[\" " + w;
+    bool first = true;
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      out += first ? " " : " " + w + " \",\" " + w + " ";
+      if (v.is_object()) out += literal(json(it.key())) + " " + w + " \":\" " + w + " ";
+      out += value_literal(it.value());
+      first = false;
+    }
+    if (!first) out += " " + w;
+    return out + (v.is_object() ? " \"}\"" : " \"]\"");
+  }
+
   // Repetition of `x` (a rule name or a parenthesized expression) lo..hi times; hi < 0: unbounded.
+  // Repetition of `x` (a rule name or a parenthesized expression) lo..hi times; hi < 0: unbounded.
+  // Counts up to kChunk are GBNF's {m,n} (the parser's bound); larger ones are built from chunks
+  // of kChunk so that the grammar grows with count / kChunk, not with the count.
+  static constexpr int64_t kChunk = 1000;
+  static constexpr int64_t kMaxCount = 1000000;
+
   std::string repeat(const std::string& x, int64_t lo, int64_t hi, const std::string& keyword, const std::string& path) {
-    constexpr int64_t kMax = 1000;  // the GBNF parser's bound on {m,n}
-    if (lo > kMax || hi > kMax) bad(keyword, path, "bounds above " + std::to_string(kMax) + " are not supported");
-    charge(static_cast<size_t>(hi < 0 ? 1 : hi - lo + 1), path);
+    if (lo > kMaxCount || hi > kMaxCount) bad(keyword, path, "bounds above " + std::to_string(kMaxCount) + " are not supported");
+    if (lo <= kChunk && hi <= kChunk) return small_repeat(x, lo, hi, path);
+    auto seq = [](const std::string& a, const std::string& b) { return a.empty() ? b : b.empty() ? a : a + " " + b; };
+    std::string chunk;
+    auto get_chunk = [&] {
+      if (chunk.empty()) chunk = rule("chunk", small_repeat(x, kChunk, kChunk, path), path);
+      return chunk;
+    };
+    std::string head;  // x{lo}
+    if (lo > kChunk) head = seq(small_repeat(get_chunk(), lo / kChunk, lo / kChunk, path), small_repeat(x, lo % kChunk, lo % kChunk, path));
+    else head = small_repeat(x, lo, lo, path);
+    if (hi < 0) return seq(head, small_repeat(x, 0, -1, path));
+    const int64_t m = hi - lo;  // then x{0,m}
+    if (m <= kChunk) return seq(head, small_repeat(x, 0, m, path));
+    // L_0 = x{0, m mod kChunk}; L_j = chunk L_{j-1} | x{0, kChunk-1}: L_j covers 0 .. j*kChunk + m mod kChunk.
+    const std::string below = rule("upto", small_repeat(x, 0, kChunk - 1, path), path);
+    std::string level = rule("upto", "\"\" " + small_repeat(x, 0, m % kChunk, path), path);
+    for (int64_t j = 1; j <= m / kChunk; ++j) level = rule("upto", get_chunk() + " " + level + " | " + below, path);
+    return seq(head, level);
+  }
+
+  std::string small_repeat(const std::string& x, int64_t lo, int64_t hi, const std::string& path) {
+    charge(static_cast<size_t>(hi < 0 ? lo + 1 : hi), path);
     if (hi < 0) {
       if (lo == 0) return x + "*";
       if (lo == 1) return x + "+";
@@ -616,7 +714,7 @@ std::string SchemaVisitor::visit_enum(const json& s, const std::string& path, co
   std::string body;
   for (auto& v : values) {
     if (!types.empty() && !type_allows(types, type_of(v))) continue;
-    body += (body.empty() ? "" : " | ") + literal(v);
+    body += (body.empty() ? "" : " | ") + value_literal(v);
   }
   if (body.empty()) bad(kw, path, "no value has the schema's type");
   return rule(hint, body, path);
@@ -629,7 +727,15 @@ std::string SchemaVisitor::visit_object(const json& s, const std::string& path, 
   std::vector<std::pair<std::string, const json*>> props;
   if (has_props) {
     if (!s["properties"].is_object()) bad("properties", path, "must be an object");
-    for (auto& [k, v] : s["properties"].items()) props.emplace_back(k, &v);
+    for (auto& [k, v] : s["properties"].items()) {
+      // A property whose schema is false must not appear.
+      if (v.is_boolean() && !v.get<bool>()) {
+        if (s.contains("required") && std::find(s["required"].begin(), s["required"].end(), k) != s["required"].end())
+          bad("required", path, "property \"" + k + "\" is required but its schema is false");
+        continue;
+      }
+      props.emplace_back(k, &v);
+    }
   }
   std::set<std::string> required;
   if (s.contains("required")) {
@@ -639,12 +745,16 @@ std::string SchemaVisitor::visit_object(const json& s, const std::string& path, 
       required.insert(r.get<std::string>());
     }
   }
-  for (const auto& r : required) {
-    bool found = std::any_of(props.begin(), props.end(), [&](const auto& p) { return p.first == r; });
-    if (!found && !(has_ap && s["additionalProperties"] != false))
-      bad("required", path, "property \"" + r + "\" is required but not in properties");
-    if (!found)
-      bad("required", path, "required property \"" + r + "\" must be listed in properties");
+  // A required key no property declares: any value (absent additionalProperties) or one of the
+  // additionalProperties schema, written after the declared ones, in the order of "required".
+  static const json kAnyValue = json::object();
+  for (const auto& r : s.contains("required") ? s["required"] : json::array()) {
+    const std::string k = r.get<std::string>();
+    if (std::any_of(props.begin(), props.end(), [&](const auto& p) { return p.first == k; })) continue;
+    if (has_props && s["properties"].contains(k)) continue;  // false: refused above
+    if (has_ap && s["additionalProperties"] == false)
+      bad("required", path, "property \"" + k + "\" is required but additionalProperties is false and properties lacks it");
+    props.emplace_back(k, has_ap ? &s["additionalProperties"] : &kAnyValue);
   }
   const std::string w = ws();
   // Extra properties: keys other than the declared ones, values per additionalProperties.
@@ -659,9 +769,6 @@ std::string SchemaVisitor::visit_object(const json& s, const std::string& path, 
       const std::string key = keys.empty() ? any_string() : rule(hint + "-additional-key", string_not_in_gbnf(keys, json_char()), path);
       extra = rule(hint + "-additional-kv", key + " " + w + " \":\" " + w + " " + val, path);
     }
-  } else if (!has_props) {
-    // Only "required" given: any object with those keys would do; refuse rather than guess.
-    bad("required", path, "without properties is not supported");
   }
   // C_i: the members from property i on, at least one (the next key decides which); B_i: what may
   // follow a member, i.e. "," then C_i, optional when no required property is left. One comma
@@ -762,12 +869,15 @@ std::string SchemaVisitor::visit_string(const json& s, const std::string& path, 
   if (hi >= 0 && lo > hi) bad("minLength", path, "is above maxLength");
   const std::string q = "\"\\\"\"";
   if (s.contains("pattern")) {
-    if (has_len) bad(s.contains("maxLength") ? "maxLength" : "minLength", path, "together with pattern is not supported");
     if (s.contains("format")) bad("format", path, "together with pattern is not supported");
     if (!s["pattern"].is_string()) bad("pattern", path, "must be a string");
     std::string expr;
     try {
-      expr = regex_to_gbnf(s["pattern"].get<std::string>(), json_char());
+      expr = regex_to_gbnf(s["pattern"].get<std::string>(), json_char(), lo, hi);
+    } catch (const RegexLengthError& e) {
+      bad(s.contains("maxLength") ? "maxLength" : "minLength", path,
+          std::string("together with pattern: ") + e.what() +
+              " (supported when the pattern's lengths lie within the bounds, or the pattern is one class repeated, e.g. ^[a-z]+$)");
     } catch (const RegexError& e) {
       bad("pattern", path, e.what());
     }
@@ -775,9 +885,17 @@ std::string SchemaVisitor::visit_string(const json& s, const std::string& path, 
     return rule(hint, q + " " + expr + " " + q, path);
   }
   if (s.contains("format")) {
-    if (has_len) bad(s.contains("maxLength") ? "maxLength" : "minLength", path, "together with format is not supported");
     if (!s["format"].is_string()) bad("format", path, "must be a string");
     const std::string f = s["format"].get<std::string>();
+    if (has_len) {
+      // Allowed when every string of the format's grammar has a length within the bounds.
+      static const std::map<std::string, std::pair<int64_t, int64_t>> kLengths = {
+          {"date", {10, 10}}, {"time", {9, 21}}, {"date-time", {20, 32}}, {"uuid", {36, 36}}};
+      auto it = kLengths.find(f);
+      const char* kw = s.contains("maxLength") ? "maxLength" : "minLength";
+      if (it == kLengths.end() || it->second.first < lo || (hi >= 0 && it->second.second > hi))
+        bad(kw, path, "together with format \"" + f + "\" is supported only when the format's lengths lie within it");
+    }
     const std::string body = format_gbnf(f, [&](const std::string& n, const std::string& b) { return shared(n, b, 4); });
     if (body.empty()) bad("format", path, "format \"" + f + "\" is not supported (date, time, date-time, uuid, email are)");
     return rule(hint, q + " " + body + " " + q, path);
@@ -792,8 +910,32 @@ std::string SchemaVisitor::visit_number(const json& s, const std::string& path, 
     if (s.contains(k)) any_bound = true;
   if (!any_bound) return integer ? any_integer() : any_number();
   if (!integer) {
-    for (const auto& k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
-      if (s.contains(k)) bad(k, path, "bounds on numbers are not supported (they are on integers)");
+    std::optional<NumberBound> lo, hi;
+    std::string lo_kw = "minimum";
+    auto bound = [&](const char* k) {
+      const json& v = s.at(k);
+      if (!v.is_number()) bad(k, path, "must be a number");
+      const double d = v.get<double>();
+      if (std::floor(d) != d) bad(k, path, "bounds on numbers must be whole numbers (non-integral bounds are not supported)");
+      if (std::fabs(d) > 1e15) bad(k, path, "bounds beyond 1e15 are not supported");
+      return static_cast<int64_t>(d);
+    };
+    auto tighten_lo = [&](NumberBound b, const char* k) {
+      if (!lo || b.value > lo->value || (b.value == lo->value && b.exclusive)) { lo = b; lo_kw = k; }
+    };
+    auto tighten_hi = [&](NumberBound b) {
+      if (!hi || b.value < hi->value || (b.value == hi->value && b.exclusive)) hi = b;
+    };
+    const bool ex_min_bool = s.contains("exclusiveMinimum") && s["exclusiveMinimum"].is_boolean();
+    const bool ex_max_bool = s.contains("exclusiveMaximum") && s["exclusiveMaximum"].is_boolean();
+    if (s.contains("minimum")) tighten_lo({bound("minimum"), ex_min_bool && s["exclusiveMinimum"].get<bool>()}, "minimum");
+    if (s.contains("maximum")) tighten_hi({bound("maximum"), ex_max_bool && s["exclusiveMaximum"].get<bool>()});
+    if (s.contains("exclusiveMinimum") && !ex_min_bool) tighten_lo({bound("exclusiveMinimum"), true}, "exclusiveMinimum");
+    if (s.contains("exclusiveMaximum") && !ex_max_bool) tighten_hi({bound("exclusiveMaximum"), true});
+    const std::string body = number_range_gbnf(lo, hi);
+    if (body.empty()) bad(lo_kw, path, "no number lies within the bounds");
+    charge(body.size() / 16, path);
+    return rule(hint, body, path);
   }
   std::optional<int64_t> lo, hi;
   auto num = [&](const char* k) {
@@ -946,7 +1088,14 @@ std::string json_schema_to_gbnf(const nlohmann::ordered_json& schema, const Sche
   SchemaGrammarBuilder b(options);
   const std::string value = b.add(schema, "root-value");
   b.add_rule("root", value);
-  return b.gbnf();
+  std::string out = b.gbnf();
+  try {
+    Grammar::parse(out);
+  } catch (const GrammarError& e) {
+    // A $ref cycle that writes nothing (e.g. {"$ref": "#"} or anyOf [{"$ref": "#"}, ...]).
+    throw SchemaError("$ref", "", "JSON Schema \"$ref\" cycle that consumes no input: " + e.message);
+  }
+  return out;
 }
 
 std::string json_object_gbnf(const SchemaOptions& options) {

@@ -59,7 +59,8 @@ class SchemaGrammarBuilder {
   // the builder is then as it was before the call.
   std::string add(const nlohmann::ordered_json& schema, std::string_view name_hint);
   std::string add(const nlohmann::json& schema, std::string_view name_hint);
-  // Adds `name ::= body` under `name` (made unique when taken: the name used is returned).
+  // Adds `name ::= body` and returns the name used: `name` with characters other than
+  // [A-Za-z0-9_-] replaced by '-', and a suffix "-2", "-3", ... when taken.
   std::string add_rule(std::string name, std::string body);
   // The rule name of bounded whitespace between JSON tokens (may be used in add_rule bodies).
   std::string whitespace();
@@ -73,6 +74,7 @@ class SchemaGrammarBuilder {
   std::vector<std::pair<std::string, std::string>> rules_;  // in order of addition
   std::map<std::string, size_t> by_name_;
   std::map<std::string, std::string> by_body_;  // dedup of identical bodies
+  std::map<std::string, std::string> shared_;   // primitives (ws, string, ...) -> their rule names
   size_t weight_ = 0;                           // rules plus implied repetition helpers
 };
 

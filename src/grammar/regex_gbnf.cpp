@@ -131,7 +131,7 @@ class RegexParser {
  public:
   RegexParser(std::vector<uint32_t> p, std::string jc) : p_(std::move(p)), jc_(std::move(jc)) {}
 
-  std::string run() {
+  std::string run(int64_t min_len, int64_t max_len) {
     bool start = false, end = false;
     size_t b = 0, e = p_.size();
     if (e > 0 && p_[0] == '^') { start = true; b = 1; }
@@ -144,6 +144,17 @@ class RegexParser {
     i_ = b;
     std::string body = alternation();
     if (i_ < p_.size()) fail("unbalanced ')'");
+    const Len len = start && end ? len_ : Len{len_.min, kInf};
+    const bool bounded = min_len > 0 || max_len >= 0;
+    if (bounded && !(len.min >= min_len && (max_len < 0 || len.max <= max_len))) {
+      // One class repeated, anchored: the bounds narrow the repetition.
+      if (!(start && end && rep_)) throw RegexLengthError("the pattern's lengths are not within minLength/maxLength");
+      const int64_t lo = std::max(rep_lo_, min_len);
+      const int64_t hi = rep_hi_ < 0 ? max_len : max_len < 0 ? rep_hi_ : std::min(rep_hi_, max_len);
+      if (hi >= 0 && lo > hi) throw RegexLengthError("no string of the pattern has a length within minLength/maxLength");
+      if (lo > 1000 || hi > 1000) throw RegexLengthError("bounds above 1000 together with pattern are not supported");
+      return rep_class_ + (hi < 0 ? "{" + std::to_string(lo) + ",}" : "{" + std::to_string(lo) + "," + std::to_string(hi) + "}");
+    }
     std::string out = start ? "" : jc_ + "* ";
     out += "( " + body + " )";
     if (!end) out += " " + jc_ + "*";
@@ -154,6 +165,18 @@ class RegexParser {
   std::vector<uint32_t> p_;
   std::string jc_;
   size_t i_ = 0;
+  // Lengths in code points of the piece parsed last (kInf: unbounded), and whether it was one
+  // character (an atom) or one character class repeated (rep_: class, lo, hi or -1).
+  static constexpr int64_t kInf = int64_t{1} << 40;
+  struct Len {
+    int64_t min, max;
+  };
+  Len len_{0, 0};
+  bool single_ = false;
+  bool rep_ = false;
+  std::string rep_class_;
+  int64_t rep_lo_ = 0, rep_hi_ = -1;
+  static int64_t sat(int64_t v) { return std::min(v, kInf); }
 
   [[noreturn]] void fail(const std::string& what) const {
     throw RegexError(what + " (at character " + std::to_string(i_ + 1) + "); supported: literals, escapes, classes, '.', "
@@ -164,10 +187,14 @@ class RegexParser {
 
   std::string alternation() {
     std::vector<std::string> alts{sequence()};
+    Len len = len_;
     while (more() && peek() == '|') {
       ++i_;
       alts.push_back(sequence());
+      len = {std::min(len.min, len_.min), std::max(len.max, len_.max)};
+      rep_ = false;
     }
+    len_ = len;
     if (alts.size() == 1) return alts[0];
     std::string out = "(";
     for (size_t k = 0; k < alts.size(); ++k) out += (k ? " | " : " ") + alts[k];
@@ -176,11 +203,20 @@ class RegexParser {
 
   std::string sequence() {
     std::string out;
+    Len len{0, 0};
+    int pieces = 0;
+    bool rep = false;
     while (more() && peek() != '|' && peek() != ')') {
+      rep_ = false;
       std::string a = atom();
       a = quantified(a);
+      rep = rep_;
+      ++pieces;
+      len = {sat(len.min + len_.min), sat(len.max + len_.max)};
       if (!a.empty()) out += (out.empty() ? "" : " ") + a;
     }
+    len_ = len;
+    rep_ = pieces == 1 && rep;
     return out.empty() ? "\"\"" : out;
   }
 
@@ -222,6 +258,16 @@ class RegexParser {
     }
     if (more() && peek() == '?') ++i_;  // lazy: the same language
     if (more() && (peek() == '*' || peek() == '+' || peek() == '?' || peek() == '{')) fail("nothing to repeat");
+    if (single_) {
+      rep_ = true;
+      rep_class_ = "( " + a + " )";
+      rep_lo_ = static_cast<int64_t>(lo);
+      rep_hi_ = unbounded ? -1 : static_cast<int64_t>(hi);
+    } else {
+      rep_ = false;  // a repeated group is not one class repeated
+    }
+    len_ = {sat(len_.min * static_cast<int64_t>(lo)), unbounded ? (len_.max == 0 ? 0 : kInf) : sat(len_.max * static_cast<int64_t>(hi))};
+    single_ = false;
     const std::string x = "( " + a + " )";
     if (unbounded) {
       if (lo == 0) return x + "*";
@@ -236,6 +282,8 @@ class RegexParser {
 
   std::string atom() {
     const uint32_t c = peek();
+    len_ = {1, 1};
+    single_ = c != '(';
     if (c == '(') {
       ++i_;
       if (peek() == '?') {
@@ -245,6 +293,7 @@ class RegexParser {
       std::string inner = alternation();
       if (!more() || peek() != ')') fail("missing ')'");
       ++i_;
+      single_ = false;
       return "( " + inner + " )";
     }
     if (c == '[') return json_chars_of(char_class());
@@ -393,8 +442,8 @@ std::string gbnf_literal(std::string_view bytes) {
   return out + "\"";
 }
 
-std::string regex_to_gbnf(std::string_view pattern, const std::string& json_char) {
-  return RegexParser(decode_utf8(pattern), json_char).run();
+std::string regex_to_gbnf(std::string_view pattern, const std::string& json_char, int64_t min_len, int64_t max_len) {
+  return RegexParser(decode_utf8(pattern), json_char).run(min_len, max_len);
 }
 
 std::string string_not_in_gbnf(const std::vector<std::string>& keys, const std::string& /*json_char*/) {

@@ -2,6 +2,7 @@
 // Pieces of JSON Schema strings as GBNF (json_schema.cpp): ECMAScript-regex subsets for "pattern",
 // formats, and keys other than a given set. All write the content of a JSON string (between the
 // quotes) as JSON text: characters that JSON must escape are written as their escapes.
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -14,6 +15,10 @@ namespace ptllm::grammar {
 struct RegexError : Error {
   using Error::Error;
 };
+// The pattern is supported but not together with the length bounds given.
+struct RegexLengthError : RegexError {
+  using RegexError::RegexError;
+};
 
 // A GBNF string literal whose text is `bytes` (UTF-8).
 std::string gbnf_literal(std::string_view bytes);
@@ -24,7 +29,11 @@ std::string gbnf_literal(std::string_view bytes);
 // characters), classes with ranges and negation, '.', groups (capturing, (?:...)), alternation,
 // quantifiers * + ? {m} {m,} {m,n} (lazy forms too), ^ at the start and $ at the end. Anything
 // else throws RegexError naming it. `json_char` is the rule name of one JSON string character.
-std::string regex_to_gbnf(std::string_view pattern, const std::string& json_char);
+// Length bounds in code points (max_len < 0: none) are honoured when every match of the pattern
+// lies within them, or when the pattern is one class repeated (^[a-z]+$), whose repetition they
+// narrow; otherwise RegexLengthError.
+std::string regex_to_gbnf(std::string_view pattern, const std::string& json_char, int64_t min_len = 0,
+                          int64_t max_len = -1);
 
 // A whole JSON string (quotes included) whose value is none of `keys`, written without escapes.
 std::string string_not_in_gbnf(const std::vector<std::string>& keys, const std::string& json_char);
