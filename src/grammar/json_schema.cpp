@@ -904,6 +904,9 @@ std::string SchemaVisitor::visit_string(const json& s, const std::string& path, 
   return rule(hint, q + " " + repeat(json_char(), lo, hi, lo > 1000 ? "minLength" : "maxLength", path) + " " + q, path);
 }
 
+// The safe integers (zod's int() and JavaScript's Number.MAX_SAFE_INTEGER bounds are 2^53 - 1).
+constexpr double kMaxBound = 9007199254740992.0;
+
 std::string SchemaVisitor::visit_number(const json& s, const std::string& path, const std::string& hint, bool integer) {
   bool any_bound = false;
   for (const auto& k : number_keywords())
@@ -917,7 +920,7 @@ std::string SchemaVisitor::visit_number(const json& s, const std::string& path, 
       if (!v.is_number()) bad(k, path, "must be a number");
       const double d = v.get<double>();
       if (std::floor(d) != d) bad(k, path, "bounds on numbers must be whole numbers (non-integral bounds are not supported)");
-      if (std::fabs(d) > 1e15) bad(k, path, "bounds beyond 1e15 are not supported");
+      if (std::fabs(d) > kMaxBound) bad(k, path, "bounds beyond 2^53 are not supported");
       return static_cast<int64_t>(d);
     };
     auto tighten_lo = [&](NumberBound b, const char* k) {
@@ -942,7 +945,7 @@ std::string SchemaVisitor::visit_number(const json& s, const std::string& path, 
     const json& v = s.at(k);
     if (!v.is_number()) bad(k, path, "must be a number");
     const double d = v.get<double>();
-    if (std::fabs(d) > 1e15) bad(k, path, "bounds beyond 1e15 are not supported");
+    if (std::fabs(d) > kMaxBound) bad(k, path, "bounds beyond 2^53 are not supported");
     return d;
   };
   auto tighten_lo = [&](int64_t v) { lo = lo ? std::max(*lo, v) : v; };
