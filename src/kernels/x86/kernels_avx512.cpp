@@ -1,6 +1,6 @@
 // The kernels for AVX-512 (F, BW, VL, DQ: Skylake-X, Ice Lake, Zen 4 and later), 16 floats a register.
 #include "kernels/simd.h"
-#include "kernels/transpose_avx512.h"
+#include "kernels/x86/transpose_avx512.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -183,7 +183,7 @@ struct Avx512 {
 }  // namespace
 }  // namespace ptllm
 
-#include "kernels/kernels_impl.h"
+#include "kernels/cpu/kernels_impl.h"
 
 // kivi_k_block with AVX-512 VNNI (Ice Lake, Zen 4 and later; picked at run time): the int8 query
 // (quant.h) times the u8 codes, 4 products a 32-bit lane (vpdpbusd). 16 keys at a time, one key

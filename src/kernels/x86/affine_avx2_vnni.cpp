@@ -1,6 +1,6 @@
-// The affine products for AVX2 with AVX-VNNI (kernels/affine_avx2.h).
+// The affine products for AVX2 with AVX-VNNI (kernels/x86/affine_avx2.h).
 #define PTLLM_AFFINE_AVXVNNI 1
-#include "kernels/affine_avx2.h"
+#include "kernels/x86/affine_avx2.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>

@@ -1,6 +1,6 @@
-// The affine products for AVX-512 with VNNI (kernels/affine_avx512.h): Ice Lake, Zen 4 and later.
+// The affine products for AVX-512 with VNNI (kernels/x86/affine_avx512.h): Ice Lake, Zen 4 and later.
 #define PTLLM_AFFINE_VNNI 1
-#include "kernels/affine_avx512.h"
+#include "kernels/x86/affine_avx512.h"
 
 namespace ptllm {
 #if defined(__x86_64__)
