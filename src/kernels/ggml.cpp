@@ -12,6 +12,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "kernels/cpu/features.h"
 #include "kernels/ops.h"
 #include "kernels/simd.h"
 
@@ -160,13 +161,7 @@ void scalar_rows(const WeightMatrix& w, const GgmlActs& a, const float* bias, fl
 
 
 
-bool cpu_has_vnni() {
-#if defined(__x86_64__)
-  return __builtin_cpu_supports("avx512vnni");
-#else
-  return false;
-#endif
-}
+bool cpu_has_vnni() { return cpu_features().avx512vnni; }
 
 // Fewest weights a thread's share of a product holds (as ops.cpp's gemv): below it, handing work to
 // another thread costs more than it saves.

@@ -15,7 +15,7 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
-#include "kernels/transpose_avx512.h"
+#include "kernels/x86/transpose_avx512.h"
 #endif
 
 #if defined(__GNUC__) && !defined(__clang__)

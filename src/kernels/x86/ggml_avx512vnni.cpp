@@ -13,7 +13,7 @@
 #define PTLLM_GGML_VNNI 1
 #define PTLLM_GGML_ZMM 1
 #define PTLLM_GGML_NAME "avx512vnni"
-#include "kernels/ggml_kernels_impl.h"
+#include "kernels/x86/ggml_kernels_impl.h"
 
 namespace ptllm {
 const GgmlKernel* detail::ggml_avx512vnni_kernel() { return &kKernel; }

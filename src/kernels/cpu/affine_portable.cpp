@@ -80,7 +80,7 @@ struct PortableAffine {
 }  // namespace
 }  // namespace ptllm
 
-#include "kernels/affine_impl.h"
+#include "kernels/cpu/affine_impl.h"
 
 namespace ptllm {
 namespace {

@@ -7,12 +7,12 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "kernels/cpu/features.h"
 #include "kernels/ops.h"
 #include "kernels/panels.h"
 #include "kernels/simd.h"
 
 #if defined(__x86_64__) && defined(__linux__)
-#include <cpuid.h>
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -46,13 +46,8 @@ constexpr int kSharedPackSlabs = 4;
 
 bool detect_amx() {
   if (const char* e = std::getenv("PTLLM_NO_AMX"); e && *e && std::strcmp(e, "0") != 0) return false;
-  unsigned a, b, c, d;
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-  const bool amx_bf16 = d & (1u << 22), amx_tile = d & (1u << 24);
-  if (!amx_bf16 || !amx_tile) return false;
-  if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
-      !__builtin_cpu_supports("avx512bf16"))
-    return false;
+  const CpuFeatures& f = cpu_features();
+  if (!f.amx_bf16 || !f.avx512 || !f.avx512bf16) return false;
   constexpr long kArchReqXcompPerm = 0x1023;  // Linux 5.16: ask for an extended state component
   constexpr long kXfeatureTileData = 18;
   if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureTileData) != 0) return false;

@@ -13,7 +13,7 @@
 #define PTLLM_GGML_VNNI 0
 #define PTLLM_GGML_ZMM 1
 #define PTLLM_GGML_NAME "avx512"
-#include "kernels/ggml_kernels_impl.h"
+#include "kernels/x86/ggml_kernels_impl.h"
 
 namespace ptllm {
 const GgmlKernel* detail::ggml_avx512_kernel() { return &kKernel; }

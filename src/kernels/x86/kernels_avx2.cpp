@@ -186,7 +186,7 @@ struct Avx2 {
 }  // namespace
 }  // namespace ptllm
 
-#include "kernels/kernels_impl.h"
+#include "kernels/cpu/kernels_impl.h"
 
 namespace ptllm {
 namespace {

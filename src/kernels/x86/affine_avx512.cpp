@@ -1,7 +1,7 @@
-// The affine products for AVX-512 without VNNI (kernels/affine_avx512.h).
+// The affine products for AVX-512 without VNNI (kernels/x86/affine_avx512.h).
 #define PTLLM_AFFINE_VNNI 0
 #include "kernels/simd.h"
-#include "kernels/affine_avx512.h"
+#include "kernels/x86/affine_avx512.h"
 
 namespace ptllm {
 #if defined(__x86_64__)

@@ -2,7 +2,7 @@
 // included by affine_avx512.cpp (PTLLM_AFFINE_VNNI 0: bytes multiplied by vpmaddubsw, summed by
 // vpmaddwd) and affine_avx512_vnni.cpp (1: vpdpbusd, four byte products summed a lane at once).
 #include "kernels/affine_q8.h"
-#include "kernels/transpose_avx512.h"
+#include "kernels/x86/transpose_avx512.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -94,5 +94,5 @@ struct Avx512Affine {
 }  // namespace
 }  // namespace ptllm
 
-#include "kernels/affine_impl.h"
+#include "kernels/cpu/affine_impl.h"
 #endif

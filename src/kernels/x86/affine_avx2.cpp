@@ -1,7 +1,7 @@
-// The affine products for AVX2 without VNNI (kernels/affine_avx2.h).
+// The affine products for AVX2 without VNNI (kernels/x86/affine_avx2.h).
 #define PTLLM_AFFINE_AVXVNNI 0
 #include "kernels/simd.h"
-#include "kernels/affine_avx2.h"
+#include "kernels/x86/affine_avx2.h"
 
 namespace ptllm {
 #if defined(__x86_64__)

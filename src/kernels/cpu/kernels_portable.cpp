@@ -139,7 +139,7 @@ struct Portable {
 }  // namespace
 }  // namespace ptllm
 
-#include "kernels/kernels_impl.h"
+#include "kernels/cpu/kernels_impl.h"
 
 namespace ptllm {
 namespace {

@@ -87,5 +87,5 @@ struct Avx2Affine {
 }  // namespace
 }  // namespace ptllm
 
-#include "kernels/affine_impl.h"
+#include "kernels/cpu/affine_impl.h"
 #endif

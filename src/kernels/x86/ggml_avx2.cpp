@@ -5,7 +5,7 @@
 #define PTLLM_GGML_TARGET __attribute__((target("avx2,fma,f16c")))
 #define PTLLM_GGML_VNNI 0
 #define PTLLM_GGML_NAME "avx2"
-#include "kernels/ggml_kernels_impl.h"
+#include "kernels/x86/ggml_kernels_impl.h"
 
 namespace ptllm {
 const GgmlKernel* detail::ggml_avx2_kernel() { return &kKernel; }

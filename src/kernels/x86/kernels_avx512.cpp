@@ -1,6 +1,7 @@
 // The kernels for AVX-512 (F, BW, VL, DQ: Skylake-X, Ice Lake, Zen 4 and later), 16 floats a register.
 #include "kernels/simd.h"
-#include "kernels/transpose_avx512.h"
+#include "kernels/cpu/features.h"
+#include "kernels/x86/transpose_avx512.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -183,7 +184,7 @@ struct Avx512 {
 }  // namespace
 }  // namespace ptllm
 
-#include "kernels/kernels_impl.h"
+#include "kernels/cpu/kernels_impl.h"
 
 // kivi_k_block with AVX-512 VNNI (Ice Lake, Zen 4 and later; picked at run time): the int8 query
 // (quant.h) times the u8 codes, 4 products a 32-bit lane (vpdpbusd). 16 keys at a time, one key
@@ -732,7 +733,7 @@ PTLLM_TARGET_VNNI void vnni_v_spans(const float* p, int ld_p, int nq, const Kivi
 }
 
 bool has_vbmi() {
-  static const bool vbmi = __builtin_cpu_supports("avx512vbmi");
+  static const bool vbmi = cpu_features().avx512vbmi;
   return vbmi;
 }
 PTLLM_TARGET_BF16 void bf16_v_spans(const float* p, int ld_p, int nq, const KiviSpan* s, int ns, int D, int bits,
@@ -799,7 +800,7 @@ constexpr KernelTable with_bf16(KernelTable t) {
 constexpr KernelTable kTableVnniBf16 = with_bf16(kTableVnni);
 }  // namespace
 const KernelTable* avx512_kernel_table() {
-  static const bool vnni = __builtin_cpu_supports("avx512vnni"), bf16 = __builtin_cpu_supports("avx512bf16");
+  static const bool vnni = cpu_features().avx512vnni, bf16 = cpu_features().avx512bf16;
   return vnni ? (bf16 ? &kTableVnniBf16 : &kTableVnni) : &kTable;
 }
 }  // namespace ptllm
