@@ -382,8 +382,10 @@ TEST(CliHabitsCommands, LlamaCppMultiLetterFlagsAreRefusedByName) {
 // llama.cpp's flags for what this runtime does not do: a sentence each, not CLI11's "not expected".
 TEST(CliHabitsCommands, LlamaCppFeatureFlagsAreRefusedWithTheReason) {
   for (const Refusal& c : std::vector<Refusal>{
-           {"sample -p x --model-draft d.gguf", "--model-draft: speculative decoding is not supported yet"},
-           {"sample -p x -md d.gguf", "-md: speculative decoding is not supported yet"},
+           {"sample -p x --model-draft d.gguf", "--model-draft: a draft model is not supported yet"},
+           {"sample -p x -md d.gguf", "--model-draft: a draft model is not supported yet"},
+           {"sample -p x --spec-type suffix", "--spec-type suffix: not implemented yet"},
+           {"bench --draft-max 4", "--draft-max: speculative decoding runs in sample and chat"},
            {"sample -p x --grammar 'root ::= \"a\"'", "--grammar: constrained sampling (grammars, JSON schemas) is "
                                                        "not supported yet"},
            {"sample -p x --grammar-file g.gbnf", "--grammar-file: constrained sampling"},
