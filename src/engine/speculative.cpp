@@ -69,6 +69,7 @@ constexpr double kEma = 0.15;            // weight of the newest measurement
 constexpr int kProbeEvery = 32;          // a declined draft is verified anyway this often
 constexpr int64_t kPlainEvery = 64;      // a plain step this often, to keep its cost measured
 constexpr double kMinGain = 1.03;        // a verification must promise this over a plain step
+constexpr double kPriorRowCost = 0.1;    // an unmeasured further row, in one-token steps
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -78,7 +79,32 @@ Speculator::Speculator(const SpecOptions& o) : o_(o), drafter_(make_drafter(o)) 
   if (o_.draft_max < 0) throw UsageError("--spec-draft-max must be at least 0");
   if (o_.draft_min < 0) throw UsageError("--spec-draft-min must be at least 0");
   if (drafter_) alpha_.assign(size_t(drafter_->classes()), kAlphaPrior);
+  cost_.assign(size_t(std::max(0, o_.draft_max)) + 2, 0.0);
 }
+
+double Speculator::cost(int T) const {
+  if (T < int(cost_.size()) && cost_[size_t(T)] > 0) return cost_[size_t(T)];
+  // Unmeasured: between the nearest measured widths; beyond them, a tenth of a step a further row
+  // (decode is memory-bound on large models) from the nearest one.
+  int lo = 1, hi = 0;
+  double c_lo = 1, c_hi = 0;
+  for (int t = 2; t < int(cost_.size()); ++t) {
+    if (cost_[size_t(t)] <= 0) continue;
+    if (t < T) lo = t, c_lo = cost_[size_t(t)];
+    else if (hi == 0) hi = t, c_hi = cost_[size_t(t)];
+  }
+  if (hi > 0) return c_lo + (c_hi - c_lo) * double(T - lo) / double(hi - lo);
+  return c_lo + kPriorRowCost * (T - lo);
+}
+
+namespace {
+// An estimate moved by a measurement: an average, but one measurement moves it at most by half or
+// double (a loaded machine delays a step now and then; those outliers must not switch speculation off).
+void update(double& est, double x, double first_guess) {
+  if (est <= 0) est = first_guess;
+  est += kEma * (std::clamp(x, est / 2, est * 2) - est);
+}
+}  // namespace
 
 int Speculator::choose(int avail, int cls) const {
   const int lo = std::max(1, o_.draft_min);
@@ -91,7 +117,7 @@ int Speculator::choose(int avail, int cls) const {
   for (int k = 1; k <= avail; ++k) {
     term *= a;
     yield += term;
-    const double gain = yield / (1 + extra_ * k);
+    const double gain = yield / cost(k + 1);
     if (k >= lo && gain > best) {
       best = gain;
       best_k = k;
@@ -104,7 +130,8 @@ void Speculator::plain(Session& s, Generator& gen, int32_t pending, std::vector<
   const auto t0 = Clock::now();
   std::span<float> logits = s.feed({&pending, 1});
   const double dt = seconds_since(t0);
-  step_s_ = step_s_ == 0 ? dt : step_s_ + kEma * (dt - step_s_);
+  if (step_s_ <= 0) step_s_ = dt;
+  update(step_s_, dt, dt);
   ++stats_.plain_steps;
   steps.push_back(gen.next(logits, s.history(), s.fits(1)));
 }
@@ -162,9 +189,11 @@ void Speculator::round(Session& s, Generator& gen, int32_t pending, std::vector<
     for (int i = 0; i < judged; ++i) a += kEma * ((i < kept ? 1.0 : 0.0) - a);
     a = std::clamp(a, 0.0, 0.98);
   }
-  if (step_s_ > 0) {
-    const double extra = std::max(0.0, (dt / step_s_ - 1) / k);
-    extra_ += kEma * (std::min(extra, 4.0) - extra_);
+  // The first pass wider than any before grows the buffers it runs in: not a measurement.
+  if (k + 1 > widest_) {
+    widest_ = k + 1;
+  } else if (step_s_ > 0) {
+    update(cost_[size_t(k + 1)], std::max(1.0, dt / step_s_), cost(k + 1));
   }
 }
 

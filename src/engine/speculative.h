@@ -105,8 +105,13 @@ class Speculator {
   SpecStats stats_;
   std::vector<int32_t> ctx_, drafts_, fed_;
   std::vector<double> alpha_;  // per confidence class: the chance a drafted token is kept (EMA)
+  // The cost of a pass of T rows in one-token steps, measured (EMA; 0: not measured yet): small
+  // models that fit in cache are compute-bound and pay for every row, and matmul changes products
+  // with T (docs/performance.md), so no formula in T holds everywhere.
+  double cost(int T) const;
+  std::vector<double> cost_;   // [T]
   double step_s_ = 0;          // a one-token step (EMA; 0: not measured yet)
-  double extra_ = 0.1;         // each further verified row costs this share of a step (EMA)
+  int widest_ = 1;             // the widest pass so far
   int skipped_ = 0;            // drafts declined in a row (a verification is tried now and then)
 };
 
