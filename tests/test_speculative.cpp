@@ -367,3 +367,92 @@ TEST(Speculator, AdaptivityDeclinesDraftsThatAreRejected) {
 
 }  // namespace
 }  // namespace ptllm
+
+namespace ptllm {
+namespace {
+
+std::vector<nlohmann::json> json_lines(const std::string& out) {
+  std::vector<nlohmann::json> v;
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty() && line[0] == '{') v.push_back(nlohmann::json::parse(line));
+  return v;
+}
+
+// sample and chat: the same ids with --spec-type ngram, the counters in --json and on the footer.
+TEST(SpeculativeCli, SampleAndChatGiveTheSameTokens) {
+  const std::string model = test::repo_model("kjv-tiny").string();
+  const std::string sample = test::binary() + " sample " + model +
+                             " -p 'And the LORD said unto Moses, and the LORD said' -n 120 --temperature 0 "
+                             "--ignore-eos -t 2 --json";
+  const auto off = test::run_command(sample);
+  const auto on = test::run_command(sample + " --spec-type ngram --spec-draft-max 6 --spec-fixed");
+  ASSERT_EQ(off.code, 0) << off.err;
+  ASSERT_EQ(on.code, 0) << on.err;
+  const auto a = nlohmann::json::parse(off.out), b = nlohmann::json::parse(on.out);
+  EXPECT_EQ(a["tokens"], b["tokens"]);
+  EXPECT_TRUE(a["speculative"].is_null());
+  EXPECT_EQ(b["speculative"]["type"], "ngram");
+  EXPECT_EQ(b["speculative"]["adaptive"], false);
+  EXPECT_GT(b["speculative"]["accepted"].get<int>(), 0);
+  EXPECT_LE(b["speculative"]["accepted"].get<int>(), b["speculative"]["drafted"].get<int>());
+  EXPECT_NE(on.err.find("speculation: ngram (fixed), drafted "), std::string::npos) << on.err;
+
+  // chat: two turns through a template, the KV kept between them.
+  test::TempDir dir;
+  for (const char* f : {"config.json", "generation_config.json", "tokenizer.json", "model.safetensors"})
+    fs::copy_file(test::repo_model("kjv-tiny") / f, dir.path / f);
+  nlohmann::json cfg = test::read_json(test::repo_model("kjv-tiny") / "tokenizer_config.json");
+  cfg["chat_template"] =
+      "{% for m in messages %}{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}And the LORD said{% endif %}";
+  std::ofstream(dir.path / "tokenizer_config.json") << cfg.dump(2);
+  std::ofstream(dir.path / "turns.txt") << "And the LORD spake unto Moses\nAnd Moses said unto the LORD\n";
+  const std::string chat = test::binary() + " chat " + dir.path.string() + " -f " + (dir.path / "turns.txt").string() +
+                           " --temperature 0 -n 60 -t 2 --json --no-history";
+  const auto c_off = test::run_command(chat);
+  const auto c_on = test::run_command(chat + " --spec-type ngram");
+  ASSERT_EQ(c_off.code, 0) << c_off.err;
+  ASSERT_EQ(c_on.code, 0) << c_on.err;
+  const auto t_off = json_lines(c_off.out), t_on = json_lines(c_on.out);
+  ASSERT_EQ(t_off.size(), 2u);
+  ASSERT_EQ(t_on.size(), 2u);
+  int64_t drafted = 0;
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(t_off[i]["tokens"], t_on[i]["tokens"]) << "turn " << i;
+    EXPECT_EQ(t_off[i]["reused_tokens"], t_on[i]["reused_tokens"]) << "the reply's tokens were all fed";
+    drafted += t_on[i]["speculative"]["drafted"].get<int64_t>();
+  }
+  EXPECT_GT(drafted, 0);
+
+  // Refusals name the flag.
+  const auto nc = test::run_command(test::binary() + " sample " + model + " -p x --spec-type ngram --no-cache");
+  EXPECT_EQ(nc.code, 2);
+  EXPECT_NE(nc.err.find("--spec-type ngram verifies drafts against the KV cache"), std::string::npos) << nc.err;
+  const auto mm = test::run_command(test::binary() + " sample " + model + " -p x --spec-type ngram --spec-draft-min 9 --spec-draft-max 4");
+  EXPECT_EQ(mm.code, 2);
+  EXPECT_NE(mm.err.find("--spec-draft-min 9 is more than --spec-draft-max 4"), std::string::npos) << mm.err;
+}
+
+// Adaptivity: drafts of sampled prose at temperature 1.5 are mostly rejected; the adaptive sequence
+// stops verifying them, the fixed one keeps paying for them. Both give the same text.
+TEST(SpeculativeAdaptivity, StopsVerifyingDraftsThatAreRejected) {
+  Tiny& t = tiny();
+  ThreadPool pool(2);
+  const std::vector<int32_t> prompt = t.tok.encode("For wisdom is better than rubies; and all the things that may be desired");
+  GeneratorOptions go = gen_options(light_or(300, 100), 1.5f, 9);
+  go.sampling.top_k = 0;
+  go.sampling.top_p = 1;
+  go.sampling.min_p = 0;
+  Session a(*t.model, kv_options("fp32"), pool), b(*t.model, kv_options("fp32"), pool);
+  const Output fixed = generate(a, t.tok, prompt, go, ngram(8, /*adaptive=*/false));
+  const Output adaptive = generate(b, t.tok, prompt, go, ngram(8, /*adaptive=*/true));
+  EXPECT_EQ(fixed.ids, adaptive.ids);
+  EXPECT_LT(fixed.stats.acceptance(), 0.3) << "the workload rejects drafts";
+  EXPECT_GT(fixed.stats.verify_steps, 50);
+  EXPECT_LT(adaptive.stats.verify_steps * 3, fixed.stats.verify_steps)
+      << adaptive.stats.verify_steps << " verifications against " << fixed.stats.verify_steps;
+  EXPECT_GT(adaptive.stats.plain_steps, fixed.stats.plain_steps);
+}
+
+}  // namespace
+}  // namespace ptllm
