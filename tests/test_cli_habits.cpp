@@ -384,7 +384,7 @@ TEST(CliHabitsCommands, LlamaCppFeatureFlagsAreRefusedWithTheReason) {
   for (const Refusal& c : std::vector<Refusal>{
            {"sample -p x --model-draft d.gguf", "--model-draft: a draft model is not supported yet"},
            {"sample -p x -md d.gguf", "--model-draft: a draft model is not supported yet"},
-           {"sample -p x --spec-type suffix", "--spec-type suffix: not implemented yet"},
+           {"sample -p x --spec-type draft", "--spec-type draft: a draft model is not supported yet"},
            {"bench --draft-max 4", "--draft-max: speculative decoding runs in sample and chat"},
            {"sample -p x --grammar 'root ::= \"a\"'", "--grammar: constrained sampling (grammars, JSON schemas) is "
                                                        "not supported yet"},

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "core/thread_pool.h"
+#include "engine/drafter_suffix.h"
 #include "engine/generator.h"
 #include "engine/session.h"
 #include "engine/speculative.h"
@@ -46,9 +47,9 @@ GeneratorOptions gen_options(int n, float temperature = 0, uint64_t seed = 1) {
   return o;
 }
 
-SpecOptions ngram(int draft_max = 8, bool adaptive = false) {
+SpecOptions ngram(int draft_max = 8, bool adaptive = false, SpecType type = SpecType::Ngram) {
   SpecOptions o;
-  o.type = SpecType::Ngram;
+  o.type = type;
   o.draft_max = draft_max;
   o.adaptive = adaptive;
   return o;
@@ -90,13 +91,13 @@ SessionOptions kv_options(const std::string& text) {
 // Greedy with and without speculation: the same ids; drafts were both kept and rejected (the rewind
 // ran); the pool ends with the blocks the plain run holds.
 void expect_same_greedy(const Model& model, const Tokenizer& tok, const SessionOptions& so, int n,
-                        const std::string& what, int draft_max = 8) {
+                        const std::string& what, int draft_max = 8, SpecType type = SpecType::Ngram) {
   ThreadPool pool(2);
   const auto prompt = prompt_ids(tok);
   KVPool pa(model.kv_shape(), so.kv, 1), pb(model.kv_shape(), so.kv, 1);
   Session a(model, so, pool, &pa), b(model, so, pool, &pb);
   const Output plain = generate(a, tok, prompt, gen_options(n), SpecOptions{});
-  const Output spec = generate(b, tok, prompt, gen_options(n), ngram(draft_max));
+  const Output spec = generate(b, tok, prompt, gen_options(n), ngram(draft_max, false, type));
   EXPECT_EQ(plain.ids, spec.ids) << what;
   EXPECT_EQ(plain.stats.verify_steps, 0) << what;
   EXPECT_GT(spec.stats.accepted, 0) << what;
@@ -133,6 +134,30 @@ TEST(SpeculativeGreedy, SameTokensForEveryKVConfiguration) {
                                "fp32 sink4 w48", "fp32 sink4 w48 pos=cache", "int4 r32 sink4 w80",
                                "int4 g16 r16 sink4 w80 pos=cache"})
     expect_same_greedy(*t.model, t.tok, kv_options(kv), light_or(160, 48), kv);
+}
+
+TEST(SuffixDrafter, MostFrequentContinuationOfTheLongestContext) {
+  SuffixDrafter d(3, 0.1);
+  std::vector<int32_t> out;
+  // After "1 2": 3 twice, 4 once (the most recent); after "2 3": 5, after "3 5": 8, each twice.
+  const std::vector<int32_t> h = {1, 2, 3, 5, 8, 1, 2, 3, 5, 8, 7, 1, 2, 4, 9, 1, 2};
+  EXPECT_GT(d.draft(h, 3, out), 0);
+  EXPECT_EQ(out, (std::vector<int32_t>{3, 5, 8}));
+  // The confidence bound stops a draft: after "7" come four different tokens.
+  SuffixDrafter strict(1, 0.5);
+  const std::vector<int32_t> h2 = {7, 1, 7, 2, 7, 3, 7, 4, 7};
+  EXPECT_EQ(strict.draft(h2, 4, out), 0);
+  EXPECT_TRUE(out.empty());
+  // The history rewritten (a chat turn re-rendered): counted again, nothing of the old one left.
+  const std::vector<int32_t> h3 = {6, 6, 6};
+  EXPECT_GT(d.draft(h3, 2, out), 0);
+  EXPECT_EQ(out, (std::vector<int32_t>{6, 6}));
+}
+
+TEST(SpeculativeGreedy, SuffixDrafterSameTokens) {
+  Tiny& t = tiny();
+  for (const std::string kv : {"fp32", "int4 r32", "int8 g16 r0 sink4 w48"})
+    expect_same_greedy(*t.model, t.tok, kv_options(kv), light_or(160, 48), "suffix " + kv, 8, SpecType::Suffix);
 }
 
 // A model whose layers slide (and one whose last layer reads another's K/V: YOCO).

@@ -9,8 +9,9 @@ namespace ptllm::cli {
 
 void add_spec_options(CLI::App& app, SpecArgs& a) {
   app.add_option("--spec-type", a.type,
-                 "Speculative decoding: none, or ngram (drafts from earlier text of the prompt and reply, "
-                 "verified in one pass; the output is the same; turns itself off where it does not pay)")
+                 "Speculative decoding: none; ngram (what followed the last tokens' most recent earlier "
+                 "occurrence); suffix (the most frequent continuations, drafts of adaptive length). Drafts are "
+                 "verified in one pass, the output is the same, and it turns itself off where it does not pay")
       ->default_str("none");
   app.add_option("--spec-draft-max", a.opts.draft_max, "Most tokens drafted for one verification")
       ->check(integer_at_least(1))

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "engine/drafter_suffix.h"
 #include "engine/session.h"
 
 namespace ptllm {
@@ -12,6 +13,7 @@ const char* spec_type_name(SpecType t) {
   switch (t) {
     case SpecType::None: return "none";
     case SpecType::Ngram: return "ngram";
+    case SpecType::Suffix: return "suffix";
   }
   return "none";
 }
@@ -19,9 +21,10 @@ const char* spec_type_name(SpecType t) {
 SpecType parse_spec_type(const std::string& s) {
   if (s == "none") return SpecType::None;
   if (s == "ngram") return SpecType::Ngram;
-  if (s == "suffix" || s == "draft")
-    throw UsageError("--spec-type " + s + ": not implemented yet (available: none, ngram)");
-  throw UsageError("--spec-type " + s + ": unknown drafter (available: none, ngram)");
+  if (s == "suffix") return SpecType::Suffix;
+  if (s == "draft")
+    throw UsageError("--spec-type draft: a draft model is not supported yet (available: none, ngram, suffix)");
+  throw UsageError("--spec-type " + s + ": unknown drafter (available: none, ngram, suffix)");
 }
 
 void SpecStats::add(const SpecStats& o) {
@@ -57,6 +60,7 @@ std::unique_ptr<Drafter> make_drafter(const SpecOptions& o) {
   switch (o.type) {
     case SpecType::None: return nullptr;
     case SpecType::Ngram: return std::make_unique<NgramDrafter>(o.ngram_min, o.ngram_max);
+    case SpecType::Suffix: return std::make_unique<SuffixDrafter>();
   }
   return nullptr;
 }

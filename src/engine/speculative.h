@@ -25,8 +25,8 @@ namespace ptllm {
 
 class Session;
 
-enum class SpecType { None, Ngram };
-// "none", "ngram".
+enum class SpecType { None, Ngram, Suffix };
+// "none", "ngram", "suffix".
 const char* spec_type_name(SpecType t);
 // Parses --spec-type; throws UsageError naming the value otherwise.
 SpecType parse_spec_type(const std::string& s);
