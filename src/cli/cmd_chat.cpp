@@ -26,6 +26,7 @@
 #include "cli/line_editor.h"
 #include "cli/options.h"
 #include "cli/output.h"
+#include "cli/speculation.h"
 #include "core/error.h"
 #include "core/file_io.h"
 #include "engine/conversation.h"
@@ -59,6 +60,8 @@ struct ChatArgs {
   bool quiet = false;  // no model:, footer, prompt cache or rewind lines (warnings and errors stay)
   std::string history_file;  // --history-file; empty: the default place
   bool no_history = false;
+  SpecArgs spec;
+  SpecOptions spec_opts;  // validated from spec before the model loads
 };
 
 using Clock = std::chrono::steady_clock;
@@ -75,9 +78,8 @@ using Reply = GeneratedText;  // ttft_ms: from the start of the turn's prefill
 // The decode loop of one reply, from the prompt's logits; streams to stdout unless --json. Every
 // token of the reply that fits is fed, so that the next turn need not prefill it.
 Reply generate_reply(const ChatArgs& a, Session& session, const Tokenizer& tok, const std::vector<int32_t>& eos,
-                     Sampler& sampler, bool keep_special, Clock::time_point t_turn) {
+                     Sampler& sampler, Speculator& spec, bool keep_special, Clock::time_point t_turn) {
   std::vector<float> logits(session.last_logits().begin(), session.last_logits().end());
-  std::span<float> cur = logits;
   GeneratorOptions o;
   o.stops = a.stops;
   o.eos_ids = eos;
@@ -88,16 +90,29 @@ Reply generate_reply(const ChatArgs& a, Session& session, const Tokenizer& tok, 
   Reply r;
   TextStream out(r, a.json);
   const auto t_decode = Clock::now();
-  for (int i = 0; (a.tokens < 0 || i < a.tokens) && !gen.done(); ++i) {
+  std::vector<Generator::Step> steps;
+  // Each round feeds the last accepted id (and drafts after it, verified in the same pass) and
+  // yields one step or more (engine/speculative.h).
+  for (int i = 0; (a.tokens < 0 || i < a.tokens) && !gen.done();) {
     if (interrupted() || out.closed()) {
       gen.stop(interrupted() ? StopReason::Interrupted : StopReason::OutputClosed);
       break;
     }
-    const Generator::Step step = gen.next(cur, session.history(), session.fits(1));
-    if (i == 0) r.ttft_ms = ms_since(t_turn);
-    if (step.accepted && session.fits(1)) cur = session.feed({&step.id, 1});
-    out.emit(step.text);
+    if (i == 0) {
+      steps.assign(1, gen.next(logits, session.history(), session.fits(1)));
+      r.ttft_ms = ms_since(t_turn);
+    } else {
+      const int32_t pending = steps.back().id;
+      steps.clear();
+      spec.round(session, gen, pending, steps);
+    }
+    for (const Generator::Step& st : steps) {
+      out.emit(st.text);
+      ++i;
+    }
   }
+  // Every token of the reply that fits is fed, so that the next turn need not prefill it.
+  if (!steps.empty() && steps.back().accepted && session.fits(1)) session.feed({&steps.back().id, 1});
   out.end(gen);
   r.decode_ms = ms_since(t_decode);
   return r;
@@ -109,6 +124,7 @@ std::string stop_line(const ChatArgs& a, const Session& session, const Reply& r)
 
 struct TurnStats {
   int turn = 0;
+  SpecStats spec;  // this turn's speculation
   TurnPrefill prefill;
   double prefill_ms = 0;
 };
@@ -127,10 +143,11 @@ void print_footer(const ChatArgs& a, const Session& session, const TurnStats& s,
   std::fprintf(stderr, "[turn %d: prompt %lld tokens, %s, %lld prefilled; time to first token %.1f ms; %d tokens at %.1f tok/s; stopped: %s]\n",
                s.turn, (long long)p.prompt_tokens, reused.c_str(), (long long)p.prefilled, r.ttft_ms, r.sampled,
                decode_tok_s(r, s), stop_line(a, session, r).c_str());
+  if (const std::string sl = spec_line(a.spec_opts, s.spec); !sl.empty()) std::fprintf(stderr, "[%s]\n", sl.c_str());
 }
 
 // False when nobody reads stdout any more.
-bool print_json(const TurnStats& s, const Reply& r, const ChatOutputParser& out) {
+bool print_json(const TurnStats& s, const Reply& r, const ChatOutputParser& out, const SpecOptions& spec_opts) {
   nlohmann::json calls = nlohmann::json::array();
   for (const ToolCall& c : out.calls())
     calls.push_back({{"id", c.id}, {"name", c.name}, {"arguments", nlohmann::json::parse(c.arguments)}});
@@ -148,6 +165,7 @@ bool print_json(const TurnStats& s, const Reply& r, const ChatOutputParser& out)
   if (r.reason == StopReason::StopString) j["stop_string"] = r.stop_string;
   j["timings"] = {{"prefill_ms", s.prefill_ms}, {"ttft_ms", r.ttft_ms}, {"decode_ms", r.decode_ms},
                   {"decode_tokens", r.sampled}, {"decode_tok_s", decode_tok_s(r, s)}};
+  j["speculative"] = spec_json(spec_opts, s.spec);
   return write_stdout(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
@@ -220,6 +238,7 @@ struct ChatState {
   std::filesystem::path cache_dir;
   chat_json tools = nullptr;         // --tools
   OutputFormat format;               // how replies are split (the template's, or --tool-call-format)
+  std::unique_ptr<Speculator> spec;  // one for the conversation: its measurements carry across turns
 };
 
 chat_json initial_messages(const ChatArgs& a) {
@@ -275,7 +294,15 @@ Reply run_turn(ChatState& st, const std::string& user_text) {
   Reply r;
   {
     SigintGuard sigint;
-    r = generate_reply(st.args, st.conv.session(), st.rt.tokenizer(), st.eos, st.sampler, needs_special_text(oo), t_turn);
+    const SpecStats before = st.spec->stats();
+    r = generate_reply(st.args, st.conv.session(), st.rt.tokenizer(), st.eos, st.sampler, *st.spec,
+                       needs_special_text(oo), t_turn);
+    s.spec = st.spec->stats();
+    s.spec.drafted -= before.drafted;
+    s.spec.accepted -= before.accepted;
+    s.spec.verify_steps -= before.verify_steps;
+    s.spec.verify_tokens -= before.verify_tokens;
+    s.spec.plain_steps -= before.plain_steps;
   }
   ChatOutputParser out(oo);
   out.push(r.text);
@@ -293,7 +320,7 @@ Reply run_turn(ChatState& st, const std::string& user_text) {
   if (!st.args.json)
     for (const ToolCall& c : out.calls())
       std::fprintf(stderr, "[tool call %s: %s %s]\n", c.id.c_str(), c.name.c_str(), c.arguments.c_str());
-  if (st.args.json && !print_json(s, r, out)) r.reason = StopReason::OutputClosed;
+  if (st.args.json && !print_json(s, r, out, st.args.spec_opts)) r.reason = StopReason::OutputClosed;
   return r;
 }
 
@@ -360,6 +387,9 @@ AfterCommand run_command(ChatState& st, const ChatInput& in, bool interactive, s
 }
 
 int run_chat(ChatArgs& a) {
+  a.spec_opts = spec_options(a.spec);
+  if (a.spec_opts.type != SpecType::None && a.runtime.no_cache)
+    throw UsageError("--spec-type " + a.spec.type + " verifies drafts against the KV cache: it cannot be combined with --no-cache");
   if (a.system_opt->count() && a.system_file_opt->count()) throw UsageError("give one of --system, --system-file");
   const std::filesystem::path dir = a.model_dir.empty() ? default_model_dir() : std::filesystem::path(a.model_dir);
   ChatPrompt prompt = ChatPrompt::load(dir, a.prompt);  // template errors before the model loads
@@ -391,6 +421,7 @@ int run_chat(ChatArgs& a) {
         throw Error(a.tools_file + ": every tool needs function.name (--tools), got " + t.dump());
   }
   st.format = detect_output_format(prompt.source(), a.tool_call_format);
+  st.spec = std::make_unique<Speculator>(a.spec_opts);
   if (!a.quiet)
     std::fprintf(stderr, "model: %s (%s, %s), %d threads, seed %llu, chat template %s\n", dir.string().c_str(),
                  rt.config().arch_name.c_str(), weights_text(rt.model()).c_str(), rt.pool().size(),
@@ -500,6 +531,7 @@ Command add_chat_command(CLI::App& root) {
       ->check(CLI::IsMember({"auto", "hermes", "llama3", "mistral", "qwen3-coder", "none"}))
       ->capture_default_str();
   add_runtime_options(*app, a->runtime);
+  add_spec_options(*app, a->spec);
   CLI::Option* dir = app->add_option("--prompt-cache-dir", a->prompt_cache_dir,
                                      "Save each turn's state in DIR; a later launch with the same system prompt "
                                      "and history restores it instead of prefilling")

@@ -21,6 +21,7 @@
 #include "cli/generation.h"
 #include "cli/options.h"
 #include "cli/output.h"
+#include "cli/speculation.h"
 #include "engine/runtime.h"
 #include "core/error.h"
 #include "core/file_io.h"
@@ -56,6 +57,8 @@ struct SampleArgs {
   std::string cache_prompt;
   std::string prompt_cache_dir;
   double prompt_cache_max_mb = 0;
+  SpecArgs spec;
+  SpecOptions spec_opts;  // validated from spec before the model loads
 };
 
 using Clock = std::chrono::steady_clock;
@@ -138,6 +141,7 @@ std::string read_prompt(const SampleArgs& a) {
 
 struct Generation : GeneratedText {
   StepRate rate;
+  SpecStats spec;
 };
 
 struct Timing {
@@ -157,23 +161,39 @@ Generation generate(const SampleArgs& a, Session& session, const Tokenizer& tok,
   o.max_tokens = a.tokens;
   o.constraint = a.constraint;
   Generator gen(tok, std::move(o));
+  Speculator spec(a.spec_opts);
   Generation g;
   TextStream out(g, a.json);
+<<<<<<< HEAD
   for (int i = 0; i < a.tokens && !gen.done(); ++i) {
+=======
+  const auto t_decode = Clock::now();
+  std::vector<Generator::Step> steps;
+  // Each round feeds the last accepted id (and drafts after it, verified in the same pass) and
+  // yields one step or more (engine/speculative.h).
+  for (int i = 0; i < a.tokens && !gen.done();) {
+>>>>>>> spec
     if (interrupted() || out.closed()) {
       gen.stop(interrupted() ? StopReason::Interrupted : StopReason::OutputClosed);
       break;
     }
-    const Generator::Step step = gen.next(logits, session.history(), session.fits(1));
-    if (i == 0) g.ttft_ms = ms_since(t_prefill);
-    out.emit(step.text);
-    if (gen.done()) break;
-    if (i == 0) g.rate.start();
-    logits = session.feed({&step.id, 1});
-    g.rate.step();
+    if (i == 0) {
+      steps.assign(1, gen.next(logits, session.history(), session.fits(1)));
+      g.ttft_ms = ms_since(t_prefill);
+      g.rate.start();
+    } else {
+      const int32_t pending = steps.back().id;
+      steps.clear();
+      spec.round(session, gen, pending, steps);
+    }
+    for (const Generator::Step& st : steps) {
+      out.emit(st.text);
+      if (i++ > 0) g.rate.step();
+    }
   }
   out.end(gen);
   g.decode_ms = ms_since(t_decode);
+  g.spec = spec.stats();
   return g;
 }
 
@@ -210,6 +230,7 @@ void print_footer(const SampleArgs& a, const Session& session, size_t prompt_tok
   if (g.rate.steps() >= 2 * StepRate::kSpan)
     std::fprintf(stderr, "decode speed: steps 1-%d %.1f tok/s, steps %d-%d %.1f tok/s\n", StepRate::kSpan,
                  g.rate.first_tok_s(), g.rate.steps() - StepRate::kSpan + 1, g.rate.steps(), g.rate.last_tok_s());
+  if (const std::string sl = spec_line(a.spec_opts, g.spec); !sl.empty()) std::fprintf(stderr, "%s\n", sl.c_str());
   std::fprintf(stderr, "%s\n", kv_line(session).c_str());
   if (session.has_cache() && session.cache().shape().any_shared())
     std::fprintf(stderr, "%s\n", kv_layers_line(kv_layer_report(session.cache())).c_str());
@@ -231,6 +252,7 @@ void print_json(const SampleArgs& a, const std::filesystem::path& dir, const Ses
                   {"prefill_tok_s", double(prompt_tokens) / (t.prefill_ms / 1000)},
                   {"decode_tokens", g.sampled},
                   {"decode_tok_s", decode_tok_s(g, t)}};
+  j["speculative"] = spec_json(a.spec_opts, g.spec);
   const SessionOptions& so = session.options();
   if (so.use_cache) {
     const KVCache& kv = session.cache();
@@ -259,6 +281,9 @@ std::vector<int32_t> encode_prompt(const Tokenizer& tok, const std::string& text
 }
 
 int run_sample(SampleArgs& a) {
+  a.spec_opts = spec_options(a.spec);
+  if (a.spec_opts.type != SpecType::None && a.runtime.no_cache)
+    throw UsageError("--spec-type " + a.spec.type + " verifies drafts against the KV cache: it cannot be combined with --no-cache");
   const std::string prompt_text = read_prompt(a);
   a.constraint = grammar_constraint(a.grammar);
   if (a.escape)
@@ -339,6 +364,7 @@ Command add_sample_command(CLI::App& root) {
   app->add_flag("--quiet,-q", a->quiet,
                 "Only the text (or the JSON) and warnings: no model:, load:, prompt cache or footer lines on stderr");
   add_runtime_options(*app, a->runtime);
+  add_spec_options(*app, a->spec);
   CLI::Option* no_cache = app->get_option("--no-cache");
   app->add_option("--cache-prompt", a->cache_prompt,
                   "Prompt cache file: reuse the state it holds for this prompt (or a prefix of it), then save "

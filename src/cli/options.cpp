@@ -256,7 +256,7 @@ constexpr std::string_view kChat = "conversation mode is a command of its own: u
 constexpr std::string_view kOneSeq = "this command runs one sequence: parallel sequences are `posttrainllm serve --parallel N`";
 constexpr std::string_view kDownload =
     "downloading models is not supported: pass a local Hugging Face model directory (-m DIR)";
-constexpr std::string_view kDraft = "speculative decoding is not supported yet";
+constexpr std::string_view kDraft = "speculative decoding runs in sample and chat (--spec-type ngram)";
 constexpr std::string_view kGrammar =
     "grammars and JSON schemas constrain `sample` and `chat` (serve takes them per request: the grammar, json_schema "
     "and response_format fields)";
@@ -295,10 +295,12 @@ constexpr HabitFlag kHabitFlags[] = {
     {"-cb", "", "continuous batching is how `posttrainllm serve` always runs; other commands run one sequence"},
     {"-tb", "", "one thread count serves prefill and decode: use --threads (-t)"},
     {"-ub", "", "the prompt is prefilled in one batch; there is no batch size to set"},
-    {"-md", "", kDraft},
+    {"-md", "--model-draft", kDraft},
     {"--model-draft", "", kDraft},
-    {"--draft", "", kDraft},
-    {"--draft-max", "", kDraft},
+    {"--draft", "--spec-draft-max", kDraft},
+    {"--draft-max", "--spec-draft-max", kDraft},
+    {"--draft-n", "--spec-draft-max", kDraft},
+    {"--draft-min", "--spec-draft-min", kDraft},
     {"--grammar", "", kGrammar},
     {"--grammar-file", "", kGrammar},
     {"--json-schema", "", kGrammar},

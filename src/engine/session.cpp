@@ -119,6 +119,38 @@ void Session::check_room(std::span<Session* const> sessions, std::span<const std
   }
 }
 
+int Session::max_draft_append() const {
+  PTLLM_CHECK(cache_);
+  return std::min(cache_->max_append(), cache_->exact_append());
+}
+
+std::span<float> Session::feed_draft(std::span<const int32_t> tokens) {
+  PTLLM_CHECK(cache_ && draft_from_ < 0 && !tokens.empty() && !history_.empty());
+  const size_t T = tokens.size(), vocab = size_t(model_.config().vocab_size);
+  PTLLM_CHECK(int(T) <= max_draft_append());
+  if (!fits(int64_t(T)))
+    throw Error("context full: " + std::to_string(position() + int64_t(T)) + " tokens would exceed --ctx-size " +
+                std::to_string(opts_.kv.ctx_size));
+  check_room(int(T));
+  if (logits_.size() < T * vocab) logits_.resize(T * vocab);
+  model_.forward(tokens, position(), *cache_, state_, logits_.data(), true, pool_);
+  draft_from_ = position();
+  history_.insert(history_.end(), tokens.begin(), tokens.end());
+  last_row_ = T - 1;
+  logits_valid_ = true;
+  reused_ = 0;
+  return {logits_.data(), T * vocab};
+}
+
+void Session::commit_draft(int64_t n) {
+  PTLLM_CHECK(draft_from_ >= 0 && n >= 1 && draft_from_ + n <= position());
+  cache_->drop_unstepped(draft_from_ + n);
+  history_.resize(size_t(draft_from_ + n));
+  cache_->end_step(history_);
+  last_row_ = size_t(n - 1);
+  draft_from_ = -1;
+}
+
 void Session::truncate(int64_t n) {
   if (n < 0 || n > position())
     throw Error("cannot rewind to " + std::to_string(n) + " tokens: the session holds " + std::to_string(position()));
@@ -148,7 +180,7 @@ std::span<float> Session::feed(std::span<const int32_t> tokens) { return run(tok
 std::span<float> Session::feed_all(std::span<const int32_t> tokens) { return run(tokens, true); }
 
 std::span<float> Session::run(std::span<const int32_t> tokens, bool all_logits) {
-  PTLLM_CHECK(!tokens.empty());
+  PTLLM_CHECK(!tokens.empty() && draft_from_ < 0);
   const size_t T = tokens.size();
   const size_t vocab = size_t(model_.config().vocab_size);
   if (!fits(int64_t(T)))

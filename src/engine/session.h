@@ -49,6 +49,15 @@ class Session {
   // KVCache::rewind_floor) or when n exceeds the history. The last logits are gone until the next feed.
   void truncate(int64_t n);
 
+  // Speculative decoding (engine/speculative.h): feeds the last sampled token and drafted ones in
+  // one pass and returns the logits of every one [T][vocab], leaving the step open (nothing
+  // published, no policy run: KVCache::drop_unstepped) until commit_draft(n) keeps the first n of
+  // them, 1 <= n <= T; the rest are rewound without a copy and last_logits() are the n-th token's.
+  // T is at most max_draft_append().
+  std::span<float> feed_draft(std::span<const int32_t> tokens);
+  void commit_draft(int64_t n);
+  int max_draft_append() const;
+
   // Tokens of the last feed taken from the shared pool instead of computed.
   int64_t reused_tokens() const { return reused_; }
   // On a fresh session drawing from a shared pool: takes the pool's blocks for the longest prefix of
@@ -89,6 +98,7 @@ class Session {
   std::vector<int32_t> history_;
   int64_t reused_ = 0;
   bool logits_valid_ = false;  // false after a rewind, until the next feed
+  int64_t draft_from_ = -1;    // position before an open feed_draft step (-1: none)
 };
 
 // The default KV capacity: min(max_position_embeddings, 4096), as DESIGN.md says.

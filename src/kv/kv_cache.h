@@ -207,6 +207,16 @@ class KVCache {
   int64_t rewind_floor() const;
   void clear();
 
+  // Speculative decoding (kv/draft.cpp). The most tokens one append may take so that each of its
+  // queries sees what it would see were the tokens appended one step at a time (KIVI quantizes a
+  // group between steps; eviction never changes what a query sees); at least 1.
+  int exact_append() const;
+  // Keeps the first n tokens of those appended since the last end_step (drafts the model rejected);
+  // end_step was not called for them, so nothing of theirs was published, evicted or quantized and
+  // the blocks dropped are this sequence's own: no copy, no room needed. The caller then calls
+  // end_step for the tokens kept.
+  void drop_unstepped(int64_t n);
+
   size_t logical_bytes() const;   // what attention reads for the stored tokens, scales included
   size_t logical_bytes(int layer) const;  // the same for one layer (0 for a KV-shared one)
   size_t physical_bytes() const;  // what the pools hold allocated (a shared pool: all of it)

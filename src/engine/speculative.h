@@ -1,0 +1,118 @@
+#pragma once
+// Speculative decoding: a drafter proposes the tokens likely to follow, the target model verifies
+// them and the token after them in one forward pass (decode is memory-bound: k + 1 rows cost little
+// more than one), and the generator keeps the longest prefix it agrees with.
+//
+// Exactness: every drafter here proposes one definite token per position (a point mass q), and the
+// target's token at each verified row is drawn by the generator itself, with its processors,
+// penalties and sampler, from the logits of exactly the history it would have seen one token at a
+// time. A draft is kept while the drawn token equals it. For a point-mass q this is speculative
+// sampling (Leviathan et al. 2023, Chen et al. 2023): the draft d is kept with probability
+// min(1, p(d) / q(d)) = p(d), and a rejected position is drawn from norm(max(0, p - q)), which is p
+// without d renormalized, exactly what a draw from p that is not d is. So the output has the
+// target's distribution, and with the same seed it is the same text token for token as without
+// speculation (the random stream is consumed by the same draws in the same order).
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/generator.h"
+
+namespace ptllm {
+
+class Session;
+
+enum class SpecType { None, Ngram, Suffix };
+// "none", "ngram", "suffix".
+const char* spec_type_name(SpecType t);
+// Parses --spec-type; throws UsageError naming the value otherwise.
+SpecType parse_spec_type(const std::string& s);
+
+struct SpecOptions {
+  SpecType type = SpecType::None;
+  int draft_max = 16;    // the most tokens drafted for one verification
+  int draft_min = 1;     // fewer drafted tokens than this: a plain step instead
+  bool adaptive = true;  // false: verify every draft offered, whatever it measured
+  int ngram_max = 4;     // prompt lookup: the longest n-gram matched
+  int ngram_min = 1;     // and the shortest
+};
+
+// Proposes the tokens likely to follow a sequence.
+class Drafter {
+ public:
+  virtual ~Drafter() = default;
+  // Up to `max` tokens to follow `history` into `out` (cleared first). Returns a confidence class
+  // for the adaptivity to keep acceptance apart by (the prompt-lookup drafter: the n-gram length).
+  virtual int draft(std::span<const int32_t> history, int max, std::vector<int32_t>& out) = 0;
+  virtual int classes() const = 0;  // confidence classes draft() returns: 0 .. classes() - 1
+};
+
+// Prompt lookup: the longest of the last n tokens (ngram_max down to ngram_min) that occurred
+// earlier in the sequence (prompt and reply), most recent occurrence first, and the tokens that
+// followed it; a match close to the end continues into its own draft (a repeated loop).
+class NgramDrafter : public Drafter {
+ public:
+  NgramDrafter(int ngram_min, int ngram_max);
+  int draft(std::span<const int32_t> history, int max, std::vector<int32_t>& out) override;
+  int classes() const override { return max_ + 1; }
+
+ private:
+  int min_, max_;
+};
+
+std::unique_ptr<Drafter> make_drafter(const SpecOptions& o);
+
+// What speculation did for one generation.
+struct SpecStats {
+  int64_t drafted = 0;   // drafted tokens verified
+  int64_t accepted = 0;  // of them kept
+  int64_t verify_steps = 0;  // forward passes that verified drafts
+  int64_t verify_tokens = 0; // tokens those passes produced (kept drafts plus the target's own)
+  int64_t plain_steps = 0;   // one-token steps (nothing drafted, or drafting judged not to pay)
+  double acceptance() const { return drafted > 0 ? double(accepted) / double(drafted) : 0.0; }
+  double tokens_per_verify() const { return verify_steps > 0 ? double(verify_tokens) / double(verify_steps) : 0.0; }
+  void add(const SpecStats& o);
+};
+
+// One sequence's speculation: the drafter, the measured acceptance and costs, the counters.
+class Speculator {
+ public:
+  explicit Speculator(const SpecOptions& o);
+  bool enabled() const { return drafter_ != nullptr; }
+  const SpecOptions& options() const { return o_; }
+
+  // Feeds `pending` (the id the generator just accepted, not fed yet) and, when drafting is
+  // judged to pay, the drafted tokens after it, in one pass; runs `gen` over the rows while its
+  // tokens agree with the drafts and appends each step to `steps` (at least one). The session then
+  // holds every kept token and last_logits() follow the last; if the generator is not done, the
+  // last step's id is the next pending one. Needs the session to fit one more token (the caller's
+  // generator checked it).
+  void round(Session& s, Generator& gen, int32_t pending, std::vector<Generator::Step>& steps);
+  const SpecStats& stats() const { return stats_; }
+
+  // The verification size the measurements favour for `avail` drafted tokens of class `cls`
+  // (0: a plain step pays best). Public for tests.
+  int choose(int avail, int cls) const;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  void plain(Session& s, Generator& gen, int32_t pending, std::vector<Generator::Step>& steps);
+  SpecOptions o_;
+  std::unique_ptr<Drafter> drafter_;
+  SpecStats stats_;
+  std::vector<int32_t> ctx_, drafts_, fed_;
+  std::vector<double> alpha_;  // per confidence class: the chance a drafted token is kept (EMA)
+  // The cost of a pass of T rows in one-token steps, measured (EMA; 0: not measured yet): small
+  // models that fit in cache are compute-bound and pay for every row, and matmul changes products
+  // with T (docs/performance.md), so no formula in T holds everywhere.
+  double cost(int T) const;
+  std::vector<double> cost_;   // [T]
+  double step_s_ = 0;          // a one-token step (EMA; 0: not measured yet)
+  int widest_ = 1;             // the widest pass so far
+  int skipped_ = 0;            // drafts declined in a row (a verification is tried now and then)
+};
+
+}  // namespace ptllm

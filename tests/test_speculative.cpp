@@ -1,0 +1,483 @@
+// Speculative decoding (engine/speculative.h): drafts, verification and rewind give the text decoding
+// one token at a time gives, for every KV configuration; the pool keeps no block of a rejected
+// draft; sampling keeps the target's distribution.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <memory>
+
+#include "core/thread_pool.h"
+#include "engine/drafter_suffix.h"
+#include "engine/generator.h"
+#include "engine/session.h"
+#include "engine/speculative.h"
+#include "kv/config.h"
+#include "model/model.h"
+#include "scripted_model.h"
+#include "test_util.h"
+#include "tokenizer/tokenizer.h"
+
+namespace ptllm {
+namespace {
+
+namespace fs = std::filesystem;
+using test::light_or;
+
+struct Tiny {
+  std::unique_ptr<Model> model = Model::load(test::repo_model("kjv-tiny"));
+  Tokenizer tok = Tokenizer::load(test::repo_model("kjv-tiny"));
+};
+Tiny& tiny() {
+  static Tiny t;
+  return t;
+}
+
+struct Output {
+  std::vector<int32_t> ids;
+  SpecStats stats;
+};
+
+GeneratorOptions gen_options(int n, float temperature = 0, uint64_t seed = 1) {
+  GeneratorOptions o;
+  o.sampling.temperature = temperature;
+  o.sampling.seed = seed;
+  o.ignore_eos = true;
+  o.max_tokens = n;
+  return o;
+}
+
+SpecOptions ngram(int draft_max = 8, bool adaptive = false, SpecType type = SpecType::Ngram) {
+  SpecOptions o;
+  o.type = type;
+  o.draft_max = draft_max;
+  o.adaptive = adaptive;
+  return o;
+}
+
+// n tokens after `prompt`, speculating with `so` (type None: one token at a time).
+Output generate(Session& s, const Tokenizer& tok, std::span<const int32_t> prompt, GeneratorOptions go,
+                const SpecOptions& so) {
+  Generator gen(tok, std::move(go));
+  Speculator spec(so);
+  std::span<float> logits = s.feed(prompt);
+  Generator::Step step = gen.next(logits, s.history(), s.fits(1));
+  std::vector<Generator::Step> steps;
+  while (!gen.done()) {
+    steps.clear();
+    spec.round(s, gen, step.id, steps);
+    EXPECT_FALSE(steps.empty());
+    if (steps.empty()) break;
+    step = steps.back();
+  }
+  return {gen.tokens(), spec.stats()};
+}
+
+// A prompt whose continuation repeats (kjv-tiny, like kjv-small, falls into loops that drafts find).
+std::vector<int32_t> prompt_ids(const Tokenizer& tok) {
+  return tok.encode("And the LORD said unto Moses, Speak unto the children of Israel, and say unto them, "
+                    "And the LORD said unto Moses");
+}
+
+SessionOptions kv_options(const std::string& text) {
+  SessionOptions o;
+  KVCacheConfig base;
+  base.ctx_size = 1024;
+  base.preallocate = false;
+  o.kv = text.empty() ? base : parse_kv_config(text, base);
+  return o;
+}
+
+// Greedy with and without speculation: the same ids; drafts were both kept and rejected (the rewind
+// ran); the pool ends with the blocks the plain run holds.
+void expect_same_greedy(const Model& model, const Tokenizer& tok, const SessionOptions& so, int n,
+                        const std::string& what, int draft_max = 8, SpecType type = SpecType::Ngram) {
+  ThreadPool pool(2);
+  const auto prompt = prompt_ids(tok);
+  KVPool pa(model.kv_shape(), so.kv, 1), pb(model.kv_shape(), so.kv, 1);
+  Session a(model, so, pool, &pa), b(model, so, pool, &pb);
+  const Output plain = generate(a, tok, prompt, gen_options(n), SpecOptions{});
+  const Output spec = generate(b, tok, prompt, gen_options(n), ngram(draft_max, false, type));
+  EXPECT_EQ(plain.ids, spec.ids) << what;
+  EXPECT_EQ(plain.stats.verify_steps, 0) << what;
+  EXPECT_GT(spec.stats.accepted, 0) << what;
+  EXPECT_GT(spec.stats.drafted, spec.stats.accepted) << what << ": no draft was rejected";
+  EXPECT_EQ(a.history(), b.history()) << what;
+  EXPECT_EQ(pa.blocks_in_use(), pb.blocks_in_use()) << what;
+  EXPECT_EQ(a.cache().n_stored(), b.cache().n_stored()) << what;
+}
+
+TEST(NgramDrafter, LongestRecentMatchAndItsLoop) {
+  NgramDrafter d(1, 3);
+  std::vector<int32_t> out;
+  // "5 1 2" occurs once before: what followed it.
+  const std::vector<int32_t> h = {5, 1, 2, 9, 9, 7, 1, 2, 3, 4, 5, 1, 2};
+  EXPECT_EQ(d.draft(h, 4, out), 3);
+  EXPECT_EQ(out, (std::vector<int32_t>{9, 9, 7, 1}));
+  // Only "2" recurs: the most recent occurrence wins.
+  const std::vector<int32_t> h2 = {2, 8, 0, 2, 6, 4, 2};
+  EXPECT_EQ(d.draft(h2, 2, out), 1);
+  EXPECT_EQ(out, (std::vector<int32_t>{6, 4}));
+  // A loop of period 3 continues through the draft itself.
+  const std::vector<int32_t> loop = {4, 7, 8, 9, 7, 8, 9};
+  EXPECT_EQ(d.draft(loop, 7, out), 3);
+  EXPECT_EQ(out, (std::vector<int32_t>{7, 8, 9, 7, 8, 9, 7}));
+  // Nothing recurs: no draft.
+  const std::vector<int32_t> none = {1, 2, 3, 4};
+  EXPECT_EQ(d.draft(none, 4, out), 0);
+  EXPECT_TRUE(out.empty());
+}
+
+TEST(SpeculativeGreedy, SameTokensForEveryKVConfiguration) {
+  Tiny& t = tiny();
+  for (const std::string kv : {"fp32", "fp16", "bf16", "int8 r32", "int4 r32", "int4 r0", "int2 r32", "int8 g16 r16",
+                               "fp32 sink4 w48", "fp32 sink4 w48 pos=cache", "int4 r32 sink4 w80",
+                               "int4 g16 r16 sink4 w80 pos=cache"})
+    expect_same_greedy(*t.model, t.tok, kv_options(kv), light_or(160, 48), kv);
+}
+
+TEST(SuffixDrafter, MostFrequentContinuationOfTheLongestContext) {
+  SuffixDrafter d(3, 0.1);
+  std::vector<int32_t> out;
+  // After "1 2": 3 twice, 4 once (the most recent); after "2 3": 5, after "3 5": 8, each twice.
+  const std::vector<int32_t> h = {1, 2, 3, 5, 8, 1, 2, 3, 5, 8, 7, 1, 2, 4, 9, 1, 2};
+  EXPECT_GT(d.draft(h, 3, out), 0);
+  EXPECT_EQ(out, (std::vector<int32_t>{3, 5, 8}));
+  // The confidence bound stops a draft: after "7" come four different tokens.
+  SuffixDrafter strict(1, 0.5);
+  const std::vector<int32_t> h2 = {7, 1, 7, 2, 7, 3, 7, 4, 7};
+  EXPECT_EQ(strict.draft(h2, 4, out), 0);
+  EXPECT_TRUE(out.empty());
+  // The history rewritten (a chat turn re-rendered): counted again, nothing of the old one left.
+  const std::vector<int32_t> h3 = {6, 6, 6};
+  EXPECT_GT(d.draft(h3, 2, out), 0);
+  EXPECT_EQ(out, (std::vector<int32_t>{6, 6}));
+}
+
+TEST(SpeculativeGreedy, SuffixDrafterSameTokens) {
+  Tiny& t = tiny();
+  for (const std::string kv : {"fp32", "int4 r32", "int8 g16 r0 sink4 w48"})
+    expect_same_greedy(*t.model, t.tok, kv_options(kv), light_or(160, 48), "suffix " + kv, 8, SpecType::Suffix);
+}
+
+// A model whose layers slide (and one whose last layer reads another's K/V: YOCO).
+void write_tiny_variant(const fs::path& dir, const std::function<void(nlohmann::json&)>& edit,
+                        const std::vector<int>& drop_kv) {
+  nlohmann::json j = test::read_json(test::repo_model("kjv-tiny") / "config.json");
+  edit(j);
+  std::ofstream(dir / "config.json") << j.dump(2);
+  std::vector<test::RawTensor> kept;
+  for (auto& r : test::read_raw(test::repo_model("kjv-tiny") / "model.safetensors")) {
+    bool dropped = false;
+    for (int l : drop_kv)
+      for (const char* w : {".self_attn.k_proj.weight", ".self_attn.v_proj.weight"})
+        dropped = dropped || r.name == "model.layers." + std::to_string(l) + w;
+    if (!dropped) kept.push_back(std::move(r));
+  }
+  test::write_safetensors(dir / "model.safetensors", kept);
+}
+
+TEST(SpeculativeGreedy, SameTokensWithSlidingLayersAndYoco) {
+  Tiny& t = tiny();
+  test::TempDir swa, yoco;
+  write_tiny_variant(swa.path, [](nlohmann::json& j) {
+    j["architectures"] = {"MistralForCausalLM"};
+    j["model_type"] = "mistral";
+    j["sliding_window"] = 24;
+  }, {});
+  write_tiny_variant(yoco.path, [](nlohmann::json& j) {
+    j["architectures"] = {"YocoLlamaForCausalLM"};
+    j["model_type"] = "yoco_llama";
+    j["layer_types"] = {"sliding_attention", "sliding_attention", "full_attention", "full_attention"};
+    j["sliding_window"] = 16;
+    j["num_kv_shared_layers"] = 1;
+  }, {3});
+  const auto m_swa = Model::load(swa.path), m_yoco = Model::load(yoco.path);
+  ASSERT_TRUE(m_swa->kv_shape().any_window());
+  ASSERT_TRUE(m_yoco->kv_shape().any_shared());
+  for (const std::string kv : {"fp32", "int4 g16 r16", "fp32 sink4 w20"}) {
+    expect_same_greedy(*m_swa, t.tok, kv_options(kv), light_or(160, 48), "sliding " + kv);
+    expect_same_greedy(*m_yoco, t.tok, kv_options(kv), light_or(160, 48), "yoco " + kv);
+  }
+}
+
+// Sequences on one pool sharing a prompt's blocks, speculating in turns: each the plain run's ids; the
+// shared blocks are never written (the first sequence's text is unchanged by the second's rewinds);
+// every block comes back.
+TEST(SpeculativeGreedy, SharedPrefixAndSeveralSequencesLeakNothing) {
+  Tiny& t = tiny();
+  for (const std::string kv : {"fp32", "int4 r32"}) {
+    SessionOptions so = kv_options(kv);
+    ThreadPool pool(2);
+    KVPool shared(t.model->kv_shape(), so.kv, 4);
+    std::vector<int32_t> prompt = prompt_ids(t.tok);
+    const std::vector<int32_t> head(prompt.begin(), prompt.begin() + 20);
+    for (int i = 0; i < 4; ++i) prompt.insert(prompt.end(), head.begin(), head.end());  // over 2 blocks
+    const int n = light_or(120, 40);
+    Output plain;
+    {
+      Session ref(*t.model, so, pool);
+      plain = generate(ref, t.tok, prompt, gen_options(n), SpecOptions{});
+    }
+    {
+      std::vector<std::unique_ptr<Session>> seqs;
+      std::vector<std::unique_ptr<Generator>> gens;
+      std::vector<std::unique_ptr<Speculator>> specs;
+      std::vector<Generator::Step> last(3);
+      for (int i = 0; i < 3; ++i) {
+        seqs.push_back(std::make_unique<Session>(*t.model, so, pool, &shared));
+        gens.push_back(std::make_unique<Generator>(t.tok, gen_options(n)));
+        specs.push_back(std::make_unique<Speculator>(ngram(6 + i)));
+        std::span<float> lg = seqs[size_t(i)]->feed(prompt);
+        if (i > 0) EXPECT_GT(seqs[size_t(i)]->reused_tokens(), 0) << kv;
+        last[size_t(i)] = gens[size_t(i)]->next(lg, seqs[size_t(i)]->history(), true);
+      }
+      EXPECT_GT(shared.shared_bytes(), 0u);
+      std::vector<Generator::Step> steps;
+      for (bool any = true; any;) {
+        any = false;
+        for (size_t i = 0; i < 3; ++i) {
+          if (gens[i]->done()) continue;
+          any = true;
+          steps.clear();
+          specs[i]->round(*seqs[i], *gens[i], last[i].id, steps);
+          last[i] = steps.back();
+        }
+      }
+      for (size_t i = 0; i < 3; ++i) {
+        EXPECT_EQ(gens[i]->tokens(), plain.ids) << kv << " sequence " << i;
+        EXPECT_GT(specs[i]->stats().drafted, specs[i]->stats().accepted) << kv;
+      }
+      // A fresh sequence still finds the prompt's blocks as computed: its logits equal a private run's.
+      Session late(*t.model, so, pool, &shared), priv(*t.model, so, pool);
+      const std::span<float> a = late.feed(prompt);
+      const std::vector<float> la(a.begin(), a.end());
+      const std::span<float> b = priv.feed(prompt);
+      EXPECT_GT(late.reused_tokens(), 0);
+      EXPECT_EQ(argmax(la), argmax(b)) << kv;
+    }
+    EXPECT_EQ(shared.blocks_in_use(), 0u) << kv << ": a block was leaked";
+  }
+}
+
+// The scripted model writes a given text after a prompt that quotes it: every draft is kept.
+TEST(SpeculativeGreedy, ScriptedReplyAcceptsEveryDraft) {
+  test::TempDir dir;
+  const std::string text =
+      "The verse reads: In the beginning God created the heaven and the earth. And the earth was without "
+      "form, and void; and darkness was upon the face of the deep.";
+  test::ScriptedModelSpec spec;
+  spec.scripts = {{text, "", ""}};
+  spec.prompt_tail = "\nAnswer:";
+  test::write_scripted_model(spec, dir.path);
+  const auto model = Model::load(dir.path);
+  const Tokenizer tok = Tokenizer::load(dir.path);
+  const std::vector<int32_t> prompt = tok.encode("Quote this: " + text + "\nAnswer:");
+  ThreadPool pool(2);
+  Session a(*model, kv_options("fp32"), pool), b(*model, kv_options("fp32"), pool);
+  GeneratorOptions go = gen_options(400);
+  go.ignore_eos = false;
+  go.eos_ids = {1};
+  const Output plain = generate(a, tok, prompt, go, SpecOptions{});
+  const Output fast = generate(b, tok, prompt, go, ngram(16, /*adaptive=*/true));
+  EXPECT_EQ(plain.ids, fast.ids);
+  EXPECT_EQ(tok.decode(fast.ids), text);
+  EXPECT_GT(fast.stats.drafted, 0);
+  EXPECT_GE(fast.stats.tokens_per_verify(), 4.0);
+  EXPECT_GE(fast.stats.acceptance(), 0.6) << fast.stats.accepted << " of " << fast.stats.drafted << ", "
+                                          << fast.stats.verify_steps << " verifications, " << fast.stats.plain_steps
+                                          << " plain steps";
+}
+
+// Sampling: with the same seed the text is the plain run's, token for token (the same draws from the
+// same distributions), with penalties and logit_bias in the pipeline.
+TEST(SpeculativeSampling, SameSeedSameTextWithPenaltiesAndBias) {
+  Tiny& t = tiny();
+  for (uint64_t seed : {1, 2, 3}) {
+    GeneratorOptions go = gen_options(light_or(120, 40), 0.7f, seed);
+    go.sampling.repeat_penalty = 1.1f;
+    go.sampling.frequency_penalty = 0.2f;
+    go.logit_bias = {{int32_t(t.tok.encode(" the").back()), -2.0f}};
+    ThreadPool pool(2);
+    Session a(*t.model, kv_options("fp32"), pool), b(*t.model, kv_options("fp32"), pool);
+    const auto prompt = prompt_ids(t.tok);
+    const Output plain = generate(a, t.tok, prompt, go, SpecOptions{});
+    const Output spec = generate(b, t.tok, prompt, go, ngram(6));
+    EXPECT_EQ(plain.ids, spec.ids) << seed;
+    EXPECT_GT(spec.stats.drafted, 0) << seed;
+  }
+}
+
+// Speculative sampling keeps the target's distribution. kjv-tiny with top-k 2 at temperature 1.5 (a
+// vocabulary of two per position): the first three tokens (the first drawn from the prompt's logits,
+// the next two from a verification's rows once drafts are offered) over many seeds, against their
+// exact probabilities computed one token at a time; chi-square with 7 degrees of freedom.
+TEST(SpeculativeSampling, ThreeTokensHaveTheTargetDistribution) {
+  Tiny& t = tiny();
+  ThreadPool pool(1);
+  const std::vector<int32_t> prompt =
+      t.tok.encode("And the LORD said unto Moses, saying, And the LORD said unto Moses, saying, And the LORD said unto");
+  GeneratorOptions go = gen_options(3, 1.5f);
+  go.sampling.top_k = 2;
+  go.sampling.top_p = 1;
+  go.sampling.min_p = 0;
+  // The exact law: p(a) p(b | a) p(c | a b) over each position's two most likely tokens.
+  auto top2 = [&](std::span<const int32_t> ids) {
+    Session s(*t.model, kv_options("fp32"), pool);
+    const std::span<float> lg = s.feed(ids);
+    std::vector<std::pair<float, int32_t>> v;
+    for (size_t i = 0; i < lg.size(); ++i) v.push_back({lg[i], int32_t(i)});
+    std::partial_sort(v.begin(), v.begin() + 2, v.end(), [](auto x, auto y) { return x.first > y.first; });
+    const double e = std::exp(double(v[1].first - v[0].first) / 1.5);
+    return std::vector<std::pair<int32_t, double>>{{v[0].second, 1 / (1 + e)}, {v[1].second, e / (1 + e)}};
+  };
+  std::map<std::vector<int32_t>, double> law;
+  for (auto [a, pa] : top2(prompt)) {
+    std::vector<int32_t> ha = prompt;
+    ha.push_back(a);
+    for (auto [b, pb] : top2(ha)) {
+      std::vector<int32_t> hb = ha;
+      hb.push_back(b);
+      for (auto [c, pc] : top2(hb)) law[{a, b, c}] = pa * pb * pc;
+    }
+  }
+  ASSERT_EQ(law.size(), 8u);
+  const int N = light_or(2000, 400);
+  std::map<std::vector<int32_t>, int> count;
+  int64_t drafted = 0, accepted = 0;
+  for (int i = 0; i < N; ++i) {
+    go.sampling.seed = uint64_t(i) + 1;
+    Session s(*t.model, kv_options("fp32"), pool);
+    const Output o = generate(s, t.tok, prompt, go, ngram(4));
+    ++count[o.ids];
+    drafted += o.stats.drafted;
+    accepted += o.stats.accepted;
+  }
+  EXPECT_GT(drafted, N / 2) << "the rows verified drafts";
+  EXPECT_GT(accepted, N / 10) << "drafts were kept";
+  EXPECT_GT(drafted, accepted) << "drafts were rejected";
+  // Cells expecting fewer than 5 draws are pooled into one (the chi-square approximation needs it).
+  double chi2 = 0, rare_p = 0;
+  int seen = 0, cells = 0, rare_n = 0;
+  for (const auto& [ids, p] : law) {
+    seen += count[ids];
+    if (N * p < 5) {
+      rare_p += p;
+      rare_n += count[ids];
+      continue;
+    }
+    chi2 += std::pow(count[ids] - N * p, 2) / (N * p);
+    ++cells;
+  }
+  if (rare_p > 0) {
+    chi2 += std::pow(rare_n - N * rare_p, 2) / (N * rare_p);
+    ++cells;
+  }
+  EXPECT_EQ(seen, N) << "only the two most likely tokens are drawn";
+  ASSERT_GE(cells, 3);
+  const double q999[] = {0, 10.83, 13.82, 16.27, 18.47, 20.52, 22.46, 24.32};  // chi-square, p = 0.001
+  EXPECT_LT(chi2, q999[cells - 1]) << "chi-square with " << cells - 1 << " degrees of freedom";
+}
+
+TEST(Speculator, AdaptivityDeclinesDraftsThatAreRejected) {
+  SpecOptions o = ngram(8, /*adaptive=*/true);
+  Speculator s(o);
+  // The prior (half of the drafts kept, a further row costing a tenth of a step) pays.
+  EXPECT_GT(s.choose(8, 2), 0);
+  SpecOptions forced = ngram(8, /*adaptive=*/false);
+  EXPECT_EQ(Speculator(forced).choose(5, 0), 5);
+  forced.draft_min = 6;
+  EXPECT_EQ(Speculator(forced).choose(5, 0), 0);
+}
+
+}  // namespace
+}  // namespace ptllm
+
+namespace ptllm {
+namespace {
+
+std::vector<nlohmann::json> json_lines(const std::string& out) {
+  std::vector<nlohmann::json> v;
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty() && line[0] == '{') v.push_back(nlohmann::json::parse(line));
+  return v;
+}
+
+// sample and chat: the same ids with --spec-type ngram, the counters in --json and on the footer.
+TEST(SpeculativeCli, SampleAndChatGiveTheSameTokens) {
+  const std::string model = test::repo_model("kjv-tiny").string();
+  const std::string sample = test::binary() + " sample " + model +
+                             " -p 'And the LORD said unto Moses, and the LORD said' -n 120 --temperature 0 "
+                             "--ignore-eos -t 2 --json";
+  const auto off = test::run_command(sample);
+  const auto on = test::run_command(sample + " --spec-type ngram --spec-draft-max 6 --spec-fixed");
+  ASSERT_EQ(off.code, 0) << off.err;
+  ASSERT_EQ(on.code, 0) << on.err;
+  const auto a = nlohmann::json::parse(off.out), b = nlohmann::json::parse(on.out);
+  EXPECT_EQ(a["tokens"], b["tokens"]);
+  EXPECT_TRUE(a["speculative"].is_null());
+  EXPECT_EQ(b["speculative"]["type"], "ngram");
+  EXPECT_EQ(b["speculative"]["adaptive"], false);
+  EXPECT_GT(b["speculative"]["accepted"].get<int>(), 0);
+  EXPECT_LE(b["speculative"]["accepted"].get<int>(), b["speculative"]["drafted"].get<int>());
+  EXPECT_NE(on.err.find("speculation: ngram (fixed), drafted "), std::string::npos) << on.err;
+
+  // chat: two turns through a template, the KV kept between them.
+  test::TempDir dir;
+  for (const char* f : {"config.json", "generation_config.json", "tokenizer.json", "model.safetensors"})
+    fs::copy_file(test::repo_model("kjv-tiny") / f, dir.path / f);
+  nlohmann::json cfg = test::read_json(test::repo_model("kjv-tiny") / "tokenizer_config.json");
+  cfg["chat_template"] =
+      "{% for m in messages %}{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}And the LORD said{% endif %}";
+  std::ofstream(dir.path / "tokenizer_config.json") << cfg.dump(2);
+  std::ofstream(dir.path / "turns.txt") << "And the LORD spake unto Moses\nAnd Moses said unto the LORD\n";
+  const std::string chat = test::binary() + " chat " + dir.path.string() + " -f " + (dir.path / "turns.txt").string() +
+                           " --temperature 0 -n 60 -t 2 --json --no-history";
+  const auto c_off = test::run_command(chat);
+  const auto c_on = test::run_command(chat + " --spec-type ngram");
+  ASSERT_EQ(c_off.code, 0) << c_off.err;
+  ASSERT_EQ(c_on.code, 0) << c_on.err;
+  const auto t_off = json_lines(c_off.out), t_on = json_lines(c_on.out);
+  ASSERT_EQ(t_off.size(), 2u);
+  ASSERT_EQ(t_on.size(), 2u);
+  int64_t drafted = 0;
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(t_off[i]["tokens"], t_on[i]["tokens"]) << "turn " << i;
+    EXPECT_EQ(t_off[i]["reused_tokens"], t_on[i]["reused_tokens"]) << "the reply's tokens were all fed";
+    drafted += t_on[i]["speculative"]["drafted"].get<int64_t>();
+  }
+  EXPECT_GT(drafted, 0);
+
+  // Refusals name the flag.
+  const auto nc = test::run_command(test::binary() + " sample " + model + " -p x --spec-type ngram --no-cache");
+  EXPECT_EQ(nc.code, 2);
+  EXPECT_NE(nc.err.find("--spec-type ngram verifies drafts against the KV cache"), std::string::npos) << nc.err;
+  const auto mm = test::run_command(test::binary() + " sample " + model + " -p x --spec-type ngram --spec-draft-min 9 --spec-draft-max 4");
+  EXPECT_EQ(mm.code, 2);
+  EXPECT_NE(mm.err.find("--spec-draft-min 9 is more than --spec-draft-max 4"), std::string::npos) << mm.err;
+}
+
+// Adaptivity: drafts of sampled prose at temperature 1.5 are mostly rejected; the adaptive sequence
+// stops verifying them, the fixed one keeps paying for them. Both give the same text.
+TEST(SpeculativeAdaptivity, StopsVerifyingDraftsThatAreRejected) {
+  Tiny& t = tiny();
+  ThreadPool pool(2);
+  const std::vector<int32_t> prompt = t.tok.encode("For wisdom is better than rubies; and all the things that may be desired");
+  GeneratorOptions go = gen_options(light_or(300, 100), 1.5f, 9);
+  go.sampling.top_k = 0;
+  go.sampling.top_p = 1;
+  go.sampling.min_p = 0;
+  Session a(*t.model, kv_options("fp32"), pool), b(*t.model, kv_options("fp32"), pool);
+  const Output fixed = generate(a, t.tok, prompt, go, ngram(8, /*adaptive=*/false));
+  const Output adaptive = generate(b, t.tok, prompt, go, ngram(8, /*adaptive=*/true));
+  EXPECT_EQ(fixed.ids, adaptive.ids);
+  EXPECT_LT(fixed.stats.acceptance(), 0.3) << "the workload rejects drafts";
+  EXPECT_GT(fixed.stats.verify_steps, 50);
+  EXPECT_LT(adaptive.stats.verify_steps * 3, fixed.stats.verify_steps)
+      << adaptive.stats.verify_steps << " verifications against " << fixed.stats.verify_steps;
+  EXPECT_GT(adaptive.stats.plain_steps, fixed.stats.plain_steps);
+}
+
+}  // namespace
+}  // namespace ptllm
