@@ -100,6 +100,16 @@ def main():
                 {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
                  "presence_penalty": 0, "frequency_penalty": 0}):
         add("fuzz_request", json.dumps(req).encode())
+    # Grammars: GBNF with every construct, and the JSON Schema corpus (a schema's text starts with '{').
+    for g in (b'root ::= ("yes" | "no") " " [0-9]{1,3} "."', b'root ::= obj\nobj ::= "{" ws (pair ("," ws pair)*)? "}"\n'
+              b'pair ::= str ws ":" ws val\nval ::= str | [0-9]+ | obj\nstr ::= "\\"" [^"\\\\]* "\\""\nws ::= [ \\t\\n]?',
+              b'root ::= [^\\x00-\\x1f]* . [\\u00e9-\\U0001F600]+ # comment\n  | "a"? "b"+ "c"{2,}'):
+        add("fuzz_grammar", g + SEP + b'yes 12.')
+    for p in sorted(glob.glob(os.path.join(repo, "tests", "data", "json_schemas", "*", "*.json")))[::7]:
+        doc = json.loads(read(p))
+        if "schema" in doc:
+            valid = doc.get("valid") or [None]
+            add("fuzz_grammar", json.dumps(doc["schema"]).encode() + SEP + json.dumps(valid[0]).encode())
     # GGUF: small files of every metadata type, a gpt2 and a llama vocabulary, a few tensors; and the
     # shipped llama.cpp file's header (metadata and tensor infos) with its data cut off.
     def gguf_str(b):

@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_PER_TARGET=${1:-60}
 B=${FUZZ_BUILD:-build-fuzz}
-ALL="fuzz_cache_file fuzz_safetensors fuzz_config fuzz_tokenizer fuzz_tokenizer_config fuzz_encode fuzz_detokenizer fuzz_chat_template fuzz_request fuzz_gguf"
+ALL="fuzz_cache_file fuzz_safetensors fuzz_config fuzz_tokenizer fuzz_tokenizer_config fuzz_encode fuzz_detokenizer fuzz_chat_template fuzz_request fuzz_gguf fuzz_grammar"
 TARGETS=${FUZZ_TARGETS:-$ALL}
 
 JOBS=${FUZZ_JOBS:-1}
@@ -38,6 +38,7 @@ dict_of() {
   case "$1" in
     fuzz_chat_template|fuzz_tokenizer_config) echo "-dict=fuzz/jinja.dict" ;;
     fuzz_safetensors|fuzz_config|fuzz_tokenizer) echo "-dict=fuzz/json.dict" ;;
+    fuzz_grammar) echo "-dict=fuzz/grammar.dict" ;;
     # Inputs up to 256 KiB: a request nested 100,000 levels deep is 200 KB (libFuzzer's default cap
     # of 4 KiB never reaches a depth that overflows a stack).
     fuzz_request) echo "-dict=fuzz/request.dict -max_len=262144" ;;
