@@ -258,7 +258,7 @@ void Scheduler::adopt_at_turn(Slot& s) {
   const int64_t adopted = grid > 0 ? s.session->adopt_prefix(s.seq, [&](int64_t a) { return exact(s, a); }) : 0;
   pool_->release_held(held);  // the session holds its own references now; the rest stay findable
   const size_t adopted_blocks = pool_->complete_blocks(adopted);
-  s.saved_blocks = adopted_blocks;  // computed elsewhere: here before, or by another replica
+  s.saved_blocks = exchange_ ? stored_blocks(s, adopted_blocks) : adopted_blocks;
   if (s.cached_counted) return;  // a preempted sequence's return is not the client's cache hit
   s.result.cached_tokens = adopted;
   live_.cached_tokens += uint64_t(adopted);
@@ -312,7 +312,10 @@ size_t Scheduler::load_from_store(Slot& s, std::vector<int32_t>& held, size_t* l
     return std::span<const int32_t>(s.seq).subspan(size_t(tb.start), size_t(tb.len));
   };
   size_t local = 0;
-  while (local < n && pool_->hold_block(s.hashes[local], ids(local), held)) ++local;
+  const bool kivi = pool_->has_quantized_form();
+  while (local < n && (pool_->hold_block(s.hashes[local], ids(local), held) ||
+                       (kivi && local >= pool_->sink_blocks() && pool_->hold_block(s.hashes[local], ids(local), held, true))))
+    ++local;
   *local_blocks = local;
   if (local == n) return 0;
   // Room left for this prompt's first chunk and every running sequence's next block.
@@ -327,15 +330,34 @@ size_t Scheduler::load_from_store(Slot& s, std::vector<int32_t>& held, size_t* l
   return r.hits;
 }
 
-// The full blocks this sequence computed since the last call go to the store (queued, not waited for);
-// none past what a sequence adopts (a long StreamingLLM or sliding-window history's later blocks).
-void Scheduler::save_to_store(Slot& s) {
+// The full blocks this sequence computed since the last call go to the store (queued, not waited for)
+// in the form its policy left them (BlockExchange::save_progress; at_end: the sequence is about to
+// let go of its blocks); none past what a sequence adopts (a long StreamingLLM or sliding-window
+// history's later blocks).
+void Scheduler::save_to_store(Slot& s, bool at_end) {
+  if (!s.session) return;
   const std::vector<int32_t>& hist = s.session->history();
   const size_t n = std::min(pool_->complete_blocks(int64_t(hist.size())), pool_->adoptable_limit());
   if (n <= s.saved_blocks) return;
   pool_->extend_block_hashes(hist, n, s.hashes);
-  live_.store_puts += exchange_->save(*pool_, hist, s.hashes, s.saved_blocks, n);
-  s.saved_blocks = n;
+  live_.store_puts += exchange_->save_progress(*pool_, hist, s.hashes, &s.saved_blocks, n, at_end);
+}
+
+// Of the first `adopted` blocks (computed elsewhere: here before, or by another replica), those the
+// store has in their final form already: all of them, but under KIVI only the run whose quantized
+// groups the pool holds (a block adopted in full precision is put once this sequence quantizes it).
+size_t Scheduler::stored_blocks(const Slot& s, size_t adopted) {
+  if (!pool_->has_quantized_form() || adopted == 0) return adopted;
+  size_t n = std::min(adopted, pool_->sink_blocks());
+  std::vector<int32_t> held;
+  while (n < adopted && n < s.hashes.size()) {
+    const KVPool::TokenRange tb = pool_->token_block(n);
+    if (!pool_->hold_block(s.hashes[n], std::span<const int32_t>(s.seq).subspan(size_t(tb.start), size_t(tb.len)), held, true))
+      break;
+    pool_->release_held(held);
+    ++n;
+  }
+  return n;
 }
 
 bool Scheduler::fits(const std::vector<Slot*>& batch, const std::vector<std::span<const int32_t>>& feeds) const {
@@ -379,6 +401,7 @@ void Scheduler::preempt_youngest() {
                              [](const auto& a, const auto& b) { return a->order < b->order; });
   std::unique_ptr<Slot> s = std::move(*it);
   running_.erase(it);
+  if (exchange_) save_to_store(*s, true);
   s->session.reset();  // its blocks go back; the published ones stay findable for its return
   ++live_.preempted;
   std::lock_guard lk(mu_);
@@ -453,6 +476,7 @@ void Scheduler::finish(Slot& s, FinishReason r, std::string error) {
     s.result.stop_reason = s.gen.reason();
   }
   s.done = true;
+  if (exchange_ && r != FinishReason::Error) save_to_store(s, true);
   s.session.reset();  // the blocks go back now
   s.result.reason = r;
   s.result.error = std::move(error);

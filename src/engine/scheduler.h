@@ -39,8 +39,8 @@ struct SchedulerConfig {
   std::vector<int32_t> eos_ids; // ids that end a reply (stop_token_ids)
   // A block store shared with other replicas (engine/kv_store.h), or null. A prompt's full blocks
   // missing from the pool after its local prefix are looked up there in one round trip and loaded
-  // instead of computed; every full block a sequence computes is put there, in its full-precision
-  // form under every KV setting (KVPool::exchange_bytes).
+  // instead of computed; every full block a sequence computes is put there, in full precision, or
+  // under KIVI as its quantized groups once the policy quantized it (BlockExchange::save_progress).
   KVStore* store = nullptr;
   Digest store_identity{};          // PromptCacheIdentity::config_key of this model and KV settings
   std::string store_prefix = "ptllm";  // the keys' first part (--kv-store-prefix)
@@ -140,7 +140,8 @@ class Scheduler {
   int64_t adoption_grid(const Session& session) const;
   bool exact(const Slot& s, int64_t adopted) const;
   size_t load_from_store(Slot& s, std::vector<int32_t>& held, size_t* local_blocks);
-  void save_to_store(Slot& s);
+  void save_to_store(Slot& s, bool at_end = false);
+  size_t stored_blocks(const Slot& s, size_t adopted);
   void step();
   bool build_batch(std::vector<Slot*>& batch, std::vector<std::span<const int32_t>>& feeds);
   bool fits(const std::vector<Slot*>& batch, const std::vector<std::span<const int32_t>>& feeds) const;
