@@ -39,6 +39,7 @@ struct ServeArgs {
   server::ServerConfig http;
   int parallel = 4;
   int kv_budget_mb = 0;
+  int kv_pin_mb = 0;
   int prefill_chunk = 256;
   int max_body_mb = 8;
   RuntimeOptions runtime;
@@ -160,6 +161,7 @@ int run_serve(ServeArgs& a) {
   sc.session = make_session_options(a.runtime, rt.config());
   sc.parallel = a.parallel;
   sc.kv_budget_bytes = size_t(a.kv_budget_mb) << 20;
+  sc.pin_bytes = size_t(a.kv_pin_mb) << 20;
   sc.prefill_chunk = a.prefill_chunk;
   sc.eos_ids = stop_token_ids(dir, rt.config(), rt.tokenizer());
   std::unique_ptr<KVStore> store;
@@ -237,6 +239,10 @@ Command add_serve_command(CLI::App& root) {
       ->each([a](const std::string&) { a->api_key_given = true; });
   app->add_option("--kv-budget-mb", a->kv_budget_mb,
                   "MiB of KV blocks shared by all sequences (0 = room for every sequence's full context)")
+      ->check(integer_between(0, 1 << 20));
+  app->add_option("--kv-pin-mb", a->kv_pin_mb,
+                  "MiB of KV blocks kept pinned for chat system prompts and tool definitions, so that other "
+                  "traffic never evicts them (0 = none; pins give way before a request waits)")
       ->check(integer_between(0, 1 << 20));
   app->add_option("--prefill-chunk", a->prefill_chunk,
                   "Most prompt tokens one step prefills beside the others' decode tokens")

@@ -64,6 +64,7 @@ struct Scheduler::Slot {
   uint64_t order = 0;     // admission order: the youngest is preempted first
   bool started = false;   // admitted once (prompt_tokens counts the first admission only)
   bool cached_counted = false;  // cached_tokens set (at the first adoption)
+  bool pin_done = false;        // its pinned prefix taken care of (pin_prefix)
   std::vector<BlockHash> hashes;  // chained hashes of seq's first full blocks (with a store)
   size_t saved_blocks = 0;        // blocks of the history put to the store or taken from elsewhere
   bool done = false;
@@ -77,6 +78,11 @@ Scheduler::Scheduler(Runtime& rt, const SchedulerConfig& cfg) : rt_(rt), cfg_(cf
     throw UsageError("--parallel: at most " + std::to_string(kMaxBatchSequences - 1) + " sequences");
   cfg_.session.kv.validate();
   pool_ = std::make_unique<KVPool>(rt_.model().kv_shape(), cfg_.session.kv, cfg_.parallel, cfg_.kv_budget_bytes);
+  const size_t pool_bytes = pool_->dense().capacity() * pool_->dense().block_bytes() +
+                            pool_->quant().capacity() * pool_->quant().block_bytes();
+  if (cfg_.pin_bytes > pool_bytes)
+    throw UsageError(cfg_.pin_flag + ": " + std::to_string(cfg_.pin_bytes >> 20) + " MiB is more than the KV pool's " +
+                     std::to_string(pool_bytes >> 20) + " MiB");
   if (cfg_.store) {
     PTLLM_CHECK(pool_->exchangeable());  // a shared pool is keyed
     // Under KIVI a prefix is adopted where it ends on the prefill grid (adoption_grid): a setting
@@ -192,6 +198,8 @@ void Scheduler::loop() {
   }
   // Stopping: whatever has not ended is cancelled (its blocks given back with its session).
   for (auto& s : running_) finish(*s, FinishReason::Cancelled);
+  while (unpin_oldest()) {
+  }
   std::deque<std::unique_ptr<Slot>> rest;
   {
     std::lock_guard lk(mu_);
@@ -215,7 +223,9 @@ void Scheduler::admit() {
       finish(*s, FinishReason::Cancelled);
       continue;
     }
-    if (!try_start(*s)) {
+    bool started = try_start(*s);
+    while (!started && unpin_oldest()) started = try_start(*s);  // pins give way first
+    if (!started) {
       if (running_.empty()) {
         finish(*s, FinishReason::Error,
                "the KV pool cannot hold this prompt (" + std::to_string(s->seq.size()) + " tokens; raise --kv-budget-mb)");
@@ -360,6 +370,62 @@ size_t Scheduler::stored_blocks(const Slot& s, size_t adopted) {
   return n;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Pinned prefixes (SchedulerConfig::pin_bytes): once a request's marked prefix (Request::pin_tokens)
+// is computed, its full blocks are held by a pin, so that a burst of other traffic never takes them;
+// a later request with the same prefix adopts them as it would from the pool. Pins over the budget,
+// and every pin when room runs out, go least recently used first.
+
+void Scheduler::pin_prefix(Slot& s) {
+  if (s.req.pin_tokens <= 0 || s.pin_done || !s.session) return;
+  const int64_t upto = std::min<int64_t>(s.req.pin_tokens, int64_t(s.seq.size()) - 1);
+  if (s.session->position() < upto) return;  // not computed yet
+  s.pin_done = true;
+  const size_t n = pool_->complete_blocks(upto);
+  if (n == 0) return;
+  pool_->extend_block_hashes(s.seq, n, s.hashes);
+  for (Pin& p : pins_)
+    if (p.blocks == n && p.last == s.hashes[n - 1]) {
+      p.used = s.order;
+      return;
+    }
+  const bool kivi = pool_->has_quantized_form();
+  Pin pin;
+  pin.last = s.hashes[n - 1];
+  pin.used = s.order;
+  for (size_t j = 0; j < n; ++j) {
+    const KVPool::TokenRange tb = pool_->token_block(j);
+    const auto ids = std::span<const int32_t>(s.seq).subspan(size_t(tb.start), size_t(tb.len));
+    const size_t before = pin.held.size();
+    if (pool_->hold_block(s.hashes[j], ids, pin.held)) {
+      pin.bytes += (pin.held.size() - before) * pool_->dense().block_bytes();
+    } else if (kivi && j >= pool_->sink_blocks() && pool_->hold_block(s.hashes[j], ids, pin.held, true)) {
+      pin.bytes += (pin.held.size() - before) * pool_->quant().block_bytes();
+    } else {
+      pool_->release_held(pin.held);  // a block not published (or gone): nothing is pinned
+      return;
+    }
+  }
+  while (pinned_bytes_ + pin.bytes > cfg_.pin_bytes && unpin_oldest()) {
+  }
+  if (pinned_bytes_ + pin.bytes > cfg_.pin_bytes) {
+    pool_->release_held(pin.held);
+    return;
+  }
+  pin.blocks = n;
+  pinned_bytes_ += pin.bytes;
+  pins_.push_back(std::move(pin));
+}
+
+bool Scheduler::unpin_oldest() {
+  if (pins_.empty()) return false;
+  auto it = std::min_element(pins_.begin(), pins_.end(), [](const Pin& a, const Pin& b) { return a.used < b.used; });
+  pool_->release_held(it->held);  // the blocks stay cached (findable) until the pool reuses them
+  pinned_bytes_ -= it->bytes;
+  pins_.erase(it);
+  return true;
+}
+
 bool Scheduler::fits(const std::vector<Slot*>& batch, const std::vector<std::span<const int32_t>>& feeds) const {
   BlocksNeeded sum;
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -414,6 +480,7 @@ void Scheduler::step() {
   while (!build_batch(batch, feeds)) {
     // Blocks the store is still sending from are the pool's again in a moment: wait for them first.
     if (exchange_ && exchange_->reclaim_pinned(*pool_, std::chrono::seconds(2)) > 0) continue;
+    if (unpin_oldest()) continue;  // a pinned prefix gives way before a request is paused or fails
     if (running_.size() == 1) {
       finish(*running_[0], FinishReason::Error, "the KV pool is full (raise --kv-budget-mb)");
       return;
@@ -441,6 +508,8 @@ void Scheduler::step() {
   ++live_.steps;
   if (exchange_)
     for (Slot* s : batch) save_to_store(*s);
+  if (cfg_.pin_bytes > 0)
+    for (Slot* s : batch) pin_prefix(*s);
   for (Slot* s : batch)
     if (s->remaining() == 0) sample_next(*s);
 }
@@ -519,6 +588,8 @@ void Scheduler::publish_stats() {
   for (const BlockPool* p : {&pool_->dense(), &pool_->quant()})
     for (size_t id = 0; id < p->capacity(); ++id) shared += p->refs(int32_t(id)) > 1;
   s.blocks_shared = shared;
+  s.pinned_prefixes = pins_.size();
+  for (const Pin& p : pins_) s.blocks_pinned += p.held.size();
   if (exchange_) {
     s.store = true;
     s.store_io = exchange_->store().stats();

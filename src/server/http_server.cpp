@@ -627,6 +627,7 @@ struct HttpServer::Impl {
   std::vector<int32_t> prompt_ids(ApiRequest& r);
   std::shared_ptr<Channel> submit(ApiRequest& r, int64_t& prompt_tokens, std::string* overflow = nullptr);
   std::string fit_context(ApiRequest& r, std::vector<int32_t>& prompt, int64_t ctx);
+  int64_t system_prefix(const ApiRequest& r, const std::vector<int32_t>& prompt);
   RequestResult wait_result(const httplib::Request& req, Channel& ch);
   void generate(const httplib::Request& req, httplib::Response& res, Endpoint ep);
   void agent(const httplib::Request& req, httplib::Response& res, AgentApi api);
@@ -837,6 +838,26 @@ bool is_system_role(const json& m) {
 }
 }  // namespace
 
+// The tokens of a chat prompt that its system messages and tools render to: the prefix the prompt
+// shares with the rendering of those alone (0 when there are none, or the template needs a user turn).
+int64_t HttpServer::Impl::system_prefix(const ApiRequest& r, const std::vector<int32_t>& prompt) {
+  ApiRequest sys = r;
+  json only;
+  for (const json& m : r.messages)
+    if (is_system_role(m)) only.push_back(m);
+  if (only.is_null() && (r.tools.is_null() || r.tools.empty())) return 0;
+  sys.messages = only.is_null() ? json::array() : only;
+  std::vector<int32_t> p;
+  try {
+    p = prompt_ids(sys);
+  } catch (const ApiError&) {
+    return 0;
+  }
+  int64_t k = 0;
+  while (k < int64_t(std::min(p.size(), prompt.size())) && p[size_t(k)] == prompt[size_t(k)]) ++k;
+  return k;
+}
+
 // --context-overflow shift or stream on a prompt that does not fit `ctx` tokens: rewrites the
 // request's prompt so that it does, leaving room for the reply (max_tokens when given, at most half
 // the context; else a quarter of it), and returns what was dropped (for the log and the
@@ -876,24 +897,7 @@ std::string HttpServer::Impl::fit_context(ApiRequest& r, std::vector<int32_t>& p
            "; dropped_tokens=" + std::to_string(n0 - int64_t(prompt.size()));
   }
   // stream: the kept prefix, then the most recent tokens.
-  int64_t keep = std::min<int64_t>(cfg.keep, n0);
-  if (r.endpoint == Endpoint::Chat) {
-    ApiRequest sys = r;
-    json only;
-    for (const json& m : r.messages)
-      if (is_system_role(m)) only.push_back(m);
-    keep = 0;
-    if (!only.is_null()) {
-      sys.messages = only;
-      std::vector<int32_t> p;
-      try {
-        p = prompt_ids(sys);
-      } catch (const ApiError&) {
-        p.clear();  // a template that needs a user turn: the common prefix of nothing
-      }
-      while (keep < int64_t(std::min(p.size(), prompt.size())) && p[size_t(keep)] == prompt[size_t(keep)]) ++keep;
-    }
-  }
+  const int64_t keep = r.endpoint == Endpoint::Chat ? system_prefix(r, prompt) : std::min<int64_t>(cfg.keep, n0);
   if (keep >= budget)
     throw too_long("the kept prefix alone takes " + std::to_string(keep) + " tokens, with " + std::to_string(room) +
                    " left for the reply");
@@ -929,6 +933,7 @@ std::shared_ptr<Channel> HttpServer::Impl::submit(ApiRequest& r, int64_t& prompt
                       r.endpoint == Endpoint::Chat ? "messages" : "prompt", "context_length_exceeded");
   if (!r.max_tokens_given) r.params.max_tokens = int(kv.streaming() ? kv.ctx_size : kv.ctx_size - n);
   sr.params = r.params;
+  if (sch.config().pin_bytes > 0 && r.endpoint == Endpoint::Chat) sr.pin_tokens = system_prefix(r, sr.prompt);
   auto ch = std::make_shared<Channel>();
   sr.cancel = ch->cancel;
   sr.on_text = [ch](std::string_view t) { ch->push(t); };
