@@ -50,8 +50,9 @@ class ServerTest : public ::testing::Test {
     delete tmpl_;
   }
   void start(const std::string& api_key = "", server::ContextOverflow overflow = server::ContextOverflow::Error,
-             int keep = 4) {
+             int keep = 4, size_t pin_bytes = 0) {
     SchedulerConfig sc;
+    sc.pin_bytes = pin_bytes;
     sc.session.kv.ctx_size = 512;
     sc.parallel = 2;
     sc.prefill_chunk = 64;
@@ -223,6 +224,34 @@ TEST_F(ServerTest, ContextOverflowStreamKeepsThePrefixAndTheMostRecentTokens) {
   const json j = json::parse(r->body);
   EXPECT_EQ(j["usage"]["prompt_tokens"], ids.size());
   EXPECT_EQ(j["choices"][0]["text"], greedy_text(ids, 10));
+}
+
+// --kv-pin-mb: a chat request's system message is what is pinned (the tokens it renders to, here
+// 3 full blocks of 32), once, however many requests share it; /metrics shows it.
+TEST_F(ServerTest, ChatSystemPromptIsPinned) {
+  start("", server::ContextOverflow::Error, 4, size_t(1) << 20);  // of the 2 MiB pool
+  std::string system;
+  for (int i = 0; i < 6; ++i) system += "Thou art a scribe of the LORD, and thou shalt answer in the words of the book. ";
+  const json sys = {{"role", "system"}, {"content", system}};
+  // The pinned prefix: what the prompt shares with the rendering of the system message alone.
+  const auto alone = rt_->tokenizer().encode(render(json::array({sys})), {.add_special = false});
+  const auto full = rt_->tokenizer().encode(render(json::array({sys, {{"role", "user"}, {"content", "In the beginning"}}})),
+                                            {.add_special = false});
+  size_t shared = 0;
+  while (shared < std::min(alone.size(), full.size()) && alone[shared] == full[shared]) ++shared;
+  ASSERT_GE(shared, 96u);
+  for (const char* user : {"In the beginning", "And the earth was"}) {
+    const json body = {{"messages", json::array({sys, {{"role", "user"}, {"content", user}}})}, {"max_tokens", 2}};
+    const auto r = post("/v1/chat/completions", body.dump());
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+  }
+  const auto m = client().Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("\nptllm_kv_pinned_prefixes 1\n"), std::string::npos) << m->body;
+  // Its full blocks of 32 tokens, in each of kjv-tiny's 4 layers.
+  EXPECT_NE(m->body.find("\nptllm_kv_blocks_pinned " + std::to_string(shared / 32 * 4) + "\n"), std::string::npos)
+      << m->body;
 }
 
 TEST_F(ServerTest, StreamedChunksAddUpToTheReplyAndCarryUsage) {

@@ -73,9 +73,11 @@ class KVStore {
   using OnValue = std::function<bool(size_t i, std::optional<std::string_view> value)>;
   // Looks up `keys` in one round trip and hands their values to on_value in key order as they
   // arrive, each at most once: a lookup of megabytes is verified and loaded while the rest is still
-  // on the wire, straight from the store's read buffer. The keys not handed are misses: a store may
-  // stop at the first absent key, and one that is unreachable, slow (its read timeout) or answering
-  // errors hands none after the failure. Throws only what on_value throws. One caller at a time.
+  // on the wire, straight from the store's read buffer. An absent key is handed as nullopt and the
+  // lookup goes on while on_value asks for more (under KIVI a block has two keys, either may be
+  // absent). The keys not handed are misses: a store that is unreachable, slow (its read timeout)
+  // or answering errors hands none after the failure. Throws only what on_value throws. One caller
+  // at a time.
   virtual void lookup(std::span<const std::string> keys, const OnValue& on_value) = 0;
   // The values of `keys`, copied: values[i] for keys[i], nullopt where not handed (tests, tools).
   std::vector<std::optional<std::string>> get(std::span<const std::string> keys);
