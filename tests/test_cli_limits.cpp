@@ -91,3 +91,22 @@ TEST(CliLimitsTest, AStreamingWindowPastTheModelsPositionsIsRefusedAtOnce) {
 
 }  // namespace
 }  // namespace ptllm
+
+namespace ptllm {
+namespace {
+
+// serve's --context-overflow takes one of its values; --keep belongs to its stream mode only.
+TEST(CliLimitsTest, ContextOverflowFlagsAreCheckedWithTheirNames) {
+  const std::string serve = cli("serve " + test::repo_model("kjv-tiny").string() + " --port 0 ");
+  const auto bad = test::run_command(serve + "--context-overflow drop");
+  EXPECT_EQ(bad.code, 2) << bad.err;
+  EXPECT_TRUE(has(bad.err, "--context-overflow")) << bad.err;
+  const auto keep = test::run_command(serve + "--keep 8");
+  EXPECT_EQ(keep.code, 2) << keep.err;
+  EXPECT_TRUE(has(keep.err, "--keep: the tokens kept when a prompt overflows the context, with --context-overflow "
+                            "stream (here --context-overflow error)"))
+      << keep.err;
+}
+
+}  // namespace
+}  // namespace ptllm

@@ -1,8 +1,8 @@
 // Token blocks exchanged through a block store under every KV setting (issues 18 and 23): one pool
 // computes a prompt and puts its blocks, a fresh pool (another replica, or the same server after a
 // restart) loads them, adopts them and continues: the tokens and the logits are bit for bit those of a
-// cold computation. KIVI's groups travel in full precision and are quantized again by the adopting
-// sequence's policy; StreamingLLM's sink blocks (shorter when the group does not divide the sinks)
+// cold computation. KIVI's groups travel as they are (int codes, scales and zeros), the residual in
+// full precision; StreamingLLM's sink blocks (shorter when the group does not divide the sinks)
 // and stream blocks, and sliding-window layers, adopt no more than their rings hold.
 #include <gtest/gtest.h>
 
@@ -45,9 +45,9 @@ std::function<bool(int64_t)> exact_for(const Session& s, size_t n) {
   return [=](int64_t a) { return a < int64_t(n) && adoption_is_exact(int64_t(n), a, chunk, grid); };
 }
 
-// Feeds `prompt` in the appends a cold prompt is cut into, putting every full block after each step
-// (as the scheduler does: under KIVI and the windows a block's full-precision form leaves the pool
-// soon after its step).
+// Feeds `prompt` in the appends a cold prompt is cut into, putting its blocks after each step as the
+// scheduler does (BlockExchange::save_progress: under KIVI a block goes as its quantized groups once
+// the policy quantized it, and after the last step the residual's blocks in full precision).
 void compute_and_put(Session& s, KVPool& pool, BlockExchange& ex, std::span<const int32_t> prompt) {
   std::vector<BlockHash> hashes;
   size_t saved = 0;
@@ -56,10 +56,8 @@ void compute_and_put(Session& s, KVPool& pool, BlockExchange& ex, std::span<cons
     s.feed(prompt.subspan(done, n));
     done += n;
     const size_t blocks = std::min(pool.complete_blocks(int64_t(s.history().size())), pool.adoptable_limit());
-    if (blocks <= saved) continue;
     pool.extend_block_hashes(s.history(), blocks, hashes);
-    ex.save(pool, s.history(), hashes, saved, blocks);
-    saved = blocks;
+    ex.save_progress(pool, s.history(), hashes, &saved, blocks, done == prompt.size());
   }
 }
 
@@ -119,6 +117,13 @@ Continued load_and_continue(const Model& m, const SessionOptions& o, ThreadPool&
   if (after_load) after_load();
   c.adopted = s.adopt_prefix(prompt, exact);
   pool.release_held(held);
+  if (c.adopted == 0) {
+    // Nothing exact to adopt: the prompt is computed (Session::feed would adopt on its own, without
+    // the scheduler's rule; a private pool has nothing to adopt).
+    Session cold(m, o, tp);
+    c.g = test::greedy(cold, prompt, steps);
+    return c;
+  }
   c.g = test::greedy(s, std::span(prompt).subspan(size_t(c.adopted)), steps);
   return c;
 }
@@ -167,16 +172,20 @@ TEST_P(ExchangeEverySetting, APoolWithoutRoomImportsLessAndAnswersTheSame) {
   test::MemoryStore store;
   BlockExchange ex(store, Digest{}, "t");
   put_computed(*model, o, tp, ex, prompt);
-  // Room for three token blocks and a few more, then nothing: the rest is computed.
+  // Room for three token blocks and a few more in each of the pool's kinds, then nothing: the rest
+  // is computed.
   KVPool full(model->kv_shape(), o.kv, 1);
-  std::vector<int32_t> taken;
+  std::vector<int32_t> taken, taken_quant;
   while (full.dense().available() > 3 * size_t(model->config().n_layers) + 2)
     taken.push_back(full.dense().acquire());
+  while (full.quant().available() > 3 * size_t(model->config().n_layers) + 2)
+    taken_quant.push_back(full.quant().acquire());
   // The other blocks come back once the import stopped, for the rest of the prompt.
   const Continued got = load_and_continue(*model, o, tp, full, ex, prompt, 4, [&] {
     for (int32_t id : taken) full.dense().release(id);
+    for (int32_t id : taken_quant) full.quant().release(id);
   });
-  EXPECT_LE(got.hits, 3u);
+  EXPECT_LE(got.hits, full.has_quantized_form() ? 6u : 3u);
   EXPECT_TRUE(same_bits(got.g, cold_greedy(*model, o, tp, prompt, 4)));
 }
 
@@ -190,12 +199,15 @@ INSTANTIATE_TEST_SUITE_P(
                       Setting{"sliding_int4", "mistral-swa-tiny", true, "int4 r32"}),
     [](const ::testing::TestParamInfo<Setting>& info) { return std::string(info.param.name); });
 
-// Under KIVI a group's full-precision block leaves the pool once quantized (reused for other tokens):
-// such a block is not put, and a prefix adopted under KIVI ends on the prefill grid.
-TEST(ExchangeKivi, AdoptionEndsOnTheGridAndGroupsAreQuantizedAgain) {
+// Under KIVI a block goes to the store as its quantized groups once the policy quantized it (int4
+// bytes, never its float32 form first), the last blocks of the history in full precision as well; a
+// loading pool takes the groups as they are and the residual in full precision, and a prefix adopted
+// under KIVI ends on the prefill grid.
+TEST(ExchangeKivi, GroupsTravelQuantizedAndAdoptionEndsOnTheGrid) {
   auto model = Model::load(test::repo_model("kjv-tiny"));
   ThreadPool tp(2);
   const SessionOptions o = options("int4 r32");
+  const size_t layers = size_t(model->config().n_layers);
   const std::vector<int32_t> prompt = test::random_prompt(7, 250, model->config().vocab_size);
   test::MemoryStore store;
   BlockExchange ex(store, Digest{}, "t");
@@ -207,14 +219,39 @@ TEST(ExchangeKivi, AdoptionEndsOnTheGridAndGroupsAreQuantizedAgain) {
   const size_t n = b_pool.complete_blocks(int64_t(prompt.size()) - 1);  // 7 blocks of 32
   ASSERT_EQ(n, 7u);
   b_pool.extend_block_hashes(prompt, n, hashes);
+  // 250 tokens with a residual of 32 leave groups 0-5 quantized: those went as int4 groups; block 6
+  // and the residual tail (residual_tail: 1 + 2 blocks) in full precision.
+  ASSERT_EQ(BlockExchange::residual_tail(b_pool), 3u);
+  for (size_t j = 0; j < n; ++j) {
+    const auto ids = std::span(prompt).subspan(32 * j, 32);
+    const auto v = store.get(std::vector<std::string>{kv_store_key("t", Digest{}, hashes[j], true),
+                                                      kv_store_key("t", Digest{}, hashes[j])});
+    EXPECT_EQ(bool(v[0]), j < 6) << "block " << j;
+    EXPECT_EQ(bool(v[1]), j >= 4) << "block " << j;
+    if (v[0]) {
+      EXPECT_EQ(v[0]->size(), 80 + 32 * 4 + b_pool.exchange_bytes(true) + 8);
+      EXPECT_TRUE(decode_block_value(*v[0], Digest{}, hashes[j], ids, b_pool.exchange_bytes(true), nullptr,
+                                     {KVPrecision::Int4, true}));
+      // Another precision or form of the same bytes is a miss, never read as this one.
+      std::string why;
+      EXPECT_FALSE(decode_block_value(*v[0], Digest{}, hashes[j], ids, b_pool.exchange_bytes(true), &why,
+                                      {KVPrecision::Int8, true}));
+      EXPECT_NE(why.find("precision"), std::string::npos) << why;
+      EXPECT_FALSE(decode_block_value(*v[0], Digest{}, hashes[j], ids, b_pool.exchange_bytes(true), &why,
+                                      {KVPrecision::Int4, false}));
+    }
+  }
   std::vector<int32_t> held;
   EXPECT_EQ(ex.load(b_pool, prompt, hashes, 0, n, 0, held).hits, 7u);
-  EXPECT_EQ(b_pool.quant().in_use(), 0u);  // only full-precision blocks came in
+  EXPECT_EQ(b_pool.quant().in_use(), 6 * layers);  // the groups came in as they are
+  EXPECT_EQ(b_pool.dense().in_use(), 3 * layers);  // blocks 4-6 in full precision
   // Seven blocks end at 224, off the grid of 64: six are taken (192 tokens).
   EXPECT_EQ(b.adopt_prefix(prompt, exact_for(b, prompt.size())), 192);
   b_pool.release_held(held);
-  // The adopting policy quantized what computing 192 tokens leaves quantized (192 - 32 residual).
-  EXPECT_EQ(b_pool.quant().in_use(), size_t(model->config().n_layers) * 5);
+  // The adopted sequence holds what computing 192 tokens leaves quantized (192 - 32 residual).
+  EXPECT_EQ(b_pool.quant().in_use(), layers * 5);
+  const test::Greedy got = test::greedy(b, std::span(prompt).subspan(192), 6);
+  EXPECT_TRUE(same_bits(got, cold_greedy(*model, o, tp, prompt, 6, 2)));
 }
 
 // The value of a block carries its length: a StreamingLLM sink block shorter than the group has the

@@ -330,3 +330,96 @@ TEST_F(SchedulerTest, StopCancelsEverything) {
 
 }  // namespace
 }  // namespace ptllm
+
+namespace ptllm {
+namespace {
+
+// A system prompt marked for pinning (Request::pin_tokens), then a burst of unrelated long prompts
+// through a pool that holds about two sequences: with --kv-pin-mb the next request over the system
+// prompt adopts it as before the burst (cached_tokens equal), without it the burst took its blocks.
+// The reply is the same either way, and no block stays held but the pin's.
+TEST_F(SchedulerTest, PinnedSystemPromptSurvivesABurstOfOtherPrompts) {
+  const auto system = test::random_prompt(70, 200, vocab());
+  auto with_user = [&](uint32_t seed) {
+    std::vector<int32_t> p = system;
+    const auto u = test::random_prompt(seed, 40, vocab());
+    p.insert(p.end(), u.begin(), u.end());
+    return p;
+  };
+  auto pinned = [&](std::vector<int32_t> prompt, Scheduler& sch) {
+    Pending p;
+    Request r;
+    r.prompt = std::move(prompt);
+    r.params = greedy(4);
+    r.pin_tokens = int64_t(system.size());
+    r.on_done = [d = p.done](const RequestResult& res) { d->set_value(res); };
+    sch.submit(std::move(r));
+    return wait(p);
+  };
+  const size_t block = size_t(32) * 2 * size_t(rt_->model().kv_shape().kv_dim()) * sizeof(float);
+  int64_t cached_after[2] = {0, 0};
+  std::vector<int32_t> reply[2];
+  for (int pin = 0; pin < 2; ++pin) {
+    SchedulerConfig c = config(2);
+    c.kv_budget_bytes = 2 * 4 * 12 * block;  // 12 blocks a layer for two sequences
+    c.pin_bytes = pin ? 4 * 7 * block : 0;    // the system prompt's 6 full blocks fit
+    Scheduler sch(*rt_, c);
+    const RequestResult first = pinned(with_user(1), sch);
+    EXPECT_EQ(first.cached_tokens, 0);
+    const RequestResult before = pinned(with_user(2), sch);
+    EXPECT_EQ(before.cached_tokens, 192) << "pin " << pin;  // the system prompt's 6 full blocks
+    std::vector<Pending> burst;
+    for (int i = 0; i < 12; ++i) burst.push_back(submit(sch, test::random_prompt(uint32_t(200 + i), 300, vocab()), greedy(2)));
+    for (auto& b : burst) EXPECT_EQ(wait(b).reason, FinishReason::Length);
+    const RequestResult after = pinned(with_user(3), sch);
+    cached_after[pin] = after.cached_tokens;
+    reply[pin] = after.tokens;
+    sch.drain();
+    const SchedulerStats st = sch.stats();
+    EXPECT_EQ(st.pinned_prefixes, pin ? 1u : 0u);
+    EXPECT_EQ(st.blocks_pinned, pin ? 6u * 4u : 0u);
+    EXPECT_EQ(sch.pool().blocks_in_use(), st.blocks_pinned);  // nothing leaked beside the pin
+  }
+  EXPECT_EQ(cached_after[1], 192);  // pinned: as before the burst
+  EXPECT_EQ(cached_after[0], 0);    // not pinned: the burst evicted it
+  EXPECT_EQ(reply[0], reply[1]);
+}
+
+// The pins give way before a request fails: a pin budget as large as the pool still lets a prompt
+// that needs the whole pool run (the pin released), and a budget above the pool is refused.
+TEST_F(SchedulerTest, PinsGiveWayAndABudgetAboveThePoolIsRefused) {
+  const size_t block = size_t(32) * 2 * size_t(rt_->model().kv_shape().kv_dim()) * sizeof(float);
+  SchedulerConfig c = config(1);
+  c.kv_budget_bytes = 4 * 16 * block;  // 16 blocks a layer: 512 tokens
+  c.pin_bytes = 4 * 16 * block;
+  {
+    Scheduler sch(*rt_, c);
+    const auto system = test::random_prompt(80, 300, vocab());
+    Pending p;
+    Request r;
+    r.prompt = system;
+    r.params = greedy(2);
+    r.pin_tokens = 300;
+    r.on_done = [d = p.done](const RequestResult& res) { d->set_value(res); };
+    sch.submit(std::move(r));
+    EXPECT_EQ(wait(p).reason, FinishReason::Length);
+    EXPECT_EQ(sch.stats().pinned_prefixes, 1u);
+    Pending big = submit(sch, test::random_prompt(81, 480, vocab()), greedy(4));
+    const RequestResult rb = wait(big);
+    EXPECT_EQ(rb.reason, FinishReason::Length) << rb.error;
+    sch.drain();
+    EXPECT_EQ(sch.stats().pinned_prefixes, 0u);
+    EXPECT_EQ(sch.pool().blocks_in_use(), 0u);
+  }
+  c.pin_bytes = 4 * 17 * block + (size_t(2) << 20);
+  try {
+    Scheduler sch(*rt_, c);
+    ADD_FAILURE() << "a pin budget above the pool was taken";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("--kv-pin-mb"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("more than the KV pool"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace ptllm

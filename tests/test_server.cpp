@@ -49,8 +49,10 @@ class ServerTest : public ::testing::Test {
     delete rt_;
     delete tmpl_;
   }
-  void start(const std::string& api_key = "") {
+  void start(const std::string& api_key = "", server::ContextOverflow overflow = server::ContextOverflow::Error,
+             int keep = 4, size_t pin_bytes = 0) {
     SchedulerConfig sc;
+    sc.pin_bytes = pin_bytes;
     sc.session.kv.ctx_size = 512;
     sc.parallel = 2;
     sc.prefill_chunk = 64;
@@ -61,6 +63,8 @@ class ServerTest : public ::testing::Test {
     cfg.api_key = api_key;
     cfg.model_name = "kjv-tiny";
     cfg.max_body_bytes = 64 * 1024;
+    cfg.context_overflow = overflow;
+    cfg.keep = keep;
     cfg.render_chat = [](const json& messages, const json&, const json&) { return render(messages); };
     srv_ = std::make_unique<server::HttpServer>(*rt_, *sch_, cfg);
     port_ = srv_->bind();
@@ -154,6 +158,100 @@ TEST_F(ServerTest, ChatCompletionEqualsTheEnginesGreedyRun) {
   EXPECT_TRUE(j["usage"]["prompt_tokens_details"]["cached_tokens"].is_number_integer());
   const std::string reason = j["choices"][0]["finish_reason"];
   EXPECT_TRUE(reason == "length" || reason == "stop");
+}
+
+// A conversation longer than the context (512 tokens): by default a 400 context_length_exceeded;
+// under --context-overflow shift the oldest turns go whole (a user message and its reply), the system
+// prompt stays, and the reply is the engine's greedy run on the messages kept.
+TEST_F(ServerTest, ContextOverflowShiftDropsTheOldestTurnsWhole) {
+  json messages = json::array({{{"role", "system"}, {"content", "Thou art a scribe of the LORD; answer in His words."}}});
+  const std::string verse =
+      "And God said, Let the waters under the heaven be gathered together unto one place, and let the dry land "
+      "appear: and it was so. And God called the dry land Earth; and the gathering together of the waters called "
+      "he Seas: and God saw that it was good. ";
+  for (int t = 0; t < 6; ++t) {
+    messages.push_back({{"role", "user"}, {"content", "Turn " + std::to_string(t) + ": " + verse}});
+    messages.push_back({{"role", "assistant"}, {"content", verse}});
+  }
+  messages.push_back({{"role", "user"}, {"content", "And the evening and the morning were"}});
+  const json body = {{"messages", messages}, {"max_tokens", 8}, {"temperature", 0}};
+  ASSERT_GT(rt_->tokenizer().encode(render(messages), {.add_special = false}).size(), 512u);
+  start();
+  expect_error(post("/v1/chat/completions", body.dump()), 400, "the context holds 512", "messages");
+  TearDown();
+  start("", server::ContextOverflow::Shift);
+  const auto r = post("/v1/chat/completions", body.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const std::string note = r->get_header_value("X-Context-Overflow");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(note, m, std::regex("^shift; dropped_messages=(\\d+); dropped_tokens=(\\d+)$"))) << note;
+  const int dropped = std::stoi(m[1]);
+  EXPECT_GT(dropped, 0);
+  EXPECT_EQ(dropped % 2, 0);  // whole turns
+  json kept = json::array({messages[0]});
+  for (size_t i = 1 + size_t(dropped); i < messages.size(); ++i) kept.push_back(messages[i]);
+  const auto ids = rt_->tokenizer().encode(render(kept), {.add_special = false});
+  EXPECT_LE(ids.size(), 512u - 8u);
+  // One turn fewer dropped would not have fitted: no more was dropped than needed.
+  json one_more = json::array({messages[0], messages[size_t(dropped) - 1], messages[size_t(dropped)]});
+  for (size_t i = 1 + size_t(dropped); i < messages.size(); ++i) one_more.push_back(messages[i]);
+  EXPECT_GT(rt_->tokenizer().encode(render(one_more), {.add_special = false}).size(), 512u - 8u);
+  const json j = json::parse(r->body);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], ids.size());
+  EXPECT_EQ(j["choices"][0]["message"]["content"], greedy_text(ids, 8));
+  // A completion prompt has no turns: shift refuses it, naming the way out.
+  const json completion = {{"prompt", std::string(3000, 'x')}, {"max_tokens", 4}};
+  expect_error(post("/v1/completions", completion.dump()), 400, "shift drops whole chat turns", "prompt");
+}
+
+// --context-overflow stream: the first --keep tokens of a completion prompt and its most recent ones,
+// the middle dropped, leaving max_tokens for the reply.
+TEST_F(ServerTest, ContextOverflowStreamKeepsThePrefixAndTheMostRecentTokens) {
+  start("", server::ContextOverflow::Stream, 6);
+  std::string text;
+  for (int i = 0; i < 40; ++i) text += "And God saw every thing that he had made, and, behold, it was very good. ";
+  const auto all = rt_->tokenizer().encode(text);
+  ASSERT_GT(all.size(), 512u);
+  const json body = {{"prompt", text}, {"max_tokens", 10}, {"temperature", 0}};
+  const auto r = post("/v1/completions", body.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  std::vector<int32_t> ids(all.begin(), all.begin() + 6);
+  ids.insert(ids.end(), all.end() - (512 - 10 - 6), all.end());
+  EXPECT_EQ(r->get_header_value("X-Context-Overflow"),
+            "stream; kept_prefix=6; dropped_tokens=" + std::to_string(all.size() - ids.size()));
+  const json j = json::parse(r->body);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], ids.size());
+  EXPECT_EQ(j["choices"][0]["text"], greedy_text(ids, 10));
+}
+
+// --kv-pin-mb: a chat request's system message is what is pinned (the tokens it renders to, here
+// 3 full blocks of 32), once, however many requests share it; /metrics shows it.
+TEST_F(ServerTest, ChatSystemPromptIsPinned) {
+  start("", server::ContextOverflow::Error, 4, size_t(1) << 20);  // of the 2 MiB pool
+  std::string system;
+  for (int i = 0; i < 6; ++i) system += "Thou art a scribe of the LORD, and thou shalt answer in the words of the book. ";
+  const json sys = {{"role", "system"}, {"content", system}};
+  // The pinned prefix: what the prompt shares with the rendering of the system message alone.
+  const auto alone = rt_->tokenizer().encode(render(json::array({sys})), {.add_special = false});
+  const auto full = rt_->tokenizer().encode(render(json::array({sys, {{"role", "user"}, {"content", "In the beginning"}}})),
+                                            {.add_special = false});
+  size_t shared = 0;
+  while (shared < std::min(alone.size(), full.size()) && alone[shared] == full[shared]) ++shared;
+  ASSERT_GE(shared, 96u);
+  for (const char* user : {"In the beginning", "And the earth was"}) {
+    const json body = {{"messages", json::array({sys, {{"role", "user"}, {"content", user}}})}, {"max_tokens", 2}};
+    const auto r = post("/v1/chat/completions", body.dump());
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+  }
+  const auto m = client().Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("\nptllm_kv_pinned_prefixes 1\n"), std::string::npos) << m->body;
+  // Its full blocks of 32 tokens, in each of kjv-tiny's 4 layers.
+  EXPECT_NE(m->body.find("\nptllm_kv_blocks_pinned " + std::to_string(shared / 32 * 4) + "\n"), std::string::npos)
+      << m->body;
 }
 
 TEST_F(ServerTest, StreamedChunksAddUpToTheReplyAndCarryUsage) {

@@ -39,6 +39,7 @@ struct ServeArgs {
   server::ServerConfig http;
   int parallel = 4;
   int kv_budget_mb = 0;
+  int kv_pin_mb = 0;
   int prefill_chunk = 256;
   int max_body_mb = 8;
   RuntimeOptions runtime;
@@ -47,6 +48,8 @@ struct ServeArgs {
   std::string store_prefix = "ptllm";
   int store_max_mb = 0;
   int store_queue_mb = 128;
+  std::string context_overflow = "error";  // --context-overflow
+  int keep = -1;                            // --keep (-1: not given)
   std::string prompt_cache_dir;      // --prompt-cache-dir: the blocks persist there (store/dir_store.h)
   double prompt_cache_max_mb = 1024;
 };
@@ -153,16 +156,12 @@ int run_serve(ServeArgs& a) {
     if (a.runtime.ctx_size < 2)
       throw UsageError("--ctx-size " + std::to_string(ctx_total) + " is too small for --parallel " +
                        std::to_string(a.parallel) + ": each sequence needs at least 2 tokens");
-    if (a.runtime.ctx_size > rt.config().max_position_embeddings)
-      throw UsageError("--ctx-size " + std::to_string(ctx_total) + " over --parallel " + std::to_string(a.parallel) +
-                       " gives each sequence " + std::to_string(a.runtime.ctx_size) +
-                       " tokens, more than the model's max_position_embeddings (" +
-                       std::to_string(rt.config().max_position_embeddings) + ", config.json)");
   }
   SchedulerConfig sc;
   sc.session = make_session_options(a.runtime, rt.config());
   sc.parallel = a.parallel;
   sc.kv_budget_bytes = size_t(a.kv_budget_mb) << 20;
+  sc.pin_bytes = size_t(a.kv_pin_mb) << 20;
   sc.prefill_chunk = a.prefill_chunk;
   sc.eos_ids = stop_token_ids(dir, rt.config(), rt.tokenizer());
   std::unique_ptr<KVStore> store;
@@ -184,6 +183,13 @@ int run_serve(ServeArgs& a) {
     sc.store_identity = prompt_cache_identity(rt.model(), rt.tokenizer(), sc.session.kv).config_key;
     sc.store_prefix = a.store_prefix;
   }
+  a.http.context_overflow = a.context_overflow == "shift"    ? server::ContextOverflow::Shift
+                            : a.context_overflow == "stream" ? server::ContextOverflow::Stream
+                                                             : server::ContextOverflow::Error;
+  if (a.keep >= 0 && a.http.context_overflow != server::ContextOverflow::Stream)
+    throw UsageError("--keep: the tokens kept when a prompt overflows the context, with --context-overflow stream "
+                     "(here --context-overflow " + a.context_overflow + ")");
+  if (a.keep >= 0) a.http.keep = a.keep;
   set_chat_renderer(dir, a, a.http);
   // The directory's name, or a .gguf file's without the extension.
   a.http.model_name = !a.alias.empty() ? a.alias : rt.model().gguf() ? dir.stem().string() : dir.filename().string();
@@ -235,6 +241,10 @@ Command add_serve_command(CLI::App& root) {
   app->add_option("--kv-budget-mb", a->kv_budget_mb,
                   "MiB of KV blocks shared by all sequences (0 = room for every sequence's full context)")
       ->check(integer_between(0, 1 << 20));
+  app->add_option("--kv-pin-mb", a->kv_pin_mb,
+                  "MiB of KV blocks kept pinned for chat system prompts and tool definitions, so that other "
+                  "traffic never evicts them (0 = none; pins give way before a request waits)")
+      ->check(integer_between(0, 1 << 20));
   app->add_option("--prefill-chunk", a->prefill_chunk,
                   "Most prompt tokens one step prefills beside the others' decode tokens")
       ->check(integer_between(1, 1 << 16));
@@ -280,6 +290,16 @@ Command add_serve_command(CLI::App& root) {
       ->check(number_at_least(0, /*exclusive=*/true))
       ->check(number_between(0, 1 << 30))  // MiB: a byte count that fits 64 bits
       ->needs(dir);
+  app->add_option("--context-overflow", a->context_overflow,
+                  "A prompt longer than the context: error (400 context_length_exceeded), shift (drop the oldest "
+                  "chat turns whole, keeping the system prompt and tools), stream (keep the system prompt, or the "
+                  "first --keep tokens, and the most recent tokens)")
+      ->check(CLI::IsMember({"error", "shift", "stream"}))
+      ->capture_default_str();
+  app->add_option("--keep", a->keep,
+                  "--context-overflow stream: tokens of a completion prompt always kept (a chat keeps its system "
+                  "prompt and tools)")
+      ->check(integer_between(0, 1 << 30));
   add_chat_prompt_options(*app, a->chat);
   app->add_option("--tool-call-format", a->tool_call_format,
                   "How tool calls are read from replies: auto (from the chat template), hermes, llama3, mistral, "

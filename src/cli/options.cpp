@@ -188,11 +188,15 @@ void add_runtime_options(CLI::App& app, RuntimeOptions& o) {
 
 SessionOptions make_session_options(const RuntimeOptions& o, const ModelConfig& cfg) {
   SessionOptions s;
-  // Positions past max_position_embeddings are outside what the model was trained for, and a
-  // capacity is memory (the history alone is 4 bytes a token): refused before anything is sized by it.
+  // Positions past max_position_embeddings are outside what the model was trained for: said, not
+  // refused (as llama.cpp; measuring attention past the trained length is a use). The capacity is
+  // bounded by memory only (the pools refuse what the machine cannot hold, with the sizes).
   if (o.ctx_size > cfg.max_position_embeddings)
-    throw UsageError("--ctx-size " + std::to_string(o.ctx_size) + " is more than the model's max_position_embeddings (" +
-                     std::to_string(cfg.max_position_embeddings) + ", config.json)");
+    std::fprintf(stderr,
+                 "warning: a context of %d tokens a sequence (--ctx-size) is more than the model's "
+                 "max_position_embeddings (%d, config.json): positions past %d are outside what the model was "
+                 "trained for\n",
+                 o.ctx_size, cfg.max_position_embeddings, cfg.max_position_embeddings);
   s.kv.ctx_size = o.ctx_size > 0 ? o.ctx_size : default_ctx_size(cfg);
   s.kv.preallocate = o.preallocate;
   s.kv.precision = *parse_kv_precision(resolve_kv_type(o));

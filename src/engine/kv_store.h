@@ -23,6 +23,7 @@
 
 #include "engine/prompt_cache.h"
 #include "kv/block_pool.h"
+#include "kv/config.h"
 
 namespace ptllm {
 
@@ -72,9 +73,11 @@ class KVStore {
   using OnValue = std::function<bool(size_t i, std::optional<std::string_view> value)>;
   // Looks up `keys` in one round trip and hands their values to on_value in key order as they
   // arrive, each at most once: a lookup of megabytes is verified and loaded while the rest is still
-  // on the wire, straight from the store's read buffer. The keys not handed are misses: a store may
-  // stop at the first absent key, and one that is unreachable, slow (its read timeout) or answering
-  // errors hands none after the failure. Throws only what on_value throws. One caller at a time.
+  // on the wire, straight from the store's read buffer. An absent key is handed as nullopt and the
+  // lookup goes on while on_value asks for more (under KIVI a block has two keys, either may be
+  // absent). The keys not handed are misses: a store that is unreachable, slow (its read timeout)
+  // or answering errors hands none after the failure. Throws only what on_value throws. One caller
+  // at a time.
   virtual void lookup(std::span<const std::string> keys, const OnValue& on_value) = 0;
   // The values of `keys`, copied: values[i] for keys[i], nullopt where not handed (tests, tools).
   std::vector<std::optional<std::string>> get(std::span<const std::string> keys);
@@ -113,26 +116,36 @@ class RateLimitedLog {
 // ---------------------------------------------------------------------------------------------
 // Keys and values.
 //
-// Key: NAME ":" hex(first 16 bytes of the identity) ":" hex(block hash, hi then lo): two replicas of
-// different builds or settings never read each other's blocks.
+// Key: NAME ":" hex(first 16 bytes of the identity) ":" hex(block hash, hi then lo), and ":q" after
+// it for a block's quantized form (KIVI): two replicas of different builds or settings never read
+// each other's blocks, and a block's two forms live side by side.
 // Value (little-endian):
-//   "PTLLMKVB"  u32 version  u32 header_bytes (64)  identity[32]  u64 hash_lo  u64 hash_hi
-//   u32 n_ids  u32 0  u64 payload_bytes                                        (header, 80 bytes)
+//   "PTLLMKVB"  u32 version  u32 header_bytes (80)  identity[32]  u64 hash_lo  u64 hash_hi
+//   u32 n_ids  u8 precision  u8 form  u16 0  u64 payload_bytes                  (header, 80 bytes)
 //   i32 ids[n_ids]  payload[payload_bytes]  u64 XXH3-64 (core/checksum.h) over every byte before it
-// The payload is the token block's bytes as KVPool::read_block gives them (the prompt-cache file's):
-// its full-precision form under every KV setting (KIVI's groups are quantized again by the sequence
-// that adopts them). n_ids is the block's token count: B, or less for StreamingLLM's last sink block.
-// Version 2: the checksum is XXH3-64 (version 1's was XXH64; its values are misses).
-inline constexpr uint32_t kKVStoreVersion = 2;
+// precision: the pool's KVPrecision (0 fp32, 1 fp16, 2 bf16, 3 int8, 4 int4, 5 int2); form: 0 for the
+// full-precision block of every storing layer as KVPool::read_block gives it (the prompt-cache
+// file's layout), 1 for every storing layer's KIVI group as the policy stored it (codes, scales and
+// zeros). n_ids is the block's token count: B, or less for StreamingLLM's last sink block.
+// Version 3 adds precision and form (version 2 carried full precision only, version 1 an XXH64:
+// their values are misses).
+inline constexpr uint32_t kKVStoreVersion = 3;
 
-std::string kv_store_key(std::string_view prefix, const Digest& identity, const BlockHash& h);
+// What a value holds: the pool's precision and the block's form.
+struct BlockForm {
+  KVPrecision precision = KVPrecision::F32;
+  bool quantized = false;  // the KIVI groups (precision is then int8, int4 or int2)
+};
+
+std::string kv_store_key(std::string_view prefix, const Digest& identity, const BlockHash& h, bool quantized = false);
 std::string encode_block_value(const Digest& identity, const BlockHash& h, std::span<const int32_t> ids,
-                               std::string_view payload);
+                               std::string_view payload, BlockForm form = {});
 // The payload of `value` when it verifies against everything expected (identity, block hash, token
-// ids, payload size, checksum); nullopt otherwise, with the reason in *why when given.
+// ids, precision and form, payload size, checksum); nullopt otherwise, with the reason in *why when
+// given.
 std::optional<std::string_view> decode_block_value(std::string_view value, const Digest& identity, const BlockHash& h,
                                                    std::span<const int32_t> ids, size_t payload_bytes,
-                                                   std::string* why = nullptr);
+                                                   std::string* why = nullptr, BlockForm form = {});
 
 // The engine's side of a store: a shared pool's token blocks to keys and values and back.
 class BlockExchange {
@@ -146,18 +159,30 @@ class BlockExchange {
     size_t rejected = 0;         // values present that did not verify
   };
   // Loads token blocks first..n-1 of `tokens` (KVPool::token_block; hashes: their chained hashes, at
-  // least n) into `pool`
-  // from the store in one round trip: the consecutive run of verified values from `first`, as far as
-  // the pool has more than `reserve` free blocks. Each loaded block is published and held (its ids
-  // appended to `held`, released by the caller with KVPool::release_held once adopted).
+  // least n) into `pool` from the store in one round trip: the consecutive run of blocks from `first`
+  // with a verified value, as far as the pool has more than `reserve` free blocks. Under KIVI both
+  // forms of each block are asked for: a stream block comes in as its quantized groups where the
+  // store has them (in full precision where not), and the last blocks of the run in full precision
+  // too, where the adopting sequence's residual keeps them so. Each loaded block is published and
+  // held (appended to `held`, released by the caller with KVPool::release_held once adopted).
   Lookup load(KVPool& pool, std::span<const int32_t> tokens, std::span<const BlockHash> hashes, size_t first,
               size_t n, size_t reserve, std::vector<int32_t>& held);
-  // Puts token blocks first..n-1 of `tokens` that the pool holds (queued: returns at once).
-  // Returns the blocks queued. A value is sent from the pool's blocks themselves, held (pinned) until
-  // the store has sent them and reclaim() gives them back; a quarter of the pool at most is pinned,
-  // the rest (and a short sink block, whose slots past its tokens go out as zeros) copied.
+  // Puts token blocks first..n-1 of `tokens` that the pool holds in the given form (queued: returns
+  // at once). Returns the blocks queued. A value is sent from the pool's blocks themselves, held (pinned)
+  // until the store has sent them and reclaim() gives them back; a quarter of the pool at most is
+  // pinned, the rest (and a short sink block, whose slots past its tokens go out as zeros) copied.
   size_t save(KVPool& pool, std::span<const int32_t> tokens, std::span<const BlockHash> hashes, size_t first,
-              size_t n);
+              size_t n, bool quantized = false);
+  // A sequence's blocks as its policy leaves them: what a scheduler calls after each step of a
+  // sequence (at_end: before the sequence lets go of its blocks). Without KIVI every full block goes
+  // in full precision once computed. Under KIVI the sink blocks go so, a stream block goes as its
+  // quantized groups once the policy quantized it in every layer (never in full precision first: an
+  // int4 history moves int4 bytes), and at_end the blocks still in full precision go as they are,
+  // with the last residual_tail() blocks' full-precision forms while the pool holds them (the
+  // residual a later turn's adoption keeps so). *saved: the blocks from the first already
+  // put or taken from elsewhere, advanced. Returns the blocks queued.
+  size_t save_progress(KVPool& pool, std::span<const int32_t> tokens, std::span<const BlockHash> hashes,
+                       size_t* saved, size_t n, bool at_end);
   // Gives `pool` back the blocks whose values the store sent (or dropped): on the pool's thread, as
   // load() and save() do themselves. Returns the blocks given back.
   size_t reclaim(KVPool& pool);
@@ -174,6 +199,10 @@ class BlockExchange {
   ~BlockExchange();
   BlockExchange(const BlockExchange&) = delete;
   BlockExchange& operator=(const BlockExchange&) = delete;
+
+  // Under KIVI, the blocks at the end of a history a later adoption may want in full precision: its
+  // residual's and the prefill grid's.
+  static size_t residual_tail(const KVPool& pool);
 
   KVStore& store() { return store_; }
   const KVStore& store() const { return store_; }

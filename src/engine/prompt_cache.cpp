@@ -1,7 +1,6 @@
 #include "engine/prompt_cache.h"
 
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -13,6 +12,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/sha256.h"
 #include "engine/session.h"
 #include "kernels/simd.h"
 #include "model/gguf.h"
@@ -27,35 +27,6 @@ namespace {
 
 // Shortest prefix, and shortest rest, with which a dense cache's prefix is extended (see prefill()).
 constexpr size_t kMinDensePiece = 16;
-
-class Sha256 {
- public:
-  Sha256() : ctx_(EVP_MD_CTX_new()) {
-    if (!ctx_ || EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr) != 1) throw Error("SHA-256 is not available");
-  }
-  ~Sha256() { EVP_MD_CTX_free(ctx_); }
-  Sha256(const Sha256&) = delete;
-  Sha256& operator=(const Sha256&) = delete;
-  void update(const void* p, size_t n) { EVP_DigestUpdate(ctx_, p, n); }
-  void update(std::string_view s) { update(s.data(), s.size()); }
-  // A named, length-prefixed field, so that no two different sets of fields hash the same bytes.
-  void field(std::string_view name, std::string_view value) {
-    const uint64_t n = value.size();
-    update(name);
-    update(&n, sizeof n);
-    update(value);
-  }
-  void field(std::string_view name, int64_t v) { field(name, std::to_string(v)); }
-  Digest digest() {
-    Digest d{};
-    unsigned int len = 0;
-    EVP_DigestFinal_ex(ctx_, d.data(), &len);
-    return d;
-  }
-
- private:
-  EVP_MD_CTX* ctx_;
-};
 
 int64_t now_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())

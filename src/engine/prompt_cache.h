@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/file_io.h"
+#include "core/sha256.h"
 #include "kv/kv_cache.h"
 
 namespace ptllm {
@@ -27,8 +28,6 @@ class Model;
 class Session;
 class Tokenizer;
 
-using Digest = std::array<uint8_t, 32>;  // SHA-256
-std::string to_hex(std::span<const uint8_t> bytes);
 std::string iso_time(int64_t unix_ms);  // "2025-01-31T12:00:00Z"
 
 // Everything a saved state depends on except the token ids. kv.ctx_size and kv.preallocate are not

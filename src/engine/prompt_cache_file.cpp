@@ -168,17 +168,6 @@ std::string encode_head(const PromptCacheIdentity& id, int64_t created_ms, std::
 
 }  // namespace
 
-std::string to_hex(std::span<const uint8_t> bytes) {
-  static const char* digits = "0123456789abcdef";
-  std::string s;
-  s.reserve(bytes.size() * 2);
-  for (uint8_t b : bytes) {
-    s += digits[b >> 4];
-    s += digits[b & 15];
-  }
-  return s;
-}
-
 std::string iso_time(int64_t ms) {
   const std::time_t t = std::time_t(ms / 1000);
   std::tm tm{};

@@ -66,6 +66,7 @@ struct Scheduler::Slot {
   uint64_t order = 0;     // admission order: the youngest is preempted first
   bool started = false;   // admitted once (prompt_tokens counts the first admission only)
   bool cached_counted = false;  // cached_tokens set (at the first adoption)
+  bool pin_done = false;        // its pinned prefix taken care of (pin_prefix)
   std::vector<BlockHash> hashes;  // chained hashes of seq's first full blocks (with a store)
   size_t saved_blocks = 0;        // blocks of the history put to the store or taken from elsewhere
   bool done = false;
@@ -79,6 +80,11 @@ Scheduler::Scheduler(Runtime& rt, const SchedulerConfig& cfg) : rt_(rt), cfg_(cf
     throw UsageError("--parallel: at most " + std::to_string(kMaxBatchSequences - 1) + " sequences");
   cfg_.session.kv.validate();
   pool_ = std::make_unique<KVPool>(rt_.model().kv_shape(), cfg_.session.kv, cfg_.parallel, cfg_.kv_budget_bytes);
+  const size_t pool_bytes = pool_->dense().capacity() * pool_->dense().block_bytes() +
+                            pool_->quant().capacity() * pool_->quant().block_bytes();
+  if (cfg_.pin_bytes > pool_bytes)
+    throw UsageError(cfg_.pin_flag + ": " + std::to_string(cfg_.pin_bytes >> 20) + " MiB is more than the KV pool's " +
+                     std::to_string(pool_bytes >> 20) + " MiB");
   if (cfg_.store) {
     PTLLM_CHECK(pool_->exchangeable());  // a shared pool is keyed
     // Under KIVI a prefix is adopted where it ends on the prefill grid (adoption_grid): a setting
@@ -194,6 +200,8 @@ void Scheduler::loop() {
   }
   // Stopping: whatever has not ended is cancelled (its blocks given back with its session).
   for (auto& s : running_) finish(*s, FinishReason::Cancelled);
+  while (unpin_oldest()) {
+  }
   std::deque<std::unique_ptr<Slot>> rest;
   {
     std::lock_guard lk(mu_);
@@ -217,7 +225,9 @@ void Scheduler::admit() {
       finish(*s, FinishReason::Cancelled);
       continue;
     }
-    if (!try_start(*s)) {
+    bool started = try_start(*s);
+    while (!started && unpin_oldest()) started = try_start(*s);  // pins give way first
+    if (!started) {
       if (running_.empty()) {
         finish(*s, FinishReason::Error,
                "the KV pool cannot hold this prompt (" + std::to_string(s->seq.size()) + " tokens; raise --kv-budget-mb)");
@@ -260,7 +270,7 @@ void Scheduler::adopt_at_turn(Slot& s) {
   const int64_t adopted = grid > 0 ? s.session->adopt_prefix(s.seq, [&](int64_t a) { return exact(s, a); }) : 0;
   pool_->release_held(held);  // the session holds its own references now; the rest stay findable
   const size_t adopted_blocks = pool_->complete_blocks(adopted);
-  s.saved_blocks = adopted_blocks;  // computed elsewhere: here before, or by another replica
+  s.saved_blocks = exchange_ ? stored_blocks(s, adopted_blocks) : adopted_blocks;
   if (s.cached_counted) return;  // a preempted sequence's return is not the client's cache hit
   s.result.cached_tokens = adopted;
   live_.cached_tokens += uint64_t(adopted);
@@ -314,7 +324,10 @@ size_t Scheduler::load_from_store(Slot& s, std::vector<int32_t>& held, size_t* l
     return std::span<const int32_t>(s.seq).subspan(size_t(tb.start), size_t(tb.len));
   };
   size_t local = 0;
-  while (local < n && pool_->hold_block(s.hashes[local], ids(local), held)) ++local;
+  const bool kivi = pool_->has_quantized_form();
+  while (local < n && (pool_->hold_block(s.hashes[local], ids(local), held) ||
+                       (kivi && local >= pool_->sink_blocks() && pool_->hold_block(s.hashes[local], ids(local), held, true))))
+    ++local;
   *local_blocks = local;
   if (local == n) return 0;
   // Room left for this prompt's first chunk and every running sequence's next block.
@@ -329,15 +342,90 @@ size_t Scheduler::load_from_store(Slot& s, std::vector<int32_t>& held, size_t* l
   return r.hits;
 }
 
-// The full blocks this sequence computed since the last call go to the store (queued, not waited for);
-// none past what a sequence adopts (a long StreamingLLM or sliding-window history's later blocks).
-void Scheduler::save_to_store(Slot& s) {
+// The full blocks this sequence computed since the last call go to the store (queued, not waited for)
+// in the form its policy left them (BlockExchange::save_progress; at_end: the sequence is about to
+// let go of its blocks); none past what a sequence adopts (a long StreamingLLM or sliding-window
+// history's later blocks).
+void Scheduler::save_to_store(Slot& s, bool at_end) {
+  if (!s.session) return;
   const std::vector<int32_t>& hist = s.session->history();
   const size_t n = std::min(pool_->complete_blocks(int64_t(hist.size())), pool_->adoptable_limit());
   if (n <= s.saved_blocks) return;
   pool_->extend_block_hashes(hist, n, s.hashes);
-  live_.store_puts += exchange_->save(*pool_, hist, s.hashes, s.saved_blocks, n);
-  s.saved_blocks = n;
+  live_.store_puts += exchange_->save_progress(*pool_, hist, s.hashes, &s.saved_blocks, n, at_end);
+}
+
+// Of the first `adopted` blocks (computed elsewhere: here before, or by another replica), those the
+// store has in their final form already: all of them, but under KIVI only the run whose quantized
+// groups the pool holds (a block adopted in full precision is put once this sequence quantizes it).
+size_t Scheduler::stored_blocks(const Slot& s, size_t adopted) {
+  if (!pool_->has_quantized_form() || adopted == 0) return adopted;
+  size_t n = std::min(adopted, pool_->sink_blocks());
+  std::vector<int32_t> held;
+  while (n < adopted && n < s.hashes.size()) {
+    const KVPool::TokenRange tb = pool_->token_block(n);
+    if (!pool_->hold_block(s.hashes[n], std::span<const int32_t>(s.seq).subspan(size_t(tb.start), size_t(tb.len)), held, true))
+      break;
+    pool_->release_held(held);
+    ++n;
+  }
+  return n;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pinned prefixes (SchedulerConfig::pin_bytes): once a request's marked prefix (Request::pin_tokens)
+// is computed, its full blocks are held by a pin, so that a burst of other traffic never takes them;
+// a later request with the same prefix adopts them as it would from the pool. Pins over the budget,
+// and every pin when room runs out, go least recently used first.
+
+void Scheduler::pin_prefix(Slot& s) {
+  if (s.req.pin_tokens <= 0 || s.pin_done || !s.session) return;
+  const int64_t upto = std::min<int64_t>(s.req.pin_tokens, int64_t(s.seq.size()) - 1);
+  if (s.session->position() < upto) return;  // not computed yet
+  s.pin_done = true;
+  const size_t n = pool_->complete_blocks(upto);
+  if (n == 0) return;
+  pool_->extend_block_hashes(s.seq, n, s.hashes);
+  for (Pin& p : pins_)
+    if (p.blocks == n && p.last == s.hashes[n - 1]) {
+      p.used = s.order;
+      return;
+    }
+  const bool kivi = pool_->has_quantized_form();
+  Pin pin;
+  pin.last = s.hashes[n - 1];
+  pin.used = s.order;
+  for (size_t j = 0; j < n; ++j) {
+    const KVPool::TokenRange tb = pool_->token_block(j);
+    const auto ids = std::span<const int32_t>(s.seq).subspan(size_t(tb.start), size_t(tb.len));
+    const size_t before = pin.held.size();
+    if (pool_->hold_block(s.hashes[j], ids, pin.held)) {
+      pin.bytes += (pin.held.size() - before) * pool_->dense().block_bytes();
+    } else if (kivi && j >= pool_->sink_blocks() && pool_->hold_block(s.hashes[j], ids, pin.held, true)) {
+      pin.bytes += (pin.held.size() - before) * pool_->quant().block_bytes();
+    } else {
+      pool_->release_held(pin.held);  // a block not published (or gone): nothing is pinned
+      return;
+    }
+  }
+  while (pinned_bytes_ + pin.bytes > cfg_.pin_bytes && unpin_oldest()) {
+  }
+  if (pinned_bytes_ + pin.bytes > cfg_.pin_bytes) {
+    pool_->release_held(pin.held);
+    return;
+  }
+  pin.blocks = n;
+  pinned_bytes_ += pin.bytes;
+  pins_.push_back(std::move(pin));
+}
+
+bool Scheduler::unpin_oldest() {
+  if (pins_.empty()) return false;
+  auto it = std::min_element(pins_.begin(), pins_.end(), [](const Pin& a, const Pin& b) { return a.used < b.used; });
+  pool_->release_held(it->held);  // the blocks stay cached (findable) until the pool reuses them
+  pinned_bytes_ -= it->bytes;
+  pins_.erase(it);
+  return true;
 }
 
 bool Scheduler::fits(const std::vector<Slot*>& batch, const std::vector<std::span<const int32_t>>& feeds) const {
@@ -381,6 +469,7 @@ void Scheduler::preempt_youngest() {
                              [](const auto& a, const auto& b) { return a->order < b->order; });
   std::unique_ptr<Slot> s = std::move(*it);
   running_.erase(it);
+  if (exchange_) save_to_store(*s, true);
   s->session.reset();  // its blocks go back; the published ones stay findable for its return
   ++live_.preempted;
   std::lock_guard lk(mu_);
@@ -393,6 +482,7 @@ void Scheduler::step() {
   while (!build_batch(batch, feeds)) {
     // Blocks the store is still sending from are the pool's again in a moment: wait for them first.
     if (exchange_ && exchange_->reclaim_pinned(*pool_, std::chrono::seconds(2)) > 0) continue;
+    if (unpin_oldest()) continue;  // a pinned prefix gives way before a request is paused or fails
     if (running_.size() == 1) {
       finish(*running_[0], FinishReason::Error, "the KV pool is full (raise --kv-budget-mb)");
       return;
@@ -420,6 +510,8 @@ void Scheduler::step() {
   ++live_.steps;
   if (exchange_)
     for (Slot* s : batch) save_to_store(*s);
+  if (cfg_.pin_bytes > 0)
+    for (Slot* s : batch) pin_prefix(*s);
   for (Slot* s : batch)
     if (s->remaining() == 0) sample_next(*s);
 }
@@ -455,6 +547,7 @@ void Scheduler::finish(Slot& s, FinishReason r, std::string error) {
     s.result.stop_reason = s.gen.reason();
   }
   s.done = true;
+  if (exchange_ && r != FinishReason::Error) save_to_store(s, true);
   s.session.reset();  // the blocks go back now
   s.result.reason = r;
   s.result.error = std::move(error);
@@ -497,6 +590,8 @@ void Scheduler::publish_stats() {
   for (const BlockPool* p : {&pool_->dense(), &pool_->quant()})
     for (size_t id = 0; id < p->capacity(); ++id) shared += p->refs(int32_t(id)) > 1;
   s.blocks_shared = shared;
+  s.pinned_prefixes = pins_.size();
+  for (const Pin& p : pins_) s.blocks_pinned += p.held.size();
   if (exchange_) {
     s.store = true;
     s.store_io = exchange_->store().stats();

@@ -39,12 +39,17 @@ struct SchedulerConfig {
   std::vector<int32_t> eos_ids; // ids that end a reply (stop_token_ids)
   // A block store shared with other replicas (engine/kv_store.h), or null. A prompt's full blocks
   // missing from the pool after its local prefix are looked up there in one round trip and loaded
-  // instead of computed; every full block a sequence computes is put there, in its full-precision
-  // form under every KV setting (KVPool::exchange_bytes).
+  // instead of computed; every full block a sequence computes is put there, in full precision, or
+  // under KIVI as its quantized groups once the policy quantized it (BlockExchange::save_progress).
   KVStore* store = nullptr;
   Digest store_identity{};          // PromptCacheIdentity::config_key of this model and KV settings
   std::string store_prefix = "ptllm";  // the keys' first part (--kv-store-prefix)
   std::string store_flag = "--kv-store";  // the flag that gave the store, for errors
+  // Bytes of KV blocks kept pinned for the prefixes requests mark (Request::pin_tokens: a chat's
+  // system prompt and tools), so that other traffic never evicts them; 0: none. Pins give way,
+  // least recently used first, before a request would wait or fail for room.
+  size_t pin_bytes = 0;
+  std::string pin_flag = "--kv-pin-mb";
 };
 
 // What an API reports: the generator's StopReason (engine/generator.h) in four classes.
@@ -92,6 +97,9 @@ struct Request {
   std::function<void(const RequestResult&)> on_done;
   // Set by the client's side (a disconnect): the request ends at the next step, its blocks freed.
   std::shared_ptr<std::atomic<bool>> cancel;
+  // The prompt's first tokens that many requests share and that should stay in the pool (a chat's
+  // system prompt and tool definitions): pinned once computed (SchedulerConfig::pin_bytes).
+  int64_t pin_tokens = 0;
 };
 
 // What /metrics shows; a snapshot the scheduler thread takes after each step.
@@ -102,6 +110,7 @@ struct SchedulerStats {
   uint64_t steps = 0;
   size_t queued = 0, running = 0;
   size_t blocks_total = 0, blocks_used = 0, blocks_cached = 0, blocks_shared = 0;
+  size_t blocks_pinned = 0, pinned_prefixes = 0;  // held by pins (counted in blocks_used too)
   // The block store (when SchedulerConfig::store is set): token blocks looked up and loaded (hits),
   // looked up and not loaded (misses; rejected: present but failing verification), the prompt tokens
   // they held, blocks queued to be put; and the store's own transport counters.
@@ -141,7 +150,10 @@ class Scheduler {
   int64_t adoption_grid(const Session& session) const;
   bool exact(const Slot& s, int64_t adopted) const;
   size_t load_from_store(Slot& s, std::vector<int32_t>& held, size_t* local_blocks);
-  void save_to_store(Slot& s);
+  void save_to_store(Slot& s, bool at_end = false);
+  size_t stored_blocks(const Slot& s, size_t adopted);
+  void pin_prefix(Slot& s);
+  bool unpin_oldest();
   void step();
   bool build_batch(std::vector<Slot*>& batch, std::vector<std::span<const int32_t>>& feeds);
   bool fits(const std::vector<Slot*>& batch, const std::vector<std::span<const int32_t>>& feeds) const;
@@ -171,6 +183,16 @@ class Scheduler {
   std::vector<std::unique_ptr<Slot>> running_;
   SchedulerStats live_;
   uint64_t admitted_ = 0;
+  // Pinned prefixes: each holds a reference on its blocks; the scheduler thread's.
+  struct Pin {
+    BlockHash last;  // the chained hash of its last block: the whole prefix
+    size_t blocks = 0;
+    std::vector<int32_t> held;
+    size_t bytes = 0;
+    uint64_t used = 0;  // the admission order of its last user
+  };
+  std::vector<Pin> pins_;
+  size_t pinned_bytes_ = 0;
   std::thread thread_;
 };
 

@@ -67,16 +67,20 @@ class KVPool {
   // Exchanging token blocks with a store outside the process (kv/exchange.cpp, engine/kv_store.h).
   // A sequence's token blocks are its sink blocks (StreamingLLM: the first `sink` tokens in blocks of
   // B, the last one shorter when B does not divide them), then stream blocks of B tokens (token_block).
-  // A token block's bytes are each storing layer's full-precision block in the prompt-cache file's
-  // layout (KVCache::serialize), layers in order, the slots past a short block's tokens zeroed: what
-  // computing the block published at the end of its step, before the policy quantized (KIVI) or
-  // evicted (a window) it. A block so loaded and adopted is then quantized or evicted by the adopting
-  // sequence's own policy, which gives the bytes computing it would have (quantization is a function
-  // of the group's content).
+  // A token block travels in one of two forms, each storing layer's block in layer order:
+  // - full precision: the full-precision block in the prompt-cache file's layout (KVCache::serialize),
+  //   the slots past a short block's tokens zeroed: what computing the block published at the end of
+  //   its step, before the policy quantized (KIVI) or evicted (a window) it;
+  // - quantized (KIVI only, stream blocks): the layer's KIVI group as the policy stored it (codes,
+  //   scales and zeros), published once the policy quantized the block.
+  // A block so loaded and adopted is what computing it would have left (quantization is a function
+  // of the group's content); the adopting sequence's policy quantizes a full-precision one itself.
   // Whether blocks can be exchanged: a keyed pool (every shared one).
   bool exchangeable() const;
-  // Bytes of one token block, every storing layer.
-  size_t exchange_bytes() const;
+  // Whether stream blocks have a quantized form (KIVI).
+  bool has_quantized_form() const { return quant_.block_bytes() > 0; }
+  // Bytes of one token block, every storing layer, in the given form.
+  size_t exchange_bytes(bool quantized = false) const;
   struct TokenRange {
     int64_t start;
     int len;
@@ -85,6 +89,8 @@ class KVPool {
   TokenRange token_block(size_t j) const;
   // Token blocks wholly within the first n tokens.
   size_t complete_blocks(int64_t n) const;
+  // Sink blocks (StreamingLLM): they are never quantized.
+  size_t sink_blocks() const;
   // The largest append of a sequence under a policy (KVCache::max_append: StreamingLLM, KIVI or a
   // sliding layer), and the grid a KIVI sequence's adopted prefix must end on (KVCache::cut_dependent).
   int policy_chunk() const;
@@ -94,22 +100,24 @@ class KVPool {
   // Extends `hashes` (the chained content hashes of tokens' blocks, from the first) to the first
   // n_blocks token blocks of `tokens` (which must hold them).
   void extend_block_hashes(std::span<const int32_t> tokens, size_t n_blocks, std::vector<BlockHash>& hashes) const;
-  // The token block (hash h, token ids ids) if every storing layer holds its full-precision block: a
-  // reference taken on each (ids appended to `held`), else false and nothing held.
-  bool hold_block(const BlockHash& h, std::span<const int32_t> ids, std::vector<int32_t>& held);
+  // The token block (hash h, token ids ids) if every storing layer holds it in the given form: a
+  // reference taken on each (appended to `held`), else false and nothing held. `held` is opaque:
+  // give it back with release_held.
+  bool hold_block(const BlockHash& h, std::span<const int32_t> ids, std::vector<int32_t>& held,
+                  bool quantized = false);
   // Appends the bytes of the token block to `out` if every storing layer holds it (else false).
-  bool read_block(const BlockHash& h, std::span<const int32_t> ids, std::string& out);
+  bool read_block(const BlockHash& h, std::span<const int32_t> ids, std::string& out, bool quantized = false);
   // The bytes read_block gives, in place, for a token block of B tokens: hold_block's references
-  // taken (ids appended to `held`) and a view of each storing layer's block appended to `parts`,
+  // taken (appended to `held`) and a view of each storing layer's block appended to `parts`,
   // valid while held (a published block is never written again). False, nothing held, for a block
   // the pool does not hold or a short one (its slots past its tokens are read_block's to zero).
   bool view_block(const BlockHash& h, std::span<const int32_t> ids, std::vector<int32_t>& held,
-                  std::vector<std::string_view>& parts);
-  // Writes `bytes` (exchange_bytes() of them) into fresh blocks and publishes them as computing them
-  // would have, holding a reference on each; a layer that already holds the block keeps its own.
-  // False (nothing held, nothing changed) when the pool has no free block left.
+                  std::vector<std::string_view>& parts, bool quantized = false);
+  // Writes `bytes` (exchange_bytes(quantized) of them) into fresh blocks and publishes them as
+  // computing them would have, holding a reference on each; a layer that already holds the block
+  // keeps its own. False (nothing held, nothing changed) when the pool has no free block left.
   bool import_block(const BlockHash& h, std::span<const int32_t> ids, std::string_view bytes,
-                    std::vector<int32_t>& held);
+                    std::vector<int32_t>& held, bool quantized = false);
   // Drops the references hold_block / import_block took.
   void release_held(std::vector<int32_t>& held);
 

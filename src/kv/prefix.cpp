@@ -194,7 +194,7 @@ size_t KVCache::adoptable_blocks(std::span<const int32_t> tokens, std::vector<Ad
       const BlockKey k{key.lo, key.hi, int32_t(stored_[l]), false};
       Adopted a{dense_pool_.find(k, span), false};
       if (a.id >= 0) {
-        dense_seen[l] = 1;
+        if (m >= n_sink_blocks) dense_seen[l] = 1;  // the sinks are never quantized: groups may follow them
       } else if (bits_ && m >= n_sink_blocks && !dense_seen[l]) {
         BlockKey q = k;
         q.quantized = true;

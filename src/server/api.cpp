@@ -677,6 +677,8 @@ std::string metrics_text(const SchedulerStats& s, int parallel) {
   metric(o, "ptllm_kv_blocks_shared", "gauge", "KV blocks referenced by more than one sequence", double(s.blocks_shared));
   metric(o, "ptllm_kv_blocks_cached", "gauge", "Unreferenced KV blocks kept for prefix reuse (reclaimable)", double(s.blocks_cached));
   metric(o, "ptllm_kv_blocks_free", "gauge", "KV blocks not referenced (cached ones included)", double(s.blocks_total - s.blocks_used));
+  metric(o, "ptllm_kv_blocks_pinned", "gauge", "KV blocks held by pinned prefixes (--kv-pin-mb; counted as used)", double(s.blocks_pinned));
+  metric(o, "ptllm_kv_pinned_prefixes", "gauge", "Prefixes pinned (a system prompt and its tools each)", double(s.pinned_prefixes));
   if (s.store) {  // serve --kv-store
     const KVStoreStats& io = s.store_io;
     metric(o, "ptllm_kv_store_hits_total", "counter", "Token blocks loaded from the block store instead of computed", double(s.store_hits));

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -626,7 +627,9 @@ struct HttpServer::Impl {
   bool read_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader);
   std::string chat_prompt(const ApiRequest& r);
   std::vector<int32_t> prompt_ids(ApiRequest& r);
-  std::shared_ptr<Channel> submit(ApiRequest& r, int64_t& prompt_tokens);
+  std::shared_ptr<Channel> submit(ApiRequest& r, int64_t& prompt_tokens, std::string* overflow = nullptr);
+  std::string fit_context(ApiRequest& r, std::vector<int32_t>& prompt, int64_t ctx);
+  int64_t system_prefix(const ApiRequest& r, const std::vector<int32_t>& prompt);
   RequestResult wait_result(const httplib::Request& req, Channel& ch);
   void generate(const httplib::Request& req, httplib::Response& res, Endpoint ep);
   void agent(const httplib::Request& req, httplib::Response& res, AgentApi api);
@@ -852,7 +855,82 @@ void HttpServer::Impl::apply_template(const httplib::Request& req, httplib::Resp
 }
 
 // Checks a parsed request, queues it, and returns its channel (enter() done; leave() is the caller's).
-std::shared_ptr<Channel> HttpServer::Impl::submit(ApiRequest& r, int64_t& prompt_tokens) {
+namespace {
+bool is_system_role(const json& m) {
+  const json& role = m.is_object() && m.contains("role") ? m["role"] : json();
+  return role == "system" || role == "developer";
+}
+}  // namespace
+
+// The tokens of a chat prompt that its system messages and tools render to: the prefix the prompt
+// shares with the rendering of those alone (0 when there are none, or the template needs a user turn).
+int64_t HttpServer::Impl::system_prefix(const ApiRequest& r, const std::vector<int32_t>& prompt) {
+  ApiRequest sys = r;
+  json only;
+  for (const json& m : r.messages)
+    if (is_system_role(m)) only.push_back(m);
+  if (only.is_null() && (r.tools.is_null() || r.tools.empty())) return 0;
+  sys.messages = only.is_null() ? json::array() : only;
+  std::vector<int32_t> p;
+  try {
+    p = prompt_ids(sys);
+  } catch (const ApiError&) {
+    return 0;
+  }
+  int64_t k = 0;
+  while (k < int64_t(std::min(p.size(), prompt.size())) && p[size_t(k)] == prompt[size_t(k)]) ++k;
+  return k;
+}
+
+// --context-overflow shift or stream on a prompt that does not fit `ctx` tokens: rewrites the
+// request's prompt so that it does, leaving room for the reply (max_tokens when given, at most half
+// the context; else a quarter of it), and returns what was dropped (for the log and the
+// X-Context-Overflow header); throws the 400 context_length_exceeded when it cannot.
+std::string HttpServer::Impl::fit_context(ApiRequest& r, std::vector<int32_t>& prompt, int64_t ctx) {
+  const int64_t room = r.max_tokens_given ? std::clamp<int64_t>(r.params.max_tokens, 1, ctx / 2) : std::max<int64_t>(1, ctx / 4);
+  const int64_t budget = ctx - room;
+  const char* field = r.endpoint == Endpoint::Chat ? "messages" : "prompt";
+  auto too_long = [&](const std::string& why) {
+    return bad_request("the prompt has " + std::to_string(prompt.size()) + " tokens; the context holds " +
+                           std::to_string(ctx) + " (--context-overflow " +
+                           (cfg.context_overflow == ContextOverflow::Shift ? "shift" : "stream") + ": " + why + ")",
+                       field, "context_length_exceeded");
+  };
+  const int64_t n0 = int64_t(prompt.size());
+  if (cfg.context_overflow == ContextOverflow::Shift) {
+    if (r.endpoint != Endpoint::Chat)
+      throw too_long("shift drops whole chat turns, and a completion prompt has none; use stream");
+    // Turns: a user message and what follows it up to the next user message. The system messages and
+    // tools stay; the oldest turns go, never the last one.
+    json kept = r.messages;
+    size_t dropped = 0;
+    while (int64_t(prompt.size()) > budget) {
+      size_t first = 0;
+      while (first < kept.size() && is_system_role(kept[first])) ++first;
+      size_t end = first + 1;
+      while (end < kept.size() && !(kept[end].is_object() && kept[end].value("role", "") == "user")) ++end;
+      if (first >= kept.size() || end >= kept.size())
+        throw too_long("the system prompt, the tools and the last turn alone take " + std::to_string(prompt.size()) +
+                       " tokens, with " + std::to_string(room) + " left for the reply");
+      dropped += end - first;
+      kept.erase(kept.begin() + std::ptrdiff_t(first), kept.begin() + std::ptrdiff_t(end));
+      r.messages = kept;
+      prompt = prompt_ids(r);
+    }
+    return "shift; dropped_messages=" + std::to_string(dropped) +
+           "; dropped_tokens=" + std::to_string(n0 - int64_t(prompt.size()));
+  }
+  // stream: the kept prefix, then the most recent tokens.
+  const int64_t keep = r.endpoint == Endpoint::Chat ? system_prefix(r, prompt) : std::min<int64_t>(cfg.keep, n0);
+  if (keep >= budget)
+    throw too_long("the kept prefix alone takes " + std::to_string(keep) + " tokens, with " + std::to_string(room) +
+                   " left for the reply");
+  const int64_t tail = budget - keep;
+  prompt.erase(prompt.begin() + std::ptrdiff_t(keep), prompt.end() - std::ptrdiff_t(tail));
+  return "stream; kept_prefix=" + std::to_string(keep) + "; dropped_tokens=" + std::to_string(n0 - int64_t(prompt.size()));
+}
+
+std::shared_ptr<Channel> HttpServer::Impl::submit(ApiRequest& r, int64_t& prompt_tokens, std::string* overflow) {
   if (cfg.strict_model_name && !r.model.empty() && r.model != cfg.model_name)
     throw error_of(404, "the model " + json(r.model).dump() + " does not exist; this server serves " +
                             json(cfg.model_name).dump(),
@@ -866,14 +944,21 @@ std::shared_ptr<Channel> HttpServer::Impl::submit(ApiRequest& r, int64_t& prompt
   sr.prompt = prompt_ids(r);
   r.params.constraint = request_constraint(r, rt.tokenizer());
   const KVCacheConfig& kv = sch.config().session.kv;
-  const int64_t n = int64_t(sr.prompt.size());
+  int64_t n = int64_t(sr.prompt.size());
   if (n == 0) throw bad_request("the prompt encodes to no tokens");
+  if (!kv.streaming() && n >= kv.ctx_size && cfg.context_overflow != ContextOverflow::Error) {
+    const std::string what = fit_context(r, sr.prompt, kv.ctx_size);
+    std::fprintf(stderr, "context overflow: a prompt of %lld tokens: %s\n", static_cast<long long>(n), what.c_str());
+    if (overflow) *overflow = what;
+    n = int64_t(sr.prompt.size());
+  }
   if (!kv.streaming() && n >= kv.ctx_size)
     throw bad_request("the prompt has " + std::to_string(n) + " tokens; the context holds " +
                           std::to_string(kv.ctx_size) + " (the prompt and at least one generated token)",
                       r.endpoint == Endpoint::Chat ? "messages" : "prompt", "context_length_exceeded");
   if (!r.max_tokens_given) r.params.max_tokens = int(kv.streaming() ? kv.ctx_size : kv.ctx_size - n);
   sr.params = r.params;
+  if (sch.config().pin_bytes > 0 && r.endpoint == Endpoint::Chat) sr.pin_tokens = system_prefix(r, sr.prompt);
   auto ch = std::make_shared<Channel>();
   sr.cancel = ch->cancel;
   sr.on_text = [ch](std::string_view t) { ch->push(t); };
@@ -889,7 +974,9 @@ void HttpServer::Impl::generate(const httplib::Request& req, httplib::Response& 
   try {
     ApiRequest r = parse_request(req.body, ep, random_seed(), cfg.defaults);
     int64_t n = 0;
-    auto ch = submit(r, n);
+    std::string overflow;
+    auto ch = submit(r, n, &overflow);
+    if (!overflow.empty()) res.set_header("X-Context-Overflow", overflow);
     // A stream, unless the request already failed (then an HTTP error status, as without "stream").
     // A request that already ended well (a short reply, its prompt from the pool) is streamed too: a
     // client asking for a stream always gets one.
@@ -907,7 +994,9 @@ void HttpServer::Impl::agent(const httplib::Request& req, httplib::Response& res
   try {
     reply = parse_agent_request(api, req.body, random_seed(), cfg.model_name, responses, cfg.defaults);
     int64_t n = 0;
-    auto ch = submit(reply->request, n);
+    std::string overflow;
+    auto ch = submit(reply->request, n, &overflow);
+    if (!overflow.empty()) res.set_header("X-Context-Overflow", overflow);
     if (reply->request.stream && !ch->failed()) return stream_agent(res, reply, ch, n);  // leave() at its end
     const RequestResult rr = wait_result(req, *ch);
     leave();

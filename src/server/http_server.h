@@ -18,6 +18,12 @@ class Scheduler;
 
 namespace ptllm::server {
 
+// What a prompt longer than the context gets (--context-overflow): a 400 context_length_exceeded
+// (error); the oldest chat turns dropped whole, the system prompt and tools kept (shift); or the
+// prompt's kept prefix (the system prompt and tools, or the first --keep tokens) and its most recent
+// tokens, the middle dropped, as StreamingLLM's sinks and window (stream).
+enum class ContextOverflow { Error, Shift, Stream };
+
 struct ServerConfig {
   std::string host = "127.0.0.1";
   int port = 8080;              // 0: any free port (bind() says which)
@@ -42,6 +48,8 @@ struct ServerConfig {
   // --tool-call-format); `reasoning`: false for --reasoning-format none.
   OutputFormat output_format;
   bool reasoning = true;
+  ContextOverflow context_overflow = ContextOverflow::Error;
+  int keep = 4;  // stream: tokens kept at the start of a completion prompt (a chat's: its system prompt)
 };
 
 class HttpServer {

@@ -49,8 +49,9 @@ class DirStore final : public QueuedStore {
   }
   ~DirStore() override { stop_writer(); }  // after every queued write was attempted
 
-  // A prompt's run of blocks ends at its first miss (BlockExchange::load), so the files after the
-  // first absent or unreadable one are not read: they are answered absent.
+  // An absent file is handed as absent (the caller decides whether the run ends there:
+  // BlockExchange::load asks for two forms of a block); the files after an unreadable one are not
+  // read, and are answered absent.
   void lookup(std::span<const std::string> keys, const OnValue& on_value) override {
     if (keys.empty()) return;
     const auto t0 = Clock::now();
@@ -62,7 +63,10 @@ class DirStore final : public QueuedStore {
       if (p.empty()) break;
       ++read;
       struct stat st {};
-      if (::stat(p.c_str(), &st) != 0 && errno == ENOENT) break;  // not written (or evicted): a plain miss
+      if (::stat(p.c_str(), &st) != 0 && errno == ENOENT) {  // not written (or evicted): a plain miss
+        if (!on_value(i, std::nullopt)) break;
+        continue;
+      }
       std::string value;
       try {
         value = read_whole_file(p, kMaxBlockFileBytes, "a block file");
@@ -188,7 +192,10 @@ fs::path dir_store_path(const fs::path& dir, std::string_view key) {
   const size_t a = key.find(':');
   const size_t b = a == std::string_view::npos ? a : key.find(':', a + 1);
   if (b == std::string_view::npos) return {};
-  const std::string_view name = key.substr(0, a), id = key.substr(a + 1, b - a - 1), hash = key.substr(b + 1);
+  std::string_view name = key.substr(0, a), id = key.substr(a + 1, b - a - 1), hash = key.substr(b + 1);
+  // A block's quantized form (kv_store_key's ":q") goes beside its full-precision one.
+  const bool quantized = hash.ends_with(":q");
+  if (quantized) hash.remove_suffix(2);
   if (name.empty() || name.size() > 64 || name[0] == '.' || id.size() != 32 || hash.size() != 32 || !is_hex(id) ||
       !is_hex(hash))
     return {};
@@ -199,6 +206,7 @@ fs::path dir_store_path(const fs::path& dir, std::string_view key) {
   file += id;
   file += '-';
   file += hash;
+  if (quantized) file += "-q";
   file += kSuffix;
   return dir / "blocks" / std::string(hash.substr(0, 2)) / file;
 }

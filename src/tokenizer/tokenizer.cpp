@@ -1,7 +1,5 @@
 #include "tokenizer/tokenizer.h"
 
-#include <openssl/evp.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -9,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/file_io.h"
+#include "core/sha256.h"
 #include "tokenizer/added_vocab.h"
 #include "tokenizer/bpe.h"
 #include "tokenizer/decoder.h"
@@ -44,22 +43,11 @@ json parse_json(const std::string& bytes, const std::string& file) {
 }
 
 std::string sha256_hex(const std::string& a, const std::string& b) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  const bool ok = ctx && EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr) == 1 &&
-                  EVP_DigestUpdate(ctx, a.data(), a.size()) == 1 &&
-                  EVP_DigestUpdate(ctx, b.data(), b.size()) == 1 &&
-                  EVP_DigestFinal_ex(ctx, md, &len) == 1;
-  EVP_MD_CTX_free(ctx);
-  if (!ok) throw Error("SHA-256 failed");
-  std::string hex;
-  char buf[3];
-  for (unsigned int i = 0; i < len; ++i) {
-    std::snprintf(buf, sizeof buf, "%02x", md[i]);
-    hex += buf;
-  }
-  return hex;
+  Sha256 h;
+  h.update(a);
+  h.update(b);
+  const Digest d = h.digest();
+  return to_hex(d);
 }
 
 std::vector<tok::AddedToken> parse_added_tokens(const json& root, const JsonPath& file) {
