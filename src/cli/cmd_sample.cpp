@@ -164,15 +164,10 @@ Generation generate(const SampleArgs& a, Session& session, const Tokenizer& tok,
   Speculator spec(a.spec_opts);
   Generation g;
   TextStream out(g, a.json);
-<<<<<<< HEAD
-  for (int i = 0; i < a.tokens && !gen.done(); ++i) {
-=======
-  const auto t_decode = Clock::now();
   std::vector<Generator::Step> steps;
   // Each round feeds the last accepted id (and drafts after it, verified in the same pass) and
   // yields one step or more (engine/speculative.h).
   for (int i = 0; i < a.tokens && !gen.done();) {
->>>>>>> spec
     if (interrupted() || out.closed()) {
       gen.stop(interrupted() ? StopReason::Interrupted : StopReason::OutputClosed);
       break;
