@@ -20,7 +20,7 @@
 
 #include "chat/chat_template.h"
 #include "core/error.h"
-#include "engine/kv_store.h"
+#include "persist/kv_store.h"
 #include "engine/prompt_cache.h"
 #include "engine/runtime.h"
 #include "engine/scheduler.h"

@@ -15,7 +15,7 @@
 #include <random>
 
 #include "core/thread_pool.h"
-#include "engine/kv_store.h"
+#include "persist/kv_store.h"
 #include "engine/session.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"

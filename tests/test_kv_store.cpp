@@ -16,7 +16,7 @@
 #include <xxhash.h>
 
 #include "core/checksum.h"
-#include "engine/kv_store.h"
+#include "persist/kv_store.h"
 #include "engine/prompt_cache.h"
 #include "engine/runtime.h"
 #include "engine/scheduler.h"

@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "chat/chat_template.h"
-#include "engine/kv_store.h"
+#include "persist/kv_store.h"
 #include "engine/prompt_cache.h"
 #include "engine/runtime.h"
 #include "engine/scheduler.h"

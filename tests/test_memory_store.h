@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/kv_store.h"
+#include "persist/kv_store.h"
 
 namespace ptllm::test {
 

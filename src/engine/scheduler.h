@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "engine/generator.h"
-#include "engine/kv_store.h"
+#include "persist/kv_store.h"
 #include "engine/session.h"
 #include "sample/sampler.h"
 
@@ -37,7 +37,7 @@ struct SchedulerConfig {
   size_t kv_budget_bytes = 0;   // 0: room for `parallel` sequences of ctx_size tokens each
   int prefill_chunk = 256;      // most prompt tokens one step feeds
   std::vector<int32_t> eos_ids; // ids that end a reply (stop_token_ids)
-  // A block store shared with other replicas (engine/kv_store.h), or null. A prompt's full blocks
+  // A block store shared with other replicas (persist/kv_store.h), or null. A prompt's full blocks
   // missing from the pool after its local prefix are looked up there in one round trip and loaded
   // instead of computed; every full block a sequence computes is put there, in full precision, or
   // under KIVI as its quantized groups once the policy quantized it (BlockExchange::save_progress).

@@ -1,5 +1,5 @@
 // Token blocks in and out of a shared pool as bytes, for a block store outside the process
-// (engine/kv_store.h): what one replica computed, another loads instead of computing.
+// (persist/kv_store.h): what one replica computed, another loads instead of computing.
 #include <cstring>
 
 #include "kv/cache_internal.h"

@@ -64,7 +64,7 @@ class KVPool {
   // Blocks referenced now (both kinds).
   size_t blocks_in_use() const { return dense_.in_use() + quant_.in_use(); }
 
-  // Exchanging token blocks with a store outside the process (kv/exchange.cpp, engine/kv_store.h).
+  // Exchanging token blocks with a store outside the process (kv/exchange.cpp, persist/kv_store.h).
   // A sequence's token blocks are its sink blocks (StreamingLLM: the first `sink` tokens in blocks of
   // B, the last one shorter when B does not divide them), then stream blocks of B tokens (token_block).
   // A token block travels in one of two forms, each storing layer's block in layer order:

@@ -1,6 +1,6 @@
 #pragma once
 // The block store over a local directory (`serve --prompt-cache-dir DIR`): the same KVStore as the
-// Redis one (engine/kv_store.h: same keys, same self-verifying values through BlockExchange), so
+// Redis one (persist/kv_store.h: same keys, same self-verifying values through BlockExchange), so
 // the server's prefixes survive a restart with no new path in the engine.
 //
 // Layout: one file per token block, DIR/blocks/<hh>/<key with ':' as '-'>.kvblock, where <hh> is
@@ -19,7 +19,7 @@
 #include <filesystem>
 #include <memory>
 
-#include "engine/kv_store.h"
+#include "persist/kv_store.h"
 
 namespace ptllm::store {
 

@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/kv_store.h"
+#include "persist/kv_store.h"
 
 namespace ptllm::store {
 

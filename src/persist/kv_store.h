@@ -21,9 +21,8 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/prompt_cache.h"
-#include "kv/block_pool.h"
-#include "kv/config.h"
+#include "core/sha256.h"
+#include "kv/kv_cache.h"
 
 namespace ptllm {
 

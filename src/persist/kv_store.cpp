@@ -1,4 +1,4 @@
-#include "engine/kv_store.h"
+#include "persist/kv_store.h"
 
 #include <atomic>
 #include <condition_variable>
