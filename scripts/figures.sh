@@ -3,13 +3,15 @@
 # llama.cpp wherever its tools are found, and writes docs/figures.md (scripts/figures_table.py).
 #   scripts/figures.sh [--quick] [--llama-cpp DIR] [--model DIR] [--threads N] [--rounds N] [--out FILE]
 #     --quick        about ten minutes: fewer rows, one context length, fewer chunks and rounds
-#     --llama-cpp D  llama.cpp's build/bin (else llama-bench, llama-batched-bench, llama-perplexity and
-#                    llama-server are looked up on PATH; a tool not found leaves its column empty)
+#     --llama-cpp D  llama.cpp's build/bin (else llama-bench, llama-batched-bench and llama-perplexity
+#                    are looked up on PATH; a tool not found leaves its column empty; llama-server is
+#                    not driven yet: the server rows are ours alone)
 #     --model D      the checkpoint (default ../shared/models/kjv-small; YOCO rows need kjv-yoco beside it)
 #     --threads N    threads of every run, ours and llama.cpp's (default 2)
 #     --rounds N     alternating rounds of each timed pair (default 3; --quick 2)
-#     --out FILE     the page (default docs/figures.md); the raw measurements go beside it in
-#                    FILE.jsonl's place: $WORK/results.jsonl
+#     --out FILE     the page (default docs/figures.md); the raw measurements: $WORK/results.jsonl
+# Environment: WORK (default /tmp/ptllm-figures), TEXT (the evaluation text, default val.txt of the
+# corpus beside the models: ../shared/corpus/val.txt).
 # Run it from the repository root on a quiet machine: a loaded one moves every speed. Idempotent: the
 # build is incremental, the work directory ($WORK, default /tmp/ptllm-figures) is reused, the page
 # rewritten.
@@ -24,7 +26,7 @@ while [ $# -gt 0 ]; do
     --threads) T=${2:?--threads needs a number}; shift ;;
     --rounds) ROUNDS=${2:?--rounds needs a number}; shift ;;
     --out) OUT=${2:?--out needs a file}; shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "figures.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -33,6 +35,8 @@ done
 [ -d "$MODEL" ] || { echo "figures.sh: --model $MODEL: no such directory" >&2; exit 2; }
 [ -z "$LLAMA" ] || [ -d "$LLAMA" ] || { echo "figures.sh: --llama-cpp $LLAMA: no such directory" >&2; exit 2; }
 WORK=${WORK:-/tmp/ptllm-figures}
+TEXT=${TEXT:-$(dirname "$MODEL")/../corpus/val.txt}
+[ -f "$TEXT" ] || { echo "figures.sh: $TEXT: no such file (set TEXT to the evaluation text)" >&2; exit 2; }
 mkdir -p "$WORK"
 RES=$WORK/results.jsonl
 : >"$RES"
@@ -46,7 +50,7 @@ BIN=build/posttrainllm
 tool() {  # tool NAME: llama.cpp's NAME from --llama-cpp or PATH, or nothing
   if [ -n "$LLAMA" ] && [ -x "$LLAMA/$1" ]; then echo "$LLAMA/$1"; else command -v "$1" || true; fi
 }
-LBENCH=$(tool llama-bench) LBATCHED=$(tool llama-batched-bench) LPPL=$(tool llama-perplexity) LSERVER=$(tool llama-server)
+LBENCH=$(tool llama-bench) LBATCHED=$(tool llama-batched-bench) LPPL=$(tool llama-perplexity)
 
 val() {  # val AREA ROW METRIC UNIT SIDE ROUND VALUE
   jq -nc --arg a "$1" --arg r "$2" --arg m "$3" --arg u "$4" --arg s "$5" --argjson n "$6" --argjson v "$7" \
@@ -118,7 +122,7 @@ done
 CHUNKS=100; [ $QUICK = 1 ] && CHUNKS=10
 PLAIN=$WORK/val-plain.txt
 python3 -c 'import sys; d=open(sys.argv[1],"rb").read(); open(sys.argv[2],"wb").write(d.replace(b"\n\x1e\n", b"\n\n"))' \
-  "$(dirname "$MODEL")/../corpus/val.txt" "$PLAIN"
+  "$TEXT" "$PLAIN"
 declare -A QDIR=([q4]="$WORK/q4" [q8]="$WORK/q8") QTY=([q4]=Q4_K_M [q8]=Q8_0) QBITS=([q4]=4 [q8]=8)
 for q in q4 q8; do
   [ -s "${QDIR[$q]}/model.safetensors" ] || cmd quantized "$BIN" quantize "$MODEL" "${QDIR[$q]}" --bits "${QBITS[$q]}" -t "$T" 2>/dev/null
@@ -205,7 +209,7 @@ fi
 
 # 8. KIVI and StreamingLLM: PPL of each cache against the fp32 full cache on the same text.
 MAXT=4096; [ $QUICK = 1 ] && MAXT=1024
-j=$(cmd kv-quality "$BIN" eval "$MODEL" --text "$(dirname "$MODEL")/../corpus/val.txt" --documents --max-tokens "$MAXT" \
+j=$(cmd kv-quality "$BIN" eval "$MODEL" --text "$TEXT" --documents --max-tokens "$MAXT" \
     --configs "fp32; int8; int4; int2; sink4 w508; sink0 w512" -t "$T" --json)
 while read -r name d; do
   val kv-quality "$name" "PPL increase over the fp32 full cache, $MAXT tokens" "%" ours 1 "$d"
