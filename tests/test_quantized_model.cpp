@@ -1,4 +1,4 @@
-// MLX-layout quantized checkpoints (issue 20): config.json's quantization, the quantizer against
+// MLX-layout quantized checkpoints (docs/quantization.md): config.json's quantization, the quantizer against
 // mlx's formula and packing, a hand-made checkpoint read through Model, the errors a user sees, and
 // `quantize` output composing with every engine feature (KV quantization, StreamingLLM, the prompt
 // cache, batched decode).
