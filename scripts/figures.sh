@@ -11,7 +11,7 @@
 #     --rounds N     alternating rounds of each timed pair (default 3; --quick 2)
 #     --out FILE     the page (default docs/figures.md); the raw measurements: $WORK/results.jsonl
 # Environment: WORK (default /tmp/ptllm-figures), TEXT (the evaluation text, default val.txt of the
-# corpus beside the models: ../shared/corpus/val.txt).
+# corpus beside the models: ../shared/corpus/val.txt), NOTE (a line about the machine for the page).
 # Run it from the repository root on a quiet machine: a loaded one moves every speed. Idempotent: the
 # build is incremental, the work directory ($WORK, default /tmp/ptllm-figures) is reused, the page
 # rewritten.
@@ -219,8 +219,9 @@ done < <(jq -r '.configs[] | "\(.name) \(.delta_ppl_pct)"' <<<"$j")
 jq -nc --arg cpu "$CPU" --arg flags "$FLAGS" --argjson cores "$(nproc)" --argjson bw "$BW" \
   --arg date "$(date -u '+%Y-%m-%d %H:%M')" --arg commit "$(git rev-parse --short HEAD)" --argjson t "$T" \
   --arg load "$LOAD0 / $(cut -d' ' -f1-3 /proc/loadavg)" --arg llama "${LVER:-not found}" --argjson quick "$QUICK" \
-  --argjson mem "$(awk '/MemTotal/ {printf "%.1f", $2 / 1048576}' /proc/meminfo)" \
+  --argjson mem "$(awk '/MemTotal/ {printf "%.1f", $2 / 1048576}' /proc/meminfo)" --arg note "${NOTE:-}" \
   '{kind: "machine", cpu: $cpu, flags: $flags, cores: $cores, bandwidth_gb_s: $bw, date: $date, commit: $commit,
-    threads: $t, load: $load, llama_cpp: $llama, quick: ($quick == 1), memory_gib: $mem}' >>"$RES"
+    threads: $t, load: $load, llama_cpp: $llama, quick: ($quick == 1), memory_gib: $mem}
+   + (if $note == "" then {} else {note: $note} end)' >>"$RES"
 $TABLE table "$RES" >"$OUT"
 echo "wrote $OUT (measurements: $RES)"
