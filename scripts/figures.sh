@@ -56,11 +56,16 @@ val() {  # val AREA ROW METRIC UNIT SIDE ROUND VALUE
   jq -nc --arg a "$1" --arg r "$2" --arg m "$3" --arg u "$4" --arg s "$5" --argjson n "$6" --argjson v "$7" \
     '{kind: "value", area: $a, row: $r, metric: $m, unit: $u, side: $s, round: $n, value: $v}' >>"$RES"
 }
-cmd() {  # cmd AREA COMMAND...: records the command, runs it, its stdout on stdout
-  local area=$1; shift
-  jq -nc --arg a "$area" --arg c "$*" '{kind: "command", area: $a, command: $c}' >>"$RES"
+cmd() {  # cmd AREA COMMAND...: records the command (arguments with spaces or ';' quoted), runs it
+  local area=$1 line="" arg; shift
+  for arg in "$@"; do
+    [[ $arg =~ [[:space:]\;] ]] && arg="\"$arg\""
+    line+="${line:+ }$arg"
+  done
+  jq -nc --arg a "$area" --arg c "$line" '{kind: "command", area: $a, command: $c}' >>"$RES"
   "$@"
 }
+mib() { jq -n "$(stat -c %s "$1") / 1048576"; }  # mib FILE: its size in MiB
 
 # The machine.
 CPU=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
@@ -147,14 +152,14 @@ for q in q4 q8; do
   row="$q default vs ${QTY[$q]}"
   j=$(cmd quantized "$BIN" eval "${QDIR[$q]}" --baseline-model "$MODEL" "${E[@]}")
   val quantized "$row" "PPL increase over bf16" "%" ours 1 "$(jq '.configs[0].delta_ppl_pct' <<<"$j")"
-  val quantized "$row" "weight bytes" MiB ours 1 "$(du -bm "${QDIR[$q]}/model.safetensors" | cut -f1)"
+  val quantized "$row" "file size" MiB ours 1 "$(mib "${QDIR[$q]}/model.safetensors")"
   if [ -n "$LPPL" ]; then
     base=$(jq '.baseline.ppl' <<<"$j")
     cmd quantized "$LPPL" -m "${GG[${QTY[$q]}]}" -f "$PLAIN" -c 512 --chunks "$CHUNKS" -t "$T" >"$WORK/ppl.log" 2>&1
     p=$($TABLE perplexity "$WORK/ppl.log")
     val quantized "$row" "PPL increase over bf16" "%" llama.cpp 1 "$(python3 -c "print(100 * ($p / $base - 1))")"
   fi
-  val quantized "$row" "weight bytes" MiB llama.cpp 1 "$(du -bm "${GG[${QTY[$q]}]}" | cut -f1)"
+  val quantized "$row" "file size" MiB llama.cpp 1 "$(mib "${GG[${QTY[$q]}]}")"
 done
 
 # 4. GGUF files: ours reading the files llama.cpp reads.
@@ -211,9 +216,9 @@ fi
 MAXT=4096; [ $QUICK = 1 ] && MAXT=1024
 j=$(cmd kv-quality "$BIN" eval "$MODEL" --text "$TEXT" --documents --max-tokens "$MAXT" \
     --configs "fp32; int8; int4; int2; sink4 w508; sink0 w512" -t "$T" --json)
-while read -r name d; do
+while IFS=$'\t' read -r name d; do  # names hold spaces ("sink4 w508")
   val kv-quality "$name" "PPL increase over the fp32 full cache, $MAXT tokens" "%" ours 1 "$d"
-done < <(jq -r '.configs[] | "\(.name) \(.delta_ppl_pct)"' <<<"$j")
+done < <(jq -r '.configs[] | [.name, (.delta_ppl_pct | tostring)] | @tsv' <<<"$j")
 
 # The page.
 jq -nc --arg cpu "$CPU" --arg flags "$FLAGS" --argjson cores "$(nproc)" --argjson bw "$BW" \
