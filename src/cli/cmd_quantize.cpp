@@ -137,7 +137,9 @@ int run_quantize(const QuantizeArgs& a) {
     std::string what = "left dense";
     if (spec) {
       what = "q" + std::to_string(spec->bits) + " g" + std::to_string(spec->group_size);
-      if (spec->group_size != o.spec.group_size) what += " (the width is not a multiple of the group size)";
+      const bool embedding = module == "model.embed_tokens" || module == "lm_head";
+      const int asked = embedding && o.embedding_group_size > 0 ? o.embedding_group_size : o.spec.group_size;
+      if (spec->group_size != asked) what += " (the width is not a multiple of the group size)";
     }
     std::fprintf(stderr, "  %s: %s\n", module.c_str(), what.c_str());
   }
@@ -173,8 +175,8 @@ Command add_quantize_command(CLI::App& root) {
                   "GPTQ on calibration text (the best, slowest)")
       ->check(CLI::IsMember({"rtn", "search", "gptq"}));
   auto* emb = app->add_option("--embedding-bits", a->embedding_bits,
-                              "Bits of model.embed_tokens and lm_head (default 6 when the other matrices have 4 or "
-                              "fewer, else theirs; 0: theirs; a per-module entry in config.json)")
+                              "Bits of model.embed_tokens and lm_head (default 8, in groups of 64, when the other "
+                              "matrices have 4 or fewer, else theirs; 0: theirs; a per-module entry in config.json)")
                   ->check(CLI::IsMember({0, 2, 3, 4, 5, 6, 8}));
   emb->excludes(app->get_option("--keep-embeddings"));
   auto* recipe = app->add_option("--recipe", a->recipe,

@@ -489,9 +489,10 @@ QuantizeReport quantize_checkpoint(const fs::path& in, const fs::path& out, cons
         const bool embedding = module == "model.embed_tokens" || module == "lm_head";
         // The widest supported group no wider than asked that divides the width (mlx-lm would leave
         // such a matrix dense; a narrower group keeps it quantized and is still its layout).
+        const int asked = embedding && opts.embedding_group_size > 0 ? opts.embedding_group_size : opts.spec.group_size;
         int group = 0;
         for (int gs : kAffineGroupSizes)
-          if (gs <= opts.spec.group_size && cols % gs == 0) group = gs;
+          if (gs <= asked && cols % gs == 0) group = gs;
         if ((embedding && opts.keep_embeddings) || group == 0) {
           qc.overrides[module] = std::nullopt;
           ++rep.matrices_dense;
@@ -570,7 +571,8 @@ QuantizeOptions resolve_quantize_options(const QuantizeRequest& r) {
   o.spec.bits = bits;
   o.spec.group_size = r.group_size.value_or(bits < 8 ? 32 : 64);
   o.keep_embeddings = r.keep_embeddings;
-  o.embedding_bits = r.embedding_bits.value_or(!r.keep_embeddings && bits <= 4 ? 6 : 0);
+  o.embedding_bits = r.embedding_bits.value_or(!r.keep_embeddings && bits <= 4 ? 8 : 0);
+  if (!r.embedding_bits && !r.group_size && o.embedding_bits > 0) o.embedding_group_size = 64;
   o.method = r.method.value_or(r.calibration ? QuantMethod::Gptq : QuantMethod::Search);
   return o;
 }

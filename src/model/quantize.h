@@ -62,6 +62,7 @@ struct QuantizeOptions {
   QuantMethod method = QuantMethod::Rtn;
   bool keep_embeddings = false;  // embed_tokens and lm_head stay in their float dtype
   int embedding_bits = 0;        // > 0: embed_tokens and lm_head at these bits (a per-module entry)
+  int embedding_group_size = 0;  // > 0: their group size (a per-module entry); 0: spec.group_size
   QuantRecipe recipe = QuantRecipe::None;  // replaces spec.bits by the recipe's low and high bits
   // Gptq: the calibration sequences (token ids, BOS first; calibration_windows in model/gptq.h), and
   // the dampening added to H's diagonal, a fraction of its mean.
@@ -79,10 +80,11 @@ struct QuantizeRequest {
   QuantRecipe recipe = QuantRecipe::None;
 };
 
-// The defaults, chosen on kjv-small in llama.cpp's perplexity protocol (docs/quantization.md): 4 bits
-// unless asked; below 8 bits groups of 32 (64 at 8), the embedding / LM head at 6 bits when the
-// other matrices have 4 or fewer (llama.cpp's Q4_K_M keeps its output at Q6_K); --method search
-// without calibration text, gptq with it. Every field given is kept as given.
+// The defaults, chosen on kjv-small (docs/quantization.md): 4 bits unless asked; below 8 bits groups
+// of 32 (64 at 8); the embedding / LM head at 8 bits in groups of 64 when the other matrices have 4
+// or fewer (llama.cpp's Q4_K_M keeps its output at Q6_K; 8 bits, not 6, because 6-bit codes take the
+// generic product, which makes the LM head most of a decode step); --method search without
+// calibration text, gptq with it. Every field given is kept as given.
 QuantizeOptions resolve_quantize_options(const QuantizeRequest& r);
 
 // One line naming what a written checkpoint is expected to lose, by the measured class it belongs
