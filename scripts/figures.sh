@@ -14,7 +14,7 @@
 # corpus beside the models: ../shared/corpus/val.txt), NOTE (a line about the machine for the page).
 # Run it from the repository root on a quiet machine: a loaded one moves every speed. Idempotent: the
 # build is incremental, the work directory ($WORK, default /tmp/ptllm-figures) is reused, the page
-# rewritten.
+# rewritten (delete $WORK after changing the quantizer: its quantized copies are reused).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 QUICK=0 LLAMA="" MODEL=../shared/models/kjv-small T=2 ROUNDS="" OUT=docs/figures.md
