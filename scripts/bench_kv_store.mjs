@@ -1,4 +1,4 @@
-// The targets of issue 23 (serve --kv-store), for a quiet machine:
+// The figures of serve --kv-store (docs/kv-store.md), for a quiet machine:
 //  1. cross-replica reuse: replica B's time to first token for a 2,000-token history that replica A
 //     computed and put to Redis, against a cold prefill of a history of the same length on a server
 //     without a store (target: at least 10x lower);

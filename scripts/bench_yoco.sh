@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 19's targets, kjv-yoco against kjv-small (docs/yoco.md). Run it on a quiet machine, from the
+# YOCO's figures, kjv-yoco against kjv-small (docs/yoco.md). Run it on a quiet machine, from the
 # repository root, after building (build/posttrainllm). Every result is one JSON line in $OUT
 # (default yoco-bench.jsonl), tagged with the measurement and the model; a summary follows.
 #   scripts/bench_yoco.sh [ROUNDS]    ROUNDS: alternating rounds for the timings (default 3)

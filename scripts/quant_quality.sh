@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Issue 20's quality targets (docs/quantization.md): kjv-small quantized at 8 and 4 bits (groups of
-# 64, RTN, --method search and --method gptq, the last also with an 8-bit embedding and mlx-lm's
-# mixed_4_6 recipe) and scored in llama.cpp's protocol against the bf16 original (PPL of
+# The quantizer's quality (docs/quantization.md): kjv-small quantized with the defaults at 4 and 8
+# bits (q4, q8), and at groups of 64 with RTN (mlx-lm's convert -q), --method search and --method
+# gptq, the last also with an 8-bit embedding and mlx-lm's mixed_4_6 recipe, and scored in llama.cpp's protocol against the bf16 original (PPL of
 # both, KL, top-1), then each checkpoint's decode speed and weight bytes (bench). Run it on a quiet
 # machine, from the repository root, after building (build/posttrainllm).
-#   scripts/quant_quality.sh [THREADS]    THREADS: for eval and bench (default 2, the issue's setting)
+#   scripts/quant_quality.sh [THREADS]    THREADS: for eval and bench (default 2)
 # Environment: BIN, SRC (default ../shared/models/kjv-small), TEXT, CALIB (gptq's calibration text,
 # default ../shared/corpus/train.txt), WORK, OUT, CHUNKS (default 100).
 # Output: one JSON object per line in $OUT (default quant-quality.jsonl), tagged with the
@@ -27,13 +27,15 @@ j=json.load(sys.stdin); j["measure"]=sys.argv[1]; j["which"]=sys.argv[2]; print(
 }
 
 G="--method gptq --calib $CALIB"  # GPTQ calibrates on training text, never on $TEXT
-declare -A FLAGS=([q8]="--bits 8" [q8-search]="--bits 8 --method search" [q4]="--bits 4"
-                  [q4-search]="--bits 4 --method search" [q4-gptq]="--bits 4 $G"
-                  [q4-gptq-emb8]="--bits 4 $G --embedding-bits 8" [mixed46-gptq]="--recipe mixed_4_6 $G")
-NAMES=(q8 q8-search q4 q4-search q4-gptq q4-gptq-emb8 mixed46-gptq)
+G64="--group-size 64 --embedding-bits 0"  # all matrices at the same bits, groups of 64
+declare -A FLAGS=([q8]="--bits 8" [q8-rtn]="--bits 8 --method rtn" [q4]="--bits 4"
+                  [q4-g64-rtn]="--bits 4 $G64 --method rtn" [q4-g64-search]="--bits 4 $G64 --method search"
+                  [q4-g64-gptq]="--bits 4 $G64 $G" [q4-g64-gptq-emb8]="--bits 4 --group-size 64 $G --embedding-bits 8"
+                  [mixed46-g64-gptq]="--recipe mixed_4_6 --group-size 64 $G")
+NAMES=(q8 q8-rtn q4 q4-g64-rtn q4-g64-search q4-g64-gptq q4-g64-gptq-emb8 mixed46-g64-gptq)
 for n in "${NAMES[@]}"; do
   # shellcheck disable=SC2086
-  "$BIN" quantize "$SRC" "$WORK/$n" ${FLAGS[$n]} --group-size 64
+  "$BIN" quantize "$SRC" "$WORK/$n" ${FLAGS[$n]}
 done
 
 # llama.cpp's perplexity protocol: 100 chunks of 512 tokens of the documents joined, second halves

@@ -243,9 +243,11 @@ TEST(GptqFactorTest, IsTheUpperCholeskyFactorOfTheDampedInverse) {
 }
 
 // 24 rows, 256 inputs (two blocks of 128: the lazy update between them is exercised; block 64 too),
-// 4 bits in groups of 64. Measured (this H): output error rtn 1.403e5, search 1.261e5, gptq 8.905e4
-// (0.71 of search's; the bound is 0.8); gptq's codes were all the reference's, which float rounding
-// may flip in rare ties (>= 99% asked), the output errors within 2%.
+// 4 bits in groups of 64. Measured (this H): output error rtn 1.403e5, search 1.159e5, gptq 9.458e4
+// (0.82 of search's; the bound is 0.9: search's extra refit brought it closer to GPTQ, and GPTQ's
+// groups, fitted by search on the updated weights, from 8.905e4 to 9.458e4 here); gptq's codes were
+// all but 4 the reference's, which float rounding may flip in rare ties (>= 99% asked), the output
+// errors within 2%.
 TEST(GptqSolveTest, BeatsRtnAndSearchAndMatchesThePlainAlgorithm) {
   ThreadPool pool(2);
   const int rows = 24, cols = 256;
@@ -259,7 +261,7 @@ TEST(GptqSolveTest, BeatsRtnAndSearchAndMatchesThePlainAlgorithm) {
   const double e_search = gptq_output_error(w.data(), search.q.data(), rows, cols, h.data());
   const double e_gptq = gptq_output_error(w.data(), g.q.data(), rows, cols, h.data());
   std::printf("output error: rtn %.5g, search %.5g, gptq %.5g\n", e_rtn, e_search, e_gptq);
-  EXPECT_LT(e_gptq, 0.8 * e_search);
+  EXPECT_LT(e_gptq, 0.9 * e_search);
   EXPECT_LT(e_search, e_rtn);
 
   std::vector<uint8_t> ref_codes;
@@ -476,7 +478,7 @@ double mean_kl(const Model& src, const Model& q, const std::vector<int32_t>& ids
 // An untied LM head (mistral-tiny, F16: F16 scales; its embedding takes the search fit, the head
 // GPTQ) and q/k/v biases (qwen2-tiny), q4 g32. On 59 tokens the NLL is too noisy to rank them
 // (mistral-tiny's RTN copy scored below its source); the KL against the source is not. Measured,
-// mean KL rtn / gptq: mistral-tiny 0.04848 / 0.02789, qwen2-tiny 0.05850 / 0.02751 (and with
+// mean KL rtn / gptq: mistral-tiny 0.04848 / 0.02449, qwen2-tiny 0.05850 / 0.03119 (and with
 // train.txt calibration and 10 chunks of val.txt, mistral-tiny: rtn +6.03% PPL, KL 0.0502; gptq
 // +3.20%, KL 0.0270). The bound: gptq's KL at most 0.9 of rtn's.
 TEST(GptqCheckpointTest, UntiedHeadAndBiasedModelsQuantize) {
@@ -550,7 +552,8 @@ TEST(GptqCliTest, BadCalibrationFlagsAreErrorsNamingTheFlag) {
   const auto zero = test::run_command(q + " --method gptq --calib tests/data/gptq_calib.txt --calib-tokens 0");
   EXPECT_EQ(zero.code, 2);
   EXPECT_TRUE(has(zero.err, "--calib-tokens")) << zero.err;
-  const auto not_gptq = test::run_command(q + " --calib " + (test::repo_dir() / "tests/data/gptq_calib.txt").string());
+  const auto not_gptq = test::run_command(q + " --method search --calib " +
+                                          (test::repo_dir() / "tests/data/gptq_calib.txt").string());
   EXPECT_EQ(not_gptq.code, 2);
   EXPECT_TRUE(has(not_gptq.err, "--calib is read by --method gptq only")) << not_gptq.err;
   const auto both = test::run_command(q + " --embedding-bits 8 --keep-embeddings");
@@ -565,7 +568,92 @@ TEST(GptqCliTest, BadCalibrationFlagsAreErrorsNamingTheFlag) {
   ASSERT_EQ(ok.code, 0) << ok.err;
   EXPECT_TRUE(has(ok.err, "gptq: 8 calibration sequences of 128 tokens (1024 tokens)")) << ok.err;
   EXPECT_TRUE(has(ok.err, "bits a weight")) << ok.err;
-  EXPECT_TRUE(has(ok.err, "model.embed_tokens: q8 g64")) << ok.err;
+  EXPECT_TRUE(has(ok.err, "model.embed_tokens: q8 g32")) << ok.err;
+  EXPECT_TRUE(has(ok.err, "expected quality: llama.cpp Q4_K_M's class")) << ok.err;
+
+  // --calib without --method: GPTQ.
+  const auto implied = test::run_command(q + " --calib " + (test::repo_dir() / "tests/data/gptq_calib.txt").string() +
+                                         " --calib-tokens 512 --calib-seq 128");
+  ASSERT_EQ(implied.code, 0) << implied.err;
+  EXPECT_TRUE(has(implied.err, "gptq: 4 calibration sequences")) << implied.err;
+  EXPECT_TRUE(has(implied.err, ", gptq,")) << implied.err;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The defaults of `quantize` (resolve_quantize_options) and what they write.
+
+TEST(QuantizeDefaultsTest, ChooseGroupsEmbeddingBitsAndMethod) {
+  const QuantizeOptions d4 = resolve_quantize_options({});
+  EXPECT_EQ(d4.spec, (AffineSpec{4, 32}));
+  EXPECT_EQ(d4.embedding_bits, 8);
+  EXPECT_EQ(d4.embedding_group_size, 64);
+  EXPECT_EQ(d4.method, QuantMethod::Search);
+  EXPECT_FALSE(d4.keep_embeddings);
+
+  QuantizeRequest r;
+  r.calibration = true;
+  EXPECT_EQ(resolve_quantize_options(r).method, QuantMethod::Gptq);
+  r.method = QuantMethod::Rtn;  // given: kept (the CLI then refuses --calib with it)
+  EXPECT_EQ(resolve_quantize_options(r).method, QuantMethod::Rtn);
+
+  r = {};
+  r.bits = 8;
+  const QuantizeOptions d8 = resolve_quantize_options(r);
+  EXPECT_EQ(d8.spec, (AffineSpec{8, 64}));
+  EXPECT_EQ(d8.embedding_bits, 0);  // the embedding at 8 bits like the rest
+  EXPECT_EQ(d8.embedding_group_size, 0);
+
+  r = {};
+  r.keep_embeddings = true;
+  EXPECT_EQ(resolve_quantize_options(r).embedding_bits, 0);
+  r = {};
+  r.group_size = 64;
+  r.embedding_bits = 4;
+  const QuantizeOptions given = resolve_quantize_options(r);
+  EXPECT_EQ(given.spec, (AffineSpec{4, 64}));
+  EXPECT_EQ(given.embedding_bits, 4);
+  EXPECT_EQ(given.embedding_group_size, 0);  // a given group size is every matrix's
+  r = {};
+  r.group_size = 32;
+  EXPECT_EQ(resolve_quantize_options(r).embedding_group_size, 0);
+
+  r = {};
+  r.recipe = QuantRecipe::Mixed_3_6;
+  EXPECT_EQ(resolve_quantize_options(r).spec, (AffineSpec{3, 32}));
+
+  EXPECT_TRUE(has(quality_class(d4), "Q4_K_M")) << quality_class(d4);
+  EXPECT_TRUE(has(quality_class(d8), "near-lossless")) << quality_class(d8);
+  QuantizeOptions old;  // mlx-lm's convert -q: 4 bits, groups of 64, rtn, the embedding at 4 bits
+  old.spec = {4, 64};
+  EXPECT_TRUE(has(quality_class(old), "below llama.cpp Q4_0")) << quality_class(old);
+}
+
+// The default 4-bit file of kjv-tiny against mlx-lm's default (q4 g64 rtn, the embedding at 4 bits):
+// its mean KL against the F32 source over kText must be at most 0.6 of that one's (measured: 0.04891
+// against 0.09259 on AVX-512), in at most 1.55x its bytes (1.52x measured: the 8192 x 128 embedding,
+// at 8 bits, is more than half of kjv-tiny's parameters; on kjv-small the default is 1.21x).
+TEST(QuantizeDefaultsTest, KjvTinyDefaultLosesLessThanMlxDefault) {
+  ThreadPool pool(2);
+  test::TempDir tmp;
+  QuantizeOptions mlx;
+  mlx.spec = {4, 64};
+  const QuantizeReport rm = quantize_checkpoint(test::repo_model("kjv-tiny"), tmp.path / "mlx", mlx, pool);
+  const QuantizeReport rd =
+      quantize_checkpoint(test::repo_model("kjv-tiny"), tmp.path / "def", resolve_quantize_options({}), pool);
+  const auto cfg = test::read_json(tmp.path / "def" / "config.json")["quantization"];
+  EXPECT_EQ(cfg["group_size"], 32);
+  EXPECT_EQ(cfg["bits"], 4);
+  EXPECT_EQ(cfg["model.embed_tokens"]["bits"], 8);
+  EXPECT_EQ(cfg["model.embed_tokens"]["group_size"], 64);
+  const Tokenizer tok = Tokenizer::load(test::repo_model("kjv-tiny"));
+  const std::vector<int32_t> ids = tok.encode(kText);
+  const auto f32 = Model::load(test::repo_model("kjv-tiny"));
+  const auto m = Model::load(tmp.path / "mlx"), d = Model::load(tmp.path / "def");
+  const double kl_mlx = mean_kl(*f32, *m, ids), kl_def = mean_kl(*f32, *d, ids);
+  std::printf("mean KL: q4 g64 rtn %.5f (%zu bytes), defaults %.5f (%zu bytes)\n", kl_mlx, rm.output_bytes, kl_def,
+              rd.output_bytes);
+  EXPECT_LT(kl_def, 0.6 * kl_mlx);
+  EXPECT_LE(double(rd.output_bytes), 1.55 * double(rm.output_bytes));
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// MLX-layout quantized checkpoints (issue 20): config.json's quantization, the quantizer against
+// MLX-layout quantized checkpoints (docs/quantization.md): config.json's quantization, the quantizer against
 // mlx's formula and packing, a hand-made checkpoint read through Model, the errors a user sees, and
 // `quantize` output composing with every engine feature (KV quantization, StreamingLLM, the prompt
 // cache, batched decode).
@@ -761,7 +761,7 @@ TEST(QuantizeCliTest, BenchReportsTheFormatAndTheBytesRead) {
   test::TempDir tmp;
   const fs::path src = tmp.path / "bf16", q = tmp.path / "q4";
   ASSERT_EQ(test::run_command(test::binary() + " make-model --shape tiny --dtype bf16 " + src.string()).code, 0);
-  const auto qr = test::run_command(test::binary() + " quantize " + src.string() + " " + q.string() + " --bits 4");
+  const auto qr = test::run_command(test::binary() + " quantize " + src.string() + " " + q.string() + " --bits 4 --group-size 64 --embedding-bits 0");
   ASSERT_EQ(qr.code, 0) << qr.err;
   const int P = 8, G = 4;
   const auto r = test::run_command(test::binary() + " bench " + q.string() + " --prompt-tokens " + std::to_string(P) +

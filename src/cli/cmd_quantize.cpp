@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "cli/commands.h"
@@ -24,11 +25,9 @@ namespace {
 
 struct QuantizeArgs {
   std::string model_dir, out_dir;
-  int bits = 4;
-  int group_size = 64;
+  std::optional<int> bits, group_size, embedding_bits;  // unset: resolve_quantize_options's defaults
   bool keep_embeddings = false;
-  std::string method = "rtn";
-  int embedding_bits = 0;
+  std::string method;  // empty: search, or gptq with --calib
   std::string recipe;
   std::string calib;       // --method gptq
   int calib_tokens = 32768;
@@ -94,15 +93,19 @@ std::vector<std::vector<int32_t>> calibration(const QuantizeArgs& a) {
 
 int run_quantize(const QuantizeArgs& a) {
   if (a.format == "gguf") return run_gguf(a);
-  QuantizeOptions o;
-  o.spec = {a.bits, a.group_size};
-  o.keep_embeddings = a.keep_embeddings;
-  o.method = a.method == "search" ? QuantMethod::Search : a.method == "gptq" ? QuantMethod::Gptq : QuantMethod::Rtn;
-  o.embedding_bits = a.embedding_bits;
-  o.recipe = a.recipe == "mixed_2_6"   ? QuantRecipe::Mixed_2_6
-             : a.recipe == "mixed_3_6" ? QuantRecipe::Mixed_3_6
-             : a.recipe == "mixed_4_6" ? QuantRecipe::Mixed_4_6
-                                       : QuantRecipe::None;
+  QuantizeRequest req;
+  req.bits = a.bits;
+  req.group_size = a.group_size;
+  req.embedding_bits = a.embedding_bits;
+  req.keep_embeddings = a.keep_embeddings;
+  req.calibration = !a.calib.empty();
+  if (!a.method.empty())
+    req.method = a.method == "search" ? QuantMethod::Search : a.method == "gptq" ? QuantMethod::Gptq : QuantMethod::Rtn;
+  req.recipe = a.recipe == "mixed_2_6"   ? QuantRecipe::Mixed_2_6
+               : a.recipe == "mixed_3_6" ? QuantRecipe::Mixed_3_6
+               : a.recipe == "mixed_4_6" ? QuantRecipe::Mixed_4_6
+                                         : QuantRecipe::None;
+  QuantizeOptions o = resolve_quantize_options(req);
   if (o.method == QuantMethod::Gptq && a.calib.empty())
     throw UsageError("--method gptq needs --calib FILE (text to measure the layers' inputs on, e.g. training text; "
                      "never the evaluation text)");
@@ -134,10 +137,14 @@ int run_quantize(const QuantizeArgs& a) {
     std::string what = "left dense";
     if (spec) {
       what = "q" + std::to_string(spec->bits) + " g" + std::to_string(spec->group_size);
-      if (spec->group_size != a.group_size) what += " (the width is not a multiple of the group size)";
+      const bool embedding = module == "model.embed_tokens" || module == "lm_head";
+      const int asked = embedding && o.embedding_group_size > 0 ? o.embedding_group_size : o.spec.group_size;
+      if (spec->group_size != asked) what += " (the width is not a multiple of the group size)";
     }
     std::fprintf(stderr, "  %s: %s\n", module.c_str(), what.c_str());
   }
+  std::fprintf(stderr, "expected quality: %s; measure it with: posttrainllm eval %s --baseline-model %s --text FILE\n",
+               quality_class(o).c_str(), a.out_dir.c_str(), a.model_dir.c_str());
   return 0;
 }
 
@@ -157,18 +164,19 @@ Command add_quantize_command(CLI::App& root) {
   app->add_option("--type", a->type, "--format gguf: file type: F32, F16, BF16, Q8_0, Q4_0, Q4_K_M, Q5_K_M, Q6_K "
                   "(the quantized ones choose each tensor's type as llama-quantize does)")
       ->check(CLI::IsMember({"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K"}));
-  app->add_option("--bits", a->bits, "Bits per weight code")->check(CLI::IsMember({2, 3, 4, 5, 6, 8}));
-  app->add_option("--group-size", a->group_size, "Weights sharing one scale and bias")
+  app->add_option("--bits", a->bits, "Bits per weight code (default 4)")->check(CLI::IsMember({2, 3, 4, 5, 6, 8}));
+  app->add_option("--group-size", a->group_size, "Weights sharing one scale and bias (default 32 below 8 bits, 64 at 8)")
       ->check(CLI::IsMember({32, 64, 128}));
   app->add_flag("--keep-embeddings", a->keep_embeddings,
                 "Leave model.embed_tokens and lm_head in their float dtype");
   app->add_option("--method", a->method,
-                  "rtn: mlx's round-to-nearest scales and biases; search: the best of a small grid per group "
-                  "(lower squared error, slower); gptq: GPTQ on calibration text (--calib; the best, slowest)")
+                  "rtn: mlx's round-to-nearest scales and biases; search (the default without --calib): the best of "
+                  "a small grid per group, inputs weighted by the norm in front; gptq (the default with --calib): "
+                  "GPTQ on calibration text (the best, slowest)")
       ->check(CLI::IsMember({"rtn", "search", "gptq"}));
   auto* emb = app->add_option("--embedding-bits", a->embedding_bits,
-                              "Bits of model.embed_tokens and lm_head (0: those of the other matrices; a per-module entry "
-                              "in config.json)")
+                              "Bits of model.embed_tokens and lm_head (default 8, in groups of 64, when the other "
+                              "matrices have 4 or fewer, else theirs; 0: theirs; a per-module entry in config.json)")
                   ->check(CLI::IsMember({0, 2, 3, 4, 5, 6, 8}));
   emb->excludes(app->get_option("--keep-embeddings"));
   auto* recipe = app->add_option("--recipe", a->recipe,

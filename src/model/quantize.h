@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,14 +52,17 @@ std::string_view quant_method_name(QuantMethod m);
 // packs every width), scales and biases [rows][cols / group_size] as `scale_dtype` (F32, F16 or
 // BF16). Codes are rounded against the scale and bias as stored (mlx rounds against their float
 // values; the same thing with F32 scales), so narrow scale dtypes cost no extra error.
+// importance (Search only; null: all 1): [cols], each input's weight in the squared error the search
+// minimizes (a diagonal stand-in for GPTQ's H without calibration text).
 void affine_quantize_rows(const float* w, int rows, int cols, const AffineSpec& s, QuantMethod m, DType scale_dtype,
-                          uint32_t* codes, void* scales, void* biases);
+                          uint32_t* codes, void* scales, void* biases, const float* importance = nullptr);
 
 struct QuantizeOptions {
   AffineSpec spec{4, 64};
   QuantMethod method = QuantMethod::Rtn;
   bool keep_embeddings = false;  // embed_tokens and lm_head stay in their float dtype
   int embedding_bits = 0;        // > 0: embed_tokens and lm_head at these bits (a per-module entry)
+  int embedding_group_size = 0;  // > 0: their group size (a per-module entry); 0: spec.group_size
   QuantRecipe recipe = QuantRecipe::None;  // replaces spec.bits by the recipe's low and high bits
   // Gptq: the calibration sequences (token ids, BOS first; calibration_windows in model/gptq.h), and
   // the dampening added to H's diagonal, a fraction of its mean.
@@ -66,6 +70,27 @@ struct QuantizeOptions {
   double gptq_damp = 0.01;
   bool gptq_act_order = false;  // columns by decreasing H_ii, static groups (model/gptq.h)
 };
+
+// What the user asked for; unset fields take the defaults (resolve_quantize_options).
+struct QuantizeRequest {
+  std::optional<int> bits, group_size, embedding_bits;
+  std::optional<QuantMethod> method;
+  bool keep_embeddings = false;
+  bool calibration = false;  // --calib was given
+  QuantRecipe recipe = QuantRecipe::None;
+};
+
+// The defaults, chosen on kjv-small (docs/quantization.md): 4 bits unless asked; below 8 bits groups
+// of 32 (64 at 8); the embedding / LM head at 8 bits in groups of 64 when the other matrices have 4
+// or fewer (llama.cpp's Q4_K_M keeps its output at Q6_K; 8 bits, not 6, because 6-bit codes take the
+// generic product, which makes the LM head most of a decode step); --method search without
+// calibration text, gptq with it. Every field given is kept as given.
+QuantizeOptions resolve_quantize_options(const QuantizeRequest& r);
+
+// One line naming what a written checkpoint is expected to lose, by the measured class it belongs
+// to (docs/quantization.md, "Quality classes"): e.g. "near-lossless (8-bit: kjv-small PPL within
+// 0.05%)".
+std::string quality_class(const QuantizeOptions& o);
 
 struct QuantizeReport {
   int matrices_quantized = 0;

@@ -1,0 +1,232 @@
+#!/usr/bin/env bash
+# Every figure of docs/ in one run: builds what it needs, runs the benchmarks, side by side with
+# llama.cpp wherever its tools are found, and writes docs/figures.md (scripts/figures_table.py).
+#   scripts/figures.sh [--quick] [--llama-cpp DIR] [--model DIR] [--threads N] [--rounds N] [--out FILE]
+#     --quick        about ten minutes: fewer rows, one context length, fewer chunks and rounds
+#     --llama-cpp D  llama.cpp's build/bin (else llama-bench, llama-batched-bench and llama-perplexity
+#                    are looked up on PATH; a tool not found leaves its column empty; llama-server is
+#                    not driven yet: the server rows are ours alone)
+#     --model D      the checkpoint (default ../shared/models/kjv-small; YOCO rows need kjv-yoco beside it)
+#     --threads N    threads of every run, ours and llama.cpp's (default 2)
+#     --rounds N     alternating rounds of each timed pair (default 3; --quick 2)
+#     --out FILE     the page (default docs/figures.md); the raw measurements: $WORK/results.jsonl
+# Environment: WORK (default /tmp/ptllm-figures), TEXT (the evaluation text, default val.txt of the
+# corpus beside the models: ../shared/corpus/val.txt), NOTE (a line about the machine for the page).
+# Run it from the repository root on a quiet machine: a loaded one moves every speed. Idempotent: the
+# build is incremental, the work directory ($WORK, default /tmp/ptllm-figures) is reused, the page
+# rewritten (delete $WORK after changing the quantizer: its quantized copies are reused).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+QUICK=0 LLAMA="" MODEL=../shared/models/kjv-small T=2 ROUNDS="" OUT=docs/figures.md
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) QUICK=1 ;;
+    --llama-cpp) LLAMA=${2:?--llama-cpp needs a directory}; shift ;;
+    --model) MODEL=${2:?--model needs a directory}; shift ;;
+    --threads) T=${2:?--threads needs a number}; shift ;;
+    --rounds) ROUNDS=${2:?--rounds needs a number}; shift ;;
+    --out) OUT=${2:?--out needs a file}; shift ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    *) echo "figures.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+[ -n "$ROUNDS" ] || ROUNDS=$([ $QUICK = 1 ] && echo 2 || echo 3)
+[ -d "$MODEL" ] || { echo "figures.sh: --model $MODEL: no such directory" >&2; exit 2; }
+[ -z "$LLAMA" ] || [ -d "$LLAMA" ] || { echo "figures.sh: --llama-cpp $LLAMA: no such directory" >&2; exit 2; }
+WORK=${WORK:-/tmp/ptllm-figures}
+TEXT=${TEXT:-$(dirname "$MODEL")/../corpus/val.txt}
+[ -f "$TEXT" ] || { echo "figures.sh: $TEXT: no such file (set TEXT to the evaluation text)" >&2; exit 2; }
+mkdir -p "$WORK"
+RES=$WORK/results.jsonl
+: >"$RES"
+TABLE="python3 scripts/figures_table.py"
+
+# Build what the runs need (incremental; ccache if present).
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$(nproc)" --target posttrainllm >/dev/null
+BIN=build/posttrainllm
+
+tool() {  # tool NAME: llama.cpp's NAME from --llama-cpp or PATH, or nothing
+  if [ -n "$LLAMA" ] && [ -x "$LLAMA/$1" ]; then echo "$LLAMA/$1"; else command -v "$1" || true; fi
+}
+LBENCH=$(tool llama-bench) LBATCHED=$(tool llama-batched-bench) LPPL=$(tool llama-perplexity)
+
+val() {  # val AREA ROW METRIC UNIT SIDE ROUND VALUE
+  jq -nc --arg a "$1" --arg r "$2" --arg m "$3" --arg u "$4" --arg s "$5" --argjson n "$6" --argjson v "$7" \
+    '{kind: "value", area: $a, row: $r, metric: $m, unit: $u, side: $s, round: $n, value: $v}' >>"$RES"
+}
+cmd() {  # cmd AREA COMMAND...: records the command (arguments with spaces or ';' quoted), runs it
+  local area=$1 line="" arg; shift
+  for arg in "$@"; do
+    [[ $arg =~ [[:space:]\;] ]] && arg="\"$arg\""
+    line+="${line:+ }$arg"
+  done
+  jq -nc --arg a "$area" --arg c "$line" '{kind: "command", area: $a, command: $c}' >>"$RES"
+  "$@"
+}
+mib() { jq -n "$(stat -c %s "$1") / 1048576"; }  # mib FILE: its size in MiB
+
+# The machine.
+CPU=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
+FLAGS=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' |
+        grep -E '^(avx2|fma|f16c|avx512f|avx512bw|avx512vl|avx512_vnni|avx512_bf16|avx_vnni|amx_tile|amx_bf16|amx_int8|asimd|sve)$' |
+        tr '\n' ' ' | sed 's/ $//')
+LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
+BW=$("$BIN" bench "$MODEL" -p 16 -n 8 -r 1 -t "$T" --json | jq .bandwidth_gb_s)
+LVER=""
+[ -n "$LBENCH" ] && LVER=$("$LBENCH" --version 2>&1 | grep -m1 -i version || true)
+
+# GGUF copies of the checkpoint, written by our quantizer, for llama.cpp's tools and our GGUF rows.
+declare -A GG
+for ty in BF16 Q8_0 Q4_0 Q4_K_M; do
+  GG[$ty]=$WORK/model-$ty.gguf
+  [ -s "${GG[$ty]}" ] || "$BIN" quantize "$MODEL" "${GG[$ty]}" --format gguf --type "$ty" 2>/dev/null
+done
+
+# 1. Prefill and decode by context length and KV precision; llama-bench on the BF16 GGUF with the
+# matching cache type (-ctk/-ctv).
+declare -A LKV=([fp32]=f32 [fp16]=f16 [int8]=q8_0 [int4]=q4_0)
+CTXS="0 1024"; KVS="fp32 fp16 int8 int4"
+[ $QUICK = 1 ] && CTXS="0" KVS="fp16 int4"
+for r in $(seq 1 "$ROUNDS"); do
+  for c in $CTXS; do
+    for kv in $KVS; do
+      row="context $c, KV $kv"
+      j=$(cmd context "$BIN" bench "$MODEL" -p 512 -n 128 --context "$c" --kv-quantize "$kv" -r 1 -t "$T" --json)
+      val context "$row" "prefill 512" tok/s ours "$r" "$(jq .prefill_tok_s <<<"$j")"
+      val context "$row" "decode" tok/s ours "$r" "$(jq .decode_tok_s <<<"$j")"
+      if [ -n "$LBENCH" ]; then
+        cmd context "$LBENCH" -m "${GG[BF16]}" -p 512 -n 128 -d "$c" -ctk "${LKV[$kv]}" -ctv "${LKV[$kv]}" \
+          -t "$T" -r 1 -o jsonl >"$WORK/lb.jsonl" 2>/dev/null
+        while read -r np ng _ ts; do
+          [ "$np" -gt 0 ] && val context "$row" "prefill 512" tok/s llama.cpp "$r" "$ts"
+          [ "$ng" -gt 0 ] && val context "$row" "decode" tok/s llama.cpp "$r" "$ts"
+        done < <($TABLE llama-bench "$WORK/lb.jsonl")
+      fi
+    done
+  done
+done
+
+# 2. Batched decode: N sequences decoding together; llama-batched-bench's text-generation speed.
+NPL="1,4,16"; [ $QUICK = 1 ] && NPL="1,16"
+for r in $(seq 1 "$ROUNDS"); do
+  while read -r line; do
+    val batched "$(jq -r '"N = \(.parallel)"' <<<"$line")" "aggregate decode" tok/s ours "$r" "$(jq .aggregate_decode_tok_s <<<"$line")"
+  done < <(cmd batched "$BIN" bench "$MODEL" --parallel "$NPL" -p 128 -n 64 -t "$T" --json)
+  if [ -n "$LBATCHED" ]; then
+    cmd batched "$LBATCHED" -m "${GG[BF16]}" -c 4096 -npp 128 -ntg 64 -npl "$NPL" -t "$T" --output-format jsonl \
+      >"$WORK/bb.jsonl" 2>/dev/null
+    while read -r pl tg; do val batched "N = $pl" "aggregate decode" tok/s llama.cpp "$r" "$tg"; done \
+      < <($TABLE batched-bench "$WORK/bb.jsonl")
+  fi
+done
+
+# 3. Quantized weights: our defaults at 4 and 8 bits against llama.cpp's Q4_K_M and Q8_0 of the same
+# weights (written by our GGUF writer); speed, then quality in llama.cpp's perplexity protocol.
+CHUNKS=100; [ $QUICK = 1 ] && CHUNKS=10
+PLAIN=$WORK/val-plain.txt
+python3 -c 'import sys; d=open(sys.argv[1],"rb").read(); open(sys.argv[2],"wb").write(d.replace(b"\n\x1e\n", b"\n\n"))' \
+  "$TEXT" "$PLAIN"
+declare -A QDIR=([q4]="$WORK/q4" [q8]="$WORK/q8") QTY=([q4]=Q4_K_M [q8]=Q8_0) QBITS=([q4]=4 [q8]=8)
+for q in q4 q8; do
+  [ -s "${QDIR[$q]}/model.safetensors" ] || cmd quantized "$BIN" quantize "$MODEL" "${QDIR[$q]}" --bits "${QBITS[$q]}" -t "$T" 2>/dev/null
+done
+for r in $(seq 1 "$ROUNDS"); do
+  for q in q4 q8; do
+    row="$q default vs ${QTY[$q]}"
+    j=$(cmd quantized "$BIN" bench "${QDIR[$q]}" -p 512 -n 128 -r 1 -t "$T" --json)
+    val quantized "$row" "prefill 512" tok/s ours "$r" "$(jq .prefill_tok_s <<<"$j")"
+    val quantized "$row" "decode" tok/s ours "$r" "$(jq .decode_tok_s <<<"$j")"
+    if [ -n "$LBENCH" ]; then
+      cmd quantized "$LBENCH" -m "${GG[${QTY[$q]}]}" -p 512 -n 128 -t "$T" -r 1 -o jsonl >"$WORK/lb.jsonl" 2>/dev/null
+      while read -r np ng _ ts; do
+        [ "$np" -gt 0 ] && val quantized "$row" "prefill 512" tok/s llama.cpp "$r" "$ts"
+        [ "$ng" -gt 0 ] && val quantized "$row" "decode" tok/s llama.cpp "$r" "$ts"
+      done < <($TABLE llama-bench "$WORK/lb.jsonl")
+    fi
+  done
+done
+E=(--text "$PLAIN" --ppl-chunks 512 --max-chunks "$CHUNKS" -t "$T" --json)
+for q in q4 q8; do
+  row="$q default vs ${QTY[$q]}"
+  j=$(cmd quantized "$BIN" eval "${QDIR[$q]}" --baseline-model "$MODEL" "${E[@]}")
+  val quantized "$row" "PPL increase over bf16" "%" ours 1 "$(jq '.configs[0].delta_ppl_pct' <<<"$j")"
+  val quantized "$row" "file size" MiB ours 1 "$(mib "${QDIR[$q]}/model.safetensors")"
+  if [ -n "$LPPL" ]; then
+    base=$(jq '.baseline.ppl' <<<"$j")
+    cmd quantized "$LPPL" -m "${GG[${QTY[$q]}]}" -f "$PLAIN" -c 512 --chunks "$CHUNKS" -t "$T" >"$WORK/ppl.log" 2>&1
+    p=$($TABLE perplexity "$WORK/ppl.log")
+    val quantized "$row" "PPL increase over bf16" "%" llama.cpp 1 "$(python3 -c "print(100 * ($p / $base - 1))")"
+  fi
+  val quantized "$row" "file size" MiB llama.cpp 1 "$(mib "${GG[${QTY[$q]}]}")"
+done
+
+# 4. GGUF files: ours reading the files llama.cpp reads.
+GTYPES="BF16 Q8_0 Q4_0 Q4_K_M"; [ $QUICK = 1 ] && GTYPES="Q4_K_M"
+for r in $(seq 1 "$ROUNDS"); do
+  for ty in $GTYPES; do
+    j=$(cmd gguf "$BIN" bench "${GG[$ty]}" -p 512 -n 128 -r 1 -t "$T" --json)
+    val gguf "$ty" "prefill 512" tok/s ours "$r" "$(jq .prefill_tok_s <<<"$j")"
+    val gguf "$ty" "decode" tok/s ours "$r" "$(jq .decode_tok_s <<<"$j")"
+    if [ -n "$LBENCH" ]; then
+      cmd gguf "$LBENCH" -m "${GG[$ty]}" -p 512 -n 128 -t "$T" -r 1 -o jsonl >"$WORK/lb.jsonl" 2>/dev/null
+      while read -r np ng _ ts; do
+        [ "$np" -gt 0 ] && val gguf "$ty" "prefill 512" tok/s llama.cpp "$r" "$ts"
+        [ "$ng" -gt 0 ] && val gguf "$ty" "decode" tok/s llama.cpp "$r" "$ts"
+      done < <($TABLE llama-bench "$WORK/lb.jsonl")
+    fi
+  done
+done
+
+# 5. YOCO: kjv-yoco against kjv-small, time to first token of 2,000 tokens and decode at 2K context.
+YOCO=$(dirname "$MODEL")/kjv-yoco
+if [ -d "$YOCO" ]; then
+  P=2000; [ $QUICK = 1 ] && P=1000
+  for r in $(seq 1 "$ROUNDS"); do
+    for m in "$MODEL" "$YOCO"; do
+      j=$(cmd yoco "$BIN" bench "$m" -p "$P" -n 16 -r 1 -t "$T" --json)
+      val yoco "$(basename "$m")" "time to first token, $P-token prompt" ms ours "$r" "$(jq .ttft_ms <<<"$j")"
+      val yoco "$(basename "$m")" "KV logical bytes" MiB ours "$r" "$(jq '.kv_logical_bytes / 1048576' <<<"$j")"
+    done
+  done
+fi
+
+# 6. Prompt cache: a restarted server's time to first token on a history the previous one wrote, and
+# 7. the prefix store (needs redis-server): a second replica's. Both start their own servers (node).
+HIST=1984 REPS=5; [ $QUICK = 1 ] && HIST=400 REPS=2
+if command -v node >/dev/null; then
+  cmd prompt-cache node scripts/bench_prompt_cache_dir.mjs --binary "$BIN" --model "$MODEL" --threads "$T" \
+    --history "$HIST" --reps "$REPS" --requests 8 --rounds 2 >"$WORK/pc.log" 2>&1 || true
+  if read -r cold warm < <($TABLE node-ttft "$WORK/pc.log" 2>/dev/null); then
+    val prompt-cache "$HIST-token history" "TTFT, cold prefill" ms ours 1 "$cold"
+    val prompt-cache "$HIST-token history" "TTFT after a restart" ms ours 1 "$warm"
+  fi
+  if command -v redis-server >/dev/null; then
+    cmd store node scripts/bench_kv_store.mjs --binary "$BIN" --model "$MODEL" --threads "$T" \
+      --history "$HIST" --reps "$REPS" --requests 8 --rounds 2 >"$WORK/store.log" 2>&1 || true
+    if read -r cold warm < <($TABLE node-ttft "$WORK/store.log" 2>/dev/null); then
+      val store "$HIST-token history" "TTFT, cold prefill" ms ours 1 "$cold"
+      val store "$HIST-token history" "TTFT on a second replica" ms ours 1 "$warm"
+    fi
+  fi
+fi
+
+# 8. KIVI and StreamingLLM: PPL of each cache against the fp32 full cache on the same text.
+MAXT=4096; [ $QUICK = 1 ] && MAXT=1024
+j=$(cmd kv-quality "$BIN" eval "$MODEL" --text "$TEXT" --documents --max-tokens "$MAXT" \
+    --configs "fp32; int8; int4; int2; sink4 w508; sink0 w512" -t "$T" --json)
+while IFS=$'\t' read -r name d; do  # names hold spaces ("sink4 w508")
+  val kv-quality "$name" "PPL increase over the fp32 full cache, $MAXT tokens" "%" ours 1 "$d"
+done < <(jq -r '.configs[] | [.name, (.delta_ppl_pct | tostring)] | @tsv' <<<"$j")
+
+# The page.
+jq -nc --arg cpu "$CPU" --arg flags "$FLAGS" --argjson cores "$(nproc)" --argjson bw "$BW" \
+  --arg date "$(date -u '+%Y-%m-%d %H:%M')" --arg commit "$(git rev-parse --short HEAD)" --argjson t "$T" \
+  --arg load "$LOAD0 / $(cut -d' ' -f1-3 /proc/loadavg)" --arg llama "${LVER:-not found}" --argjson quick "$QUICK" \
+  --argjson mem "$(awk '/MemTotal/ {printf "%.1f", $2 / 1048576}' /proc/meminfo)" --arg note "${NOTE:-}" \
+  '{kind: "machine", cpu: $cpu, flags: $flags, cores: $cores, bandwidth_gb_s: $bw, date: $date, commit: $commit,
+    threads: $t, load: $load, llama_cpp: $llama, quick: ($quick == 1), memory_gib: $mem}
+   + (if $note == "" then {} else {note: $note} end)' >>"$RES"
+$TABLE table "$RES" >"$OUT"
+echo "wrote $OUT (measurements: $RES)"

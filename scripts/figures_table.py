@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""docs/figures.md from the measurements scripts/figures.sh records, and the parsers it uses.
+
+  figures_table.py table RESULTS.jsonl        the Markdown page on stdout
+  figures_table.py llama-bench FILE           llama-bench -o jsonl: "n_prompt n_gen n_depth avg_ts" lines
+  figures_table.py batched-bench FILE         llama-batched-bench --output-format jsonl: "pl speed_tg" lines
+  figures_table.py perplexity FILE            llama-perplexity's log: its final PPL
+  figures_table.py node-ttft FILE             a TTFT summary line of scripts/bench_*.mjs: "cold warm"
+
+RESULTS.jsonl holds one JSON object a line:
+  {"kind": "machine", ...}                   the machine (cpu, flags, cores, bandwidth_gb_s, date, ...)
+  {"kind": "command", "area", "command"}     a command an area ran (listed under its table)
+  {"kind": "value", "area", "row", "metric", "unit", "side": "ours"|"llama.cpp", "round", "value"}
+A row measured by both sides gets the ratio ours / llama.cpp of each round (the two run one after the
+other in a round, so drift on the machine hits both alike): its median and its range over the rounds.
+"""
+import json
+import re
+import statistics
+import sys
+
+AREAS = [
+    ("context", "Prefill and decode by context length and KV precision"),
+    ("batched", "Batched decode"),
+    ("quantized", "Quantized weights (MLX layout)"),
+    ("gguf", "GGUF files"),
+    ("yoco", "YOCO (KV shared across layers)"),
+    ("prompt-cache", "Prompt cache and server time to first token"),
+    ("store", "Prefix store (Redis) time to first token"),
+    ("kv-quality", "KIVI and StreamingLLM quality"),
+]
+
+
+def fmt(v):
+    if v is None:
+        return ""
+    a = abs(v)
+    if a >= 100:
+        return f"{v:.1f}"
+    if a >= 1:
+        return f"{v:.2f}"
+    return f"{v:.4f}"
+
+
+def spread(vals):
+    """"median (min-max)" of vals, or the one value."""
+    if not vals:
+        return ""
+    m = statistics.median(vals)
+    if len(vals) == 1:
+        return fmt(m)
+    return f"{fmt(m)} ({fmt(min(vals))}-{fmt(max(vals))})"
+
+
+def table(path):
+    machine, commands, values = {}, {}, []
+    for n, line in enumerate(open(path, encoding="utf-8"), 1):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError as e:
+            sys.exit(f"{path}:{n}: not JSON ({e})")
+        kind = r.get("kind")
+        if kind == "machine":
+            machine.update(r)
+        elif kind == "command":
+            commands.setdefault(r["area"], [])
+            if r["command"] not in commands[r["area"]]:
+                commands[r["area"]].append(r["command"])
+        elif kind == "value":
+            for k in ("area", "row", "metric", "unit", "side", "round", "value"):
+                if k not in r:
+                    sys.exit(f"{path}:{n}: a value without '{k}'")
+            values.append(r)
+        else:
+            sys.exit(f"{path}:{n}: unknown kind {kind!r}")
+
+    out = ["# Figures", ""]
+    out.append("Written by `scripts/figures.sh` (" + ("`--quick`" if machine.get("quick") else "the full run") +
+               "); every figure in the other pages of docs/ that is not given with its own command is a row "
+               "here. Speeds in tok/s unless the unit says otherwise; each cell is the median of the rounds "
+               "with their range in parentheses; ratio: ours / llama.cpp's, taken round by round.")
+    out.append("")
+    out.append("## Machine")
+    out.append("")
+    for key, label in (("cpu", "CPU"), ("flags", "SIMD flags"), ("cores", "cores"),
+                       ("bandwidth_gb_s", "measured read bandwidth (GB/s)"), ("memory_gib", "memory (GiB)"),
+                       ("date", "date (UTC)"), ("commit", "commit"), ("threads", "threads"),
+                       ("load", "load average before / after"), ("llama_cpp", "llama.cpp"), ("note", "note")):
+        if key in machine:
+            v = machine[key]
+            out.append(f"- {label}: {fmt(v) if isinstance(v, float) else v}")
+    out.append("")
+
+    known = [a for a, _ in AREAS]
+    titles = dict(AREAS)
+    areas = known + sorted({v["area"] for v in values} - set(known))
+    for area in areas:
+        vs = [v for v in values if v["area"] == area]
+        if not vs and area not in commands:
+            continue
+        out.append(f"## {titles.get(area, area)}")
+        out.append("")
+        if not vs:
+            out.append("Not measured in this run.")
+            out.append("")
+        else:
+            out.append("| row | metric | ours | llama.cpp | ratio |")
+            out.append("|---|---|---:|---:|---:|")
+            keys = []
+            for v in vs:
+                k = (v["row"], v["metric"], v["unit"])
+                if k not in keys:
+                    keys.append(k)
+            for row, metric, unit in keys:
+                mine = [v for v in vs if (v["row"], v["metric"], v["unit"]) == (row, metric, unit)]
+                ours = {v["round"]: float(v["value"]) for v in mine if v["side"] == "ours"}
+                theirs = {v["round"]: float(v["value"]) for v in mine if v["side"] == "llama.cpp"}
+                ratios = [ours[r] / theirs[r] for r in sorted(ours) if r in theirs and theirs[r] != 0]
+                m = metric + ("" if unit in ("tok/s", "") else f" ({unit})")
+                ratio = ""
+                if ratios:
+                    ratio = f"{statistics.median(ratios):.2f}x"
+                    if len(ratios) > 1:
+                        ratio += f" ({min(ratios):.2f}-{max(ratios):.2f})"
+                out.append(f"| {row} | {m} | {spread(list(ours.values()))} | {spread(list(theirs.values()))} | {ratio} |")
+            out.append("")
+        if commands.get(area):
+            out.append("Commands:")
+            out.append("")
+            out.append("```sh")
+            out.extend(commands[area])
+            out.append("```")
+            out.append("")
+    return "\n".join(out)
+
+
+def llama_bench(path):
+    for line in open(path, encoding="utf-8"):
+        line = line.strip()
+        if line.startswith("{"):
+            j = json.loads(line)
+            print(j.get("n_prompt", 0), j.get("n_gen", 0), j.get("n_depth", 0), j["avg_ts"])
+
+
+def batched_bench(path):
+    for line in open(path, encoding="utf-8"):
+        line = line.strip()
+        if line.startswith("{"):
+            j = json.loads(line)
+            print(j["pl"], j["speed_tg"])
+
+
+def perplexity(path):
+    text = open(path, encoding="utf-8", errors="replace").read()
+    m = re.search(r"Final estimate: PPL = ([0-9.]+)", text)
+    if not m:
+        sys.exit(f"{path}: no 'Final estimate: PPL = ' line")
+    print(m.group(1))
+
+
+def node_ttft(path):
+    text = open(path, encoding="utf-8", errors="replace").read()
+    m = re.search(r"TTFT of a \d+-token history: cold (?:prefill )?([0-9.]+) ms.*?"
+                  r"(?:after a restart|second replica) ([0-9.]+) ms", text)
+    if not m:
+        sys.exit(f"{path}: no 'TTFT of a N-token history' line")
+    print(m.group(1), m.group(2))
+
+
+def main(argv):
+    cmds = {"table": lambda p: print(table(p)), "llama-bench": llama_bench, "batched-bench": batched_bench,
+            "perplexity": perplexity, "node-ttft": node_ttft}
+    if len(argv) != 3 or argv[1] not in cmds:
+        sys.exit(__doc__)
+    cmds[argv[1]](argv[2])
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""scripts/figures_table.py on canned inputs (tests/data/figures): the parsers of llama.cpp's and our
+benchmark outputs, and the page: medians, ranges, round-by-round ratios, commands once, the machine."""
+import os
+import subprocess
+import sys
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "scripts", "figures_table.py")
+DATA = os.path.join(ROOT, "tests", "data", "figures")
+
+
+def run(*args):
+    r = subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True)
+    return r.returncode, r.stdout, r.stderr
+
+
+class Parsers(unittest.TestCase):
+    def test_llama_bench(self):
+        code, out, _ = run("llama-bench", os.path.join(DATA, "llama-bench.jsonl"))
+        self.assertEqual(code, 0)
+        self.assertEqual(out.split("\n")[:2], ["512 0 1024 2900.5", "0 128 1024 610.25"])
+
+    def test_batched_bench_skips_the_log_lines(self):
+        code, out, _ = run("batched-bench", os.path.join(DATA, "batched-bench.jsonl"))
+        self.assertEqual(code, 0)
+        self.assertEqual(out.split(), ["1", "640.0", "16", "2048.0"])
+
+    def test_perplexity_final_estimate(self):
+        code, out, _ = run("perplexity", os.path.join(DATA, "perplexity.log"))
+        self.assertEqual((code, out.strip()), (0, "25.6891"))
+
+    def test_perplexity_without_a_final_line_is_an_error(self):
+        code, _, err = run("perplexity", os.path.join(DATA, "node-ttft.log"))
+        self.assertNotEqual(code, 0)
+        self.assertIn("Final estimate", err)
+
+    def test_node_ttft(self):
+        code, out, _ = run("node-ttft", os.path.join(DATA, "node-ttft.log"))
+        self.assertEqual((code, out.split()), (0, ["500.0", "40.0"]))
+
+
+class Page(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        code, cls.page, err = run("table", os.path.join(DATA, "results.jsonl"))
+        assert code == 0, err
+
+    def test_machine(self):
+        self.assertIn("- CPU: Test CPU", self.page)
+        self.assertIn("- measured read bandwidth (GB/s): 12.35", self.page)
+        self.assertIn("`--quick`", self.page)
+
+    def test_medians_ranges_and_ratios_by_round(self):
+        # ours 100, 120, 90; llama.cpp 80, 80, 100: ratios 1.25, 1.5, 0.9 -> median 1.25.
+        self.assertIn("| context 0, KV fp16 | decode | 100.0 (90.00-120.0) | 80.00 (80.00-100.0) | 1.25x (0.90-1.50) |",
+                      self.page)
+
+    def test_one_sided_rows_and_units(self):
+        self.assertIn("| q4 default vs Q4_K_M | PPL increase over bf16 (%) | 0.4170 |  |  |", self.page)
+        self.assertIn("| 1984-token history | TTFT on a second replica (ms) | 12.50 |  |  |", self.page)
+
+    def test_areas_in_order_each_command_once(self):
+        self.assertLess(self.page.index("## Prefill and decode"), self.page.index("## Quantized weights"))
+        self.assertLess(self.page.index("## Quantized weights"), self.page.index("## Prefix store"))
+        self.assertEqual(self.page.count("--kv-quantize fp16 -r 1 -t 2 --json"), 1)
+        self.assertNotIn("## Batched decode", self.page)  # nothing measured, no command: no section
+
+    def test_a_bad_line_names_the_file_and_line(self):
+        import tempfile
+        with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+            f.write('{"kind": "value", "area": "x"}\n')
+        code, _, err = run("table", f.name)
+        os.unlink(f.name)
+        self.assertNotEqual(code, 0)
+        self.assertIn(f.name + ":1: a value without 'row'", err)
+
+
+if __name__ == "__main__":
+    unittest.main()
