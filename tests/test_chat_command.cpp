@@ -1,4 +1,4 @@
-// posttrainllm chat (issue 17): a scripted conversation keeps its KV between turns (each turn
+// posttrainllm chat: a scripted conversation keeps its KV between turns (each turn
 // prefills only its new tokens, as the footer says) and every reply at temperature 0 equals what
 // `sample` gives on that turn's fully rendered prompt; /reset, --system, the prompt cache, and the
 // errors for a missing template and bad --chat-template-kwargs. Each test runs the binary.

@@ -1,4 +1,4 @@
-// The command line as llama.cpp users type it (issue 17): sample's prompt, stop, escape, JSON and
+// The command line as llama.cpp users type it: sample's prompt, stop, escape, JSON and
 // Ctrl-C habits; the messages of every command for bad values, unknown commands and llama.cpp's
 // multi-letter flags; eval's early path checks, progress and PPL error. Each test runs the binary.
 #include <fcntl.h>

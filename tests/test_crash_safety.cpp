@@ -1,4 +1,4 @@
-// Crash safety of the prompt-cache writers (issue 22): writers killed with SIGKILL at random points
+// Crash safety of the prompt-cache writers: writers killed with SIGKILL at random points
 // leave every file either complete and valid or absent, and no temporary that a later run trips
 // over; 8 concurrent writers (4 on one key, 4 on others) with --prompt-cache-max-mb pruning all
 // succeed and leave only valid files within the bound.

@@ -1,4 +1,4 @@
-// The block store of `serve --kv-store` (issue 23): the value format (anything that does not verify
+// The block store of `serve --kv-store`: the value format (anything that does not verify
 // is a miss), pools exchanging token blocks through a store (what one scheduler computed, another
 // loads instead of computing, with the same output), and the Redis client against a redis-server of
 // the test's own: round trip, expiry, a Redis that is down, paused (slow) or back again.

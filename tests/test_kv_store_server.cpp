@@ -1,5 +1,5 @@
 // Two `serve` replicas (in-process HTTP servers on two loopback ports, each with its own scheduler
-// and pool) sharing one redis-server of the test's own (issue 23): a conversation started on A and
+// and pool) sharing one redis-server of the test's own: a conversation started on A and
 // continued on B prefills only the new turn on B (usage.prompt_tokens_details.cached_tokens says
 // so, on /v1/chat/completions and /v1/completions) with the answer of a single server; a corrupted
 // value is a miss and the right answer; Redis killed mid-run: both keep answering correctly. And the

@@ -1,4 +1,4 @@
-// Defects of issue 22's adversarial probe, each a test: shape arithmetic from config.json, files that
+// Defects an adversarial probe found, each a test: shape arithmetic from config.json, files that
 // are not regular files (FIFOs never hang a reader), size limits, files a save must never replace or
 // a prune never delete, temporaries of killed writers, signals during a save, and values that used
 // to be accepted silently.

@@ -1,4 +1,4 @@
-// YOCO / cross-layer KV sharing (issue 19): config.json's num_kv_shared_layers into a KV source per
+// YOCO / cross-layer KV sharing: config.json's num_kv_shared_layers into a KV source per
 // layer, the loader's rules for k_proj / v_proj, the KV engine's shared layers (a view of the donor's
 // blocks, nothing stored), and models built here from kjv-tiny's weights: with sharing switched off
 // a YocoLlama config is plain Llama; with it, the prefill shortcut gives the full prefill's logits.

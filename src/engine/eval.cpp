@@ -19,7 +19,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// out[i] = log softmax(x)[i], in double (issue 4: small KL values drown in float rounding).
+// out[i] = log softmax(x)[i], in double (small KL values drown in float rounding).
 // Returns false when the logits are not all finite (the seed's NaN bug class must not pass silently).
 bool log_softmax(const float* x, int n, double* out) {
   const double mx = *std::max_element(x, x + n);

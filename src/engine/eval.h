@@ -1,5 +1,5 @@
 #pragma once
-// Quality of a KV-cache configuration, measured through the cached path (issue 4): the text is fed
+// Quality of a KV-cache configuration, measured through the cached path: the text is fed
 // teacher-forced the way generation feeds it (a prefill, then one token or one chunk per step), and
 // every prediction is compared with the fp32 full-cache baseline of the same run. The baseline and
 // each configuration run their own Session in lockstep, so the baseline's next-token distribution is

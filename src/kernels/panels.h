@@ -1,5 +1,5 @@
 #pragma once
-// BF16 weights in panels (issue 16: batched decode). A row-major BF16 matrix is copied at load time
+// BF16 weights in panels (batched decode). A row-major BF16 matrix is copied at load time
 // into panels of 16 rows, each a run of column pairs: panel p holds rows 16p..16p+15, and for each
 // pair of columns (2j, 2j+1) one 64-byte line of the 16 rows' two values,
 //   data[((p * cols/2 + j) * 16 + i) * 2 + c] = W[16p + i][2j + c].

@@ -1,5 +1,5 @@
 #pragma once
-// Token blocks shared across processes through a key-value store (issue 23; LMCache's and SGLang
+// Token blocks shared across processes through a key-value store (LMCache's and SGLang
 // HiCache's design: chunks keyed by a chained prefix hash, values in Redis). One replica computes a
 // prompt's full blocks and puts them; another, missing them in its own pool, looks them up and loads
 // them instead of computing them.

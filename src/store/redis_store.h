@@ -1,5 +1,5 @@
 #pragma once
-// The block store over Redis (issue 23): a KVStore (persist/kv_store.h) through hiredis. Lookups are
+// The block store over Redis: a KVStore (persist/kv_store.h) through hiredis. Lookups are
 // one MGET (one round trip per prompt); puts are queued and written by a thread of their own,
 // pipelined SETs, so a scheduler step never waits for Redis. A Redis that is down, slow (past the
 // timeout) or answering errors is a miss, a warning in the log (at most one per 10 s) and an error

@@ -1,4 +1,4 @@
-// The load and soak workloads of posttrainllm serve (issue 18), with the openai client.
+// The load and soak workloads of posttrainllm serve, with the openai client.
 //
 //   load (default): 16 concurrent conversations x 4 turns over a shared ~600-token system prompt,
 //     streamed, temperature 0, max 64 tokens a reply. Prints the total seconds, TTFT p50/p95, that

@@ -1,5 +1,5 @@
 #pragma once
-// The CPU executor of an attention plan (attention/plan.h), with wave 1's kernels.
+// The CPU executor of an attention plan (attention/plan.h).
 //
 // Work is cut into (query tokens, KV head, part) pieces. The `group` query heads sharing a KV head
 // are processed together, and in prefill those of a tile of consecutive tokens: a block's rows are
