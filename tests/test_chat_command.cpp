@@ -47,7 +47,7 @@ fs::path model_with_template(const fs::path& src, const fs::path& dst, const std
   return dst;
 }
 
-// kjv-small when ../shared is there (the model), else the shipped kjv-tiny.
+// kjv-small when ../shared is there (the reference model), else the shipped kjv-tiny.
 fs::path source_model() {
   const fs::path small = test::shared_model("kjv-small");
   return fs::exists(small / "config.json") ? small : test::repo_model("kjv-tiny");

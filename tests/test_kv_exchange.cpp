@@ -1,4 +1,4 @@
-// Token blocks exchanged through a block store under every KV setting (issues 18 and 23): one pool
+// Token blocks exchanged through a block store under every KV setting: one pool
 // computes a prompt and puts its blocks, a fresh pool (another replica, or the same server after a
 // restart) loads them, adopts them and continues: the tokens and the logits are bit for bit those of a
 // cold computation. KIVI's groups travel as they are (int codes, scales and zeros), the residual in
