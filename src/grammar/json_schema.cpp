@@ -1023,6 +1023,7 @@ void SchemaVisitor::check_disjoint(const std::vector<json>& branches, const std:
     flat.push_back(branches[i].is_object() ? merge_all(deref(branches[i], bp, depth + 1), bp, depth + 1) : branches[i]);
   }
   auto disjoint = [&](const json& x, const json& y) {
+    if (!x.is_object() || !y.is_object()) return false;
     const auto tx = types_of(x), ty = types_of(y);
     bool common = false;
     for (const auto& t : tx)
@@ -1037,8 +1038,9 @@ void SchemaVisitor::check_disjoint(const std::vector<json>& branches, const std:
     if (!(tx.size() == 1 && *tx.begin() == "object" && ty.size() == 1 && *ty.begin() == "object")) return false;
     auto req = [](const json& s) {
       std::set<std::string> r;
-      if (s.contains("required"))
-        for (auto& k : s["required"]) r.insert(k.get<std::string>());
+      if (s.contains("required") && s["required"].is_array())
+        for (auto& k : s["required"])
+          if (k.is_string()) r.insert(k.get<std::string>());
       return r;
     };
     const auto rx = req(x), ry = req(y);
@@ -1049,8 +1051,15 @@ void SchemaVisitor::check_disjoint(const std::vector<json>& branches, const std:
       if (ky && !ky->count(k)) return true;
     for (const auto& k : rx) {
       if (!ry.count(k)) continue;
-      const json& px = x["properties"][k];
-      const json& py = y["properties"][k];
+      static const json kNone;
+      const auto prop = [&](const json& s) -> const json& {
+        const auto p = s.find("properties");
+        if (p == s.end() || !p->is_object()) return kNone;
+        const auto v = p->find(k);
+        return v == p->end() ? kNone : *v;
+      };
+      const json& px = prop(x);
+      const json& py = prop(y);
       const auto ax = values_of(px), ay = values_of(py);
       if (!ax || !ay) continue;
       bool overlap = false;
@@ -1077,6 +1086,10 @@ std::string SchemaGrammarBuilder::add(const nlohmann::ordered_json& schema, std:
   try {
     SchemaVisitor v(*this, schema);
     return v.visit(schema, "", sanitize(name_hint), 0);
+  } catch (const nlohmann::json::exception& e) {
+    // A keyword of an unexpected shape the checks above did not name: still the caller's error.
+    *this = std::move(saved);
+    throw SchemaError("", "", std::string("the schema has a keyword of an unexpected form (") + e.what() + ")");
   } catch (...) {
     *this = std::move(saved);
     throw;
