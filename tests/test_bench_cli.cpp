@@ -110,6 +110,10 @@ TEST(BenchCliTest, JsonHasEveryFieldAndTheyAreConsistent) {
   EXPECT_GT(j["decode_tok_s"].get<double>(), 0);
   EXPECT_GT(j["ttft_ms"].get<double>(), 0);
   EXPECT_EQ(j["threads"].get<int>(), 2);
+  // The kernels: the target that "simd" names, then the affine and GGUF products and the CPU's features.
+  ASSERT_TRUE(j.contains("kernels")) << r.out;
+  EXPECT_EQ(j["kernels"].get<std::string>().rfind(j["simd"].get<std::string>() + " (affine ", 0), 0u) << r.out;
+  EXPECT_NE(j["kernels"].get<std::string>().find(", gguf "), std::string::npos) << r.out;
   // fp32 K and V of every stored token (prompt and generated) in every layer.
   EXPECT_EQ(j["kv_logical_bytes"].get<size_t>(), size_t(kLayers) * size_t(P + G) * 2 * kKvDim * sizeof(float));
   EXPECT_GE(j["kv_physical_bytes"].get<size_t>(), j["kv_logical_bytes"].get<size_t>());

@@ -10,9 +10,13 @@
 #include <random>
 #include <stdexcept>
 #include <vector>
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#endif
 
 #include "core/dtype.h"
 #include "core/thread_pool.h"
+#include "kernels/affine.h"
 #include "kernels/ops.h"
 #include "kernels/quant.h"
 #include "kernels/simd.h"
@@ -605,6 +609,19 @@ TEST(SimdDispatchTest, BestTargetIsActiveAndEveryTargetCanBeChosen) {
   if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")) {
     EXPECT_NE(kernel_table(SimdTarget::AVX512), nullptr);
   }
+#endif
+#if defined(__aarch64__)
+  // Advanced SIMD is part of AArch64: the NEON kernels, never the portable loops, are chosen.
+  EXPECT_EQ(active_simd_target(), SimdTarget::NEON);
+  EXPECT_NE(active_kernels_name().find("neon"), std::string::npos);
+  // The affine products take the best of what the kernel reports (Linux's HWCAP bits, read here
+  // apart from the dispatcher's reader).
+  AffineKernel want = AffineKernel::NEON;
+#if defined(__linux__)
+  if (getauxval(AT_HWCAP) & (1ul << 20)) want = AffineKernel::NEONDotprod;  // HWCAP_ASIMDDP
+  if (getauxval(AT_HWCAP2) & (1ul << 13)) want = AffineKernel::NEONI8mm;    // HWCAP2_I8MM
+#endif
+  EXPECT_EQ(affine_active_kernel(), want) << affine_kernel_name(affine_active_kernel());
 #endif
 }
 

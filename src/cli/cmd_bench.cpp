@@ -152,6 +152,7 @@ int run_bench_command(BenchArgs& a) {
         {"model", a.model_dir},
         {"architecture", cfg.arch_name},
         {"simd", simd},
+        {"kernels", kernels_description()},
         {"threads", pool.size()},
         {"context_tokens", b.context},
         {"prompt_tokens", b.prompt_tokens},
@@ -185,6 +186,7 @@ int run_bench_command(BenchArgs& a) {
   }
   std::printf("model: %s (%s, %s), %d threads, simd %s\n", a.model_dir.c_str(), cfg.arch_name.c_str(),
               weights_text(model).c_str(), pool.size(), simd.c_str());
+  std::printf("kernels: %s\n", kernels_description().c_str());
   std::printf("run: %d prompt tokens after %d of context, %d generated; median of %d\n", b.prompt_tokens, b.context,
               b.gen_tokens, b.repeat);
   std::printf("prefill: %.1f tok/s, time to first token %.1f ms\n", r.prefill_tok_s, r.ttft_ms);

@@ -394,7 +394,7 @@ std::string version_text() {
   const char* compiler = "an unknown compiler";
 #endif
   return std::string("posttrainllm ") + PTLLM_VERSION + " (git " + PTLLM_GIT_DESCRIBE + ", " + PTLLM_BUILD_TYPE +
-         " build, " + compiler + ", kernels " + active_kernels_name() +
+         " build, " + compiler + ", kernels " + kernels_description() +
          " on this CPU)";
 }
 

@@ -109,6 +109,9 @@ const AffineKernelTable* affine_table(AffineKernel k) {
     case AffineKernel::AVX2Vnni: return kernel_table(SimdTarget::AVX2) ? affine_avx2_vnni_kernels() : nullptr;
     case AffineKernel::AVX512: return kernel_table(SimdTarget::AVX512) ? affine_avx512_kernels() : nullptr;
     case AffineKernel::AVX512Vnni: return kernel_table(SimdTarget::AVX512) ? affine_avx512_vnni_kernels() : nullptr;
+    case AffineKernel::NEON: return kernel_table(SimdTarget::NEON) ? affine_neon_kernels() : nullptr;
+    case AffineKernel::NEONDotprod: return kernel_table(SimdTarget::NEON) ? affine_neon_dotprod_kernels() : nullptr;
+    case AffineKernel::NEONI8mm: return kernel_table(SimdTarget::NEON) ? affine_neon_i8mm_kernels() : nullptr;
   }
   return nullptr;
 }
@@ -117,6 +120,10 @@ AffineKernel default_kernel() {
   switch (active_simd_target()) {
     case SimdTarget::AVX512: return affine_table(AffineKernel::AVX512Vnni) ? AffineKernel::AVX512Vnni : AffineKernel::AVX512;
     case SimdTarget::AVX2: return affine_table(AffineKernel::AVX2Vnni) ? AffineKernel::AVX2Vnni : AffineKernel::AVX2;
+    case SimdTarget::NEON:
+      return affine_table(AffineKernel::NEONI8mm)      ? AffineKernel::NEONI8mm
+             : affine_table(AffineKernel::NEONDotprod) ? AffineKernel::NEONDotprod
+                                                       : AffineKernel::NEON;
     default: return AffineKernel::Portable;
   }
 }
@@ -149,6 +156,9 @@ std::string_view affine_kernel_name(AffineKernel k) {
     case AffineKernel::AVX2Vnni: return "avx2-vnni";
     case AffineKernel::AVX512: return "avx512";
     case AffineKernel::AVX512Vnni: return "avx512-vnni";
+    case AffineKernel::NEON: return "neon";
+    case AffineKernel::NEONDotprod: return "neon-dotprod";
+    case AffineKernel::NEONI8mm: return "neon-i8mm";
   }
   return "?";
 }
@@ -156,10 +166,12 @@ std::string_view affine_kernel_name(AffineKernel k) {
 std::vector<AffineKernel> available_affine_kernels() {
   std::vector<AffineKernel> out;
   for (AffineKernel k : {AffineKernel::Portable, AffineKernel::AVX2, AffineKernel::AVX2Vnni, AffineKernel::AVX512,
-                         AffineKernel::AVX512Vnni})
+                         AffineKernel::AVX512Vnni, AffineKernel::NEON, AffineKernel::NEONDotprod, AffineKernel::NEONI8mm})
     if (affine_table(k)) out.push_back(k);
   return out;
 }
+
+AffineKernel affine_active_kernel() { return default_kernel(); }
 
 bool affine_fast(const WeightMatrix& w) {
   const bool pow2 = w.group_size > 0 && (w.group_size & (w.group_size - 1)) == 0;  // mlx: 32, 64, 128

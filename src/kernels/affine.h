@@ -34,11 +34,14 @@ void affine_dequant_row(const WeightMatrix& w, int r, float* out);
 void affine_matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool);
 
 // The SIMD kernels of the products, slowest first; the default follows kernels/simd.h's active
-// target (AVX-512, AVX2: with VNNI where the CPU has it).
-enum class AffineKernel : uint8_t { Portable, AVX2, AVX2Vnni, AVX512, AVX512Vnni };
+// target (AVX-512, AVX2: with VNNI where the CPU has it; NEON: with i8mm, else dotprod, where the
+// CPU has them).
+enum class AffineKernel : uint8_t { Portable, AVX2, AVX2Vnni, AVX512, AVX512Vnni, NEON, NEONDotprod, NEONI8mm };
 enum class AffinePath : uint8_t { Auto, Gemv, Gemm };
 std::string_view affine_kernel_name(AffineKernel k);
 std::vector<AffineKernel> available_affine_kernels();
+// The kernel affine_matmul takes by default (follows set_simd_target).
+AffineKernel affine_active_kernel();
 // Rows of x up to which Auto takes the gemv.
 constexpr int kAffineGemvMaxT = 8;
 // affine_matmul through kernel k and the given path (tests, benchmarks). Throws ptllm::Error if k

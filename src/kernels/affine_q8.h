@@ -78,5 +78,8 @@ const AffineKernelTable* affine_avx2_kernels();
 const AffineKernelTable* affine_avx2_vnni_kernels();    // and AVX-VNNI
 const AffineKernelTable* affine_avx512_kernels();       // AVX-512 F/BW/VL/DQ, no VNNI
 const AffineKernelTable* affine_avx512_vnni_kernels();  // and VNNI
+const AffineKernelTable* affine_neon_kernels();          // AArch64 NEON
+const AffineKernelTable* affine_neon_dotprod_kernels();  // and dotprod (sdot)
+const AffineKernelTable* affine_neon_i8mm_kernels();     // and i8mm (usdot)
 
 }  // namespace ptllm

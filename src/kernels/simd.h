@@ -1,7 +1,8 @@
 #pragma once
 // Runtime dispatch of the SIMD kernels. The library is compiled for a baseline CPU; each SIMD target
-// is a translation unit whose functions are compiled for that instruction set (kernels_avx2.cpp,
-// kernels_avx512.cpp; kernels_portable.cpp uses compiler vector extensions, whatever the CPU).
+// is a translation unit whose functions are compiled for that instruction set (x86/kernels_avx2.cpp,
+// x86/kernels_avx512.cpp, arm/kernels_neon.cpp; cpu/kernels_portable.cpp uses compiler vector
+// extensions, whatever the CPU). What the CPU has: cpu/features.h.
 // At first use the best target this CPU and OS support is chosen; ops.h's functions go through it.
 #include <atomic>
 #include <cstdint>
@@ -14,7 +15,7 @@
 
 namespace ptllm {
 
-enum class SimdTarget : uint8_t { Portable, AVX2, AVX512 };
+enum class SimdTarget : uint8_t { Portable, AVX2, AVX512, NEON };
 std::string_view simd_target_name(SimdTarget t);
 
 // Every kernel of one target. 16-bit rows (BF16/F16) are passed as void*: any alignment is fine.
@@ -86,6 +87,9 @@ inline SimdTarget active_simd_target() { return active_kernels().target; }
 // What computes the numbers: the active target's name, with "+amx" where BF16 products run on AMX
 // (kernels/amx.h). Part of the prompt cache's key: another name may round differently.
 std::string active_kernels_name();
+// For people (--version, bench): the active target's name, the affine and GGUF products it takes
+// and the CPU's features, e.g. "neon (affine neon-i8mm, gguf scalar; cpu neon fp16 dotprod i8mm bf16)".
+std::string kernels_description();
 // Process-wide switch, for tests and benchmarks; not safe while kernels run on other threads.
 // Throws ptllm::Error if the target is unavailable.
 void set_simd_target(SimdTarget t);
@@ -94,5 +98,6 @@ void set_simd_target(SimdTarget t);
 const KernelTable* portable_kernel_table();
 const KernelTable* avx2_kernel_table();
 const KernelTable* avx512_kernel_table();
+const KernelTable* neon_kernel_table();
 
 }  // namespace ptllm

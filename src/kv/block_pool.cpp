@@ -69,7 +69,9 @@ BlockPool::BlockPool(size_t block_bytes, size_t capacity, bool preallocate, int 
     const size_t bytes = block_bytes_ * capacity, huge = size_t(2) << 20;
     const bool on_huge = bytes >= 2 * huge;
     arena_.reset(alloc_aligned(bytes, on_huge ? huge : kAlign));
+#ifdef MADV_HUGEPAGE  // Linux only
     if (on_huge) madvise(arena_.get(), (bytes + huge - 1) / huge * huge, MADV_HUGEPAGE);
+#endif
     std::memset(arena_.get(), 0, bytes);  // touch every page now: flat memory from the start
     for (size_t i = 0; i < capacity; ++i) ptr_[i] = arena_.get() + i * block_bytes_;
     for (size_t i = capacity; i-- > 0;) free_.push_back(int32_t(i));

@@ -216,7 +216,9 @@ void Model::pack_panels() {
     const size_t align = n >= 2 * huge ? huge : 64, rounded = (n + align - 1) / align * align;
     void* p = std::aligned_alloc(align, rounded);
     if (!p) throw Error("out of memory: " + std::to_string(n) + " bytes for a weight matrix in panels");
+#ifdef MADV_HUGEPAGE  // Linux only
     if (align == huge) madvise(p, rounded, MADV_HUGEPAGE);
+#endif
     panel_bytes_.emplace_back(static_cast<uint8_t*>(p));
     ptllm::pack_panels(*w, p, pool);
     // The file's pages of the matrix are not read again: dropped from this process's memory (a

@@ -6,6 +6,9 @@
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#ifndef MSG_NOSIGNAL
+#define MSG_NOSIGNAL 0  // macOS: SIGPIPE is ignored process-wide instead (cli/main.cpp)
+#endif
 
 #include <algorithm>
 #include <atomic>

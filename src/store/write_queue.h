@@ -111,8 +111,12 @@ class QueuedStore : public KVStore {
   // and stall the step's other threads at their next join. It runs write_loop().
   void start_writer(const char* name) {
     writer_ = std::thread([this, name] {
+#if defined(__linux__)
       pthread_setname_np(pthread_self(), name);
       ::setpriority(PRIO_PROCESS, id_t(::syscall(SYS_gettid)), 10);
+#elif defined(__APPLE__)
+      pthread_setname_np(name);  // the calling thread only; no per-thread nice
+#endif
       write_loop();
     });
   }

@@ -18,6 +18,7 @@ std::string_view simd_target_name(SimdTarget t) {
     case SimdTarget::Portable: return "portable";
     case SimdTarget::AVX2: return "avx2";
     case SimdTarget::AVX512: return "avx512";
+    case SimdTarget::NEON: return "neon";
   }
   return "?";
 }
@@ -27,13 +28,14 @@ const KernelTable* kernel_table(SimdTarget t) {
     case SimdTarget::Portable: return portable_kernel_table();
     case SimdTarget::AVX2: return cpu_features().avx2 ? avx2_kernel_table() : nullptr;
     case SimdTarget::AVX512: return cpu_features().avx512 ? avx512_kernel_table() : nullptr;
+    case SimdTarget::NEON: return cpu_features().neon ? neon_kernel_table() : nullptr;
   }
   return nullptr;
 }
 
 std::vector<SimdTarget> available_simd_targets() {
   std::vector<SimdTarget> out;
-  for (SimdTarget t : {SimdTarget::Portable, SimdTarget::AVX2, SimdTarget::AVX512})
+  for (SimdTarget t : {SimdTarget::Portable, SimdTarget::AVX2, SimdTarget::AVX512, SimdTarget::NEON})
     if (kernel_table(t)) out.push_back(t);
   return out;
 }
