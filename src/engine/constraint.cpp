@@ -148,15 +148,18 @@ bool Constraint::mask(std::span<float> logits, std::span<const int32_t> eos_ids)
   }
   const std::vector<bool>& allowed = *cached;
   const size_t n = std::min(logits.size(), allowed.size());
-  for (size_t i = 0; i < n; ++i)
+  bool any = !named.empty() || (can_end && !eos.empty());
+  for (size_t i = 0; i < n; ++i) {
     if (!allowed[i]) logits[i] = kBanned;
+    else any = any || !vocab_->special(int32_t(i));
+  }
   for (size_t i = n; i < logits.size(); ++i) logits[i] = kBanned;  // padded rows of the embedding
   // The trie allows every special token where the grammar can end: only the ones above may come.
   for (int32_t id : vocab_->special_ids())
     if (size_t(id) < logits.size()) logits[size_t(id)] = kBanned;
   for (const auto& [id, v] : named) logits[size_t(id)] = v;
   for (const auto& [id, v] : eos) logits[size_t(id)] = can_end ? v : kBanned;
-  return std::any_of(logits.begin(), logits.end(), [&](float v) { return v != kBanned; });
+  return any;
 }
 
 void Constraint::accept(int32_t id) {

@@ -4,38 +4,14 @@
 #include <vector>
 
 #include "grammar/json_schema.h"
+#include "grammar/regex_gbnf.h"
 
 namespace ptllm::server {
 
 namespace {
 
 using grammar::SchemaGrammarBuilder;
-
-std::string lit(std::string_view s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (c < 0x20) {
-          static constexpr char kHex[] = "0123456789ABCDEF";
-          out += "\\x";
-          out += kHex[c >> 4];
-          out += kHex[c & 15];
-        } else {
-          out += char(c);
-        }
-    }
-  }
-  return out + "\"";
-}
-
-// The JSON text of a string: a function's name as the call writes it.
-std::string json_text(const std::string& s) { return json(s).dump(); }
+const auto lit = grammar::gbnf_literal;
 
 struct Tool {
   std::string name;
@@ -131,7 +107,7 @@ Calls calls_rule(Builder& b, const ApiRequest& r, const std::vector<Tool>& tools
       continue;
     }
     const char* key = f == ToolCallFormat::Llama3 ? "parameters" : "arguments";
-    alts.push_back(lit("{\"name\": " + json_text(t.name) + ", \"" + key + "\": ") + " " +
+    alts.push_back(lit("{\"name\": " + json(t.name).dump() + ", \"" + key + "\": ") + " " +
                    arguments_rule(b, t, enforce, i) + " " + lit("}"));
   }
   std::string one;
