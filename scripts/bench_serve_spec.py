@@ -88,8 +88,8 @@ def main():
     spec, sp = start(a.binary, a.model, a.threads, par, ["--spec-type", a.spec_type] + a.spec_args.split())
     plain, pp = start(a.binary, a.model, a.threads, par, [])
     try:
-        round_(sp, prompts, 16)  # warm-up: buffers grown, prompts in each pool
-        round_(pp, prompts, 16)
+        round_(sp, prompts, a.tokens)  # warm-up: buffers grown, pass times measured, prompts in each pool
+        round_(pp, prompts, a.tokens)
         on, off, ratio = [], [], []
         drafted = accepted = 0
         for r in range(a.rounds):

@@ -563,6 +563,7 @@ constexpr double kPriorRowCost = 0.1;  // an unmeasured further row, in passes o
 constexpr double kCostEma = 0.15;      // weight of the newest measurement
 constexpr int kProbeEvery = 32;        // a sequence's declined drafts are verified anyway this often
 constexpr int kMaxCostRows = 4096;     // passes wider than this are not measured
+constexpr uint64_t kRemeasureEvery = 32;  // steps after which the plain width is measured again
 }  // namespace
 
 double Scheduler::step_cost(int T) const {
@@ -586,7 +587,11 @@ void Scheduler::measure_step(int T, double seconds) {
     widest_ = T;
     return;
   }
-  if (int(step_cost_.size()) <= T) step_cost_.resize(size_t(T) + 1, 0.0);
+  if (int(step_cost_.size()) <= T) {
+    step_cost_.resize(size_t(T) + 1, 0.0);
+    cost_step_.resize(size_t(T) + 1, 0);
+  }
+  cost_step_[size_t(T)] = live_.steps;
   double& est = step_cost_[size_t(T)];
   // One measurement moves the average at most by half or double: a loaded machine's outliers
   // must not decide.
@@ -636,6 +641,11 @@ void Scheduler::plan_drafts(const std::vector<Slot*>& batch, std::vector<std::sp
       for (Slot* s : batch) fixed += s->k;
       return fixed;
     }();
+    // The plain width measured lately, or a plain step now: the rates compare against it, and a
+    // figure taken in a slow moment would otherwise stand while drafts are always taken.
+    if (base >= int(step_cost_.size()) || step_cost_[size_t(base)] <= 0 ||
+        live_.steps - cost_step_[size_t(base)] > kRemeasureEvery)
+      offers.clear();
     const double plain = decoding / step_cost(base);
     double best = plain * kMinGain, tokens = decoding;
     size_t take = 0;

@@ -194,6 +194,7 @@ class Scheduler {
   // Speculation: the seconds of a batched pass of T rows (an average; 0: not measured), the widest
   // pass so far (a pass wider than any before grows buffers: not a measurement), a verification's steps.
   std::vector<double> step_cost_;
+  std::vector<uint64_t> cost_step_;  // [T] the step that last measured a pass of T rows
   int widest_ = 0;
   std::vector<Generator::Step> spec_steps_;
 
