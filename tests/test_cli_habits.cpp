@@ -385,7 +385,7 @@ TEST(CliHabitsCommands, LlamaCppFeatureFlagsAreRefusedWithTheReason) {
            {"sample -p x --model-draft d.gguf", "--model-draft d.gguf: d.gguf: cannot open"},
            {"sample -p x -md d.gguf", "--model-draft d.gguf: d.gguf: cannot open"},
            {"sample -p x --spec-type draft", "--spec-type draft: give the draft model with --model-draft"},
-           {"bench --draft-max 4", "--draft-max: speculative decoding runs in sample, chat and serve"},
+           {"eval --text x --draft-max 4", "--draft-max: speculative decoding runs in sample, chat, serve and bench"},
            {"eval " + tiny() + " --grammar 'root ::= \"a\"'", "--grammar: grammars and JSON schemas constrain `sample` and `chat`"},
            {"eval " + tiny() + " -j '{}'", "-j: grammars and JSON schemas constrain"},
            {"chat --lora a.gguf", "--lora: LoRA adapters are not supported: merge the adapter into the weights"},

@@ -223,3 +223,27 @@ TEST(DraftModel, AnotherVocabularyIsRefusedNamingBoth) {
 
 }  // namespace
 }  // namespace ptllm
+
+namespace ptllm {
+namespace {
+
+// bench --spec-type: both decodes in one run, the same tokens, the drafts counted; refused with --parallel.
+TEST(SpecBench, DecodeWithAndWithoutSpeculationInOneRun) {
+  const std::string m = test::repo_model("kjv-tiny").string();
+  for (const std::string flags : {std::string("--spec-type ngram"), "--model-draft " + m}) {
+    const auto r = test::run_command(test::binary() + " bench " + m + " -p 8 -n 48 -r 2 -t 2 --json " + flags);
+    ASSERT_EQ(r.code, 0) << r.err;
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["same_tokens"], true) << flags;
+    EXPECT_GT(j["decode_tok_s"].get<double>(), 0) << flags;
+    EXPECT_GT(j["spec_decode_tok_s"].get<double>(), 0) << flags;
+    EXPECT_GT(j["speculative"]["verify_steps"].get<int64_t>() + j["speculative"]["plain_steps"].get<int64_t>(), 0) << flags;
+    EXPECT_LE(j["speculative"]["accepted"].get<int64_t>(), j["speculative"]["drafted"].get<int64_t>()) << flags;
+  }
+  const auto bad = test::run_command(test::binary() + " bench " + m + " --parallel 2 --spec-type ngram");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("--spec-type with --parallel"), std::string::npos) << bad.err;
+}
+
+}  // namespace
+}  // namespace ptllm
