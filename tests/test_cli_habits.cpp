@@ -382,10 +382,10 @@ TEST(CliHabitsCommands, LlamaCppMultiLetterFlagsAreRefusedByName) {
 // llama.cpp's flags for what this runtime does not do: a sentence each, not CLI11's "not expected".
 TEST(CliHabitsCommands, LlamaCppFeatureFlagsAreRefusedWithTheReason) {
   for (const Refusal& c : std::vector<Refusal>{
-           {"sample -p x --model-draft d.gguf", "--model-draft: a draft model is not supported yet"},
-           {"sample -p x -md d.gguf", "--model-draft: a draft model is not supported yet"},
-           {"sample -p x --spec-type draft", "--spec-type draft: a draft model is not supported yet"},
-           {"bench --draft-max 4", "--draft-max: speculative decoding runs in sample and chat"},
+           {"sample -p x --model-draft d.gguf", "--model-draft d.gguf: d.gguf: cannot open"},
+           {"sample -p x -md d.gguf", "--model-draft d.gguf: d.gguf: cannot open"},
+           {"sample -p x --spec-type draft", "--spec-type draft: give the draft model with --model-draft"},
+           {"eval --text x --draft-max 4", "--draft-max: speculative decoding runs in sample, chat, serve and bench"},
            {"eval " + tiny() + " --grammar 'root ::= \"a\"'", "--grammar: grammars and JSON schemas constrain `sample` and `chat`"},
            {"eval " + tiny() + " -j '{}'", "-j: grammars and JSON schemas constrain"},
            {"chat --lora a.gguf", "--lora: LoRA adapters are not supported: merge the adapter into the weights"},

@@ -5,15 +5,21 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <chrono>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "cli/commands.h"
 #include "cli/options.h"
+#include "cli/speculation.h"
 #include "engine/runtime.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "engine/bench.h"
+#include "engine/generator.h"
+#include "engine/speculative.h"
+#include "sample/sampler.h"
 #include "kernels/simd.h"
 #include "model/model.h"
 
@@ -32,6 +38,7 @@ struct BenchArgs {
   std::string parallel;   // "N[,N...]": sequences decoding together (empty: one, the classic bench)
   int shared_prefix = 0;  // --parallel: prompt tokens common to every sequence
   int kv_budget_mb = 0;   // --parallel: the shared KV pool's size (0: every sequence's worst case)
+  SpecArgs spec;          // --spec-type ...: decode with and without speculation, alternating
 };
 
 std::vector<int> parse_parallel(const std::string& list) {
@@ -109,9 +116,87 @@ int run_parallel(BenchArgs& a, const Model& model, const SessionOptions& sopts, 
   return 0;
 }
 
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// bench --spec-type: greedy decode of the same random prompt without and with speculation, in turns
+// (plain, speculative, plain, ...: drift on the machine hits both alike), each pair's ratio.
+int run_spec_bench(BenchArgs& a, const Runtime& rt, const SessionOptions& sopts, ThreadPool& pool) {
+  SpecOptions o = spec_options(a.spec);
+  const auto draft = load_draft_model(a.spec, o, rt.tokenizer(), a.model_dir, pool, sopts.kv.ctx_size);
+  const BenchConfig& b = a.bench;
+  std::mt19937 rng(uint32_t(b.seed));
+  std::uniform_int_distribution<int32_t> id(0, rt.config().vocab_size - 1);
+  std::vector<int32_t> prompt(size_t(b.prompt_tokens));
+  for (int32_t& t : prompt) t = id(rng);
+  GeneratorOptions go;
+  go.sampling.temperature = 0;
+  go.ignore_eos = true;
+  go.max_tokens = b.gen_tokens + 1;  // the first token comes from the prompt's pass (not timed)
+  std::vector<double> plain_tok_s, spec_tok_s, ratio;
+  SpecStats total;
+  bool same = true;
+  for (int r = 0; r < b.repeat; ++r) {
+    std::vector<int32_t> ids[2];
+    double tok_s[2] = {0, 0};
+    for (int with = 0; with < 2; ++with) {
+      Session s(rt.model(), sopts, pool);
+      Generator gen(rt.tokenizer(), go);
+      Speculator spec(with ? o : SpecOptions{});
+      Generator::Step step = gen.next(s.feed(prompt), s.history(), s.fits(1));
+      std::vector<Generator::Step> steps;
+      const auto t0 = std::chrono::steady_clock::now();
+      while (!gen.done()) {
+        steps.clear();
+        spec.round(s, gen, step.id, steps);
+        step = steps.back();
+      }
+      const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      tok_s[with] = double(gen.tokens().size() - 1) / sec;
+      ids[with] = gen.tokens();
+      if (with) total.add(spec.stats());
+    }
+    same = same && ids[0] == ids[1];
+    plain_tok_s.push_back(tok_s[0]);
+    spec_tok_s.push_back(tok_s[1]);
+    ratio.push_back(tok_s[1] / tok_s[0]);
+  }
+  const auto [rmin, rmax] = std::minmax_element(ratio.begin(), ratio.end());
+  if (a.json) {
+    nlohmann::json j = {{"model", a.model_dir},
+                        {"threads", pool.size()},
+                        {"prompt_tokens", b.prompt_tokens},
+                        {"gen_tokens", b.gen_tokens},
+                        {"repeat", b.repeat},
+                        {"kv_cache", sopts.kv.describe()},
+                        {"decode_tok_s", median_of(plain_tok_s)},
+                        {"spec_decode_tok_s", median_of(spec_tok_s)},
+                        {"spec_ratio", median_of(ratio)},
+                        {"spec_ratio_min", *rmin},
+                        {"spec_ratio_max", *rmax},
+                        {"same_tokens", same},
+                        {"speculative", spec_json(o, total)}};
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  std::printf("model: %s, %d threads; %d random prompt tokens, %d decoded greedily; %d pairs, kv %s\n",
+              a.model_dir.c_str(), pool.size(), b.prompt_tokens, b.gen_tokens, b.repeat, sopts.kv.describe().c_str());
+  std::printf("decode: %.1f tok/s without speculation, %.1f tok/s with (medians); ratio %.3f (%.3f-%.3f, pair by "
+              "pair); the same tokens: %s\n",
+              median_of(plain_tok_s), median_of(spec_tok_s), median_of(ratio), *rmin, *rmax, same ? "yes" : "NO");
+  std::printf("%s\n", spec_line(o, total).c_str());
+  return 0;
+}
+
 int run_bench_command(BenchArgs& a) {
   if (a.model_dir.empty()) throw UsageError("give the model directory: bench MODEL, or -m MODEL");
-  Runtime rt({a.model_dir, resolve_threads(a.runtime), false});
+  const bool spec = spec_options(a.spec).type != SpecType::None;  // flags checked before the model loads
+  if (spec && !a.parallel.empty())
+    throw UsageError("--spec-type with --parallel: bench measures speculation on one sequence");
+  Runtime rt({a.model_dir, resolve_threads(a.runtime), spec});
   const Model& model = rt.model();
   const ModelConfig& cfg = model.config();
   const BenchConfig& b = a.bench;
@@ -126,6 +211,10 @@ int run_bench_command(BenchArgs& a) {
                      ") exceed --ctx-size " + std::to_string(sopts.kv.ctx_size));
   ThreadPool pool(resolve_threads(a.runtime));
   if (!a.parallel.empty()) return run_parallel(a, model, sopts, pool);
+  if (spec) {
+    if (!sopts.use_cache) throw UsageError("--spec-type needs the KV cache (--no-cache)");
+    return run_spec_bench(a, rt, sopts, pool);
+  }
 
   // The bandwidth is measured before and after the timed runs (best of 10 passes each: on a shared
   // machine the best pass is the closest to what the memory can do) and the better of the two sets
@@ -229,6 +318,7 @@ Command add_bench_command(CLI::App& root) {
   app->add_option("--kv-budget-mb", a->kv_budget_mb,
                   "With --parallel: MiB of KV blocks shared by the sequences (0: room for each at its worst)")
       ->check(integer_between(0, 1 << 20));
+  add_spec_options(*app, a->spec);
   add_runtime_options(*app, a->runtime);
   return {app, [a] { return run_bench_command(*a); }};
 }

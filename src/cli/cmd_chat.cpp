@@ -399,6 +399,7 @@ int run_chat(ChatArgs& a) {
   TurnSource source(a);
   Runtime rt(RuntimeConfig{dir, resolve_threads(a.runtime), true});
   const SessionOptions sopts = make_session_options(a.runtime, rt.config());
+  const auto draft = load_draft_model(a.spec, a.spec_opts, rt.tokenizer(), dir.string(), rt.pool(), sopts.kv.ctx_size);
   Conversation conv(rt.model(), sopts, rt.pool());
   a.sampling.seed = a.seed == "-1" ? uint64_t(std::random_device{}()) : std::stoull(a.seed);
   std::unique_ptr<PromptCache> cache;

@@ -293,6 +293,7 @@ int run_sample(SampleArgs& a) {
   SessionOptions sopts = make_session_options(a.runtime, cfg);
   ThreadPool& pool = rt.pool();
   Session session(model, sopts, pool);
+  const auto draft = load_draft_model(a.spec, a.spec_opts, tok, dir.string(), pool, sopts.kv.ctx_size);
   t.load_ms = ms_since(t_load);
 
   const std::vector<int32_t> prompt = encode_prompt(tok, prompt_text);

@@ -16,6 +16,7 @@
 #include "cli/chat_prompt.h"
 #include "cli/commands.h"
 #include "cli/options.h"
+#include "cli/speculation.h"
 #include "core/error.h"
 #include "engine/chat_output.h"
 #include "engine/conversation.h"
@@ -52,6 +53,7 @@ struct ServeArgs {
   int keep = -1;                            // --keep (-1: not given)
   std::string prompt_cache_dir;      // --prompt-cache-dir: the blocks persist there (store/dir_store.h)
   double prompt_cache_max_mb = 1024;
+  SpecArgs spec;
 };
 
 // `text` with every "DIR/" of `dirs` taken out.
@@ -146,6 +148,7 @@ int run_serve(ServeArgs& a) {
   if (a.api_key_given && a.http.api_key.empty())
     throw UsageError("--api-key: the key is empty, which would serve without authentication; give a key, or leave "
                      "out --api-key");
+  const SpecOptions spec = spec_options(a.spec);
   SignalStop signals;  // before any thread exists
   const std::filesystem::path dir = a.model_dir.empty() ? default_model_dir() : std::filesystem::path(a.model_dir);
   Runtime rt({dir, resolve_threads(a.runtime), true});
@@ -164,6 +167,8 @@ int run_serve(ServeArgs& a) {
   sc.pin_bytes = size_t(a.kv_pin_mb) << 20;
   sc.prefill_chunk = a.prefill_chunk;
   sc.eos_ids = stop_token_ids(dir, rt.config(), rt.tokenizer());
+  sc.spec = spec;
+  const auto draft = load_draft_model(a.spec, sc.spec, rt.tokenizer(), dir.string(), rt.pool(), sc.session.kv.ctx_size);
   std::unique_ptr<KVStore> store;
   if (!a.prompt_cache_dir.empty()) {
     store::DirStoreOptions o;
@@ -204,6 +209,9 @@ int run_serve(ServeArgs& a) {
                             scheduler.pool().quant().capacity() * scheduler.pool().quant().block_bytes())
                    .c_str(),
                sc.session.kv.describe().c_str());
+  if (sc.spec.type != SpecType::None)
+    std::fprintf(stderr, "speculation: %s, up to %d drafts a sequence%s\n", spec_type_name(sc.spec.type),
+                 sc.spec.draft_max, sc.spec.adaptive ? " where the measured step times say they pay" : " (fixed)");
   if (store && !a.prompt_cache_dir.empty())
     std::fprintf(stderr, "prompt cache: %s, at most %s\n", store->describe().c_str(),
                  format_bytes(uint64_t(a.prompt_cache_max_mb * 1024 * 1024)).c_str());
@@ -245,6 +253,7 @@ Command add_serve_command(CLI::App& root) {
                   "MiB of KV blocks kept pinned for chat system prompts and tool definitions, so that other "
                   "traffic never evicts them (0 = none; pins give way before a request waits)")
       ->check(integer_between(0, 1 << 20));
+  add_spec_options(*app, a->spec);
   app->add_option("--prefill-chunk", a->prefill_chunk,
                   "Most prompt tokens one step prefills beside the others' decode tokens")
       ->check(integer_between(1, 1 << 16));

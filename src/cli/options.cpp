@@ -260,7 +260,7 @@ constexpr std::string_view kChat = "conversation mode is a command of its own: u
 constexpr std::string_view kOneSeq = "this command runs one sequence: parallel sequences are `posttrainllm serve --parallel N`";
 constexpr std::string_view kDownload =
     "downloading models is not supported: pass a local Hugging Face model directory (-m DIR)";
-constexpr std::string_view kDraft = "speculative decoding runs in sample and chat (--spec-type ngram)";
+constexpr std::string_view kDraft = "speculative decoding runs in sample, chat, serve and bench (--spec-type ngram)";
 constexpr std::string_view kGrammar =
     "grammars and JSON schemas constrain `sample` and `chat` (serve takes them per request: the grammar, json_schema "
     "and response_format fields)";

@@ -4,13 +4,16 @@
 
 #include "cli/options.h"
 #include "core/error.h"
+#include "engine/drafter_model.h"
+#include "engine/runtime.h"
 
 namespace ptllm::cli {
 
 void add_spec_options(CLI::App& app, SpecArgs& a) {
   app.add_option("--spec-type", a.type,
                  "Speculative decoding: none; ngram (what followed the last tokens' most recent earlier "
-                 "occurrence); suffix (the most frequent continuations, drafts of adaptive length). Drafts are "
+                 "occurrence); suffix (the most frequent continuations, drafts of adaptive length); draft (a "
+                 "draft model, --model-draft). Drafts are "
                  "verified in one pass, the output is the same, and it turns itself off where it does not pay")
       ->default_str("none");
   app.add_option("--spec-draft-max", a.opts.draft_max, "Most tokens drafted for one verification")
@@ -27,15 +30,20 @@ void add_spec_options(CLI::App& app, SpecArgs& a) {
       ->default_str("1");
   app.add_flag("--spec-fixed", a.fixed,
                "Verify every draft offered (no adaptivity: speculation stays on where it measures a loss)");
-  app.add_option("--model-draft", a.model_draft, "Draft model (not supported yet: use --spec-type ngram)");
+  app.add_option("--model-draft", a.model_draft,
+                 "Draft model (a directory or a GGUF file) with the model's vocabulary; implies --spec-type draft");
 }
 
 SpecOptions spec_options(const SpecArgs& a) {
-  if (!a.model_draft.empty())
-    throw UsageError("--model-draft: a draft model is not supported yet; --spec-type ngram drafts from the "
-                     "prompt and the reply instead");
   SpecOptions o = a.opts;
   o.type = parse_spec_type(a.type);
+  if (!a.model_draft.empty()) {
+    if (o.type != SpecType::None && o.type != SpecType::Draft)
+      throw UsageError("--model-draft with --spec-type " + a.type + ": a draft model is --spec-type draft");
+    o.type = SpecType::Draft;
+  } else if (o.type == SpecType::Draft) {
+    throw UsageError("--spec-type draft: give the draft model with --model-draft DIR|FILE");
+  }
   o.adaptive = !a.fixed;
   if (o.draft_min > o.draft_max)
     throw UsageError("--spec-draft-min " + std::to_string(o.draft_min) + " is more than --spec-draft-max " +
@@ -44,6 +52,25 @@ SpecOptions spec_options(const SpecArgs& a) {
     throw UsageError("--spec-ngram-min " + std::to_string(o.ngram_min) + " is more than --spec-ngram-max " +
                      std::to_string(o.ngram_max));
   return o;
+}
+
+std::unique_ptr<DraftModel> load_draft_model(const SpecArgs& a, SpecOptions& o, const Tokenizer& target,
+                                             const std::string& target_name, ThreadPool& pool, int ctx_size) {
+  if (a.model_draft.empty()) return nullptr;
+  auto d = std::make_unique<DraftModel>();
+  try {
+    d->model = Model::load(a.model_draft);
+    const Tokenizer tok = load_tokenizer(a.model_draft);
+    check_same_vocabulary(target, tok, target_name, a.model_draft);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw UsageError("--model-draft " + a.model_draft + ": " + e.what());
+  }
+  o.draft_model = d->model.get();
+  o.draft_pool = &pool;
+  o.draft_ctx = ctx_size;
+  return d;
 }
 
 std::string spec_line(const SpecOptions& o, const SpecStats& s) {

@@ -70,6 +70,11 @@ struct Scheduler::Slot {
   std::vector<BlockHash> hashes;  // chained hashes of seq's first full blocks (with a store)
   size_t saved_blocks = 0;        // blocks of the history put to the store or taken from elsewhere
   bool done = false;
+  // Speculation (null: none for this request): the drafter and its measured acceptance; this step's
+  // drafts (the pending id then k drafts: fed), their class, and the steps they were declined in a row.
+  std::unique_ptr<Speculator> spec;
+  std::vector<int32_t> drafts, fed;
+  int cls = 0, k = 0, skipped = 0;
   bool cancelled() const { return req.cancel && req.cancel->load(); }
   int64_t remaining() const { return int64_t(seq.size()) - session->position(); }
 };
@@ -134,6 +139,18 @@ void Scheduler::submit(Request r) {
   std::string error = fit_error(r);
   FinishReason reason = FinishReason::Error;
   auto slot = std::make_unique<Slot>(std::move(r), rt_.tokenizer(), cfg_.eos_ids);
+  if (error.empty() && cfg_.spec.type != SpecType::None) {
+    SpecOptions o = cfg_.spec;
+    const GenerationParams& p = slot->req.params;
+    if (p.spec_draft_max >= 0) o.draft_max = p.spec_draft_max;
+    if (p.spec_draft_min >= 0) o.draft_min = p.spec_draft_min;
+    if (o.draft_min > o.draft_max && o.draft_max > 0)
+      error = "speculative.n_min " + std::to_string(o.draft_min) + " is more than speculative.n_max " +
+              std::to_string(o.draft_max);
+    else if (o.draft_max > 0)
+      slot->spec = std::make_unique<Speculator>(o);
+    slot->result.speculative = slot->spec != nullptr;
+  }
   {
     std::lock_guard lk(mu_);
     if (error.empty() && (stopping_ || draining_)) {
@@ -489,17 +506,27 @@ void Scheduler::step() {
     }
     preempt_youngest();
   }
+  if (cfg_.spec.type != SpecType::None) plan_drafts(batch, feeds);
   size_t prefill = 0, decode = 0;
-  for (const auto& f : feeds) (f.size() > 1 ? prefill : decode) += f.size();
   std::vector<Session*> sessions;
-  for (Slot* s : batch) sessions.push_back(s->session.get());
+  std::vector<uint8_t> drafts;
+  bool any_draft = false;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const bool draft = batch[i]->k > 0;
+    (draft || feeds[i].size() == 1 ? decode : prefill) += feeds[i].size();
+    sessions.push_back(batch[i]->session.get());
+    drafts.push_back(draft ? 1 : 0);
+    any_draft = any_draft || draft;
+  }
   const auto t0 = std::chrono::steady_clock::now();
   try {
-    Session::feed_batch(sessions, feeds, state_);
+    Session::feed_batch(sessions, feeds, state_, any_draft ? std::span<const uint8_t>(drafts) : std::span<const uint8_t>());
   } catch (const KVPoolFull&) {
+    for (Slot* s : batch) s->k = 0;
     preempt_youngest();  // fits() said it would fit: a KIVI estimate was short; nothing was changed
     return;
   } catch (const Error& e) {
+    for (Slot* s : batch) s->k = 0;
     for (Slot* s : batch) finish(*s, FinishReason::Error, e.what());
     return;
   }
@@ -508,18 +535,190 @@ void Scheduler::step() {
   live_.decode_seconds += dt * double(decode) / double(prefill + decode);
   live_.prefill_tokens += prefill;
   ++live_.steps;
+  if (cfg_.spec.type != SpecType::None) measure_step(int(prefill + decode), dt);
+  // Verifications first: they close their sessions' open steps (the kept tokens published, the
+  // rejected ones dropped) before anything reads the histories.
+  for (Slot* s : batch)
+    if (s->k > 0) verify_drafts(*s);
   if (exchange_)
     for (Slot* s : batch) save_to_store(*s);
   if (cfg_.pin_bytes > 0)
     for (Slot* s : batch) pin_prefix(*s);
   for (Slot* s : batch)
-    if (s->remaining() == 0) sample_next(*s);
+    if (!s->done && s->remaining() == 0) sample_next(*s);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Speculation in the batch. A decoding sequence's pass row yields one token; each draft verified
+// with it adds a row and yields a further token with the chance that it and every draft before it
+// are kept (a^j for the j-th draft at acceptance a). Rows are cheap while the pass reads weights
+// from memory and cost their full share once the batch is wide enough to be compute-bound, which
+// this machine's measured pass times tell apart (step_cost): a step takes the drafts, most
+// promising first, that maximize its expected tokens per second, and none where no choice promises
+// kMinGain over the plain step.
+
+namespace {
+constexpr double kMinGain = 1.03;      // a step with drafts must promise this over the plain one
+constexpr double kPriorRowCost = 0.1;  // an unmeasured further row, in passes of the widest measured
+constexpr double kCostEma = 0.15;      // weight of the newest measurement
+constexpr int kProbeEvery = 32;        // a sequence's declined drafts are verified anyway this often
+constexpr int kMaxCostRows = 4096;     // passes wider than this are not measured
+constexpr uint64_t kRemeasureEvery = 32;  // steps after which the plain width is measured again
+}  // namespace
+
+double Scheduler::step_cost(int T) const {
+  if (T < int(step_cost_.size()) && step_cost_[size_t(T)] > 0) return step_cost_[size_t(T)];
+  int lo = 0, hi = 0;
+  for (int t = 1; t < int(step_cost_.size()); ++t) {
+    if (step_cost_[size_t(t)] <= 0) continue;
+    if (t < T) lo = t;
+    else if (hi == 0) hi = t;
+  }
+  const auto c = [&](int t) { return step_cost_[size_t(t)]; };
+  if (lo > 0 && hi > 0) return c(lo) + (c(hi) - c(lo)) * double(T - lo) / double(hi - lo);
+  if (lo > 0) return c(lo) * (1 + kPriorRowCost * (T - lo));  // optimistic until measured
+  if (hi > 0) return c(hi);
+  return 1 + kPriorRowCost * (T - 1);
+}
+
+void Scheduler::measure_step(int T, double seconds) {
+  if (T > kMaxCostRows) return;
+  if (T > widest_) {  // the first pass this wide grows the activations' buffers
+    widest_ = T;
+    return;
+  }
+  if (int(step_cost_.size()) <= T) {
+    step_cost_.resize(size_t(T) + 1, 0.0);
+    cost_step_.resize(size_t(T) + 1, 0);
+  }
+  cost_step_[size_t(T)] = live_.steps;
+  double& est = step_cost_[size_t(T)];
+  // One measurement moves the average at most by half or double: a loaded machine's outliers
+  // must not decide.
+  if (est <= 0) est = seconds;
+  else est += kCostEma * (std::clamp(seconds, est / 2, est * 2) - est);
+}
+
+void Scheduler::plan_drafts(const std::vector<Slot*>& batch, std::vector<std::span<const int32_t>>& feeds) {
+  int rows = 0, decoding = 0;
+  struct Offer {
+    double yield;  // expected tokens the draft adds
+    size_t slot;   // index in batch
+  };
+  std::vector<Offer> offers;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Slot& s = *batch[i];
+    s.k = 0;
+    rows += int(feeds[i].size());
+    if (!s.spec || s.remaining() != 1 || s.gen.done()) continue;
+    ++decoding;
+    const Session& ss = *s.session;
+    const SpecOptions& o = s.spec->options();
+    // The drafts and the token after them fit (every row's generator step fits as it would one
+    // token at a time), and one append computes each row as single steps would.
+    int room = std::min(o.draft_max, std::min(ss.max_draft_append(), ss.max_chunk()) - 1);
+    while (room > 0 && !ss.fits(room + 2)) room = std::max(0, std::min(room / 2, room - 1));
+    s.cls = s.spec->propose(s.seq, s.spec->draft_room(room), s.drafts);
+    if (int(s.drafts.size()) < std::max(1, o.draft_min)) {
+      s.drafts.clear();
+      continue;
+    }
+    if (!o.adaptive) {
+      s.k = int(s.drafts.size());
+      continue;
+    }
+    const double a = s.spec->acceptance(s.cls);
+    double y = 1;
+    for (size_t j = 0; j < s.drafts.size() && (y *= a) > 0; ++j) offers.push_back({y, i});
+  }
+  if (decoding == 0) return;
+  if (!offers.empty()) {
+    // Each sequence's offers fall with j (a < 1), so taking them by yield takes every sequence's
+    // drafts in order.
+    std::stable_sort(offers.begin(), offers.end(), [](const Offer& x, const Offer& y) { return x.yield > y.yield; });
+    const int base = rows + [&] {
+      int fixed = 0;
+      for (Slot* s : batch) fixed += s->k;
+      return fixed;
+    }();
+    // The plain width measured lately, or a plain step now: the rates compare against it, and a
+    // figure taken in a slow moment would otherwise stand while drafts are always taken.
+    if (base >= int(step_cost_.size()) || step_cost_[size_t(base)] <= 0 ||
+        live_.steps - cost_step_[size_t(base)] > kRemeasureEvery)
+      offers.clear();
+    const double plain = decoding / step_cost(base);
+    double best = plain * kMinGain, tokens = decoding;
+    size_t take = 0;
+    for (size_t e = 0; e < offers.size(); ++e) {
+      tokens += offers[e].yield;
+      const double rate = tokens / step_cost(base + int(e) + 1);
+      if (rate > best) best = rate, take = e + 1;
+    }
+    for (size_t e = 0; e < take; ++e) ++batch[offers[e].slot]->k;
+  }
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Slot& s = *batch[i];
+    if (s.drafts.empty() || !s.spec || s.remaining() != 1) continue;
+    const SpecOptions& o = s.spec->options();
+    if (s.k > 0 && s.k < o.draft_min) s.k = 0;
+    if (s.k == 0 && o.adaptive && ++s.skipped >= kProbeEvery)
+      s.k = std::min<int>(int(s.drafts.size()), std::max(2, o.draft_min));  // measure again: the text may have changed
+    if (s.k == 0) {
+      ++live_.spec_declined;
+      continue;
+    }
+    s.skipped = 0;
+  }
+  // The drafted rows replace the plain ones; without room in the pool for them, a plain step.
+  std::vector<std::span<const int32_t>> planned = feeds;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Slot& s = *batch[i];
+    if (s.k == 0) continue;
+    s.fed.assign(1, s.seq.back());
+    s.fed.insert(s.fed.end(), s.drafts.begin(), s.drafts.begin() + s.k);
+    planned[i] = s.fed;
+  }
+  if (fits(batch, planned)) {
+    feeds = std::move(planned);
+  } else {
+    for (Slot* s : batch) s->k = 0;
+  }
+}
+
+// The drafts' rows through the sequence's generator (speculative.h: exactly the text of one token a
+// step), the kept tokens kept in the session, the rest dropped from its cache.
+void Scheduler::verify_drafts(Slot& s) {
+  Session& ss = *s.session;
+  const int k = s.k;
+  s.k = 0;
+  const size_t vocab = size_t(rt_.config().vocab_size);
+  const int64_t p0 = ss.position() - (k + 1);
+  spec_steps_.clear();
+  const int kept = s.spec->verify(s.gen, ss.draft_rows(), vocab, ss.history(), p0,
+                                  std::span<const int32_t>(s.fed).subspan(1), s.cls, spec_steps_);
+  ss.commit_draft(kept + 1);
+  live_.spec_drafted += uint64_t(k);
+  live_.spec_accepted += uint64_t(kept);
+  ++live_.spec_verifications;
+  s.result.draft_n += k;
+  s.result.draft_accepted += kept;
+  for (Generator::Step& step : spec_steps_) take(s, step);
+  if (s.gen.done()) return finish(s, finish_reason_of(s.gen.reason()), s.gen.error());
+  for (const Generator::Step& step : spec_steps_) s.seq.push_back(step.id);
 }
 
 void Scheduler::sample_next(Slot& s) {
   const auto lg = s.session->last_logits();
   logits_.assign(lg.begin(), lg.end());
-  const Generator::Step step = s.gen.next(logits_, s.session->history(), s.session->fits(1));
+  Generator::Step step = s.gen.next(logits_, s.session->history(), s.session->fits(1));
+  if (s.spec) s.spec->count_plain();
+  take(s, step);
+  if (s.gen.done()) return finish(s, finish_reason_of(s.gen.reason()), s.gen.error());
+  s.seq.push_back(step.id);
+}
+
+// A generator step's token into the result and the client's callbacks.
+void Scheduler::take(Slot& s, Generator::Step& step) {
   ++s.result.completion_tokens;
   ++live_.generated_tokens;
   if (step.accepted) s.result.tokens.push_back(step.id);
@@ -529,8 +728,6 @@ void Scheduler::sample_next(Slot& s) {
   }
   s.result.text += step.text;
   if (!step.text.empty() && s.req.on_text) s.req.on_text(step.text);
-  if (s.gen.done()) return finish(s, finish_reason_of(s.gen.reason()), s.gen.error());
-  s.seq.push_back(step.id);
 }
 
 void Scheduler::finish(Slot& s, FinishReason r, std::string error) {

@@ -25,6 +25,7 @@
 #include "engine/generator.h"
 #include "persist/kv_store.h"
 #include "engine/session.h"
+#include "engine/speculative.h"
 #include "sample/sampler.h"
 
 namespace ptllm {
@@ -50,6 +51,11 @@ struct SchedulerConfig {
   // least recently used first, before a request would wait or fail for room.
   size_t pin_bytes = 0;
   std::string pin_flag = "--kv-pin-mb";
+  // Speculative decoding (engine/speculative.h): each decoding sequence drafts with its own drafter,
+  // and its drafts are verified in the step's batched pass beside the other sequences' rows. With
+  // spec.adaptive, the drafts a step takes are those that raise the measured tokens per second of
+  // the whole step (none once the batch is wide enough that every row costs its full share).
+  SpecOptions spec;
 };
 
 // What an API reports: the generator's StopReason (engine/generator.h) in four classes.
@@ -70,6 +76,9 @@ struct GenerationParams {
   std::vector<std::pair<int32_t, float>> logit_bias;  // OpenAI's: added to the logits before sampling
   int top_logprobs = -1;  // -1: none; n >= 0: each token's log-probability with n alternatives
   std::shared_ptr<const ConstraintSpec> constraint;  // a grammar the reply follows
+  // Speculation for this request (llama-server's speculative.n_max, .n_min): -1: the server's
+  // SchedulerConfig::spec; draft_max 0: none.
+  int spec_draft_max = -1, spec_draft_min = -1;
 };
 
 struct RequestResult {
@@ -84,6 +93,9 @@ struct RequestResult {
   std::string stop_string;       // the stop string met (reason Stop), else empty
   std::vector<TokenLogprob> logprobs;  // with params.top_logprobs >= 0: one per accepted token
   std::string error;             // reason Error: why
+  bool speculative = false;      // the request could draft (the server's drafter, draft_max > 0)
+  int64_t draft_n = 0;           // drafted tokens verified
+  int64_t draft_accepted = 0;    // of them kept
 };
 
 struct Request {
@@ -114,6 +126,9 @@ struct SchedulerStats {
   // The block store (when SchedulerConfig::store is set): token blocks looked up and loaded (hits),
   // looked up and not loaded (misses; rejected: present but failing verification), the prompt tokens
   // they held, blocks queued to be put; and the store's own transport counters.
+  // Speculative decoding: drafted tokens verified, kept, the sequences' verifications, and the
+  // decoding sequences' steps taken without drafts although they had some (judged not to pay).
+  uint64_t spec_drafted = 0, spec_accepted = 0, spec_verifications = 0, spec_declined = 0;
   bool store = false;
   uint64_t store_hits = 0, store_misses = 0, store_rejected = 0, store_tokens = 0, store_puts = 0;
   KVStoreStats store_io;
@@ -160,6 +175,11 @@ class Scheduler {
   void preempt_youngest();
   void after_step(Slot& s);
   void sample_next(Slot& s);
+  void take(Slot& s, Generator::Step& step);
+  void plan_drafts(const std::vector<Slot*>& batch, std::vector<std::span<const int32_t>>& feeds);
+  void verify_drafts(Slot& s);
+  double step_cost(int rows) const;
+  void measure_step(int rows, double seconds);
   void finish(Slot& s, FinishReason r, std::string error = {});
   void reap();
   void publish_stats();
@@ -171,6 +191,12 @@ class Scheduler {
   std::unique_ptr<BlockExchange> exchange_;  // with a store
   ForwardState state_;  // the batch's activations, reused every step
   std::vector<float> logits_;  // [vocab] a copy the sampler may modify
+  // Speculation: the seconds of a batched pass of T rows (an average; 0: not measured), the widest
+  // pass so far (a pass wider than any before grows buffers: not a measurement), a verification's steps.
+  std::vector<double> step_cost_;
+  std::vector<uint64_t> cost_step_;  // [T] the step that last measured a pass of T rows
+  int widest_ = 0;
+  std::vector<Generator::Step> spec_steps_;
 
   mutable std::mutex mu_;
   std::condition_variable wake_, idle_;

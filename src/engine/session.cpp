@@ -54,8 +54,10 @@ int Session::max_chunk() const {
 }
 
 void Session::feed_batch(std::span<Session* const> sessions, std::span<const std::span<const int32_t>> tokens,
-                         ForwardState& st) {
+                         ForwardState& st, std::span<const uint8_t> drafts) {
   PTLLM_CHECK(sessions.size() == tokens.size() && !sessions.empty());
+  PTLLM_CHECK(drafts.empty() || drafts.size() == sessions.size());
+  auto is_draft = [&](size_t i) { return !drafts.empty() && drafts[i] != 0; };
   const Model& model = sessions[0]->model_;
   const size_t vocab = size_t(model.config().vocab_size);
   PTLLM_CHECK(sessions.size() <= kMaxBatchSequences);
@@ -65,21 +67,24 @@ void Session::feed_batch(std::span<Session* const> sessions, std::span<const std
     if (!s.fits(int64_t(tokens[i].size())))
       throw Error("context full: " + std::to_string(s.position() + int64_t(tokens[i].size())) +
                   " tokens would exceed --ctx-size " + std::to_string(s.opts_.kv.ctx_size));
-    PTLLM_CHECK(int(tokens[i].size()) <= s.max_chunk());
+    PTLLM_CHECK(int(tokens[i].size()) <= s.max_chunk() && s.draft_from_ < 0);
+    PTLLM_CHECK(!is_draft(i) || (int(tokens[i].size()) <= s.max_draft_append() && !s.history_.empty()));
   }
   check_room(sessions, tokens);
   std::array<SequenceBatch, kMaxBatchSequences> items;
   for (size_t i = 0; i < sessions.size(); ++i) {
     Session& s = *sessions[i];
-    if (s.logits_.size() < vocab) s.logits_.resize(vocab);
-    s.last_row_ = 0;
-    items[i] = SequenceBatch{s.cache_.get(), tokens[i], s.position(), s.logits_.data(), false};
+    const size_t rows = is_draft(i) ? tokens[i].size() : 1;
+    if (s.logits_.size() < rows * vocab) s.logits_.resize(rows * vocab);
+    s.last_row_ = rows - 1;
+    items[i] = SequenceBatch{s.cache_.get(), tokens[i], s.position(), s.logits_.data(), is_draft(i)};
   }
   model.forward(std::span(items.data(), sessions.size()), st, sessions[0]->pool_);
   for (size_t i = 0; i < sessions.size(); ++i) {
     Session& s = *sessions[i];
+    if (is_draft(i)) s.draft_from_ = s.position();
     s.history_.insert(s.history_.end(), tokens[i].begin(), tokens[i].end());
-    s.cache_->end_step(s.history_);
+    if (!is_draft(i)) s.cache_->end_step(s.history_);
     s.reused_ = 0;
     s.logits_valid_ = true;
   }
@@ -149,6 +154,12 @@ void Session::commit_draft(int64_t n) {
   cache_->end_step(history_);
   last_row_ = size_t(n - 1);
   draft_from_ = -1;
+}
+
+std::span<float> Session::draft_rows() {
+  PTLLM_CHECK(draft_from_ >= 0);
+  const size_t vocab = size_t(model_.config().vocab_size);
+  return {logits_.data(), size_t(position() - draft_from_) * vocab};
 }
 
 void Session::truncate(int64_t n) {

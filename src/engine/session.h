@@ -38,8 +38,10 @@ class Session {
   // session's last_logits() are its last token's. st holds the batch's activations (kept by the
   // caller, so steps allocate nothing once warmed up). Throws ptllm::Error, feeding none of them,
   // when one would not fit its context.
+  // drafts (when given): drafts[i] != 0 feeds session i as feed_draft() does (its step left open, the
+  // logits of every token kept: draft_rows()), for commit_draft() to close.
   static void feed_batch(std::span<Session* const> sessions, std::span<const std::span<const int32_t>> tokens,
-                         ForwardState& st);
+                         ForwardState& st, std::span<const uint8_t> drafts = {});
   // Most tokens one feed_batch() may give this session.
   int max_chunk() const;
 
@@ -56,6 +58,8 @@ class Session {
   // T is at most max_draft_append().
   std::span<float> feed_draft(std::span<const int32_t> tokens);
   void commit_draft(int64_t n);
+  // The logits of every token of the open draft step [T][vocab].
+  std::span<float> draft_rows();
   int max_draft_append() const;
 
   // Tokens of the last feed taken from the shared pool instead of computed.

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "engine/drafter_model.h"
 #include "engine/drafter_suffix.h"
 #include "engine/session.h"
 
@@ -14,6 +15,7 @@ const char* spec_type_name(SpecType t) {
     case SpecType::None: return "none";
     case SpecType::Ngram: return "ngram";
     case SpecType::Suffix: return "suffix";
+    case SpecType::Draft: return "draft";
   }
   return "none";
 }
@@ -22,9 +24,8 @@ SpecType parse_spec_type(const std::string& s) {
   if (s == "none") return SpecType::None;
   if (s == "ngram") return SpecType::Ngram;
   if (s == "suffix") return SpecType::Suffix;
-  if (s == "draft")
-    throw UsageError("--spec-type draft: a draft model is not supported yet (available: none, ngram, suffix)");
-  throw UsageError("--spec-type " + s + ": unknown drafter (available: none, ngram, suffix)");
+  if (s == "draft") return SpecType::Draft;
+  throw UsageError("--spec-type " + s + ": unknown drafter (available: none, ngram, suffix, draft)");
 }
 
 void SpecStats::add(const SpecStats& o) {
@@ -61,6 +62,9 @@ std::unique_ptr<Drafter> make_drafter(const SpecOptions& o) {
     case SpecType::None: return nullptr;
     case SpecType::Ngram: return std::make_unique<NgramDrafter>(o.ngram_min, o.ngram_max);
     case SpecType::Suffix: return std::make_unique<SuffixDrafter>();
+    case SpecType::Draft:
+      if (!o.draft_model || !o.draft_pool) throw UsageError("--spec-type draft needs a draft model (--model-draft)");
+      return std::make_unique<ModelDrafter>(*o.draft_model, *o.draft_pool, o.draft_ctx);
   }
   return nullptr;
 }
@@ -121,7 +125,7 @@ int Speculator::choose(int avail, int cls) const {
   for (int k = 1; k <= avail; ++k) {
     term *= a;
     yield += term;
-    const double gain = yield / cost(k + 1);
+    const double gain = yield / (cost(k + 1) + (drafter_ && drafter_->costly() ? k * draft_cost() : 0.0));
     if (k >= lo && gain > best) {
       best = gain;
       best_k = k;
@@ -140,6 +144,60 @@ void Speculator::plain(Session& s, Generator& gen, int32_t pending, std::vector<
   steps.push_back(gen.next(logits, s.history(), s.fits(1)));
 }
 
+double Speculator::draft_cost() const {
+  if (step_s_ <= 0 || draft_s_ <= 0) return kPriorRowCost;
+  return draft_s_ / step_s_;
+}
+
+int Speculator::draft_room(int room) {
+  if (!drafter_ || room <= 0) return 0;
+  if (!drafter_->costly() || !o_.adaptive) return room;
+  int cap = choose(room, 0);
+  if (cap == 0 && room >= std::max(1, o_.draft_min) && ++skipped_ >= kProbeEvery) cap = std::min(room, std::max(2, o_.draft_min));
+  return cap;
+}
+
+int Speculator::propose(std::span<const int32_t> seq, int room, std::vector<int32_t>& out) {
+  out.clear();
+  if (!drafter_ || room <= 0) return 0;
+  const auto t0 = Clock::now();
+  const int cls = drafter_->draft(seq, room, out);
+  if (!out.empty()) {
+    const double per = seconds_since(t0) / double(out.size());
+    update(draft_s_, per, per);
+  }
+  return cls;
+}
+
+int Speculator::verify(Generator& gen, std::span<float> rows, size_t vocab, std::span<const int32_t> hist, int64_t p0,
+                       std::span<const int32_t> drafts, int cls, std::vector<Generator::Step>& steps) {
+  const int k = int(drafts.size());
+  const size_t first = steps.size();
+  int kept = 0;  // drafts kept
+  bool judged_last = false;  // the last draft verified was rejected (not cut by the generator's end)
+  for (int j = 0; j <= k; ++j) {
+    steps.push_back(gen.next(rows.subspan(size_t(j) * vocab, vocab), hist.first(size_t(p0 + j + 1)), true));
+    if (gen.done() || j == k) break;
+    if (steps.back().id != drafts[size_t(j)]) {
+      judged_last = true;
+      break;
+    }
+    ++kept;
+  }
+  stats_.drafted += k;
+  stats_.accepted += kept;
+  ++stats_.verify_steps;
+  stats_.verify_tokens += int64_t(steps.size() - first);
+  // The chance a draft of this class is kept: each judged draft is one Bernoulli observation.
+  const int judged = kept + (judged_last ? 1 : 0);
+  if (judged > 0) {
+    double& a = alpha_[size_t(std::clamp(cls, 0, int(alpha_.size()) - 1))];
+    for (int i = 0; i < judged; ++i) a += kEma * ((i < kept ? 1.0 : 0.0) - a);
+    a = std::clamp(a, 0.0, 0.98);
+  }
+  return kept;
+}
+
 void Speculator::round(Session& s, Generator& gen, int32_t pending, std::vector<Generator::Step>& steps) {
   if (!drafter_ || gen.done()) return plain(s, gen, pending, steps);
   const int64_t rounds = stats_.verify_steps + stats_.plain_steps;
@@ -150,10 +208,13 @@ void Speculator::round(Session& s, Generator& gen, int32_t pending, std::vector<
   if (room <= 0 || (o_.adaptive && (step_s_ == 0 || rounds % kPlainEvery == kPlainEvery - 1)))
     return plain(s, gen, pending, steps);
 
+  room = draft_room(room);
+  if (room <= 0) return plain(s, gen, pending, steps);
   ctx_.assign(s.history().begin(), s.history().end());
   ctx_.push_back(pending);
-  const int cls = drafter_->draft(ctx_, room, drafts_);
-  int k = choose(int(drafts_.size()), cls);
+  const int cls = propose(ctx_, room, drafts_);
+  int k = drafter_->costly() ? (int(drafts_.size()) >= std::max(1, o_.draft_min) ? int(drafts_.size()) : 0)
+                             : choose(int(drafts_.size()), cls);
   if (k == 0 && !drafts_.empty() && int(drafts_.size()) >= std::max(1, o_.draft_min) && ++skipped_ >= kProbeEvery)
     k = std::min<int>(int(drafts_.size()), 2);  // measure again now and then: the text may have changed
   if (k == 0) return plain(s, gen, pending, steps);
@@ -166,33 +227,8 @@ void Speculator::round(Session& s, Generator& gen, int32_t pending, std::vector<
   const auto t0 = Clock::now();
   std::span<float> rows = s.feed_draft(fed_);
   const double dt = seconds_since(t0);
-  const size_t first = steps.size();
-  int kept = 0;  // drafts kept
-  bool judged_last = false;  // the last draft verified was rejected (not cut by the generator's end)
-  for (int j = 0; j <= k; ++j) {
-    const std::span<const int32_t> hist(s.history().data(), size_t(p0 + j + 1));
-    steps.push_back(gen.next(rows.subspan(size_t(j) * vocab, vocab), hist, true));
-    if (gen.done() || j == k) break;
-    if (steps.back().id != drafts_[size_t(j)]) {
-      judged_last = true;
-      break;
-    }
-    ++kept;
-  }
+  const int kept = verify(gen, rows, vocab, s.history(), p0, std::span<const int32_t>(drafts_).first(size_t(k)), cls, steps);
   s.commit_draft(kept + 1);
-  stats_.drafted += k;
-  stats_.accepted += kept;
-  ++stats_.verify_steps;
-  stats_.verify_tokens += int64_t(steps.size() - first);
-
-  // Measurements: the chance a draft of this class is kept, and what a wider pass costs.
-  const int judged = kept + (judged_last ? 1 : 0);
-  if (judged > 0) {
-    double& a = alpha_[size_t(std::clamp(cls, 0, int(alpha_.size()) - 1))];
-    // Each judged draft is one Bernoulli observation.
-    for (int i = 0; i < judged; ++i) a += kEma * ((i < kept ? 1.0 : 0.0) - a);
-    a = std::clamp(a, 0.0, 0.98);
-  }
   // The first pass wider than any before grows the buffers it runs in: not a measurement.
   if (k + 1 > widest_) {
     widest_ = k + 1;

@@ -12,6 +12,7 @@
 // without d renormalized, exactly what a draw from p that is not d is. So the output has the
 // target's distribution, and with the same seed it is the same text token for token as without
 // speculation (the random stream is consumed by the same draws in the same order).
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -24,9 +25,11 @@
 namespace ptllm {
 
 class Session;
+class Model;
+class ThreadPool;
 
-enum class SpecType { None, Ngram, Suffix };
-// "none", "ngram", "suffix".
+enum class SpecType { None, Ngram, Suffix, Draft };
+// "none", "ngram", "suffix", "draft".
 const char* spec_type_name(SpecType t);
 // Parses --spec-type; throws UsageError naming the value otherwise.
 SpecType parse_spec_type(const std::string& s);
@@ -38,6 +41,11 @@ struct SpecOptions {
   bool adaptive = true;  // false: verify every draft offered, whatever it measured
   int ngram_max = 4;     // prompt lookup: the longest n-gram matched
   int ngram_min = 1;     // and the shortest
+  // Draft: the draft model (same vocabulary as the target), the threads it runs on, its cache's
+  // capacity in tokens (engine/drafter_model.h).
+  const Model* draft_model = nullptr;
+  ThreadPool* draft_pool = nullptr;
+  int draft_ctx = 4096;
 };
 
 // Proposes the tokens likely to follow a sequence.
@@ -48,6 +56,9 @@ class Drafter {
   // for the adaptivity to keep acceptance apart by (the prompt-lookup drafter: the n-gram length).
   virtual int draft(std::span<const int32_t> history, int max, std::vector<int32_t>& out) = 0;
   virtual int classes() const = 0;  // confidence classes draft() returns: 0 .. classes() - 1
+  // Whether a drafted token costs a forward pass (a draft model): then no more are drafted than
+  // the measurements favour verifying.
+  virtual bool costly() const { return false; }
 };
 
 // Prompt lookup: the longest of the last n tokens (ngram_max down to ngram_min) that occurred
@@ -93,6 +104,25 @@ class Speculator {
   void round(Session& s, Generator& gen, int32_t pending, std::vector<Generator::Step>& steps);
   const SpecStats& stats() const { return stats_; }
 
+  // The scheduler's side (engine/scheduler.cpp), where the drafts of several sequences are verified in
+  // one batched pass: drafting and verification apart, the pass in between.
+  // Up to `room` drafts to follow `seq` (the history and the pending id) into `out`; returns the
+  // drafter's confidence class.
+  int propose(std::span<const int32_t> seq, int room, std::vector<int32_t>& out);
+  // The measured chance that a drafted token of class `cls` is kept.
+  double acceptance(int cls) const { return alpha_[size_t(std::clamp(cls, 0, int(alpha_.size()) - 1))]; }
+  // Runs `gen` over rows [drafts.size() + 1][vocab] (the logits after the pending id and after each
+  // draft; `hist`: the history with the pending id and the drafts fed, from position p0 on) while
+  // its tokens agree with the drafts, appending each step to `steps`; records the counters and the
+  // acceptance. Returns the drafts kept: the caller keeps kept + 1 fed tokens.
+  int verify(Generator& gen, std::span<float> rows, size_t vocab, std::span<const int32_t> hist, int64_t p0,
+             std::span<const int32_t> drafts, int cls, std::vector<Generator::Step>& steps);
+  // The most tokens worth drafting now, of `room` (all of them for a drafter whose drafts are nearly
+  // free; 0: a plain step); counts a declined draft towards the next probe.
+  int draft_room(int room);
+  // A one-token step taken for this sequence (counted as a plain step).
+  void count_plain() { ++stats_.plain_steps; }
+
   // The verification size the measurements favour for `avail` drafted tokens of class `cls`
   // (0: a plain step pays best). Public for tests.
   int choose(int avail, int cls) const;
@@ -109,8 +139,10 @@ class Speculator {
   // models that fit in cache are compute-bound and pay for every row, and matmul changes products
   // with T (docs/performance.md), so no formula in T holds everywhere.
   double cost(int T) const;
+  double draft_cost() const;   // drafting one token, in one-token steps of the target
   std::vector<double> cost_;   // [T]
   double step_s_ = 0;          // a one-token step (EMA; 0: not measured yet)
+  double draft_s_ = 0;         // drafting one token (EMA; 0: not measured yet)
   int widest_ = 1;             // the widest pass so far
   int skipped_ = 0;            // drafts declined in a row (a verification is tried now and then)
 };

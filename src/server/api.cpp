@@ -329,7 +329,7 @@ void check_fields(const json& body, Endpoint endpoint) {
   static const std::set<std::string> common = {
       "model", "temperature", "top_p", "min_p", "top_k", "repeat_penalty", "repeat_last_n", "presence_penalty",
       "frequency_penalty", "seed", "max_tokens", "n", "stop", "stream", "stream_options", "ignore_eos", "logit_bias",
-      "logprobs", "grammar", "json_schema",
+      "logprobs", "grammar", "json_schema", "speculative.n_max", "speculative.n_min",
       // metadata: no effect on the output
       "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "cache_prompt"};
   static const std::set<std::string> chat = {"messages", "tools", "tool_choice", "parallel_tool_calls",
@@ -346,7 +346,7 @@ void check_fields(const json& body, Endpoint endpoint) {
     static const std::set<std::string> known = {"top_logprobs", "echo", "best_of",
                                                 "suffix", "modalities", "audio", "prediction", "functions",
                                                 "function_call", "web_search_options", "reasoning_effort",
-                                                "verbosity", "n_probs"};
+                                                "verbosity", "n_probs", "speculative.p_min"};
     throw bad_request(key + (known.count(key) ? ": not supported by this server" : ": unknown field") +
                           " (refused rather than ignored)",
                       key);
@@ -493,12 +493,21 @@ ApiRequest parse_request(const std::string& body_text, Endpoint endpoint, uint64
     if (!so->is_object()) wrong_type("stream_options", "an object", *so);
     read_bool(*so, "include_usage", r.include_usage);
   }
+  // llama-server's per-request speculation (the keys contain the dots): whether the server drafts
+  // at all is checked where its options are known (http_server.cpp).
+  if (read_int(body, "speculative.n_max", 0, 256, n)) r.params.spec_draft_max = int(n);
+  if (read_int(body, "speculative.n_min", 0, 256, n)) r.params.spec_draft_min = int(n);
   return r;
 }
 
 const char* openai_finish_reason(FinishReason r, bool calls) {
   if (r != FinishReason::Stop) return "length";
   return calls ? "tool_calls" : "stop";
+}
+
+json timings_json(const RequestResult& res) {
+  if (!res.speculative) return nullptr;
+  return {{"draft_n", res.draft_n}, {"draft_n_accepted", res.draft_accepted}};
 }
 
 json usage_json(const RequestResult& res) {
@@ -586,6 +595,7 @@ json response_json(const ApiRequest& r, const RequestResult& res, const std::str
   choice["finish_reason"] = openai_finish_reason(res.reason, calls);
   out["choices"] = json::array({choice});
   out["usage"] = usage_json(res);
+  if (json t = timings_json(res); !t.is_null()) out["timings"] = std::move(t);
   return out;
 }
 
@@ -617,6 +627,8 @@ json chunk_json(const ApiRequest& r, const OutputDelta& d, const RequestResult* 
   choice["finish_reason"] = res ? json(openai_finish_reason(res->reason, any_calls)) : json(nullptr);
   out["choices"] = json::array({choice});
   if (r.include_usage) out["usage"] = nullptr;
+  if (res)
+    if (json t = timings_json(*res); !t.is_null()) out["timings"] = std::move(t);
   return out;
 }
 
@@ -669,6 +681,12 @@ std::string metrics_text(const SchedulerStats& s, int parallel) {
   metric(o, "ptllm_prefix_cache_hit_ratio", "gauge", "Cached prompt tokens over prompt tokens",
          s.prompt_tokens > 0 ? double(s.cached_tokens) / double(s.prompt_tokens) : 0);
   metric(o, "ptllm_steps_total", "counter", "Batched forward passes", double(s.steps));
+  metric(o, "ptllm_spec_drafted_tokens_total", "counter", "Drafted tokens verified (speculative decoding)", double(s.spec_drafted));
+  metric(o, "ptllm_spec_accepted_tokens_total", "counter", "Drafted tokens kept", double(s.spec_accepted));
+  metric(o, "ptllm_spec_verifications_total", "counter", "Sequences' steps that verified drafts", double(s.spec_verifications));
+  metric(o, "ptllm_spec_declined_steps_total", "counter",
+         "Sequences' steps taken without their drafts (judged not to pay: low acceptance or a wide batch)",
+         double(s.spec_declined));
   metric(o, "ptllm_requests_queued", "gauge", "Requests waiting for a slot or KV room", double(s.queued));
   metric(o, "ptllm_requests_running", "gauge", "Sequences in the running batch", double(s.running));
   metric(o, "ptllm_parallel_slots", "gauge", "Sequences that may run at once (--parallel)", double(parallel));

@@ -96,6 +96,9 @@ json chunk_json(const ApiRequest& r, const OutputDelta& delta, const RequestResu
 json tool_arguments_chunk_json(const ApiRequest& r, size_t index, const std::string& arguments, const std::string& id,
                                int64_t created, const std::string& model);
 json usage_json(const RequestResult& res);
+// llama-server's `timings` fields of speculation, draft_n and draft_n_accepted (null when the request
+// did not speculate).
+json timings_json(const RequestResult& res);
 // choice.logprobs for these tokens (null without logprobs): chat's {"content": [...]}, or
 // completions' {tokens, token_logprobs, top_logprobs, text_offset}, offsets from text_offset.
 json logprobs_json(const ApiRequest& r, std::span<const TokenLogprob> lps, size_t text_offset);

@@ -943,6 +943,21 @@ std::shared_ptr<Channel> HttpServer::Impl::submit(ApiRequest& r, int64_t& prompt
       throw bad_request("logit_bias: token id " + std::to_string(id) + " is outside the vocabulary (" +
                             std::to_string(rt.config().vocab_size) + " tokens)",
                         "logit_bias");
+  const SpecOptions& spec = sch.config().spec;
+  if (spec.type == SpecType::None) {
+    for (const auto& [name, v] : {std::pair{"speculative.n_max", r.params.spec_draft_max},
+                                  std::pair{"speculative.n_min", r.params.spec_draft_min}})
+      if (v > 0)
+        throw bad_request(std::string(name) + ": this server does not speculate (start it with --spec-type ngram or "
+                          "suffix)", name);
+  } else {
+    const int most = r.params.spec_draft_max >= 0 ? r.params.spec_draft_max : spec.draft_max;
+    const int least = r.params.spec_draft_min >= 0 ? r.params.spec_draft_min : spec.draft_min;
+    if (most > 0 && least > most)
+      throw bad_request("speculative.n_min " + std::to_string(least) + " is more than speculative.n_max " +
+                            std::to_string(most),
+                        r.params.spec_draft_min >= 0 ? "speculative.n_min" : "speculative.n_max");
+  }
   Request sr;
   sr.prompt = prompt_ids(r);
   r.params.constraint = request_constraint(r, rt.tokenizer());
