@@ -199,7 +199,11 @@ struct Reference {
 
   explicit Reference(const fs::path& dir) : c(ModelConfig::load(dir / "config.json")) {
     SafetensorsFile f(dir / "model.safetensors");
-    for (const auto& [name, t] : f.tensors()) w[name] = test::tensor_values<float>(f, name);
+    for (const auto& [name, t] : f.tensors()) {
+      std::vector<float>& v = w[name];
+      v.resize(t.nbytes / dtype_size(t.dtype));
+      convert_to_f32(t.dtype, t.data, v.data(), v.size());  // bf16 checkpoints widened, as transformers does
+    }
   }
   const std::vector<float>& t(const std::string& n) const {
     auto it = w.find(n);
@@ -297,9 +301,10 @@ struct Reference {
       for (size_t r = 0; r < T; ++r)
         for (size_t hd = 0; hd < NH; ++hd) {
           const size_t g = hd / (NH / NK);
-          std::vector<double> sc(r + 1, -1e300);
+          const size_t last = r;
+          std::vector<double> sc(last + 1, -1e300);
           double mx = -1e300;
-          for (size_t j = 0; j <= r; ++j) {
+          for (size_t j = 0; j <= last; ++j) {
             if (W > 0 && int64_t(r) - int64_t(j) >= W) continue;
             double a = 0;
             for (size_t d = 0; d < D; ++d) a += q[(r * NH + hd) * D + d] * k[(j * NK + g) * D + d];
@@ -307,8 +312,8 @@ struct Reference {
             mx = std::max(mx, sc[j]);
           }
           double z = 0;
-          for (size_t j = 0; j <= r; ++j) z += sc[j] > -1e299 ? std::exp(sc[j] - mx) : 0.0;
-          for (size_t j = 0; j <= r; ++j) {
+          for (size_t j = 0; j <= last; ++j) z += sc[j] > -1e299 ? std::exp(sc[j] - mx) : 0.0;
+          for (size_t j = 0; j <= last; ++j) {
             if (sc[j] < -1e299) continue;
             const double pj = std::exp(sc[j] - mx) / z;
             for (size_t d = 0; d < D; ++d) att[(r * NH + hd) * D + d] += pj * v[(j * NK + g) * D + d];
@@ -570,6 +575,90 @@ TEST(ArchGgufTest, WrittenGgufGivesTheSameLogits) {
     for (int i = 0; i < 28; ++i) ids.push_back(int32_t((i * 37 + 5) % kV));
     EXPECT_LT(max_rel_diff(logits_of(*gg, ids), logits_of(*st, ids)), 1e-5);
     EXPECT_LT(max_rel_diff(logits_of(*gg, ids, true), logits_of(*st, ids, true)), 1e-5);
+  }
+}
+
+}  // namespace
+}  // namespace ptllm
+
+
+namespace ptllm {
+namespace {
+
+fs::path arch_model(const std::string& name) { return test::repo_dir() / "tests" / "data" / "models" / name; }
+
+// Greedy ids of every golden prompt, and the teacher-forced mean NLL.
+void expect_arch_goldens(const Model& m, const fs::path& golden_dir, const std::string& what) {
+  auto golden = test::read_json(golden_dir / "golden.json");
+  ThreadPool pool(2);
+  SessionOptions o;
+  o.kv.ctx_size = 512;
+  for (const auto& p : golden["prompts"]) {
+    auto ids = p["ids"].get<std::vector<int32_t>>();
+    auto want = p["greedy_ids"].get<std::vector<int32_t>>();
+    Session s(m, o, pool);
+    std::span<float> l = s.feed(ids);
+    std::vector<int32_t> got;
+    for (size_t i = 0; i < want.size(); ++i) {
+      got.push_back(int32_t(std::max_element(l.begin(), l.end()) - l.begin()));
+      if (i + 1 < want.size()) l = s.feed({&got.back(), 1});
+    }
+    EXPECT_EQ(got, want) << what << ": " << p["text"];
+  }
+  auto tf = golden["teacher_forced"]["ids"].get<std::vector<int32_t>>();
+  Session s(m, o, pool);
+  std::span<float> l = s.feed_all(tf);
+  const size_t V = size_t(m.config().vocab_size);
+  double sum = 0;
+  for (size_t t = 0; t + 1 < tf.size(); ++t) {
+    const float* row = l.data() + t * V;
+    const float mx = *std::max_element(row, row + V);
+    double z = 0;
+    for (size_t i = 0; i < V; ++i) z += std::exp(double(row[i]) - mx);
+    sum += std::log(z) + mx - row[tf[t + 1]];
+  }
+  EXPECT_NEAR(sum / double(tf.size() - 1), golden["teacher_forced"]["mean_nll"].get<double>(), 1e-4) << what;
+}
+
+// llama.cpp's converter's files (bf16, the checkpoints' own weights) and this runtime's writer (F32):
+// transformers' greedy ids and NLL, for the architectures whose tiny model GGUF can describe.
+TEST(ArchGgufGoldens, GgufFilesGiveTheGoldens) {
+  for (const std::string name : {"qwen3-tiny", "phi3-tiny"}) {
+    const fs::path dir = arch_model(name), f = arch_model("gguf") / (name + "-BF16.gguf");
+    if (!fs::exists(f)) GTEST_SKIP() << f << " not found";
+    expect_arch_goldens(*Model::load(f), dir, f.filename().string());
+    test::TempDir tmp;
+    write_gguf_from_hf(dir, tmp.path / "m.gguf", GgufMix::F32);
+    expect_arch_goldens(*Model::load(tmp.path / "m.gguf"), dir, name + " written F32");
+  }
+}
+
+// gemma3-tiny and smollm3-tiny use layouts llama.cpp's GGUF does not record (layer_types
+// S,S,F,S; query_pre_attn_scalar 24 with head_dim 32; no RoPE in layers 1 and 3): their converted
+// files are read as llama.cpp reads them (every layer of four sliding by its default period of 6,
+// the attention scale 1/sqrt(head_dim); every 4th layer without RoPE), and the writer refuses them.
+TEST(ArchGgufGoldens, LayoutsGgufCannotSayReadAsLlamaCppDoes) {
+  const fs::path g = arch_model("gguf") / "gemma3-tiny-BF16.gguf", s = arch_model("gguf") / "smollm3-tiny-BF16.gguf";
+  if (!fs::exists(g) || !fs::exists(s)) GTEST_SKIP() << "the converted files are not in tests/data/models/gguf";
+  const ModelConfig gc = Model::load(g)->config();
+  EXPECT_EQ(gc.arch, Architecture::Gemma3);
+  EXPECT_EQ(gc.layer_windows(), (std::vector<int>{32, 32, 32, 32}));
+  EXPECT_EQ(gc.query_pre_attn_scalar, 0);  // 1/sqrt(head_dim)
+  EXPECT_FLOAT_EQ(gc.final_logit_softcapping, 30.0f);
+  EXPECT_EQ(gc.rope.type, RopeType::Linear);
+  EXPECT_DOUBLE_EQ(gc.rope_local.theta, 10000.0);
+  const ModelConfig sc = Model::load(s)->config();
+  EXPECT_EQ(sc.layer_rope, (std::vector<LayerRope>{LayerRope::Main, LayerRope::Main, LayerRope::Main, LayerRope::None}));
+  test::TempDir tmp;
+  for (const char* name : {"gemma3-tiny", "smollm3-tiny"}) {
+    try {
+      write_gguf_from_hf(arch_model(name), tmp.path / "m.gguf", GgufMix::F32);
+      ADD_FAILURE() << name << " written";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_TRUE(what.find("query_pre_attn_scalar") != std::string::npos || what.find("no_rope_layers") != std::string::npos)
+          << what;
+    }
   }
 }
 
