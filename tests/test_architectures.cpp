@@ -14,6 +14,7 @@
 #include "core/thread_pool.h"
 #include "engine/session.h"
 #include "model/gguf_writer.h"
+#include "model/quantize.h"
 #include "test_greedy.h"
 #include "test_util.h"
 
@@ -767,6 +768,44 @@ INSTANTIATE_TEST_SUITE_P(Tiny, ArchKvTest,
                            std::replace(n.begin(), n.end(), '-', '_');
                            return n;
                          });
+
+}  // namespace
+}  // namespace ptllm
+
+namespace ptllm {
+namespace {
+
+// MLX-style quantization of each newer architecture (Phi-3's fused qkv_proj / gate_up_proj quantized
+// whole, Gemma's (1 + weight) gains as the search's importance), by the search fit and by GPTQ on a
+// calibration sequence: every matrix quantized, and the goldens' NLL kept within the bits' error.
+TEST_P(ArchKvTest, MlxQuantizedKeepsTheNll) {
+  const fs::path dir = arch_model(GetParam());
+  if (!fs::exists(dir / "golden.safetensors")) GTEST_SKIP() << dir << " not found";
+  SafetensorsFile g(dir / "golden.safetensors");
+  const auto tf = test::tensor_values<int32_t>(g, "tf_ids");
+  const double golden = test::read_json(dir / "golden.json")["teacher_forced"]["mean_nll"].get<double>();
+  ThreadPool pool(2);
+  test::TempDir tmp;
+  for (auto [bits, method, tol] : {std::tuple{8, QuantMethod::Search, 0.01}, std::tuple{4, QuantMethod::Search, 0.15},
+                                   std::tuple{4, QuantMethod::Gptq, 0.15}}) {
+    QuantizeOptions o;
+    o.spec = AffineSpec{bits, 32};
+    o.method = method;
+    if (method == QuantMethod::Gptq) o.calibration = {std::vector<int32_t>(tf.begin(), tf.begin() + 128)};
+    const fs::path out = tmp.path / (std::to_string(bits) + std::string(quant_method_name(method)));
+    const QuantizeReport r = quantize_checkpoint(dir, out, o, pool);
+    EXPECT_EQ(r.matrices_dense, 0);
+    EXPECT_GT(r.matrices_quantized, 0);
+    auto m = Model::load(out);
+    EXPECT_EQ(m->weight_format().find(" + "), std::string::npos) << m->weight_format();  // no matrix left dense
+    SessionOptions so;
+    so.kv.ctx_size = 512;
+    Session s(*m, so, pool);
+    const double nll = mean_nll(s.feed_all(tf), tf, size_t(m->config().vocab_size));
+    EXPECT_NEAR(nll, golden, tol) << GetParam() << " " << bits << " bits " << quant_method_name(method) << " "
+                                  << m->weight_format();
+  }
+}
 
 }  // namespace
 }  // namespace ptllm
