@@ -809,3 +809,102 @@ TEST_P(ArchKvTest, MlxQuantizedKeepsTheNll) {
 
 }  // namespace
 }  // namespace ptllm
+
+namespace ptllm {
+namespace {
+
+// A Gemma3ForConditionalGeneration checkpoint runs its text model, and what cannot take its
+// language_model. tensor names says so: quantize and the GGUF writer refuse it by name.
+TEST(Gemma3Multimodal, QuantizeAndGgufRefuseByName) {
+  const fs::path dir = arch_model("gemma3mm-tiny");
+  if (!fs::exists(dir / "model.safetensors")) GTEST_SKIP() << dir << " not found";
+  ThreadPool pool(2);
+  test::TempDir tmp;
+  try {
+    quantize_checkpoint(dir, tmp.path / "q", QuantizeOptions{}, pool);
+    ADD_FAILURE() << "quantized";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Gemma3ForConditionalGeneration"), std::string::npos) << e.what();
+  }
+  try {
+    write_gguf_from_hf(dir, tmp.path / "m.gguf", GgufMix::F32);
+    ADD_FAILURE() << "written";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Gemma3ForConditionalGeneration"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace ptllm
+
+namespace ptllm {
+namespace {
+
+TEST(ArchConfigTest, Gemma3FieldsAndRefusals) {
+  json j = {{"architectures", {"Gemma3ForCausalLM"}}, {"num_hidden_layers", 12}, {"hidden_size", 640},
+            {"intermediate_size", 2048}, {"num_attention_heads", 4}, {"num_key_value_heads", 1}};
+  ModelConfig c = parse(j);  // Gemma3TextConfig's defaults fill the rest
+  EXPECT_EQ(c.head_dim, 256);
+  EXPECT_EQ(c.vocab_size, 262208);
+  EXPECT_TRUE(c.tie_word_embeddings && c.norm_plus_one && c.sandwich_norms && c.qk_norm);
+  EXPECT_EQ(c.activation, Activation::GeluTanh);
+  EXPECT_FLOAT_EQ(c.embed_scale, float(std::sqrt(640.0)));
+  EXPECT_DOUBLE_EQ(c.query_pre_attn_scalar, 256);
+  // sliding_window_pattern 6 (default): every 6th layer global
+  std::vector<int> w(12, 4096);
+  w[5] = w[11] = 0;
+  EXPECT_EQ(c.layer_windows(), w);
+  EXPECT_EQ(c.rope_of(5), LayerRope::Main);
+  EXPECT_EQ(c.rope_of(0), LayerRope::Local);
+  EXPECT_DOUBLE_EQ(c.rope.theta, 1e6);
+  EXPECT_DOUBLE_EQ(c.rope_local.theta, 1e4);
+  for (auto [key, value, named] : {std::tuple{"attn_logit_softcapping", json(50.0), "attn_logit_softcapping"},
+                                   std::tuple{"hidden_activation", json("relu"), "hidden_activation"},
+                                   std::tuple{"use_bidirectional_attention", json(true), "use_bidirectional_attention"},
+                                   std::tuple{"rope_scaling", json{{"rope_type", "yarn"}, {"factor", 2.0}}, "rope_scaling.rope_type"}}) {
+    json bad = j;
+    bad[key] = value;
+    EXPECT_NE(parse_error(bad).find(named), std::string::npos) << parse_error(bad);
+  }
+  json mm = {{"architectures", {"Gemma3ForConditionalGeneration"}}, {"text_config", j}};
+  mm["text_config"]["attn_logit_softcapping"] = 50.0;
+  EXPECT_NE(parse_error(mm).find("'text_config.attn_logit_softcapping'"), std::string::npos) << parse_error(mm);
+}
+
+TEST(ArchConfigTest, Phi3AndSmolLM3FieldsAndRefusals) {
+  json j = base_cfg("Phi3ForCausalLM");
+  j["partial_rotary_factor"] = 0.5;  // head_dim 8: 4 rotated dims, 2 factors
+  j["original_max_position_embeddings"] = 64;
+  j["rope_scaling"] = {{"type", "longrope"}, {"short_factor", {1.0, 2.0}}, {"long_factor", {3.0, 4.0}}};
+  ModelConfig c = parse(j);
+  EXPECT_EQ(c.rotary_dim, 4);
+  EXPECT_TRUE(c.fused_qkv && c.fused_gate_up);
+  EXPECT_EQ(c.rope.type, RopeType::LongRope);
+  EXPECT_EQ(c.rope.original_max_position, 64);
+  EXPECT_NEAR(c.rope.attention_factor, std::sqrt(1 + std::log(4.0) / std::log(64.0)), 1e-12);  // 256 / 64
+  json bad = j;
+  bad["rope_scaling"]["long_factor"] = {3.0};
+  EXPECT_NE(parse_error(bad).find("rope_scaling.long_factor"), std::string::npos) << parse_error(bad);
+  bad = j;
+  bad["rope_scaling"]["type"] = "su";
+  EXPECT_NE(parse_error(bad).find("'su' is not supported"), std::string::npos) << parse_error(bad);
+  bad = j;
+  bad["partial_rotary_factor"] = 0.3;  // 2.4 -> 2 dims: 1 factor expected
+  EXPECT_NE(parse_error(bad).find("short_factor"), std::string::npos) << parse_error(bad);
+  json q = base_cfg("Qwen2ForCausalLM");
+  q["partial_rotary_factor"] = 0.5;
+  EXPECT_NE(parse_error(q).find("partial_rotary_factor"), std::string::npos) << parse_error(q);
+
+  json s = base_cfg("SmolLM3ForCausalLM");
+  s["num_hidden_layers"] = 8;
+  ModelConfig sc = parse(s);  // no_rope_layer_interval 4 by default
+  EXPECT_EQ(sc.layer_rope, (std::vector<LayerRope>{LayerRope::Main, LayerRope::Main, LayerRope::Main, LayerRope::None,
+                                                   LayerRope::Main, LayerRope::Main, LayerRope::Main, LayerRope::None}));
+  s["no_rope_layers"] = {1, 0, 1};
+  EXPECT_NE(parse_error(s).find("no_rope_layers"), std::string::npos) << parse_error(s);
+  s["no_rope_layers"] = {1, 1, 1, 1, 1, 1, 1, 2};
+  EXPECT_NE(parse_error(s).find("no_rope_layers[7]"), std::string::npos) << parse_error(s);
+}
+
+}  // namespace
+}  // namespace ptllm

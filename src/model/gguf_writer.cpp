@@ -215,6 +215,9 @@ GgufWriteResult write_gguf_from_hf(const std::filesystem::path& dir, const std::
                                    GgufMix mix) {
   const ModelConfig c = ModelConfig::load(dir / "config.json");
   const std::string cfg_file = (dir / "config.json").string();
+  if (c.arch_name == "Gemma3ForConditionalGeneration")
+    throw Error(cfg_file + ": architectures 'Gemma3ForConditionalGeneration': the writer takes causal LM checkpoints "
+                "(its text model's tensors are under language_model)");
   if (c.arch == Architecture::YocoLlama || c.num_kv_shared_layers > 0)
     throw Error(cfg_file + ": architectures '" + c.arch_name + "' (cross-layer KV sharing): GGUF has no such architecture");
   const bool gemma = c.arch == Architecture::Gemma3, phi3 = c.arch == Architecture::Phi3,

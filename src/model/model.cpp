@@ -207,6 +207,7 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
     }
     const bool own_kv = c.stores_kv(i);
     if (c.fused_qkv) {
+      // (config.cpp refuses num_kv_shared_layers with a fused qkv_proj: every layer stores its K/V)
       const WeightMatrix qkv = L.linear(p + "self_attn.qkv_proj", c.q_dim() + 2 * c.kv_dim(), H);
       lw.wq = weight_rows(qkv, 0, c.q_dim());
       lw.wk = weight_rows(qkv, c.q_dim(), c.kv_dim());
@@ -214,12 +215,10 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
     } else {
       lw.wq = L.linear(p + "self_attn.q_proj", c.q_dim(), H);
     }
-    if (c.fused_qkv) {
-      // (config.cpp refuses num_kv_shared_layers with a fused qkv_proj)
-    } else if (own_kv) {
+    if (!c.fused_qkv && own_kv) {
       lw.wk = L.linear(p + "self_attn.k_proj", c.kv_dim(), H);
       lw.wv = L.linear(p + "self_attn.v_proj", c.kv_dim(), H);
-    } else {
+    } else if (!c.fused_qkv) {
       // A KV-shared layer (num_kv_shared_layers) reads its donor's K/V: weights of its own would be
       // silently unused, so a file carrying them is not the model config.json describes.
       for (const char* t : {"k_proj.weight", "v_proj.weight", "k_proj.bias", "v_proj.bias", "k_proj.scales",
@@ -335,10 +334,12 @@ void Model::replace_matrix(const std::string& module, const WeightMatrix& w) {
       }
       for (auto& [name, m] : {std::pair{"self_attn.q_proj", &L.wq}, {"self_attn.k_proj", &L.wk},
                               {"self_attn.v_proj", &L.wv}, {"self_attn.o_proj", &L.wo}, {"mlp.gate_proj", &L.w_gate},
-                              {"mlp.up_proj", &L.w_up}, {"mlp.down_proj", &L.w_down}})
-        if (leaf == name && m->data && !(cfg_.fused_qkv && m != &L.wo && name[0] == 's') &&
-            !(cfg_.fused_gate_up && (m == &L.w_gate || m == &L.w_up)))
-          target = m;
+                              {"mlp.up_proj", &L.w_up}, {"mlp.down_proj", &L.w_down}}) {
+        // a part of a fused matrix is replaced through the fused one only
+        const bool fused_part = (cfg_.fused_qkv && (m == &L.wq || m == &L.wk || m == &L.wv)) ||
+                                (cfg_.fused_gate_up && (m == &L.w_gate || m == &L.w_up));
+        if (leaf == name && m->data && !fused_part) target = m;
+      }
     }
   }
   if (!target) throw Error("replace_matrix: '" + module + "' is not a weight matrix of this model");

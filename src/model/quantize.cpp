@@ -465,6 +465,12 @@ QuantizeReport quantize_checkpoint(const fs::path& in, const fs::path& out, cons
   if (src->config().quantization.quantized())
     throw Error(in_config.string() + ": the checkpoint is already quantized (field 'quantization'); quantize a F32, "
                                      "F16 or BF16 one");
+  // The text model of a multimodal checkpoint keeps its tensors under language_model: its matrices
+  // would be copied unquantized, so it is refused rather than written as if quantized.
+  if (!src->files().find("model.embed_tokens.weight"))
+    throw Error(in_config.string() + ": architectures '" + src->config().arch_name +
+                "': the text model's tensors are not under model. (a multimodal checkpoint); quantize is for "
+                "causal LM checkpoints");
   std::error_code ec;
   fs::create_directories(out, ec);
   if (ec || !fs::is_directory(out)) throw Error(out.string() + ": cannot create the directory (" + ec.message() + ")");
