@@ -231,7 +231,8 @@ namespace {
 bool is_linear_module(const std::string& module) {
   if (module == "model.embed_tokens" || module == "lm_head") return true;
   for (const char* leaf : {".self_attn.q_proj", ".self_attn.k_proj", ".self_attn.v_proj", ".self_attn.o_proj",
-                           ".mlp.gate_proj", ".mlp.up_proj", ".mlp.down_proj"})
+                           ".mlp.gate_proj", ".mlp.up_proj", ".mlp.down_proj", ".self_attn.qkv_proj",
+                           ".mlp.gate_up_proj"})
     if (module.starts_with("model.layers.") && module.ends_with(leaf)) return true;
   return false;
 }
@@ -278,10 +279,11 @@ std::vector<float> norm_importance(const Model& m, const std::string& module, bo
   std::string norm;
   const int li = layer_of(module);
   const std::string p = "model.layers." + std::to_string(li) + ".";
-  if (li >= 0 && (module.ends_with("q_proj") || module.ends_with("k_proj") || module.ends_with("v_proj")))
+  if (li >= 0 && (module.ends_with("q_proj") || module.ends_with("k_proj") || module.ends_with("v_proj") ||
+                  module.ends_with("qkv_proj")))
     norm = p + "input_layernorm.weight";
   else if (li >= 0 && (module.ends_with("gate_proj") || module.ends_with("up_proj")))
-    norm = p + "post_attention_layernorm.weight";
+    norm = p + (m.config().sandwich_norms ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight");
   else if (module == "lm_head" || (module == "model.embed_tokens" && tied_embedding))
     norm = "model.norm.weight";
   if (norm.empty()) return {};
@@ -289,6 +291,8 @@ std::vector<float> norm_importance(const Model& m, const std::string& module, bo
   if (!t || t->shape.size() != 1) return {};
   std::vector<float> g(size_t(t->shape[0]));
   convert_to_f32(t->dtype, t->data, g.data(), g.size());
+  if (m.config().norm_plus_one)
+    for (float& v : g) v += 1.0f;  // Gemma's gain is (1 + weight)
   double mean = 0;
   for (float& v : g) {
     v *= v;
@@ -461,6 +465,12 @@ QuantizeReport quantize_checkpoint(const fs::path& in, const fs::path& out, cons
   if (src->config().quantization.quantized())
     throw Error(in_config.string() + ": the checkpoint is already quantized (field 'quantization'); quantize a F32, "
                                      "F16 or BF16 one");
+  // The text model of a multimodal checkpoint keeps its tensors under language_model: its matrices
+  // would be copied unquantized, so it is refused rather than written as if quantized.
+  if (!src->files().find("model.embed_tokens.weight"))
+    throw Error(in_config.string() + ": architectures '" + src->config().arch_name +
+                "': the text model's tensors are not under model. (a multimodal checkpoint); quantize is for "
+                "causal LM checkpoints");
   std::error_code ec;
   fs::create_directories(out, ec);
   if (ec || !fs::is_directory(out)) throw Error(out.string() + ": cannot create the directory (" + ec.message() + ")");
