@@ -15,6 +15,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const ModelConfig c = ModelConfig::load(p);
     const int64_t q = int64_t(c.n_heads) * c.head_dim, kv = int64_t(c.n_kv_heads) * c.head_dim;
     if (q != c.q_dim() || kv != c.kv_dim() || c.layer_windows().size() != size_t(c.n_layers)) std::abort();
+    // what the forward pass indexes by: rotated dims even within a head, one RoPE choice per layer,
+    // LongRoPE's factors one per rotated pair
+    const int R = c.rotated_dims();
+    if (R < 2 || R > c.head_dim || R % 2 != 0) std::abort();
+    if (!c.layer_rope.empty() && c.layer_rope.size() != size_t(c.n_layers)) std::abort();
+    if (c.rope.type == RopeType::LongRope &&
+        (c.rope.short_factor.size() != size_t(R / 2) || c.rope.long_factor.size() != size_t(R / 2)))
+      std::abort();
   } catch (const Error&) {
   }
   return 0;

@@ -1,6 +1,8 @@
 // libFuzzer target: the GGUF reader (header, metadata of every type, tensor infos, data offsets) on
 // arbitrary bytes, then what a model load reads from it: ModelConfig from the {arch}.* keys and the
 // embedded vocabulary translated to a tokenizer (small vocabularies also encode and decode a text).
+#include <cstdlib>
+
 #include "core/error.h"
 #include "model/gguf.h"
 #include "model/gguf_model.h"
@@ -18,7 +20,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     (void)f.header_bytes();
     try {
-      (void)gguf_model_config(f);
+      // a config that loads holds what the forward pass indexes by
+      const ModelConfig c = gguf_model_config(f);
+      const int R = c.rotated_dims();
+      if (R < 2 || R > c.head_dim || R % 2 != 0 || c.layer_kinds.size() != size_t(c.n_layers) ||
+          (!c.layer_rope.empty() && c.layer_rope.size() != size_t(c.n_layers)))
+        std::abort();
     } catch (const Error&) {
     }
     const GgufVocab v = gguf_vocab(f);

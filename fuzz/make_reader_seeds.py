@@ -26,7 +26,8 @@ def main():
 
     models = sorted(glob.glob(os.path.join(repo, "models", "*")))
     configs = [os.path.join(m, "config.json") for m in models] + sorted(
-        glob.glob(os.path.join(repo, "tests", "data", "*", "config.json")))
+        glob.glob(os.path.join(repo, "tests", "data", "*", "config.json"))) + sorted(
+        glob.glob(os.path.join(repo, "tests", "data", "models", "*", "config.json")))
     for c in configs:
         add("fuzz_config", read(c))
 
@@ -157,6 +158,27 @@ def main():
                                tens[:2], 64))
     real = read(os.path.join(repo, "tests", "data", "gguf", "kjv-tiny-Q8_0.gguf"))
     add("fuzz_gguf", real[:300000])
+    # the newer architectures' keys (gemma3's pattern and soft-capping, phi3's partial rotary and
+    # LongRoPE keys), on the same small body, and llama.cpp's files of the tiny reference models
+    for arch, extra in [(b"qwen3", []),
+                        (b"gemma3", [("attention.sliding_window", 4, u32(4)),
+                                     ("attention.sliding_window_pattern", 4, u32(3)),
+                                     ("final_logit_softcapping", 6, struct.pack("<f", 30.0)),
+                                     ("rope.freq_base_swa", 6, struct.pack("<f", 10000.0)),
+                                     ("rope.scaling.type", 8, gguf_str(b"linear")),
+                                     ("rope.scaling.factor", 6, struct.pack("<f", 8.0))]),
+                        (b"phi3", [("rope.dimension_count", 4, u32(12)),
+                                   ("rope.scaling.attn_factor", 6, struct.pack("<f", 1.19)),
+                                   ("rope.scaling.original_context_length", 4, u32(256))]),
+                        (b"smollm3", [("no_rope_layers", 9, arr(5, [1], "<i"))])]:
+        a = arch.decode()
+        kv = [(k.replace("llama", a) if k.startswith("llama.") else k, t, v) for k, t, v in common]
+        kv = [("general.architecture", 8, gguf_str(arch)) if k == "general.architecture" else (k, t, v) for k, t, v in kv]
+        kv += [(a + "." + k, t, v) for k, t, v in extra] + [("tokenizer.ggml.model", 8, gguf_str(b"gpt2")),
+                                                             ("tokenizer.ggml.merges", 9, arr(8, [b"a b"]))]
+        add("fuzz_gguf", gguf_file(kv, tens))
+    for g in sorted(glob.glob(os.path.join(repo, "tests", "data", "models", "gguf", "*.gguf"))):
+        add("fuzz_gguf", read(g)[:300000])
 
     for target, items in seeds.items():
         d = os.path.join(out, target)

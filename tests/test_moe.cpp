@@ -201,18 +201,18 @@ std::vector<float> reference(const Experts& x, const MoeConfig& c, const std::ve
   std::vector<float> out(size_t(T) * size_t(H), 0.f);
   for (int t = 0; t < T; ++t) {
     const float* r = in.data() + size_t(t) * size_t(H);
-    std::vector<float> logits(size_t(E));
+    std::vector<float> logits(static_cast<size_t>(E));
     for (int e = 0; e < E; ++e) {
       double s = 0;
       for (int j = 0; j < H; ++j) s += double(x.router[size_t(e) * size_t(H) + size_t(j)]) * r[j];
       logits[size_t(e)] = float(s);
     }
-    std::vector<int> ex(size_t(c.top_k));
-    std::vector<float> w(size_t(c.top_k));
+    std::vector<int> ex(static_cast<size_t>(c.top_k));
+    std::vector<float> w(static_cast<size_t>(c.top_k));
     moe_route(logits.data(), E, c.top_k, c.norm_topk_prob, ex.data(), w.data());
     for (int j = 0; j < c.top_k; ++j) {
       const size_t e = size_t(ex[size_t(j)]);
-      std::vector<double> act(size_t(I));
+      std::vector<double> act(static_cast<size_t>(I));
       for (int i = 0; i < I; ++i) {
         double g = 0, u = 0;
         for (int q = 0; q < H; ++q) {
@@ -276,7 +276,7 @@ TEST(MoeForward, RowsRoutedToOneExpertShareOnePass) {
   // The experts the rows pick, from the router's logits computed here.
   std::set<int> chosen;
   for (int t = 0; t < T; ++t) {
-    std::vector<float> logits(size_t(E));
+    std::vector<float> logits(static_cast<size_t>(E));
     for (int e = 0; e < E; ++e) logits[size_t(e)] = dot_ref(x.router.data() + size_t(e) * H, in.data() + size_t(t) * H, H);
     int ex[2];
     float w[2];
@@ -328,10 +328,10 @@ struct PagedExperts {
 };
 
 std::vector<int> routed(const Experts& x, const float* row, int k) {
-  std::vector<float> logits(size_t(x.E));
+  std::vector<float> logits(static_cast<size_t>(x.E));
   for (int e = 0; e < x.E; ++e) logits[size_t(e)] = dot_ref(x.router.data() + size_t(e) * size_t(x.H), row, x.H);
-  std::vector<int> ex(size_t(k));
-  std::vector<float> w(size_t(k));
+  std::vector<int> ex(static_cast<size_t>(k));
+  std::vector<float> w(static_cast<size_t>(k));
   moe_route(logits.data(), x.E, k, true, ex.data(), w.data());
   return ex;
 }
@@ -347,7 +347,7 @@ TEST(MoeForward, ADecodeStepReadsOnlyTheSelectedExperts) {
     const std::vector<int> sel = routed(x, in.data(), k);
     for (int e = 0; e < E; ++e)
       if (std::find(sel.begin(), sel.end(), e) == sel.end()) paged.protect(e, false);
-    std::vector<float> out(size_t(H));
+    std::vector<float> out(static_cast<size_t>(H));
     MoeScratch s;
     MoeCounters n;
     moe_forward(paged.w, c, in.data(), 1, H, out.data(), s, pool, &n);
@@ -371,7 +371,7 @@ TEST(MoeForwardDeathTest, TouchingAProtectedSelectedExpertFaults) {
         ThreadPool pool(1);
         PagedExperts paged(x);
         paged.protect(sel[1], false);
-        std::vector<float> out(size_t(H));
+        std::vector<float> out(static_cast<size_t>(H));
         MoeScratch s;
         moe_forward(paged.w, c, in.data(), 1, H, out.data(), s, pool);
       },

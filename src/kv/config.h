@@ -63,6 +63,13 @@ struct KVShape {
   // an earlier storing layer with the same window (YOCO's KV-shared layers and their donor, which they
   // read as a view: they hold no blocks). Empty = every layer stores its own.
   std::vector<int> kv_source{};
+  // [n_layers] each layer's RoPE frequencies [head_dim/2] where they differ between layers (Gemma 3's
+  // local and global bases; all zero for a layer without RoPE, which rotates by nothing); empty =
+  // rope_inv_freq for every layer. Needed by PositionMode::Cache, as rope_inv_freq.
+  std::vector<std::vector<float>> layer_rope_inv_freq{};
+  const std::vector<float>& inv_freq_of(int layer) const {
+    return layer_rope_inv_freq.empty() ? rope_inv_freq : layer_rope_inv_freq[size_t(layer)];
+  }
   int kv_dim() const { return n_kv_heads * head_dim; }
   int window_of(int layer) const { return layer_window.empty() ? 0 : layer_window[size_t(layer)]; }
   int source_of(int layer) const { return kv_source.empty() ? layer : kv_source[size_t(layer)]; }

@@ -28,7 +28,9 @@ KVCache::KVCache(const KVShape& shape, const KVCacheConfig& cfg, KVPool* pool)
   if (pool)
     PTLLM_CHECK(pool->cfg_.describe() == cfg_.describe() && pool->cfg_.ctx_size == cfg_.ctx_size &&
                 pool->shape_.n_layers == shape.n_layers && pool->shape_.kv_dim() == shape.kv_dim() &&
-                pool->shape_.layer_window == shape.layer_window && pool->shape_.kv_source == shape.kv_source);
+                pool->shape_.layer_window == shape.layer_window && pool->shape_.kv_source == shape.kv_source &&
+                pool->shape_.layer_rope_inv_freq == shape.layer_rope_inv_freq);
+  PTLLM_CHECK(shape.layer_rope_inv_freq.empty() || int(shape.layer_rope_inv_freq.size()) == shape.n_layers);
   PTLLM_CHECK(shape.kv_source.empty() || int(shape.kv_source.size()) == shape.n_layers);
   for (int l = 0; l < shape.n_layers; ++l) {
     const int src = shape.source_of(l);
@@ -73,12 +75,24 @@ KVCache::KVCache(const KVShape& shape, const KVCacheConfig& cfg, KVPool* pool)
     }
     max_delta_ = int(most);
     const int half = shape.head_dim / 2;
-    PTLLM_CHECK(int(shape.rope_inv_freq.size()) == half);
-    rope_cos_.resize(size_t(max_delta_) * size_t(half));
-    rope_sin_.resize(rope_cos_.size());
-    for (int d = 0; d < max_delta_; ++d)
-      rope_cos_sin(shape.rope_inv_freq.data(), half, d, rope_cos_.data() + size_t(d) * size_t(half),
-                   rope_sin_.data() + size_t(d) * size_t(half));
+    const size_t table = size_t(max_delta_) * size_t(half);
+    std::vector<const std::vector<float>*> seen;  // the distinct frequency sets, one table each
+    rope_table_.assign(size_t(shape.n_layers), 0);
+    for (int l = 0; l < shape.n_layers; ++l) {
+      const std::vector<float>& f = shape.inv_freq_of(l);
+      PTLLM_CHECK(int(f.size()) == half);
+      size_t k = 0;
+      while (k < seen.size() && *seen[k] != f) ++k;
+      if (k == seen.size()) {
+        seen.push_back(&f);
+        rope_cos_.resize(seen.size() * table);
+        rope_sin_.resize(rope_cos_.size());
+        for (int d = 0; d < max_delta_; ++d)
+          rope_cos_sin(f.data(), half, d, rope_cos_.data() + k * table + size_t(d) * size_t(half),
+                       rope_sin_.data() + k * table + size_t(d) * size_t(half));
+      }
+      rope_table_[size_t(l)] = k * table;
+    }
   }
 }
 

@@ -274,7 +274,10 @@ class KVCache {
   bool same_cut(int64_t t, int64_t s) const;
   std::vector<Layer> layers_;
   std::vector<int> stored_;  // the layers that store K/V (all but YOCO's KV-shared ones), ascending
-  std::vector<float> rope_cos_, rope_sin_;  // [delta][head_dim/2], PositionMode::Cache
+  // PositionMode::Cache: [table][delta][head_dim/2], one table per distinct frequency set
+  // (KVShape::inv_freq_of), rope_table_[layer] the offset of a layer's.
+  std::vector<float> rope_cos_, rope_sin_;
+  std::vector<size_t> rope_table_;
   int max_delta_ = 0;
   int chunk_ = 0;
   bool windows_ = false;    // some layer slides

@@ -1,6 +1,8 @@
 #pragma once
-// config.json -> ModelConfig, for Llama, Mistral and Qwen2 checkpoints in both transformers
-// spellings (4.x: rope_theta / rope_scaling / torch_dtype; 5.x: rope_parameters / dtype).
+// config.json -> ModelConfig, for Llama, Mistral, Qwen2, Qwen3, Gemma 3 (text), Phi-3 and SmolLM3
+// checkpoints in both transformers spellings (4.x: rope_theta / rope_scaling / torch_dtype; 5.x:
+// rope_parameters / dtype).
+#include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -15,8 +17,13 @@ namespace ptllm {
 
 // YocoLlama: Llama with YOCO's cross-layer KV sharing (../shared/models/kjv-yoco, modeling_yoco.py):
 // layer_types and sliding_window as written, the last num_kv_shared_layers layers without K/V.
-enum class Architecture { Llama, Mistral, Qwen2, YocoLlama, Qwen3Moe };
-enum class RopeType { Default, Llama3 };
+enum class Architecture { Llama, Mistral, Qwen2, Qwen3, Gemma3, Phi3, SmolLM3, YocoLlama, Qwen3Moe };
+enum class RopeType { Default, Llama3, Linear, LongRope };
+// The MLP's gate activation: SiLU, or GELU with the tanh approximation (gelu_pytorch_tanh).
+enum class Activation { Silu, GeluTanh };
+// Which RoPE a layer applies: the model's, Gemma 3's local one (its sliding layers), or none
+// (SmolLM3's NoPE layers).
+enum class LayerRope : uint8_t { Main, Local, None };
 // transformers' layer_types: causal attention over every earlier position, or over the last
 // sliding_window positions only (query i sees keys j with i - sliding_window < j <= i).
 enum class AttentionKind { Full, Sliding };
@@ -29,6 +36,11 @@ struct RopeConfig {
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int original_max_position = 8192;
+  // linear (transformers' _compute_linear_scaling_rope_parameters): frequencies divided by `factor`.
+  // longrope (_compute_longrope_parameters): frequency i divided by short_factor[i], or by
+  // long_factor[i] past original_max_position; cos and sin scaled by attention_factor.
+  std::vector<double> short_factor, long_factor;  // [rotary_dim / 2]
+  double attention_factor = 1.0;
 };
 
 struct ModelConfig {
@@ -47,6 +59,27 @@ struct ModelConfig {
   bool qkv_bias = false;  // Qwen2 always; Llama with attention_bias
   bool o_bias = false;    // Llama with attention_bias
   bool mlp_bias = false;  // Llama with mlp_bias
+  // Per-head RMSNorm of q and k after their projections, before RoPE (Qwen3's q_norm / k_norm over
+  // head_dim, with rms_norm_eps).
+  bool qk_norm = false;
+  // Gemma 3: every RMSNorm scales by (1 + weight); the embedding is multiplied by sqrt(hidden_size);
+  // post-attention and post-feed-forward norms ("sandwich"); the attention scale is
+  // query_pre_attn_scalar^-0.5; logits soft-capped as cap * tanh(logits / cap).
+  bool norm_plus_one = false;
+  bool sandwich_norms = false;
+  float embed_scale = 1.0f;
+  double query_pre_attn_scalar = 0;  // 0: head_dim (the scale 1/sqrt(head_dim))
+  float final_logit_softcapping = 0;  // 0: none
+  Activation activation = Activation::Silu;
+  // Rotated dims of a head: the first rotary_dim (partial_rotary_factor, Phi-3), in transformers'
+  // rotate_half pairing within them; the rest pass through. 0: head_dim.
+  int rotary_dim = 0;
+  // Phi-3's checkpoint layout: q, k, v in one qkv_proj; gate and up in one gate_up_proj.
+  bool fused_qkv = false, fused_gate_up = false;
+  // Gemma 3: the sliding layers' RoPE (rope_local_base_freq), the global layers' is `rope`.
+  RopeConfig rope_local;
+  // [n_layers] which RoPE each layer applies (empty: Main everywhere).
+  std::vector<LayerRope> layer_rope;
   RopeConfig rope;
   std::string dtype;  // torch_dtype / dtype, informational
   std::optional<int> bos_token_id;
@@ -67,6 +100,8 @@ struct ModelConfig {
   QuantizationConfig quantization;
 
   int q_dim() const { return n_heads * head_dim; }
+  int rotated_dims() const { return rotary_dim > 0 ? rotary_dim : head_dim; }
+  LayerRope rope_of(int l) const { return layer_rope.empty() ? LayerRope::Main : layer_rope[size_t(l)]; }
   int kv_dim() const { return n_kv_heads * head_dim; }
   // [n_layers] each layer's window in tokens, 0 for full attention (what KVShape::layer_window takes).
   std::vector<int> layer_windows() const;

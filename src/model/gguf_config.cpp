@@ -1,6 +1,7 @@
 #include "model/gguf_model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "core/error.h"
@@ -40,6 +41,64 @@ void gguf_moe_config(const GgufFile& f, const std::string& p, ModelConfig& c) {
     if (!f.find_tensor("blk." + std::to_string(i) + ".ffn_gate_inp.weight")) m.mlp_only_layers.push_back(i);
 }
 
+bool nonzero(const GgufValue& v) { return v.b || v.u != 0 || v.i != 0; }
+
+// Gemma 3 as llama.cpp reads it: sliding layers by attention.sliding_window_pattern (a period, default
+// 6: layer i slides unless i % period == period - 1; or one flag per layer), their RoPE base
+// rope.freq_base_swa (default 10000, unscaled); the global layers' rope.freq_base and linear scaling;
+// final_logit_softcapping; embeddings scaled by sqrt(embedding_length). The norms' (1 + weight) is
+// already in the file (the converter adds the 1), and the attention scale is 1/sqrt(key_length):
+// llama.cpp's rule (but for the 27B shape, which it scales by 1/sqrt(embedding_length / head_count)).
+void gguf_gemma3(const GgufFile& f, const std::string& p, ModelConfig& c) {
+  c.sandwich_norms = true;
+  c.activation = Activation::GeluTanh;
+  c.embed_scale = float(std::sqrt(double(c.hidden_size)));
+  if (c.n_layers == 62) c.query_pre_attn_scalar = double(c.hidden_size) / double(c.n_heads);
+  if (auto cap = f.opt_float(p + "final_logit_softcapping")) {
+    if (!(*cap >= 0)) f.fail_key(p + "final_logit_softcapping", "must not be negative");
+    c.final_logit_softcapping = float(*cap);
+  }
+  if (auto cap = f.opt_float(p + "attn_logit_softcapping"); cap && *cap != 0)
+    f.fail_key(p + "attn_logit_softcapping", "is not supported");
+  c.rope_local.theta = 10000.0;
+  if (auto base = f.opt_float(p + "rope.freq_base_swa")) {
+    if (!(*base > 1)) f.fail_key(p + "rope.freq_base_swa", "must be more than 1");
+    c.rope_local.theta = *base;
+  }
+  if (c.sliding_window > 0) {
+    std::vector<AttentionKind> kinds;
+    const std::string key = p + "attention.sliding_window_pattern";
+    const GgufValue* v = f.find(key);
+    if (v && v->type == GgufType::Array) {
+      const GgufValue* a = f.opt_array(key, {GgufType::Bool, GgufType::I32, GgufType::U32, GgufType::U8, GgufType::I8});
+      if (a->array.size() != size_t(c.n_layers)) f.fail_key(key, "must have block_count entries");
+      for (const GgufValue& e : a->array) kinds.push_back(nonzero(e) ? AttentionKind::Sliding : AttentionKind::Full);
+    } else {
+      const int period = int(f.opt_int(key, 1, 1 << 20).value_or(6));
+      for (int i = 0; i < c.n_layers; ++i)
+        kinds.push_back(i % period < period - 1 ? AttentionKind::Sliding : AttentionKind::Full);
+    }
+    c.layer_kinds = kinds;
+  }
+  c.layer_rope.clear();
+  for (AttentionKind k : c.layer_kinds) c.layer_rope.push_back(k == AttentionKind::Sliding ? LayerRope::Local : LayerRope::Main);
+}
+
+// Phi-3 as llama.cpp's converter writes it: fused attn_qkv and ffn_up (gate then up), partial rotary
+// (rope.dimension_count), LongRoPE as rope_factors_short / rope_factors_long tensors with
+// rope.scaling.attn_factor and rope.scaling.original_context_length (Model::load_gguf reads the
+// factors).
+void gguf_phi3(const GgufFile& f, const std::string& p, ModelConfig& c) {
+  c.fused_qkv = f.find_tensor("blk.0.attn_qkv.weight") != nullptr;
+  c.fused_gate_up = f.find_tensor("blk.0.ffn_gate.weight") == nullptr;
+  if (f.find_tensor("rope_factors_long.weight") || f.find_tensor("rope_factors_short.weight")) {
+    c.rope.type = RopeType::LongRope;
+    c.rope.original_max_position = int(f.get_int(p + "rope.scaling.original_context_length", 1, (int64_t(1) << 31) - 1));
+    c.rope.attention_factor = f.opt_float(p + "rope.scaling.attn_factor").value_or(1.0);
+    if (!(c.rope.attention_factor > 0)) f.fail_key(p + "rope.scaling.attn_factor", "must be positive");
+  }
+}
+
 }  // namespace
 
 ModelConfig gguf_model_config(const GgufFile& f) {
@@ -49,10 +108,19 @@ ModelConfig gguf_model_config(const GgufFile& f) {
     c.arch = Architecture::Llama;
   else if (arch == "qwen2")
     c.arch = Architecture::Qwen2;
+  else if (arch == "qwen3")
+    c.arch = Architecture::Qwen3;
   else if (arch == "qwen3moe")
     c.arch = Architecture::Qwen3Moe;
+  else if (arch == "gemma3")
+    c.arch = Architecture::Gemma3;
+  else if (arch == "phi3")
+    c.arch = Architecture::Phi3;
+  else if (arch == "smollm3")
+    c.arch = Architecture::SmolLM3;
   else
-    f.fail_key("general.architecture", "unsupported architecture '" + arch + "' (supported: llama, qwen2, qwen3moe)");
+    f.fail_key("general.architecture", "unsupported architecture '" + arch +
+                                           "' (supported: llama, qwen2, qwen3, qwen3moe, gemma3, phi3, smollm3)");
   c.arch_name = arch;
   const std::string p = arch + ".";
   c.n_layers = int(f.get_int(p + "block_count", 1, kMaxLayers));
@@ -77,9 +145,12 @@ ModelConfig gguf_model_config(const GgufFile& f) {
   if (auto vl = f.opt_int(p + "attention.value_length", 1, kMaxHeadDim); vl && *vl != c.head_dim)
     f.fail_key(p + "attention.value_length", std::to_string(*vl) + " differs from the key length " +
                                                  std::to_string(c.head_dim) + " (not supported)");
-  if (auto rd = f.opt_int(p + "rope.dimension_count", 0, kMaxHeadDim); rd && *rd != c.head_dim)
-    f.fail_key(p + "rope.dimension_count", std::to_string(*rd) + ": partial rotary embeddings (head size " +
-                                               std::to_string(c.head_dim) + ") are not supported");
+  if (auto rd = f.opt_int(p + "rope.dimension_count", 0, kMaxHeadDim); rd && *rd != c.head_dim) {
+    if (c.arch != Architecture::Phi3 || *rd < 2 || *rd % 2 != 0 || *rd > c.head_dim)
+      f.fail_key(p + "rope.dimension_count", std::to_string(*rd) + ": partial rotary embeddings (head size " +
+                                                 std::to_string(c.head_dim) + ") are supported for phi3 only (an even count)");
+    c.rotary_dim = int(*rd);
+  }
   c.max_position_embeddings = int(f.opt_int(p + "context_length", 1, (int64_t(1) << 31) - 1).value_or(4096));
   if (auto eps = f.opt_float(p + "attention.layer_norm_rms_epsilon")) {
     if (!(*eps > 0 && *eps < 1)) f.fail_key(p + "attention.layer_norm_rms_epsilon", "must be in (0, 1)");
@@ -89,14 +160,26 @@ ModelConfig gguf_model_config(const GgufFile& f) {
     if (!(*base > 1)) f.fail_key(p + "rope.freq_base", "must be more than 1");
     c.rope.theta = *base;
   }
-  // llama.cpp writes Llama 3.1's scaling as a rope_freqs tensor (Model::load_gguf), not as keys; a
-  // scaling it writes as keys (linear, yarn) is one this runtime does not compute.
-  if (auto type = f.opt_string(p + "rope.scaling.type"); type && *type != "none")
-    f.fail_key(p + "rope.scaling.type", "'" + *type + "' is not supported (supported: none, or llama3 as rope_freqs.weight)");
-  if (auto factor = f.opt_float(p + "rope.scaling.factor"); factor && *factor != 1.0 && !f.find_tensor("rope_freqs.weight"))
+  // llama.cpp writes Llama 3.1's scaling as a rope_freqs tensor (Model::load_gguf), not as keys;
+  // Gemma 3's linear scaling of its global layers as rope.scaling.type linear. Other scalings written
+  // as keys (yarn) are ones this runtime does not compute.
+  const auto scaling_type = f.opt_string(p + "rope.scaling.type");
+  const auto scaling_factor = f.opt_float(p + "rope.scaling.factor");
+  if (scaling_type && *scaling_type == "linear" && c.arch == Architecture::Gemma3) {
+    if (scaling_factor && *scaling_factor != 1.0) {
+      if (!(*scaling_factor > 0)) f.fail_key(p + "rope.scaling.factor", "must be positive");
+      c.rope.type = RopeType::Linear;
+      c.rope.factor = *scaling_factor;
+    }
+  } else if (scaling_type && *scaling_type != "none") {
+    f.fail_key(p + "rope.scaling.type", "'" + *scaling_type +
+                                            "' is not supported (supported: none, linear for gemma3, or llama3 as rope_freqs.weight)");
+  } else if (scaling_factor && *scaling_factor != 1.0 && !f.find_tensor("rope_freqs.weight")) {
     f.fail_key(p + "rope.scaling.factor", "rope scaling without a type is not supported");
+  }
   c.qkv_bias = c.arch == Architecture::Qwen2 || f.find_tensor("blk.0.attn_q.bias");
   c.o_bias = f.find_tensor("blk.0.attn_output.bias") != nullptr;
+  c.qk_norm = c.arch == Architecture::Qwen3 || c.arch == Architecture::Qwen3Moe || c.arch == Architecture::Gemma3;
   c.mlp_bias = f.find_tensor("blk.0.ffn_up.bias") != nullptr;
   c.tie_word_embeddings = f.find_tensor("output.weight") == nullptr;
   if (c.arch == Architecture::Qwen3Moe) gguf_moe_config(f, p, c);
@@ -113,6 +196,21 @@ ModelConfig gguf_model_config(const GgufFile& f) {
   c.vocab_size = int(embd->dims[1]);
   if (auto sw = f.opt_int(p + "attention.sliding_window", 0, int64_t(1) << 30)) c.sliding_window = int(*sw);
   c.layer_kinds.assign(size_t(c.n_layers), c.sliding_window > 0 ? AttentionKind::Sliding : AttentionKind::Full);
+  if (c.arch == Architecture::Gemma3) gguf_gemma3(f, p, c);
+  if (c.arch == Architecture::Phi3) gguf_phi3(f, p, c);
+  if (c.arch == Architecture::SmolLM3) {
+    // llama.cpp's smollm3: every 4th layer without RoPE (hard-wired); this runtime's writer also
+    // records the per-layer list (smollm3.no_rope_layers, 1 = RoPE) for other layouts.
+    c.layer_rope.assign(size_t(c.n_layers), LayerRope::Main);
+    if (const GgufValue* a = f.opt_array(p + "no_rope_layers", {GgufType::I32, GgufType::U32, GgufType::I8, GgufType::U8})) {
+      if (a->array.size() != size_t(c.n_layers)) f.fail_key(p + "no_rope_layers", "must have block_count entries");
+      for (size_t i = 0; i < a->array.size(); ++i)
+        if (!nonzero(a->array[i])) c.layer_rope[i] = LayerRope::None;
+    } else {
+      for (int i = 0; i < c.n_layers; ++i)
+        if ((i + 1) % 4 == 0) c.layer_rope[size_t(i)] = LayerRope::None;
+    }
+  }
   c.kv_source.resize(size_t(c.n_layers));
   for (int i = 0; i < c.n_layers; ++i) c.kv_source[size_t(i)] = i;
   if (auto bos = f.opt_int("tokenizer.ggml.bos_token_id", 0, c.vocab_size - 1)) c.bos_token_id = int(*bos);
@@ -163,6 +261,11 @@ GgufVocab gguf_vocab(const GgufFile& f) {
   return v;
 }
 
-bool gguf_qk_permuted(const GgufFile& f) { return f.opt_string("general.architecture") == "llama"; }
+// llama.cpp's converter permutes Q/K rows for its llama architecture and the ones converted as
+// llama (smollm3).
+bool gguf_qk_permuted(const GgufFile& f) {
+  const auto arch = f.opt_string("general.architecture");
+  return arch == "llama" || arch == "smollm3";
+}
 
 }  // namespace ptllm

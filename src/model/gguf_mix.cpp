@@ -64,6 +64,10 @@ GgufTypeChoice gguf_mix_tensor_type(GgufMix m, const GgufTensorSite& s) {
     if (k_m && more_bits(s.layer, s.n_layers)) t = GgmlType::Q6_K;
     // 70B: eight query heads share each V head, so attn_v is small; llama.cpp spends more bits.
     if (s.llama_70b && (t == GgmlType::Q3_K || t == GgmlType::Q4_K)) t = GgmlType::Q5_K;
+  } else if (s.role == GgufRole::AttnQkv) {
+    // a fused q/k/v (Phi-3's attn_qkv): one step up under the K-quant mixes
+    if (m == GgufMix::Q4_K_M) t = GgmlType::Q5_K;
+    if (m == GgufMix::Q5_K_M) t = GgmlType::Q6_K;
   } else if (s.role == GgufRole::FfnDown) {
     if (k_m && more_bits(s.layer, s.n_layers)) t = GgmlType::Q6_K;
   }

@@ -25,7 +25,7 @@ GgmlType gguf_mix_base_type(GgufMix m);
 bool gguf_mix_quantized(GgufMix m);
 
 // What a weight is, for the choice: llama-quantize's tensor categories of the architectures written.
-enum class GgufRole { TokenEmbd, Output, AttnQ, AttnK, AttnV, AttnOutput, FfnGate, FfnUp, FfnDown };
+enum class GgufRole { TokenEmbd, Output, AttnQ, AttnK, AttnV, AttnQkv, AttnOutput, FfnGate, FfnUp, FfnDown };
 
 struct GgufTensorSite {
   GgufRole role = GgufRole::AttnQ;

@@ -1,4 +1,5 @@
 #include "model/gguf_model.h"
+#include "model/weight_rows.h"
 
 #include <algorithm>
 #include <array>
@@ -141,9 +142,20 @@ std::unique_ptr<Model> Model::load_gguf(const std::filesystem::path& file) {
     LayerWeights& lw = m->layers_[size_t(i)];
     lw.attn_norm = L.vec(p + "attn_norm.weight", H);
     lw.mlp_norm = L.vec(p + "ffn_norm.weight", H);
-    lw.wq = L.matrix(p + "attn_q.weight", c.q_dim(), H);
-    lw.wk = L.matrix(p + "attn_k.weight", c.kv_dim(), H);
-    lw.wv = L.matrix(p + "attn_v.weight", c.kv_dim(), H);
+    if (c.sandwich_norms) {
+      lw.post_attn_norm = L.vec(p + "post_attention_norm.weight", H);
+      lw.post_mlp_norm = L.vec(p + "post_ffw_norm.weight", H);
+    }
+    if (c.fused_qkv) {
+      const WeightMatrix qkv = L.matrix(p + "attn_qkv.weight", c.q_dim() + 2 * c.kv_dim(), H);
+      lw.wq = weight_rows(qkv, 0, c.q_dim());
+      lw.wk = weight_rows(qkv, c.q_dim(), c.kv_dim());
+      lw.wv = weight_rows(qkv, c.q_dim() + c.kv_dim(), c.kv_dim());
+    } else {
+      lw.wq = L.matrix(p + "attn_q.weight", c.q_dim(), H);
+      lw.wk = L.matrix(p + "attn_k.weight", c.kv_dim(), H);
+      lw.wv = L.matrix(p + "attn_v.weight", c.kv_dim(), H);
+    }
     lw.wo = L.matrix(p + "attn_output.weight", H, c.q_dim());
     if (c.qkv_bias) {
       lw.bq = L.vec(p + "attn_q.bias", c.q_dim());
@@ -151,12 +163,22 @@ std::unique_ptr<Model> Model::load_gguf(const std::filesystem::path& file) {
       lw.bv = L.vec(p + "attn_v.bias", c.kv_dim());
     }
     if (c.o_bias) lw.bo = L.vec(p + "attn_output.bias", H);
+    if (c.qk_norm) {
+      lw.q_norm = L.vec(p + "attn_q_norm.weight", c.head_dim);
+      lw.k_norm = L.vec(p + "attn_k_norm.weight", c.head_dim);
+    }
     if (c.moe.sparse(i)) {
       lw.moe = L.moe(p, c);
       continue;
     }
-    lw.w_gate = L.matrix(p + "ffn_gate.weight", I, H);
-    lw.w_up = L.matrix(p + "ffn_up.weight", I, H);
+    if (c.fused_gate_up) {
+      const WeightMatrix gu = L.matrix(p + "ffn_up.weight", 2 * I, H);  // gate rows, then up rows
+      lw.w_gate = weight_rows(gu, 0, I);
+      lw.w_up = weight_rows(gu, I, I);
+    } else {
+      lw.w_gate = L.matrix(p + "ffn_gate.weight", I, H);
+      lw.w_up = L.matrix(p + "ffn_up.weight", I, H);
+    }
     lw.w_down = L.matrix(p + "ffn_down.weight", H, I);
     if (c.mlp_bias) {
       lw.b_gate = L.vec(p + "ffn_gate.bias", I);
@@ -164,7 +186,19 @@ std::unique_ptr<Model> Model::load_gguf(const std::filesystem::path& file) {
       lw.b_down = L.vec(p + "ffn_down.bias", H);
     }
   }
-  m->inv_freq_ = rope_inv_freq(c.rope, c.head_dim);
+  if (c.rope.type == RopeType::LongRope) {
+    // Phi-3's LongRoPE factors, as tensors [rope.dimension_count / 2]
+    const int n = c.rotated_dims() / 2;
+    for (auto [name, dst] : {std::pair{"rope_factors_short.weight", &m->cfg_.rope.short_factor},
+                             std::pair{"rope_factors_long.weight", &m->cfg_.rope.long_factor}}) {
+      const std::vector<float> v = L.vec(name, n);
+      for (size_t i = 0; i < v.size(); ++i)
+        if (!(v[i] > 0.f))
+          throw Error(f.name() + ": tensor '" + name + "': element " + std::to_string(i) + " is not positive");
+      dst->assign(v.begin(), v.end());
+    }
+  }
+  m->init_rope();
   // Llama 3.1 scaling as llama.cpp's converter writes it: one divisor per frequency (rope_freqs).
   if (f.find_tensor("rope_freqs.weight")) {
     const std::vector<float> factors = L.vec("rope_freqs.weight", c.head_dim / 2);

@@ -237,12 +237,47 @@ GgufWriteResult write_gguf_from_hf(const std::filesystem::path& dir, const std::
   const std::string cfg_file = (dir / "config.json").string();
   if (c.arch == Architecture::YocoLlama || c.num_kv_shared_layers > 0)
     throw Error(cfg_file + ": architectures '" + c.arch_name + "' (cross-layer KV sharing): GGUF has no such architecture");
-  if (c.sliding_window > 0 && c.arch != Architecture::Mistral)
-    throw Error(cfg_file + ": sliding_window on " + c.arch_name + ": not written to GGUF (Mistral only)");
+  const bool gemma = c.arch == Architecture::Gemma3, phi3 = c.arch == Architecture::Phi3,
+             smollm3 = c.arch == Architecture::SmolLM3;
+  if (c.sliding_window > 0 && c.arch != Architecture::Mistral && !gemma && !phi3)
+    throw Error(cfg_file + ": sliding_window on " + c.arch_name + ": not written to GGUF (Mistral, Gemma 3, Phi-3 only)");
   const bool moe = c.arch == Architecture::Qwen3Moe;
-  const bool qwen = c.arch == Architecture::Qwen2 || moe;
-  const std::string arch = moe ? "qwen3moe" : qwen ? "qwen2" : "llama";
-  const bool permute = !qwen;  // llama.cpp's converter permutes Q/K for its llama architecture only
+  const bool qwen = c.arch == Architecture::Qwen2 || c.arch == Architecture::Qwen3 || moe;
+  const std::string arch = moe ? std::string("qwen3moe")
+                               : std::string(qwen || gemma || phi3 || smollm3 ? architecture_name(c.arch) : "llama");
+  // llama.cpp's converter permutes Q/K for its llama architecture and the ones it converts as llama
+  const bool permute = arch == "llama" || smollm3;
+  // What llama.cpp's GGUF cannot say is refused, so that the file means the same to llama.cpp.
+  int swa_period = 0;
+  if (gemma) {
+    const double natural = c.n_layers == 62 ? double(c.hidden_size) / c.n_heads : double(c.head_dim);
+    if (c.query_pre_attn_scalar != natural)
+      throw Error(cfg_file + ": query_pre_attn_scalar " + std::to_string(c.query_pre_attn_scalar) +
+                  ": GGUF gemma3 has no such key (llama.cpp scales by 1/sqrt(head_dim), " +
+                  std::to_string(int(natural)) + " here)");
+    if (c.sliding_window > 0) {
+      // llama.cpp: layer i slides unless i % period == period - 1
+      for (int period = 1; period <= c.n_layers + 1 && swa_period == 0; ++period) {
+        bool same = true;
+        for (int i = 0; i < c.n_layers; ++i)
+          same &= (c.layer_kinds[size_t(i)] == AttentionKind::Sliding) == (i % period < period - 1);
+        if (same) swa_period = period;
+      }
+      if (swa_period == 0)
+        throw Error(cfg_file + ": layer_types: not a period (every n-th layer global), which is all GGUF gemma3 can say");
+    }
+    if (c.rope_local.type != RopeType::Default)
+      throw Error(cfg_file + ": the sliding layers' rope scaling: GGUF gemma3 has no such key");
+  }
+  if (smollm3)
+    for (int i = 0; i < c.n_layers; ++i)
+      if ((c.rope_of(i) == LayerRope::None) != ((i + 1) % 4 == 0))
+        throw Error(cfg_file + ": no_rope_layers: llama.cpp's smollm3 takes every 4th layer as the one without RoPE, "
+                    "and this model's layout differs (layer " + std::to_string(i) + ")");
+  if (c.rope.type == RopeType::Linear && !gemma)
+    throw Error(cfg_file + ": rope type linear on " + c.arch_name + ": not written to GGUF");
+  if (c.rope.type == RopeType::LongRope && !phi3)
+    throw Error(cfg_file + ": rope type longrope on " + c.arch_name + ": not written to GGUF");
 
   // The tokenizer first: a layout GGUF cannot name fails before any weight is read.
   const nlohmann::json tok = read_json(dir / "tokenizer.json", kMaxTokenizerJsonBytes, false);
@@ -268,7 +303,23 @@ GgufWriteResult write_gguf_from_hf(const std::filesystem::path& dir, const std::
   b.add_u32(p + "attention.value_length", uint32_t(c.head_dim));
   if (c.sliding_window > 0) b.add_u32(p + "attention.sliding_window", uint32_t(c.sliding_window));
   b.add_u32(p + "vocab_size", uint32_t(c.vocab_size));
-  b.add_u32(p + "rope.dimension_count", uint32_t(c.head_dim));
+  b.add_u32(p + "rope.dimension_count", uint32_t(c.rotated_dims()));
+  if (gemma) {
+    if (c.final_logit_softcapping > 0) b.add_f32(p + "final_logit_softcapping", c.final_logit_softcapping);
+    if (swa_period > 0) b.add_u32(p + "attention.sliding_window_pattern", uint32_t(swa_period));
+    b.add_f32(p + "rope.freq_base_swa", float(c.rope_local.theta));
+    if (c.rope.type == RopeType::Linear) {
+      b.add_string(p + "rope.scaling.type", "linear");
+      b.add_f32(p + "rope.scaling.factor", float(c.rope.factor));
+    }
+  }
+  if (phi3) {
+    if (c.sliding_window == 0) b.add_u32(p + "attention.sliding_window", 0);  // the converter's "none"
+    if (c.rope.type == RopeType::LongRope) {
+      b.add_f32(p + "rope.scaling.attn_factor", float(c.rope.attention_factor));
+      b.add_u32(p + "rope.scaling.original_context_length", uint32_t(c.rope.original_max_position));
+    }
+  }
   if (moe) {
     b.add_u32(p + "expert_count", uint32_t(c.moe.num_experts));
     b.add_u32(p + "expert_used_count", uint32_t(c.moe.top_k));
@@ -288,7 +339,7 @@ GgufWriteResult write_gguf_from_hf(const std::filesystem::path& dir, const std::
   // One HF tensor -> one GGUF tensor. perm_head_dim > 0: rows permuted as the converter does.
   // role/layer: where a matrix sits, for the mix's choice of its type (vectors are F32).
   auto tensor = [&](const std::string& hf, const std::string& name, bool matrix, int perm_head_dim,
-                    GgufRole role = GgufRole::AttnQ, int layer = 0) {
+                    GgufRole role = GgufRole::AttnQ, int layer = 0, float shift = 0.0f) {
     const TensorView& t = files->get(hf);
     if (t.dtype != DType::F32 && t.dtype != DType::F16 && t.dtype != DType::BF16)
       throw Error(t.file->string() + ": tensor '" + hf + "' has dtype " + std::string(dtype_name(t.dtype)) +
@@ -312,7 +363,7 @@ GgufWriteResult write_gguf_from_hf(const std::filesystem::path& dir, const std::
     if (perm_head_dim > 0) src_row = gguf_permuted_rows(int(rows), perm_head_dim);
     std::vector<uint64_t> dims(t.shape.rbegin(), t.shape.rend());
     const TensorView* tv = &t;
-    b.add_tensor(name, dims, out_type, [tv, rows, cols, out_type, src_row](uint8_t* dst) {
+    b.add_tensor(name, dims, out_type, [tv, rows, cols, out_type, src_row, shift](uint8_t* dst) {
       const GgmlTypeInfo info = ggml_type_info(out_type);
       const size_t row_bytes = size_t(cols) / size_t(info.block_elems) * size_t(info.block_bytes);
       const size_t esize = dtype_size(tv->dtype);
@@ -320,6 +371,8 @@ GgufWriteResult write_gguf_from_hf(const std::filesystem::path& dir, const std::
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t from = src_row.empty() ? r : src_row[size_t(r)];
         convert_to_f32(tv->dtype, tv->data + size_t(from) * size_t(cols) * esize, row.data(), size_t(cols));
+        if (shift != 0.0f)
+          for (float& x : row) x += shift;  // Gemma's (1 + weight), in float32 as llama.cpp's converter adds it
         uint8_t* o = dst + size_t(r) * row_bytes;
         switch (out_type) {
           case GgmlType::F32: std::memcpy(o, row.data(), row_bytes); break;
@@ -407,7 +460,21 @@ GgufWriteResult write_gguf_from_hf(const std::filesystem::path& dir, const std::
   };
 
   tensor("model.embed_tokens.weight", "token_embd.weight", true, 0, GgufRole::TokenEmbd);
-  tensor("model.norm.weight", "output_norm.weight", false, 0);
+  // A norm gain: Gemma's (1 + weight) written with its 1, as llama.cpp's converter does.
+  auto norm = [&](const std::string& hf, const std::string& name) {
+    tensor(hf, name, false, 0, GgufRole::AttnQ, 0, c.norm_plus_one ? 1.0f : 0.0f);
+  };
+  norm("model.norm.weight", "output_norm.weight");
+  if (c.rope.type == RopeType::LongRope) {
+    for (auto [name, src] : {std::pair{"rope_factors_long.weight", &c.rope.long_factor},
+                             std::pair{"rope_factors_short.weight", &c.rope.short_factor}}) {
+      auto v = std::make_shared<std::vector<float>>(src->begin(), src->end());
+      b.add_tensor(name, {uint64_t(v->size())}, GgmlType::F32,
+                   [v](uint8_t* dst) { std::memcpy(dst, v->data(), v->size() * sizeof(float)); });
+      ++res.tensors;
+      ++res.by_type["F32"];
+    }
+  }
   if (!tied) tensor("lm_head.weight", "output.weight", true, 0, GgufRole::Output);
   if (c.rope.type == RopeType::Llama3) {
     auto factors = std::make_shared<std::vector<float>>(llama3_rope_factors(c.rope, c.head_dim));
@@ -418,11 +485,21 @@ GgufWriteResult write_gguf_from_hf(const std::filesystem::path& dir, const std::
   }
   for (int i = 0; i < c.n_layers; ++i) {
     const std::string h = "model.layers." + std::to_string(i) + ".", g = "blk." + std::to_string(i) + ".";
-    tensor(h + "input_layernorm.weight", g + "attn_norm.weight", false, 0);
-    tensor(h + "post_attention_layernorm.weight", g + "ffn_norm.weight", false, 0);
-    tensor(h + "self_attn.q_proj.weight", g + "attn_q.weight", true, permute ? c.head_dim : 0, GgufRole::AttnQ, i);
-    tensor(h + "self_attn.k_proj.weight", g + "attn_k.weight", true, permute ? c.head_dim : 0, GgufRole::AttnK, i);
-    tensor(h + "self_attn.v_proj.weight", g + "attn_v.weight", true, 0, GgufRole::AttnV, i);
+    norm(h + "input_layernorm.weight", g + "attn_norm.weight");
+    if (c.sandwich_norms) {
+      norm(h + "post_attention_layernorm.weight", g + "post_attention_norm.weight");
+      norm(h + "pre_feedforward_layernorm.weight", g + "ffn_norm.weight");
+      norm(h + "post_feedforward_layernorm.weight", g + "post_ffw_norm.weight");
+    } else {
+      norm(h + "post_attention_layernorm.weight", g + "ffn_norm.weight");
+    }
+    if (c.fused_qkv) {
+      tensor(h + "self_attn.qkv_proj.weight", g + "attn_qkv.weight", true, 0, GgufRole::AttnQkv, i);
+    } else {
+      tensor(h + "self_attn.q_proj.weight", g + "attn_q.weight", true, permute ? c.head_dim : 0, GgufRole::AttnQ, i);
+      tensor(h + "self_attn.k_proj.weight", g + "attn_k.weight", true, permute ? c.head_dim : 0, GgufRole::AttnK, i);
+      tensor(h + "self_attn.v_proj.weight", g + "attn_v.weight", true, 0, GgufRole::AttnV, i);
+    }
     tensor(h + "self_attn.o_proj.weight", g + "attn_output.weight", true, 0, GgufRole::AttnOutput, i);
     if (c.qkv_bias) {
       tensor(h + "self_attn.q_proj.bias", g + "attn_q.bias", false, permute ? c.head_dim : 0);
@@ -430,12 +507,20 @@ GgufWriteResult write_gguf_from_hf(const std::filesystem::path& dir, const std::
       tensor(h + "self_attn.v_proj.bias", g + "attn_v.bias", false, 0);
     }
     if (c.o_bias) tensor(h + "self_attn.o_proj.bias", g + "attn_output.bias", false, 0);
+    if (c.qk_norm) {
+      norm(h + "self_attn.q_norm.weight", g + "attn_q_norm.weight");
+      norm(h + "self_attn.k_norm.weight", g + "attn_k_norm.weight");
+    }
     if (c.moe.sparse(i)) {
       expert_stacks(i, h, g);
       continue;
     }
-    tensor(h + "mlp.gate_proj.weight", g + "ffn_gate.weight", true, 0, GgufRole::FfnGate, i);
-    tensor(h + "mlp.up_proj.weight", g + "ffn_up.weight", true, 0, GgufRole::FfnUp, i);
+    if (c.fused_gate_up) {
+      tensor(h + "mlp.gate_up_proj.weight", g + "ffn_up.weight", true, 0, GgufRole::FfnUp, i);
+    } else {
+      tensor(h + "mlp.gate_proj.weight", g + "ffn_gate.weight", true, 0, GgufRole::FfnGate, i);
+      tensor(h + "mlp.up_proj.weight", g + "ffn_up.weight", true, 0, GgufRole::FfnUp, i);
+    }
     tensor(h + "mlp.down_proj.weight", g + "ffn_down.weight", true, 0, GgufRole::FfnDown, i);
     if (c.mlp_bias) {
       tensor(h + "mlp.gate_proj.bias", g + "ffn_gate.bias", false, 0);

@@ -14,16 +14,28 @@
 #include "kernels/panels.h"
 #include "kv/kv_cache.h"
 #include "model/gguf_model.h"
+#include "model/weight_rows.h"
 
 namespace ptllm {
 
-std::vector<float> rope_inv_freq(const RopeConfig& rope, int head_dim) {
+std::vector<float> rope_inv_freq(const RopeConfig& rope, int head_dim, bool long_factors) {
   const int half = head_dim / 2;
   std::vector<float> inv(static_cast<size_t>(half));
   for (int i = 0; i < half; ++i) {
     // transformers: 1 / base ** (arange(0, dim, 2) / dim), in float32
     const float expo = float(2 * i) / float(head_dim);
     inv[size_t(i)] = float(1.0 / std::pow(rope.theta, double(expo)));
+  }
+  if (rope.type == RopeType::Linear)
+    for (auto& f : inv) f = float(double(f) / rope.factor);
+  if (rope.type == RopeType::LongRope) {
+    // 1 / (ext_factor_i * base ** (2i / dim)): the short factors, or the long ones past the original length
+    const std::vector<double>& ext = long_factors ? rope.long_factor : rope.short_factor;
+    PTLLM_CHECK(ext.size() == size_t(half));
+    for (int i = 0; i < half; ++i) {
+      const float expo = float(2 * i) / float(head_dim);
+      inv[size_t(i)] = float(1.0 / (double(float(ext[size_t(i)])) * double(float(std::pow(rope.theta, double(expo))))));
+    }
   }
   if (rope.type == RopeType::Llama3) {
     // Llama 3.1 frequency scaling: long wavelengths slowed by `factor`, short ones kept, a smooth ramp between.
@@ -164,8 +176,8 @@ struct Loader {
       const WeightMatrix g = dense_matrix(a.dtype, aligned(a), E * 2 * I, H);
       const WeightMatrix d = dense_matrix(b.dtype, aligned(b), E * H, I);
       for (int e = 0; e < E; ++e) {
-        m.gate[size_t(e)] = weight_rows(g, 2 * e * I, 2 * e * I + I);
-        m.up[size_t(e)] = weight_rows(g, 2 * e * I + I, 2 * (e + 1) * I);
+        m.gate[size_t(e)] = weight_rows(g, 2 * e * I, I);
+        m.up[size_t(e)] = weight_rows(g, 2 * e * I + I, I);
         m.down[size_t(e)] = stacked_expert(d, e, H);
       }
     } else {
@@ -184,7 +196,33 @@ struct Loader {
     convert_to_f32(t.dtype, t.data, out.data(), size_t(n));
     return out;
   }
+  // An RMSNorm gain: Gemma's scale by (1 + weight), added here once in float32 as transformers does.
+  std::vector<float> norm(const std::string& name, int n) const {
+    std::vector<float> w = vec(name, n);
+    if (cfg.norm_plus_one)
+      for (float& x : w) x = 1.0f + x;
+    return w;
+  }
 };
+
+// The text model's tensor names in a checkpoint: "model.layers.0..." and "lm_head" for a causal LM;
+// a Gemma3ForConditionalGeneration checkpoint keeps them under language_model (transformers 4.x:
+// "language_model.model.", "language_model.lm_head"; 5.x: "model.language_model.", "lm_head"). Its
+// vision tower's tensors are not read.
+struct TensorNames {
+  std::string body = "model.", head = "lm_head";
+  static TensorNames of(const WeightFiles& files) {
+    TensorNames n;
+    if (files.find("model.embed_tokens.weight") || files.find("model.embed_tokens.scales")) return n;
+    for (const char* p : {"language_model.model.", "model.language_model."})
+      if (files.find(std::string(p) + "embed_tokens.weight")) {
+        n.body = p;
+        n.head = std::string(p) == "language_model.model." ? "language_model.lm_head" : "lm_head";
+      }
+    return n;
+  }
+};
+
 
 }  // namespace
 
@@ -198,21 +236,39 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
   const ModelConfig& c = m->cfg_;
   Loader L{m->files_, c, m->aligned_copies_, (dir / "config.json").string()};
   const int H = c.hidden_size, I = c.intermediate_size;
-  m->embed_ = L.linear("model.embed_tokens", c.vocab_size, H);
-  if (c.tie_word_embeddings && !m->files_.find("lm_head.weight"))
+  const TensorNames names = TensorNames::of(m->files_);
+  m->embed_ = L.linear(names.body + "embed_tokens", c.vocab_size, H);
+  if (c.tie_word_embeddings && !m->files_.find(names.head + ".weight"))
     m->lm_head_ = m->embed_;
   else
-    m->lm_head_ = L.linear("lm_head", c.vocab_size, H);
-  m->final_norm_ = L.vec("model.norm.weight", H);
+    m->lm_head_ = L.linear(names.head, c.vocab_size, H);
+  m->final_norm_ = L.norm(names.body + "norm.weight", H);
   m->layers_.resize(size_t(c.n_layers));
   for (int i = 0; i < c.n_layers; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
+    const std::string p = names.body + "layers." + std::to_string(i) + ".";
     LayerWeights& lw = m->layers_[size_t(i)];
-    lw.attn_norm = L.vec(p + "input_layernorm.weight", H);
-    lw.mlp_norm = L.vec(p + "post_attention_layernorm.weight", H);
+    lw.attn_norm = L.norm(p + "input_layernorm.weight", H);
+    if (c.sandwich_norms) {
+      // Gemma 3: input_layernorm -> attention -> post_attention_layernorm -> residual;
+      // pre_feedforward_layernorm -> MLP -> post_feedforward_layernorm -> residual
+      lw.post_attn_norm = L.norm(p + "post_attention_layernorm.weight", H);
+      lw.mlp_norm = L.norm(p + "pre_feedforward_layernorm.weight", H);
+      lw.post_mlp_norm = L.norm(p + "post_feedforward_layernorm.weight", H);
+    } else {
+      lw.mlp_norm = L.norm(p + "post_attention_layernorm.weight", H);
+    }
     const bool own_kv = c.stores_kv(i);
-    lw.wq = L.linear(p + "self_attn.q_proj", c.q_dim(), H);
-    if (own_kv) {
+    if (c.fused_qkv) {
+      const WeightMatrix qkv = L.linear(p + "self_attn.qkv_proj", c.q_dim() + 2 * c.kv_dim(), H);
+      lw.wq = weight_rows(qkv, 0, c.q_dim());
+      lw.wk = weight_rows(qkv, c.q_dim(), c.kv_dim());
+      lw.wv = weight_rows(qkv, c.q_dim() + c.kv_dim(), c.kv_dim());
+    } else {
+      lw.wq = L.linear(p + "self_attn.q_proj", c.q_dim(), H);
+    }
+    if (c.fused_qkv) {
+      // (config.cpp refuses num_kv_shared_layers with a fused qkv_proj)
+    } else if (own_kv) {
       lw.wk = L.linear(p + "self_attn.k_proj", c.kv_dim(), H);
       lw.wv = L.linear(p + "self_attn.v_proj", c.kv_dim(), H);
     } else {
@@ -234,12 +290,23 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
       }
     }
     if (c.o_bias) lw.bo = L.vec(p + "self_attn.o_proj.bias", H);
+    if (c.qk_norm) {
+      lw.q_norm = L.norm(p + "self_attn.q_norm.weight", c.head_dim);
+      if (own_kv) lw.k_norm = L.norm(p + "self_attn.k_norm.weight", c.head_dim);
+    }
     if (c.moe.sparse(i)) {
       lw.moe = L.moe(p);
       continue;
     }
-    lw.w_gate = L.linear(p + "mlp.gate_proj", I, H);
-    lw.w_up = L.linear(p + "mlp.up_proj", I, H);
+    if (c.fused_gate_up) {
+      // transformers' Phi3MLP: gate, up = gate_up_proj(x).chunk(2)
+      const WeightMatrix gu = L.linear(p + "mlp.gate_up_proj", 2 * I, H);
+      lw.w_gate = weight_rows(gu, 0, I);
+      lw.w_up = weight_rows(gu, I, I);
+    } else {
+      lw.w_gate = L.linear(p + "mlp.gate_proj", I, H);
+      lw.w_up = L.linear(p + "mlp.up_proj", I, H);
+    }
     lw.w_down = L.linear(p + "mlp.down_proj", H, I);
     if (c.mlp_bias) {
       lw.b_gate = L.vec(p + "mlp.gate_proj.bias", I);
@@ -247,7 +314,7 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
       lw.b_down = L.vec(p + "mlp.down_proj.bias", H);
     }
   }
-  m->inv_freq_ = rope_inv_freq(c.rope, c.head_dim);
+  m->init_rope();
   if (c.num_kv_shared_layers > 0) m->cross_layer_ = c.n_layers - c.num_kv_shared_layers - 1;
   m->pack_panels();
   return m;
@@ -303,10 +370,31 @@ void Model::replace_matrix(const std::string& module, const WeightMatrix& w) {
     if (li >= 0 && li < cfg_.n_layers) {
       LayerWeights& L = layers_[size_t(li)];
       const std::string leaf = module.substr(dot + 1);
+      // Phi-3's fused matrices: their parts become views of the replacement
+      const int qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), I = cfg_.intermediate_size;
+      if (cfg_.fused_qkv && leaf == "self_attn.qkv_proj") {
+        if (w.rows != qd + 2 * kvd || w.cols != cfg_.hidden_size)
+          throw Error("replace_matrix: '" + module + "' is [" + std::to_string(qd + 2 * kvd) + "][" +
+                      std::to_string(cfg_.hidden_size) + "]");
+        L.wq = weight_rows(w, 0, qd);
+        L.wk = weight_rows(w, qd, kvd);
+        L.wv = weight_rows(w, qd + kvd, kvd);
+        return;
+      }
+      if (cfg_.fused_gate_up && leaf == "mlp.gate_up_proj") {
+        if (w.rows != 2 * I || w.cols != cfg_.hidden_size)
+          throw Error("replace_matrix: '" + module + "' is [" + std::to_string(2 * I) + "][" +
+                      std::to_string(cfg_.hidden_size) + "]");
+        L.w_gate = weight_rows(w, 0, I);
+        L.w_up = weight_rows(w, I, I);
+        return;
+      }
       for (auto& [name, m] : {std::pair{"self_attn.q_proj", &L.wq}, {"self_attn.k_proj", &L.wk},
                               {"self_attn.v_proj", &L.wv}, {"self_attn.o_proj", &L.wo}, {"mlp.gate_proj", &L.w_gate},
                               {"mlp.up_proj", &L.w_up}, {"mlp.down_proj", &L.w_down}})
-        if (leaf == name && m->data) target = m;
+        if (leaf == name && m->data && !(cfg_.fused_qkv && m != &L.wo && name[0] == 's') &&
+            !(cfg_.fused_gate_up && (m == &L.w_gate || m == &L.w_up)))
+          target = m;
     }
   }
   if (!target) throw Error("replace_matrix: '" + module + "' is not a weight matrix of this model");
@@ -317,8 +405,19 @@ void Model::replace_matrix(const std::string& module, const WeightMatrix& w) {
   *target = w;
 }
 
+// A cache that rotates at read (PositionMode::Cache) rotates each layer by its own frequencies: Gemma 3's
+// local or global ones, none for a NoPE layer. Phi-3's LongRoPE there takes the short factors (slot
+// distances under StreamingLLM stay within its window).
 KVShape Model::kv_shape() const {
-  return KVShape{cfg_.n_layers, cfg_.n_kv_heads, cfg_.head_dim, inv_freq_, cfg_.layer_windows(), cfg_.kv_source};
+  KVShape sh{cfg_.n_layers, cfg_.n_kv_heads, cfg_.head_dim, inv_freq_, cfg_.layer_windows(), cfg_.kv_source};
+  if (!cfg_.layer_rope.empty()) {
+    const std::vector<float> none(inv_freq_.size(), 0.0f);
+    for (int l = 0; l < cfg_.n_layers; ++l) {
+      const LayerRope r = cfg_.rope_of(l);
+      sh.layer_rope_inv_freq.push_back(r == LayerRope::Main ? inv_freq_ : r == LayerRope::Local ? inv_freq_local_ : none);
+    }
+  }
+  return sh;
 }
 
 size_t Model::weight_bytes() const {
@@ -419,6 +518,10 @@ void Model::forward(std::span<const SequenceBatch> batch, ForwardState& st, Thre
     ensure(st.up, t * size_t(I));
     ensure(st.cos, t * size_t(c.head_dim / 2));
     ensure(st.sin, t * size_t(c.head_dim / 2));
+    if (!inv_freq_local_.empty()) {
+      ensure(st.cos_local, t * size_t(c.head_dim / 2));
+      ensure(st.sin_local, t * size_t(c.head_dim / 2));
+    }
     st.capacity = T;
   }
   Rows rows{};  // each sequence's rows now: all its tokens until cross_layer_
@@ -449,7 +552,7 @@ void Model::forward(std::span<const SequenceBatch> batch, ForwardState& st, Thre
     const bool q_with_kv = c.stores_kv(li) && li != cross_layer_;
     if (c.stores_kv(li)) {
       matmul_shared_x(st.xn.data(), T, std::span(kvq, q_with_kv ? 3 : 2), pool);
-      if (qk_permuted_) gguf_unpermute_heads(st.k.data(), T, c.n_kv_heads, c.head_dim);
+      prepare_heads(st.k.data(), T, c.n_kv_heads, L.k_norm, k_scale_);
       append_kv(li, batch, rows, st);
     }
     if (li == cross_layer_) {
@@ -458,13 +561,14 @@ void Model::forward(std::span<const SequenceBatch> batch, ForwardState& st, Thre
       if (T == 0) return;                        // no logits wanted: every K/V needed later is stored
     }
     if (!q_with_kv) matmul(st.xn.data(), T, L.wq, bias_or_null(L.bq), st.q.data(), pool);
-    if (qk_permuted_) gguf_unpermute_heads(st.q.data(), T, c.n_heads, c.head_dim);
+    prepare_heads(st.q.data(), T, c.n_heads, L.q_norm, q_scale_);
     attention(li, batch, rows, st, pool);                                   // att [T][q_dim]
     if (!seen(li, MatmulInput::AttentionOutput, st.att, c.q_dim())) return;
     matmul(st.att.data(), T, L.wo, bias_or_null(L.bo), st.xn.data(), pool);
+    if (!L.post_attn_norm.empty()) norm_rows(st.xn.data(), T, L.post_attn_norm);
     for (size_t i = 0; i < size_t(T) * size_t(H); ++i) st.x[i] += st.xn[i];
 
-    // MLP block: x += down(silu(gate(norm(x))) * up(norm(x)))
+    // MLP block: x += down(act(gate(norm(x))) * up(norm(x))), act SiLU or GELU-tanh
     for (int r = 0; r < T; ++r)
       rmsnorm(st.x.data() + size_t(r) * size_t(H), L.mlp_norm.data(), st.xn.data() + size_t(r) * size_t(H), H,
               c.rms_norm_eps);
@@ -478,9 +582,13 @@ void Model::forward(std::span<const SequenceBatch> batch, ForwardState& st, Thre
     const MatmulOutput gate_up[] = {{&L.w_gate, bias_or_null(L.b_gate), st.gate.data()},  // [T][inter]
                                     {&L.w_up, bias_or_null(L.b_up), st.up.data()}};       // [T][inter]
     matmul_shared_x(st.xn.data(), T, gate_up, pool);
-    silu_mul(st.gate.data(), st.up.data(), T * I);
+    if (c.activation == Activation::GeluTanh)
+      gelu_tanh_mul(st.gate.data(), st.up.data(), T * I);
+    else
+      silu_mul(st.gate.data(), st.up.data(), T * I);
     if (!seen(li, MatmulInput::MlpDown, st.gate, I)) return;
     matmul(st.gate.data(), T, L.w_down, bias_or_null(L.b_down), st.xn.data(), pool);
+    if (!L.post_mlp_norm.empty()) norm_rows(st.xn.data(), T, L.post_mlp_norm);
     for (size_t i = 0; i < size_t(T) * size_t(H); ++i) st.x[i] += st.xn[i];
   }
 
@@ -488,20 +596,129 @@ void Model::forward(std::span<const SequenceBatch> batch, ForwardState& st, Thre
   lm_head(batch, rows, st, pool);
 }
 
+// LongRoPE's switch, as transformers' _longrope_frequency_update makes it: a forward call whose
+// positions reach past original_max_position uses the long factors for all its tokens, one within it
+// the short ones. Keys stored earlier keep the rotation they were stored with (transformers' cache
+// does the same), so a sequence's result depends on where its calls end, as transformers' does.
 void Model::embed_and_rope(std::span<const SequenceBatch> batch, ForwardState& st) const {
   const ModelConfig& c = cfg_;
   const int H = c.hidden_size, half = c.head_dim / 2;
   size_t r = 0;
-  for (const SequenceBatch& s : batch)
+  for (const SequenceBatch& s : batch) {
+    const bool use_long =
+        !inv_freq_long_.empty() && s.pos0 + int64_t(s.tokens.size()) > int64_t(c.rope.original_max_position);
+    const float* main = use_long ? inv_freq_long_.data() : inv_freq_.data();
     for (size_t t = 0; t < s.tokens.size(); ++t, ++r) {
       const int32_t id = s.tokens[t];
       if (id < 0 || id >= c.vocab_size)
         throw Error("token id " + std::to_string(id) + " is outside the vocabulary (" + std::to_string(c.vocab_size) +
                     ")");
-      weight_row(embed_, id, st.x.data() + r * size_t(H));
-      rope_cos_sin(inv_freq_.data(), half, s.pos0 + int64_t(t), st.cos.data() + r * size_t(half),
-                   st.sin.data() + r * size_t(half));
+      float* x = st.x.data() + r * size_t(H);
+      weight_row(embed_, id, x);
+      if (c.embed_scale != 1.0f)
+        for (int i = 0; i < H; ++i) x[i] *= c.embed_scale;
+      rope_cos_sin(main, half, s.pos0 + int64_t(t), st.cos.data() + r * size_t(half), st.sin.data() + r * size_t(half));
+      if (!inv_freq_local_.empty())
+        rope_cos_sin(inv_freq_local_.data(), half, s.pos0 + int64_t(t), st.cos_local.data() + r * size_t(half),
+                     st.sin_local.data() + r * size_t(half));
     }
+  }
+}
+
+const float* Model::rope_cos(int layer, const ForwardState& st) const {
+  switch (cfg_.rope_of(layer)) {
+    case LayerRope::Main: return st.cos.data();
+    case LayerRope::Local: return st.cos_local.data();
+    case LayerRope::None: return nullptr;
+  }
+  return nullptr;
+}
+
+const float* Model::rope_sin(int layer, const ForwardState& st) const {
+  switch (cfg_.rope_of(layer)) {
+    case LayerRope::Main: return st.sin.data();
+    case LayerRope::Local: return st.sin_local.data();
+    case LayerRope::None: return nullptr;
+  }
+  return nullptr;
+}
+
+void Model::norm_rows(float* x, int T, const std::vector<float>& w) const {
+  const int H = cfg_.hidden_size;
+  for (int r = 0; r < T; ++r) {
+    float* row = x + size_t(r) * size_t(H);
+    rmsnorm(row, w.data(), row, H, cfg_.rms_norm_eps);
+  }
+}
+
+void Model::prepare_heads(float* x, int T, int heads, const std::vector<float>& norm,
+                          const std::vector<float>& scale) const {
+  const ModelConfig& c = cfg_;
+  const int D = c.head_dim;
+  if (qk_permuted_) gguf_unpermute_heads(x, T, heads, D);
+  if (norm.empty() && head_perm_.empty() && scale.empty()) return;
+  std::array<float, 1024> tmp;
+  PTLLM_CHECK(D <= int(tmp.size()));
+  for (size_t h = 0; h < size_t(T) * size_t(heads); ++h) {
+    float* row = x + h * size_t(D);
+    if (!norm.empty()) rmsnorm(row, norm.data(), row, D, c.rms_norm_eps);  // in place: it reads x before writing
+    if (!head_perm_.empty()) {
+      for (int d = 0; d < D; ++d) tmp[size_t(d)] = row[head_perm_[size_t(d)]];
+      std::copy_n(tmp.data(), D, row);
+    }
+    if (!scale.empty())
+      for (int d = 0; d < D; ++d) row[d] *= scale[size_t(d)];
+  }
+}
+
+// GELU with the tanh approximation (transformers' gelu_pytorch_tanh), times up.
+void Model::gelu_tanh_mul(float* gate, const float* up, int n) {
+  constexpr float k = 0.7978845608028654f;  // sqrt(2 / pi)
+  for (int i = 0; i < n; ++i) {
+    const float x = gate[i];
+    gate[i] = 0.5f * x * (1.0f + std::tanh(k * (x + 0.044715f * x * x * x))) * up[i];
+  }
+}
+
+void Model::init_rope() {
+  const ModelConfig& c = cfg_;
+  const int D = c.head_dim, half = D / 2, R = c.rotated_dims();
+  auto padded = [&](std::vector<float> f) {
+    f.resize(size_t(half), 0.0f);  // the dims that pass through rotate by nothing
+    return f;
+  };
+  inv_freq_ = padded(rope_inv_freq(c.rope, R));
+  inv_freq_local_.clear();
+  inv_freq_long_.clear();
+  if (c.rope.type == RopeType::LongRope) inv_freq_long_ = padded(rope_inv_freq(c.rope, R, true));
+  for (int l = 0; l < c.n_layers; ++l)
+    if (c.rope_of(l) == LayerRope::Local && inv_freq_local_.empty()) inv_freq_local_ = padded(rope_inv_freq(c.rope_local, R));
+  head_perm_.clear();
+  if (R < D) {
+    // transformers rotates dims [0, R) in pairs (i, i + R/2) and passes [R, D) through. Reordered as
+    // [0, R/2) [R, R + P/2) | [R/2, R) [R + P/2, D) (P = D - R), the pairs are (j, j + D/2): the
+    // rotated ones first, then pass-through pairs whose frequency is 0.
+    const int P = D - R;
+    head_perm_.resize(size_t(D));
+    for (int j = 0; j < half; ++j) {
+      head_perm_[size_t(j)] = j < R / 2 ? j : R + (j - R / 2);
+      head_perm_[size_t(half + j)] = j < R / 2 ? R / 2 + j : R + P / 2 + (j - R / 2);
+    }
+  }
+  q_scale_.clear();
+  k_scale_.clear();
+  const double q_ratio = c.query_pre_attn_scalar > 0 ? std::sqrt(double(D) / c.query_pre_attn_scalar) : 1.0;
+  const double m = c.rope.type == RopeType::LongRope ? c.rope.attention_factor : 1.0;
+  if (q_ratio != 1.0 || m != 1.0) {
+    q_scale_.assign(size_t(D), 1.0f);
+    k_scale_.assign(size_t(D), 1.0f);
+    for (int d = 0; d < D; ++d) {
+      const bool rotated = d % half < R / 2;
+      q_scale_[size_t(d)] = float(q_ratio * (rotated ? m : 1.0));
+      k_scale_[size_t(d)] = float(rotated ? m : 1.0);
+    }
+    if (m == 1.0) k_scale_.clear();
+  }
 }
 
 // Each sequence's k rows rotated at their positions (unless its cache rotates at read) and appended,
@@ -515,10 +732,10 @@ void Model::append_kv(int layer, std::span<const SequenceBatch> batch, const Row
     const SequenceBatch& s = batch[i];
     const int n = rows[i];
     PTLLM_CHECK(n == int(s.tokens.size()));  // every token's K/V is stored, before any row is dropped
-    for (int t = 0; t < n && !s.cache->rotates_at_read(); ++t) {
+    const float *cs = rope_cos(layer, st), *sn = rope_sin(layer, st);
+    for (int t = 0; t < n && cs && !s.cache->rotates_at_read(); ++t) {
       const size_t r = r0 + size_t(t);
-      rope_rotate(st.k.data() + r * kvd, c.n_kv_heads, c.head_dim, st.cos.data() + r * size_t(half),
-                  st.sin.data() + r * size_t(half));
+      rope_rotate(st.k.data() + r * kvd, c.n_kv_heads, c.head_dim, cs + r * size_t(half), sn + r * size_t(half));
     }
     s.cache->append(layer, st.k.data() + r0 * kvd, st.v.data() + r0 * kvd, n);
     r0 += size_t(n);
@@ -544,6 +761,10 @@ int Model::keep_wanted_rows(std::span<const SequenceBatch> batch, Rows& rows, in
       move_row(st.xn, H, from, dst);
       move_row(st.cos, half, from, dst);
       move_row(st.sin, half, from, dst);
+      if (!inv_freq_local_.empty()) {
+        move_row(st.cos_local, half, from, dst);
+        move_row(st.sin_local, half, from, dst);
+      }
     }
     rows[i] = keep;
     src0 += size_t(n);
@@ -565,13 +786,13 @@ void Model::attention(int layer, std::span<const SequenceBatch> batch, const Row
   const size_t qd = size_t(c.q_dim());
   std::array<size_t, kMaxBatchSequences> row0;  // each sequence's first row
   size_t r0 = 0, longest = 0;
+  const float *cs = rope_cos(layer, st), *sn = rope_sin(layer, st);
   for (size_t i = 0; i < batch.size(); ++i) {
     const SequenceBatch& s = batch[i];
     const int n = rows[i];
-    for (int t = 0; t < n && !s.cache->rotates_at_read(); ++t) {
+    for (int t = 0; t < n && cs && !s.cache->rotates_at_read(); ++t) {
       const size_t r = r0 + size_t(t);
-      rope_rotate(st.q.data() + r * qd, c.n_heads, D, st.cos.data() + r * size_t(half),
-                  st.sin.data() + r * size_t(half));
+      rope_rotate(st.q.data() + r * qd, c.n_heads, D, cs + r * size_t(half), sn + r * size_t(half));
     }
     row0[i] = r0;
     r0 += size_t(n);
@@ -611,8 +832,15 @@ void Model::lm_head(std::span<const SequenceBatch> batch, const Rows& rows, Forw
   }
   if (n_out == 0) return;
   if (st.observer && !st.observer->observe(c.n_layers, MatmulInput::LmHead, st.xn.data(), int(n_out), H)) return;
+  // Gemma 3's final_logit_softcapping: cap * tanh(logits / cap)
+  auto softcap = [&](float* l) {
+    const float cap = c.final_logit_softcapping;
+    if (cap > 0)
+      for (size_t i = 0; i < n_out * vocab; ++i) l[i] = cap * std::tanh(l[i] / cap);
+  };
   if (batch.size() == 1) {
     matmul(st.xn.data(), int(n_out), lm_head_, nullptr, batch[0].logits, pool);
+    softcap(batch[0].logits);
     return;
   }
   if (st.logit_capacity < int(n_out)) {
@@ -620,6 +848,7 @@ void Model::lm_head(std::span<const SequenceBatch> batch, const Rows& rows, Forw
     st.logit_capacity = int(n_out);
   }
   matmul(st.xn.data(), int(n_out), lm_head_, nullptr, st.logits.data(), pool);
+  softcap(st.logits.data());
   const float* row = st.logits.data();
   for (const SequenceBatch& s : batch) {
     if (!s.logits) continue;

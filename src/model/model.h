@@ -1,6 +1,7 @@
 #pragma once
-// A Llama-family decoder (Llama, Mistral, Qwen2): weights mapped from safetensors and used in their
-// file dtype, and the forward pass. Attention over past tokens is delegated to the KV cache.
+// A decoder of the Llama family and its relatives (Llama, Mistral, Qwen2/3, Gemma 3, Phi-3, SmolLM3):
+// weights mapped from safetensors or GGUF and used in their file dtype, and the forward pass.
+// Attention over past tokens is delegated to the KV cache.
 #include <array>
 #include <cstdint>
 #include <cstdlib>
@@ -25,7 +26,9 @@ struct LayerWeights {
   std::vector<float> attn_norm;         // [hidden]
   WeightMatrix wq, wk, wv, wo;          // [q_dim][hidden], [kv_dim][hidden] x2, [hidden][q_dim]
   std::vector<float> bq, bk, bv, bo;    // biases (empty when the architecture has none)
+  std::vector<float> q_norm, k_norm;    // [head_dim] per-head RMSNorm gains (ModelConfig::qk_norm), else empty
   std::vector<float> mlp_norm;          // [hidden]
+  std::vector<float> post_attn_norm, post_mlp_norm;  // [hidden] Gemma 3's sandwich norms, else empty
   WeightMatrix w_gate, w_up, w_down;    // [inter][hidden] x2, [hidden][inter]
   std::vector<float> b_gate, b_up, b_down;
   MoeWeights moe;  // a sparse layer's router and experts (then w_gate, w_up, w_down are empty)
@@ -72,7 +75,8 @@ struct ForwardState {
   std::vector<float> k, v;   // [T][kv_dim]
   std::vector<float> att;    // [T][q_dim]
   std::vector<float> gate, up;  // [T][inter]
-  std::vector<float> cos, sin;  // [T][head_dim/2]
+  std::vector<float> cos, sin;  // [T][head_dim/2] the main RoPE's tables of each row's position
+  std::vector<float> cos_local, sin_local;  // [T][head_dim/2] Gemma 3's local RoPE (else unused)
   std::vector<float> logits;    // [rows wanted][vocab], batches of more than one sequence
   int cross_rows = -1;  // rows the last call ran past the cross-decoder's donor (-1: no shortcut layer)
   ForwardObserver* observer = nullptr;  // null: none (every run but a calibration)
@@ -134,7 +138,17 @@ class Model {
   WeightMatrix lm_head_;  // [vocab][hidden] (the embedding when tied)
   std::vector<float> final_norm_;  // [hidden]
   std::vector<LayerWeights> layers_;
-  std::vector<float> inv_freq_;  // [head_dim/2] RoPE frequencies
+  // RoPE frequencies [head_dim/2]: the main ones, Gemma 3's local ones, Phi-3's long ones (LongRoPE
+  // past original_max_position; empty otherwise). Frequencies past rotated_dims()/2 are 0: the dims
+  // that pass through, rotated by nothing (head_perm_).
+  std::vector<float> inv_freq_, inv_freq_local_, inv_freq_long_;
+  // Partial rotary: where each of a head's dims goes so that the rotated pairs are (i, i + head_dim/2)
+  // as everywhere else (q and k alike, so q.k is unchanged); empty when all rotate.
+  std::vector<int> head_perm_;
+  // [head_dim] per-dim factors on q and k before RoPE (LongRoPE's attention_factor on the rotated dims;
+  // q also by the attention scale's ratio to 1/sqrt(head_dim)); empty: 1.
+  std::vector<float> q_scale_, k_scale_;
+  void init_rope();  // the three above, from the config (model.cpp)
   std::vector<std::unique_ptr<float[]>> aligned_copies_;  // misaligned tensors, copied (rare)
   // BF16 matrices copied into panels for the AVX-512 products (kernels/panels.h), when the CPU
   // takes them: every layer's and the LM head (with the embedding when tied).
@@ -154,6 +168,15 @@ class Model {
   // rows: [batch.size()] each sequence's rows in the buffers now (its tokens, or fewer past cross_layer_).
   using Rows = std::array<int, kMaxBatchSequences>;
   void embed_and_rope(std::span<const SequenceBatch> batch, ForwardState& st) const;
+  // What a layer does to freshly projected q or k rows before RoPE, head by head: llama.cpp's row
+  // order undone (a GGUF llama file), the per-head RMSNorm (qk_norm), the partial-rotary order
+  // (head_perm_), the per-dim scale.
+  void prepare_heads(float* x, int T, int heads, const std::vector<float>& norm, const std::vector<float>& scale) const;
+  // The RoPE tables of a layer's rows (null: the layer has no RoPE).
+  const float* rope_cos(int layer, const ForwardState& st) const;
+  const float* rope_sin(int layer, const ForwardState& st) const;
+  void norm_rows(float* x, int T, const std::vector<float>& w) const;  // RMSNorm of T rows of hidden, in place
+  static void gelu_tanh_mul(float* gate, const float* up, int n);
   void append_kv(int layer, std::span<const SequenceBatch> batch, const Rows& rows, ForwardState& st) const;
   void attention(int layer, std::span<const SequenceBatch> batch, const Rows& rows, ForwardState& st,
                  ThreadPool& pool) const;
@@ -161,7 +184,8 @@ class Model {
   void lm_head(std::span<const SequenceBatch> batch, const Rows& rows, ForwardState& st, ThreadPool& pool) const;
 };
 
-// RoPE inverse frequencies for a config (default and llama3 scaling), as transformers computes them.
-std::vector<float> rope_inv_freq(const RopeConfig& rope, int head_dim);
+// RoPE inverse frequencies for a config (default, llama3, linear; longrope with the short factors, or
+// the long ones when `long_factors`), as transformers computes them: [rotary_dim / 2] over rotary_dim.
+std::vector<float> rope_inv_freq(const RopeConfig& rope, int rotary_dim, bool long_factors = false);
 
 }  // namespace ptllm

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/ops.h"
+#include "model/weight_rows.h"
 
 namespace ptllm {
 
@@ -110,21 +111,8 @@ void moe_route(const float* logits, int E, int k, bool norm, int* experts, float
   }
 }
 
-WeightMatrix weight_rows(const WeightMatrix& w, int r0, int r1) {
-  PTLLM_CHECK(0 <= r0 && r0 <= r1 && r1 <= w.rows && w.format != WeightFormat::Panels);
-  WeightMatrix s = w;
-  s.rows = r1 - r0;
-  s.data = static_cast<const uint8_t*>(w.data) + size_t(r0) * w.row_bytes();
-  if (w.format == WeightFormat::Affine) {
-    const size_t sb = size_t(w.cols / w.group_size) * dtype_size(w.dtype);
-    s.scales = static_cast<const uint8_t*>(w.scales) + size_t(r0) * sb;
-    s.biases = static_cast<const uint8_t*>(w.biases) + size_t(r0) * sb;
-  }
-  return s;
-}
-
 WeightMatrix stacked_expert(const WeightMatrix& stack, int e, int rows) {
-  return weight_rows(stack, e * rows, (e + 1) * rows);
+  return weight_rows(stack, e * rows, rows);
 }
 
 namespace {
@@ -207,7 +195,7 @@ void moe_forward(const MoeWeights& w, const MoeConfig& cfg, const float* x, int 
         const int r0 = int(rest % size_t(bi)) * kBlockRows, r1 = std::min(I, r0 + kBlockRows);
         const WeightMatrix& m = is_up ? w.up[expert_of(i)] : w.gate[expert_of(i)];
         float* dst = (is_up ? s.u.data() : s.h.data()) + size_t(singles_buf[i]) * size_t(I) + size_t(r0);
-        matmul(row_of(i), 1, weight_rows(m, r0, r1), nullptr, dst, pool);
+        matmul(row_of(i), 1, weight_rows(m, r0, r1 - r0), nullptr, dst, pool);
       }
     });
     for (size_t i = 0; i < n; ++i) {
@@ -219,7 +207,7 @@ void moe_forward(const MoeWeights& w, const MoeConfig& cfg, const float* x, int 
         const size_t i = task / size_t(bh);
         const int r0 = int(task % size_t(bh)) * kBlockRows, r1 = std::min(H, r0 + kBlockRows);
         const size_t g = size_t(singles_buf[i]);
-        matmul(s.h.data() + g * size_t(I), 1, weight_rows(w.down[expert_of(i)], r0, r1), nullptr,
+        matmul(s.h.data() + g * size_t(I), 1, weight_rows(w.down[expert_of(i)], r0, r1 - r0), nullptr,
                s.y.data() + g * size_t(H) + size_t(r0), pool);
       }
     });

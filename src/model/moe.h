@@ -50,8 +50,6 @@ struct MoeWeights {
   bool present() const { return !gate.empty(); }
 };
 
-// Rows [r0, r1) of w as a matrix of their own (Dense, Affine, Ggml), pointing into w's bytes.
-WeightMatrix weight_rows(const WeightMatrix& w, int r0, int r1);
 // Expert e of a stack of E matrices of [rows][cols] stored one after another (data, and an affine
 // stack's scales and biases): `stack` describes the whole [E * rows][cols].
 WeightMatrix stacked_expert(const WeightMatrix& stack, int e, int rows);

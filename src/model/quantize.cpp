@@ -231,7 +231,8 @@ namespace {
 bool is_linear_module(const std::string& module) {
   if (module == "model.embed_tokens" || module == "lm_head") return true;
   for (const char* leaf : {".self_attn.q_proj", ".self_attn.k_proj", ".self_attn.v_proj", ".self_attn.o_proj",
-                           ".mlp.gate_proj", ".mlp.up_proj", ".mlp.down_proj"})
+                           ".mlp.gate_proj", ".mlp.up_proj", ".mlp.down_proj", ".self_attn.qkv_proj",
+                           ".mlp.gate_up_proj"})
     if (module.starts_with("model.layers.") && module.ends_with(leaf)) return true;
   // An expert's projections (model.layers.N.mlp.experts.E.gate_proj); the router (mlp.gate) stays
   // dense: it is small and its rounding would change which experts are chosen.
@@ -283,10 +284,11 @@ std::vector<float> norm_importance(const Model& m, const std::string& module, bo
   std::string norm;
   const int li = layer_of(module);
   const std::string p = "model.layers." + std::to_string(li) + ".";
-  if (li >= 0 && (module.ends_with("q_proj") || module.ends_with("k_proj") || module.ends_with("v_proj")))
+  if (li >= 0 && (module.ends_with("q_proj") || module.ends_with("k_proj") || module.ends_with("v_proj") ||
+                  module.ends_with("qkv_proj")))
     norm = p + "input_layernorm.weight";
   else if (li >= 0 && (module.ends_with("gate_proj") || module.ends_with("up_proj")))
-    norm = p + "post_attention_layernorm.weight";
+    norm = p + (m.config().sandwich_norms ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight");
   else if (module == "lm_head" || (module == "model.embed_tokens" && tied_embedding))
     norm = "model.norm.weight";
   if (norm.empty()) return {};
@@ -294,6 +296,8 @@ std::vector<float> norm_importance(const Model& m, const std::string& module, bo
   if (!t || t->shape.size() != 1) return {};
   std::vector<float> g(size_t(t->shape[0]));
   convert_to_f32(t->dtype, t->data, g.data(), g.size());
+  if (m.config().norm_plus_one)
+    for (float& v : g) v += 1.0f;  // Gemma's gain is (1 + weight)
   double mean = 0;
   for (float& v : g) {
     v *= v;

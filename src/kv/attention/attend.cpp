@@ -18,8 +18,10 @@ void KVCache::attend(int layer, const float* q, int T, int n_heads, float* out, 
   storage.head_dim = shape_.head_dim;
   storage.group_size = cfg_.group_size;
   storage.rotate = rotates_at_read();
-  storage.rope_cos = rope_cos_.data();
-  storage.rope_sin = rope_sin_.data();
+  if (storage.rotate) {
+    storage.rope_cos = rope_cos_.data() + rope_table_[size_t(layer)];
+    storage.rope_sin = rope_sin_.data() + rope_table_[size_t(layer)];
+  }
   storage.max_delta = max_delta_;
   attn::attend_cpu(plan, storage, q, n_heads, out, pool);
 }
