@@ -150,7 +150,8 @@ INSTANTIATE_TEST_SUITE_P(Models, GoldenTest,
                          ::testing::Values(ModelCase{"kjv-tiny", false}, ModelCase{"qwen2-tiny", false},
                                            ModelCase{"mistral-tiny", false},
                                            ModelCase{"llama-mha-ropescaled-tiny", false},
-                                           ModelCase{"qwen3-tiny", false}, ModelCase{"kjv-small", true}),
+                                           ModelCase{"qwen3-tiny", false}, ModelCase{"qwen3moe-tiny", false},
+                                           ModelCase{"kjv-small", true}),
                          [](const auto& info) {
                            std::string n = info.param.name;
                            std::replace(n.begin(), n.end(), '-', '_');

@@ -240,8 +240,10 @@ MoeConfig small_config(int E, int k, int I, bool norm) {
   return c;
 }
 
-// Quantized products round x to 8 bits (Q4_K, Q6_K, Q8_0 against Q8_K/Q8_0 activations): a looser bound.
-float tolerance(const std::string& fmt) { return fmt == "f32" || fmt == "bf16" || fmt == "q4" ? 2e-4f : 2e-2f; }
+// The quantized formats' products round x to 8 bits as well (Q4_K, Q6_K against Q8_K activations, Q8_0
+// against Q8_0, the affine kernels' int8 path): a looser bound, still far below what a wrong expert or
+// weight would give (errors of order 1).
+float tolerance(const std::string& fmt) { return fmt == "f32" || fmt == "bf16" ? 2e-4f : 4e-2f; }
 
 TEST(MoeForward, MatchesTheReferenceInEveryFormatForDecodeAndBatches) {
   ThreadPool pool(4);

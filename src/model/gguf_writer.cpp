@@ -406,7 +406,17 @@ GgufWriteResult write_gguf_from_hf(const std::filesystem::path& dir, const std::
         throw Error(r.file->string() + ": tensor '" + r.name + "' has shape " + r.shape_str() + ", config.json implies [" +
                     std::to_string(E) + ", " + std::to_string(H) + "]");
     }
-    tensor(h + "mlp.gate.weight", g + "ffn_gate_inp.weight", false, 0);
+    {
+      const TensorView* r = &files->get(h + "mlp.gate.weight");
+      if (r->dtype != DType::F32 && r->dtype != DType::F16 && r->dtype != DType::BF16)
+        throw Error(r->file->string() + ": tensor '" + r->name + "' has dtype " + std::string(dtype_name(r->dtype)) +
+                    " (the writer reads F32, F16, BF16)");
+      b.add_tensor(g + "ffn_gate_inp.weight", {uint64_t(H), uint64_t(E)}, GgmlType::F32, [r](uint8_t* dst) {
+        convert_to_f32(r->dtype, r->data, reinterpret_cast<float*>(dst), size_t(r->nbytes / dtype_size(r->dtype)));
+      });
+      ++res.tensors;
+      ++res.by_type["F32"];
+    }
     const bool fused = files->find(h + "mlp.experts.gate_up_proj") != nullptr;
     struct Src {
       const TensorView* t;

@@ -153,7 +153,8 @@ void moe_forward(const MoeWeights& w, const MoeConfig& cfg, const float* x, int 
   ensure(s.u, pairs * size_t(I));
 
   // Experts with two or more rows: gathered, one pass over each expert's weights for all of them.
-  // positions g of the experts with one row
+  // positions g of the experts with one row: this thread's buffer, which the pool's threads read
+  // through `singles` below (by its name they would read their own)
   thread_local std::vector<int> singles_buf;
   singles_buf.clear();
   for (int e = 0; e < E; ++e) {
@@ -185,28 +186,29 @@ void moe_forward(const MoeWeights& w, const MoeConfig& cfg, const float* x, int 
   // gate and up, one for down, each block a single-threaded product (a nested call runs inline).
   if (!singles_buf.empty()) {
     const size_t n = singles_buf.size();
+    const int* singles = singles_buf.data();
     const int bi = blocks_of(I), bh = blocks_of(H);
-    auto expert_of = [&](size_t i) { return size_t(s.experts[size_t(s.order[size_t(singles_buf[i])])]); };
-    auto row_of = [&](size_t i) { return x + size_t(s.order[size_t(singles_buf[i])] / k) * size_t(H); };
+    auto expert_of = [&](size_t i) { return size_t(s.experts[size_t(s.order[size_t(singles[i])])]); };
+    auto row_of = [&](size_t i) { return x + size_t(s.order[size_t(singles[i])] / k) * size_t(H); };
     pool.parallel_for(n * 2 * size_t(bi), [&](size_t b, size_t e) {
       for (size_t task = b; task < e; ++task) {
         const size_t i = task / (2 * size_t(bi)), rest = task % (2 * size_t(bi));
         const bool is_up = rest >= size_t(bi);
         const int r0 = int(rest % size_t(bi)) * kBlockRows, r1 = std::min(I, r0 + kBlockRows);
         const WeightMatrix& m = is_up ? w.up[expert_of(i)] : w.gate[expert_of(i)];
-        float* dst = (is_up ? s.u.data() : s.h.data()) + size_t(singles_buf[i]) * size_t(I) + size_t(r0);
+        float* dst = (is_up ? s.u.data() : s.h.data()) + size_t(singles[i]) * size_t(I) + size_t(r0);
         matmul(row_of(i), 1, weight_rows(m, r0, r1 - r0), nullptr, dst, pool);
       }
     });
     for (size_t i = 0; i < n; ++i) {
-      const size_t g = size_t(singles_buf[i]);
+      const size_t g = size_t(singles[i]);
       silu_mul(s.h.data() + g * size_t(I), s.u.data() + g * size_t(I), I);
     }
     pool.parallel_for(n * size_t(bh), [&](size_t b, size_t e) {
       for (size_t task = b; task < e; ++task) {
         const size_t i = task / size_t(bh);
         const int r0 = int(task % size_t(bh)) * kBlockRows, r1 = std::min(H, r0 + kBlockRows);
-        const size_t g = size_t(singles_buf[i]);
+        const size_t g = size_t(singles[i]);
         matmul(s.h.data() + g * size_t(I), 1, weight_rows(w.down[expert_of(i)], r0, r1 - r0), nullptr,
                s.y.data() + g * size_t(H) + size_t(r0), pool);
       }
