@@ -316,13 +316,19 @@ TEST(GrammarMask, MatchesBruteForce) {
                             R"(root ::= [^α-ω\n]{0,12} "\n" [α-ω]*)"};
   std::mt19937 rng(1234);
   int states = 0;
+  size_t uncertain_tops = 0;
   for (const char* text : grammars) {
     const auto g = Grammar::parse(text);
+    // The masks by stack top, keeping 1, 2 or 6 entries (fewer: more tokens left uncertain).
+    StackTopMasks tops1(trie, vocab, 1), tops2(trie, vocab, 2), tops6(trie, vocab, 6);
     for (int walk = 0; walk < 10; ++walk) {
       GrammarMatcher m(g);
       for (int step = 0; step < 12; ++step) {
         const std::vector<bool> mask = trie.allowed(m);
         ASSERT_EQ(mask, brute_force_mask(m, vocab, special)) << text << " step " << step;
+        ASSERT_EQ(tops1.allowed(m), mask) << text << " step " << step;
+        ASSERT_EQ(tops2.allowed(m), mask) << text << " step " << step;
+        ASSERT_EQ(tops6.allowed(m), mask) << text << " step " << step;
         ++states;
         std::vector<size_t> ok;
         for (size_t id = 0; id < mask.size(); ++id)
@@ -331,8 +337,10 @@ TEST(GrammarMask, MatchesBruteForce) {
         ASSERT_TRUE(m.accept_string(vocab[ok[rng() % ok.size()]]));
       }
     }
+    uncertain_tops += tops1.tops();
   }
   EXPECT_GE(states, 200);
+  EXPECT_GT(uncertain_tops, 0u);
 }
 
 TEST(GrammarMask, JsonWalksParse) {

@@ -254,6 +254,36 @@ TEST(StructuredServe, ToolChoiceRequiredAlwaysCallsWithValidArguments) {
   }
 }
 
+// Mistral's two call syntaxes: v0.3's JSON list and Small 3.2's [TOOL_CALLS]name[ARGS]{...}; the
+// forced call is written in the template's own, and read back as a call.
+TEST(StructuredServe, ToolChoiceRequiredInBothMistralSyntaxes) {
+  for (const char* tmpl : {"mistralai-Mistral-7B-Instruct-v0.3.jinja", "Mistral-Small-3.2-24B-Instruct-2506.jinja"}) {
+    SCOPED_TRACE(tmpl);
+    test::TempDir dir;
+    test::ServeProcess server{test::repo_model("kjv-tiny"),
+                              {"--chat-template", (test::repo_dir() / "tests/data/chat_templates" / tmpl).string(),
+                               "-c", "2048"},
+                              dir.path / "serve.err"};
+    for (int seed = 1; seed <= 3; ++seed) {
+      json body = chat("What is the weather?");
+      body["seed"] = seed;
+      body["tools"] = {kWeather, kVerse};
+      body["parallel_tool_calls"] = false;
+      body["max_tokens"] = 600;
+      // Small 3.2's default system prompt alone fills kjv-tiny's context
+      body["messages"] = {{{"role", "system"}, {"content", "You call tools."}}, {{"role", "user"}, {"content", "What is the weather?"}}};
+      body["tool_choice"] = json{{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+      const json r = server.post_ok("/v1/chat/completions", body);
+      ASSERT_TRUE(r.contains("choices")) << r.dump();
+      const json& c = r["choices"][0];
+      ASSERT_EQ(c["finish_reason"], "tool_calls") << c.dump();
+      ASSERT_GE(c["message"]["tool_calls"].size(), 1u) << c.dump();
+      for (const json& call : c["message"]["tool_calls"]) expect_weather_args(call);
+      EXPECT_TRUE(c["message"]["content"].is_null() || c["message"]["content"] == "") << c.dump();
+    }
+  }
+}
+
 TEST(StructuredServe, GrammarFieldAndBadInputKeepTheServerServing) {
   QwenServer s;
   json body = chat("x");

@@ -194,6 +194,7 @@ OutputFormat detect_output_format(std::string_view src, std::string_view tool_ca
     f.tools = ToolCallFormat::Llama3;
   if (const auto forced = tool_call_format_from_name(tool_call_format)) f.tools = *forced;
   f.short_ids = f.tools == ToolCallFormat::Mistral;
+  f.name_args = f.tools == ToolCallFormat::Mistral && has(kMistralArgs);
   return f;
 }
 

@@ -33,6 +33,7 @@ struct OutputFormat {
   ToolCallFormat tools = ToolCallFormat::Hermes;
   bool reasoning = false;  // the model writes <think>...</think> first
   bool short_ids = false;  // call ids of 9 alphanumerics (Mistral's templates refuse others)
+  bool name_args = false;  // Mistral's calls written [TOOL_CALLS]name[ARGS]{...}, not as a JSON list
 };
 // What a chat template's source says of its model's replies. A template that shows no known
 // tool-call syntax gets Hermes, the most common one among fine-tunes. `tool_call_format` other than

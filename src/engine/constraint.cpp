@@ -99,20 +99,30 @@ std::shared_ptr<const grammar::Grammar> compile_grammar(std::string_view gbnf) {
   return g;
 }
 
-std::shared_ptr<const std::vector<bool>> MaskCache::get(const std::string& key) {
+std::shared_ptr<const TokenMask> MaskCache::get(const std::string& key) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = masks_.find(key);
   return it == masks_.end() ? nullptr : it->second;
 }
 
-void MaskCache::put(const std::string& key, std::shared_ptr<const std::vector<bool>> mask) {
-  const size_t bytes = key.size() + mask->size() / 8 + 64;
+void MaskCache::put(const std::string& key, std::shared_ptr<const TokenMask> mask) {
+  const size_t bytes = key.size() + mask->bits.size() * 8 + 64;
   std::lock_guard<std::mutex> lock(mu_);
   if (bytes_ + bytes > kMaxBytes) {
     masks_.clear();
     bytes_ = 0;
   }
   if (masks_.emplace(key, std::move(mask)).second) bytes_ += bytes;
+}
+
+grammar::StackTopMasks& MaskCache::tops(const std::shared_ptr<const GrammarVocab>& vocab) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& slot = tops_[vocab->serial()];
+  if (!slot.second) {
+    slot.first = vocab;
+    slot.second = std::make_unique<grammar::StackTopMasks>(vocab->trie(), vocab->all_bytes());
+  }
+  return *slot.second;
 }
 
 Constraint::Constraint(std::shared_ptr<const ConstraintSpec> spec, std::shared_ptr<const GrammarVocab> vocab)
@@ -141,17 +151,32 @@ bool Constraint::mask(std::span<float> logits, std::span<const int32_t> eos_ids)
   std::string key = m.state_key();
   const uint64_t serial = vocab_->serial();
   key.append(reinterpret_cast<const char*>(&serial), sizeof serial);
-  std::shared_ptr<const std::vector<bool>> cached = masks_->get(key);
+  std::shared_ptr<const TokenMask> cached = masks_->get(key);
   if (!cached) {
-    cached = std::make_shared<const std::vector<bool>>(vocab_->trie().allowed(m));
-    masks_->put(key, cached);
+    const std::vector<bool> allowed = masks_->tops(vocab_).allowed(m);
+    auto fresh = std::make_shared<TokenMask>();
+    fresh->bits.assign((allowed.size() + 63) / 64, 0);
+    for (size_t i = 0; i < allowed.size(); ++i)
+      if (allowed[i]) {
+        fresh->bits[i / 64] |= uint64_t(1) << (i % 64);
+        fresh->any_plain = fresh->any_plain || !vocab_->special(int32_t(i));
+      }
+    masks_->put(key, fresh);
+    cached = std::move(fresh);
   }
-  const std::vector<bool>& allowed = *cached;
-  const size_t n = std::min(logits.size(), allowed.size());
-  bool any = !named.empty() || (can_end && !eos.empty());
-  for (size_t i = 0; i < n; ++i) {
-    if (!allowed[i]) logits[i] = kBanned;
-    else any = any || !vocab_->special(int32_t(i));
+  const TokenMask& allowed = *cached;
+  const size_t n = std::min(logits.size(), vocab_->size());
+  const bool any = allowed.any_plain || !named.empty() || (can_end && !eos.empty());
+  for (size_t w = 0; w * 64 < n; ++w) {
+    const uint64_t bits = allowed.bits[w];
+    if (bits == ~uint64_t(0)) continue;
+    const size_t end = std::min(n, w * 64 + 64);
+    if (bits == 0) {
+      std::fill(logits.begin() + std::ptrdiff_t(w * 64), logits.begin() + std::ptrdiff_t(end), kBanned);
+      continue;
+    }
+    for (size_t i = w * 64; i < end; ++i)
+      if (!(bits >> (i % 64) & 1)) logits[i] = kBanned;
   }
   for (size_t i = n; i < logits.size(); ++i) logits[i] = kBanned;  // padded rows of the embedding
   // The trie allows every special token where the grammar can end: only the ones above may come.

@@ -13,6 +13,7 @@
 // that is not lazy ends the reply when its grammar is complete and nothing can follow.
 #include <cstdint>
 #include <memory>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
@@ -35,6 +36,7 @@ class GrammarVocab {
 
   size_t size() const { return bytes_.size(); }
   const std::string& bytes(int32_t id) const { return bytes_[size_t(id)]; }
+  const std::vector<std::string>& all_bytes() const { return bytes_; }
   bool special(int32_t id) const { return special_[size_t(id)]; }
   const std::vector<int32_t>& special_ids() const { return special_ids_; }
   const grammar::TokenTrie& trie() const { return trie_; }
@@ -47,19 +49,31 @@ class GrammarVocab {
   uint64_t serial_;
 };
 
+// A token mask as 64-bit words (bit id % 64 of word id / 64: allowed), and whether it allows a
+// token that is not special.
+struct TokenMask {
+  std::vector<uint64_t> bits;
+  bool any_plain = false;
+};
+
 // Masks of a grammar by matcher state and vocabulary, shared by every request using the grammar
 // (the grammar cache keeps it): in a JSON string or a long repetition the state recurs, and a
-// recurring state's mask is a lookup. Bounded in bytes; full, it starts over.
+// recurring state's mask is a lookup. A state not seen yet is computed by stack top
+// (grammar::StackTopMasks, kept here per vocabulary), so states that differ only deep in their
+// stacks share most of the work. Bounded in bytes; full, it starts over.
 class MaskCache {
  public:
-  std::shared_ptr<const std::vector<bool>> get(const std::string& key);
-  void put(const std::string& key, std::shared_ptr<const std::vector<bool>> mask);
+  std::shared_ptr<const TokenMask> get(const std::string& key);
+  void put(const std::string& key, std::shared_ptr<const TokenMask> mask);
+  grammar::StackTopMasks& tops(const std::shared_ptr<const GrammarVocab>& vocab);
 
  private:
   static constexpr size_t kMaxBytes = size_t(32) << 20;
   std::mutex mu_;
-  std::unordered_map<std::string, std::shared_ptr<const std::vector<bool>>> masks_;
+  std::unordered_map<std::string, std::shared_ptr<const TokenMask>> masks_;
   size_t bytes_ = 0;
+  // Per vocabulary (by serial): the vocabulary kept alive with the sortings that point into it.
+  std::map<uint64_t, std::pair<std::shared_ptr<const GrammarVocab>, std::unique_ptr<grammar::StackTopMasks>>> tops_;
 };
 
 struct ConstraintSpec {

@@ -23,8 +23,18 @@
 // Token masks: the vocabulary's byte strings go into a trie once; a mask walks the trie depth
 // first from a copy of the matcher, pruning a subtree at its first rejected byte and restoring the
 // state on return. Special tokens are kept out of the trie: allowed iff can_end().
+//
+// Masks by stack top (StackTopMasks, after xgrammar's context-independent tokens, Dong et al. 2024):
+// a mask is the union of its stacks' masks, and most of a stack's mask depends only on its top
+// entries. Walking the trie from those top entries alone sorts every token as accepted (consumed
+// without leaving them: accepted whatever lies below), rejected (refused before they could be
+// left), or uncertain (refused after they could have been left); only the uncertain ones are
+// checked against the whole state. The sorting is kept per top, and the tops recur across states
+// that differ deeper down (a JSON string at any nesting depth).
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -103,12 +113,20 @@ class GrammarMatcher {
   std::string state_key() const;
   const Grammar& grammar() const { return *grammar_; }
 
+  using Stack = std::vector<uint32_t>;
+  const std::vector<Stack>& stacks() const { return stacks_; }
+  const std::shared_ptr<const Grammar>& grammar_ptr() const { return grammar_; }
+  const Limits& limits() const { return limits_; }
+  bool mid_code_point() const { return need_ != 0; }
+  // A matcher whose only stack is s (the top entries of another matcher's stack).
+  static GrammarMatcher from_stack(std::shared_ptr<const Grammar> grammar, Stack s, Limits limits = {});
+
   // Copies are the rollback: save one, try bytes, assign it back.
   GrammarMatcher(const GrammarMatcher&) = default;
   GrammarMatcher& operator=(const GrammarMatcher&) = default;
 
  private:
-  using Stack = std::vector<uint32_t>;
+  GrammarMatcher() = default;
   void expand(Stack& s, std::vector<Stack>& out) const;
   bool step_code_point(uint32_t cp);
   bool step_partial(uint32_t value, int remaining);
@@ -132,6 +150,11 @@ class TokenTrie {
 
   // allowed[id] for every id of the vocabulary; empty tokens are never allowed.
   std::vector<bool> allowed(const GrammarMatcher& m) const;
+  // Sorts the tokens for a matcher built from a stack's top entries (StackTopMasks): accepted[id]
+  // when m consumes the token; `uncertain` gets the ids m refuses after a prefix where it could
+  // end (the entries below the top could take over there). The rest are refused in any context.
+  void classify(const GrammarMatcher& m, std::vector<bool>& accepted, std::vector<int32_t>& uncertain) const;
+  const std::vector<int32_t>& special_ids() const { return special_ids_; }
 
  private:
   struct Node {
@@ -140,9 +163,36 @@ class TokenTrie {
   };
   void walk(uint32_t node, size_t depth, GrammarMatcher& m, std::vector<GrammarMatcher>& saved,
             std::vector<bool>& out) const;
+  void classify_walk(uint32_t node, size_t depth, bool ended, GrammarMatcher& m, std::vector<GrammarMatcher>& saved,
+                     std::vector<bool>& accepted, std::vector<int32_t>& uncertain) const;
+  void collect(uint32_t node, std::vector<int32_t>& out) const;
   std::vector<Node> nodes_;
   std::vector<int32_t> special_ids_;
   size_t n_vocab_ = 0;
+};
+
+// TokenTrie::allowed computed through the sorting by stack top above, cached per top. Thread-safe;
+// the trie and the vocabulary's bytes must outlive it. Bounded in bytes; full, it starts over.
+class StackTopMasks {
+ public:
+  StackTopMasks(const TokenTrie& trie, const std::vector<std::string>& vocab, size_t top_entries = 6)
+      : trie_(trie), vocab_(vocab), top_entries_(top_entries) {}
+  // Equal to trie.allowed(m) for every state.
+  std::vector<bool> allowed(const GrammarMatcher& m);
+  size_t tops() const;  // sortings kept now
+
+ private:
+  struct Sorted {
+    std::vector<bool> accepted;
+    std::vector<int32_t> uncertain;
+  };
+  static constexpr size_t kMaxBytes = size_t(64) << 20;
+  const TokenTrie& trie_;
+  const std::vector<std::string>& vocab_;
+  size_t top_entries_;
+  mutable std::mutex mu_;
+  std::map<std::vector<uint32_t>, std::shared_ptr<const Sorted>> sorted_;  // top entries (+ whole-stack flag)
+  size_t bytes_ = 0;
 };
 
 }  // namespace ptllm::grammar

@@ -27,6 +27,14 @@ GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> grammar, Limits li
   dedup(stacks_);
 }
 
+GrammarMatcher GrammarMatcher::from_stack(std::shared_ptr<const Grammar> grammar, Stack s, Limits limits) {
+  GrammarMatcher m;
+  m.grammar_ = std::move(grammar);
+  m.limits_ = limits;
+  m.stacks_.push_back(std::move(s));
+  return m;
+}
+
 // Pushes onto `out` every stack reachable from s without reading input whose top is a class
 // (or which is empty: the grammar is complete).
 void GrammarMatcher::expand(Stack& s, std::vector<Stack>& out) const {
@@ -197,6 +205,85 @@ std::vector<bool> TokenTrie::allowed(const GrammarMatcher& m) const {
   const bool end = m.can_end();
   for (int32_t id : special_ids_) out[static_cast<size_t>(id)] = end;
   return out;
+}
+
+void TokenTrie::collect(uint32_t node, std::vector<int32_t>& out) const {
+  out.insert(out.end(), nodes_[node].ids.begin(), nodes_[node].ids.end());
+  for (const auto& [byte, child] : nodes_[node].children) collect(child, out);
+}
+
+void TokenTrie::classify_walk(uint32_t node, size_t depth, bool ended, GrammarMatcher& m,
+                              std::vector<GrammarMatcher>& saved, std::vector<bool>& accepted,
+                              std::vector<int32_t>& uncertain) const {
+  if (saved.size() <= depth) saved.push_back(m);
+  else saved[depth] = m;
+  for (const auto& [byte, child] : nodes_[node].children) {
+    if (!m.accept_byte(byte)) {
+      if (ended) collect(child, uncertain);
+      continue;
+    }
+    for (int32_t id : nodes_[child].ids) accepted[static_cast<size_t>(id)] = true;
+    classify_walk(child, depth + 1, ended || m.can_end(), m, saved, accepted, uncertain);
+    m = saved[depth];
+  }
+}
+
+void TokenTrie::classify(const GrammarMatcher& m, std::vector<bool>& accepted, std::vector<int32_t>& uncertain) const {
+  accepted.assign(n_vocab_, false);
+  uncertain.clear();
+  GrammarMatcher work = m;
+  std::vector<GrammarMatcher> saved;
+  classify_walk(0, 0, m.can_end(), work, saved, accepted, uncertain);
+}
+
+std::vector<bool> StackTopMasks::allowed(const GrammarMatcher& m) {
+  if (m.mid_code_point()) return trie_.allowed(m);  // the partial code point is shared by all stacks
+  std::vector<bool> out(trie_.vocab_size(), false);
+  std::vector<int32_t> check;
+  for (const GrammarMatcher::Stack& s : m.stacks()) {
+    if (s.empty()) continue;
+    const size_t n = std::min(s.size(), top_entries_);
+    std::vector<uint32_t> key(s.end() - static_cast<std::ptrdiff_t>(n), s.end());
+    const bool whole = n == s.size();  // nothing below: refused after an end is refused
+    key.push_back(whole ? 1 : 0);
+    std::shared_ptr<const Sorted> sorted;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = sorted_.find(key);
+      if (it != sorted_.end()) sorted = it->second;
+    }
+    if (!sorted) {
+      auto fresh = std::make_shared<Sorted>();
+      const GrammarMatcher top =
+          GrammarMatcher::from_stack(m.grammar_ptr(), GrammarMatcher::Stack(key.begin(), key.end() - 1), m.limits());
+      trie_.classify(top, fresh->accepted, fresh->uncertain);
+      if (whole) fresh->uncertain.clear();
+      const size_t bytes = fresh->accepted.size() / 8 + fresh->uncertain.size() * sizeof(int32_t) + key.size() * 4 + 128;
+      std::lock_guard<std::mutex> lock(mu_);
+      if (bytes_ + bytes > kMaxBytes) {
+        sorted_.clear();
+        bytes_ = 0;
+      }
+      if (sorted_.emplace(key, fresh).second) bytes_ += bytes;
+      sorted = std::move(fresh);
+    }
+    for (size_t i = 0; i < out.size(); ++i)
+      if (sorted->accepted[i]) out[i] = true;
+    check.insert(check.end(), sorted->uncertain.begin(), sorted->uncertain.end());
+  }
+  for (int32_t id : check) {
+    if (out[static_cast<size_t>(id)]) continue;
+    GrammarMatcher t = m;
+    out[static_cast<size_t>(id)] = t.accept_string(vocab_[static_cast<size_t>(id)]);
+  }
+  const bool end = m.can_end();
+  for (int32_t id : trie_.special_ids()) out[static_cast<size_t>(id)] = end;
+  return out;
+}
+
+size_t StackTopMasks::tops() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return sorted_.size();
 }
 
 }  // namespace ptllm::grammar

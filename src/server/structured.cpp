@@ -106,6 +106,10 @@ Calls calls_rule(Builder& b, const ApiRequest& r, const std::vector<Tool>& tools
       alts.push_back(xml_call(b, t, i));
       continue;
     }
+    if (f == ToolCallFormat::Mistral && r.output.format.name_args) {
+      alts.push_back(lit(t.name + "[ARGS]") + " " + arguments_rule(b, t, enforce, i));
+      continue;
+    }
     const char* key = f == ToolCallFormat::Llama3 ? "parameters" : "arguments";
     alts.push_back(lit("{\"name\": " + json(t.name).dump() + ", \"" + key + "\": ") + " " +
                    arguments_rule(b, t, enforce, i) + " " + lit("}"));
@@ -117,8 +121,13 @@ Calls calls_rule(Builder& b, const ApiRequest& r, const std::vector<Tool>& tools
   Calls c;
   switch (f) {
     case ToolCallFormat::Mistral: {
-      const std::string block = lit("[TOOL_CALLS][") + " " + call + (many ? " ( " + lit(", ") + " " + call + " )*" : "") +
-                                " " + lit("]");
+      // Small 3.2 / Devstral: each call its own [TOOL_CALLS]name[ARGS]{...}; v0.3 / Nemo: one JSON list.
+      const std::string one_call = lit("[TOOL_CALLS]") + " " + call;
+      const std::string block =
+          r.output.format.name_args
+              ? one_call + (many ? " ( " + one_call + " )*" : "")
+              : lit("[TOOL_CALLS][") + " " + call + (many ? " ( " + lit(", ") + " " + call + " )*" : "") + " " +
+                    lit("]");
       c.rule = b.rule("tc-calls", block);
       c.triggers = {"[TOOL_CALLS]"};
       c.special = {"[TOOL_CALLS]"};

@@ -4,6 +4,10 @@
 //     streamed, temperature 0, max 64 tokens a reply. Prints the total seconds, TTFT p50/p95, that
 //     all 64 replies completed, and (unless --no-verify) that none was mixed up: each reply is
 //     asked again alone afterwards and must be the same text.
+//     --schema FILE: every reply constrained by the JSON Schema in FILE (its "schema" member, as in
+//     tests/data/json_schemas, or the whole file) through response_format json_schema; the
+//     aggregate completion tokens per second is printed either way, to compare the two
+//     (--ignore-eos: replies run to max tokens unless a grammar ends them).
 //   --soak: 200 requests from 8 clients, with random disconnects mid-stream and malformed requests
 //     mixed in; every well-formed one must get the reply it gets alone; afterwards /metrics must
 //     show no KV block in use, and the server's RSS is printed before and after.
@@ -24,7 +28,8 @@ const { values: opt } = parseArgs({
     conversations: { type: 'string', default: '16' }, turns: { type: 'string', default: '4' },
     'max-tokens': { type: 'string', default: '64' }, 'system-tokens': { type: 'string', default: '600' },
     requests: { type: 'string', default: '200' }, clients: { type: 'string', default: '8' },
-    seed: { type: 'string', default: '1' },
+    seed: { type: 'string', default: '1' }, schema: { type: 'string' },
+    'ignore-eos': { type: 'boolean', default: false },
   },
 });
 
@@ -67,14 +72,25 @@ async function systemPrompt(base, n) {
   return JSON.parse((await post(base, '/detokenize', { tokens: ids })).body).content;
 }
 
+let responseFormat;  // --schema
+if (opt.schema) {
+  const doc = JSON.parse(fs.readFileSync(opt.schema, 'utf8'));
+  responseFormat = { type: 'json_schema', json_schema: { name: 'reply', schema: doc.schema ?? doc, strict: true } };
+}
+const extra = () => ({ ...(responseFormat ? { response_format: responseFormat } : {}),
+                       ...(opt['ignore-eos'] ? { ignore_eos: true } : {}) });
+
 async function streamReply(client, model, messages, maxTokens, abortAfter = 0) {
   const t0 = performance.now();
   const controller = new AbortController();
   const stream = await client.chat.completions.create(
-    { model, messages, temperature: 0, max_tokens: maxTokens, stream: true }, { signal: controller.signal });
-  let text = '', ttft = null, finish = null, chunks = 0;
+    { model, messages, temperature: 0, max_tokens: maxTokens, stream: true, stream_options: { include_usage: true },
+      ...extra() },
+    { signal: controller.signal });
+  let text = '', ttft = null, finish = null, chunks = 0, tokens = 0;
   try {
     for await (const c of stream) {
+      if (c.usage) tokens = c.usage.completion_tokens;
       const piece = c.choices[0]?.delta?.content ?? '';
       if (piece && ttft === null) ttft = performance.now() - t0;
       text += piece;
@@ -88,11 +104,11 @@ async function streamReply(client, model, messages, maxTokens, abortAfter = 0) {
     if (abortAfter) return { aborted: true };
     throw e;
   }
-  return { text, ttft: ttft ?? performance.now() - t0, finish };
+  return { text, ttft: ttft ?? performance.now() - t0, finish, tokens };
 }
 
 async function alone(client, model, messages, maxTokens) {
-  const r = await client.chat.completions.create({ model, messages, temperature: 0, max_tokens: maxTokens });
+  const r = await client.chat.completions.create({ model, messages, temperature: 0, max_tokens: maxTokens, ...extra() });
   return r.choices[0].message.content;
 }
 
@@ -101,7 +117,7 @@ async function loadRun(client, model, base) {
   const system = await systemPrompt(base, Number(opt['system-tokens']));
   const asked = [];  // [{messages, reply}] for the check
   const ttfts = [];
-  let completed = 0;
+  let completed = 0, tokens = 0;
   const t0 = performance.now();
   await Promise.all(Array.from({ length: nConv }, async (_, c) => {
     const messages = [{ role: 'system', content: system }];
@@ -109,6 +125,7 @@ async function loadRun(client, model, base) {
       messages.push({ role: 'user', content: `Conversation ${c}, question ${t}: ${SENTENCES[(c + t) % SENTENCES.length]}` });
       const r = await streamReply(client, model, messages, maxTokens);
       ttfts.push(r.ttft);
+      tokens += r.tokens;
       if (r.finish === 'stop' || r.finish === 'length') ++completed;
       asked.push({ messages: messages.map((m) => ({ ...m })), reply: r.text });
       messages.push({ role: 'assistant', content: r.text });
@@ -119,7 +136,8 @@ async function loadRun(client, model, base) {
               `max ${maxTokens} tokens a reply`);
   console.log(`total ${seconds.toFixed(2)} s, TTFT p50 ${percentile(ttfts, 50).toFixed(0)} ms, ` +
               `p95 ${percentile(ttfts, 95).toFixed(0)} ms`);
-  console.log(`replies completed: ${completed} of ${nConv * nTurns}`);
+  console.log(`replies completed: ${completed} of ${nConv * nTurns}; ${tokens} completion tokens, ` +
+              `${(tokens / seconds).toFixed(1)} tok/s aggregate${opt.schema ? ' (JSON Schema ' + opt.schema + ')' : ''}`);
   let bad = completed === nConv * nTurns ? 0 : 1;
   if (!opt['no-verify']) {
     let mixed = 0;
