@@ -15,6 +15,7 @@
 #include "model/gguf_writer.h"
 #include "model/model.h"
 #include "model/quantize.h"
+#include "model/safetensors.h"
 #include "test_util.h"
 
 namespace ptllm {
@@ -297,6 +298,53 @@ TEST(MoeGolden, GgufGivesTheGreedyIdsOfTransformers) {
       if (i + 1 < want.size()) logits = s.feed({&next, 1});
     }
     EXPECT_EQ(got, want) << p["text"];
+  }
+}
+
+// transformers' float32 logits within 1e-4 of the row's largest, per-token NLL within 1e-3, over the
+// 256-token teacher-forced window and the 1024-token one (prefill in chunks through the KV cache).
+TEST(MoeGolden, LogitsWithin1e4AndNllWithin1e3) {
+  const auto dir = test::repo_dir() / "tests" / "data" / "models" / "qwen3moe-tiny";
+  if (!std::filesystem::exists(dir / "golden_long.safetensors")) GTEST_SKIP() << dir << " has no goldens";
+  const auto m = Model::load(dir);
+  const int V = m->config().vocab_size;
+  ThreadPool pool(2);
+  for (const auto& [file, prefix] : {std::pair{"golden.safetensors", "tf_"}, std::pair{"golden_long.safetensors", ""}}) {
+    SafetensorsFile g(dir / file);
+    const std::string p = prefix;
+    const auto ids = test::tensor_values<int32_t>(g, p + "ids");
+    const auto nll = test::tensor_values<float>(g, p + "nll");
+    const auto pos = test::tensor_values<int32_t>(g, p + "logits_pos");
+    const auto ref = test::tensor_values<float>(g, p + "logits");
+    SessionOptions o;
+    o.kv.ctx_size = 2048;
+    Session s(*m, o, pool);
+    std::vector<float> logits;
+    for (size_t c = 0; c < ids.size(); c += 200) {  // chunks: later ones attend over the cache
+      const size_t n = std::min<size_t>(200, ids.size() - c);
+      std::span<float> l = s.feed_all(std::span(ids).subspan(c, n));
+      logits.insert(logits.end(), l.begin(), l.end());
+    }
+    ASSERT_EQ(logits.size(), ids.size() * size_t(V));
+    double worst_nll = 0, worst_logit = 0;
+    for (size_t t = 0; t + 1 < ids.size(); ++t) {
+      const float* row = logits.data() + t * size_t(V);
+      const float mx = *std::max_element(row, row + V);
+      double lse = 0;
+      for (int i = 0; i < V; ++i) lse += std::exp(double(row[i]) - mx);
+      worst_nll = std::max(worst_nll, std::fabs(std::log(lse) + mx - row[ids[t + 1]] - nll[t]));
+    }
+    for (size_t k = 0; k < pos.size(); ++k) {
+      const float* mine = logits.data() + size_t(pos[k]) * size_t(V);
+      const float* r = ref.data() + k * size_t(V);
+      float max_abs = 0;
+      for (int i = 0; i < V; ++i) max_abs = std::max(max_abs, std::fabs(r[i]));
+      for (int i = 0; i < V; ++i) worst_logit = std::max(worst_logit, double(std::fabs(mine[i] - r[i]) / max_abs));
+    }
+    EXPECT_LT(worst_nll, 1e-3) << file;
+    EXPECT_LT(worst_logit, 1e-4) << file;
+    std::printf("%s: worst NLL difference %.2e, worst logit difference %.2e of the row's largest\n", file, worst_nll,
+                worst_logit);
   }
 }
 
