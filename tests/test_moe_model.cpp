@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "core/thread_pool.h"
@@ -248,6 +249,44 @@ TEST_F(MoeModel, QuantizedExpertsStayClose) {
   const auto q = Model::load(tmp_->path / "q8");
   EXPECT_NE(q->weight_format().find("q8"), std::string::npos) << q->weight_format();
   EXPECT_LT(rel_err(logits_of(*q), *ref_), 0.1);
+}
+
+// mlx-lm's layout of quantized experts: the per-expert codes, scales and biases of `quantize`'s output
+// stacked into switch_mlp.{gate,up,down}_proj.{weight,scales,biases} [E, rows, ...]: the same model.
+TEST_F(MoeModel, MlxSwitchMlpStacksReadAsThePerExpertModules) {
+  ThreadPool pool(2);
+  QuantizeOptions o;
+  o.spec = {4, 32};
+  o.keep_embeddings = true;
+  const auto q4 = tmp_->path / "q4", sw = tmp_->path / "q4-switch";
+  quantize_checkpoint(tmp_->path / "hub", q4, o, pool);
+  std::filesystem::create_directories(sw);
+  for (const char* f : {"config.json", "tokenizer.json", "tokenizer_config.json"})
+    std::filesystem::copy_file(q4 / f, sw / f);
+  auto raw = test::read_raw(q4 / "model.safetensors");
+  std::map<std::string, test::RawTensor> by_name;
+  for (auto& t : raw) by_name[t.name] = t;
+  std::vector<test::RawTensor> out;
+  for (auto& t : raw)
+    if (t.name.find(".mlp.experts.") == std::string::npos) out.push_back(t);
+  for (int l : {0, 2})
+    for (const char* proj : {"gate_proj", "up_proj", "down_proj"})
+      for (const char* part : {"weight", "scales", "biases"}) {
+        test::RawTensor st;
+        const std::string p = "model.layers." + std::to_string(l) + ".mlp.";
+        st.name = p + "switch_mlp." + proj + "." + part;
+        for (int e = 0; e < kE; ++e) {
+          const test::RawTensor& x = by_name.at(p + "experts." + std::to_string(e) + "." + proj + "." + part);
+          st.dtype = x.dtype;
+          st.shape = {kE, x.shape[0], x.shape[1]};
+          st.bytes += x.bytes;
+        }
+        out.push_back(st);
+      }
+  test::write_safetensors(sw / "model.safetensors", out);
+  const auto a = Model::load(q4), b = Model::load(sw);
+  EXPECT_NE(b->weight_format().find("q4 g32"), std::string::npos) << b->weight_format();
+  EXPECT_EQ(logits_of(*b), logits_of(*a));
 }
 
 TEST_F(MoeModel, AMissingExpertIsAnErrorNamingTheTensor) {
