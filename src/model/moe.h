@@ -34,7 +34,7 @@ struct MoeConfig {
 
 // Reads the MoE fields of a Qwen3-MoE config.json into `moe`; throws ptllm::Error naming the file and
 // the field for a value out of range or a feature that changes the math and is not implemented
-// (shared experts, another gating function). n_layers: num_hidden_layers, hidden: hidden_size.
+// (shared experts, another gating function). n_layers: num_hidden_layers (mlp_only_layers' bound).
 void parse_moe_config(const nlohmann::json& j, const std::string& file, int n_layers, MoeConfig& moe);
 
 // One token's routing, as Qwen3MoeSparseMoeBlock computes it: probabilities = softmax(logits) in
