@@ -23,6 +23,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (c.rope.type == RopeType::LongRope &&
         (c.rope.short_factor.size() != size_t(R / 2) || c.rope.long_factor.size() != size_t(R / 2)))
       std::abort();
+    // routed experts: what moe_forward indexes by (top_k within num_experts and kMaxTopK, layers in range)
+    if (c.moe.enabled()) {
+      const MoeConfig& m = c.moe;
+      if (m.top_k < 1 || m.top_k > m.num_experts || m.top_k > kMaxTopK || m.intermediate_size < 1 ||
+          m.decoder_sparse_step < 1)
+        std::abort();
+      for (int l : m.mlp_only_layers)
+        if (l < 0 || l >= c.n_layers) std::abort();
+    }
   } catch (const Error&) {
   }
   return 0;

@@ -26,6 +26,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (R < 2 || R > c.head_dim || R % 2 != 0 || c.layer_kinds.size() != size_t(c.n_layers) ||
           (!c.layer_rope.empty() && c.layer_rope.size() != size_t(c.n_layers)))
         std::abort();
+      // routed experts: what moe_forward indexes by (top_k within num_experts and kMaxTopK, layers in range)
+      if (c.moe.enabled()) {
+        const MoeConfig& m = c.moe;
+        if (m.top_k < 1 || m.top_k > m.num_experts || m.top_k > kMaxTopK || m.intermediate_size < 1 ||
+            m.decoder_sparse_step < 1)
+          std::abort();
+        for (int l : m.mlp_only_layers)
+          if (l < 0 || l >= c.n_layers) std::abort();
+      }
     } catch (const Error&) {
     }
     const GgufVocab v = gguf_vocab(f);

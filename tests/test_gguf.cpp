@@ -636,8 +636,8 @@ TEST(GgufModel, UnsupportedArchitectureAndBadShapesAreErrors) {
   gpt.add_string("general.architecture", "gpt2");
   gpt.write(tmp.path / "m.gguf");
   EXPECT_NE(error_of([&] { Model::load(tmp.path / "m.gguf"); })
-                .find("m.gguf: metadata 'general.architecture': unsupported architecture 'gpt2' (supported: llama, "
-                      "qwen2, qwen3, gemma3, phi3, smollm3)"),
+                 .find("m.gguf: metadata 'general.architecture': unsupported architecture 'gpt2' (supported: llama, "
+                       "qwen2, qwen3, qwen3moe, gemma3, phi3, smollm3)"),
             std::string::npos);
   EXPECT_NE(model_file([](GgufBuilder&) {}).find("tensor 'token_embd.weight' is missing"), std::string::npos);
   EXPECT_NE(model_file([](GgufBuilder& b) {

@@ -35,6 +35,8 @@ struct ModelShape {
   bool tie_embeddings;
   double rms_norm_eps;
   int bos, eos;
+  // Routed experts (Qwen3-MoE): 0 experts for a dense model.
+  int experts = 0, experts_per_token = 0, moe_intermediate = 0;
 };
 
 const ModelShape kShapes[] = {
@@ -44,6 +46,8 @@ const ModelShape kShapes[] = {
      151643, 151643},
     {"llama-3.2-1b", "LlamaForCausalLM", 128256, 2048, 8192, 16, 32, 8, 64, 131072, 500000.0, true, true, 1e-5, 128000,
      128001},
+    {"qwen3-30b-a3b", "Qwen3MoeForCausalLM", 151936, 2048, 6144, 48, 32, 4, 128, 40960, 1000000.0, false, false, 1e-6,
+     151643, 151645, 128, 8, 768},
 };
 
 std::vector<std::string> shape_names() {
@@ -67,6 +71,7 @@ struct MakeModelArgs {
   std::string out_dir;
   uint64_t seed = 0;
   int threads = 0;
+  int layers = 0;  // > 0: this many layers instead of the shape's
 };
 
 struct TensorSpec {
@@ -83,6 +88,8 @@ struct TensorSpec {
 std::vector<TensorSpec> tensor_specs(const ModelShape& s) {
   const int64_t H = s.hidden, I = s.intermediate, Q = int64_t(s.heads) * s.head_dim, KV = int64_t(s.kv_heads) * s.head_dim;
   const bool qwen = std::string(s.architecture) == "Qwen2ForCausalLM";
+  const bool qwen3 = std::string(s.architecture) == "Qwen3MoeForCausalLM";  // q_norm / k_norm, experts
+  const int64_t E = s.experts, EI = s.moe_intermediate;
   std::vector<TensorSpec> t;
   t.push_back({"model.embed_tokens.weight", {s.vocab, H}, TensorSpec::Normal});
   for (int i = 0; i < s.layers; ++i) {
@@ -97,7 +104,21 @@ std::vector<TensorSpec> tensor_specs(const ModelShape& s) {
       t.push_back({p + "self_attn.v_proj.bias", {KV}, TensorSpec::Normal});
     }
     t.push_back({p + "self_attn.o_proj.weight", {H, Q}, TensorSpec::Normal});
+    if (qwen3) {
+      t.push_back({p + "self_attn.q_norm.weight", {s.head_dim}, TensorSpec::Ones});
+      t.push_back({p + "self_attn.k_norm.weight", {s.head_dim}, TensorSpec::Ones});
+    }
     t.push_back({p + "post_attention_layernorm.weight", {H}, TensorSpec::Ones});
+    if (E > 0) {  // the hub's layout: one module per expert
+      t.push_back({p + "mlp.gate.weight", {E, H}, TensorSpec::Normal});
+      for (int64_t e = 0; e < E; ++e) {
+        const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+        t.push_back({x + "gate_proj.weight", {EI, H}, TensorSpec::Normal});
+        t.push_back({x + "up_proj.weight", {EI, H}, TensorSpec::Normal});
+        t.push_back({x + "down_proj.weight", {H, EI}, TensorSpec::Normal});
+      }
+      continue;
+    }
     t.push_back({p + "mlp.gate_proj.weight", {I, H}, TensorSpec::Normal});
     t.push_back({p + "mlp.up_proj.weight", {I, H}, TensorSpec::Normal});
     t.push_back({p + "mlp.down_proj.weight", {H, I}, TensorSpec::Normal});
@@ -109,8 +130,9 @@ std::vector<TensorSpec> tensor_specs(const ModelShape& s) {
 
 nlohmann::json config_json(const ModelShape& s, const std::string& torch_dtype) {
   const bool qwen = std::string(s.architecture) == "Qwen2ForCausalLM";
+  const bool moe = s.experts > 0;
   nlohmann::json j = {{"architectures", {s.architecture}},
-                      {"model_type", qwen ? "qwen2" : "llama"},
+                      {"model_type", moe ? "qwen3_moe" : qwen ? "qwen2" : "llama"},
                       {"vocab_size", s.vocab},
                       {"hidden_size", s.hidden},
                       {"intermediate_size", s.intermediate},
@@ -135,7 +157,16 @@ nlohmann::json config_json(const ModelShape& s, const std::string& torch_dtype) 
                          {"original_max_position_embeddings", 8192}};
   else
     j["rope_scaling"] = nullptr;
-  if (!qwen) {
+  if (moe) {
+    j["attention_bias"] = false;
+    j["num_experts"] = s.experts;
+    j["num_experts_per_tok"] = s.experts_per_token;
+    j["moe_intermediate_size"] = s.moe_intermediate;
+    j["norm_topk_prob"] = true;
+    j["decoder_sparse_step"] = 1;
+    j["mlp_only_layers"] = nlohmann::json::array();
+    j["use_sliding_window"] = false;
+  } else if (!qwen) {
     j["attention_bias"] = false;
     j["mlp_bias"] = false;
   }
@@ -204,7 +235,8 @@ void fill(const TensorSpec& t, size_t tensor_index, uint64_t seed, DType dtype, 
 
 int run_make_model(const MakeModelArgs& a) {
   namespace fs = std::filesystem;
-  const ModelShape& shape = find_shape(a.shape);
+  ModelShape shape = find_shape(a.shape);
+  if (a.layers > 0) shape.layers = a.layers;
   const DType dtype = a.dtype == "f32" ? DType::F32 : a.dtype == "f16" ? DType::F16 : DType::BF16;
   const char* torch_dtype = a.dtype == "f32" ? "float32" : a.dtype == "f16" ? "float16" : "bfloat16";
   const size_t esize = dtype_size(dtype);
@@ -244,8 +276,8 @@ int run_make_model(const MakeModelArgs& a) {
   }
   out.commit();
   write_file_atomically(dir / "config.json", {config_json(shape, torch_dtype).dump(2), "\n"});
-  std::fprintf(stderr, "wrote %s: %s shape, %s, %.1f M parameters, %s\n", dir.string().c_str(), shape.name,
-               torch_dtype, double(params) / 1e6, format_bytes(fs::file_size(weights)).c_str());
+  std::fprintf(stderr, "wrote %s: %s shape, %d layers, %s, %.1f M parameters, %s\n", dir.string().c_str(),
+               shape.name, shape.layers, torch_dtype, double(params) / 1e6, format_bytes(fs::file_size(weights)).c_str());
   return 0;
 }
 
@@ -259,6 +291,8 @@ Command add_make_model_command(CLI::App& root) {
   app->add_option("--dtype", a->dtype, "Weight dtype: bf16, f16 or f32")
       ->check(CLI::IsMember({"bf16", "f16", "f32"}));
   app->add_option("--seed", a->seed, "Seed of the random weights")->check(unsigned_integer());
+  app->add_option("--layers", a->layers, "Layers (default: the shape's), for a smaller model of the same width")
+      ->check(CLI::Range(1, 4096));
   app->add_option("--threads,-t", a->threads, "Threads generating the weights (0 = all cores)")
       ->check(thread_count());
   return {app, [a] { return run_make_model(*a); }};

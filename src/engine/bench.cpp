@@ -65,19 +65,21 @@ BenchRun one_run(const Model& model, const SessionOptions& opts, ThreadPool& poo
 
 size_t decode_weight_bytes(const Model& model) {
   // Every tensor but an untied embedding (a token reads one row of it): a quantized one is its codes,
-  // scales and biases, "model.embed_tokens.{weight,scales,biases}".
+  // scales and biases, "model.embed_tokens.{weight,scales,biases}". Of the routed experts, the top_k
+  // a token is sent to in each sparse layer.
   const bool tied = model.config().tie_word_embeddings && !model.files().find("lm_head.weight");
+  const Model::ExpertBytes experts = model.expert_bytes();
   size_t total = 0;
   if (const GgufFile* g = model.gguf()) {  // every tensor, less the embedding when an output matrix exists
     for (const GgufTensor& t : g->tensors()) total += size_t(t.nbytes);
     if (g->find_tensor("output.weight"))
       if (const GgufTensor* e = g->find_tensor("token_embd.weight")) total -= size_t(e->nbytes);
-    return total;
+    return total - experts.all + experts.per_token;
   }
   for (const auto& f : model.files().files())
     for (const auto& [name, t] : f->tensors())
       if (tied || !name.starts_with("model.embed_tokens.")) total += t.nbytes;
-  return total;
+  return total - experts.all + experts.per_token;
 }
 
 BenchResult run_bench(const Model& model, const SessionOptions& opts, ThreadPool& pool, const BenchConfig& cfg) {

@@ -24,6 +24,7 @@ std::string_view architecture_name(Architecture a) {
     case Architecture::Phi3: return "phi3";
     case Architecture::SmolLM3: return "smollm3";
     case Architecture::YocoLlama: return "yoco_llama";
+    case Architecture::Qwen3Moe: return "qwen3_moe";
   }
   return "?";
 }
@@ -202,6 +203,13 @@ void parse_attention_kinds(const Reader& r, ModelConfig& c) {
   std::optional<int> window;
   switch (c.arch) {
     case Architecture::Llama:
+      break;
+    case Architecture::Qwen3Moe:
+      // Qwen3MoeConfig: sliding_window counts only with use_sliding_window, and then in every layer
+      // (Qwen3MoeAttention takes config.sliding_window; no layer_types).
+      if (!r.boolean("use_sliding_window", false)) break;
+      window = parse_window(r);
+      if (window) listed.assign(size_t(c.n_layers), AttentionKind::Sliding);
       break;
     case Architecture::YocoLlama:
       // modeling_yoco.py's yoco_layout: layer_types as listed (absent: all full); a sliding layer needs
@@ -398,11 +406,13 @@ ModelConfig ModelConfig::from_json(const json& outer, const std::string& file) {
     c.arch = Architecture::SmolLM3;
   else if (c.arch_name == "YocoLlamaForCausalLM")
     c.arch = Architecture::YocoLlama;
+  else if (c.arch_name == "Qwen3MoeForCausalLM")
+    c.arch = Architecture::Qwen3Moe;
   else
     throw Error(file + ": architecture '" + c.arch_name +
                 "' is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-                "Qwen3ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration (text), Phi3ForCausalLM, "
-                "SmolLM3ForCausalLM, YocoLlamaForCausalLM)");
+                "Qwen3ForCausalLM, Qwen3MoeForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration (text), "
+                "Phi3ForCausalLM, SmolLM3ForCausalLM, YocoLlamaForCausalLM)");
 
   c.vocab_size = r.positive_int("vocab_size");
   c.hidden_size = r.positive_int("hidden_size");
@@ -493,6 +503,12 @@ ModelConfig ModelConfig::from_json(const json& outer, const std::string& file) {
       c.mlp_bias = r.boolean("mlp_bias", false);
       break;
     case Architecture::Mistral:
+      break;
+    case Architecture::Qwen3Moe:
+      // Qwen3MoeAttention is Qwen3's; the feed-forward blocks are routed experts (model/moe.h).
+      c.qkv_bias = c.o_bias = r.boolean("attention_bias", false);
+      c.qk_norm = true;
+      parse_moe_config(j, file, c.n_layers, c.moe);
       break;
   }
   if (c.arch == Architecture::Gemma3)

@@ -10,13 +10,14 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "model/moe.h"
 #include "model/quantization.h"
 
 namespace ptllm {
 
 // YocoLlama: Llama with YOCO's cross-layer KV sharing (../shared/models/kjv-yoco, modeling_yoco.py):
 // layer_types and sliding_window as written, the last num_kv_shared_layers layers without K/V.
-enum class Architecture { Llama, Mistral, Qwen2, Qwen3, Gemma3, Phi3, SmolLM3, YocoLlama };
+enum class Architecture { Llama, Mistral, Qwen2, Qwen3, Gemma3, Phi3, SmolLM3, YocoLlama, Qwen3Moe };
 enum class RopeType { Default, Llama3, Linear, LongRope };
 // The MLP's gate activation: SiLU, or GELU with the tanh approximation (gelu_pytorch_tanh).
 enum class Activation { Silu, GeluTanh };
@@ -93,6 +94,8 @@ struct ModelConfig {
   // own attention kind (the donor). Any Llama-family config may carry the key.
   int num_kv_shared_layers = 0;
   std::vector<int> kv_source;
+  // Routed experts (Qwen3-MoE; model/moe.h): which layers have them, how many, how they are chosen.
+  MoeConfig moe;
   // MLX affine quantization of the weights (`quantization` / `quantization_config`; model/quantization.h).
   QuantizationConfig quantization;
 

@@ -17,6 +17,30 @@ constexpr int64_t kMaxLayers = 4096;
 constexpr int64_t kMaxWidth = int64_t(1) << 20;
 constexpr int64_t kMaxHeadDim = 1024;
 
+// llama.cpp's qwen3moe: expert_count experts, expert_used_count chosen by softmax, their weights
+// renormalized (its graph passes norm_w = true; an expert_weights_norm key, where written, says so),
+// each expert_feed_forward_length wide. A layer without ffn_gate_inp has the dense MLP (mlp_only_layers).
+void gguf_moe_config(const GgufFile& f, const std::string& p, ModelConfig& c) {
+  MoeConfig& m = c.moe;
+  m.num_experts = int(f.get_int(p + "expert_count", 1, int64_t(1) << 16));
+  m.top_k = int(f.get_int(p + "expert_used_count", 1, std::min<int64_t>(m.num_experts, kMaxTopK)));
+  if (auto ff = f.opt_int(p + "expert_feed_forward_length", 1, kMaxWidth))
+    m.intermediate_size = int(*ff);
+  else
+    m.intermediate_size = c.intermediate_size / m.top_k;  // llama.cpp's fallback
+  m.norm_topk_prob = f.opt_bool(p + "expert_weights_norm").value_or(true);
+  if (auto n = f.opt_int(p + "expert_shared_count", 0, int64_t(1) << 16); n && *n > 0)
+    f.fail_key(p + "expert_shared_count", "shared experts are not supported");
+  if (auto sc = f.opt_float(p + "expert_weights_scale"); sc && *sc != 0.0 && *sc != 1.0)
+    f.fail_key(p + "expert_weights_scale", "scaled expert weights are not supported");
+  if (auto g = f.opt_int(p + "expert_gating_func", 0, 16); g && *g != 1)  // LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX
+    f.fail_key(p + "expert_gating_func", std::to_string(*g) + ": gating other than softmax is not supported");
+  m.decoder_sparse_step = 1;
+  m.mlp_only_layers.clear();
+  for (int i = 0; i < c.n_layers; ++i)
+    if (!f.find_tensor("blk." + std::to_string(i) + ".ffn_gate_inp.weight")) m.mlp_only_layers.push_back(i);
+}
+
 bool nonzero(const GgufValue& v) { return v.b || v.u != 0 || v.i != 0; }
 
 // Gemma 3 as llama.cpp reads it: sliding layers by attention.sliding_window_pattern (a period, default
@@ -86,6 +110,8 @@ ModelConfig gguf_model_config(const GgufFile& f) {
     c.arch = Architecture::Qwen2;
   else if (arch == "qwen3")
     c.arch = Architecture::Qwen3;
+  else if (arch == "qwen3moe")
+    c.arch = Architecture::Qwen3Moe;
   else if (arch == "gemma3")
     c.arch = Architecture::Gemma3;
   else if (arch == "phi3")
@@ -93,8 +119,8 @@ ModelConfig gguf_model_config(const GgufFile& f) {
   else if (arch == "smollm3")
     c.arch = Architecture::SmolLM3;
   else
-    f.fail_key("general.architecture",
-               "unsupported architecture '" + arch + "' (supported: llama, qwen2, qwen3, gemma3, phi3, smollm3)");
+    f.fail_key("general.architecture", "unsupported architecture '" + arch +
+                                           "' (supported: llama, qwen2, qwen3, qwen3moe, gemma3, phi3, smollm3)");
   c.arch_name = arch;
   const std::string p = arch + ".";
   c.n_layers = int(f.get_int(p + "block_count", 1, kMaxLayers));
@@ -153,9 +179,10 @@ ModelConfig gguf_model_config(const GgufFile& f) {
   }
   c.qkv_bias = c.arch == Architecture::Qwen2 || f.find_tensor("blk.0.attn_q.bias");
   c.o_bias = f.find_tensor("blk.0.attn_output.bias") != nullptr;
-  c.qk_norm = c.arch == Architecture::Qwen3 || c.arch == Architecture::Gemma3;
+  c.qk_norm = c.arch == Architecture::Qwen3 || c.arch == Architecture::Qwen3Moe || c.arch == Architecture::Gemma3;
   c.mlp_bias = f.find_tensor("blk.0.ffn_up.bias") != nullptr;
   c.tie_word_embeddings = f.find_tensor("output.weight") == nullptr;
+  if (c.arch == Architecture::Qwen3Moe) gguf_moe_config(f, p, c);
   const GgufTensor* embd = f.find_tensor("token_embd.weight");
   if (!embd) throw Error(f.name() + ": tensor 'token_embd.weight' is missing");
   // The vocabulary size is read from this tensor, so its first dim is checked against the metadata

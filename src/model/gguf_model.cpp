@@ -72,7 +72,30 @@ struct GgufLoader {
   }
   // A [rows][cols] matrix (GGUF dims [cols, rows]) read in place.
   WeightMatrix matrix(const std::string& name, int rows, int cols) const {
-    const GgufTensor& t = tensor(name, {cols, rows});
+    return in_place(tensor(name, {cols, rows}), name, rows, cols);
+  }
+  // A stack of `experts` [rows][cols] matrices (dims [cols, rows, experts]) as one [experts * rows][cols]
+  // matrix, each expert a view of its rows (model/moe.h, stacked_expert).
+  WeightMatrix stacked(const std::string& name, int rows, int cols, int experts) const {
+    return in_place(tensor(name, {cols, rows, experts}), name, experts * rows, cols);
+  }
+  // A sparse layer's router (ffn_gate_inp) and experts (ffn_{gate,up,down}_exps), as llama.cpp's
+  // converter stacks them.
+  MoeWeights moe(const std::string& p, const ModelConfig& c) const {
+    const int H = c.hidden_size, E = c.moe.num_experts, I = c.moe.intermediate_size;
+    MoeWeights m;
+    m.router = matrix(p + "ffn_gate_inp.weight", E, H);
+    const WeightMatrix g = stacked(p + "ffn_gate_exps.weight", I, H, E);
+    const WeightMatrix u = stacked(p + "ffn_up_exps.weight", I, H, E);
+    const WeightMatrix d = stacked(p + "ffn_down_exps.weight", H, I, E);
+    for (int e = 0; e < E; ++e) {
+      m.gate.push_back(stacked_expert(g, e, I));
+      m.up.push_back(stacked_expert(u, e, I));
+      m.down.push_back(stacked_expert(d, e, H));
+    }
+    return m;
+  }
+  WeightMatrix in_place(const GgufTensor& t, const std::string& name, int rows, int cols) const {
     DType d;
     if (dense_type(t.type, d)) {
       if (reinterpret_cast<uintptr_t>(t.data) % dtype_size(d) == 0) return dense_matrix(d, t.data, rows, cols);
@@ -143,6 +166,10 @@ std::unique_ptr<Model> Model::load_gguf(const std::filesystem::path& file) {
     if (c.qk_norm) {
       lw.q_norm = L.vec(p + "attn_q_norm.weight", c.head_dim);
       lw.k_norm = L.vec(p + "attn_k_norm.weight", c.head_dim);
+    }
+    if (c.moe.sparse(i)) {
+      lw.moe = L.moe(p, c);
+      continue;
     }
     if (c.fused_gate_up) {
       const WeightMatrix gu = L.matrix(p + "ffn_up.weight", 2 * I, H);  // gate rows, then up rows

@@ -192,6 +192,26 @@ nlohmann::json read_json(const std::filesystem::path& p, uint64_t limit, bool op
   return j;
 }
 
+// One row of floats in a GGUF tensor type.
+void write_row(GgmlType t, const float* row, int64_t cols, uint8_t* o) {
+  switch (t) {
+    case GgmlType::F32: std::memcpy(o, row, size_t(cols) * sizeof(float)); break;
+    case GgmlType::F16:
+      for (int64_t k = 0; k < cols; ++k) {
+        const uint16_t h = f32_to_f16(row[k]);
+        std::memcpy(o + 2 * k, &h, 2);
+      }
+      break;
+    case GgmlType::BF16:
+      for (int64_t k = 0; k < cols; ++k) {
+        const uint16_t h = f32_to_bf16(row[k]);
+        std::memcpy(o + 2 * k, &h, 2);
+      }
+      break;
+    default: ggml_quantize_row(t, row, int(cols), o); break;
+  }
+}
+
 void add_vocab(GgufBuilder& b, const GgufVocab& v) {
   b.add_string("tokenizer.ggml.model", v.model);
   if (v.model == "gpt2") b.add_string("tokenizer.ggml.pre", v.pre);
@@ -224,8 +244,10 @@ GgufWriteResult write_gguf_from_hf(const std::filesystem::path& dir, const std::
              smollm3 = c.arch == Architecture::SmolLM3;
   if (c.sliding_window > 0 && c.arch != Architecture::Mistral && !gemma && !phi3)
     throw Error(cfg_file + ": sliding_window on " + c.arch_name + ": not written to GGUF (Mistral, Gemma 3, Phi-3 only)");
-  const bool qwen = c.arch == Architecture::Qwen2 || c.arch == Architecture::Qwen3;
-  const std::string arch = std::string(qwen || gemma || phi3 || smollm3 ? architecture_name(c.arch) : "llama");
+  const bool moe = c.arch == Architecture::Qwen3Moe;
+  const bool qwen = c.arch == Architecture::Qwen2 || c.arch == Architecture::Qwen3 || moe;
+  const std::string arch = moe ? std::string("qwen3moe")
+                               : std::string(qwen || gemma || phi3 || smollm3 ? architecture_name(c.arch) : "llama");
   // llama.cpp's converter permutes Q/K for its llama architecture and the ones it converts as llama
   const bool permute = arch == "llama" || smollm3;
   // What llama.cpp's GGUF cannot say is refused, so that the file means the same to llama.cpp.
@@ -301,6 +323,14 @@ GgufWriteResult write_gguf_from_hf(const std::filesystem::path& dir, const std::
       b.add_u32(p + "rope.scaling.original_context_length", uint32_t(c.rope.original_max_position));
     }
   }
+  if (moe) {
+    b.add_u32(p + "expert_count", uint32_t(c.moe.num_experts));
+    b.add_u32(p + "expert_used_count", uint32_t(c.moe.top_k));
+    b.add_u32(p + "expert_feed_forward_length", uint32_t(c.moe.intermediate_size));
+    // llama.cpp's qwen3moe graph always renormalizes; the key keeps a model that does not (read by
+    // this runtime's loader) from being taken for one that does.
+    b.add_bool(p + "expert_weights_norm", c.moe.norm_topk_prob);
+  }
   b.add_u32("general.file_type", gguf_mix_file_type(mix));
   if (gguf_mix_quantized(mix)) b.add_u32("general.quantization_version", 2);
   add_vocab(b, vocab);
@@ -368,6 +398,80 @@ GgufWriteResult write_gguf_from_hf(const std::filesystem::path& dir, const std::
     ++res.tensors;
   };
 
+  // A sparse layer: the router as ffn_gate_inp (F32: llama-quantize leaves it unquantized) and the
+  // experts stacked into ffn_{gate,up,down}_exps [cols, rows, experts], from the hub's one module per
+  // expert or transformers 5's fused gate_up_proj / down_proj.
+  auto expert_stacks = [&](int i, const std::string& h, const std::string& g) {
+    const int64_t E = c.moe.num_experts, I = c.moe.intermediate_size, H = c.hidden_size;
+    {
+      const TensorView& r = files->get(h + "mlp.gate.weight");
+      if (r.shape != std::vector<int64_t>{E, H})
+        throw Error(r.file->string() + ": tensor '" + r.name + "' has shape " + r.shape_str() + ", config.json implies [" +
+                    std::to_string(E) + ", " + std::to_string(H) + "]");
+    }
+    {
+      const TensorView* r = &files->get(h + "mlp.gate.weight");
+      if (r->dtype != DType::F32 && r->dtype != DType::F16 && r->dtype != DType::BF16)
+        throw Error(r->file->string() + ": tensor '" + r->name + "' has dtype " + std::string(dtype_name(r->dtype)) +
+                    " (the writer reads F32, F16, BF16)");
+      b.add_tensor(g + "ffn_gate_inp.weight", {uint64_t(H), uint64_t(E)}, GgmlType::F32, [r](uint8_t* dst) {
+        convert_to_f32(r->dtype, r->data, reinterpret_cast<float*>(dst), size_t(r->nbytes / dtype_size(r->dtype)));
+      });
+      ++res.tensors;
+      ++res.by_type["F32"];
+    }
+    const bool fused = files->find(h + "mlp.experts.gate_up_proj") != nullptr;
+    struct Src {
+      const TensorView* t;
+      int64_t row0;
+    };
+    auto stack = [&](const char* kind, const std::string& name, int64_t rows, int64_t cols, GgufRole role) {
+      std::vector<Src> src;
+      for (int64_t e = 0; e < E; ++e) {
+        const TensorView* t;
+        int64_t row0 = 0;
+        if (fused) {
+          const bool down = std::string(kind) == "down";
+          t = &files->get(h + (down ? "mlp.experts.down_proj" : "mlp.experts.gate_up_proj"));
+          const std::vector<int64_t> want = down ? std::vector<int64_t>{E, H, I} : std::vector<int64_t>{E, 2 * I, H};
+          if (t->shape != want)
+            throw Error(t->file->string() + ": tensor '" + t->name + "' has shape " + t->shape_str() +
+                        " (config.json implies another)");
+          row0 = down ? e * H : e * 2 * I + (std::string(kind) == "up" ? I : 0);
+        } else {
+          t = &files->get(h + "mlp.experts." + std::to_string(e) + "." + kind + "_proj.weight");
+          if (t->shape != std::vector<int64_t>{rows, cols})
+            throw Error(t->file->string() + ": tensor '" + t->name + "' has shape " + t->shape_str() + ", config.json implies [" +
+                        std::to_string(rows) + ", " + std::to_string(cols) + "]");
+        }
+        if (t->dtype != DType::F32 && t->dtype != DType::F16 && t->dtype != DType::BF16)
+          throw Error(t->file->string() + ": tensor '" + t->name + "' has dtype " + std::string(dtype_name(t->dtype)) +
+                      " (the writer reads F32, F16, BF16)");
+        src.push_back({t, row0});
+      }
+      const GgufTypeChoice ch = gguf_mix_tensor_type(mix, {role, i, c.n_layers, cols, tied, false});
+      if (ch.fell_back) ++res.fallback;
+      if (ggml_type_info(ch.type).block_elems > 1) ++res.quantized;
+      ++res.by_type[std::string(ggml_type_info(ch.type).name)];
+      const GgmlType out_type = ch.type;
+      b.add_tensor(name, {uint64_t(cols), uint64_t(rows), uint64_t(E)}, out_type, [src, rows, cols, out_type](uint8_t* dst) {
+        const GgmlTypeInfo info = ggml_type_info(out_type);
+        const size_t row_bytes = size_t(cols) / size_t(info.block_elems) * size_t(info.block_bytes);
+        std::vector<float> row(static_cast<size_t>(cols));
+        for (const Src& s : src)
+          for (int64_t r = 0; r < rows; ++r, dst += row_bytes) {
+            const size_t esize = dtype_size(s.t->dtype);
+            convert_to_f32(s.t->dtype, s.t->data + size_t(s.row0 + r) * size_t(cols) * esize, row.data(), size_t(cols));
+            write_row(out_type, row.data(), cols, dst);
+          }
+      });
+      ++res.tensors;
+    };
+    stack("gate", g + "ffn_gate_exps.weight", I, H, GgufRole::FfnGate);
+    stack("up", g + "ffn_up_exps.weight", I, H, GgufRole::FfnUp);
+    stack("down", g + "ffn_down_exps.weight", H, I, GgufRole::FfnDown);
+  };
+
   tensor("model.embed_tokens.weight", "token_embd.weight", true, 0, GgufRole::TokenEmbd);
   // A norm gain: Gemma's (1 + weight) written with its 1, as llama.cpp's converter does.
   auto norm = [&](const std::string& hf, const std::string& name) {
@@ -419,6 +523,10 @@ GgufWriteResult write_gguf_from_hf(const std::filesystem::path& dir, const std::
     if (c.qk_norm) {
       norm(h + "self_attn.q_norm.weight", g + "attn_q_norm.weight");
       norm(h + "self_attn.k_norm.weight", g + "attn_k_norm.weight");
+    }
+    if (c.moe.sparse(i)) {
+      expert_stacks(i, h, g);
+      continue;
     }
     if (c.fused_gate_up) {
       tensor(h + "mlp.gate_up_proj.weight", g + "ffn_up.weight", true, 0, GgufRole::FfnUp, i);

@@ -97,7 +97,14 @@ struct Loader {
   }
   // A linear layer or the embedding, `module` its path ("model.layers.0.mlp.down_proj"): dense, or
   // MLX affine when config.json's quantization says so and the file has its scales (quantization.h).
-  WeightMatrix linear(const std::string& module, int rows, int cols) const {
+  // stack > 0: a 3-D tensor [stack][rows][cols] of experts (mlx-lm's switch_mlp, transformers 5's
+  // fused experts), returned as one [stack * rows][cols] matrix (model/moe.h, stacked_expert).
+  WeightMatrix linear(const std::string& module, int rows, int cols, int stack = 0) const {
+    auto dims = [&](std::vector<int64_t> d) {
+      if (stack > 0) d.insert(d.begin(), stack);
+      return d;
+    };
+    const int total = stack > 0 ? stack * rows : rows;
     const QuantizationConfig& q = cfg.quantization;
     const std::optional<AffineSpec>* own = q.override_for(module);
     const TensorView* scales = files.find(module + ".scales");
@@ -113,7 +120,8 @@ struct Loader {
                    (!q.quantized() ? config_file + " has no quantization"
                     : own         ? config_file + "'s quantization lists '" + module + "' as not quantized (false)"
                                   : "'" + module + ".scales' is missing"));
-      return matrix(module + ".weight", rows, cols);
+      const TensorView& t = tensor(module + ".weight", dims({rows, cols}));
+      return dense_matrix(t.dtype, aligned(t), total, cols);
     }
     const AffineSpec s = own ? **own : *q.base;
     const std::string implied = "config.json (" + std::to_string(cols) + " input features, quantization bits " +
@@ -125,18 +133,62 @@ struct Loader {
     if (w.dtype != DType::U32)
       bad(w, "has dtype " + std::string(dtype_name(w.dtype)) + ", but config.json quantizes '" + module + "' (" +
                  std::to_string(s.bits) + " bits): expected U32 codes");
-    check_shape(w, {rows, int64_t(cols) * s.bits / 32}, implied);
+    check_shape(w, dims({rows, int64_t(cols) * s.bits / 32}), implied);
     const TensorView& sc = files.get(module + ".scales");
     const TensorView& bi = files.get(module + ".biases");
     for (const TensorView* t : {&sc, &bi}) {
       if (!is_float(t->dtype))
         bad(*t, "has dtype " + std::string(dtype_name(t->dtype)) + " (supported: F32, F16, BF16)");
-      check_shape(*t, {rows, cols / s.group_size}, implied);
+      check_shape(*t, dims({rows, cols / s.group_size}), implied);
     }
     if (bi.dtype != sc.dtype)
       bad(bi, "has dtype " + std::string(dtype_name(bi.dtype)) + ", its scales " + std::string(dtype_name(sc.dtype)) +
                   " (the layout has one dtype for both)");
-    return affine_matrix(aligned(w), aligned(sc), aligned(bi), sc.dtype, s.bits, s.group_size, rows, cols);
+    return affine_matrix(aligned(w), aligned(sc), aligned(bi), sc.dtype, s.bits, s.group_size, total, cols);
+  }
+  // A sparse layer's router and experts, `p` the layer's prefix, in any of the layouts checkpoints use:
+  // one module per expert (the hub's), transformers 5's fused gate_up_proj / down_proj, mlx-lm's
+  // switch_mlp stacks (quantized or not).
+  MoeWeights moe(const std::string& p) const {
+    const int H = cfg.hidden_size, E = cfg.moe.num_experts, I = cfg.moe.intermediate_size;
+    MoeWeights m;
+    m.router = linear(p + "mlp.gate", E, H);
+    m.gate.resize(size_t(E));
+    m.up.resize(size_t(E));
+    m.down.resize(size_t(E));
+    if (files.find(p + "mlp.switch_mlp.gate_proj.weight")) {
+      const WeightMatrix g = linear(p + "mlp.switch_mlp.gate_proj", I, H, E);
+      const WeightMatrix u = linear(p + "mlp.switch_mlp.up_proj", I, H, E);
+      const WeightMatrix d = linear(p + "mlp.switch_mlp.down_proj", H, I, E);
+      for (int e = 0; e < E; ++e) {
+        m.gate[size_t(e)] = stacked_expert(g, e, I);
+        m.up[size_t(e)] = stacked_expert(u, e, I);
+        m.down[size_t(e)] = stacked_expert(d, e, H);
+      }
+    } else if (files.find(p + "mlp.experts.gate_up_proj") || files.find(p + "mlp.experts.gate_up_proj.weight")) {
+      // transformers 5: gate_up_proj [E][2 * inter][hidden] (gate rows first), down_proj [E][hidden][inter]
+      const std::string gu = files.find(p + "mlp.experts.gate_up_proj") ? p + "mlp.experts.gate_up_proj"
+                                                                         : p + "mlp.experts.gate_up_proj.weight";
+      const std::string dn = files.find(p + "mlp.experts.down_proj") ? p + "mlp.experts.down_proj"
+                                                                      : p + "mlp.experts.down_proj.weight";
+      const TensorView& a = tensor(gu, {E, 2 * int64_t(I), H});
+      const TensorView& b = tensor(dn, {E, H, I});
+      const WeightMatrix g = dense_matrix(a.dtype, aligned(a), E * 2 * I, H);
+      const WeightMatrix d = dense_matrix(b.dtype, aligned(b), E * H, I);
+      for (int e = 0; e < E; ++e) {
+        m.gate[size_t(e)] = weight_rows(g, 2 * e * I, I);
+        m.up[size_t(e)] = weight_rows(g, 2 * e * I + I, I);
+        m.down[size_t(e)] = stacked_expert(d, e, H);
+      }
+    } else {
+      for (int e = 0; e < E; ++e) {
+        const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+        m.gate[size_t(e)] = linear(x + "gate_proj", I, H);
+        m.up[size_t(e)] = linear(x + "up_proj", I, H);
+        m.down[size_t(e)] = linear(x + "down_proj", H, I);
+      }
+    }
+    return m;
   }
   std::vector<float> vec(const std::string& name, int n) const {
     const TensorView& t = tensor(name, {n});
@@ -240,6 +292,10 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
     if (c.qk_norm) {
       lw.q_norm = L.norm(p + "self_attn.q_norm.weight", c.head_dim);
       if (own_kv) lw.k_norm = L.norm(p + "self_attn.k_norm.weight", c.head_dim);
+    }
+    if (c.moe.sparse(i)) {
+      lw.moe = L.moe(p);
+      continue;
     }
     if (c.fused_gate_up) {
       // transformers' Phi3MLP: gate, up = gate_up_proj(x).chunk(2)
@@ -372,13 +428,30 @@ size_t Model::weight_bytes() const {
   return n;
 }
 
+Model::ExpertBytes Model::expert_bytes() const {
+  ExpertBytes b;
+  for (const LayerWeights& l : layers_) {
+    if (!l.moe.present()) continue;
+    size_t layer = 0;
+    for (const auto* v : {&l.moe.gate, &l.moe.up, &l.moe.down})
+      for (const WeightMatrix& w : *v) layer += w.nbytes();
+    b.all += layer;
+    b.per_token += layer / size_t(cfg_.moe.num_experts) * size_t(cfg_.moe.top_k);  // experts are alike in size
+  }
+  return b;
+}
+
 std::string Model::weight_format() const {
   // Each distinct matrix once (a tied LM head is the embedding), with the bytes of each format.
   std::vector<const WeightMatrix*> all{&embed_};
   if (lm_head_.data != embed_.data) all.push_back(&lm_head_);
-  for (const LayerWeights& l : layers_)
+  for (const LayerWeights& l : layers_) {
     for (const WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
       if (w->data) all.push_back(w);
+    if (l.moe.present()) all.push_back(&l.moe.router);
+    for (const auto* v : {&l.moe.gate, &l.moe.up, &l.moe.down})
+      for (const WeightMatrix& w : *v) all.push_back(&w);
+  }
   struct Share {
     std::string name;
     size_t bytes = 0;
@@ -501,6 +574,12 @@ void Model::forward(std::span<const SequenceBatch> batch, ForwardState& st, Thre
       rmsnorm(st.x.data() + size_t(r) * size_t(H), L.mlp_norm.data(), st.xn.data() + size_t(r) * size_t(H), H,
               c.rms_norm_eps);
     if (!seen(li, MatmulInput::Mlp, st.xn, H)) return;
+    if (L.moe.present()) {  // routed experts: x += sum of the chosen experts' outputs, weighted
+      if (st.moe.out.size() < size_t(T) * size_t(H)) st.moe.out.resize(size_t(T) * size_t(H));
+      moe_forward(L.moe, c.moe, st.xn.data(), T, H, st.moe.out.data(), st.moe, pool, st.moe_counters, li);
+      for (size_t i = 0; i < size_t(T) * size_t(H); ++i) st.x[i] += st.moe.out[i];
+      continue;
+    }
     const MatmulOutput gate_up[] = {{&L.w_gate, bias_or_null(L.b_gate), st.gate.data()},  // [T][inter]
                                     {&L.w_up, bias_or_null(L.b_up), st.up.data()}};       // [T][inter]
     matmul_shared_x(st.xn.data(), T, gate_up, pool);

@@ -13,6 +13,7 @@
 
 #include "kernels/ops.h"
 #include "model/config.h"
+#include "model/moe.h"
 #include "model/safetensors.h"
 
 namespace ptllm {
@@ -30,6 +31,7 @@ struct LayerWeights {
   std::vector<float> post_attn_norm, post_mlp_norm;  // [hidden] Gemma 3's sandwich norms, else empty
   WeightMatrix w_gate, w_up, w_down;    // [inter][hidden] x2, [hidden][inter]
   std::vector<float> b_gate, b_up, b_down;
+  MoeWeights moe;  // a sparse layer's router and experts (then w_gate, w_up, w_down are empty)
 };
 
 // Most sequences one forward call takes (the per-call lists live on the stack, no allocation).
@@ -78,6 +80,8 @@ struct ForwardState {
   std::vector<float> logits;    // [rows wanted][vocab], batches of more than one sequence
   int cross_rows = -1;  // rows the last call ran past the cross-decoder's donor (-1: no shortcut layer)
   ForwardObserver* observer = nullptr;  // null: none (every run but a calibration)
+  MoeScratch moe;                       // an MoE layer's routing and expert buffers
+  MoeCounters* moe_counters = nullptr;  // null: none; else what the expert products read is added
 };
 
 class Model {
@@ -95,6 +99,12 @@ class Model {
   // "BF16", "q4 g64 (BF16 scales)", or "q4 g64 (BF16 scales) + BF16 (1 of 57 matrices)" when a
   // quantized checkpoint keeps some matrices dense.
   std::string weight_format() const;
+  // The routed experts' bytes (codes, scales and biases of quantized ones): all of them, and what one
+  // token reads (top_k of num_experts in each sparse layer). Zero for a dense model.
+  struct ExpertBytes {
+    size_t all = 0, per_token = 0;
+  };
+  ExpertBytes expert_bytes() const;
   const WeightFiles& files() const { return files_; }  // empty for a GGUF model
   const GgufFile* gguf() const { return gguf_.get(); }   // the file of a GGUF model, else null
 

@@ -234,6 +234,11 @@ bool is_linear_module(const std::string& module) {
                            ".mlp.gate_proj", ".mlp.up_proj", ".mlp.down_proj", ".self_attn.qkv_proj",
                            ".mlp.gate_up_proj"})
     if (module.starts_with("model.layers.") && module.ends_with(leaf)) return true;
+  // An expert's projections (model.layers.N.mlp.experts.E.gate_proj); the router (mlp.gate) stays
+  // dense: it is small and its rounding would change which experts are chosen.
+  if (module.starts_with("model.layers.") && module.find(".mlp.experts.") != std::string::npos)
+    for (const char* leaf : {".gate_proj", ".up_proj", ".down_proj"})
+      if (module.ends_with(leaf)) return true;
   return false;
 }
 
@@ -393,6 +398,9 @@ std::map<std::string, Quantized> quantize_gptq(Model& model, const std::vector<I
                                                const std::function<void(size_t, size_t)>& progress) {
   const ModelConfig& c = model.config();
   if (o.calibration.empty()) throw Error("quantize: --method gptq needs calibration text (no sequences given)");
+  if (c.moe.enabled())
+    throw Error("quantize: --method gptq is not supported for mixture-of-experts models (" + c.arch_name +
+                "): each expert sees only its routed rows; use --method search or rtn");
   const bool tied_head = c.tie_word_embeddings && !model.files().find("lm_head.weight");
   std::map<std::string, Quantized> out;
   size_t total = 0, done = 0;

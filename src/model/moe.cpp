@@ -1,0 +1,238 @@
+#include "model/moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "kernels/ops.h"
+#include "model/weight_rows.h"
+
+namespace ptllm {
+
+bool MoeConfig::sparse(int layer) const {
+  if (!enabled()) return false;
+  if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) != mlp_only_layers.end()) return false;
+  return (layer + 1) % decoder_sparse_step == 0;
+}
+
+namespace {
+
+constexpr int64_t kMaxExperts = 1 << 16;
+
+constexpr int64_t kMaxWidth = int64_t(1) << 20;
+
+int int_field(const nlohmann::json& j, const std::string& file, const char* key, int64_t lo, int64_t hi,
+              std::optional<int> dflt) {
+  if (!j.contains(key) || j[key].is_null()) {
+    if (dflt) return *dflt;
+    throw Error(file + ": field '" + key + "' is missing (a mixture-of-experts model needs it)");
+  }
+  const nlohmann::json& v = j[key];
+  if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi)
+    throw Error(file + ": field '" + key + "' must be an integer in [" + std::to_string(lo) + ", " +
+                std::to_string(hi) + "], got " + v.dump());
+  return int(v.get<int64_t>());
+}
+
+}  // namespace
+
+void parse_moe_config(const nlohmann::json& j, const std::string& file, int n_layers, MoeConfig& m) {
+  // Absent fields take Qwen3MoeConfig's defaults (128 experts, top-8, 768 wide), as transformers reads
+  // them; num_local_experts is the attribute num_experts maps to.
+  const char* experts_key = !j.contains("num_experts") && j.contains("num_local_experts") ? "num_local_experts"
+                                                                                         : "num_experts";
+  m.num_experts = int_field(j, file, experts_key, 1, kMaxExperts, 128);
+  m.top_k = int_field(j, file, "num_experts_per_tok", 1, std::min<int64_t>(m.num_experts, kMaxTopK), 8);
+  m.intermediate_size = int_field(j, file, "moe_intermediate_size", 1, kMaxWidth, 768);
+  m.decoder_sparse_step = int_field(j, file, "decoder_sparse_step", 1, 1 << 20, 1);
+  m.norm_topk_prob = false;  // Qwen3MoeConfig's default
+  if (j.contains("norm_topk_prob") && !j["norm_topk_prob"].is_null()) {
+    if (!j["norm_topk_prob"].is_boolean())
+      throw Error(file + ": field 'norm_topk_prob' must be true or false, got " + j["norm_topk_prob"].dump());
+    m.norm_topk_prob = j["norm_topk_prob"].get<bool>();
+  }
+  m.mlp_only_layers.clear();
+  if (j.contains("mlp_only_layers") && !j["mlp_only_layers"].is_null()) {
+    const nlohmann::json& l = j["mlp_only_layers"];
+    if (!l.is_array()) throw Error(file + ": field 'mlp_only_layers' must be a list of layer indices, got " + l.dump());
+    for (size_t i = 0; i < l.size(); ++i) {
+      if (!l[i].is_number_integer() || l[i].get<int64_t>() < 0 || l[i].get<int64_t>() >= n_layers)
+        throw Error(file + ": field 'mlp_only_layers[" + std::to_string(i) + "]' must be a layer index in [0, " +
+                    std::to_string(n_layers - 1) + "], got " + l[i].dump());
+      m.mlp_only_layers.push_back(l[i].get<int>());
+    }
+  }
+  // Fields of other MoE families that would change the math, refused rather than ignored: a shared
+  // expert beside the routed ones (Qwen2-MoE, DeepSeek), another gating function or a scaled routing.
+  auto refuse_if = [&](const char* key, bool set, const std::string& why) {
+    if (j.contains(key) && !j[key].is_null() && set)
+      throw Error(file + ": field '" + key + "' (" + j[key].dump() + "): " + why + " is not supported");
+  };
+  auto positive = [&](const char* key) {
+    return j.contains(key) && j[key].is_number() && j[key].get<double>() > 0;
+  };
+  refuse_if("shared_expert_intermediate_size", positive("shared_expert_intermediate_size"), "a shared expert");
+  refuse_if("n_shared_experts", positive("n_shared_experts"), "a shared expert");
+  refuse_if("num_shared_experts", positive("num_shared_experts"), "a shared expert");
+  refuse_if("scoring_func", j.contains("scoring_func") && j["scoring_func"] != "softmax",
+            "a gating function other than softmax");
+  refuse_if("routed_scaling_factor",
+            j.contains("routed_scaling_factor") && !(j["routed_scaling_factor"].is_number() &&
+                                                     j["routed_scaling_factor"].get<double>() == 1.0),
+            "scaled routing weights");
+  refuse_if("n_group", positive("n_group") && j["n_group"].get<double>() > 1, "grouped expert selection");
+}
+
+void moe_route(const float* logits, int E, int k, bool norm, int* experts, float* weights) {
+  // softmax in float32 (F.softmax(router_logits, dtype=torch.float))
+  float m = logits[0];
+  for (int e = 1; e < E; ++e) m = std::max(m, logits[e]);
+  float sum = 0.f;
+  for (int e = 0; e < E; ++e) sum += std::exp(logits[e] - m);
+  // top-k by logit: softmax is monotonic, so the order is the logits' order; the probabilities of
+  // the chosen ones are computed as softmax computes them.
+  for (int j = 0; j < k; ++j) {
+    int best = -1;
+    for (int e = 0; e < E; ++e) {
+      bool taken = false;
+      for (int i = 0; i < j && !taken; ++i) taken = experts[i] == e;
+      if (!taken && (best < 0 || logits[e] > logits[best])) best = e;
+    }
+    experts[j] = best;
+    weights[j] = std::exp(logits[best] - m) / sum;
+  }
+  if (norm) {
+    float s = 0.f;
+    for (int j = 0; j < k; ++j) s += weights[j];
+    for (int j = 0; j < k; ++j) weights[j] /= s;
+  }
+}
+
+WeightMatrix stacked_expert(const WeightMatrix& stack, int e, int rows) {
+  return weight_rows(stack, e * rows, rows);
+}
+
+namespace {
+void ensure(std::vector<float>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+}
+// Row blocks of a single-row product: enough parts for the pool, each a few cache lines of output.
+constexpr int kBlockRows = 64;
+int blocks_of(int rows) { return (rows + kBlockRows - 1) / kBlockRows; }
+}  // namespace
+
+void moe_forward(const MoeWeights& w, const MoeConfig& cfg, const float* x, int T, int H, float* out, MoeScratch& s,
+                 ThreadPool& pool, MoeCounters* counters, int layer) {
+  const int E = cfg.num_experts, k = cfg.top_k, I = cfg.intermediate_size;
+  const size_t pairs = size_t(T) * size_t(k);
+  ensure(s.logits, size_t(T) * size_t(E));
+  if (s.experts.size() < pairs) s.experts.resize(pairs);
+  ensure(s.weights, pairs);
+  matmul(x, T, w.router, nullptr, s.logits.data(), pool);
+  for (int t = 0; t < T; ++t)
+    moe_route(s.logits.data() + size_t(t) * size_t(E), E, k, cfg.norm_topk_prob, s.experts.data() + size_t(t) * k,
+              s.weights.data() + size_t(t) * k);
+
+  // Group the (row, slot) pairs by expert, rows in order within an expert (a counting sort).
+  s.start.assign(size_t(E) + 1, 0);
+  for (size_t p = 0; p < pairs; ++p) ++s.start[size_t(s.experts[p]) + 1];
+  for (int e = 0; e < E; ++e) s.start[size_t(e) + 1] += s.start[size_t(e)];
+  if (s.order.size() < pairs) s.order.resize(pairs);
+  {
+    std::vector<int>& next = s.order;  // filled below through a cursor per expert
+    thread_local std::vector<int> cursor;
+    cursor.assign(s.start.begin(), s.start.end() - 1);
+    for (size_t p = 0; p < pairs; ++p) next[size_t(cursor[size_t(s.experts[p])]++)] = int(p);
+  }
+  // y[g]: the output of pair order[g] (its expert's product of its row), before weighting
+  ensure(s.y, pairs * size_t(H));
+  ensure(s.h, pairs * size_t(I));
+  ensure(s.u, pairs * size_t(I));
+
+  // Experts with two or more rows: gathered, one pass over each expert's weights for all of them.
+  // positions g of the experts with one row: this thread's buffer, which the pool's threads read
+  // through `singles` below (by its name they would read their own)
+  thread_local std::vector<int> singles_buf;
+  singles_buf.clear();
+  for (int e = 0; e < E; ++e) {
+    const int g0 = s.start[size_t(e)], n = s.start[size_t(e) + 1] - g0;
+    if (n == 0) continue;
+    if (counters) {
+      ++counters->expert_passes;
+      counters->expert_rows += n;
+      counters->expert_bytes += int64_t(w.gate[size_t(e)].nbytes() + w.up[size_t(e)].nbytes() + w.down[size_t(e)].nbytes());
+      if (!counters->passes_by_expert.empty()) ++counters->passes_by_expert[size_t(layer) * size_t(E) + size_t(e)];
+    }
+    if (n == 1) {
+      singles_buf.push_back(g0);
+      continue;
+    }
+    ensure(s.xg, size_t(n) * size_t(H));
+    for (int i = 0; i < n; ++i)
+      std::memcpy(s.xg.data() + size_t(i) * size_t(H), x + size_t(s.order[size_t(g0 + i)] / k) * size_t(H),
+                  size_t(H) * sizeof(float));
+    float* h = s.h.data() + size_t(g0) * size_t(I);
+    float* u = s.u.data() + size_t(g0) * size_t(I);
+    const MatmulOutput gu[] = {{&w.gate[size_t(e)], nullptr, h}, {&w.up[size_t(e)], nullptr, u}};
+    matmul_shared_x(s.xg.data(), n, gu, pool);
+    silu_mul(h, u, n * I);
+    matmul(h, n, w.down[size_t(e)], nullptr, s.y.data() + size_t(g0) * size_t(H), pool);
+  }
+
+  // Experts with one row (all of a decode step's): every expert's row blocks in one parallel pass for
+  // gate and up, one for down, each block a single-threaded product (a nested call runs inline).
+  if (!singles_buf.empty()) {
+    const size_t n = singles_buf.size();
+    const int* singles = singles_buf.data();
+    const int bi = blocks_of(I), bh = blocks_of(H);
+    auto expert_of = [&](size_t i) { return size_t(s.experts[size_t(s.order[size_t(singles[i])])]); };
+    auto row_of = [&](size_t i) { return x + size_t(s.order[size_t(singles[i])] / k) * size_t(H); };
+    pool.parallel_for(n * 2 * size_t(bi), [&](size_t b, size_t e) {
+      for (size_t task = b; task < e; ++task) {
+        const size_t i = task / (2 * size_t(bi)), rest = task % (2 * size_t(bi));
+        const bool is_up = rest >= size_t(bi);
+        const int r0 = int(rest % size_t(bi)) * kBlockRows, r1 = std::min(I, r0 + kBlockRows);
+        const WeightMatrix& m = is_up ? w.up[expert_of(i)] : w.gate[expert_of(i)];
+        float* dst = (is_up ? s.u.data() : s.h.data()) + size_t(singles[i]) * size_t(I) + size_t(r0);
+        matmul(row_of(i), 1, weight_rows(m, r0, r1 - r0), nullptr, dst, pool);
+      }
+    });
+    for (size_t i = 0; i < n; ++i) {
+      const size_t g = size_t(singles[i]);
+      silu_mul(s.h.data() + g * size_t(I), s.u.data() + g * size_t(I), I);
+    }
+    pool.parallel_for(n * size_t(bh), [&](size_t b, size_t e) {
+      for (size_t task = b; task < e; ++task) {
+        const size_t i = task / size_t(bh);
+        const int r0 = int(task % size_t(bh)) * kBlockRows, r1 = std::min(H, r0 + kBlockRows);
+        const size_t g = size_t(singles[i]);
+        matmul(s.h.data() + g * size_t(I), 1, weight_rows(w.down[expert_of(i)], r0, r1 - r0), nullptr,
+               s.y.data() + g * size_t(H) + size_t(r0), pool);
+      }
+    });
+  }
+
+  // out[t] = sum of its experts' outputs times their weights, in increasing expert index (the order
+  // in which transformers' index_add_ adds them), whatever the batch's grouping.
+  thread_local std::vector<int> pos;
+  if (pos.size() < pairs) pos.resize(pairs);
+  for (size_t g = 0; g < pairs; ++g) pos[size_t(s.order[g])] = int(g);
+  for (int t = 0; t < T; ++t) {
+    float* o = out + size_t(t) * size_t(H);
+    std::fill(o, o + H, 0.f);
+    int slots[kMaxTopK];
+    const int kk = k;
+    for (int j = 0; j < kk; ++j) slots[j] = j;
+    const int* ex = s.experts.data() + size_t(t) * k;
+    std::sort(slots, slots + kk, [&](int a, int b) { return ex[a] < ex[b]; });
+    for (int j = 0; j < kk; ++j) {
+      const size_t p = size_t(t) * k + size_t(slots[j]);
+      axpy(s.weights[p], s.y.data() + size_t(pos[p]) * size_t(H), o, H);
+    }
+  }
+}
+
+}  // namespace ptllm
