@@ -4,10 +4,10 @@
 // reasoning and tool call, a tool output of 200-800 tokens of the corpus, and a reply. The harness
 // edits the history as agent harnesses do: it drops the reasoning of earlier turns and replaces tool
 // outputs older than 5 turns with a one-line summary, so exact prefix reuse stops at the first edit.
-// Each turn's request is the history so far (a text prompt, /v1/completions, streamed); what it
+// Each turn's request is the history so far (a text prompt, /v1/completions, one token); what it
 // reports per turn: prompt tokens, tokens computed (prompt - cached_tokens) and the time to the first
 // token, for a fresh server of each mode, the modes alternating trace by trace. The replies are
-// scripted (the same history for both modes); the model generates --gen tokens a turn.
+// scripted (the same history for both modes).
 // Needs only Node 20 (fetch). Examples:
 //   node scripts/bench_agent_trace.mjs --binary build/posttrainllm --model ../shared/models/kjv-small
 //   node scripts/bench_agent_trace.mjs --model models/kjv-tiny --turns 6 --traces 1   (a quick check)
@@ -26,7 +26,6 @@ const threads = opt('--threads', '2');
 const turns = Number(opt('--turns', '12'));
 const traces = Number(opt('--traces', '2'));
 const reuse = opt('--cache-reuse', '256');
-const gen = Number(opt('--gen', '8'));
 const ctx = opt('--ctx', '8192');
 const kvFlags = opt('--kv', '').split(' ').filter((x) => x.length > 0);
 const seed0 = Number(opt('--seed', '1'));
@@ -90,30 +89,18 @@ function prompt(trace, t) {
   return p + 'ASSISTANT:';
 }
 
-// One streamed request: its time to the first token, and its usage.
+// One request for one token (prefill and the first token: its time is the time to the first token,
+// as bench_util's ttft), and its usage.
 async function turn(srv, text) {
   const t0 = performance.now();
   const res = await fetch(`http://127.0.0.1:${srv.port}/v1/completions`, {
     method: 'POST',
     headers: { 'Content-Type': 'application/json' },
-    body: JSON.stringify({ prompt: text, max_tokens: gen, temperature: 0, ignore_eos: true, stream: true,
-                           stream_options: { include_usage: true } }),
+    body: JSON.stringify({ prompt: text, max_tokens: 1, temperature: 0 }),
   });
   if (!res.ok) throw new Error(`${res.status} ${await res.text()}`);
-  let ttft = NaN, usage = null, buf = '';
-  const dec = new TextDecoder();
-  for await (const chunk of res.body) {
-    buf += dec.decode(chunk, { stream: true });
-    let nl;
-    while ((nl = buf.indexOf('\n\n')) >= 0) {
-      const ev = buf.slice(0, nl).trim();
-      buf = buf.slice(nl + 2);
-      if (!ev.startsWith('data: ') || ev === 'data: [DONE]') continue;
-      const j = JSON.parse(ev.slice(6));
-      if (Number.isNaN(ttft) && j.choices?.length) ttft = performance.now() - t0;
-      if (j.usage) usage = j.usage;
-    }
-  }
+  const usage = (await res.json()).usage;
+  const ttft = performance.now() - t0;
   return { ttft, prompt: usage.prompt_tokens, computed: usage.prompt_tokens - usage.prompt_tokens_details.cached_tokens };
 }
 
