@@ -61,6 +61,23 @@ TEST(CacheReusePlan, FindsTheRunsAfterADroppedChunk) {
   EXPECT_TRUE(plan_cache_reuse(cached, int64_t(cached.size()), cat({sys, next, rest}), 100, 32).empty());
 }
 
+// With gaps allowed, prompt tokens no run supplies (a summary in place of a dropped part) are left to
+// compute and the walk goes on after them; without, the first of them ends it.
+TEST(CacheReusePlan, GapsLetTheWalkGoOnPastInsertedTokens) {
+  const auto sys = ids(1, 100, 3, 99), drop = ids(2, 50, 100, 199), rest = ids(3, 200, 200, 299),
+             summary = ids(5, 12, 400, 499);
+  const auto cached = cat({sys, drop, rest});
+  const auto prompt = cat({sys, summary, rest});
+  EXPECT_EQ(plan_cache_reuse(cached, int64_t(cached.size()), prompt, 96, 32).size(), 1u);  // the common rest only
+  auto plan = plan_cache_reuse(cached, int64_t(cached.size()), prompt, 96, 32, 64);
+  ASSERT_EQ(plan.size(), 2u);
+  EXPECT_EQ(plan[1].src, 150);
+  EXPECT_EQ(plan[1].dst, 112);  // after the 12 summary tokens, computed
+  EXPECT_EQ(plan[1].len, 199);
+  // A gap longer than allowed ends the walk.
+  EXPECT_EQ(plan_cache_reuse(cached, int64_t(cached.size()), prompt, 96, 32, 8).size(), 1u);
+}
+
 TEST(CacheReusePlan, BadMinimumsAreRefusedByName) {
   KVCacheConfig kv;
   EXPECT_EQ(cache_reuse_error(0, kv, "--cache-reuse"), "");
@@ -278,6 +295,24 @@ TEST_F(CacheReuseScheduler, ARequestShiftsWhatFollowsADroppedChunk) {
   EXPECT_EQ(shifted.cached_tokens, 96 + 176);
   EXPECT_EQ(shifted.shifted_tokens, 96 + 176 - exact.cached_tokens);
   EXPECT_EQ(sch.stats().shifted_tokens, uint64_t(shifted.shifted_tokens));
+  // A summary in place of the dropped part: its tokens are computed, the rest shifted after them.
+  const auto summary = test::random_prompt(35, 12, V);
+  const auto third = cat({sys, summary, rest, test::random_prompt(36, 7, V)});
+  {
+    auto done = std::make_shared<std::promise<RequestResult>>();
+    auto fut = done->get_future();
+    Request r;
+    r.prompt = third;
+    r.params.sampling.temperature = 0;
+    r.params.max_tokens = 4;
+    r.params.ignore_eos = true;
+    r.cache_reuse = 64;
+    r.on_done = [done](const RequestResult& res) { done->set_value(res); };
+    sch.submit(std::move(r));
+    const RequestResult res = fut.get();
+    ASSERT_EQ(res.reason, FinishReason::Length) << res.error;
+    EXPECT_GE(res.shifted_tokens, 176);  // the rest's tokens in the first history's full blocks
+  }
   const RequestResult bad = run(8);
   EXPECT_EQ(bad.reason, FinishReason::Error);
   EXPECT_NE(bad.error.find("n_cache_reuse 8 is below the KV block size"), std::string::npos) << bad.error;

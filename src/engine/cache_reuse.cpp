@@ -18,7 +18,8 @@ CachedHistory cached_history(const Session& s) {
 }
 
 std::vector<ReuseChunk> plan_cache_reuse(std::span<const int32_t> cached, int64_t cached_avail,
-                                         std::span<const int32_t> prompt, int64_t from, int64_t min_len) {
+                                         std::span<const int32_t> prompt, int64_t from, int64_t min_len,
+                                         int64_t max_gap) {
   std::vector<ReuseChunk> out;
   const int64_t n_c = std::min<int64_t>(cached_avail, int64_t(cached.size()));
   const int64_t n_p = int64_t(prompt.size()) - 1;  // the last token is computed
@@ -33,16 +34,39 @@ std::vector<ReuseChunk> plan_cache_reuse(std::span<const int32_t> cached, int64_
     head_c += n;
     head_p += n;
   }
-  while (head_c < n_c && head_p < n_p) {
+  auto match = [&](int64_t c, int64_t p) {
     int64_t n = 0;
-    while (head_c + n < n_c && head_p + n < n_p && cached[size_t(head_c + n)] == prompt[size_t(head_p + n)]) ++n;
-    if (n >= min_len) {
-      out.push_back({head_c, head_p, n});
-      head_c += n;
-      head_p += n;
-    } else {
-      ++head_c;  // a cached token the prompt dropped
+    while (c + n < n_c && p + n < n_p && cached[size_t(c + n)] == prompt[size_t(p + n)]) ++n;
+    return n;
+  };
+  if (max_gap == 0) {
+    while (head_c < n_c && head_p < n_p) {
+      const int64_t n = match(head_c, head_p);
+      if (n >= min_len) {
+        out.push_back({head_c, head_p, n});
+        head_c += n;
+        head_p += n;
+      } else {
+        ++head_c;  // a cached token the prompt dropped
+      }
     }
+    return out;
+  }
+  // With gaps: the run nearest in the prompt (then the first in the history) of at least min_len.
+  while (head_c < n_c && head_p < n_p) {
+    bool found = false;
+    for (int64_t g = 0; g <= max_gap && head_p + g < n_p && !found; ++g)
+      for (int64_t c = head_c; c < n_c; ++c) {
+        if (cached[size_t(c)] != prompt[size_t(head_p + g)]) continue;
+        const int64_t n = match(c, head_p + g);
+        if (n < min_len) continue;
+        out.push_back({c, head_p + g, n});
+        head_c = c + n;
+        head_p += g + n;
+        found = true;
+        break;
+      }
+    if (!found) break;
   }
   return out;
 }

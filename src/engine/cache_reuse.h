@@ -36,9 +36,13 @@ struct ReuseChunk {
 // short), then every run of at least min_len cached tokens equal to the prompt's next ones, cached
 // tokens that match nothing being skipped (dropped from the history). Only the
 // first `cached_avail` cached tokens count, and the prompt's last token is never taken (its logits
-// are computed). Runs are contiguous in the prompt: the first unmatched prompt token ends the walk.
+// are computed). With max_gap 0 runs are contiguous in the prompt, as llama-server's: the first
+// unmatched prompt token ends the walk. With max_gap > 0, up to that many prompt tokens no run
+// supplies (an inserted summary, a token merged at the seam of a cut) may come before the next run:
+// they are computed, then the run is shifted after them.
 std::vector<ReuseChunk> plan_cache_reuse(std::span<const int32_t> cached, int64_t cached_avail,
-                                         std::span<const int32_t> prompt, int64_t from, int64_t min_len);
+                                         std::span<const int32_t> prompt, int64_t from, int64_t min_len,
+                                         int64_t max_gap = 0);
 
 // Appends the chunks (plan_cache_reuse, from the session's position) to `session`, K/V read from
 // the pool's blocks of `history` and shifted; stops at the first block the pool no longer holds or

@@ -67,6 +67,7 @@ struct Scheduler::Slot {
   bool started = false;   // admitted once (prompt_tokens counts the first admission only)
   bool cached_counted = false;  // cached_tokens set (at the first adoption)
   bool pin_done = false;        // its pinned prefix taken care of (pin_prefix)
+  int64_t gap_tokens = 0;       // prompt tokens computed between shifted runs (reuse_after_edit)
   std::vector<BlockHash> hashes;  // chained hashes of seq's first full blocks (with a store)
   size_t saved_blocks = 0;        // blocks of the history put to the store or taken from elsewhere
   bool done = false;
@@ -272,9 +273,10 @@ void Scheduler::adopt_at_turn(Slot& s) {
   const size_t adopted_blocks = pool_->complete_blocks(adopted);
   s.saved_blocks = exchange_ ? stored_blocks(s, adopted_blocks) : adopted_blocks;
   const int64_t before = s.session->position();
+  s.gap_tokens = 0;
   if (s.req.cache_reuse > 0) reuse_after_edit(s);
   if (s.cached_counted) return;  // a preempted sequence's return is not the client's cache hit
-  const int64_t shifted = s.session->position() - before;
+  const int64_t shifted = s.session->position() - before - s.gap_tokens;
   s.result.shifted_tokens = shifted;
   live_.shifted_tokens += uint64_t(shifted);
   s.result.cached_tokens = adopted + shifted;
@@ -308,12 +310,25 @@ void Scheduler::reuse_after_edit(Slot& s) {
   }
   const int64_t B = cfg_.session.kv.group_size;
   const int64_t avail = int64_t(pool_->complete_blocks(int64_t(best->tokens.size()))) * B;
+  // Up to one prefill chunk of prompt tokens no run supplies (an inserted summary, a token merged at
+  // the seam of a cut) is computed here, outside the batch, before the next run is shifted.
+  const int64_t gap = std::min<int64_t>(cfg_.prefill_chunk, s.session->max_chunk());
   const std::vector<ReuseChunk> plan =
-      plan_cache_reuse(best->tokens, avail, s.seq, s.session->position(), s.req.cache_reuse);
-  if (plan.empty()) return;
+      plan_cache_reuse(best->tokens, avail, s.seq, s.session->position(), s.req.cache_reuse, gap);
   // Room kept for every running sequence's next block (as try_start keeps it).
   const size_t reserve = running_.size() * size_t(rt_.config().n_layers);
-  apply_cache_reuse(*s.session, *pool_, *best, s.seq, plan, ++shift_salt_, reserve);
+  const uint64_t salt = ++shift_salt_;
+  for (const ReuseChunk& c : plan) {
+    const int64_t pos = s.session->position();
+    if (c.dst > pos) {
+      const BlocksNeeded need = s.session->cache().blocks_needed(int(c.dst - pos));
+      if (need.dense + reserve > pool_->dense().available() || need.quant > pool_->quant().available()) return;
+      s.session->feed(std::span<const int32_t>(s.seq).subspan(size_t(pos), size_t(c.dst - pos)));
+      live_.prefill_tokens += uint64_t(c.dst - pos);
+      s.gap_tokens += c.dst - pos;
+    }
+    if (apply_cache_reuse(*s.session, *pool_, *best, s.seq, std::span(&c, 1), salt, reserve) < c.len) return;
+  }
 }
 
 void Scheduler::remember_history(const Slot& s) {
