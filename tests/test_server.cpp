@@ -205,6 +205,54 @@ TEST_F(ServerTest, ContextOverflowShiftDropsTheOldestTurnsWhole) {
   expect_error(post("/v1/completions", completion.dump()), 400, "shift drops whole chat turns", "prompt");
 }
 
+// --context-overflow shift after a turn that fitted: the turns that follow the dropped ones are taken
+// from that turn's history by shifting their positions (runs of at least a block), not computed;
+// a request asking n_cache_reuse 0 computes them (exact). A bad n_cache_reuse is a 400 naming it.
+TEST_F(ServerTest, ContextOverflowShiftShiftsTheTurnsAfterTheDroppedOnes) {
+  json turns = json::array();
+  const std::string verse =
+      "And God said, Let the waters under the heaven be gathered together unto one place, and let the dry land "
+      "appear: and it was so. And God called the dry land Earth. ";
+  for (int t = 0; t < 6; ++t) {
+    turns.push_back({{"role", "user"}, {"content", "Turn " + std::to_string(t) + ": " + verse}});
+    turns.push_back({{"role", "assistant"}, {"content", verse}});
+  }
+  const json system = {{"role", "system"}, {"content", "Thou art a scribe of the LORD; answer in His words."}};
+  const json last = {{"role", "user"}, {"content", "And the evening and the morning were"}};
+  auto conversation = [&](size_t n_turns) {
+    json m = json::array({system});
+    for (size_t i = 0; i < 2 * n_turns; ++i) m.push_back(turns[i]);
+    m.push_back(last);
+    return m;
+  };
+  start("", server::ContextOverflow::Shift);
+  auto usage_of = [&](const json& body) {
+    const auto r = post("/v1/chat/completions", body.dump());
+    EXPECT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << r->body;
+    return std::make_pair(json::parse(r->body)["usage"], r->get_header_value("X-Context-Overflow"));
+  };
+  const auto [u1, note1] = usage_of({{"messages", conversation(3)}, {"max_tokens", 8}, {"temperature", 0}});
+  EXPECT_EQ(note1, "");  // three turns fit, four do not
+  const json four = conversation(4);
+  const auto [u2, note2] = usage_of({{"messages", four}, {"max_tokens", 8}, {"temperature", 0}});
+  EXPECT_EQ(note2.rfind("shift; dropped_messages=", 0), 0u) << note2;
+  // The first turn is dropped; the next two (over 200 tokens) come from the first request's history,
+  // shifted.
+  const int64_t shifted = u2["prompt_tokens_details"]["cached_tokens"];
+  EXPECT_GE(shifted, 192) << u2.dump();
+  const auto m = client().Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->body.find("\nptllm_prompt_tokens_shifted_total 0\n"), std::string::npos) << m->body;
+  EXPECT_NE(m->body.find("\nptllm_prompt_tokens_shifted_total "), std::string::npos) << m->body;
+  const auto [u3, note3] =
+      usage_of({{"messages", four}, {"max_tokens", 8}, {"temperature", 0}, {"n_cache_reuse", 0}});
+  EXPECT_EQ(note3, note2);
+  EXPECT_LT(int64_t(u3["prompt_tokens_details"]["cached_tokens"]), 64) << u3.dump();  // exact: only whole common blocks
+  expect_error(post("/v1/chat/completions", json({{"messages", four}, {"n_cache_reuse", 16}}).dump()), 400,
+               "n_cache_reuse 16 is below the KV block size of 32", "n_cache_reuse");
+}
+
 // --context-overflow stream: the first --keep tokens of a completion prompt and its most recent ones,
 // the middle dropped, leaving max_tokens for the reply.
 TEST_F(ServerTest, ContextOverflowStreamKeepsThePrefixAndTheMostRecentTokens) {

@@ -15,6 +15,8 @@
 #include "cli/speculation.h"
 #include "engine/runtime.h"
 #include "core/error.h"
+#include "core/file_io.h"
+#include "engine/cache_reuse.h"
 #include "core/thread_pool.h"
 #include "engine/bench.h"
 #include "engine/generator.h"
@@ -39,7 +41,69 @@ struct BenchArgs {
   int shared_prefix = 0;  // --parallel: prompt tokens common to every sequence
   int kv_budget_mb = 0;   // --parallel: the shared KV pool's size (0: every sequence's worst case)
   SpecArgs spec;          // --spec-type ...: decode with and without speculation, alternating
+  int cache_reuse = 0;    // --cache-reuse: measure reuse after an edit instead (engine/cache_reuse.h)
+  int drop = 400, drop_at = 300;
+  std::string text;       // --text: the history's tokens (else random ids)
 };
+
+// bench --cache-reuse N: a history of --prompt-tokens, then the same with --drop tokens removed
+// after the first --drop-at, and --gen-tokens of the text after it scored against a full recompute.
+int run_cache_reuse(BenchArgs& a) {
+  Runtime rt({a.model_dir, resolve_threads(a.runtime), !a.text.empty()});
+  const Model& model = rt.model();
+  ReuseMeasureConfig rc;
+  rc.keep = a.drop_at;
+  rc.drop = a.drop;
+  rc.rest = int64_t(a.bench.prompt_tokens) - a.drop_at - a.drop;
+  rc.score = a.bench.gen_tokens;
+  rc.min_len = a.cache_reuse;
+  if (rc.rest < 2)
+    throw UsageError("--prompt-tokens " + std::to_string(a.bench.prompt_tokens) + " must exceed --drop-at + --drop (" +
+                     std::to_string(a.drop_at + a.drop) + ") by at least 2");
+  const int64_t needed = a.bench.prompt_tokens + a.bench.gen_tokens;
+  if (a.runtime.ctx_size == 0) a.runtime.ctx_size = int(std::max<int64_t>(default_ctx_size(model.config()), needed));
+  SessionOptions sopts = make_session_options(a.runtime, model.config());
+  if (const std::string e = cache_reuse_error(a.cache_reuse, sopts.kv, "--cache-reuse"); !e.empty()) throw UsageError(e);
+  if (needed > sopts.kv.ctx_size)
+    throw UsageError("--prompt-tokens + --gen-tokens (" + std::to_string(needed) + ") exceed --ctx-size " +
+                     std::to_string(sopts.kv.ctx_size));
+  std::vector<int32_t> text;
+  if (!a.text.empty()) {
+    std::string t = read_whole_file(a.text, uint64_t(1) << 30, "--text");
+    t.resize(std::min(t.size(), size_t(needed) * 16));  // enough bytes for the tokens needed
+    text = rt.tokenizer().encode(t);
+    text.resize(std::min(text.size(), size_t(needed)));
+  } else {
+    std::mt19937_64 rng(a.bench.seed);
+    std::uniform_int_distribution<int32_t> id(3, model.config().vocab_size - 1);
+    for (int64_t i = 0; i < needed; ++i) text.push_back(id(rng));
+  }
+  ThreadPool pool(resolve_threads(a.runtime));
+  const ReuseMeasurement m = measure_cache_reuse(model, sopts, pool, text, rc);
+  if (a.json) {
+    const nlohmann::json j = {{"kv", sopts.kv.describe()}, {"cache_reuse", a.cache_reuse},
+                              {"history_tokens", a.bench.prompt_tokens}, {"dropped_tokens", a.drop},
+                              {"drop_at", a.drop_at}, {"prompt_tokens", m.prompt_tokens},
+                              {"adopted_tokens", m.adopted}, {"shifted_tokens", m.shifted},
+                              {"computed_exact", m.computed_exact}, {"computed_reuse", m.computed_reuse},
+                              {"scored_tokens", a.bench.gen_tokens}, {"kl_mean", m.kl_mean}, {"kl_max", m.kl_max},
+                              {"kl_exact_max", m.kl_exact_max}, {"nll_reference", m.nll_reference},
+                              {"nll_reuse", m.nll_reuse}, {"top1_agreement", m.top1_agreement}};
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  std::printf("kv %s, history %d tokens, %d dropped after %d: prompt %lld tokens\n", sopts.kv.describe().c_str(),
+              a.bench.prompt_tokens, a.drop, a.drop_at, static_cast<long long>(m.prompt_tokens));
+  std::printf("prompt tokens computed: exact reuse %lld (%lld adopted); --cache-reuse %d: %lld (%lld adopted, %lld shifted)\n",
+              static_cast<long long>(m.computed_exact), static_cast<long long>(m.adopted), a.cache_reuse,
+              static_cast<long long>(m.computed_reuse), static_cast<long long>(m.adopted),
+              static_cast<long long>(m.shifted));
+  std::printf("next %d tokens against a full recompute: KL mean %.4g max %.4g nats (exact reuse: max %.3g); NLL %.4f "
+              "(recompute %.4f); top-1 agreement %.1f%%\n",
+              a.bench.gen_tokens, m.kl_mean, m.kl_max, m.kl_exact_max, m.nll_reuse, m.nll_reference,
+              100 * m.top1_agreement);
+  return 0;
+}
 
 std::vector<int> parse_parallel(const std::string& list) {
   std::vector<int> out;
@@ -196,6 +260,10 @@ int run_bench_command(BenchArgs& a) {
   const bool spec = spec_options(a.spec).type != SpecType::None;  // flags checked before the model loads
   if (spec && !a.parallel.empty())
     throw UsageError("--spec-type with --parallel: bench measures speculation on one sequence");
+  if (a.cache_reuse > 0) {
+    if (spec) throw UsageError("--cache-reuse with --spec-type: bench measures one of them at a time");
+    return run_cache_reuse(a);
+  }
   Runtime rt({a.model_dir, resolve_threads(a.runtime), spec});
   const Model& model = rt.model();
   const ModelConfig& cfg = model.config();
@@ -319,6 +387,15 @@ Command add_bench_command(CLI::App& root) {
                   "With --parallel: MiB of KV blocks shared by the sequences (0: room for each at its worst)")
       ->check(integer_between(0, 1 << 20));
   add_spec_options(*app, a->spec);
+  app->add_option("--cache-reuse", a->cache_reuse,
+                  "Measure reuse after an edit instead: a history of --prompt-tokens, the same with --drop tokens "
+                  "removed, runs of at least N tokens shifted; --gen-tokens of what follows scored (KL, NLL) "
+                  "against a full recompute")
+      ->check(integer_at_least(1));
+  app->add_option("--drop", a->drop, "With --cache-reuse: tokens dropped from the history")->check(integer_at_least(1));
+  app->add_option("--drop-at", a->drop_at, "With --cache-reuse: the first token dropped")->check(integer_at_least(0));
+  app->add_option("--text", a->text, "With --cache-reuse: a text file whose tokens are the history (else random ids)")
+      ->check(CLI::ExistingFile);
   add_runtime_options(*app, a->runtime);
   return {app, [a] { return run_bench_command(*a); }};
 }

@@ -41,6 +41,7 @@ struct ServeArgs {
   int parallel = 4;
   int kv_budget_mb = 0;
   int kv_pin_mb = 0;
+  int cache_reuse = 0;  // --cache-reuse
   int prefill_chunk = 256;
   int max_body_mb = 8;
   RuntimeOptions runtime;
@@ -195,6 +196,9 @@ int run_serve(ServeArgs& a) {
     throw UsageError("--keep: the tokens kept when a prompt overflows the context, with --context-overflow stream "
                      "(here --context-overflow " + a.context_overflow + ")");
   if (a.keep >= 0) a.http.keep = a.keep;
+  if (const std::string e = cache_reuse_error(a.cache_reuse, sc.session.kv, "--cache-reuse"); !e.empty())
+    throw UsageError(e);
+  a.http.defaults.cache_reuse = a.cache_reuse;
   set_chat_renderer(dir, a, a.http);
   // The directory's name, or a .gguf file's without the extension.
   a.http.model_name = !a.alias.empty() ? a.alias : rt.model().gguf() ? dir.stem().string() : dir.filename().string();
@@ -254,6 +258,12 @@ Command add_serve_command(CLI::App& root) {
                   "traffic never evicts them (0 = none; pins give way before a request waits)")
       ->check(integer_between(0, 1 << 20));
   add_spec_options(*app, a->spec);
+  app->add_option("--cache-reuse", a->cache_reuse,
+                  "Past the prefix reused exactly, take runs of at least N tokens of an earlier history that "
+                  "reappear later in the prompt by shifting their positions instead of recomputing them (an "
+                  "approximation; 0 = exact reuse only; N at least the KV block size; a request's n_cache_reuse "
+                  "overrides it)")
+      ->check(integer_between(0, 1 << 30));
   app->add_option("--prefill-chunk", a->prefill_chunk,
                   "Most prompt tokens one step prefills beside the others' decode tokens")
       ->check(integer_between(1, 1 << 16));

@@ -67,6 +67,7 @@ struct Scheduler::Slot {
   bool started = false;   // admitted once (prompt_tokens counts the first admission only)
   bool cached_counted = false;  // cached_tokens set (at the first adoption)
   bool pin_done = false;        // its pinned prefix taken care of (pin_prefix)
+  int64_t gap_tokens = 0;       // prompt tokens computed between shifted runs (reuse_after_edit)
   std::vector<BlockHash> hashes;  // chained hashes of seq's first full blocks (with a store)
   size_t saved_blocks = 0;        // blocks of the history put to the store or taken from elsewhere
   bool done = false;
@@ -132,7 +133,7 @@ std::string Scheduler::fit_error(const Request& r) const {
   if (r.params.max_tokens < 1) return "max_tokens must be at least 1";
   for (const std::string& s : r.params.stops)
     if (s.empty()) return "a stop string is empty";
-  return "";
+  return cache_reuse_error(r.cache_reuse, kv, "n_cache_reuse");
 }
 
 void Scheduler::submit(Request r) {
@@ -288,9 +289,15 @@ void Scheduler::adopt_at_turn(Slot& s) {
   pool_->release_held(held);  // the session holds its own references now; the rest stay findable
   const size_t adopted_blocks = pool_->complete_blocks(adopted);
   s.saved_blocks = exchange_ ? stored_blocks(s, adopted_blocks) : adopted_blocks;
+  const int64_t before = s.session->position();
+  s.gap_tokens = 0;
+  if (s.req.cache_reuse > 0) reuse_after_edit(s);
   if (s.cached_counted) return;  // a preempted sequence's return is not the client's cache hit
-  s.result.cached_tokens = adopted;
-  live_.cached_tokens += uint64_t(adopted);
+  const int64_t shifted = s.session->position() - before - s.gap_tokens;
+  s.result.shifted_tokens = shifted;
+  live_.shifted_tokens += uint64_t(shifted);
+  s.result.cached_tokens = adopted + shifted;
+  live_.cached_tokens += uint64_t(adopted + shifted);
   const size_t from_store = adopted_blocks > local ? std::min(adopted_blocks - local, loaded) : 0;
   if (from_store > 0) {
     const KVPool::TokenRange last = pool_->token_block(local + from_store - 1);
@@ -299,6 +306,59 @@ void Scheduler::adopt_at_turn(Slot& s) {
     live_.store_tokens += uint64_t(tokens);
   }
   s.cached_counted = true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reuse after an edit (engine/cache_reuse.h). The source is the remembered history sharing the
+// longest prefix with the prompt (the most recent on a tie), as llama.cpp's server picks a slot.
+
+void Scheduler::reuse_after_edit(Slot& s) {
+  if (histories_.empty() || s.remaining() <= 1) return;
+  const CachedHistory* best = nullptr;
+  int64_t best_common = -1;
+  for (auto it = histories_.rbegin(); it != histories_.rend(); ++it) {
+    const auto& t = it->tokens;
+    const auto mm = std::mismatch(t.begin(), t.end(), s.seq.begin(), s.seq.end());
+    const int64_t common = mm.first - t.begin();
+    if (common > best_common) {
+      best = &*it;
+      best_common = common;
+    }
+  }
+  const int64_t B = cfg_.session.kv.group_size;
+  const int64_t avail = int64_t(pool_->complete_blocks(int64_t(best->tokens.size()))) * B;
+  // Up to one prefill chunk of prompt tokens no run supplies (an inserted summary, a token merged at
+  // the seam of a cut) is computed here, outside the batch, before the next run is shifted.
+  const int64_t gap = std::min<int64_t>(cfg_.prefill_chunk, s.session->max_chunk());
+  const std::vector<ReuseChunk> plan =
+      plan_cache_reuse(best->tokens, avail, s.seq, s.session->position(), s.req.cache_reuse, gap);
+  // Room kept for every running sequence's next block (as try_start keeps it).
+  const size_t reserve = running_.size() * size_t(rt_.config().n_layers);
+  const uint64_t salt = ++shift_salt_;
+  for (const ReuseChunk& c : plan) {
+    const int64_t pos = s.session->position();
+    if (c.dst > pos) {
+      const BlocksNeeded need = s.session->cache().blocks_needed(int(c.dst - pos));
+      if (need.dense + reserve > pool_->dense().available() || need.quant > pool_->quant().available()) return;
+      s.session->feed(std::span<const int32_t>(s.seq).subspan(size_t(pos), size_t(c.dst - pos)));
+      live_.prefill_tokens += uint64_t(c.dst - pos);
+      s.gap_tokens += c.dst - pos;
+    }
+    if (apply_cache_reuse(*s.session, *pool_, *best, s.seq, std::span(&c, 1), salt, reserve) < c.len) return;
+  }
+}
+
+void Scheduler::remember_history(const Slot& s) {
+  if (!s.session || s.session->history().empty()) return;
+  constexpr size_t kHistories = 32;
+  CachedHistory h = cached_history(*s.session);
+  // One whose tokens this one extends, with the same chain, is this one's past: keep the longer.
+  std::erase_if(histories_, [&](const CachedHistory& o) {
+    return o.shifted.from_block == h.shifted.from_block && o.shifted.salt == h.shifted.salt &&
+           o.tokens.size() <= h.tokens.size() && std::equal(o.tokens.begin(), o.tokens.end(), h.tokens.begin());
+  });
+  histories_.push_back(std::move(h));
+  if (histories_.size() > kHistories) histories_.pop_front();
 }
 
 // Where what is stored depends on how a prompt is cut into appends (KVCache::cut_dependent: KIVI), the
@@ -366,7 +426,9 @@ size_t Scheduler::load_from_store(Slot& s, std::vector<int32_t>& held, size_t* l
 void Scheduler::save_to_store(Slot& s, bool at_end) {
   if (!s.session) return;
   const std::vector<int32_t>& hist = s.session->history();
-  const size_t n = std::min(pool_->complete_blocks(int64_t(hist.size())), pool_->adoptable_limit());
+  size_t n = std::min(pool_->complete_blocks(int64_t(hist.size())), pool_->adoptable_limit());
+  // Shifted (approximate) blocks never leave the process: only the exact ones before them.
+  if (s.session->cache().shifted_from() >= 0) n = std::min(n, pool_->complete_blocks(s.session->cache().shifted_from()));
   if (n <= s.saved_blocks) return;
   pool_->extend_block_hashes(hist, n, s.hashes);
   live_.store_puts += exchange_->save_progress(*pool_, hist, s.hashes, &s.saved_blocks, n, at_end);
@@ -487,6 +549,7 @@ void Scheduler::preempt_youngest() {
   std::unique_ptr<Slot> s = std::move(*it);
   running_.erase(it);
   if (exchange_) save_to_store(*s, true);
+  remember_history(*s);
   s->session.reset();  // its blocks go back; the published ones stay findable for its return
   ++live_.preempted;
   std::lock_guard lk(mu_);
@@ -745,6 +808,7 @@ void Scheduler::finish(Slot& s, FinishReason r, std::string error) {
   }
   s.done = true;
   if (exchange_ && r != FinishReason::Error) save_to_store(s, true);
+  if (r != FinishReason::Error) remember_history(s);
   s.session.reset();  // the blocks go back now
   s.result.reason = r;
   s.result.error = std::move(error);

@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/cache_reuse.h"
 #include "engine/generator.h"
 #include "persist/kv_store.h"
 #include "engine/session.h"
@@ -89,6 +90,7 @@ struct RequestResult {
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;     // prompt tokens taken from the pool instead of computed
   int64_t store_tokens = 0;      // of those, tokens loaded from the block store (SchedulerConfig::store)
+  int64_t shifted_tokens = 0;    // of those, tokens shifted from an earlier history (Request::cache_reuse)
   int64_t completion_tokens = 0; // ids sampled, a stopping EOS included
   std::string stop_string;       // the stop string met (reason Stop), else empty
   std::vector<TokenLogprob> logprobs;  // with params.top_logprobs >= 0: one per accepted token
@@ -112,12 +114,17 @@ struct Request {
   // The prompt's first tokens that many requests share and that should stay in the pool (a chat's
   // system prompt and tool definitions): pinned once computed (SchedulerConfig::pin_bytes).
   int64_t pin_tokens = 0;
+  // Reuse after an edit (engine/cache_reuse.h): past the prefix adopted exactly, runs of at least this
+  // many tokens of a history the pool holds are shifted to their new positions instead of computed
+  // (an approximation); 0: exact prefix reuse only. At least the block size (cache_reuse_error).
+  int cache_reuse = 0;
 };
 
 // What /metrics shows; a snapshot the scheduler thread takes after each step.
 struct SchedulerStats {
   uint64_t requests = 0, finished = 0, cancelled = 0, failed = 0, preempted = 0;
   uint64_t prompt_tokens = 0, cached_tokens = 0, prefill_tokens = 0, generated_tokens = 0;
+  uint64_t shifted_tokens = 0;  // of cached_tokens, those shifted (Request::cache_reuse)
   double prefill_seconds = 0, decode_seconds = 0;  // forward passes, split by their token share
   uint64_t steps = 0;
   size_t queued = 0, running = 0;
@@ -162,6 +169,8 @@ class Scheduler {
   void admit();
   bool try_start(Slot& s);
   void adopt_at_turn(Slot& s);
+  void reuse_after_edit(Slot& s);
+  void remember_history(const Slot& s);
   int64_t adoption_grid(const Session& session) const;
   bool exact(const Slot& s, int64_t adopted) const;
   size_t load_from_store(Slot& s, std::vector<int32_t>& held, size_t* local_blocks);
@@ -219,6 +228,9 @@ class Scheduler {
   };
   std::vector<Pin> pins_;
   size_t pinned_bytes_ = 0;
+  // Recent histories (most recent last), the sources of reuse after an edit; the scheduler thread's.
+  std::deque<CachedHistory> histories_;
+  uint64_t shift_salt_ = 0;  // the last salt given to a shifted sequence
   std::thread thread_;
 };
 

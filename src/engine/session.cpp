@@ -187,6 +187,24 @@ int64_t Session::adopt_prefix(std::span<const int32_t> prompt, const std::functi
   return reused_;
 }
 
+void Session::append_shifted(std::span<const int32_t> ids, int64_t delta, uint64_t salt,
+                             const std::function<void(int layer, float* k, float* v)>& rows) {
+  PTLLM_CHECK(cache_ && draft_from_ < 0 && !ids.empty() && int(ids.size()) <= max_chunk() && fits(int64_t(ids.size())));
+  const int T = int(ids.size());
+  const size_t n = size_t(T) * size_t(cache_->shape().kv_dim());
+  shift_k_.resize(n);
+  shift_v_.resize(n);
+  if (cache_->shifted_from() < 0) cache_->mark_shifted(salt);
+  for (int l = 0; l < cache_->shape().n_layers; ++l) {
+    if (!cache_->stores(l)) continue;
+    rows(l, shift_k_.data(), shift_v_.data());
+    cache_->append_shifted(l, shift_k_.data(), shift_v_.data(), T, delta);
+  }
+  history_.insert(history_.end(), ids.begin(), ids.end());
+  cache_->end_step(history_);
+  logits_valid_ = false;
+}
+
 std::span<float> Session::feed(std::span<const int32_t> tokens) { return run(tokens, false); }
 std::span<float> Session::feed_all(std::span<const int32_t> tokens) { return run(tokens, true); }
 

@@ -71,6 +71,14 @@ class Session {
   // accepts is taken (adoption_is_exact).
   int64_t adopt_prefix(std::span<const int32_t> prompt, const std::function<bool(int64_t)>& accept = {});
 
+  // Reuse after an edit (engine/cache_reuse.h): appends `ids` without a forward pass, their K/V
+  // written by `rows(layer, k, v)` for each storing layer (k, v: [ids.size()][kv_dim], as computed
+  // `delta` positions away; K is rotated by delta: KVCache::append_shifted). The first such append
+  // marks the cache shifted under `salt`. At most max_chunk() tokens; the last logits are gone until
+  // the next feed.
+  void append_shifted(std::span<const int32_t> ids, int64_t delta, uint64_t salt,
+                      const std::function<void(int layer, float* k, float* v)>& rows);
+
   // Whether `more` tokens can still be fed (always, under StreamingLLM).
   bool fits(int64_t more) const;
   const std::vector<int32_t>& history() const { return history_; }
@@ -103,6 +111,7 @@ class Session {
   int64_t reused_ = 0;
   bool logits_valid_ = false;  // false after a rewind, until the next feed
   int64_t draft_from_ = -1;    // position before an open feed_draft step (-1: none)
+  std::vector<float> shift_k_, shift_v_;  // append_shifted's rows
 };
 
 // The default KV capacity: min(max_position_embeddings, 4096), as DESIGN.md says.

@@ -66,6 +66,8 @@ inline int stream_window(const KVShape& shape, const KVCacheConfig& c, int l) {
 using Key128 = BlockHash;
 Key128 root_key(const KVShape& shape, const KVCacheConfig& cfg);
 Key128 chain_key(Key128 parent, int64_t start, std::span<const int32_t> tokens);
+// The parent of the first approximate block of a shifted sequence (kv/shift.cpp).
+Key128 salted_key(Key128 parent, uint64_t salt);
 
 // Per sequence, worst case: full-precision blocks and KIVI groups, over every layer.
 inline std::pair<size_t, size_t> blocks_per_sequence(const KVShape& shape, const KVCacheConfig& c) {

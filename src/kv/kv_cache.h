@@ -121,6 +121,22 @@ class KVPool {
   // Drops the references hold_block / import_block took.
   void release_held(std::vector<int32_t>& held);
 
+  // Reuse after an edit (kv/shift.cpp). The chained hashes of a sequence whose tokens from token
+  // block `shifted.from_block` on are approximate (KVCache::mark_shifted): those blocks are published
+  // under a chain salted by `shifted.salt`, never under the keys an exact computation owns.
+  struct Shifted {
+    size_t from_block = SIZE_MAX;  // SIZE_MAX: an exact sequence
+    uint64_t salt = 0;
+  };
+  void extend_block_hashes(std::span<const int32_t> tokens, size_t n_blocks, std::vector<BlockHash>& hashes,
+                           const Shifted& shifted) const;
+  // Like hold_block, each storing layer's block in whichever form the pool holds it (its KIVI group
+  // first, else full precision): one entry per storing layer appended to `held`, or false and nothing.
+  bool hold_block_any(const BlockHash& h, std::span<const int32_t> ids, std::vector<int32_t>& held);
+  // The first n tokens of a block hold_block_any holds (an entry of `held`), as float32 rows: k and v
+  // [n][kv_dim], dequantized from a KIVI group.
+  void read_rows(int32_t held_entry, int n, float* k, float* v) const;
+
  private:
   friend class KVCache;
   KVPool(const KVShape& shape, const KVCacheConfig& cfg, size_t dense_blocks, size_t quant_blocks, bool keyed);
@@ -225,6 +241,20 @@ class KVCache {
   // end_step for the tokens kept.
   void drop_unstepped(int64_t n);
 
+  // Reuse after an edit (kv/shift.cpp): T tokens of `layer` whose K and V another sequence computed
+  // `delta` positions away from where they go now (k, v: [T][kv_dim] float32, K as stored there).
+  // K is rotated again by delta (RoPE composes: R(p + delta) = R(delta) R(p)) unless the cache rotates
+  // at read; V is position-free. Then appended as append() does (k is rotated in place). What they
+  // attended to was another context: an approximation, exact in the first layer only.
+  void append_shifted(int layer, float* k, const float* v, int T, int64_t delta);
+  // From the next token on this sequence holds approximate K/V: its blocks from there are published
+  // under a chain salted by `salt` (KVPool::Shifted), which exact adoption never looks up. Undone by a
+  // rewind to before that point or clear().
+  void mark_shifted(uint64_t salt);
+  // The first token published under the salted chain (-1: none), and the salt.
+  int64_t shifted_from() const { return shifted_from_; }
+  uint64_t shift_salt() const { return shift_salt_; }
+
   size_t logical_bytes() const;   // what attention reads for the stored tokens, scales included
   size_t logical_bytes(int layer) const;  // the same for one layer (0 for a KV-shared one)
   size_t physical_bytes() const;  // what the pools hold allocated (a shared pool: all of it)
@@ -272,6 +302,9 @@ class KVCache {
   // have (same_cut); stepped_: the tokens stored at the last end_step.
   int64_t canon_ = 0, stepped_ = 0;
   bool same_cut(int64_t t, int64_t s) const;
+  // Approximate tokens from here on (mark_shifted); -1: none.
+  int64_t shifted_from_ = -1;
+  uint64_t shift_salt_ = 0;
   std::vector<Layer> layers_;
   std::vector<int> stored_;  // the layers that store K/V (all but YOCO's KV-shared ones), ascending
   // PositionMode::Cache: [table][delta][head_dim/2], one table per distinct frequency set

@@ -101,6 +101,7 @@ void KVCache::truncate(int64_t n) {
   n_keyed_ = 0;  // the keys are derived again from the history at the next step
   canon_ = std::min(canon_, n);
   stepped_ = n;
+  if (n <= shifted_from_) shifted_from_ = -1;  // what is left was computed here
 }
 
 void KVCache::own_block(int32_t& id) {
@@ -117,6 +118,7 @@ void KVCache::own_block(int32_t& id) {
 
 void KVCache::clear() {
   n_keyed_ = 0;
+  shifted_from_ = -1;
   canon_ = stepped_ = 0;
   for (Layer& L : layers_) L.clear(dense_pool_, quant_pool_, cfg_.group_size);
 }

@@ -132,18 +132,24 @@ void KVCache::end_step(std::span<const int32_t> history) {
     stepped_ = n;
     publish_to = canon_;
   }
+  // A shifted sequence's approximate blocks go under its salted chain, whatever the cut (mark_shifted
+  // starts that chain no later than canon_).
+  if (shifted_from_ >= 0) publish_to = n;
   if (pool_->keyed()) {
     if (n_keyed_ == 0) {
       const Key128 r = root_key(shape_, cfg_);
       chain_lo_ = r.lo;
       chain_hi_ = r.hi;
     }
+    const size_t salt_block = shifted_from_ >= 0 ? pool_->complete_blocks(shifted_from_) : SIZE_MAX;
     // Publish every token block filled since the last step, in every layer that still stores it.
     const size_t n_sink_blocks = ceil_div(cfg_.streaming() ? cfg_.sink : 0, cfg_.group_size);
     for (TokenBlock tb = token_block(n_keyed_); tb.start + tb.len <= publish_to;
          tb = token_block(++n_keyed_)) {
       const auto ids = history.subspan(size_t(tb.start), size_t(tb.len));
-      const Key128 k = chain_key({chain_lo_, chain_hi_}, tb.start, ids);
+      Key128 parent{chain_lo_, chain_hi_};
+      if (n_keyed_ == salt_block) parent = salted_key(parent, shift_salt_);
+      const Key128 k = chain_key(parent, tb.start, ids);
       chain_lo_ = k.lo;
       chain_hi_ = k.hi;
       for (int l : stored_) {

@@ -329,7 +329,7 @@ void check_fields(const json& body, Endpoint endpoint) {
   static const std::set<std::string> common = {
       "model", "temperature", "top_p", "min_p", "top_k", "repeat_penalty", "repeat_last_n", "presence_penalty",
       "frequency_penalty", "seed", "max_tokens", "n", "stop", "stream", "stream_options", "ignore_eos", "logit_bias",
-      "logprobs", "grammar", "json_schema", "speculative.n_max", "speculative.n_min",
+      "logprobs", "grammar", "json_schema", "speculative.n_max", "speculative.n_min", "n_cache_reuse",
       // metadata: no effect on the output
       "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "cache_prompt"};
   static const std::set<std::string> chat = {"messages", "tools", "tool_choice", "parallel_tool_calls",
@@ -497,6 +497,7 @@ ApiRequest parse_request(const std::string& body_text, Endpoint endpoint, uint64
   // at all is checked where its options are known (http_server.cpp).
   if (read_int(body, "speculative.n_max", 0, 256, n)) r.params.spec_draft_max = int(n);
   if (read_int(body, "speculative.n_min", 0, 256, n)) r.params.spec_draft_min = int(n);
+  if (read_int(body, "n_cache_reuse", 0, 1 << 30, k)) r.cache_reuse = int(k);
   return r;
 }
 
@@ -670,6 +671,7 @@ std::string metrics_text(const SchedulerStats& s, int parallel) {
   metric(o, "ptllm_requests_preempted_total", "counter", "Sequences preempted for KV room (recomputed later)", double(s.preempted));
   metric(o, "ptllm_prompt_tokens_total", "counter", "Prompt tokens of admitted requests", double(s.prompt_tokens));
   metric(o, "ptllm_prompt_tokens_cached_total", "counter", "Prompt tokens taken from the KV pool instead of computed", double(s.cached_tokens));
+  metric(o, "ptllm_prompt_tokens_shifted_total", "counter", "Of those, tokens shifted from an earlier history (--cache-reuse, n_cache_reuse)", double(s.shifted_tokens));
   metric(o, "ptllm_prefill_tokens_total", "counter", "Prompt tokens computed", double(s.prefill_tokens));
   metric(o, "ptllm_generated_tokens_total", "counter", "Tokens generated", double(s.generated_tokens));
   metric(o, "ptllm_prefill_seconds_total", "counter", "Forward-pass time attributed to prefill", s.prefill_seconds);

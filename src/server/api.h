@@ -60,6 +60,9 @@ struct ApiRequest {
   bool stream = false;
   bool include_usage = false;
   bool logprobs = false;        // log-probabilities in the reply (params.top_logprobs alternatives)
+  // n_cache_reuse (llama.cpp's): the shortest run of an earlier history shifted to a new position
+  // (Request::cache_reuse); unset: the server's --cache-reuse.
+  std::optional<int> cache_reuse;
 };
 
 // Deepest nesting of arrays and objects a request body may have. Copying, rendering and printing
@@ -76,6 +79,7 @@ json parse_json_object(const std::string& body);
 struct RequestDefaults {
   SamplingConfig sampling;
   int max_tokens = -1;  // -1: chat until the context is full, completions 16
+  int cache_reuse = 0;  // --cache-reuse: what a request without n_cache_reuse gets
 };
 
 // Parses and checks a body; throws ApiError. The seed is `seed` unless the body gives one.

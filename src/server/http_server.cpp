@@ -964,8 +964,16 @@ std::shared_ptr<Channel> HttpServer::Impl::submit(ApiRequest& r, int64_t& prompt
   const KVCacheConfig& kv = sch.config().session.kv;
   int64_t n = int64_t(sr.prompt.size());
   if (n == 0) throw bad_request("the prompt encodes to no tokens");
+  sr.cache_reuse = r.cache_reuse.value_or(cfg.defaults.cache_reuse);
+  if (const std::string e = cache_reuse_error(sr.cache_reuse, kv, r.cache_reuse ? "n_cache_reuse" : "--cache-reuse");
+      !e.empty())
+    throw bad_request(e, "n_cache_reuse");
   if (!kv.streaming() && n >= kv.ctx_size && cfg.context_overflow != ContextOverflow::Error) {
     const std::string what = fit_context(r, sr.prompt, kv.ctx_size);
+    // shift: what follows the dropped turns is taken from the earlier history by shifting it, in runs
+    // of at least a block, unless the request asks otherwise (n_cache_reuse 0: recomputed, exact).
+    if (cfg.context_overflow == ContextOverflow::Shift && !r.cache_reuse)
+      sr.cache_reuse = std::max(sr.cache_reuse, kv.group_size);
     std::fprintf(stderr, "context overflow: a prompt of %lld tokens: %s\n", static_cast<long long>(n), what.c_str());
     if (overflow) *overflow = what;
     n = int64_t(sr.prompt.size());
