@@ -17,6 +17,7 @@
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 #include "kernels/affine.h"
+#include "kernels/ggml.h"
 #include "kernels/ops.h"
 #include "kernels/quant.h"
 #include "kernels/simd.h"
@@ -622,6 +623,15 @@ TEST(SimdDispatchTest, BestTargetIsActiveAndEveryTargetCanBeChosen) {
   if (getauxval(AT_HWCAP2) & (1ul << 13)) want = AffineKernel::NEONI8mm;    // HWCAP2_I8MM
 #endif
   EXPECT_EQ(affine_active_kernel(), want) << affine_kernel_name(affine_active_kernel());
+  // The GGUF block products: sdot where the kernel reports dotprod, else the plain NEON variant.
+  std::string want_gguf = "neon";
+#if defined(__linux__)
+  if (getauxval(AT_HWCAP) & (1ul << 20)) want_gguf = "neon-dotprod";  // HWCAP_ASIMDDP
+#endif
+  EXPECT_EQ(std::string(ggml_active_kernel().name), want_gguf);
+  int nk = 0;
+  const GgmlKernel* const* ks = ggml_kernels(&nk);
+  EXPECT_EQ(std::string(ks[nk - 1]->name), want_gguf);  // the best variant is also tested against the twin
 #endif
 }
 
