@@ -17,6 +17,7 @@
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 #include "kernels/affine.h"
+#include "kernels/ggml.h"
 #include "kernels/ops.h"
 #include "kernels/quant.h"
 #include "kernels/simd.h"
@@ -43,6 +44,12 @@ std::vector<uint8_t> stored(const std::vector<float>& v, DType t, int off) {
 
 // Bound on the rounding error of a float32 sum of n products: a multiple of sum |a_i b_i|.
 float sum_tolerance(double abs_sum) { return float(2e-6 * abs_sum + 1e-6); }
+// A product of BF16 weights by table k: where its variant splits x into two bf16 numbers ("+bf16",
+// bfdot on ARMv8.6), each x carries 16 significant bits (|x - hi - lo| <= 2^-17 |x|), as on AMX.
+float product_tolerance(const KernelTable& k, DType t, double abs_sum) {
+  const bool split = t == DType::BF16 && std::string(k.variant) == "+bf16";
+  return sum_tolerance(abs_sum) + (split ? float(std::ldexp(abs_sum, -17)) : 0.f);
+}
 
 class KernelTest : public ::testing::TestWithParam<SimdTarget> {
  protected:
@@ -514,11 +521,32 @@ TEST_P(KernelTest, MatmulMatchesScalarTwin) {
             for (int tt = 0; tt < T; ++tt)
               for (int r = 0; r < s[0]; ++r) {
                 const size_t i = size_t(tt) * size_t(s[0]) + size_t(r);
-                ASSERT_NEAR(y[i], y_ref[i], sum_tolerance(m.abs_sum(x, tt, r, b)))
+                ASSERT_NEAR(y[i], y_ref[i], product_tolerance(*k_, t, m.abs_sum(x, tt, r, b)))
                     << dtype_name(t) << " " << s[0] << "x" << s[1] << " T=" << T << " threads=" << pool->size();
               }
           }
       }
+}
+
+// BF16 weights through the matrix-vector product alone (bfdot on ARMv8.6, else the float kernels):
+// K not a multiple of 8 (a tail of weights), every row count of x it takes in groups, a bias.
+TEST_P(KernelTest, Bf16GemvMatchesScalarTwin) {
+  const int shapes[][2] = {{1, 1}, {5, 3}, {9, 17}, {7, 300}};
+  for (const auto& s : shapes)
+    for (int T : {1, 2, 3, 5, 16}) {
+      TestMatrix m(DType::BF16, s[0], s[1], rng_);
+      auto x = random_floats(size_t(T) * size_t(s[1]), rng_);
+      auto bias = random_floats(size_t(s[0]), rng_);
+      std::vector<float> y(size_t(T) * size_t(s[0]), 1e9f), y_ref(y.size());
+      k_->gemv(x.data(), nullptr, T, m.w, bias.data(), y.data(), 0, s[0]);
+      matmul_ref(x.data(), T, m.w, bias.data(), y_ref.data());
+      for (int tt = 0; tt < T; ++tt)
+        for (int r = 0; r < s[0]; ++r) {
+          const size_t i = size_t(tt) * size_t(s[0]) + size_t(r);
+          ASSERT_NEAR(y[i], y_ref[i], product_tolerance(*k_, DType::BF16, m.abs_sum(x, tt, r, bias.data())))
+              << s[0] << "x" << s[1] << " T=" << T << " " << active_kernels_name();
+        }
+    }
 }
 
 // One thread's share: the columns [r0, r1) and nothing else, for both product kernels.
@@ -549,7 +577,7 @@ TEST_P(KernelTest, ProductKernelsWriteOnlyTheirColumns) {
         for (int r = 0; r < 75; ++r) {
           const size_t i = size_t(tt) * 75 + size_t(r);
           if (r >= r0 && r < r1)
-            ASSERT_NEAR(y[i], y_ref[i], sum_tolerance(m.abs_sum(x, tt, r, nullptr)));
+            ASSERT_NEAR(y[i], y_ref[i], product_tolerance(*k_, DType::BF16, m.abs_sum(x, tt, r, nullptr)));
           else
             ASSERT_EQ(y[i], -5.f) << "column " << r << " is outside [" << r0 << ", " << r1 << ")";
         }
@@ -622,6 +650,25 @@ TEST(SimdDispatchTest, BestTargetIsActiveAndEveryTargetCanBeChosen) {
   if (getauxval(AT_HWCAP2) & (1ul << 13)) want = AffineKernel::NEONI8mm;    // HWCAP2_I8MM
 #endif
   EXPECT_EQ(affine_active_kernel(), want) << affine_kernel_name(affine_active_kernel());
+  // The GGUF block products: sdot where the kernel reports dotprod, else the plain NEON variant.
+  std::string want_gguf = "neon";
+#if defined(__linux__)
+  if (getauxval(AT_HWCAP) & (1ul << 20)) want_gguf = "neon-dotprod";  // HWCAP_ASIMDDP
+#endif
+  EXPECT_EQ(std::string(ggml_active_kernel().name), want_gguf);
+  int nk = 0;
+  const GgmlKernel* const* ks = ggml_kernels(&nk);
+  EXPECT_EQ(std::string(ks[nk - 1]->name), want_gguf);  // the best variant is also tested against the twin
+  // BF16 weights through bfdot where the kernel reports BF16.
+  std::string want_name = "neon";
+#if defined(__linux__)
+  if (getauxval(AT_HWCAP2) & (1ul << 14)) want_name = "neon+bf16";  // HWCAP2_BF16
+#endif
+  EXPECT_EQ(active_kernels_name(), want_name);
+  // What --version and bench print names the same choices.
+  const std::string described = kernels_description();
+  const std::string head = want_name + " (affine " + std::string(affine_kernel_name(want)) + ", gguf " + want_gguf;
+  EXPECT_EQ(described.rfind(head + ";", 0), 0u) << described;
 #endif
 }
 

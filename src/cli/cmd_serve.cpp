@@ -24,6 +24,7 @@
 #include "engine/runtime.h"
 #include "engine/scheduler.h"
 #include "server/http_server.h"
+#include "server/webui.h"
 #include "store/dir_store.h"
 #include "store/redis_store.h"
 
@@ -223,7 +224,10 @@ int run_serve(ServeArgs& a) {
     std::fprintf(stderr, "kv store: %s, keys %s:%s:*%s\n", store->describe().c_str(), a.store_prefix.c_str(),
                  to_hex(std::span<const uint8_t>(sc.store_identity.data(), 16)).c_str(),
                  a.store.ttl_s > 0 ? (", expiring after " + std::to_string(a.store.ttl_s) + " s").c_str() : "");
-  if (a.http.webui) std::fprintf(stderr, "chat page: http://%s:%d/ (--no-webui turns it off)\n", a.http.host.c_str(), port);
+  if (server::webui::assets().empty())  // / is a 404 as with --no-webui
+    std::fprintf(stderr, "chat page: not in this build (configured with -DPTLLM_WEBUI=OFF)\n");
+  else if (a.http.webui)
+    std::fprintf(stderr, "chat page: http://%s:%d/ (--no-webui turns it off)\n", a.http.host.c_str(), port);
   std::fprintf(stderr, "listening on http://%s:%d\n", a.http.host.c_str(), port);
   std::fflush(stderr);
   signals.watch(srv);

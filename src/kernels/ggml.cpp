@@ -162,6 +162,7 @@ void scalar_rows(const WeightMatrix& w, const GgmlActs& a, const float* bias, fl
 
 
 bool cpu_has_vnni() { return cpu_features().avx512vnni; }
+bool cpu_has_dotprod() { return cpu_features().dotprod; }
 
 // Fewest weights a thread's share of a product holds (as ops.cpp's gemv): below it, handing work to
 // another thread costs more than it saves.
@@ -230,6 +231,10 @@ const GgmlKernel* const* ggml_kernels(int* n) {
       if (detail::ggml_avx512_kernel()) l.push_back(detail::ggml_avx512_kernel());
       if (cpu_has_vnni() && detail::ggml_avx512vnni_kernel()) l.push_back(detail::ggml_avx512vnni_kernel());
     }
+    if (kernel_table(SimdTarget::NEON)) {
+      if (detail::ggml_neon_kernel()) l.push_back(detail::ggml_neon_kernel());
+      if (cpu_has_dotprod() && detail::ggml_neon_dotprod_kernel()) l.push_back(detail::ggml_neon_dotprod_kernel());
+    }
     return l;
   }();
   *n = int(list.size());
@@ -238,6 +243,10 @@ const GgmlKernel* const* ggml_kernels(int* n) {
 
 const GgmlKernel& ggml_active_kernel() {
   switch (active_simd_target()) {
+    case SimdTarget::NEON:
+      if (cpu_has_dotprod() && detail::ggml_neon_dotprod_kernel()) return *detail::ggml_neon_dotprod_kernel();
+      if (detail::ggml_neon_kernel()) return *detail::ggml_neon_kernel();
+      return kScalar;
     case SimdTarget::AVX512:
       if (cpu_has_vnni() && detail::ggml_avx512vnni_kernel()) return *detail::ggml_avx512vnni_kernel();
       if (detail::ggml_avx512_kernel()) return *detail::ggml_avx512_kernel();

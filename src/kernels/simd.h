@@ -68,6 +68,9 @@ struct KernelTable {
   void (*gemm)(const float* ap, int T, const WeightMatrix& w, const float* bias, float* y, int r0, int r1);
   int gemm_mr;
   int gemm_nr;  // gemm's column tile: thread shares are multiples of it
+  // Appended to the target's name where some products round differently from the target's own
+  // (NEON "+bf16": BF16 weights through bfdot); part of active_kernels_name.
+  const char* variant = "";
 };
 
 // nullptr when the target is not compiled in or this CPU/OS lacks it.
@@ -84,8 +87,8 @@ inline const KernelTable& active_kernels() {
   return k ? *k : detail::select_best_kernels();
 }
 inline SimdTarget active_simd_target() { return active_kernels().target; }
-// What computes the numbers: the active target's name, with "+amx" where BF16 products run on AMX
-// (kernels/amx.h). Part of the prompt cache's key: another name may round differently.
+// What computes the numbers: the active target's name and variant, with "+amx" where BF16 products
+// run on AMX (kernels/amx.h). Part of the prompt cache's key: another name may round differently.
 std::string active_kernels_name();
 // For people (--version, bench): the active target's name, the affine and GGUF products it takes
 // and the CPU's features, e.g. "neon (affine neon-i8mm, gguf scalar; cpu neon fp16 dotprod i8mm bf16)".

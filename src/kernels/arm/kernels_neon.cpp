@@ -166,11 +166,29 @@ struct Neon {
 
 #include "kernels/cpu/kernels_impl.h"
 
+#include "kernels/cpu/features.h"
+
 namespace ptllm {
+// kernels_neon_bf16.cpp: BF16 weights with bfdot, x split into two bf16 numbers.
+void neon_bf16_gemv(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, int r0, int r1);
 namespace {
 constexpr KernelTable kTable = make_table<Neon>(SimdTarget::NEON);
+void gemv_bf16(const float* x, const float* xd, int T, const WeightMatrix& w, const float* bias, float* y, int r0,
+               int r1) {
+  if (w.dtype == DType::BF16) return neon_bf16_gemv(x, T, w, bias, y, r0, r1);
+  kTable.gemv(x, xd, T, w, bias, y, r0, r1);
 }
-const KernelTable* neon_kernel_table() { return &kTable; }
+constexpr KernelTable with_bf16(KernelTable t) {
+  t.gemv = gemv_bf16;
+  t.variant = "+bf16";
+  return t;
+}
+constexpr KernelTable kTableBf16 = with_bf16(kTable);
+}  // namespace
+const KernelTable* neon_kernel_table() {
+  static const bool bf16 = cpu_features().bf16;
+  return bf16 ? &kTableBf16 : &kTable;
+}
 }  // namespace ptllm
 
 #else

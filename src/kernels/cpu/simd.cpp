@@ -51,7 +51,7 @@ const KernelTable& detail::select_best_kernels() {
 std::string active_kernels_name() {
   // "+panels": BF16 weights packed at load (kernels/panels.h), whose products give other last bits
   // than the row-major ones: in the prompt cache's key, like "+amx".
-  return std::string(simd_target_name(active_simd_target())) + (amx_active() ? "+amx" : "") +
+  return std::string(simd_target_name(active_simd_target())) + active_kernels().variant + (amx_active() ? "+amx" : "") +
          (panels_wanted() ? "+panels" : "");
 }
 

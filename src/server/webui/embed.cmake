@@ -1,8 +1,9 @@
 # Writes OUT, a C++ file holding serve's chat page: the page's own files (this folder) and the
-# libraries it uses, read from Debian's packages at build time (never copied into the repository):
-# marked (libjs-marked), DOMPurify (node-dompurify) and highlight.js (node-highlight.js: its core and
-# the languages listed below, each CommonJS module wrapped for the browser).
-# Run as: cmake -DOUT=... -DSRC=... -DMARKED=... -DPURIFY=... -DHLJS=... -P embed.cmake
+# libraries it uses, read at build time (never copied into the repository) from Debian's packages or
+# the same versions from npm (npm/package.json): marked (libjs-marked), DOMPurify (node-dompurify)
+# and highlight.js (node-highlight.js: its core and the languages listed below, each CommonJS module
+# wrapped for the browser). ORIGIN names where they came from.
+# Run as: cmake -DOUT=... -DSRC=... -DMARKED=... -DPURIFY=... -DHLJS=... -DORIGIN=... -P embed.cmake
 set(HLJS_LANGUAGES bash cpp cs css diff dockerfile go java javascript json kotlin makefile markdown
   php plaintext python ruby rust shell sql swift typescript xml yaml)
 
@@ -42,7 +43,7 @@ add_asset("/webui/marked.js" "text/javascript; charset=utf-8" "${marked}")
 read_library("${PURIFY}" purify)
 add_asset("/webui/purify.js" "text/javascript; charset=utf-8" "${purify}")
 
-set(hljs "/* highlight.js 9.18.5 (BSD-3-Clause, Ivan Sagalaev), Debian's node-highlight.js */\n")
+set(hljs "/* highlight.js 9.18.5 (BSD-3-Clause, Ivan Sagalaev), from ${ORIGIN} */\n")
 file(READ "${HLJS}/lib/highlight.js" core)
 string(APPEND hljs "(function () {\nvar module = {exports: {}}, exports = module.exports;\n${core}\nwindow.hljs = module.exports;\n})();\n")
 foreach(lang ${HLJS_LANGUAGES})
