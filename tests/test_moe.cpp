@@ -144,7 +144,7 @@ struct Experts {
 
 // Each expert's matrices stored in `fmt` ("f32", "bf16", "q4", "Q4_K", "Q6_K", "Q8_0").
 Experts make_experts(int E, int H, int I, const std::string& fmt, uint32_t seed) {
-  Experts x{E, H, I};
+  Experts x{E, H, I, {}, {}, {}, {}, {}, {}};
   x.router = test::normal(size_t(E) * size_t(H), 1.f, seed);
   x.w.router = dense_matrix(DType::F32, x.router.data(), E, H);
   x.bytes.reserve(size_t(E) * 3);

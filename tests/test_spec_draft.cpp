@@ -230,7 +230,7 @@ namespace {
 // bench --spec-type: both decodes in one run, the same tokens, the drafts counted; refused with --parallel.
 TEST(SpecBench, DecodeWithAndWithoutSpeculationInOneRun) {
   const std::string m = test::repo_model("kjv-tiny").string();
-  for (const std::string flags : {std::string("--spec-type ngram"), "--model-draft " + m}) {
+  for (const std::string& flags : {std::string("--spec-type ngram"), "--model-draft " + m}) {
     const auto r = test::run_command(test::binary() + " bench " + m + " -p 8 -n 48 -r 2 -t 2 --json " + flags);
     ASSERT_EQ(r.code, 0) << r.err;
     const nlohmann::json j = nlohmann::json::parse(r.out);

@@ -229,7 +229,9 @@ TEST(SpeculativeGreedy, SharedPrefixAndSeveralSequencesLeakNothing) {
         gens.push_back(std::make_unique<Generator>(t.tok, gen_options(n)));
         specs.push_back(std::make_unique<Speculator>(ngram(6 + i)));
         std::span<float> lg = seqs[size_t(i)]->feed(prompt);
-        if (i > 0) EXPECT_GT(seqs[size_t(i)]->reused_tokens(), 0) << kv;
+        if (i > 0) {
+          EXPECT_GT(seqs[size_t(i)]->reused_tokens(), 0) << kv;
+        }
         last[size_t(i)] = gens[size_t(i)]->next(lg, seqs[size_t(i)]->history(), true);
       }
       EXPECT_GT(shared.shared_bytes(), 0u);

@@ -411,7 +411,7 @@ int run_chat(ChatArgs& a) {
         PromptCacheOptions{{}, a.prompt_cache_dir, uint64_t(a.prompt_cache_max_mb * 1024 * 1024)}, cache_id,
         rt.tokenizer());
   ChatState st{a, rt, prompt, conv, cache.get(), stop_token_ids(dir, rt.config(), rt.tokenizer()),
-               Sampler(a.sampling), initial_messages(a), 0, cache_id, a.prompt_cache_dir, nullptr, OutputFormat{}};
+               Sampler(a.sampling), initial_messages(a), 0, cache_id, a.prompt_cache_dir, nullptr, OutputFormat{}, {}};
   if (!a.tools_file.empty()) {
     st.tools = chat_json::parse(read_text_file(a.tools_file, "--tools"), nullptr, false);
     if (st.tools.is_discarded() || !st.tools.is_array())
