@@ -56,6 +56,19 @@ class GoldenTest : public ::testing::TestWithParam<ModelCase> {
   std::unique_ptr<Model> model_;
 };
 
+// The full logits at the golden positions, each within 1e-3 of its row's largest reference logit.
+void expect_logits_near(std::span<const float> logits, std::span<const float> ref_logits,
+                        std::span<const int32_t> pos, int V) {
+  for (size_t k = 0; k < pos.size(); ++k) {
+    const float* mine = logits.data() + size_t(pos[k]) * size_t(V);
+    const float* ref = ref_logits.data() + k * size_t(V);
+    float max_abs = 0;
+    for (int i = 0; i < V; ++i) max_abs = std::max(max_abs, std::fabs(ref[i]));
+    for (int i = 0; i < V; ++i)
+      ASSERT_NEAR(mine[i], ref[i], 1e-3f * max_abs) << "logit " << i << " at position " << pos[k];
+  }
+}
+
 // Per-position NLL within 1e-3, logits at tf_logits_pos within 1e-3 relative, argmax identical.
 TEST_P(GoldenTest, TeacherForcedMatchesTransformers) {
   SafetensorsFile g(dir_ / "golden.safetensors");
@@ -86,14 +99,7 @@ TEST_P(GoldenTest, TeacherForcedMatchesTransformers) {
   for (size_t t = 0; t < ids.size(); ++t)
     EXPECT_EQ(argmax(std::span<const float>(logits.data() + t * size_t(V), size_t(V))), argmax_ref[t])
         << "position " << t;
-  for (size_t k = 0; k < pos.size(); ++k) {
-    const float* mine = logits.data() + size_t(pos[k]) * size_t(V);
-    const float* ref = ref_logits.data() + k * size_t(V);
-    float max_abs = 0;
-    for (int i = 0; i < V; ++i) max_abs = std::max(max_abs, std::fabs(ref[i]));
-    for (int i = 0; i < V; ++i)
-      ASSERT_NEAR(mine[i], ref[i], 1e-3f * max_abs) << "logit " << i << " at position " << pos[k];
-  }
+  expect_logits_near(logits, ref_logits, pos, V);
   auto golden = test::read_json(dir_ / "golden.json");
   EXPECT_NEAR(sum_nll / double(ids.size() - 1), golden["teacher_forced"]["mean_nll"].get<double>(), 1e-4);
 }
@@ -180,14 +186,7 @@ TEST_P(GoldenTest, LongSequenceMatchesTransformers) {
     argmax_diff += argmax(std::span<const float>(row, size_t(V))) != argmax_ref[t];
   }
   EXPECT_EQ(argmax_diff, 0);
-  for (size_t k = 0; k < pos.size(); ++k) {
-    const float* mine = logits.data() + size_t(pos[k]) * size_t(V);
-    const float* ref = ref_logits.data() + k * size_t(V);
-    float max_abs = 0;
-    for (int i = 0; i < V; ++i) max_abs = std::max(max_abs, std::fabs(ref[i]));
-    for (int i = 0; i < V; ++i)
-      ASSERT_NEAR(mine[i], ref[i], 1e-3f * max_abs) << "logit " << i << " at position " << pos[k];
-  }
+  expect_logits_near(logits, ref_logits, pos, V);
   auto golden = test::read_json(dir_ / "golden.json");
   EXPECT_NEAR(sum / double(ids.size() - 1), golden["long_dense"]["mean_nll"].get<double>(), 1e-4);
 }

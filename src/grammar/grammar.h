@@ -161,10 +161,8 @@ class TokenTrie {
     std::vector<std::pair<uint8_t, uint32_t>> children;  // sorted by byte
     std::vector<int32_t> ids;                            // tokens ending here
   };
-  void walk(uint32_t node, size_t depth, GrammarMatcher& m, std::vector<GrammarMatcher>& saved,
-            std::vector<bool>& out) const;
-  void classify_walk(uint32_t node, size_t depth, bool ended, GrammarMatcher& m, std::vector<GrammarMatcher>& saved,
-                     std::vector<bool>& accepted, std::vector<int32_t>& uncertain) const;
+  void walk(uint32_t node, size_t depth, bool ended, GrammarMatcher& m, std::vector<GrammarMatcher>& saved,
+            std::vector<bool>& accepted, std::vector<int32_t>* uncertain) const;
   void collect(uint32_t node, std::vector<int32_t>& out) const;
   std::vector<Node> nodes_;
   std::vector<int32_t> special_ids_;
@@ -179,7 +177,8 @@ class StackTopMasks {
       : trie_(trie), vocab_(vocab), top_entries_(top_entries) {}
   // Equal to trie.allowed(m) for every state.
   std::vector<bool> allowed(const GrammarMatcher& m);
-  size_t tops() const;  // sortings kept now
+  size_t tops() const;            // sortings kept now
+  size_t uncertain_tokens() const;  // tokens they left to check against whole states
 
  private:
   struct Sorted {

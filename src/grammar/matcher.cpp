@@ -184,24 +184,11 @@ TokenTrie::TokenTrie(const std::vector<std::string>& vocab, const std::vector<bo
   }
 }
 
-void TokenTrie::walk(uint32_t node, size_t depth, GrammarMatcher& m, std::vector<GrammarMatcher>& saved,
-                     std::vector<bool>& out) const {
-  // m is unchanged by a rejected byte, so one copy per node restores it after each accepted child.
-  if (saved.size() <= depth) saved.push_back(m);
-  else saved[depth] = m;
-  for (const auto& [byte, child] : nodes_[node].children) {
-    if (!m.accept_byte(byte)) continue;  // unchanged on rejection: the whole subtree is pruned
-    for (int32_t id : nodes_[child].ids) out[static_cast<size_t>(id)] = true;
-    walk(child, depth + 1, m, saved, out);
-    m = saved[depth];
-  }
-}
-
 std::vector<bool> TokenTrie::allowed(const GrammarMatcher& m) const {
   std::vector<bool> out(n_vocab_, false);
   GrammarMatcher work = m;
   std::vector<GrammarMatcher> saved;
-  walk(0, 0, work, saved, out);
+  walk(0, 0, false, work, saved, out, nullptr);
   const bool end = m.can_end();
   for (int32_t id : special_ids_) out[static_cast<size_t>(id)] = end;
   return out;
@@ -212,18 +199,19 @@ void TokenTrie::collect(uint32_t node, std::vector<int32_t>& out) const {
   for (const auto& [byte, child] : nodes_[node].children) collect(child, out);
 }
 
-void TokenTrie::classify_walk(uint32_t node, size_t depth, bool ended, GrammarMatcher& m,
-                              std::vector<GrammarMatcher>& saved, std::vector<bool>& accepted,
-                              std::vector<int32_t>& uncertain) const {
+// m is unchanged by a rejected byte, so one copy per node restores it after each accepted child.
+// With `uncertain`, a subtree refused after a prefix where m could end (`ended`) is collected there.
+void TokenTrie::walk(uint32_t node, size_t depth, bool ended, GrammarMatcher& m, std::vector<GrammarMatcher>& saved,
+                     std::vector<bool>& accepted, std::vector<int32_t>* uncertain) const {
   if (saved.size() <= depth) saved.push_back(m);
   else saved[depth] = m;
   for (const auto& [byte, child] : nodes_[node].children) {
-    if (!m.accept_byte(byte)) {
-      if (ended) collect(child, uncertain);
+    if (!m.accept_byte(byte)) {  // unchanged on rejection: the whole subtree is pruned
+      if (ended) collect(child, *uncertain);
       continue;
     }
     for (int32_t id : nodes_[child].ids) accepted[static_cast<size_t>(id)] = true;
-    classify_walk(child, depth + 1, ended || m.can_end(), m, saved, accepted, uncertain);
+    walk(child, depth + 1, uncertain && (ended || m.can_end()), m, saved, accepted, uncertain);
     m = saved[depth];
   }
 }
@@ -233,7 +221,7 @@ void TokenTrie::classify(const GrammarMatcher& m, std::vector<bool>& accepted, s
   uncertain.clear();
   GrammarMatcher work = m;
   std::vector<GrammarMatcher> saved;
-  classify_walk(0, 0, m.can_end(), work, saved, accepted, uncertain);
+  walk(0, 0, m.can_end(), work, saved, accepted, &uncertain);
 }
 
 std::vector<bool> StackTopMasks::allowed(const GrammarMatcher& m) {
@@ -284,6 +272,13 @@ std::vector<bool> StackTopMasks::allowed(const GrammarMatcher& m) {
 size_t StackTopMasks::tops() const {
   std::lock_guard<std::mutex> lock(mu_);
   return sorted_.size();
+}
+
+size_t StackTopMasks::uncertain_tokens() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = 0;
+  for (const auto& [key, sorted] : sorted_) n += sorted->uncertain.size();
+  return n;
 }
 
 }  // namespace ptllm::grammar
