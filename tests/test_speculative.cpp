@@ -201,6 +201,20 @@ TEST(SpeculativeGreedy, SameTokensWithSlidingLayersAndYoco) {
   }
 }
 
+// The newer architectures' reference models (QK-norm, MoE routing, Gemma 3's local layers and two
+// RoPE bases, Phi-3's partial rotary, SmolLM3's NoPE layers): verification and rewind are exact there
+// too, in full precision, under KIVI and under StreamingLLM.
+TEST(SpeculativeGreedy, SameTokensOnTheNewerArchitectures) {
+  for (const std::string name : {"qwen3-tiny", "qwen3moe-tiny", "gemma3-tiny", "phi3-tiny", "smollm3-tiny"}) {
+    const fs::path dir = test::repo_dir() / "tests" / "data" / "models" / name;
+    ASSERT_TRUE(fs::exists(dir / "config.json")) << dir;
+    const auto model = Model::load(dir);
+    const Tokenizer tok = Tokenizer::load(dir);
+    for (const std::string kv : {"fp32", "int4 r32", "fp32 sink4 w48"})
+      expect_same_greedy(*model, tok, kv_options(kv), light_or(96, 48), name + " " + kv);
+  }
+}
+
 // Sequences on one pool sharing a prompt's blocks, speculating in turns: each the plain run's ids; the
 // shared blocks are never written (the first sequence's text is unchanged by the second's rewinds);
 // every block comes back.
