@@ -8,8 +8,8 @@
 //       (Q4_K, Q6_K, Q8_0, Q4_0) beside bf16 at the same shapes: decode (T = 1, 8), prefill (64, 256);
 //       2048x2048, 5632x2048, and kjv-small's 1376x512 and 8192x512
 //   decode/gemv_bf16, decode/read     a decode-size weight stream against a plain read of as many bytes
-//   product/{bf16,affine4,affine8}/{gemv,gemm}/<T>/<N>x<K>   matmul over bf16 weights next to the
-//       MLX-layout 4- and 8-bit products (group 64, bf16 scales; kernels/affine.h) on the same shapes
+//   product/{bf16,affine4,affine6,affine8}/{gemv,gemm}/<T>/<N>x<K>   matmul over bf16 weights next to the
+//       MLX-layout 4-, 6- and 8-bit products (group 64, bf16 scales; kernels/affine.h) on the same shapes
 //   decode/gemv_affine{4,8}           decode/gemv_bf16's matrices, 4- and 8-bit
 // Threads: PTLLM_BENCH_THREADS (default: all cores), for our pool and OpenBLAS alike. OpenBLAS is
 // loaded at run time (libopenblas.so.0, from libopenblas0 / libopenblas-dev); without it the
@@ -522,7 +522,7 @@ void register_affine_products() {
   // bf16's matmul takes its gemv up to T = 16).
   const std::pair<const char*, int> runs[] = {{"gemv", 1},  {"gemv", 8},  {"gemv", 16}, {"gemm", 8},
                                               {"gemm", 16}, {"gemm", 64}, {"gemm", 256}};
-  for (const char* fmt : {"bf16", "affine4", "affine8"})
+  for (const char* fmt : {"bf16", "affine4", "affine6", "affine8"})
     for (auto [N, K] : shapes)
       for (auto [path, T] : runs) {
         if (std::string(fmt) == "bf16" && std::string(path) == "gemm" && T <= 16) continue;
@@ -539,7 +539,7 @@ void register_affine_products() {
             wb = as_16bit(random_floats(size_t(N) * size_t(K), -0.05f, 0.05f), DType::BF16);
             m = WeightMatrix{DType::BF16, wb.data(), N, K};
           } else {
-            q = std::make_unique<AffineBench>(fmt == "affine4" ? 4 : 8, N, K);
+            q = std::make_unique<AffineBench>(fmt[6] - '0', N, K);  // affine4, affine6, affine8
             m = q->w;
           }
           const AffinePath p = path == "gemv" ? AffinePath::Gemv : AffinePath::Gemm;

@@ -13,6 +13,8 @@
 #include "core/thread_pool.h"
 #include "kernels/affine.h"
 #include "kernels/affine_q8.h"
+#include "kernels/cpu/features.h"
+#include "kernels/simd.h"
 #include "kernels/ops.h"
 #include "test_util.h"
 
@@ -77,7 +79,7 @@ TEST(AffineKernelTest, EveryKernelAndPathMatchesTheScalarTwin) {
   const auto kernels = available_affine_kernels();
   ASSERT_FALSE(kernels.empty());
   unsigned seed = 1;
-  for (int bits : {2, 4, 8})
+  for (int bits : {2, 3, 4, 5, 6, 8})
     for (int gs : {32, 64, 128})
       for (DType dt : {DType::BF16, DType::F16, DType::F32})
         // rows: not a multiple of any tile; cols: one group, and several groups that end part way
@@ -111,7 +113,7 @@ TEST(AffineKernelTest, EveryKernelAndPathMatchesTheScalarTwin) {
 TEST(AffineKernelTest, ErrorWithinTheActivationRoundingBound) {
   ThreadPool pool(2);
   const int rows = 29, T = 7;
-  for (int bits : {2, 4, 8})
+  for (int bits : {2, 3, 4, 5, 6, 8})
     for (int gs : {32, 128}) {
       const int cols = 4 * gs;
       const Affine a(rows, cols, bits, gs, DType::BF16, unsigned(bits * 100 + gs));
@@ -130,9 +132,10 @@ TEST(AffineKernelTest, ErrorWithinTheActivationRoundingBound) {
         for (int r = 0; r < rows; ++r) {
           double bound = 0;
           for (int k = 0; k < cols; ++k) {
-            const int bit = k * bits;
-            const int c = (reinterpret_cast<const uint8_t*>(a.codes.data()) + size_t(r) * a.w.row_bytes())[bit / 8] >>
-                              (bit % 8) & ((1 << bits) - 1);
+            const int bit = k * bits;  // within two bytes (bits 3, 5, 6 straddle one)
+            const auto* row = reinterpret_cast<const uint8_t*>(a.codes.data()) + size_t(r) * a.w.row_bytes();
+            const int two = row[bit / 8] | (size_t(bit / 8 + 1) < a.w.row_bytes() ? row[bit / 8 + 1] << 8 : 0);
+            const int c = two >> (bit % 8) & ((1 << bits) - 1);
             const float s = affine_param(a.w.scales, DType::BF16, size_t(r) * G + size_t(k / gs));
             float amax = 0;
             for (int i = k / 32 * 32; i < k / 32 * 32 + 32; ++i) amax = std::max(amax, std::fabs(x[size_t(t) * cols + i]));
@@ -176,10 +179,10 @@ TEST(AffineKernelTest, QuantizedXLayoutAndSums) {
   }
 }
 
-// Bits 3 and 6 (and group sizes the fast path does not take) keep the generic product: exact.
-TEST(AffineKernelTest, OtherBitsTakeTheGenericProduct) {
+// Group sizes that are not a power of two keep the generic product: exact.
+TEST(AffineKernelTest, OtherGroupSizesTakeTheGenericProduct) {
   ThreadPool pool(2);
-  for (auto [bits, gs] : {std::pair{3, 64}, std::pair{6, 64}, std::pair{4, 96}}) {
+  for (auto [bits, gs] : {std::pair{3, 96}, std::pair{6, 96}, std::pair{4, 96}}) {
     const int rows = 11, cols = 192, T = 3;
     std::vector<uint32_t> codes(size_t(rows) * cols * bits / 32);
     std::mt19937 rng(3);
@@ -187,12 +190,28 @@ TEST(AffineKernelTest, OtherBitsTakeTheGenericProduct) {
     std::vector<uint16_t> sc(size_t(rows) * 3, f32_to_bf16(0.05f)), bi(size_t(rows) * 3, f32_to_bf16(-0.3f));
     const WeightMatrix w = affine_matrix(codes.data(), sc.data(), bi.data(), DType::BF16, bits, gs, rows, cols);
     EXPECT_FALSE(affine_fast(w));
+    EXPECT_FALSE(affine_unpacked(w));
     const auto x = random_x(T, cols, 9);
     std::vector<float> y(size_t(T) * rows), want(y.size());
     matmul(x.data(), T, w, nullptr, y.data(), pool);
     matmul_ref(x.data(), T, w, nullptr, want.data());
     for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y[i], want[i], 1e-4f * (1 + std::fabs(want[i]))) << bits << " bits g" << gs;
   }
+}
+
+// The unpacking products: bits 3, 5, 6 with power-of-two groups; 6-bit codes unpacked by VBMI
+// wherever the CPU has it (the twin test above then runs that kernel as avx512-vnni).
+TEST(AffineKernelTest, StraddlingBitsTakeTheIntegerProducts) {
+  std::vector<uint32_t> codes(size_t(4) * 64 * 6 / 32);
+  std::vector<uint16_t> sc(8), bi(8);
+  for (int bits : {3, 5, 6}) {
+    const WeightMatrix w = affine_matrix(codes.data(), sc.data(), bi.data(), DType::BF16, bits, 32, 4, 64);
+    EXPECT_TRUE(affine_unpacked(w)) << bits;
+    EXPECT_FALSE(affine_fast(w)) << bits;
+  }
+  const auto& f = cpu_features();
+  EXPECT_EQ(affine_unpacked_rows_avx512vbmi() != nullptr,
+            f.avx512vnni && f.avx512vbmi && kernel_table(SimdTarget::AVX512) != nullptr);
 }
 
 }  // namespace

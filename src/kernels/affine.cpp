@@ -100,6 +100,42 @@ AffineX quantize_affine_x(const float* x, int T, int K, int bits, int group_size
   return AffineX{T, K, bits, chunk, buf.q.data(), buf.d.data(), buf.xs.data(), buf.xc.data(), ldq, ldd, ldg};
 }
 
+void affine_unpack_codes(const WeightMatrix& w, int r, uint8_t* out) {
+  const auto* row = static_cast<const uint8_t*>(w.data) + size_t(r) * w.row_bytes();
+  const uint64_t mask = (uint64_t(1) << w.bits) - 1;
+  for (int k = 0; k < w.cols; k += 8) {  // 8 codes fill `bits` whole bytes (cols: whole groups of 32)
+    uint64_t v = 0;
+    std::memcpy(&v, row + size_t(k / 8) * size_t(w.bits), size_t(w.bits));
+    for (int i = 0; i < 8; ++i) out[k + i] = uint8_t((v >> (i * w.bits)) & mask);
+  }
+}
+
+void affine_unpacked_rows_portable(const AffineX& ax, const WeightMatrix& w, const float* bias, float* y, int r0,
+                                   int r1) {
+  thread_local std::vector<uint8_t> codes;
+  if (codes.size() < size_t(w.cols)) codes.resize(size_t(w.cols));
+  const int gs = w.group_size, G = w.cols / gs;
+  for (int r = r0; r < r1; ++r) {
+    affine_unpack_codes(w, r, codes.data());
+    for (int t = 0; t < ax.T; ++t) {
+      const int8_t* q = ax.q + size_t(t) * ax.ldq;
+      const float* d = ax.d + size_t(t) * ax.ldd;
+      float s = bias ? bias[r] : 0.f;
+      for (int g = 0; g < G; ++g) {
+        float blocks = 0.f;
+        for (int k = g * gs; k < (g + 1) * gs; k += kQ8Block) {
+          int isum = 0;
+          for (int i = 0; i < kQ8Block; ++i) isum += int(codes[size_t(k + i)]) * int(q[k + i]);
+          blocks += d[k / kQ8Block] * float(isum);
+        }
+        const size_t i = size_t(r) * size_t(G) + size_t(g), xt = size_t(t) * ax.ldg + size_t(g);
+        s += affine_param(w.scales, w.dtype, i) * (blocks + ax.xc[xt]) + affine_param(w.biases, w.dtype, i) * ax.xs[xt];
+      }
+      y[size_t(t) * size_t(w.rows) + size_t(r)] = s;
+    }
+  }
+}
+
 namespace {
 
 const AffineKernelTable* affine_table(AffineKernel k) {
@@ -133,7 +169,8 @@ AffineKernel default_kernel() {
 constexpr size_t kGemvMinWeightsPerThread = 32 * 1024;
 constexpr size_t kGemmMaxPartRows = 512;
 
-// The generic product (bits 3 and 6): each row dequantized once, then dotted with every x row.
+// The generic product (group sizes the integer products do not take): each row dequantized once, then
+// dotted with every x row.
 void generic_matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool) {
   pool.parallel_for(size_t(w.rows), [&](size_t b, size_t e) {
     thread_local std::vector<float> row;  // a thread's, grown once
@@ -173,15 +210,30 @@ std::vector<AffineKernel> available_affine_kernels() {
 
 AffineKernel affine_active_kernel() { return default_kernel(); }
 
-bool affine_fast(const WeightMatrix& w) {
+namespace {
+bool integer_groups(const WeightMatrix& w) {
   const bool pow2 = w.group_size > 0 && (w.group_size & (w.group_size - 1)) == 0;  // mlx: 32, 64, 128
-  return (w.bits == 2 || w.bits == 4 || w.bits == 8) && pow2 && w.group_size >= kQ8Block && w.cols % w.group_size == 0;
+  return pow2 && w.group_size >= kQ8Block && w.cols % w.group_size == 0;
 }
+}  // namespace
+
+bool affine_fast(const WeightMatrix& w) { return (w.bits == 2 || w.bits == 4 || w.bits == 8) && integer_groups(w); }
+bool affine_unpacked(const WeightMatrix& w) { return (w.bits == 3 || w.bits == 5 || w.bits == 6) && integer_groups(w); }
 
 void affine_matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool,
                    AffineKernel k, AffinePath path) {
   const AffineKernelTable* kt = affine_table(k);
   if (!kt) throw Error("affine kernel " + std::string(affine_kernel_name(k)) + " is not available on this CPU");
+  if (affine_unpacked(w)) {
+    AffineUnpackedRows rows = affine_unpacked_rows_portable;
+    if (k == AffineKernel::AVX512Vnni && affine_unpacked_rows_avx512vbmi()) rows = affine_unpacked_rows_avx512vbmi();
+    thread_local AffineXBuffers buf;
+    const AffineX ax = quantize_affine_x(x, T, w.cols, w.bits, w.group_size, 0, buf, &pool);
+    const size_t min_rows = kGemvMinWeightsPerThread / size_t(std::max(1, w.cols));
+    pool.parallel_for(size_t(w.rows), [&](size_t b, size_t e) { rows(ax, w, bias, y, int(b), int(e)); },
+                      std::max<size_t>(4, min_rows));
+    return;
+  }
   if (!affine_fast(w)) return generic_matmul(x, T, w, bias, y, pool);
   static_assert(kAffineGemvMaxT <= kMatmulSmallRows);  // ops.h
   const bool gemv = path == AffinePath::Gemv || (path == AffinePath::Auto && T <= kAffineGemvMaxT);

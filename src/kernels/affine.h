@@ -15,7 +15,11 @@
 // - gemm (prefill, larger T): tiles of L rows (16 with AVX-512) x 512 columns, the packed codes
 //   transposed by dwords into a per-thread buffer (12 KiB), one weight row a lane, reused by every
 //   row of x: each lane sums a whole block of 32 columns before it is scaled.
-// Bits 3 and 6 take the generic product: each row dequantized (affine_dequant_row), then dotted.
+// - bits 3, 5 and 6 (codes straddle bytes): each row's codes unpacked to bytes, then the same integer
+//   sums over x in plain order; with AVX-512 VBMI, 6-bit codes are unpacked 64 at a time (vpermb
+//   spreads 3 bytes a dword, vpmultishiftqb picks the four 6-bit fields).
+// Group sizes that are not a power of two take the generic product: each row dequantized
+// (affine_dequant_row), then dotted.
 #include <cstdint>
 #include <string_view>
 #include <vector>
@@ -50,6 +54,8 @@ void affine_matmul(const float* x, int T, const WeightMatrix& w, const float* bi
                    AffineKernel k, AffinePath path = AffinePath::Auto);
 // Whether the fast products take w (bits 2, 4, 8; group size a power of two, at least 32).
 bool affine_fast(const WeightMatrix& w);
+// Whether the unpacking integer products take w (bits 3, 5, 6; the same group sizes).
+bool affine_unpacked(const WeightMatrix& w);
 
 // Scalar twin of the fast products (plain loops, double sums): the same int8 x and integer sums.
 void affine_matmul_q8_ref(const float* x, int T, const WeightMatrix& w, const float* bias, float* y);

@@ -82,4 +82,14 @@ const AffineKernelTable* affine_neon_kernels();          // AArch64 NEON
 const AffineKernelTable* affine_neon_dotprod_kernels();  // and dotprod (sdot)
 const AffineKernelTable* affine_neon_i8mm_kernels();     // and i8mm (usdot)
 
+// Bits 3, 5 and 6 (codes that straddle bytes): a row's codes unpacked to one byte each, then the same
+// integer sums over x in plain order (chunk 0). Rows [r0, r1) of y[T][w.rows].
+using AffineUnpackedRows = void (*)(const AffineX& x, const WeightMatrix& w, const float* bias, float* y, int r0,
+                                    int r1);
+void affine_unpacked_rows_portable(const AffineX& x, const WeightMatrix& w, const float* bias, float* y, int r0, int r1);
+// AVX-512 VNNI with VBMI (vpmultishiftqb unpacks 6-bit codes): nullptr where the CPU lacks them.
+AffineUnpackedRows affine_unpacked_rows_avx512vbmi();
+// Row r's codes, one a byte: out[w.cols].
+void affine_unpack_codes(const WeightMatrix& w, int r, uint8_t* out);
+
 }  // namespace ptllm

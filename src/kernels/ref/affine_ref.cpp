@@ -19,8 +19,9 @@ void affine_matmul_q8_ref(const float* x, int T, const WeightMatrix& w, const fl
   for (int r = 0; r < w.rows; ++r) {
     const auto* row = static_cast<const uint8_t*>(w.data) + size_t(r) * w.row_bytes();
     for (int k = 0; k < w.cols; ++k) {
-      const int bit = k * w.bits;
-      codes[size_t(k)] = (row[bit / 8] >> (bit % 8)) & ((1 << w.bits) - 1);  // bits 2, 4, 8: within a byte
+      const int bit = k * w.bits;  // a code within two bytes (bits 3, 5, 6 straddle one)
+      const int two = row[bit / 8] | (bit / 8 + 1 < int(w.row_bytes()) ? row[bit / 8 + 1] << 8 : 0);
+      codes[size_t(k)] = (two >> (bit % 8)) & ((1 << w.bits) - 1);
     }
     for (int t = 0; t < T; ++t) {
       const int8_t* q = ax.q + size_t(t) * ax.ldq;
