@@ -223,7 +223,9 @@ fi
 # shared 600-token system prompt (scripts/serve_load.mjs), ours against llama-server on the BF16 GGUF
 # of the same weights: 8 parallel sequences each, -c 16384 (the context of all of them, 2,048 tokens a
 # sequence, on both), the ChatML template.
-CONV=16 TURNS=4; [ $QUICK = 1 ] && CONV=8 TURNS=2
+# A load that outlasts LOADMAX seconds (a loaded machine: llama.cpp's threads spin-wait for each other)
+# is stopped and leaves its cells empty.
+CONV=16 TURNS=4 LOADMAX=600; [ $QUICK = 1 ] && CONV=8 TURNS=2 LOADMAX=150
 LOAD=(--no-verify --conversations "$CONV" --turns "$TURNS")
 row="$CONV conversations x $TURNS turns, shared 600-token system prompt"
 load_vals() {  # load_vals SIDE ROUND LOG: the load's TTFT p50 / p95 and aggregate decode
@@ -242,8 +244,8 @@ if command -v node >/dev/null; then
   [ -d tests/node/node_modules ] || (cd tests/node && npm ci --silent)
   port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   for r in $(seq 1 "$ROUNDS"); do
-    cmd server node scripts/serve_load.mjs --binary "$BIN" --model "$MODEL" "--server-args=-np 8 -t $T -c 16384" \
-      "${LOAD[@]}" >"$WORK/load-ours.log" 2>&1 || true
+    cmd server timeout "$LOADMAX" node scripts/serve_load.mjs --binary "$BIN" --model "$MODEL" \
+      "--server-args=-np 8 -t $T -c 16384" "${LOAD[@]}" >"$WORK/load-ours.log" 2>&1 || true
     load_vals ours "$r" "$WORK/load-ours.log"
     if [ -n "$LSERVER" ]; then
       LS=("$LSERVER" -m "${GG[BF16]}" --host 127.0.0.1 --port "$port" -np 8 -t "$T" -c 16384 --chat-template chatml)
@@ -255,7 +257,8 @@ if command -v node >/dev/null; then
         kill -0 "$LPID" 2>/dev/null || break
         sleep 0.5
       done
-      cmd server node scripts/serve_load.mjs --url "http://127.0.0.1:$port/v1" "${LOAD[@]}" >"$WORK/load-llama.log" 2>&1 || true
+      cmd server timeout "$LOADMAX" node scripts/serve_load.mjs --url "http://127.0.0.1:$port/v1" "${LOAD[@]}" \
+        >"$WORK/load-llama.log" 2>&1 || true
       load_vals llama.cpp "$r" "$WORK/load-llama.log"
       kill "$LPID" 2>/dev/null || true
       wait "$LPID" 2>/dev/null || true
