@@ -225,7 +225,7 @@ fi
 # sequence, on both), the ChatML template.
 # A load that outlasts LOADMAX seconds (a loaded machine: llama.cpp's threads spin-wait for each other)
 # is stopped and leaves its cells empty.
-CONV=16 TURNS=4 LOADMAX=600; [ $QUICK = 1 ] && CONV=8 TURNS=2 LOADMAX=150
+CONV=16 TURNS=4 LOADMAX=600; [ $QUICK = 1 ] && CONV=8 TURNS=2 LOADMAX=90
 LOAD=(--no-verify --conversations "$CONV" --turns "$TURNS")
 row="$CONV conversations x $TURNS turns, shared 600-token system prompt"
 load_vals() {  # load_vals SIDE ROUND LOG: the load's TTFT p50 / p95 and aggregate decode
