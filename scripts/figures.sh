@@ -3,9 +3,8 @@
 # llama.cpp wherever its tools are found, and writes docs/figures.md (scripts/figures_table.py).
 #   scripts/figures.sh [--quick] [--llama-cpp DIR] [--model DIR] [--threads N] [--rounds N] [--out FILE]
 #     --quick        about ten minutes: fewer rows, one context length, fewer chunks and rounds
-#     --llama-cpp D  llama.cpp's build/bin (else llama-bench, llama-batched-bench and llama-perplexity
-#                    are looked up on PATH; a tool not found leaves its column empty; llama-server is
-#                    not driven yet: the server rows are ours alone)
+#     --llama-cpp D  llama.cpp's build/bin (else llama-bench, llama-batched-bench, llama-perplexity and
+#                    llama-server are looked up on PATH; a tool not found leaves its column empty)
 #     --model D      the checkpoint (default ../shared/models/kjv-small; YOCO rows need kjv-yoco beside it)
 #     --threads N    threads of every run, ours and llama.cpp's (default 2)
 #     --rounds N     alternating rounds of each timed pair (default 3; --quick 2)
@@ -26,7 +25,7 @@ while [ $# -gt 0 ]; do
     --threads) T=${2:?--threads needs a number}; shift ;;
     --rounds) ROUNDS=${2:?--rounds needs a number}; shift ;;
     --out) OUT=${2:?--out needs a file}; shift ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "figures.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -51,18 +50,23 @@ tool() {  # tool NAME: llama.cpp's NAME from --llama-cpp or PATH, or nothing
   if [ -n "$LLAMA" ] && [ -x "$LLAMA/$1" ]; then echo "$LLAMA/$1"; else command -v "$1" || true; fi
 }
 LBENCH=$(tool llama-bench) LBATCHED=$(tool llama-batched-bench) LPPL=$(tool llama-perplexity)
+LSERVER=$(tool llama-server)
 
 val() {  # val AREA ROW METRIC UNIT SIDE ROUND VALUE
   jq -nc --arg a "$1" --arg r "$2" --arg m "$3" --arg u "$4" --arg s "$5" --argjson n "$6" --argjson v "$7" \
     '{kind: "value", area: $a, row: $r, metric: $m, unit: $u, side: $s, round: $n, value: $v}' >>"$RES"
 }
-cmd() {  # cmd AREA COMMAND...: records the command (arguments with spaces or ';' quoted), runs it
+record() {  # record AREA COMMAND...: lists the command under AREA's table (arguments with spaces or ';' quoted)
   local area=$1 line="" arg; shift
   for arg in "$@"; do
     [[ $arg =~ [[:space:]\;] ]] && arg="\"$arg\""
     line+="${line:+ }$arg"
   done
   jq -nc --arg a "$area" --arg c "$line" '{kind: "command", area: $a, command: $c}' >>"$RES"
+}
+cmd() {  # cmd AREA COMMAND...: records the command, runs it
+  record "$@"
+  shift
   "$@"
 }
 mib() { jq -n "$(stat -c %s "$1") / 1048576"; }  # mib FILE: its size in MiB
@@ -74,8 +78,11 @@ FLAGS=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' |
         tr '\n' ' ' | sed 's/ $//')
 LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 BW=$("$BIN" bench "$MODEL" -p 16 -n 8 -r 1 -t "$T" --json | jq .bandwidth_gb_s)
-LVER=""
-[ -n "$LBENCH" ] && LVER=$("$LBENCH" --version 2>&1 | grep -m1 -i version || true)
+LVER=""  # llama-bench has no --version; the tools on llama.cpp's common arguments do
+for l in "$LSERVER" "$LPPL" "$LBATCHED"; do
+  [ -n "$l" ] && { LVER=$("$l" --version 2>&1 | grep -m1 '^version' || true); break; }
+done
+[ -n "$LVER" ] || [ -z "$LBENCH" ] || LVER="llama-bench (version not printed)"
 
 # GGUF copies of the checkpoint, written by our quantizer, for llama.cpp's tools and our GGUF rows.
 declare -A GG
@@ -212,7 +219,55 @@ if command -v node >/dev/null; then
   fi
 fi
 
-# 8. KIVI and StreamingLLM: PPL of each cache against the fp32 full cache on the same text.
+# 8. Server: time to first token of a chat load, N conversations of T turns streamed at once over one
+# shared 600-token system prompt (scripts/serve_load.mjs), ours against llama-server on the BF16 GGUF
+# of the same weights: 8 parallel sequences each, -c 16384 (the context of all of them, 2,048 tokens a
+# sequence, on both), the ChatML template.
+# A load that outlasts LOADMAX seconds (a loaded machine: llama.cpp's threads spin-wait for each other)
+# is stopped and leaves its cells empty.
+CONV=16 TURNS=4 LOADMAX=600; [ $QUICK = 1 ] && CONV=8 TURNS=2 LOADMAX=90
+LOAD=(--no-verify --conversations "$CONV" --turns "$TURNS")
+row="$CONV conversations x $TURNS turns, shared 600-token system prompt"
+load_vals() {  # load_vals SIDE ROUND LOG: the load's TTFT p50 / p95 and aggregate decode
+  local p50 p95 tps
+  if read -r p50 p95 tps < <($TABLE serve-load "$3"); then
+    val server "$row" "TTFT p50" ms "$1" "$2" "$p50"
+    val server "$row" "TTFT p95" ms "$1" "$2" "$p95"
+    val server "$row" "aggregate decode" tok/s "$1" "$2" "$tps"
+  else
+    echo "figures.sh: the $1 server load of round $2 failed: $3" >&2
+  fi
+}
+LPID=""
+trap '[ -z "$LPID" ] || kill "$LPID" 2>/dev/null || true' EXIT
+if command -v node >/dev/null; then
+  [ -d tests/node/node_modules ] || (cd tests/node && npm ci --silent)
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  for r in $(seq 1 "$ROUNDS"); do
+    cmd server timeout "$LOADMAX" node scripts/serve_load.mjs --binary "$BIN" --model "$MODEL" \
+      "--server-args=-np 8 -t $T -c 16384" "${LOAD[@]}" >"$WORK/load-ours.log" 2>&1 || true
+    load_vals ours "$r" "$WORK/load-ours.log"
+    if [ -n "$LSERVER" ]; then
+      LS=("$LSERVER" -m "${GG[BF16]}" --host 127.0.0.1 --port "$port" -np 8 -t "$T" -c 16384 --chat-template chatml)
+      record server "${LS[@]}"
+      "${LS[@]}" >"$WORK/llama-server.log" 2>&1 &
+      LPID=$!
+      for _ in $(seq 1 240); do  # up to two minutes to load
+        curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
+        kill -0 "$LPID" 2>/dev/null || break
+        sleep 0.5
+      done
+      cmd server timeout "$LOADMAX" node scripts/serve_load.mjs --url "http://127.0.0.1:$port/v1" "${LOAD[@]}" \
+        >"$WORK/load-llama.log" 2>&1 || true
+      load_vals llama.cpp "$r" "$WORK/load-llama.log"
+      kill "$LPID" 2>/dev/null || true
+      wait "$LPID" 2>/dev/null || true
+      LPID=""
+    fi
+  done
+fi
+
+# 9. KIVI and StreamingLLM: PPL of each cache against the fp32 full cache on the same text.
 MAXT=4096; [ $QUICK = 1 ] && MAXT=1024
 j=$(cmd kv-quality "$BIN" eval "$MODEL" --text "$TEXT" --documents --max-tokens "$MAXT" \
     --configs "fp32; int8; int4; int2; sink4 w508; sink0 w512" -t "$T" --json)

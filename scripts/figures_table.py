@@ -6,6 +6,8 @@
   figures_table.py batched-bench FILE         llama-batched-bench --output-format jsonl: "pl speed_tg" lines
   figures_table.py perplexity FILE            llama-perplexity's log: its final PPL
   figures_table.py node-ttft FILE             a TTFT summary line of scripts/bench_*.mjs: "cold warm"
+  figures_table.py serve-load FILE            scripts/serve_load.mjs's load summary: "p50 p95 tok/s" (an
+                                              error unless every reply completed)
 
 RESULTS.jsonl holds one JSON object a line:
   {"kind": "machine", ...}                   the machine (cpu, flags, cores, bandwidth_gb_s, date, ...)
@@ -27,6 +29,7 @@ AREAS = [
     ("yoco", "YOCO (KV shared across layers)"),
     ("prompt-cache", "Prompt cache and server time to first token"),
     ("store", "Prefix store (Redis) time to first token"),
+    ("server", "Server: time to first token of a shared-prompt chat load"),
     ("kv-quality", "KIVI and StreamingLLM quality"),
 ]
 
@@ -81,7 +84,8 @@ def table(path):
     out.append("Written by `scripts/figures.sh` (" + ("`--quick`" if machine.get("quick") else "the full run") +
                "); every figure in the other pages of docs/ that is not given with its own command is a row "
                "here. Speeds in tok/s unless the unit says otherwise; each cell is the median of the rounds "
-               "with their range in parentheses; ratio: ours / llama.cpp's, taken round by round.")
+               "with their range in parentheses; ratio: ours / llama.cpp's, taken round by round (for a time, "
+               "ms, under 1 means ours is faster).")
     out.append("")
     out.append("## Machine")
     out.append("")
@@ -170,9 +174,20 @@ def node_ttft(path):
     print(m.group(1), m.group(2))
 
 
+def serve_load(path):
+    text = open(path, encoding="utf-8", errors="replace").read()
+    t = re.search(r"TTFT p50 ([0-9.]+) ms, p95 ([0-9.]+) ms", text)
+    c = re.search(r"replies completed: (\d+) of (\d+); \d+ completion tokens, ([0-9.]+) tok/s aggregate", text)
+    if not t or not c:
+        sys.exit(f"{path}: no 'TTFT p50 ... ms, p95 ... ms' and 'replies completed: ...' lines")
+    if c.group(1) != c.group(2):
+        sys.exit(f"{path}: {c.group(1)} of {c.group(2)} replies completed")
+    print(t.group(1), t.group(2), c.group(3))
+
+
 def main(argv):
     cmds = {"table": lambda p: print(table(p)), "llama-bench": llama_bench, "batched-bench": batched_bench,
-            "perplexity": perplexity, "node-ttft": node_ttft}
+            "perplexity": perplexity, "node-ttft": node_ttft, "serve-load": serve_load}
     if len(argv) != 3 or argv[1] not in cmds:
         sys.exit(__doc__)
     cmds[argv[1]](argv[2])

@@ -40,6 +40,21 @@ class Parsers(unittest.TestCase):
         code, out, _ = run("node-ttft", os.path.join(DATA, "node-ttft.log"))
         self.assertEqual((code, out.split()), (0, ["500.0", "40.0"]))
 
+    def test_serve_load(self):
+        code, out, _ = run("serve-load", os.path.join(DATA, "serve-load.log"))
+        self.assertEqual((code, out.split()), (0, ["343", "459.5", "94.3"]))
+
+    def test_serve_load_with_a_reply_missing_is_an_error(self):
+        code, out, err = run("serve-load", os.path.join(DATA, "serve-load-incomplete.log"))
+        self.assertNotEqual(code, 0)
+        self.assertEqual(out, "")
+        self.assertIn("15 of 16 replies completed", err)
+
+    def test_serve_load_without_a_summary_is_an_error(self):
+        code, _, err = run("serve-load", os.path.join(DATA, "node-ttft.log"))
+        self.assertNotEqual(code, 0)
+        self.assertIn("TTFT p50", err)
+
 
 class Page(unittest.TestCase):
     @classmethod
@@ -60,6 +75,14 @@ class Page(unittest.TestCase):
     def test_one_sided_rows_and_units(self):
         self.assertIn("| q4 default vs Q4_K_M | PPL increase over bf16 (%) | 0.4170 |  |  |", self.page)
         self.assertIn("| 1984-token history | TTFT on a second replica (ms) | 12.50 |  |  |", self.page)
+
+    def test_server_rows_side_by_side(self):
+        # ours 300, 500; llama-server 600, 400: ratios 0.5 and 1.25 -> median 0.875 (shown 0.88).
+        self.assertIn("## Server: time to first token of a shared-prompt chat load", self.page)
+        self.assertIn("| 8 conversations x 2 turns, shared 600-token system prompt | TTFT p50 (ms) | "
+                      "400.0 (300.0-500.0) | 500.0 (400.0-600.0) | 0.88x (0.50-1.25) |", self.page)
+        self.assertLess(self.page.index("## Prefix store"), self.page.index("## Server:"))
+        self.assertIn("llama-server -m model-BF16.gguf", self.page)
 
     def test_areas_in_order_each_command_once(self):
         self.assertLess(self.page.index("## Prefill and decode"), self.page.index("## Quantized weights"))

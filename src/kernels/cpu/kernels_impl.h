@@ -856,8 +856,9 @@ struct Kernels {
   // depend on where a checkpoint's bytes sit (sharded or re-padded files give identical logits).
   // The stream is also asked for kGemvAhead bytes ahead of the line being read: the hardware
   // prefetchers stop at every 4 KiB page, so without it each page starts with misses the core
-  // waits for. Where one core, not the memory, bounds the stream (one thread; both vCPUs in the
-  // VM's high-bandwidth state) a bf16 row stream went from 31 to 38 GB/s (docs/performance.md).
+  // waits for. Where one core, not the memory, bounds the stream (one thread, or a machine with
+  // more bandwidth than two cores draw) it brings a bf16 row stream to the rate of a plain read
+  // (docs/performance.md, "How it is built").
   // Called once per step of Span bytes of a row stream (byte: the step's offset from w), it asks for
   // each line kGemvAhead bytes on once: every line of the step, or (steps shorter than a line) the
   // line the step starts.
