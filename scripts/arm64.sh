@@ -12,8 +12,12 @@
 #   bf16      the F32/BF16/F16 products against their twin: plain NEON, bfdot and bfmmla (BF16)
 #   kernels   every other NEON kernel against its twin (attention dense and KIVI, norms, RoPE,
 #             softmax, conversions) and the MLX affine products (plain, sdot, usdot)
-#   goldens   the shipped models' goldens against transformers (greedy ids, logits, NLL) and the
-#             KV quality tests (KIVI, StreamingLLM)
+#   goldens   the shipped models' goldens against transformers (greedy ids, teacher-forced logits
+#             and NLL), the architectures' logits against their reference, KIVI's and
+#             StreamingLLM's quality on kjv-tiny
+#   goldens-long  the rest of the golden tests of the shipped models (no cache, prefill against
+#             token by token, the 1,024-token sequence, 300 greedy tokens) and every KV feature on
+#             each architecture's model (not in CI)
 #   ci        what .ci/run runs: dispatch gguf bf16 kernels goldens
 #   all       every test of the program on max, then dispatch
 # Needs scripts/setup-dev.sh's arm64 packages (the cross compiler, qemu-user, the libraries' arm64
@@ -51,9 +55,14 @@ run() {
 # the models in models/ (and ../shared/models when present).
 # The shipped models: kjv-tiny (models/) and the six architectures' tiny models (tests/data/models).
 shipped='kjv_tiny qwen3_tiny qwen3moe_tiny gemma3_tiny gemma3mm_tiny phi3_tiny smollm3_tiny'
-goldens=''
-for m in $shipped; do goldens+="Models/GoldenTest.*/$m:"; done
-goldens+='Archs/ArchReferenceTest.*:Tiny/ArchKvTest.KvFeaturesCompose/*:EvalQualityTest.*:Models/EvalGoldenTest.*/kjv_tiny'
+goldens='' long=''
+for m in $shipped; do
+  goldens+="Models/GoldenTest.TeacherForcedMatchesTransformers/$m:Models/GoldenTest.GreedyMatchesTransformers/$m:"
+  long+="Models/GoldenTest.NoCacheEqualsCachedPath/$m:Models/GoldenTest.PrefillEqualsTokenByToken/$m:"
+  long+="Models/GoldenTest.Long*/$m:"
+done
+goldens+='Archs/ArchReferenceTest.*:EvalQualityTest.*'
+long+='Tiny/ArchKvTest.KvFeaturesCompose/*:Models/EvalGoldenTest.*/kjv_tiny'
 kernels='Targets/KernelTest.*:-Targets/KernelTest.Bf16Gemv*:Targets/KernelTest.ProductKernels*'
 kernels+=':Targets/KernelTest.Matmul*:Targets/KernelTest.PackedProduct*'
 
@@ -70,9 +79,10 @@ for group in "${groups[@]}"; do
       run kernels "SimdDispatch*:AffineKernelTest.*:KVPolicyTargetsTest.*:QuantTest.FusedBlocksMatchDequantized:$kernels" max
       run kernels 'SimdDispatch*:AffineKernelTest.EveryKernelAndPathMatchesTheScalarTwin' cortex-a72 ;;
     goldens) run goldens "$goldens" max ;;
+    goldens-long) run goldens-long "$long" max ;;
     all)
       run all '*' max
       run dispatch 'SimdDispatch*' cortex-a72 neoverse-n1 ;;
-    *) echo "scripts/arm64.sh: unknown group '$group' (dispatch, gguf, bf16, kernels, goldens, ci, all)" >&2; exit 2 ;;
+    *) echo "scripts/arm64.sh: unknown group '$group' (dispatch, gguf, bf16, kernels, goldens, goldens-long, ci, all)" >&2; exit 2 ;;
   esac
 done
