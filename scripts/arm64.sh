@@ -81,7 +81,7 @@ for group in "${groups[@]}"; do
     goldens) run goldens "$goldens" max ;;
     goldens-long) run goldens-long "$long" max ;;
     all)
-      run all '*' max
+      run all '*:-EvalCliTest.*' max  # EvalCliTest runs the posttrainllm binary, not built here
       run dispatch 'SimdDispatch*' cortex-a72 neoverse-n1 ;;
     *) echo "scripts/arm64.sh: unknown group '$group' (dispatch, gguf, bf16, kernels, goldens, goldens-long, ci, all)" >&2; exit 2 ;;
   esac
