@@ -9,5 +9,7 @@ set(CMAKE_LIBRARY_ARCHITECTURE aarch64-linux-gnu)
 set(CMAKE_FIND_ROOT_PATH_MODE_PROGRAM NEVER)
 # pkg-config: only the arm64 .pc files (header-only packages' .pc files are in /usr/share/pkgconfig).
 set(ENV{PKG_CONFIG_LIBDIR} "/usr/lib/aarch64-linux-gnu/pkgconfig:/usr/share/pkgconfig")
-# Tests run under qemu-aarch64 (Debian qemu-user) with the target's loader and libraries.
-set(CMAKE_CROSSCOMPILING_EMULATOR qemu-aarch64 -L /usr/aarch64-linux-gnu)
+# Tests run under qemu-aarch64 (Debian qemu-user) with multiarch's loader and libraries (libc6:arm64,
+# which the arm64 libraries pull in): the loader and libc must come from one glibc build
+# (scripts/arm64.sh says why).
+set(CMAKE_CROSSCOMPILING_EMULATOR qemu-aarch64 -L /)

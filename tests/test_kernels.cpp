@@ -585,6 +585,31 @@ TEST_P(KernelTest, ProductKernelsWriteOnlyTheirColumns) {
   }
 }
 
+// The packed product (prefill) gives a row of x the same bits whatever the batch around it and the
+// tile it falls in (bfmmla on ARMv8.6 multiplies two rows of x at once): rows 9.. of a 40-row batch
+// fed alone as a batch of 31, and its first 17 rows as a batch of 17, over K past one depth block.
+TEST_P(KernelTest, PackedProductRowsDoNotDependOnTheBatch) {
+  for (DType t : {DType::F32, DType::BF16, DType::F16})
+    for (int cols : {301, 1031}) {
+      TestMatrix m(t, 37, cols, rng_);
+      auto x = random_floats(size_t(40) * size_t(cols), rng_);
+      auto bias = random_floats(37, rng_);
+      auto product = [&](int t0, int T) {
+        const int panels = (T + k_->gemm_mr - 1) / k_->gemm_mr;
+        std::vector<float> ap(size_t(panels * k_->gemm_mr) * size_t(cols));
+        k_->pack_a(x.data() + size_t(t0) * size_t(cols), T, cols, 0, panels, ap.data());
+        std::vector<float> y(size_t(T) * 37);
+        k_->gemm(ap.data(), T, m.w, bias.data(), y.data(), 0, 37);
+        return y;
+      };
+      const auto all = product(0, 40), head = product(0, 17), tail = product(9, 31);
+      ASSERT_EQ(std::memcmp(head.data(), all.data(), head.size() * sizeof(float)), 0)
+          << dtype_name(t) << " K=" << cols << " " << active_kernels_name();
+      ASSERT_EQ(std::memcmp(tail.data(), all.data() + 9 * 37, tail.size() * sizeof(float)), 0)
+          << dtype_name(t) << " K=" << cols << " " << active_kernels_name();
+    }
+}
+
 // The same weights at any address give the same bits: sums run in an order fixed by element index,
 // whatever loads the kernel uses to stay cache-line aligned.
 TEST_P(KernelTest, ProductsDoNotDependOnWhereTheWeightsSit) {
@@ -650,16 +675,18 @@ TEST(SimdDispatchTest, BestTargetIsActiveAndEveryTargetCanBeChosen) {
   if (getauxval(AT_HWCAP2) & (1ul << 13)) want = AffineKernel::NEONI8mm;    // HWCAP2_I8MM
 #endif
   EXPECT_EQ(affine_active_kernel(), want) << affine_kernel_name(affine_active_kernel());
-  // The GGUF block products: sdot where the kernel reports dotprod, else the plain NEON variant.
+  // The GGUF block products: smmla where the kernel reports i8mm (and dotprod, for the K-quants),
+  // sdot where it reports dotprod, else the plain NEON variant.
   std::string want_gguf = "neon";
 #if defined(__linux__)
   if (getauxval(AT_HWCAP) & (1ul << 20)) want_gguf = "neon-dotprod";  // HWCAP_ASIMDDP
+  if ((getauxval(AT_HWCAP) & (1ul << 20)) && (getauxval(AT_HWCAP2) & (1ul << 13))) want_gguf = "neon-i8mm";
 #endif
   EXPECT_EQ(std::string(ggml_active_kernel().name), want_gguf);
   int nk = 0;
   const GgmlKernel* const* ks = ggml_kernels(&nk);
   EXPECT_EQ(std::string(ks[nk - 1]->name), want_gguf);  // the best variant is also tested against the twin
-  // BF16 weights through bfdot where the kernel reports BF16.
+  // BF16 weights through bfdot (gemv) and bfmmla (gemm) where the kernel reports BF16.
   std::string want_name = "neon";
 #if defined(__linux__)
   if (getauxval(AT_HWCAP2) & (1ul << 14)) want_name = "neon+bf16";  // HWCAP2_BF16

@@ -12,6 +12,7 @@
 
 #include "build_info.h"
 #include "core/error.h"
+#include "core/platform.h"
 #include "core/thread_pool.h"
 #include "kernels/simd.h"
 
@@ -400,9 +401,8 @@ std::string version_text() {
 
 std::filesystem::path default_model_dir() {
   namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) {
+  const fs::path exe = executable_path();
+  if (!exe.empty()) {
     for (fs::path dir = exe.parent_path(); !dir.empty() && dir != dir.root_path(); dir = dir.parent_path()) {
       fs::path cand = dir / "models" / "kjv-tiny";
       if (fs::exists(cand / "config.json")) return cand;

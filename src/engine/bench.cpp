@@ -243,19 +243,6 @@ Bandwidth measure_bandwidth(ThreadPool& pool, size_t bytes, int trials) {
   return bw;
 }
 
-double peak_rss_mib() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;  // reported in kB
-  return 0;
-}
-
-bool reset_peak_rss() {
-  std::ofstream out("/proc/self/clear_refs");
-  out << "5";
-  out.flush();
-  return bool(out);
-}
+double peak_rss_mib() { return double(peak_rss_bytes()) / double(1 << 20); }
 
 }  // namespace ptllm

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/platform.h"
 #include "engine/kv_report.h"
 #include "engine/session.h"
 
@@ -87,10 +88,8 @@ struct Bandwidth {
 // STREAM-style: best of `trials` passes over `bytes` of memory (read) and bytes/2 -> bytes/2 (copy).
 Bandwidth measure_bandwidth(ThreadPool& pool, size_t bytes, int trials);
 
-// The process's peak resident set (VmHWM), in MiB; 0 where /proc is unavailable.
+// The process's peak resident set in MiB (core/platform.h's peak_rss_bytes; reset_peak_rss restarts
+// it where the system allows); 0 where unknown.
 double peak_rss_mib();
-// Restarts the peak at the current resident set (Linux: /proc/self/clear_refs); false where the
-// kernel does not allow it.
-bool reset_peak_rss();
 
 }  // namespace ptllm

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/platform.h"
 #include "core/sha256.h"
 #include "engine/session.h"
 #include "kernels/simd.h"
@@ -173,7 +174,7 @@ PromptCacheIdentity prompt_cache_identity(const Model& model, const Tokenizer& t
     h.field("mtime", st.mtime_ns);
   }
   // The binary and its SIMD target compute the numbers: another build or target may round differently.
-  const FileStamp exe = stamp("/proc/self/exe").value_or(FileStamp{});
+  const FileStamp exe = stamp(executable_file()).value_or(FileStamp{});
   h.field("executable size", int64_t(exe.size));
   h.field("executable mtime", exe.mtime_ns);
   h.field("kernels", active_kernels_name());

@@ -163,6 +163,7 @@ void scalar_rows(const WeightMatrix& w, const GgmlActs& a, const float* bias, fl
 
 bool cpu_has_vnni() { return cpu_features().avx512vnni; }
 bool cpu_has_dotprod() { return cpu_features().dotprod; }
+bool cpu_has_i8mm() { return cpu_features().dotprod && cpu_features().i8mm; }
 
 // Fewest weights a thread's share of a product holds (as ops.cpp's gemv): below it, handing work to
 // another thread costs more than it saves.
@@ -234,6 +235,7 @@ const GgmlKernel* const* ggml_kernels(int* n) {
     if (kernel_table(SimdTarget::NEON)) {
       if (detail::ggml_neon_kernel()) l.push_back(detail::ggml_neon_kernel());
       if (cpu_has_dotprod() && detail::ggml_neon_dotprod_kernel()) l.push_back(detail::ggml_neon_dotprod_kernel());
+      if (cpu_has_i8mm() && detail::ggml_neon_i8mm_kernel()) l.push_back(detail::ggml_neon_i8mm_kernel());
     }
     return l;
   }();
@@ -244,6 +246,7 @@ const GgmlKernel* const* ggml_kernels(int* n) {
 const GgmlKernel& ggml_active_kernel() {
   switch (active_simd_target()) {
     case SimdTarget::NEON:
+      if (cpu_has_i8mm() && detail::ggml_neon_i8mm_kernel()) return *detail::ggml_neon_i8mm_kernel();
       if (cpu_has_dotprod() && detail::ggml_neon_dotprod_kernel()) return *detail::ggml_neon_dotprod_kernel();
       if (detail::ggml_neon_kernel()) return *detail::ggml_neon_kernel();
       return kScalar;

@@ -65,7 +65,8 @@ void ggml_quantize_acts(const float* x, int K, int block, int t0, int t1, int8_t
 // One implementation of the products: y[t][r] (+ bias[r]) for t < a.T and rows [r0, r1) of w.
 // Variants: "scalar" (the reference twin, and the portable target's), "avx2", "avx512" (AVX2's
 // kernels built for AVX-512: more registers, EVEX), "avx512vnni" (vpdpbusd / vpdpwssd); on AArch64
-// "neon" (16-bit products) and "neon-dotprod" (sdot, ARMv8.2 dotprod).
+// "neon" (16-bit products), "neon-dotprod" (sdot, ARMv8.2 dotprod) and "neon-i8mm" (smmla for the
+// 32-value types, ARMv8.6 i8mm).
 struct GgmlKernel {
   const char* name;
   void (*rows)(const WeightMatrix& w, const GgmlActs& a, const float* bias, float* y, int r0, int r1);
@@ -83,6 +84,7 @@ const GgmlKernel* ggml_avx512_kernel();      // null where not compiled in
 const GgmlKernel* ggml_avx512vnni_kernel();  // null where not compiled in
 const GgmlKernel* ggml_neon_kernel();          // null where not compiled in
 const GgmlKernel* ggml_neon_dotprod_kernel();  // null where not compiled in (the CPU is not asked)
+const GgmlKernel* ggml_neon_i8mm_kernel();     // null where not compiled in (the CPU is not asked)
 }  // namespace detail
 
 }  // namespace ptllm

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/platform.h"
 #include "engine/runtime.h"
 #include "engine/scheduler.h"
 #include "server/agent_apis.h"
@@ -137,7 +138,7 @@ bool socket_end(int fd, bool peer, std::string& host, int& port) {
 // sockets. The descriptor stays this connection's while its handler runs: httplib closes it after.
 int connection_socket(const httplib::Request& req) {
   std::error_code ec;
-  for (std::filesystem::directory_iterator it("/proc/self/fd", ec), end; !ec && it != end; it.increment(ec)) {
+  for (std::filesystem::directory_iterator it(open_fds_dir(), ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     char* tail = nullptr;
     const long fd = std::strtol(name.c_str(), &tail, 10);
@@ -264,7 +265,7 @@ class ConnectionWatch {
     std::error_code ec;
     const auto now = Clock::now();
     std::lock_guard lk(mu_);
-    for (std::filesystem::directory_iterator it("/proc/self/fd", ec), end; !ec && it != end; it.increment(ec)) {
+    for (std::filesystem::directory_iterator it(open_fds_dir(), ec), end; !ec && it != end; it.increment(ec)) {
       const std::string name = it->path().filename().string();
       char* tail = nullptr;
       const long fd = std::strtol(name.c_str(), &tail, 10);

@@ -1,6 +1,7 @@
 // The products over llama.cpp's block formats for AArch64 NEON, 16-byte registers, included by
-// ggml_neon.cpp (PTLLM_GGML_NEON_DOT 0: byte products widened to 16 bits, summed in pairs) and
-// ggml_neon_dotprod.cpp (1: sdot, ARMv8.2 dotprod). The structure of x86/ggml_kernels_impl.h: a
+// ggml_neon.cpp (PTLLM_GGML_NEON_DOT 0: byte products widened to 16 bits, summed in pairs),
+// ggml_neon_dotprod.cpp (1: sdot, ARMv8.2 dotprod) and ggml_neon_i8mm.cpp (2: the 32-value types by
+// smmla, ARMv8.6 i8mm, two weight rows against two rows of x; the K-quants by sdot). The structure of x86/ggml_kernels_impl.h: a
 // weight row's blocks are read in place against NT <= 4 rows of quantized x (ggml.h, GgmlActs), the
 // codes unpacked into registers once per NT rows of x, in tiles of 16 weight rows.
 // - Every code fits a signed byte (Q8_0 as stored, Q4_0 nibble - 8, Q5_0 - 16, Q4_1/Q4_K 0..15,
@@ -24,7 +25,9 @@
 #include <cstdint>
 #include <cstring>
 
-#if PTLLM_GGML_NEON_DOT
+#if PTLLM_GGML_NEON_DOT == 2
+#define PTLLM_GGML_TARGET PTLLM_ARM_TARGET_I8MM
+#elif PTLLM_GGML_NEON_DOT
 #define PTLLM_GGML_TARGET PTLLM_ARM_TARGET_DOTPROD
 #else
 #define PTLLM_GGML_TARGET
@@ -132,6 +135,66 @@ PTLLM_GGML_TARGET void dot_32(const uint8_t* row, int nb, const GgmlActs& a, int
   }
   PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) out[t] = vaddvq_f32(acc[t]) + off[t];
 }
+
+#if PTLLM_GGML_NEON_DOT == 2
+// Weight rows r (at row) and r' (at row2) against rows t and u of x (u may be t, r' may be r: a
+// lone row is paired with itself, so a row's bits never depend on its neighbours), by smmla: the
+// 2 x 8 matrix of the two weight rows' bytes times the transpose of x's, into (r t, r u, r' t, r' u).
+// Per block: four smmla over the 32 values (exact int32), then one float FMA by d_w d_x per lane.
+template <GgmlType T>
+PTLLM_GGML_TARGET void dot_32_mm(const uint8_t* row, const uint8_t* row2, int nb, const GgmlActs& a, int t, int u,
+                                 float* out) {
+  constexpr int bytes_per = T == GgmlType::Q8_0 ? 34 : T == GgmlType::Q4_0 ? 18 : T == GgmlType::Q4_1 ? 20
+                                                   : T == GgmlType::Q5_0 ? 22 : 24;
+  constexpr bool with_min = T == GgmlType::Q4_1 || T == GgmlType::Q5_1;
+  const int8_t* qt = a.q + size_t(t) * size_t(a.K);
+  const int8_t* qu = a.q + size_t(u) * size_t(a.K);
+  const float* dt = a.d + size_t(t) * size_t(a.K / 32);
+  const float* du = a.d + size_t(u) * size_t(a.K / 32);
+  const int16_t* st = a.sums + size_t(t) * size_t(a.K / 16);
+  const int16_t* su = a.sums + size_t(u) * size_t(a.K / 16);
+  float32x4_t acc = vdupq_n_f32(0.f), off = vdupq_n_f32(0.f);
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + size_t(b) * bytes_per;
+    const uint8_t* blk2 = row2 + size_t(b) * bytes_per;
+    int8x16_t c0, c1, e0, e1;
+    codes_32<T>(blk, c0, c1);
+    codes_32<T>(blk2, e0, e1);
+    const int64x2_t xt0 = vreinterpretq_s64_s8(vld1q_s8(qt + 32 * b)), xt1 = vreinterpretq_s64_s8(vld1q_s8(qt + 32 * b + 16));
+    const int64x2_t xu0 = vreinterpretq_s64_s8(vld1q_s8(qu + 32 * b)), xu1 = vreinterpretq_s64_s8(vld1q_s8(qu + 32 * b + 16));
+    const int64x2_t w0 = vreinterpretq_s64_s8(c0), w1 = vreinterpretq_s64_s8(c1);
+    const int64x2_t v0 = vreinterpretq_s64_s8(e0), v1 = vreinterpretq_s64_s8(e1);
+    int32x4_t p = vdupq_n_s32(0);
+    p = vmmlaq_s32(p, vreinterpretq_s8_s64(vzip1q_s64(w0, v0)), vreinterpretq_s8_s64(vzip1q_s64(xt0, xu0)));
+    p = vmmlaq_s32(p, vreinterpretq_s8_s64(vzip2q_s64(w0, v0)), vreinterpretq_s8_s64(vzip2q_s64(xt0, xu0)));
+    p = vmmlaq_s32(p, vreinterpretq_s8_s64(vzip1q_s64(w1, v1)), vreinterpretq_s8_s64(vzip1q_s64(xt1, xu1)));
+    p = vmmlaq_s32(p, vreinterpretq_s8_s64(vzip2q_s64(w1, v1)), vreinterpretq_s8_s64(vzip2q_s64(xt1, xu1)));
+    const float dw = f16_at(blk), dw2 = f16_at(blk2);
+    const float scale[4] = {dw * dt[b], dw * du[b], dw2 * dt[b], dw2 * du[b]};
+    acc = vfmaq_f32(acc, vcvtq_f32_s32(p), vld1q_f32(scale));
+    if constexpr (with_min) {
+      const float m = f16_at(blk + 2), m2 = f16_at(blk2 + 2);
+      const float xs_t = dt[b] * float(st[2 * b] + st[2 * b + 1]), xs_u = du[b] * float(su[2 * b] + su[2 * b + 1]);
+      const float mins[4] = {m * xs_t, m * xs_u, m2 * xs_t, m2 * xs_u};
+      off = vaddq_f32(off, vld1q_f32(mins));
+    }
+  }
+  vst1q_f32(out, vaddq_f32(acc, off));
+}
+
+// The 32-value types through dot_32_mm; false for the K-quants (sdot, dot_rows).
+PTLLM_GGML_TARGET bool dot_pair(GgmlType type, const uint8_t* row, const uint8_t* row2, int nb, const GgmlActs& a,
+                                int t, int u, float* out) {
+  switch (type) {
+    case GgmlType::Q8_0: return dot_32_mm<GgmlType::Q8_0>(row, row2, nb, a, t, u, out), true;
+    case GgmlType::Q4_0: return dot_32_mm<GgmlType::Q4_0>(row, row2, nb, a, t, u, out), true;
+    case GgmlType::Q4_1: return dot_32_mm<GgmlType::Q4_1>(row, row2, nb, a, t, u, out), true;
+    case GgmlType::Q5_0: return dot_32_mm<GgmlType::Q5_0>(row, row2, nb, a, t, u, out), true;
+    case GgmlType::Q5_1: return dot_32_mm<GgmlType::Q5_1>(row, row2, nb, a, t, u, out), true;
+    default: return false;
+  }
+}
+#endif
 
 // ---- K-quants ----------------------------------------------------------------------------------
 
@@ -267,6 +330,21 @@ PTLLM_GGML_TARGET void ggml_rows(const WeightMatrix& w, const GgmlActs& a, const
   float out[4];
   for (int rt = r0; rt < r1; rt += kRowTile) {
     const int re = std::min(r1, rt + kRowTile);
+#if PTLLM_GGML_NEON_DOT == 2
+    if (ggml_type_info(w.ggml).block_elems == 32) {  // pairs of weight rows against pairs of rows of x
+      for (int t = 0; t < a.T; t += 2) {
+        const int u = std::min(t + 1, a.T - 1);
+        for (int r = rt; r < re; r += 2) {
+          const int r2 = std::min(r + 1, re - 1);
+          dot_pair(w.ggml, data + size_t(r) * rb, data + size_t(r2) * rb, nb, a, t, u, out);
+          for (int i = 0; i < 2 && r + i < re; ++i)
+            for (int h = 0; h < 2 && t + h < a.T; ++h)
+              y[size_t(t + h) * size_t(w.rows) + size_t(r + i)] = out[2 * i + h] + (bias ? bias[r + i] : 0.f);
+        }
+      }
+      continue;
+    }
+#endif
     for (int t0 = 0; t0 < a.T; t0 += 4) {
       const int nt = std::min(4, a.T - t0);
       for (int r = rt; r < re; ++r) {

@@ -169,8 +169,11 @@ struct Neon {
 #include "kernels/cpu/features.h"
 
 namespace ptllm {
-// kernels_neon_bf16.cpp: BF16 weights with bfdot, x split into two bf16 numbers.
+// kernels_neon_bf16.cpp: BF16 weights with bfdot (gemv) and bfmmla (gemm, x packed by pack_a in
+// panels of MR rows and blocks of KC columns), x split into two bf16 numbers.
 void neon_bf16_gemv(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, int r0, int r1);
+void neon_bf16_gemm(const float* ap, int MR, int KC, int T, const WeightMatrix& w, const float* bias, float* y, int r0,
+                    int r1);
 namespace {
 constexpr KernelTable kTable = make_table<Neon>(SimdTarget::NEON);
 void gemv_bf16(const float* x, const float* xd, int T, const WeightMatrix& w, const float* bias, float* y, int r0,
@@ -178,8 +181,13 @@ void gemv_bf16(const float* x, const float* xd, int T, const WeightMatrix& w, co
   if (w.dtype == DType::BF16) return neon_bf16_gemv(x, T, w, bias, y, r0, r1);
   kTable.gemv(x, xd, T, w, bias, y, r0, r1);
 }
+void gemm_bf16(const float* ap, int T, const WeightMatrix& w, const float* bias, float* y, int r0, int r1) {
+  if (w.dtype == DType::BF16) return neon_bf16_gemm(ap, Kernels<Neon>::MR, Kernels<Neon>::KC, T, w, bias, y, r0, r1);
+  kTable.gemm(ap, T, w, bias, y, r0, r1);
+}
 constexpr KernelTable with_bf16(KernelTable t) {
   t.gemv = gemv_bf16;
+  t.gemm = gemm_bf16;
   t.variant = "+bf16";
   return t;
 }

@@ -1,0 +1,25 @@
+#pragma once
+// What the operating system is asked where POSIX has no common call: Linux reads /proc, macOS has
+// its own calls. The one place for them outside the guarded spots docs/arm64.md lists.
+#include <cstddef>
+#include <filesystem>
+
+namespace ptllm {
+
+// The running program's file (Linux: /proc/self/exe; macOS: _NSGetExecutablePath), or an empty path
+// where the system does not say.
+std::filesystem::path executable_path();
+// A path to stat the running program's file by: on Linux /proc/self/exe, which still names that
+// file once another is put in its place; elsewhere executable_path().
+std::filesystem::path executable_file();
+// A folder whose entries are named by this process's open descriptors (Linux: /proc/self/fd; macOS
+// and the BSDs: /dev/fd).
+const char* open_fds_dir();
+// The process's peak resident set in bytes (Linux: VmHWM of /proc/self/status, which
+// reset_peak_rss restarts; elsewhere getrusage's ru_maxrss), 0 where unknown.
+size_t peak_rss_bytes();
+// Restarts the peak at the current resident set (Linux: /proc/self/clear_refs); false where the
+// system cannot.
+bool reset_peak_rss();
+
+}  // namespace ptllm
