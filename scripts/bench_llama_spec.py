@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import socket
 import statistics
 import subprocess
@@ -112,12 +113,13 @@ def main():
         configs.append(("llama plain", "llama", llama_base))
 
     servers = []
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped"))  # a timeout still stops the servers
     try:
         for name, side, cmd in configs:
             p, base = start(cmd)
             servers.append((name, side, base, p))
         for name, side, base, _ in servers:  # warm-up: buffers grown, pass times measured
-            run_round(base, prompts[:1], a.tokens)
+            run_round(base, prompts[:1], min(a.tokens, 64))
         rates = {s[0]: [] for s in servers}
         drafts = {s[0]: [0, 0] for s in servers}
         texts = {}
