@@ -518,6 +518,30 @@ TEST(SpeculativeCli, SampleAndChatGiveTheSameTokens) {
   const auto mm = test::run_command(test::binary() + " sample " + model + " -p x --spec-type ngram --spec-draft-min 9 --spec-draft-max 4");
   EXPECT_EQ(mm.code, 2);
   EXPECT_NE(mm.err.find("--spec-draft-min 9 is more than --spec-draft-max 4"), std::string::npos) << mm.err;
+  const auto sc = test::run_command(test::binary() + " serve " + model + " --port 0 --spec-type ngram --spec-suffix-cache 100");
+  EXPECT_EQ(sc.code, 2);
+  EXPECT_NE(sc.err.find("--spec-suffix-cache: the shared reply counts are the suffix drafter's"), std::string::npos) << sc.err;
+  const auto vc = test::run_command(test::binary() + " bench " + model + " --spec-verify-cost --spec-type ngram");
+  EXPECT_EQ(vc.code, 2);
+  EXPECT_NE(vc.err.find("--spec-verify-cost times verification passes alone"), std::string::npos) << vc.err;
+}
+
+// bench --spec-verify-cost: a pass of 1, ..., K + 1 rows each round; the one-row pass is the unit.
+TEST(SpeculativeCli, BenchVerifyCostTimesEveryWidth) {
+  const std::string model = test::repo_model("kjv-tiny").string();
+  const auto r = test::run_command(test::binary() + " bench " + model +
+                                   " --spec-verify-cost --spec-draft-max 3 -p 16 -r 2 -t 1 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["verify"].size(), 4u);
+  for (int k = 0; k <= 3; ++k) {
+    const auto& row = j["verify"][size_t(k)];
+    EXPECT_EQ(row["k"], k);
+    EXPECT_EQ(row["rows"], k + 1);
+    EXPECT_GT(row["ms"].get<double>(), 0);
+    EXPECT_GT(row["ratio"].get<double>(), 0);
+  }
+  EXPECT_DOUBLE_EQ(j["verify"][0]["ratio"].get<double>(), 1.0);
 }
 
 // Adaptivity: drafts of sampled prose at temperature 1.5 are mostly rejected; the adaptive sequence
