@@ -9,8 +9,10 @@
 #include <future>
 #include <thread>
 
+#include "engine/drafter_suffix.h"
 #include "engine/runtime.h"
 #include "engine/scheduler.h"
+#include "scripted_model.h"
 #include "server/http_server.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
@@ -155,6 +157,70 @@ TEST_F(SpecSchedulerTest, WideBatchAdaptiveSameText) {
   on = run_all(sch, ps, 40);
   for (size_t i = 0; i < ps.size(); ++i) EXPECT_EQ(on[i].tokens, off[i].tokens) << i;
   EXPECT_EQ(sch.stats().blocks_used, 0u);
+}
+
+// The suffix drafter's counts of the server's replies: a request repeating an earlier request's reply
+// (a scripted model writing a text that its prompt does not quote, so a sequence's own history drafts
+// little of it) gets that reply drafted and kept from its first token; without the shared counts it
+// drafts as little as the first request did. Greedy text unchanged, no block left in use.
+TEST(SpecSuffixCache, SecondRequestRepeatingAReplyHasItsDraftsKept) {
+  test::TempDir dir;
+  const std::string text =
+      "Moses went up from the plains of Moab unto the mountain of Nebo, to the top of Pisgah, that is over "
+      "against Jericho. And the LORD shewed him all the land of Gilead, unto Dan.";
+  test::ScriptedModelSpec spec;
+  spec.scripts = {{text, "", ""}};
+  spec.prompt_tail = "\nAnswer:";
+  test::write_scripted_model(spec, dir.path);
+  Runtime rt({dir.path, 2, true});
+  const std::vector<int32_t> prompt = rt.tokenizer().encode("Where did Moses die?\nAnswer:");
+  const auto ask = [&](Scheduler& sch) {
+    auto done = std::make_shared<std::promise<RequestResult>>();
+    auto fut = done->get_future();
+    Request r;
+    r.prompt = prompt;
+    r.params.sampling.temperature = 0;
+    r.params.max_tokens = 200;
+    r.on_done = [done](const RequestResult& res) { done->set_value(res); };
+    sch.submit(std::move(r));
+    // A bound so that a bug fails the test instead of hanging it (not a timing assertion).
+    EXPECT_EQ(fut.wait_for(std::chrono::minutes(5)), std::future_status::ready);
+    return fut.get();
+  };
+  for (const size_t cache : {size_t(0), size_t(4096)}) {
+    SchedulerConfig c;
+    c.session.kv.ctx_size = 512;
+    c.parallel = 2;
+    c.prefill_chunk = 64;
+    c.eos_ids = {1};
+    c.spec.type = SpecType::Suffix;
+    c.spec.draft_max = 8;
+    c.spec.adaptive = false;  // every draft offered is verified: the counts, not the timings, decide
+    c.spec_suffix_cache = cache;
+    Scheduler sch(rt, c);
+    const RequestResult first = ask(sch), second = ask(sch);
+    const std::string what = "shared cache of " + std::to_string(cache) + " tokens";
+    EXPECT_EQ(first.text, text) << what;
+    EXPECT_EQ(second.text, text) << what;
+    EXPECT_EQ(second.tokens, first.tokens) << what;
+    const int64_t n = int64_t(first.tokens.size());
+    if (cache == 0) {
+      // Nothing shared: the second request drafts exactly what the first did.
+      EXPECT_EQ(second.draft_n, first.draft_n) << what;
+      EXPECT_EQ(second.draft_accepted, first.draft_accepted) << what;
+      EXPECT_LT(first.draft_accepted, n / 2) << what << ": the prompt does not quote the reply";
+    } else {
+      EXPECT_LT(first.draft_accepted, n / 2) << what;
+      // Nearly the whole reply (all but the tokens the verifications add themselves) kept from drafts.
+      EXPECT_GE(second.draft_accepted, n * 3 / 4) << what << ": " << second.draft_accepted << " of "
+                                                  << second.draft_n << " drafts kept, " << n << " tokens";
+      // Drafts past the reply's end (its EOS) come from the sequence's own history and miss.
+      EXPECT_GE(double(second.draft_accepted), 0.8 * double(second.draft_n))
+          << what << ": " << second.draft_accepted << " of " << second.draft_n << " kept; the first request "
+          << first.draft_accepted << " of " << first.draft_n;
+    }
+    EXPECT_EQ(sch.pool().blocks_in_use(), 0u) << what;
+  }
 }
 
 // --- The HTTP server ---------------------------------------------------------------------------

@@ -154,6 +154,66 @@ TEST(SuffixDrafter, MostFrequentContinuationOfTheLongestContext) {
   EXPECT_EQ(out, (std::vector<int32_t>{6, 6}));
 }
 
+// The shared counts of a server's replies: a reply drafted again after its prompt, the oldest replies
+// uncounted past the bound, nothing left once every reply is gone.
+TEST(SuffixCache, DraftsEarlierRepliesAndStaysBounded) {
+  SuffixCache cache(4, 20);
+  std::vector<int32_t> out;
+  int n = 0;
+  const std::vector<int32_t> prompt = {50, 51, 52, 53, 54};
+  const std::vector<int32_t> reply = {10, 11, 12, 13, 14, 15, 16, 17, 18, 19};
+  EXPECT_EQ(cache.draft(prompt, 8, 0.1, out, n), 0.0);
+  EXPECT_TRUE(out.empty());
+  cache.add(prompt, reply);
+  EXPECT_EQ(cache.tokens(), 10u);
+  // After the prompt's tail: the reply from its first token, every continuation certain.
+  EXPECT_DOUBLE_EQ(cache.draft(prompt, 8, 0.1, out, n), 8.0);
+  EXPECT_EQ(out, std::vector<int32_t>(reply.begin(), reply.begin() + 8));
+  EXPECT_EQ(n, 3);  // the prompt's last 3 tokens (N - 1) are the reply's first context
+  // From the middle of the reply (a sequence that wrote its start already).
+  cache.draft(std::vector<int32_t>{1, 2, 12, 13}, 3, 0.1, out, n);
+  EXPECT_EQ(out, (std::vector<int32_t>{14, 15, 16}));
+  // A second reply after the same prompt: the first token is now a coin flip, the draft stops
+  // where the product of frequencies falls below the bound.
+  const std::vector<int32_t> other = {10, 21, 22, 23, 24, 25, 26, 27, 28, 29};
+  cache.add(prompt, other);
+  EXPECT_EQ(cache.tokens(), 20u);
+  cache.draft(prompt, 8, 0.6, out, n);
+  EXPECT_EQ(out, (std::vector<int32_t>{10}));
+  // Past the bound the oldest reply goes: its continuations are no longer drafted.
+  const std::vector<int32_t> third = {30, 31, 32, 33, 34};
+  cache.add(std::vector<int32_t>{60}, third);
+  EXPECT_EQ(cache.tokens(), 15u);
+  cache.draft(std::vector<int32_t>{9, 10}, 4, 0.1, out, n);
+  EXPECT_EQ(out, (std::vector<int32_t>{21, 22, 23, 24}));
+  cache.draft(std::vector<int32_t>{12, 13}, 4, 0.1, out, n);
+  EXPECT_TRUE(out.empty());
+  // Every reply replaced: only the last one's contexts are counted (no stale entry left behind).
+  const std::vector<int32_t> big(20, 7);
+  cache.add(std::vector<int32_t>{}, big);
+  EXPECT_EQ(cache.tokens(), 20u);
+  SuffixCounts only(4);
+  only.count(big, 0, +1);
+  EXPECT_EQ(cache.contexts(), only.contexts());
+}
+
+// A sequence's suffix drafter takes the shared replies' draft where it promises more than its own.
+TEST(SuffixDrafter, DraftsFromTheSharedRepliesWhenItsOwnHistoryHasNothing) {
+  SuffixCache cache(8, 1000);
+  const std::vector<int32_t> prompt = {3, 4, 5, 6};
+  cache.add(prompt, std::vector<int32_t>{40, 41, 42, 43, 44});
+  SuffixDrafter alone(8, 0.1), shared(8, 0.1, &cache);
+  std::vector<int32_t> out;
+  EXPECT_EQ(alone.draft(prompt, 4, out), 0);
+  EXPECT_TRUE(out.empty());
+  EXPECT_GT(shared.draft(prompt, 4, out), 0);
+  EXPECT_EQ(out, (std::vector<int32_t>{40, 41, 42, 43}));
+  // Its own history's certain loop is kept over a shared draft that promises less.
+  const std::vector<int32_t> loop = {3, 4, 5, 6, 9, 3, 4, 5, 6, 9, 3, 4, 5, 6};
+  EXPECT_GT(shared.draft(loop, 4, out), 0);
+  EXPECT_EQ(out, (std::vector<int32_t>{9, 3, 4, 5}));
+}
+
 TEST(SpeculativeGreedy, SuffixDrafterSameTokens) {
   Tiny& t = tiny();
   for (const std::string kv : {"fp32", "int4 r32", "int8 g16 r0 sink4 w48"})
@@ -472,6 +532,30 @@ TEST(SpeculativeCli, SampleAndChatGiveTheSameTokens) {
   const auto mm = test::run_command(test::binary() + " sample " + model + " -p x --spec-type ngram --spec-draft-min 9 --spec-draft-max 4");
   EXPECT_EQ(mm.code, 2);
   EXPECT_NE(mm.err.find("--spec-draft-min 9 is more than --spec-draft-max 4"), std::string::npos) << mm.err;
+  const auto sc = test::run_command(test::binary() + " serve " + model + " --port 0 --spec-type ngram --spec-suffix-cache 100");
+  EXPECT_EQ(sc.code, 2);
+  EXPECT_NE(sc.err.find("--spec-suffix-cache: the shared reply counts are the suffix drafter's"), std::string::npos) << sc.err;
+  const auto vc = test::run_command(test::binary() + " bench " + model + " --spec-verify-cost --spec-type ngram");
+  EXPECT_EQ(vc.code, 2);
+  EXPECT_NE(vc.err.find("--spec-verify-cost times verification passes alone"), std::string::npos) << vc.err;
+}
+
+// bench --spec-verify-cost: a pass of 1, ..., K + 1 rows each round; the one-row pass is the unit.
+TEST(SpeculativeCli, BenchVerifyCostTimesEveryWidth) {
+  const std::string model = test::repo_model("kjv-tiny").string();
+  const auto r = test::run_command(test::binary() + " bench " + model +
+                                   " --spec-verify-cost --spec-draft-max 3 -p 16 -r 2 -t 1 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["verify"].size(), 4u);
+  for (int k = 0; k <= 3; ++k) {
+    const auto& row = j["verify"][size_t(k)];
+    EXPECT_EQ(row["k"], k);
+    EXPECT_EQ(row["rows"], k + 1);
+    EXPECT_GT(row["ms"].get<double>(), 0);
+    EXPECT_GT(row["ratio"].get<double>(), 0);
+  }
+  EXPECT_DOUBLE_EQ(j["verify"][0]["ratio"].get<double>(), 1.0);
 }
 
 // Adaptivity: drafts of sampled prose at temperature 1.5 are mostly rejected; the adaptive sequence

@@ -41,6 +41,8 @@ struct BenchArgs {
   int shared_prefix = 0;  // --parallel: prompt tokens common to every sequence
   int kv_budget_mb = 0;   // --parallel: the shared KV pool's size (0: every sequence's worst case)
   SpecArgs spec;          // --spec-type ...: decode with and without speculation, alternating
+  bool verify_cost = false;  // --spec-verify-cost: a k-draft verification's pass against one step
+  bool gen_given = false;    // --gen-tokens given (not used by --spec-verify-cost)
   int cache_reuse = 0;    // --cache-reuse: measure reuse after an edit instead (engine/cache_reuse.h)
   int drop = 400, drop_at = 300;
   std::string text;       // --text: the history's tokens (else random ids)
@@ -255,11 +257,81 @@ int run_spec_bench(BenchArgs& a, const Runtime& rt, const SessionOptions& sopts,
   return 0;
 }
 
+// bench --spec-verify-cost: after a random prompt, passes of 1, 2, ..., K + 1 rows (a one-token step,
+// then the verification of k = 1..K drafted tokens with the pending one), the widths in turn within
+// each round so that the machine's drift hits all alike; each round's ratio to its one-token step.
+// The pass is what a verification computes (every row's logits, the drafts' KV rows written and all
+// but the first dropped); the generator's per-row sampling is left out.
+int run_verify_cost(const BenchArgs& a, const Model& model, const SessionOptions& sopts, ThreadPool& pool) {
+  const BenchConfig& b = a.bench;
+  const int K = a.spec.opts.draft_max;
+  std::mt19937 rng(uint32_t(b.seed));
+  std::uniform_int_distribution<int32_t> id(0, model.config().vocab_size - 1);
+  std::vector<int32_t> prompt(size_t(b.prompt_tokens)), fed(size_t(K) + 1);
+  for (int32_t& t : prompt) t = id(rng);
+  Session s(model, sopts, pool);
+  s.feed(prompt);
+  if (s.max_draft_append() < K + 1)
+    throw UsageError("--spec-draft-max " + std::to_string(K) + ": this KV configuration verifies at most " +
+                     std::to_string(s.max_draft_append() - 1) + " drafts in one pass");
+  std::vector<std::vector<double>> ms(size_t(K) + 1), ratio(size_t(K) + 1);
+  for (int r = -1; r < b.repeat; ++r) {  // round -1: every width's buffers grown, not timed
+    double step = 0;
+    for (int k = 0; k <= K; ++k) {
+      for (int32_t& t : fed) t = id(rng);
+      const auto t0 = std::chrono::steady_clock::now();
+      s.feed_draft(std::span<const int32_t>(fed).first(size_t(k) + 1));
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      s.commit_draft(1);
+      if (r < 0) continue;
+      if (k == 0) step = dt;
+      ms[size_t(k)].push_back(dt * 1e3);
+      ratio[size_t(k)].push_back(dt / step);
+    }
+  }
+  const auto lo = [](const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); };
+  const auto hi = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
+  if (a.json) {
+    nlohmann::json rows = nlohmann::json::array();
+    for (int k = 0; k <= K; ++k) {
+      const double q = median_of(ratio[size_t(k)]);
+      rows.push_back({{"k", k},
+                      {"rows", k + 1},
+                      {"ms", median_of(ms[size_t(k)])},
+                      {"ratio", q},
+                      {"ratio_min", lo(ratio[size_t(k)])},
+                      {"ratio_max", hi(ratio[size_t(k)])},
+                      {"ceiling", double(k + 1) / q}});
+    }
+    nlohmann::json j = {{"model", a.model_dir},     {"threads", pool.size()}, {"prompt_tokens", b.prompt_tokens},
+                        {"repeat", b.repeat},       {"kv_cache", sopts.kv.describe()},
+                        {"weights", weights_text(model)}, {"verify", rows}};
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  std::printf("model: %s (%s), %d threads; after %d random prompt tokens, kv %s; medians of %d rounds, widths in turn\n",
+              a.model_dir.c_str(), weights_text(model).c_str(), pool.size(), b.prompt_tokens,
+              sopts.kv.describe().c_str(), b.repeat);
+  std::printf("drafts k  rows  pass ms  verify(k)/step(1), median (min-max)  ceiling of the gain (k+1)/ratio\n");
+  for (int k = 0; k <= K; ++k) {
+    const double q = median_of(ratio[size_t(k)]);
+    std::printf("%8d  %4d  %7.2f  %6.3f (%.3f-%.3f)  %25.2fx\n", k, k + 1, median_of(ms[size_t(k)]), q,
+                lo(ratio[size_t(k)]), hi(ratio[size_t(k)]), double(k + 1) / q);
+  }
+  return 0;
+}
+
 int run_bench_command(BenchArgs& a) {
   if (a.model_dir.empty()) throw UsageError("give the model directory: bench MODEL, or -m MODEL");
   const bool spec = spec_options(a.spec).type != SpecType::None;  // flags checked before the model loads
   if (spec && !a.parallel.empty())
     throw UsageError("--spec-type with --parallel: bench measures speculation on one sequence");
+  if (a.verify_cost && (spec || !a.parallel.empty() || a.cache_reuse > 0))
+    throw UsageError("--spec-verify-cost times verification passes alone: not with --spec-type, --model-draft, "
+                     "--parallel or --cache-reuse");
+  if (a.verify_cost && (a.bench.context > 0 || a.gen_given))
+    throw UsageError("--spec-verify-cost: the context is --prompt-tokens and nothing is generated (no --context, "
+                     "--gen-tokens)");
   if (a.cache_reuse > 0) {
     if (spec) throw UsageError("--cache-reuse with --spec-type: bench measures one of them at a time");
     return run_cache_reuse(a);
@@ -268,7 +340,8 @@ int run_bench_command(BenchArgs& a) {
   const Model& model = rt.model();
   const ModelConfig& cfg = model.config();
   const BenchConfig& b = a.bench;
-  const int64_t needed = int64_t(b.context) + b.prompt_tokens + b.gen_tokens;
+  const int64_t needed = a.verify_cost ? int64_t(b.prompt_tokens) + int64_t(b.repeat + 2) * (a.spec.opts.draft_max + 2)
+                                       : int64_t(b.context) + b.prompt_tokens + b.gen_tokens;
   const bool streaming = a.runtime.window > 0;
   // Without --ctx-size the cache is sized for the run; a given one must hold it.
   if (a.runtime.ctx_size == 0 && !streaming)
@@ -279,6 +352,10 @@ int run_bench_command(BenchArgs& a) {
                      ") exceed --ctx-size " + std::to_string(sopts.kv.ctx_size));
   ThreadPool pool(resolve_threads(a.runtime));
   if (!a.parallel.empty()) return run_parallel(a, model, sopts, pool);
+  if (a.verify_cost) {
+    if (!sopts.use_cache) throw UsageError("--spec-verify-cost needs the KV cache (--no-cache)");
+    return run_verify_cost(a, model, sopts, pool);
+  }
   if (spec) {
     if (!sopts.use_cache) throw UsageError("--spec-type needs the KV cache (--no-cache)");
     return run_spec_bench(a, rt, sopts, pool);
@@ -370,7 +447,8 @@ Command add_bench_command(CLI::App& root) {
   app->add_option("--prompt-tokens,-p", a->bench.prompt_tokens, "Prompt tokens prefilled and timed")
       ->check(integer_at_least(1));
   app->add_option("--gen-tokens,-n", a->bench.gen_tokens, "Tokens decoded and timed")
-      ->check(integer_at_least(1));
+      ->check(integer_at_least(1))
+      ->each([a](const std::string&) { a->gen_given = true; });
   app->add_option("--repeat,-r", a->bench.repeat, "Runs; speeds are their median")
       ->check(integer_at_least(1));
   app->add_option("--context", a->bench.context, "Tokens already in the cache before the prompt")
@@ -387,6 +465,9 @@ Command add_bench_command(CLI::App& root) {
                   "With --parallel: MiB of KV blocks shared by the sequences (0: room for each at its worst)")
       ->check(integer_between(0, 1 << 20));
   add_spec_options(*app, a->spec);
+  app->add_flag("--spec-verify-cost", a->verify_cost,
+                "Time a pass verifying k drafted tokens (k + 1 rows) against a one-token step, for k = 1 to "
+                "--spec-draft-max, after --prompt-tokens of random context (the ceiling of speculation's gain)");
   app->add_option("--cache-reuse", a->cache_reuse,
                   "Measure reuse after an edit instead: a history of --prompt-tokens, the same with --drop tokens "
                   "removed, runs of at least N tokens shifted; --gen-tokens of what follows scored (KL, NLL) "

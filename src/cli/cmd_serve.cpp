@@ -56,6 +56,7 @@ struct ServeArgs {
   std::string prompt_cache_dir;      // --prompt-cache-dir: the blocks persist there (store/dir_store.h)
   double prompt_cache_max_mb = 1024;
   SpecArgs spec;
+  int spec_suffix_cache = -1;  // --spec-suffix-cache (-1: not given)
 };
 
 // `text` with every "DIR/" of `dirs` taken out.
@@ -151,6 +152,8 @@ int run_serve(ServeArgs& a) {
     throw UsageError("--api-key: the key is empty, which would serve without authentication; give a key, or leave "
                      "out --api-key");
   const SpecOptions spec = spec_options(a.spec);
+  if (a.spec_suffix_cache >= 0 && spec.type != SpecType::Suffix)
+    throw UsageError("--spec-suffix-cache: the shared reply counts are the suffix drafter's; give --spec-type suffix");
   SignalStop signals;  // before any thread exists
   const std::filesystem::path dir = a.model_dir.empty() ? default_model_dir() : std::filesystem::path(a.model_dir);
   Runtime rt({dir, resolve_threads(a.runtime), true});
@@ -170,6 +173,7 @@ int run_serve(ServeArgs& a) {
   sc.prefill_chunk = a.prefill_chunk;
   sc.eos_ids = stop_token_ids(dir, rt.config(), rt.tokenizer());
   sc.spec = spec;
+  if (a.spec_suffix_cache >= 0) sc.spec_suffix_cache = size_t(a.spec_suffix_cache);
   const auto draft = load_draft_model(a.spec, sc.spec, rt.tokenizer(), dir.string(), rt.pool(), sc.session.kv.ctx_size);
   std::unique_ptr<KVStore> store;
   if (!a.prompt_cache_dir.empty()) {
@@ -262,6 +266,11 @@ Command add_serve_command(CLI::App& root) {
                   "traffic never evicts them (0 = none; pins give way before a request waits)")
       ->check(integer_between(0, 1 << 20));
   add_spec_options(*app, a->spec);
+  app->add_option("--spec-suffix-cache", a->spec_suffix_cache,
+                  "suffix drafter: the most tokens of recent replies whose counts every request drafts from "
+                  "(0 = each request drafts from its own history alone)")
+      ->check(integer_between(0, 1 << 24))
+      ->default_str("16384");
   app->add_option("--cache-reuse", a->cache_reuse,
                   "Past the prefix reused exactly, take runs of at least N tokens of an earlier history that "
                   "reappear later in the prompt by shifting their positions instead of recomputing them (an "

@@ -115,6 +115,10 @@ Scheduler::Scheduler(Runtime& rt, const SchedulerConfig& cfg) : rt_(rt), cfg_(cf
       wake_.notify_all();
     });
   }
+  if (cfg_.spec.type == SpecType::Suffix && cfg_.spec_suffix_cache > 0) {
+    suffix_cache_ = std::make_unique<SuffixCache>(8, cfg_.spec_suffix_cache);
+    cfg_.spec.suffix_cache = suffix_cache_.get();
+  }
   publish_stats();
   thread_ = std::thread([this] { loop(); });
 }
@@ -809,6 +813,8 @@ void Scheduler::finish(Slot& s, FinishReason r, std::string error) {
   s.done = true;
   if (exchange_ && r != FinishReason::Error) save_to_store(s, true);
   if (r != FinishReason::Error) remember_history(s);
+  if (suffix_cache_ && (r == FinishReason::Stop || r == FinishReason::Length))
+    suffix_cache_->add(s.req.prompt, s.result.tokens);
   s.session.reset();  // the blocks go back now
   s.result.reason = r;
   s.result.error = std::move(error);

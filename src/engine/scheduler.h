@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "engine/cache_reuse.h"
+#include "engine/drafter_suffix.h"
 #include "engine/generator.h"
 #include "persist/kv_store.h"
 #include "engine/session.h"
@@ -57,6 +58,9 @@ struct SchedulerConfig {
   // spec.adaptive, the drafts a step takes are those that raise the measured tokens per second of
   // the whole step (none once the batch is wide enough that every row costs its full share).
   SpecOptions spec;
+  // The suffix drafter's shared counts: the most reply tokens of finished requests kept (0: each
+  // sequence drafts from its own history alone).
+  size_t spec_suffix_cache = 16384;
 };
 
 // What an API reports: the generator's StopReason (engine/generator.h) in four classes.
@@ -206,6 +210,7 @@ class Scheduler {
   std::vector<uint64_t> cost_step_;  // [T] the step that last measured a pass of T rows
   int widest_ = 0;
   std::vector<Generator::Step> spec_steps_;
+  std::unique_ptr<SuffixCache> suffix_cache_;  // recent replies, for every suffix drafter (or null)
 
   mutable std::mutex mu_;
   std::condition_variable wake_, idle_;

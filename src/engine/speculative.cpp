@@ -61,7 +61,7 @@ std::unique_ptr<Drafter> make_drafter(const SpecOptions& o) {
   switch (o.type) {
     case SpecType::None: return nullptr;
     case SpecType::Ngram: return std::make_unique<NgramDrafter>(o.ngram_min, o.ngram_max);
-    case SpecType::Suffix: return std::make_unique<SuffixDrafter>();
+    case SpecType::Suffix: return std::make_unique<SuffixDrafter>(8, 0.1, o.suffix_cache);
     case SpecType::Draft:
       if (!o.draft_model || !o.draft_pool) throw UsageError("--spec-type draft needs a draft model (--model-draft)");
       return std::make_unique<ModelDrafter>(*o.draft_model, *o.draft_pool, o.draft_ctx);

@@ -26,6 +26,7 @@ namespace ptllm {
 
 class Session;
 class Model;
+class SuffixCache;
 class ThreadPool;
 
 enum class SpecType { None, Ngram, Suffix, Draft };
@@ -46,6 +47,8 @@ struct SpecOptions {
   const Model* draft_model = nullptr;
   ThreadPool* draft_pool = nullptr;
   int draft_ctx = 4096;
+  // Suffix: the recent replies of the server's other requests, drafted from too (null: none).
+  const SuffixCache* suffix_cache = nullptr;
 };
 
 // Proposes the tokens likely to follow a sequence.
