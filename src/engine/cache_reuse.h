@@ -84,5 +84,11 @@ struct ReuseMeasurement {
 };
 ReuseMeasurement measure_cache_reuse(const Model& model, const SessionOptions& opts, ThreadPool& threads,
                                      std::span<const int32_t> text, const ReuseMeasureConfig& cfg);
+// The same for any edit: `history` computed on a shared pool, then `prompt` three ways and `scored`
+// teacher-forced after each. max_gap: prompt tokens no run supplies computed between runs, as the
+// server does (plan_cache_reuse; the server's is its prefill chunk).
+ReuseMeasurement measure_cache_reuse(const Model& model, const SessionOptions& opts, ThreadPool& threads,
+                                     std::span<const int32_t> history, std::span<const int32_t> prompt,
+                                     std::span<const int32_t> scored, int min_len, int64_t max_gap = 0);
 
 }  // namespace ptllm
