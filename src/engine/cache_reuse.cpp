@@ -52,11 +52,13 @@ std::vector<ReuseChunk> plan_cache_reuse(std::span<const int32_t> cached, int64_
     }
     return out;
   }
-  // With gaps: the run nearest in the prompt (then the first in the history) of at least min_len.
-  while (head_c < n_c && head_p < n_p) {
+  // With gaps: the run nearest in the prompt of at least min_len: the first after the last run in the
+  // history, else the first before it (a turn the harness moved: runs out of order).
+  while (head_p < n_p) {
     bool found = false;
     for (int64_t g = 0; g <= max_gap && head_p + g < n_p && !found; ++g)
-      for (int64_t c = head_c; c < n_c; ++c) {
+      for (int64_t i = 0; i < n_c && !found; ++i) {
+        const int64_t c = head_c + i < n_c ? head_c + i : head_c + i - n_c;
         if (cached[size_t(c)] != prompt[size_t(head_p + g)]) continue;
         const int64_t n = match(c, head_p + g);
         if (n < min_len) continue;
@@ -64,7 +66,6 @@ std::vector<ReuseChunk> plan_cache_reuse(std::span<const int32_t> cached, int64_
         head_c = c + n;
         head_p += g + n;
         found = true;
-        break;
       }
     if (!found) break;
   }
