@@ -192,6 +192,8 @@ if (withKl || !serve) {
                                      '-c', ctx, '--json', ...kvFlags], { encoding: 'utf8' });
         if (r.status !== 0) throw new Error(`bench --edit: ${r.stderr}`);
         kl.push({ trace: k, turn: t, ...JSON.parse(r.stdout.trim().split('\n').pop()) });
+        const x = kl[kl.length - 1];
+        console.error(`trace ${k} turn ${t + 1}: KL mean ${x.kl_mean.toFixed(4)} max ${x.kl_max.toFixed(4)}`);
       }
     }
   } finally {
