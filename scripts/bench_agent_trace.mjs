@@ -16,7 +16,8 @@
 // Needs only Node 20 (fetch). Examples:
 //   node scripts/bench_agent_trace.mjs --binary build/posttrainllm --model ../shared/models/kjv-small
 //   node scripts/bench_agent_trace.mjs --model ../shared/models/gguf/kjv-small-Q4_K_M.gguf \
-//     --llama-server ../anchors/llama.cpp/build/bin/llama-server    (timed: under flock /work/bench.lock)
+//     --llama-server ../anchors/llama.cpp/build/bin/llama-server --ctx 12288 \
+//     --llama-args '--override-kv llama.context_length=int:12288'    (timed: under flock /work/bench.lock)
 //   node scripts/bench_agent_trace.mjs --model ../shared/models/gguf/kjv-small-Q4_K_M.gguf --kl-only
 //   node scripts/bench_agent_trace.mjs --model models/kjv-tiny --turns 6 --traces 1   (a quick check)
 import { spawn, spawnSync } from 'node:child_process';
@@ -42,6 +43,9 @@ const ctx = opt('--ctx', '8192');
 const kvFlags = opt('--kv', '').split(' ').filter((x) => x.length > 0);
 const seed0 = Number(opt('--seed', '1'));
 const llamaServer = opt('--llama-server', '');
+// llama-server caps a slot's context at the GGUF's training context: prompts past it (as these traces'
+// past kjv-small's 2,048) need e.g. --llama-args '--override-kv llama.context_length=int:12288'.
+const llamaArgs = opt('--llama-args', '').split(' ').filter((x) => x.length > 0);
 const withKl = args.includes('--kl');
 const serve = !args.includes('--kl-only');  // --kl-only: the KL alone (not timed: no lock needed)
 
@@ -157,7 +161,7 @@ const modes = {
   [`--cache-reuse ${reuse}`]: () => startServer(binary, model, ['-t', threads, '-np', '1', '-c', ctx, ...kvFlags, '--cache-reuse', reuse]),
 };
 if (llamaServer) {
-  const common = ['-t', threads, '-tb', threads, '-np', '1', '-c', ctx, '--no-warmup'];
+  const common = ['-t', threads, '-tb', threads, '-np', '1', '-c', ctx, '--no-warmup', ...llamaArgs];
   modes['llama-server'] = () => startLlama(common);
   modes[`llama-server --cache-reuse ${reuse}`] = () => startLlama([...common, '--cache-reuse', reuse]);
 }
