@@ -1,17 +1,30 @@
-// Agent traces replayed through `posttrainllm serve` with and without --cache-reuse (docs/agent-cache.md):
-// tool-calling conversations of --turns turns over a system prompt of about 1,500 tokens with tool
-// definitions (get_weather, lookup_verse, calculator); each turn a user message, the assistant's
-// reasoning and tool call, a tool output of 200-800 tokens of the corpus, and a reply. The harness
-// edits the history as agent harnesses do: it drops the reasoning of earlier turns and replaces tool
-// outputs older than 5 turns with a one-line summary, so exact prefix reuse stops at the first edit.
+// Agent traces replayed through `posttrainllm serve`, and through llama-server on the same GGUF, with
+// and without --cache-reuse (docs/agent-cache.md): tool-calling conversations of --turns turns over a
+// system prompt of about 1,500 tokens with tool definitions (get_weather, lookup_verse, calculator);
+// each turn a user message, the assistant's reasoning and tool call, a tool output of 200-800 tokens
+// of the corpus, and a reply. The harness edits the history as agent harnesses do: it drops the
+// reasoning of earlier turns and replaces tool outputs older than 5 turns with a one-line summary, so
+// exact prefix reuse stops at the first edit.
 // Each turn's request is the history so far (a text prompt, /v1/completions, one token); what it
 // reports per turn: prompt tokens, tokens computed (prompt - cached_tokens) and the time to the first
-// token, for a fresh server of each mode, the modes alternating trace by trace. The replies are
-// scripted (the same history for both modes).
+// token, for a fresh server of each mode (-np 1), the modes' order rotating trace by trace. The
+// replies are scripted (the same history for every mode).
+// --llama-server PATH adds llama-server's two modes (then --model should be a .gguf file both read).
+// --kl: each turn's edit is also measured by `posttrainllm bench --cache-reuse --edit` (the previous
+// turn's prompt and reply as the history, this turn's prompt, and this turn's reply scored): the KL of
+// the shifted prompt's continuation against a recompute, one edit at a time.
 // Needs only Node 20 (fetch). Examples:
 //   node scripts/bench_agent_trace.mjs --binary build/posttrainllm --model ../shared/models/kjv-small
+//   node scripts/bench_agent_trace.mjs --model ../shared/models/gguf/kjv-small-Q4_K_M.gguf \
+//     --llama-server ../anchors/llama.cpp/build/bin/llama-server --ctx 12288 \
+//     --llama-args '--override-kv llama.context_length=int:12288'    (timed: under flock /work/bench.lock)
+//   node scripts/bench_agent_trace.mjs --model ../shared/models/gguf/kjv-small-Q4_K_M.gguf --kl-only
 //   node scripts/bench_agent_trace.mjs --model models/kjv-tiny --turns 6 --traces 1   (a quick check)
+import { spawn, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
 import { median } from '../tests/node/bench_util.mjs';
 import { startServer } from '../tests/node/harness.mjs';
 
@@ -29,6 +42,12 @@ const reuse = opt('--cache-reuse', '256');
 const ctx = opt('--ctx', '8192');
 const kvFlags = opt('--kv', '').split(' ').filter((x) => x.length > 0);
 const seed0 = Number(opt('--seed', '1'));
+const llamaServer = opt('--llama-server', '');
+// llama-server caps a slot's context at the GGUF's training context: prompts past it (as these traces'
+// past kjv-small's 2,048) need e.g. --llama-args '--override-kv llama.context_length=int:12288'.
+const llamaArgs = opt('--llama-args', '').split(' ').filter((x) => x.length > 0);
+const withKl = args.includes('--kl');
+const serve = !args.includes('--kl-only');  // --kl-only: the KL alone (not timed: no lock needed)
 
 // A small deterministic generator (mulberry32): the same traces for the same seed.
 function rng(seed) {
@@ -89,6 +108,11 @@ function prompt(trace, t) {
   return p + 'ASSISTANT:';
 }
 
+// The previous turn's whole sequence as the server held it (its prompt and its reply), and what the
+// model is to write after this turn's prompt in the scripted trace (the next reply).
+const heldAfter = (trace, t) => prompt(trace, t) + ' ' + trace.steps[t].reply + '\n';
+const continuation = (trace, t) => ' ' + trace.steps[t].reply + '\n';
+
 // One request for one token (prefill and the first token: its time is the time to the first token,
 // as bench_util's ttft), and its usage.
 async function turn(srv, text) {
@@ -104,13 +128,50 @@ async function turn(srv, text) {
   return { ttft, prompt: usage.prompt_tokens, computed: usage.prompt_tokens - usage.prompt_tokens_details.cached_tokens };
 }
 
-const modes = { exact: [], [`--cache-reuse ${reuse}`]: ['--cache-reuse', reuse] };
+const freePort = () => new Promise((resolve, reject) => {
+  const s = net.createServer();
+  s.once('error', reject);
+  s.listen(0, '127.0.0.1', () => {
+    const { port } = s.address();
+    s.close(() => resolve(port));
+  });
+});
+
+// llama-server on a free loopback port, once /health answers 200.
+async function startLlama(flags) {
+  const port = await freePort();
+  const proc = spawn(llamaServer, ['-m', model, '--host', '127.0.0.1', '--port', String(port), ...flags],
+                     { stdio: ['ignore', 'ignore', 'pipe'] });
+  let log = '';
+  proc.stderr.on('data', (d) => { log = (log + d.toString()).slice(-4000); });
+  const exited = new Promise((res) => proc.once('exit', (code) => res(code)));
+  for (let i = 0; i < 600; ++i) {
+    if (proc.exitCode !== null) throw new Error(`llama-server exited (${proc.exitCode}):\n${log}`);
+    try {
+      if ((await fetch(`http://127.0.0.1:${port}/health`)).status === 200) break;
+    } catch {}
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  return { port, stop: () => (proc.kill('SIGTERM'), exited) };
+}
+
+// Each mode: how to start its server.
+const modes = {
+  exact: () => startServer(binary, model, ['-t', threads, '-np', '1', '-c', ctx, ...kvFlags]),
+  [`--cache-reuse ${reuse}`]: () => startServer(binary, model, ['-t', threads, '-np', '1', '-c', ctx, ...kvFlags, '--cache-reuse', reuse]),
+};
+if (llamaServer) {
+  const common = ['-t', threads, '-tb', threads, '-np', '1', '-c', ctx, '--no-warmup', ...llamaArgs];
+  modes['llama-server'] = () => startLlama(common);
+  modes[`llama-server --cache-reuse ${reuse}`] = () => startLlama([...common, '--cache-reuse', reuse]);
+}
 const results = Object.fromEntries(Object.keys(modes).map((m) => [m, []]));
-for (let k = 0; k < traces; ++k) {
+for (let k = 0; k < traces && serve; ++k) {
   const trace = makeTrace(seed0 + k);
-  const order = k % 2 ? Object.keys(modes).reverse() : Object.keys(modes);  // alternate which runs first
+  const names = Object.keys(modes);
+  const order = names.map((_, i) => names[(i + k) % names.length]);  // rotate which runs first
   for (const mode of order) {
-    const srv = await startServer(binary, model, ['-t', threads, '-np', '1', '-c', ctx, ...kvFlags, ...modes[mode]]);
+    const srv = await modes[mode]();
     try {
       for (let t = 0; t < turns; ++t) results[mode].push({ trace: k, turn: t, ...(await turn(srv, prompt(trace, t))) });
     } finally {
@@ -119,16 +180,56 @@ for (let k = 0; k < traces; ++k) {
   }
 }
 
-const names = Object.keys(modes);
-console.log(`trace turn | prompt | computed ${names.join(' / ')} | TTFT ms ${names.join(' / ')}`);
-for (let i = 0; i < results[names[0]].length; ++i) {
-  const a = results[names[0]][i], b = results[names[1]][i];
-  console.log(`${a.trace} ${String(a.turn + 1).padStart(2)} | ${a.prompt} | ${a.computed} / ${b.computed} | ` +
-              `${a.ttft.toFixed(0)} / ${b.ttft.toFixed(0)}`);
+// The KL of each turn's shifted prompt against a recompute (bench --cache-reuse --edit).
+const kl = [];
+if (withKl || !serve) {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ptllm-trace-'));
+  try {
+    for (let k = 0; k < traces; ++k) {
+      const trace = makeTrace(seed0 + k);
+      for (let t = 1; t < turns; ++t) {
+        const files = ['history', 'prompt', 'continuation'].map((n) => path.join(dir, `${n}.txt`));
+        fs.writeFileSync(files[0], heldAfter(trace, t - 1));
+        fs.writeFileSync(files[1], prompt(trace, t));
+        fs.writeFileSync(files[2], continuation(trace, t));
+        const r = spawnSync(binary, ['bench', model, '--cache-reuse', reuse, '--edit', ...files, '-n', '64', '-t', threads,
+                                     '-c', ctx, '--json', ...kvFlags], { encoding: 'utf8' });
+        if (r.status !== 0) throw new Error(`bench --edit: ${r.stderr}`);
+        kl.push({ trace: k, turn: t, ...JSON.parse(r.stdout.trim().split('\n').pop()) });
+        const x = kl[kl.length - 1];
+        console.error(`trace ${k} turn ${t + 1}: KL mean ${x.kl_mean.toFixed(4)} max ${x.kl_max.toFixed(4)}`);
+      }
+    }
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+const names = serve ? Object.keys(modes) : [];
+if (serve) console.log(`trace turn | prompt | computed: ${names.join(' / ')} | TTFT ms: ${names.join(' / ')}`);
+for (let i = 0; serve && i < results[names[0]].length; ++i) {
+  const rs = names.map((m) => results[m][i]);
+  console.log(`${rs[0].trace} ${String(rs[0].turn + 1).padStart(2)} | ${rs.map((r) => r.prompt).join('/')} | ` +
+              `${rs.map((r) => r.computed).join(' / ')} | ${rs.map((r) => r.ttft.toFixed(0)).join(' / ')}`);
 }
 for (const m of names) {
   const rs = results[m], later = rs.filter((r) => r.turn > 0);
   console.log(`${m}: ${rs.reduce((s, r) => s + r.computed, 0)} of ${rs.reduce((s, r) => s + r.prompt, 0)} prompt ` +
               `tokens computed; TTFT p50 ${median(rs.map((r) => r.ttft)).toFixed(0)} ms, after the first turn ` +
               `${median(later.map((r) => r.ttft)).toFixed(0)} ms`);
+}
+if (withKl || !serve) {
+  console.log('KL of the shifted prompt against a recompute (bench --cache-reuse --edit), per turn:');
+  console.log('trace turn | prompt | computed exact / shifted-reuse | KL mean / max | NLL reuse / recompute | top-1');
+  for (const r of kl)
+    console.log(`${r.trace} ${String(r.turn + 1).padStart(2)} | ${r.prompt_tokens} | ${r.computed_exact} / ${r.computed_reuse} | ` +
+                `${r.kl_mean.toFixed(4)} / ${r.kl_max.toFixed(4)} | ${r.nll_reuse.toFixed(4)} / ${r.nll_reference.toFixed(4)} | ` +
+                `${(100 * r.top1_agreement).toFixed(1)}%`);
+  for (let k = 0; k < traces; ++k) {
+    const rs = kl.filter((r) => r.trace === k);
+    const w = rs.reduce((s, r) => s + r.scored_tokens, 0);
+    console.log(`trace ${k}: KL mean ${(rs.reduce((s, r) => s + r.kl_mean * r.scored_tokens, 0) / w).toFixed(4)} nats, ` +
+                `max ${Math.max(...rs.map((r) => r.kl_max)).toFixed(4)}; NLL ${(rs.reduce((s, r) => s + r.nll_reuse * r.scored_tokens, 0) / w).toFixed(4)} ` +
+                `against ${(rs.reduce((s, r) => s + r.nll_reference * r.scored_tokens, 0) / w).toFixed(4)}`);
+  }
 }

@@ -8,6 +8,8 @@
 #include <fstream>
 #include <iterator>
 
+#include <nlohmann/json.hpp>
+
 #include "model/config.h"
 #include "model/safetensors.h"
 #include "test_util.h"
@@ -178,6 +180,40 @@ TEST(BenchCliTest, ErrorsAreReported) {
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--ctx-size"), std::string::npos) << r.err;
   EXPECT_EQ(test::run_command(cli("bench " + dir.path.string() + " --gen-tokens 0")).code, 2);
+}
+
+// bench --cache-reuse --edit: one edit given as texts (a chunk of the history replaced by a summary):
+// runs after it are shifted, exact reuse stays exact, and the JSON says what each way computed.
+TEST(BenchCliTest, CacheReuseEditMeasuresOneEdit) {
+  test::TempDir dir;
+  auto words = [](int from, int n) {
+    static const char* w[] = {"And", "the", "LORD", "said", "unto", "Moses", "land", "of", "Egypt", "people",
+                              "went", "out", "came", "upon", "house", "children", "Israel", "king", "city", "God"};
+    std::string t;
+    for (int i = from; i < from + n; ++i) t += std::string(i > from ? " " : "") + w[(i * 7 + i / 20) % 20];
+    return t;
+  };
+  const std::string a = words(0, 200), b = words(200, 150), c = words(350, 200);
+  const std::filesystem::path h = dir.path / "h.txt", p = dir.path / "p.txt", k = dir.path / "c.txt";
+  std::ofstream(h) << a << " " << b << " " << c;
+  std::ofstream(p) << a << " In short: the land. " << c;
+  std::ofstream(k) << " " << words(550, 30);
+  const std::string model = test::repo_model("kjv-tiny").string();
+  const std::string files = " --edit " + h.string() + " " + p.string() + " " + k.string();
+  auto r = test::run_command(cli("bench " + model + " --cache-reuse 32 -n 16 -t 1 --json" + files));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out.substr(r.out.rfind('{')));
+  EXPECT_GT(j["shifted_tokens"].get<int64_t>(), 64);
+  EXPECT_LT(j["computed_reuse"].get<int64_t>(), j["computed_exact"].get<int64_t>());
+  EXPECT_EQ(j["computed_reuse"].get<int64_t>() + j["shifted_tokens"].get<int64_t>() + j["adopted_tokens"].get<int64_t>(),
+            j["prompt_tokens"].get<int64_t>());
+  EXPECT_EQ(j["scored_tokens"].get<int64_t>(), 16);
+  EXPECT_EQ(j["kl_exact_max"].get<double>(), 0.0);  // exact reuse is the recompute
+  EXPECT_GT(j["kl_max"].get<double>(), 0.0);        // shifting is not
+  auto bad = test::run_command(cli("bench " + model + " -n 16" + files));
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("--cache-reuse"), std::string::npos) << bad.err;
+  EXPECT_EQ(test::run_command(cli("bench " + model + " --cache-reuse 32 --text " + h.string() + files)).code, 2);
 }
 
 }  // namespace

@@ -78,6 +78,35 @@ TEST(CacheReusePlan, GapsLetTheWalkGoOnPastInsertedTokens) {
   EXPECT_EQ(plan_cache_reuse(cached, int64_t(cached.size()), prompt, 96, 32, 8).size(), 1u);
 }
 
+// A turn moved earlier: with gaps the walk takes runs from before the last one in the history too
+// (llama-server's walk, max_gap 0, only goes forward).
+TEST(CacheReusePlan, RunsOutOfOrderAfterATurnMoved) {
+  const auto sys = ids(1, 100, 3, 99), t1 = ids(2, 80, 100, 199), t2 = ids(3, 90, 200, 299),
+             t3 = ids(4, 70, 300, 399), next = ids(5, 10, 400, 499);
+  const auto cached = cat({sys, t1, t2, t3});
+  const auto prompt = cat({sys, t3, t1, t2, next});
+  auto plan = plan_cache_reuse(cached, int64_t(cached.size()), prompt, 96, 32, 64);
+  ASSERT_EQ(plan.size(), 3u);
+  EXPECT_EQ(plan[0].len, 4);  // the rest of the common prefix
+  EXPECT_EQ(plan[1].src, 270);  // t3, forward
+  EXPECT_EQ(plan[1].dst, 100);
+  EXPECT_EQ(plan[1].len, 70);
+  EXPECT_EQ(plan[2].src, 100);  // t1 and t2, from before t3 in the history
+  EXPECT_EQ(plan[2].dst, 170);
+  EXPECT_EQ(plan[2].len, 170);
+  // Forward only without gaps: t3, then nothing.
+  plan = plan_cache_reuse(cached, int64_t(cached.size()), prompt, 96, 32);
+  ASSERT_EQ(plan.size(), 2u);
+  EXPECT_EQ(plan[1].src, 270);
+  // A run after the last one is preferred over an equal one before it.
+  const auto twice = cat({sys, t1, t3, t2, t1}), gap = ids(6, 5, 500, 599);
+  plan = plan_cache_reuse(twice, int64_t(twice.size()), cat({sys, t2, gap, t1, next}), 96, 32, 64);
+  ASSERT_EQ(plan.size(), 3u);
+  EXPECT_EQ(plan[1].src, 250);  // t2
+  EXPECT_EQ(plan[2].src, 340);  // the t1 after it, not the one at 100
+  EXPECT_EQ(plan[2].dst, 195);
+}
+
 TEST(CacheReusePlan, BadMinimumsAreRefusedByName) {
   KVCacheConfig kv;
   EXPECT_EQ(cache_reuse_error(0, kv, "--cache-reuse"), "");

@@ -69,6 +69,37 @@ TEST(BlockPoolKeys, ACollidingKeyWithOtherTokensIsAMiss) {
   EXPECT_EQ(pool.find(k, std::vector<int32_t>{1, 2, 3, 4}), -1);
 }
 
+// Cached blocks go by retention class, lowest first (transient, then user, then system), least
+// recently released first within a class; a revived block leaves its class's list.
+TEST(BlockPoolKeys, EvictionGoesByRetentionClassThenRecency) {
+  BlockPool pool(64, 6, false, 1);
+  const Retention order[6] = {Retention::System, Retention::Transient, Retention::User,
+                              Retention::Transient, Retention::System, Retention::User};
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 6; ++i) {
+    ids.push_back(pool.acquire());
+    ASSERT_TRUE(pool.publish(ids.back(), {uint64_t(i + 1), 0, 0, false}, std::vector<int32_t>{i}, order[i]));
+  }
+  pool.set_retention(ids[5], Retention::Transient);  // a later holder's class (set while referenced)
+  EXPECT_EQ(pool.retention(ids[5]), Retention::Transient);
+  for (int i : {0, 1, 2, 3, 4, 5}) pool.release(ids[size_t(i)]);
+  EXPECT_EQ(pool.cached(), 6u);
+  EXPECT_EQ(pool.cached(Retention::Transient), 3u);
+  EXPECT_EQ(pool.cached(Retention::User), 1u);
+  EXPECT_EQ(pool.cached(Retention::System), 2u);
+  EXPECT_EQ(pool.find({4, 0, 0, false}, std::vector<int32_t>{3}), ids[3]);  // revived: out of the lists
+  EXPECT_EQ(pool.cached(Retention::Transient), 2u);
+  // Transient in release order (1, 5), then user (2), then system (0, 4); 3 is referenced.
+  for (int want : {1, 5, 2, 0, 4}) {
+    EXPECT_EQ(pool.acquire(), ids[size_t(want)]) << want;
+    EXPECT_EQ(pool.find({uint64_t(want + 1), 0, 0, false}, std::vector<int32_t>{want}), -1);  // forgotten
+  }
+  EXPECT_EQ(pool.acquire(), -1);
+  EXPECT_EQ(pool.cached(), 0u);
+  for (Retention r : {Retention::Transient, Retention::User, Retention::System}) EXPECT_EQ(pool.cached(r), 0u);
+  EXPECT_EQ(pool.in_use(), 6u);
+}
+
 struct Case {
   KVPrecision precision;
   int sink, window;

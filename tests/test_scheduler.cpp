@@ -395,15 +395,17 @@ TEST_F(SchedulerTest, PinsGiveWayAndABudgetAboveThePoolIsRefused) {
   {
     Scheduler sch(*rt_, c);
     const auto system = test::random_prompt(80, 300, vocab());
-    Pending p;
-    Request r;
-    r.prompt = system;
-    r.params = greedy(2);
-    r.pin_tokens = 300;
-    r.on_done = [d = p.done](const RequestResult& res) { d->set_value(res); };
-    sch.submit(std::move(r));
-    EXPECT_EQ(wait(p).reason, FinishReason::Length);
-    EXPECT_EQ(sch.stats().pinned_prefixes, 1u);
+    for (size_t i = 0; i < 2; ++i) {  // the second request over a prefix pins it
+      Pending p;
+      Request r;
+      r.prompt = system;
+      r.params = greedy(2);
+      r.pin_tokens = 300;
+      r.on_done = [d = p.done](const RequestResult& res) { d->set_value(res); };
+      sch.submit(std::move(r));
+      EXPECT_EQ(wait(p).reason, FinishReason::Length);
+      EXPECT_EQ(sch.stats().pinned_prefixes, i);
+    }
     Pending big = submit(sch, test::random_prompt(81, 480, vocab()), greedy(4));
     const RequestResult rb = wait(big);
     EXPECT_EQ(rb.reason, FinishReason::Length) << rb.error;
@@ -419,6 +421,72 @@ TEST_F(SchedulerTest, PinsGiveWayAndABudgetAboveThePoolIsRefused) {
     EXPECT_NE(std::string(e.what()).find("--kv-pin-mb"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("more than the KV pool"), std::string::npos) << e.what();
   }
+}
+
+// Eviction by role: a history of a system prompt (6 blocks), a user turn (4) and a tool output (5)
+// in a pool of 24 blocks a layer; bursts of unrelated prompts take the tool output's blocks first,
+// then the user turn's (before the burst's own, released later), never the system prompt's while
+// anything else is cached. Without roles (every block User) the least recently released go first:
+// the history's first blocks, and with them every prefix.
+TEST_F(SchedulerTest, EvictionTakesToolOutputsThenUserTurnsThenTheSystemPrompt) {
+  const size_t block = size_t(32) * 2 * size_t(rt_->model().kv_shape().kv_dim()) * sizeof(float);
+  const auto history = test::random_prompt(90, 480, vocab());
+  const std::vector<RetentionSpan> roles = {
+      {192, Retention::System}, {320, Retention::User}, {480, Retention::Transient}};
+  auto run = [&](Scheduler& sch, std::vector<RetentionSpan> spans) {
+    Pending p;
+    Request r;
+    r.prompt = history;
+    r.params = greedy(2);
+    r.retention = std::move(spans);
+    r.on_done = [d = p.done](const RequestResult& res) { d->set_value(res); };
+    sch.submit(std::move(r));
+    return wait(p);
+  };
+  // bursts: prompts of 300 tokens (10 blocks a layer each, with their reply), one after another.
+  auto scenario = [&](bool with_roles, int bursts, int64_t* adopted, SchedulerStats* after_burst) {
+    SchedulerConfig c = config(1);
+    c.kv_budget_bytes = 4 * 24 * block;
+    Scheduler sch(*rt_, c);
+    const RequestResult first = run(sch, with_roles ? roles : std::vector<RetentionSpan>{});
+    EXPECT_EQ(first.cached_tokens, 0);
+    const SchedulerStats st = sch.stats();  // taken before a reply goes out (finish)
+    EXPECT_EQ(st.blocks_cached, 15u * 4u);  // 481 tokens fed: 15 full blocks in each of 4 layers
+    if (with_roles) {
+      EXPECT_EQ(st.blocks_cached_by[int(Retention::System)], 6u * 4u);
+      EXPECT_EQ(st.blocks_cached_by[int(Retention::User)], 4u * 4u);
+      EXPECT_EQ(st.blocks_cached_by[int(Retention::Transient)], 5u * 4u);
+    }
+    for (int i = 0; i < bursts; ++i) {
+      Pending b = submit(sch, test::random_prompt(uint32_t(300 + i), 300, vocab()), greedy(2));
+      EXPECT_EQ(wait(b).reason, FinishReason::Length);
+    }
+    *after_burst = sch.stats();
+    EXPECT_EQ(after_burst->blocks_used, 0u);  // nothing leaked
+    *adopted = run(sch, with_roles ? roles : std::vector<RetentionSpan>{}).cached_tokens;
+    sch.drain();
+    EXPECT_EQ(sch.pool().blocks_in_use(), 0u);
+  };
+  int64_t adopted = -1;
+  SchedulerStats st;
+  // A burst takes 40 blocks (301 tokens fed: 10 a layer) and leaves 36 cached (its last, partial
+  // block is not published: it goes back free).
+  // One burst: 36 free blocks, then 4 of the tool output's (layer 0's first four of it).
+  scenario(true, 1, &adopted, &st);
+  EXPECT_EQ(st.blocks_cached_by[int(Retention::Transient)], 16u);
+  EXPECT_EQ(st.blocks_cached_by[int(Retention::User)], 16u + 36u);  // the history's and the burst's
+  EXPECT_EQ(st.blocks_cached_by[int(Retention::System)], 24u);
+  EXPECT_EQ(adopted, 320);  // the system prompt and the user turn
+  // Two bursts: the second takes the 4 free blocks, the 16 left of the tool output, the user turn's
+  // 16 (released before the first burst's), then 4 of the first burst's.
+  scenario(true, 2, &adopted, &st);
+  EXPECT_EQ(st.blocks_cached_by[int(Retention::Transient)], 0u);
+  EXPECT_EQ(st.blocks_cached_by[int(Retention::User)], 32u + 36u);
+  EXPECT_EQ(st.blocks_cached_by[int(Retention::System)], 24u);
+  EXPECT_EQ(adopted, 192);  // the system prompt
+  // Without roles, one burst takes the least recently released: the history's first blocks.
+  scenario(false, 1, &adopted, &st);
+  EXPECT_EQ(adopted, 0);
 }
 
 }  // namespace

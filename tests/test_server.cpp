@@ -302,6 +302,60 @@ TEST_F(ServerTest, ChatSystemPromptIsPinned) {
       << m->body;
 }
 
+// A chat's blocks are cached by role: the system prompt's System, the user turns' User, the
+// assistant's and the tool's Transient (a block takes the lowest role it touches), on /metrics.
+TEST_F(ServerTest, ChatBlocksAreCachedByRole) {
+  start();
+  auto text = [](const char* words, int times) {
+    std::string t;
+    for (int i = 0; i < times; ++i) t += words;
+    return t;
+  };
+  const json messages = json::array(
+      {{{"role", "system"}, {"content", text("Thou art a scribe of the LORD, and thou shalt answer in the words of the book. ", 5)}},
+       {{"role", "user"}, {"content", text("What saith the book of the light? ", 3)}},
+       {{"role", "assistant"},
+        {"content", "Let me look it up."},
+        {"tool_calls", json::array({{{"id", "call_1"},
+                                     {"type", "function"},
+                                     {"function", {{"name", "lookup_verse"}, {"arguments", "{\"verse\": 3}"}}}}})}},
+       {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", text("And God said, Let there be light: and there was light. ", 8)}},
+       {{"role", "user"}, {"content", "And the darkness?"}}});
+  const json body = {{"messages", messages}, {"max_tokens", 2}, {"temperature", 0}};
+  const auto r = post("/v1/chat/completions", body.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  // Where each message begins in tokens: the rendering of the messages before it shares that much.
+  const Tokenizer& tok = rt_->tokenizer();
+  const auto full = tok.encode(render(messages), {.add_special = false});
+  std::vector<size_t> begins = {0};
+  for (size_t k = 1; k < messages.size(); ++k) {
+    const auto part = tok.encode(render(json(std::vector<json>(messages.begin(), messages.begin() + std::ptrdiff_t(k)))),
+                                 {.add_special = false});
+    begins.push_back(size_t(std::mismatch(part.begin(), part.end(), full.begin(), full.end()).first - part.begin()));
+  }
+  const int cls_of_message[5] = {2, 1, 0, 0, 1};  // system, user, transient
+  size_t want[3] = {0, 0, 0};
+  const size_t fed = full.size() + 1;  // the prompt and the first generated token
+  for (size_t b = 0; b + 32 <= fed; b += 32) {
+    int low = b + 32 > full.size() ? 0 : 2;  // a block with a generated token: transient
+    for (size_t k = 0; k < begins.size(); ++k) {
+      const size_t end = k + 1 < begins.size() ? begins[k + 1] : full.size();
+      if (begins[k] < b + 32 && end > b) low = std::min(low, cls_of_message[k]);
+    }
+    want[low] += 4;  // kjv-tiny's 4 layers
+  }
+  ASSERT_GT(want[0], 0u);
+  ASSERT_GT(want[1], 0u);
+  ASSERT_GT(want[2], 0u);
+  const auto m = client().Get("/metrics");
+  ASSERT_TRUE(m);
+  for (const auto& [role, n] : {std::pair{"transient", want[0]}, std::pair{"user", want[1]}, std::pair{"system", want[2]}})
+    EXPECT_NE(m->body.find(std::string("\nptllm_kv_blocks_cached_by_role{role=\"") + role + "\"} " + std::to_string(n) + "\n"),
+              std::string::npos)
+        << role << " " << n << "\n" << m->body;
+}
+
 TEST_F(ServerTest, StreamedChunksAddUpToTheReplyAndCarryUsage) {
   start();
   // Long enough for a full block to be adopted with more than 16 tokens left to compute

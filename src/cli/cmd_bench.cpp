@@ -24,6 +24,7 @@
 #include "sample/sampler.h"
 #include "kernels/simd.h"
 #include "model/model.h"
+#include "tokenizer/tokenizer.h"
 
 namespace ptllm::cli {
 
@@ -46,7 +47,55 @@ struct BenchArgs {
   int cache_reuse = 0;    // --cache-reuse: measure reuse after an edit instead (engine/cache_reuse.h)
   int drop = 400, drop_at = 300;
   std::string text;       // --text: the history's tokens (else random ids)
+  std::vector<std::string> edit;  // --edit HISTORY PROMPT CONTINUATION: text files of one edit
 };
+
+// bench --cache-reuse N --edit HISTORY PROMPT CONTINUATION: one edit as an agent harness makes it
+// (the texts of the earlier request's whole sequence and of the new prompt, encoded as a completion
+// prompt is), the first --gen-tokens of CONTINUATION scored. Runs are shifted as serve shifts them,
+// with up to its default prefill chunk (256 tokens) computed between two runs.
+int run_cache_reuse_edit(BenchArgs& a) {
+  Runtime rt({a.model_dir, resolve_threads(a.runtime), true});
+  const Model& model = rt.model();
+  const Tokenizer& tok = rt.tokenizer();
+  const std::vector<std::string> names = {"--edit HISTORY", "--edit PROMPT", "--edit CONTINUATION"};
+  std::vector<std::vector<int32_t>> ids;
+  for (size_t i = 0; i < 3; ++i) {
+    const std::string t = read_whole_file(a.edit[i], uint64_t(1) << 28, names[i]);
+    ids.push_back(i < 2 ? tok.encode(t) : tok.encode(t, {.add_special = false}));
+    if (ids.back().size() < (i == 1 ? 2u : 1u))
+      throw UsageError(names[i] + " (" + a.edit[i] + "): too short (" + std::to_string(ids.back().size()) + " tokens)");
+  }
+  if (ids[2].size() > size_t(a.bench.gen_tokens)) ids[2].resize(size_t(a.bench.gen_tokens));
+  const int64_t needed = std::max<int64_t>(int64_t(ids[0].size()), int64_t(ids[1].size() + ids[2].size()));
+  if (a.runtime.ctx_size == 0) a.runtime.ctx_size = int(std::max<int64_t>(default_ctx_size(model.config()), needed));
+  SessionOptions sopts = make_session_options(a.runtime, model.config());
+  if (const std::string e = cache_reuse_error(a.cache_reuse, sopts.kv, "--cache-reuse"); !e.empty()) throw UsageError(e);
+  if (needed > sopts.kv.ctx_size)
+    throw UsageError("--edit needs a context of " + std::to_string(needed) + " tokens, more than --ctx-size " +
+                     std::to_string(sopts.kv.ctx_size));
+  ThreadPool pool(resolve_threads(a.runtime));
+  const ReuseMeasurement m = measure_cache_reuse(model, sopts, pool, ids[0], ids[1], ids[2], a.cache_reuse, 256);
+  const nlohmann::json j = {{"kv", sopts.kv.describe()}, {"cache_reuse", a.cache_reuse},
+                            {"history_tokens", ids[0].size()}, {"prompt_tokens", m.prompt_tokens},
+                            {"adopted_tokens", m.adopted}, {"shifted_tokens", m.shifted},
+                            {"computed_exact", m.computed_exact}, {"computed_reuse", m.computed_reuse},
+                            {"scored_tokens", ids[2].size()}, {"kl_mean", m.kl_mean}, {"kl_max", m.kl_max},
+                            {"kl_exact_max", m.kl_exact_max}, {"nll_reference", m.nll_reference},
+                            {"nll_reuse", m.nll_reuse}, {"top1_agreement", m.top1_agreement}};
+  if (a.json) {
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  std::printf("kv %s, history %zu tokens, prompt %lld: computed exact %lld, with --cache-reuse %d %lld (%lld shifted)\n",
+              sopts.kv.describe().c_str(), ids[0].size(), static_cast<long long>(m.prompt_tokens),
+              static_cast<long long>(m.computed_exact), a.cache_reuse, static_cast<long long>(m.computed_reuse),
+              static_cast<long long>(m.shifted));
+  std::printf("next %zu tokens against a full recompute: KL mean %.4g max %.4g nats (exact reuse: max %.3g); NLL %.4f "
+              "(recompute %.4f); top-1 agreement %.1f%%\n",
+              ids[2].size(), m.kl_mean, m.kl_max, m.kl_exact_max, m.nll_reuse, m.nll_reference, 100 * m.top1_agreement);
+  return 0;
+}
 
 // bench --cache-reuse N: a history of --prompt-tokens, then the same with --drop tokens removed
 // after the first --drop-at, and --gen-tokens of the text after it scored against a full recompute.
@@ -332,9 +381,10 @@ int run_bench_command(BenchArgs& a) {
   if (a.verify_cost && (a.bench.context > 0 || a.gen_given))
     throw UsageError("--spec-verify-cost: the context is --prompt-tokens and nothing is generated (no --context, "
                      "--gen-tokens)");
+  if (!a.edit.empty() && a.cache_reuse == 0) throw UsageError("--edit measures reuse after an edit: give --cache-reuse N");
   if (a.cache_reuse > 0) {
     if (spec) throw UsageError("--cache-reuse with --spec-type: bench measures one of them at a time");
-    return run_cache_reuse(a);
+    return a.edit.empty() ? run_cache_reuse(a) : run_cache_reuse_edit(a);
   }
   Runtime rt({a.model_dir, resolve_threads(a.runtime), spec});
   const Model& model = rt.model();
@@ -473,10 +523,21 @@ Command add_bench_command(CLI::App& root) {
                   "removed, runs of at least N tokens shifted; --gen-tokens of what follows scored (KL, NLL) "
                   "against a full recompute")
       ->check(integer_at_least(1));
-  app->add_option("--drop", a->drop, "With --cache-reuse: tokens dropped from the history")->check(integer_at_least(1));
-  app->add_option("--drop-at", a->drop_at, "With --cache-reuse: the first token dropped")->check(integer_at_least(0));
-  app->add_option("--text", a->text, "With --cache-reuse: a text file whose tokens are the history (else random ids)")
-      ->check(CLI::ExistingFile);
+  CLI::Option* drop = app->add_option("--drop", a->drop, "With --cache-reuse: tokens dropped from the history")
+                          ->check(integer_at_least(1));
+  CLI::Option* drop_at =
+      app->add_option("--drop-at", a->drop_at, "With --cache-reuse: the first token dropped")->check(integer_at_least(0));
+  CLI::Option* text =
+      app->add_option("--text", a->text, "With --cache-reuse: a text file whose tokens are the history (else random ids)")
+          ->check(CLI::ExistingFile);
+  app->add_option("--edit", a->edit,
+                  "With --cache-reuse: HISTORY PROMPT CONTINUATION, text files of one edit: the earlier sequence, "
+                  "the edited prompt, and the text scored after it")
+      ->expected(3)
+      ->check(CLI::ExistingFile)
+      ->excludes(drop)
+      ->excludes(drop_at)
+      ->excludes(text);
   add_runtime_options(*app, a->runtime);
   return {app, [a] { return run_bench_command(*a); }};
 }

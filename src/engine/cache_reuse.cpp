@@ -52,11 +52,13 @@ std::vector<ReuseChunk> plan_cache_reuse(std::span<const int32_t> cached, int64_
     }
     return out;
   }
-  // With gaps: the run nearest in the prompt (then the first in the history) of at least min_len.
-  while (head_c < n_c && head_p < n_p) {
+  // With gaps: the run nearest in the prompt of at least min_len: the first after the last run in the
+  // history, else the first before it (a turn the harness moved: runs out of order).
+  while (head_p < n_p) {
     bool found = false;
     for (int64_t g = 0; g <= max_gap && head_p + g < n_p && !found; ++g)
-      for (int64_t c = head_c; c < n_c; ++c) {
+      for (int64_t i = 0; i < n_c && !found; ++i) {
+        const int64_t c = head_c + i < n_c ? head_c + i : head_c + i - n_c;
         if (cached[size_t(c)] != prompt[size_t(head_p + g)]) continue;
         const int64_t n = match(c, head_p + g);
         if (n < min_len) continue;
@@ -64,7 +66,6 @@ std::vector<ReuseChunk> plan_cache_reuse(std::span<const int32_t> cached, int64_
         head_c = c + n;
         head_p += g + n;
         found = true;
-        break;
       }
     if (!found) break;
   }
@@ -191,7 +192,15 @@ ReuseMeasurement measure_cache_reuse(const Model& model, const SessionOptions& o
   const auto history = text.first(size_t(hist_n));
   std::vector<int32_t> prompt(text.begin(), text.begin() + cfg.keep);
   prompt.insert(prompt.end(), text.begin() + cfg.keep + cfg.drop, text.begin() + hist_n);
-  const auto scored = text.subspan(size_t(hist_n), size_t(cfg.score));
+  return measure_cache_reuse(model, opts, threads, history, prompt, text.subspan(size_t(hist_n), size_t(cfg.score)),
+                             cfg.min_len);
+}
+
+ReuseMeasurement measure_cache_reuse(const Model& model, const SessionOptions& opts, ThreadPool& threads,
+                                     std::span<const int32_t> history, std::span<const int32_t> prompt,
+                                     std::span<const int32_t> scored, int min_len, int64_t max_gap) {
+  PTLLM_CHECK(!history.empty() && prompt.size() >= 2 && !scored.empty());
+  const int64_t n_scored = int64_t(scored.size());
   const size_t vocab = size_t(model.config().vocab_size);
   ReuseMeasurement m;
   m.prompt_tokens = int64_t(prompt.size());
@@ -213,18 +222,18 @@ ReuseMeasurement measure_cache_reuse(const Model& model, const SessionOptions& o
   };
   auto compare = [&](const std::vector<double>& lp, double* kl_max, double* kl_mean, double* nll, double* agree) {
     double sum = 0;
-    for (int64_t r = 0; r < cfg.score; ++r) {
+    for (int64_t r = 0; r < n_scored; ++r) {
       const double* p = lp_ref.data() + size_t(r) * vocab;
       const double* q = lp.data() + size_t(r) * vocab;
       double kl = 0;
       for (size_t i = 0; i < vocab; ++i) kl += std::exp(p[i]) * (p[i] - q[i]);
       sum += kl;
       *kl_max = std::max(*kl_max, kl);
-      if (nll) *nll -= q[size_t(scored[size_t(r)])] / double(cfg.score);
+      if (nll) *nll -= q[size_t(scored[size_t(r)])] / double(n_scored);
       if (agree && std::max_element(p, p + vocab) - p == std::max_element(q, q + vocab) - q)
-        *agree += 1.0 / double(cfg.score);
+        *agree += 1.0 / double(n_scored);
     }
-    if (kl_mean) *kl_mean = sum / double(cfg.score);
+    if (kl_mean) *kl_mean = sum / double(n_scored);
   };
   // Shifted first: its blocks go under a salted chain, so exact reuse after it still finds only the
   // history's (an exact run first would publish the whole prompt for the next to adopt).
@@ -232,9 +241,16 @@ ReuseMeasurement measure_cache_reuse(const Model& model, const SessionOptions& o
     Session s(model, opts, threads, &pool);
     const int64_t adopted = adopt(s);
     const int64_t B = opts.kv.group_size;
-    const auto plan = plan_cache_reuse(cached.tokens, int64_t(pool.complete_blocks(hist_n)) * B, prompt, adopted,
-                                       cfg.min_len);
-    m.shifted = apply_cache_reuse(s, pool, cached, prompt, plan, 1, 0);
+    const int64_t gap = std::min<int64_t>(max_gap, s.max_chunk());
+    const auto plan = plan_cache_reuse(cached.tokens, int64_t(pool.complete_blocks(int64_t(history.size()))) * B,
+                                       prompt, adopted, min_len, gap);
+    // As the server: the tokens before each run computed, then the run shifted.
+    for (const ReuseChunk& c : plan) {
+      if (c.dst > s.position()) s.feed(prompt.subspan(size_t(s.position()), size_t(c.dst - s.position())));
+      const int64_t got = apply_cache_reuse(s, pool, cached, prompt, std::span(&c, 1), 1, 0);
+      m.shifted += got;
+      if (got < c.len) break;
+    }
     m.computed_reuse = m.prompt_tokens - adopted - m.shifted;
     compare(score_after(s, prompt, scored), &m.kl_max, &m.kl_mean, &m.nll_reuse, &m.top1_agreement);
   }
@@ -244,8 +260,8 @@ ReuseMeasurement measure_cache_reuse(const Model& model, const SessionOptions& o
     m.computed_exact = m.prompt_tokens - m.adopted;
     compare(score_after(e, prompt, scored), &m.kl_exact_max, nullptr, nullptr, nullptr);
   }
-  for (int64_t r = 0; r < cfg.score; ++r) m.nll_reference -= lp_ref[size_t(r) * vocab + size_t(scored[size_t(r)])];
-  m.nll_reference /= double(cfg.score);
+  for (int64_t r = 0; r < n_scored; ++r) m.nll_reference -= lp_ref[size_t(r) * vocab + size_t(scored[size_t(r)])];
+  m.nll_reference /= double(n_scored);
   return m;
 }
 

@@ -39,7 +39,8 @@ struct ReuseChunk {
 // are computed). With max_gap 0 runs are contiguous in the prompt, as llama-server's: the first
 // unmatched prompt token ends the walk. With max_gap > 0, up to that many prompt tokens no run
 // supplies (an inserted summary, a token merged at the seam of a cut) may come before the next run:
-// they are computed, then the run is shifted after them.
+// they are computed, then the run is shifted after them; and a run may come from earlier in the
+// history than the last one (a turn moved), the runs after the last one being preferred.
 std::vector<ReuseChunk> plan_cache_reuse(std::span<const int32_t> cached, int64_t cached_avail,
                                          std::span<const int32_t> prompt, int64_t from, int64_t min_len,
                                          int64_t max_gap = 0);
@@ -84,5 +85,11 @@ struct ReuseMeasurement {
 };
 ReuseMeasurement measure_cache_reuse(const Model& model, const SessionOptions& opts, ThreadPool& threads,
                                      std::span<const int32_t> text, const ReuseMeasureConfig& cfg);
+// The same for any edit: `history` computed on a shared pool, then `prompt` three ways and `scored`
+// teacher-forced after each. max_gap: prompt tokens no run supplies computed between runs, as the
+// server does (plan_cache_reuse; the server's is its prefill chunk).
+ReuseMeasurement measure_cache_reuse(const Model& model, const SessionOptions& opts, ThreadPool& threads,
+                                     std::span<const int32_t> history, std::span<const int32_t> prompt,
+                                     std::span<const int32_t> scored, int min_len, int64_t max_gap = 0);
 
 }  // namespace ptllm

@@ -269,6 +269,9 @@ void Scheduler::admit() {
 // chunk (adopt_at_turn).
 bool Scheduler::try_start(Slot& s) {
   s.session = std::make_unique<Session>(rt_.model(), cfg_.session, rt_.pool(), pool_.get());
+  s.session->set_retention(s.req.retention.empty()
+                               ? std::vector<RetentionSpan>{{int64_t(s.req.prompt.size()), Retention::User}}
+                               : s.req.retention);
   const int n = int(std::min<int64_t>({s.remaining(), cfg_.prefill_chunk, s.session->max_chunk()}));
   const BlocksNeeded need = s.session->cache().blocks_needed(n);
   const size_t headroom = running_.size() * size_t(rt_.config().n_layers);
@@ -456,8 +459,9 @@ size_t Scheduler::stored_blocks(const Slot& s, size_t adopted) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Pinned prefixes (SchedulerConfig::pin_bytes): once a request's marked prefix (Request::pin_tokens)
-// is computed, its full blocks are held by a pin, so that a burst of other traffic never takes them;
+// Pinned prefixes (SchedulerConfig::pin_bytes): once a second request's marked prefix
+// (Request::pin_tokens) is computed, its full blocks are held by a pin, so that a burst of other
+// traffic never takes them (one-off prefixes, a burst's own system prompts, are never pinned);
 // a later request with the same prefix adopts them as it would from the pool. Pins over the budget,
 // and every pin when room runs out, go least recently used first.
 
@@ -474,6 +478,16 @@ void Scheduler::pin_prefix(Slot& s) {
       p.used = s.order;
       return;
     }
+  // Shared prefixes only: the first request to mark one makes it a candidate, the second pins it.
+  const std::pair<BlockHash, size_t> me{s.hashes[n - 1], n};
+  if (const auto seen = std::find(pin_candidates_.begin(), pin_candidates_.end(), me); seen != pin_candidates_.end()) {
+    pin_candidates_.erase(seen);
+  } else {
+    constexpr size_t kPinCandidates = 256;
+    pin_candidates_.push_back(me);
+    if (pin_candidates_.size() > kPinCandidates) pin_candidates_.pop_front();
+    return;
+  }
   const bool kivi = pool_->has_quantized_form();
   Pin pin;
   pin.last = s.hashes[n - 1];
@@ -853,6 +867,8 @@ void Scheduler::publish_stats() {
   s.blocks_total = pool_->dense().capacity() + pool_->quant().capacity();
   s.blocks_used = pool_->blocks_in_use();
   s.blocks_cached = pool_->dense().cached() + pool_->quant().cached();
+  for (int c = 0; c < kRetentionClasses; ++c)
+    s.blocks_cached_by[c] = pool_->dense().cached(Retention(c)) + pool_->quant().cached(Retention(c));
   size_t shared = 0;
   for (const BlockPool* p : {&pool_->dense(), &pool_->quant()})
     for (size_t id = 0; id < p->capacity(); ++id) shared += p->refs(int32_t(id)) > 1;

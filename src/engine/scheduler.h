@@ -118,6 +118,10 @@ struct Request {
   // The prompt's first tokens that many requests share and that should stay in the pool (a chat's
   // system prompt and tool definitions): pinned once computed (SchedulerConfig::pin_bytes).
   int64_t pin_tokens = 0;
+  // What the prompt's tokens are kept for once cached (kv/block_pool.h Retention: a chat's system
+  // prompt and tools, user turns, tool outputs and assistant turns), spans over the prompt; empty: the
+  // whole prompt User. Generated tokens are Transient.
+  std::vector<RetentionSpan> retention;
   // Reuse after an edit (engine/cache_reuse.h): past the prefix adopted exactly, runs of at least this
   // many tokens of a history the pool holds are shifted to their new positions instead of computed
   // (an approximation); 0: exact prefix reuse only. At least the block size (cache_reuse_error).
@@ -134,6 +138,7 @@ struct SchedulerStats {
   size_t queued = 0, running = 0;
   size_t blocks_total = 0, blocks_used = 0, blocks_cached = 0, blocks_shared = 0;
   size_t blocks_pinned = 0, pinned_prefixes = 0;  // held by pins (counted in blocks_used too)
+  size_t blocks_cached_by[kRetentionClasses] = {};  // blocks_cached by retention class (Retention)
   // The block store (when SchedulerConfig::store is set): token blocks looked up and loaded (hits),
   // looked up and not loaded (misses; rejected: present but failing verification), the prompt tokens
   // they held, blocks queued to be put; and the store's own transport counters.
@@ -233,6 +238,9 @@ class Scheduler {
   };
   std::vector<Pin> pins_;
   size_t pinned_bytes_ = 0;
+  // Prefixes one request has marked so far (its last block's hash and block count), most recent last:
+  // a prefix is pinned when a second request marks it, so one-off prompts take no pin budget.
+  std::deque<std::pair<BlockHash, size_t>> pin_candidates_;
   // Recent histories (most recent last), the sources of reuse after an edit; the scheduler thread's.
   std::deque<CachedHistory> histories_;
   uint64_t shift_salt_ = 0;  // the last salt given to a shifted sequence

@@ -79,6 +79,11 @@ class Session {
   void append_shifted(std::span<const int32_t> ids, int64_t delta, uint64_t salt,
                       const std::function<void(int layer, float* k, float* v)>& rows);
 
+  // The retention classes of this sequence's tokens in a shared pool (KVCache::set_retention).
+  void set_retention(std::vector<RetentionSpan> spans) {
+    if (cache_) cache_->set_retention(std::move(spans));
+  }
+
   // Whether `more` tokens can still be fed (always, under StreamingLLM).
   bool fits(int64_t more) const;
   const std::vector<int32_t>& history() const { return history_; }

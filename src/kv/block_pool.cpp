@@ -40,6 +40,15 @@ size_t checked_block_bytes(size_t block_bytes, size_t capacity, bool preallocate
 }
 }  // namespace
 
+const char* retention_name(Retention r) {
+  switch (r) {
+    case Retention::Transient: return "transient";
+    case Retention::User: return "user";
+    case Retention::System: return "system";
+  }
+  return "";
+}
+
 void BlockPool::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
 
 BlockPool::BlockPool(size_t block_bytes, size_t capacity, bool preallocate, int tokens_per_block)
@@ -47,7 +56,8 @@ BlockPool::BlockPool(size_t block_bytes, size_t capacity, bool preallocate, int 
       capacity_(capacity),
       tokens_per_block_(tokens_per_block),
       ptr_(capacity, nullptr),
-      refs_(capacity, 0) {
+      refs_(capacity, 0),
+      class_(capacity, uint8_t(Retention::User)) {
   free_.reserve(capacity);
   if (tokens_per_block > 0) {
     keys_.resize(capacity);
@@ -92,13 +102,19 @@ int32_t BlockPool::acquire() {
     owned_.emplace_back(alloc_aligned(block_bytes_));
     ptr_[size_t(id)] = owned_.back().get();
     ++allocated_;
-  } else if (lru_head_ != kNone) {
-    id = lru_head_;  // the least recently released cached block: its content is forgotten
+  } else {
+    // The least recently released cached block of the lowest class: its content is forgotten.
+    id = kNone;
+    for (const Lru& l : lru_)
+      if (l.head != kNone) {
+        id = l.head;
+        break;
+      }
+    if (id == kNone) return -1;
     lru_remove(id);
     forget(id);
-  } else {
-    return -1;
   }
+  class_[size_t(id)] = uint8_t(Retention::User);
   refs_[size_t(id)] = 1;
   ++in_use_;
   return id;
@@ -124,11 +140,12 @@ size_t BlockPool::bucket(const BlockKey& k) const {
   return size_t(h ^ (h >> 29)) & (buckets_.size() - 1);
 }
 
-bool BlockPool::publish(int32_t id, const BlockKey& key, std::span<const int32_t> tokens) {
+bool BlockPool::publish(int32_t id, const BlockKey& key, std::span<const int32_t> tokens, Retention cls) {
   PTLLM_CHECK(tokens_per_block_ > 0 && refs_[size_t(id)] > 0 && tokens.size() <= size_t(tokens_per_block_));
   if (keyed_[size_t(id)]) return false;
   for (int32_t at = buckets_[bucket(key)]; at != kNone; at = bucket_next_[size_t(at)])
     if (keys_[size_t(at)] == key) return false;  // one block per key: the first keeps it
+  class_[size_t(id)] = uint8_t(cls);
   keys_[size_t(id)] = key;
   keyed_[size_t(id)] = 1;
   int32_t* t = tokens_.data() + size_t(id) * size_t(tokens_per_block_);
@@ -156,6 +173,11 @@ int32_t BlockPool::find(const BlockKey& key, std::span<const int32_t> tokens) {
     return at;
   }
   return kNone;
+}
+
+void BlockPool::set_retention(int32_t id, Retention cls) {
+  PTLLM_CHECK(id >= 0 && size_t(id) < capacity_ && refs_[size_t(id)] > 0);  // not in a list
+  class_[size_t(id)] = uint8_t(cls);
 }
 
 const BlockKey* BlockPool::key_of(int32_t id) const {
@@ -191,20 +213,24 @@ void BlockPool::forget(int32_t id) {
 }
 
 void BlockPool::lru_push_back(int32_t id) {
-  lru_prev_[size_t(id)] = lru_tail_;
+  Lru& l = lru_[class_[size_t(id)]];
+  lru_prev_[size_t(id)] = l.tail;
   lru_next_[size_t(id)] = kNone;
-  if (lru_tail_ != kNone) lru_next_[size_t(lru_tail_)] = id;
-  else lru_head_ = id;
-  lru_tail_ = id;
+  if (l.tail != kNone) lru_next_[size_t(l.tail)] = id;
+  else l.head = id;
+  l.tail = id;
+  ++l.n;
   ++n_cached_;
 }
 
 void BlockPool::lru_remove(int32_t id) {
+  Lru& l = lru_[class_[size_t(id)]];
   const int32_t p = lru_prev_[size_t(id)], n = lru_next_[size_t(id)];
   if (p != kNone) lru_next_[size_t(p)] = n;
-  else lru_head_ = n;
+  else l.head = n;
   if (n != kNone) lru_prev_[size_t(n)] = p;
-  else lru_tail_ = p;
+  else l.tail = p;
+  --l.n;
   --n_cached_;
 }
 

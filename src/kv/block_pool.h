@@ -8,8 +8,8 @@
 // same content finds it by key and takes a reference instead of computing it. A hit is checked
 // against the key's full 128 bits, the layer and the block's own token ids, so two different
 // contents that meet in a bucket (or share a forced-short hash in the tests) are a miss. A keyed
-// block whose last reference goes stays findable until the pool needs the memory (least recently
-// released first).
+// block whose last reference goes stays findable until the pool needs the memory: the lowest
+// retention class first (Retention), least recently released first within a class.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -22,6 +22,23 @@ namespace ptllm {
 struct BlockHash {
   uint64_t lo = 0, hi = 0;
   bool operator==(const BlockHash&) const = default;
+};
+
+// What a cached block is kept for, lowest first: when the pool needs memory it takes the least
+// recently released block of the lowest class that has one (mlx-lm's prompt cache evicts assistant,
+// then user, then system turns). A chat's tool outputs and assistant turns (and generated tokens) are
+// Transient, its user turns User, its system prompt and tool definitions System; a completion
+// prompt is User.
+enum class Retention : uint8_t { Transient = 0, User = 1, System = 2 };
+inline constexpr int kRetentionClasses = 3;
+const char* retention_name(Retention r);  // "transient", "user", "system"
+
+// The class of a sequence's tokens (KVCache::set_retention): span i covers the tokens from the end of
+// span i-1 (0 for the first) to `end`; a block's class is the lowest of the spans its tokens touch.
+struct RetentionSpan {
+  int64_t end = 0;
+  Retention cls = Retention::User;
+  bool operator==(const RetentionSpan&) const = default;
 };
 
 struct BlockKey {
@@ -47,9 +64,13 @@ class BlockPool {
   // Drops one reference. At zero a keyed block stays findable (cached), any other is free.
   void release(int32_t id);
 
-  // Gives a referenced full block its content key; false (and nothing changes) when another block
-  // already holds the key, or when the block already has one.
-  bool publish(int32_t id, const BlockKey& key, std::span<const int32_t> tokens);
+  // Gives a referenced full block its content key and retention class; false (and nothing changes)
+  // when another block already holds the key, or when the block already has one.
+  bool publish(int32_t id, const BlockKey& key, std::span<const int32_t> tokens,
+               Retention cls = Retention::User);
+  // Sets the retention class of a referenced block (it applies once the block is cached).
+  void set_retention(int32_t id, Retention cls);
+  Retention retention(int32_t id) const { return Retention(class_[size_t(id)]); }
   // The block holding exactly this content, with a reference taken for the caller, or -1.
   int32_t find(const BlockKey& key, std::span<const int32_t> tokens);
   // The block's key, or null.
@@ -67,6 +88,7 @@ class BlockPool {
   size_t capacity() const { return capacity_; }
   size_t in_use() const { return in_use_; }       // blocks with a reference
   size_t cached() const { return n_cached_; }     // keyed blocks without one (findable, reclaimable)
+  size_t cached(Retention cls) const { return lru_[size_t(cls)].n; }  // of them, in one class
   size_t available() const { return capacity_ - in_use_; }  // what acquire() can still hand out
   size_t physical_bytes() const { return allocated_ * block_bytes_; }
 
@@ -101,9 +123,15 @@ class BlockPool {
   std::vector<int32_t> tokens_;       // [capacity][tokens_per_block]
   std::vector<int32_t> buckets_;      // [power of two] first id of the bucket
   std::vector<int32_t> bucket_next_;  // [capacity]
-  // Cached blocks, least recently released first (a doubly linked list through the ids).
+  // Cached blocks: per retention class, least recently released first (doubly linked lists through
+  // the ids, one per class).
+  struct Lru {
+    int32_t head = kNone, tail = kNone;
+    size_t n = 0;
+  };
   std::vector<int32_t> lru_prev_, lru_next_;
-  int32_t lru_head_ = kNone, lru_tail_ = kNone;
+  std::vector<uint8_t> class_;  // [capacity] Retention
+  Lru lru_[kRetentionClasses];
 };
 
 }  // namespace ptllm

@@ -251,6 +251,12 @@ class KVCache {
   // under a chain salted by `salt` (KVPool::Shifted), which exact adoption never looks up. Undone by a
   // rewind to before that point or clear().
   void mark_shifted(uint64_t salt);
+  // The retention class of this sequence's tokens (block_pool.h: which cached blocks the pool takes
+  // first): the blocks it publishes or adopts get the lowest class of the spans their tokens touch;
+  // tokens past the last span are Transient (generated). No spans (the default): every block User.
+  void set_retention(std::vector<RetentionSpan> spans) { retention_ = std::move(spans); }
+  Retention retention_of(int64_t first, int64_t end) const;
+
   // The first token published under the salted chain (-1: none), and the salt.
   int64_t shifted_from() const { return shifted_from_; }
   uint64_t shift_salt() const { return shift_salt_; }
@@ -305,6 +311,7 @@ class KVCache {
   // Approximate tokens from here on (mark_shifted); -1: none.
   int64_t shifted_from_ = -1;
   uint64_t shift_salt_ = 0;
+  std::vector<RetentionSpan> retention_;
   std::vector<Layer> layers_;
   std::vector<int> stored_;  // the layers that store K/V (all but YOCO's KV-shared ones), ascending
   // PositionMode::Cache: [table][delta][head_dim/2], one table per distinct frequency set

@@ -49,7 +49,7 @@ void KVCache::quantize_block(Layer& L, size_t entry) {
   if (const BlockKey* key = dense_pool_.key_of(e.id)) {
     BlockKey qkey = *key;
     qkey.quantized = true;
-    quant_pool_.publish(qid, qkey, dense_pool_.tokens_of(e.id));
+    quant_pool_.publish(qid, qkey, dense_pool_.tokens_of(e.id), dense_pool_.retention(e.id));
   }
   dense_pool_.release(e.id);
   e = {qid, true};

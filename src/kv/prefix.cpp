@@ -152,13 +152,26 @@ void KVCache::end_step(std::span<const int32_t> history) {
       const Key128 k = chain_key(parent, tb.start, ids);
       chain_lo_ = k.lo;
       chain_hi_ = k.hi;
+      const Retention cls = retention_of(tb.start, tb.start + tb.len);
       for (int l : stored_) {
         const Entry e = layers_[size_t(l)].block_of(n_keyed_, n_sink_blocks, cfg_.group_size);
-        if (e.id >= 0) (e.quantized ? quant_pool_ : dense_pool_).publish(e.id, {k.lo, k.hi, int32_t(l), e.quantized}, ids);
+        if (e.id >= 0)
+          (e.quantized ? quant_pool_ : dense_pool_).publish(e.id, {k.lo, k.hi, int32_t(l), e.quantized}, ids, cls);
       }
     }
   }
   for (int l = 0; l < shape_.n_layers; ++l) apply_policy(l);
+}
+
+Retention KVCache::retention_of(int64_t first, int64_t end) const {
+  if (retention_.empty()) return Retention::User;
+  Retention low = Retention::System;
+  int64_t from = 0;
+  for (const RetentionSpan& s : retention_) {
+    if (s.end > first && from < end) low = std::min(low, s.cls);
+    from = s.end;
+  }
+  return end > from ? Retention::Transient : low;
 }
 
 BlocksNeeded KVCache::blocks_needed(int T) const {
@@ -267,6 +280,11 @@ int64_t KVCache::adopt_prefix(std::span<const int32_t> tokens, const std::functi
     while (m > 0) drop_last();
   if (m == 0) return 0;
   const size_t n_sink_blocks = ceil_div(cfg_.streaming() ? cfg_.sink : 0, cfg_.group_size);
+  for (size_t j = 0; j < m && !retention_.empty(); ++j) {  // what they are to this sequence
+    const TokenBlock tb = token_block(j);
+    const Retention cls = retention_of(tb.start, tb.start + tb.len);
+    for (size_t l = 0; l < L; ++l) (got[j * L + l].quantized ? quant_pool_ : dense_pool_).set_retention(got[j * L + l].id, cls);
+  }
   for (size_t l = 0; l < L; ++l) {
     Layer& layer = layers_[size_t(stored_[l])];
     for (size_t j = 0; j < m; ++j) {

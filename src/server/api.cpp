@@ -697,6 +697,11 @@ std::string metrics_text(const SchedulerStats& s, int parallel) {
   metric(o, "ptllm_kv_blocks_shared", "gauge", "KV blocks referenced by more than one sequence", double(s.blocks_shared));
   metric(o, "ptllm_kv_blocks_cached", "gauge", "Unreferenced KV blocks kept for prefix reuse (reclaimable)", double(s.blocks_cached));
   metric(o, "ptllm_kv_blocks_free", "gauge", "KV blocks not referenced (cached ones included)", double(s.blocks_total - s.blocks_used));
+  o += "# HELP ptllm_kv_blocks_cached_by_role Cached KV blocks by what they hold, evicted transient first, system "
+       "last (tool outputs and assistant turns: transient)\n# TYPE ptllm_kv_blocks_cached_by_role gauge\n";
+  for (int c = 0; c < kRetentionClasses; ++c)
+    o += std::string("ptllm_kv_blocks_cached_by_role{role=\"") + retention_name(Retention(c)) + "\"} " +
+         std::to_string(s.blocks_cached_by[c]) + "\n";
   metric(o, "ptllm_kv_blocks_pinned", "gauge", "KV blocks held by pinned prefixes (--kv-pin-mb; counted as used)", double(s.blocks_pinned));
   metric(o, "ptllm_kv_pinned_prefixes", "gauge", "Prefixes pinned (a system prompt and its tools each)", double(s.pinned_prefixes));
   if (s.store) {  // serve --kv-store

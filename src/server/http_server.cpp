@@ -634,6 +634,9 @@ struct HttpServer::Impl {
   std::shared_ptr<Channel> submit(ApiRequest& r, int64_t& prompt_tokens, std::string* overflow = nullptr);
   std::string fit_context(ApiRequest& r, std::vector<int32_t>& prompt, int64_t ctx);
   int64_t system_prefix(const ApiRequest& r, const std::vector<int32_t>& prompt);
+  std::vector<RetentionSpan> retention_spans(const ApiRequest& r, const std::vector<int32_t>& prompt);
+  std::once_flag token_bytes_once;
+  std::vector<std::string> token_bytes;  // the tokenizer's, for retention_spans
   RequestResult wait_result(const httplib::Request& req, Channel& ch);
   void generate(const httplib::Request& req, httplib::Response& res, Endpoint ep);
   void agent(const httplib::Request& req, httplib::Response& res, AgentApi api);
@@ -886,6 +889,65 @@ int64_t HttpServer::Impl::system_prefix(const ApiRequest& r, const std::vector<i
   return k;
 }
 
+// The retention classes of a chat prompt's tokens (kv/block_pool.h Retention): the system prompt and
+// tools System, user messages User, assistant and tool messages Transient. The template renders the
+// messages in order, so where message k begins is where the rendering of the messages before it
+// stops sharing the prompt's text (rendered once per change of class); a token belongs to the message
+// its first byte is in. A rendering the template refuses (some require a user message last) merges
+// its two neighbours, taking the lower class. Approximate only in which class a boundary token gets:
+// it decides what is evicted first, never what a reply is.
+std::vector<RetentionSpan> HttpServer::Impl::retention_spans(const ApiRequest& r, const std::vector<int32_t>& prompt) {
+  if (!cfg.render_chat || !r.messages.is_array() || r.messages.empty()) return {};
+  std::call_once(token_bytes_once, [&] { token_bytes = rt.tokenizer().token_bytes(); });
+  std::string text;  // the prompt's text as its tokens spell it, and where each token starts
+  std::vector<size_t> starts;
+  starts.reserve(prompt.size());
+  for (int32_t id : prompt) {
+    starts.push_back(text.size());
+    if (id >= 0 && size_t(id) < token_bytes.size()) text += token_bytes[size_t(id)];
+  }
+  auto class_of = [](const json& m) {
+    if (is_system_role(m)) return Retention::System;
+    return m.is_object() && m.value("role", "") == "user" ? Retention::User : Retention::Transient;
+  };
+  auto shared_chars = [&](const json& messages) -> std::optional<size_t> {
+    try {
+      const std::string t = cfg.render_chat(messages, r.tools, r.template_kwargs);
+      return size_t(std::mismatch(t.begin(), t.end(), text.begin(), text.end()).second - text.begin());
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+  };
+  auto token_at = [&](size_t chars) { return int64_t(std::lower_bound(starts.begin(), starts.end(), chars) - starts.begin()); };
+  std::vector<RetentionSpan> spans;
+  // The system messages with the tools rendered alone: the prefix pinned (system_prefix) is System.
+  json system = json::array();
+  for (const json& m : r.messages)
+    if (is_system_role(m)) system.push_back(m);
+  if (!system.empty() || (r.tools.is_array() && !r.tools.empty()))
+    if (const auto c = shared_chars(system); c && *c > 0) spans.push_back({token_at(*c), Retention::System});
+  const json& ms = r.messages;
+  Retention cls = class_of(ms[0]);
+  for (size_t k = 1; k <= ms.size(); ++k) {
+    if (k < ms.size() && class_of(ms[k]) == cls) continue;
+    std::optional<size_t> end;
+    if (k < ms.size()) {
+      end = shared_chars(json(std::vector<json>(ms.begin(), ms.begin() + std::ptrdiff_t(k))));
+      if (!end) {  // merged with the next message: the lower class
+        cls = std::min(cls, class_of(ms[k]));
+        continue;
+      }
+    }
+    const int64_t e = end ? token_at(*end) : int64_t(prompt.size());
+    if (spans.empty() || e > spans.back().end) {
+      if (!spans.empty() && spans.back().cls == cls) spans.back().end = e;
+      else spans.push_back({e, cls});
+    }
+    if (k < ms.size()) cls = class_of(ms[k]);
+  }
+  return spans;
+}
+
 // --context-overflow shift or stream on a prompt that does not fit `ctx` tokens: rewrites the
 // request's prompt so that it does, leaving room for the reply (max_tokens when given, at most half
 // the context; else a quarter of it), and returns what was dropped (for the log and the
@@ -986,6 +1048,7 @@ std::shared_ptr<Channel> HttpServer::Impl::submit(ApiRequest& r, int64_t& prompt
   if (!r.max_tokens_given) r.params.max_tokens = int(kv.streaming() ? kv.ctx_size : kv.ctx_size - n);
   sr.params = r.params;
   if (sch.config().pin_bytes > 0 && r.endpoint == Endpoint::Chat) sr.pin_tokens = system_prefix(r, sr.prompt);
+  if (r.endpoint == Endpoint::Chat) sr.retention = retention_spans(r, sr.prompt);
   auto ch = std::make_shared<Channel>();
   sr.cancel = ch->cancel;
   sr.on_text = [ch](std::string_view t) { ch->push(t); };
