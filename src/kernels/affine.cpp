@@ -173,6 +173,8 @@ std::vector<AffineKernel> available_affine_kernels() {
 
 AffineKernel affine_active_kernel() { return default_kernel(); }
 
+const AffineKernelTable& affine_active_table() { return *affine_table(default_kernel()); }
+
 bool affine_fast(const WeightMatrix& w) {
   const bool pow2 = w.group_size > 0 && (w.group_size & (w.group_size - 1)) == 0;  // mlx: 32, 64, 128
   return (w.bits == 2 || w.bits == 4 || w.bits == 8) && pow2 && w.group_size >= kQ8Block && w.cols % w.group_size == 0;

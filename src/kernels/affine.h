@@ -50,6 +50,10 @@ void affine_matmul(const float* x, int T, const WeightMatrix& w, const float* bi
                    AffineKernel k, AffinePath path = AffinePath::Auto);
 // Whether the fast products take w (bits 2, 4, 8; group size a power of two, at least 32).
 bool affine_fast(const WeightMatrix& w);
+struct AffineKernelTable;
+// The kernel table affine_matmul takes by default (kernels/affine_q8.h), for a caller that rounds one
+// x once for many products (a mixture-of-experts layer's experts).
+const AffineKernelTable& affine_active_table();
 
 // Scalar twin of the fast products (plain loops, double sums): the same int8 x and integer sums.
 void affine_matmul_q8_ref(const float* x, int T, const WeightMatrix& w, const float* bias, float* y);
