@@ -444,6 +444,9 @@ TEST(MoeForward, APrefillReadsEachChosenExpertOnce) {
     for (int t = 0; t < T; ++t) moe_forward(paged.w, c, in.data() + size_t(t) * size_t(H), 1, H, one.data(), s, pool);
     row_by_row = PageReads::faults;
   }
+  RecordProperty("one_pass_pages", std::to_string(one_pass));
+  RecordProperty("batched_faults", std::to_string(batched));
+  RecordProperty("row_by_row_faults", std::to_string(row_by_row));
   EXPECT_GE(batched, one_pass);
   EXPECT_LE(batched, one_pass + one_pass / 8) << "one pass: " << one_pass << " pages";
   EXPECT_GE(row_by_row, per_row);
