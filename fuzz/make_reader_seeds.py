@@ -30,6 +30,15 @@ def main():
         glob.glob(os.path.join(repo, "tests", "data", "models", "*", "config.json")))
     for c in configs:
         add("fuzz_config", read(c))
+    # the MoE fields beyond the tiny model's: the hub's num_experts name, sparse steps, an unnormalized
+    # top-k, and each field refused by name (a shared expert, another gating, scaled or grouped routing)
+    moe = json.loads(read(os.path.join(repo, "tests", "data", "models", "qwen3moe-tiny", "config.json")))
+    hub = dict(moe, num_experts=moe.pop("num_local_experts"), decoder_sparse_step=2, mlp_only_layers=[0, 2],
+               norm_topk_prob=False)
+    add("fuzz_config", json.dumps(hub).encode())
+    for field, value in [("shared_expert_intermediate_size", 64), ("n_shared_experts", 1), ("scoring_func", "sigmoid"),
+                         ("routed_scaling_factor", 2.5), ("n_group", 4), ("num_experts_per_tok", 65)]:
+        add("fuzz_config", json.dumps(dict(hub, **{field: value})).encode())
 
     # safetensors: small files of every dtype and shape kind, and real headers with tiny data.
     def safetensors(tensors):
@@ -177,6 +186,27 @@ def main():
         kv += [(a + "." + k, t, v) for k, t, v in extra] + [("tokenizer.ggml.model", 8, gguf_str(b"gpt2")),
                                                              ("tokenizer.ggml.merges", 9, arr(8, [b"a b"]))]
         add("fuzz_gguf", gguf_file(kv, tens))
+    # qwen3moe: the expert keys (and those refused by value) and a sparse layer's tensors, router and
+    # stacked experts [hidden, inter, E]; a second layer without ffn_gate_inp is a dense one
+    f32 = lambda n, v=0.01: struct.pack("<%df" % n, *([v] * n))
+    moe_kv = [(k.replace("llama", "qwen3moe") if k.startswith("llama.") else k, t, v) for k, t, v in common]
+    moe_kv = [("general.architecture", 8, gguf_str(b"qwen3moe")) if k == "general.architecture" else (k, t, v)
+              for k, t, v in moe_kv if k != "qwen3moe.block_count"]
+    moe_kv += [("qwen3moe.block_count", 4, u32(2)), ("qwen3moe.expert_count", 4, u32(4)),
+               ("qwen3moe.expert_used_count", 4, u32(2)), ("qwen3moe.expert_feed_forward_length", 4, u32(8)),
+               ("qwen3moe.expert_weights_norm", 7, b"\0"), ("qwen3moe.attention.key_length", 4, u32(16)),
+               ("qwen3moe.attention.value_length", 4, u32(16)), ("tokenizer.ggml.model", 8, gguf_str(b"gpt2")),
+               ("tokenizer.ggml.merges", 9, arr(8, [b"a b"]))]
+    moe_tens = tens[:2] + [("blk.0.ffn_gate_inp.weight", [32, 4], 0, f32(128)),
+                           ("blk.0.ffn_gate_exps.weight", [32, 8, 4], 0, f32(1024)),
+                           ("blk.0.ffn_up_exps.weight", [32, 8, 4], 0, f32(1024)),
+                           ("blk.0.ffn_down_exps.weight", [8, 32, 4], 0, f32(1024)),
+                           ("blk.1.ffn_gate.weight", [32, 32], 0, f32(1024))]
+    add("fuzz_gguf", gguf_file(moe_kv, moe_tens))
+    for key, typ, payload in [("expert_shared_count", 4, u32(1)), ("expert_weights_scale", 6, struct.pack("<f", 2.5)),
+                              ("expert_gating_func", 4, u32(2)), ("expert_used_count", 4, u32(5))]:
+        kv = [x for x in moe_kv if x[0] != "qwen3moe." + key] + [("qwen3moe." + key, typ, payload)]
+        add("fuzz_gguf", gguf_file(kv, moe_tens))
     for g in sorted(glob.glob(os.path.join(repo, "tests", "data", "models", "gguf", "*.gguf"))):
         add("fuzz_gguf", read(g)[:300000])
 

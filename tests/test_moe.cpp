@@ -1,14 +1,16 @@
 // Mixture-of-experts blocks (model/moe.h): routing as transformers' Qwen3MoeSparseMoeBlock computes
 // it, the config fields, the grouped expert products against a plain reference in every weight
-// format, and that a decode step reads the selected experts' bytes only (the others' pages are made
-// unreadable).
+// format, that a decode step reads the selected experts' bytes only (the others' pages are made
+// unreadable), and that a prefill reads each chosen expert once (its pages' faults counted).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -358,6 +360,103 @@ TEST(MoeForward, ADecodeStepReadsOnlyTheSelectedExperts) {
     for (int h = 0; h < H; ++h) EXPECT_NEAR(out[size_t(h)], ref[size_t(h)], 1e-4f * (1 + std::fabs(ref[size_t(h)])));
     for (int e = 0; e < E; ++e) paged.protect(e, true);
   }
+}
+
+// The pages of a region read, counted by their faults: every page is unreadable but the last kWindow
+// ones read, so a pass over a matrix much larger than the window faults once per page, and every
+// further pass over it faults again. One thread at a time (the handler keeps no lock).
+struct PageReads {
+  static constexpr int kWindow = 16;
+  static inline uint8_t* base = nullptr;
+  static inline size_t size = 0, page = 0;
+  static inline uint8_t* window[kWindow] = {};
+  static inline int held = 0;
+  static inline int64_t faults = 0;
+  struct sigaction old {};
+
+  PageReads(uint8_t* b, size_t n) {
+    base = b;
+    size = n;
+    page = size_t(sysconf(_SC_PAGESIZE));
+    held = 0;
+    faults = 0;
+    PTLLM_CHECK(mprotect(base, size, PROT_NONE) == 0);
+    struct sigaction sa {};
+    sa.sa_sigaction = &on_fault;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    PTLLM_CHECK(sigaction(SIGSEGV, &sa, &old) == 0);
+  }
+  ~PageReads() {
+    sigaction(SIGSEGV, &old, nullptr);
+    mprotect(base, size, PROT_READ | PROT_WRITE);
+  }
+  void reset() {
+    PTLLM_CHECK(mprotect(base, size, PROT_NONE) == 0);
+    held = 0;
+    faults = 0;
+  }
+  static void on_fault(int, siginfo_t* si, void*) {
+    auto* a = static_cast<uint8_t*>(si->si_addr);
+    if (a < base || a >= base + size) {  // not ours: the default action on return
+      signal(SIGSEGV, SIG_DFL);
+      return;
+    }
+    uint8_t* p = base + size_t(a - base) / page * page;
+    if (held == kWindow) {
+      mprotect(window[0], page, PROT_NONE);
+      for (int i = 1; i < kWindow; ++i) window[i - 1] = window[i];
+      --held;
+    }
+    window[held++] = p;
+    mprotect(p, page, PROT_READ);
+    ++faults;
+  }
+};
+
+TEST(MoeForward, APrefillReadsEachChosenExpertOnce) {
+  ThreadPool pool(1);  // one thread faults at a time
+  const int E = 8, H = 512, I = 256, k = 2, T = 16;  // each matrix 512 KiB: 128 pages, 8 windows
+  const Experts x = make_experts(E, H, I, "f32", 21);
+  const MoeConfig c = small_config(E, k, I, true);
+  PagedExperts paged(x);
+  const std::vector<float> in = test::normal(size_t(T) * size_t(H), 1.f, 8);
+  std::map<int, int> rows_of;  // chosen expert -> rows routed to it
+  for (int t = 0; t < T; ++t)
+    for (int e : routed(x, in.data() + size_t(t) * size_t(H), k)) ++rows_of[e];
+  int64_t one_pass = 0, per_row = 0;
+  for (const auto& [e, n] : rows_of) {
+    one_pass += int64_t(3 * paged.per_matrix / size_t(sysconf(_SC_PAGESIZE)));
+    per_row += int64_t(n) * int64_t(3 * paged.per_matrix / size_t(sysconf(_SC_PAGESIZE)));
+  }
+  ASSERT_GT(per_row, 2 * one_pass);  // the rows share experts: a pass per row would read far more
+
+  std::vector<float> out(size_t(T) * size_t(H));
+  MoeScratch s;
+  int64_t batched = 0, row_by_row = 0;
+  {
+    PageReads reads(paged.base, paged.total);
+    moe_forward(paged.w, c, in.data(), T, H, out.data(), s, pool);
+    batched = PageReads::faults;
+    // the control: the same rows one call each read every chosen expert once per row
+    reads.reset();
+    std::vector<float> one(static_cast<size_t>(H));
+    for (int t = 0; t < T; ++t) moe_forward(paged.w, c, in.data() + size_t(t) * size_t(H), 1, H, one.data(), s, pool);
+    row_by_row = PageReads::faults;
+  }
+  RecordProperty("one_pass_pages", std::to_string(one_pass));
+  RecordProperty("batched_faults", std::to_string(batched));
+  RecordProperty("row_by_row_faults", std::to_string(row_by_row));
+  EXPECT_GE(batched, one_pass);
+  EXPECT_LE(batched, one_pass + one_pass / 8) << "one pass: " << one_pass << " pages";
+  EXPECT_GE(row_by_row, per_row);
+  const std::vector<float> ref = reference(x, c, in, T);  // and the result is the block's
+  double num = 0, den = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    num += (out[i] - ref[i]) * (out[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  EXPECT_LT(std::sqrt(num / den), 2e-4);
 }
 
 TEST(MoeForwardDeathTest, TouchingAProtectedSelectedExpertFaults) {

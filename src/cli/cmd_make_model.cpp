@@ -1,6 +1,8 @@
 // posttrainllm make-model: a random-weight checkpoint in the Hugging Face layout (config.json +
 // model.safetensors) with the exact shapes of a real model, so speed can be measured at real sizes
-// without downloading anything. Weights: normal with std 0.02 (biases too), norms 1; no tokenizer.
+// without downloading anything. Weights: normal with std 0.02 (biases too), norms 1. The tokenizer is a
+// synthetic byte-level BPE of exactly the vocabulary's size (its merges are not a real model's), so
+// that every command and other runtimes (llama.cpp, from a GGUF copy) load the checkpoint.
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -11,6 +13,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cli/commands.h"
@@ -20,6 +23,7 @@
 #include "core/file_io.h"
 #include "core/thread_pool.h"
 #include "model/safetensors_writer.h"
+#include "tokenizer/synthetic.h"
 
 namespace ptllm::cli {
 
@@ -233,6 +237,34 @@ void fill(const TensorSpec& t, size_t tensor_index, uint64_t seed, DType dtype, 
   }
 }
 
+// The special tokens at the shape's bos and eos ids, named as in the real model's tokenizer.
+struct SpecialNames {
+  const char* bos;
+  const char* eos;
+  bool add_bos;
+};
+SpecialNames special_names(const ModelShape& s) {
+  const std::string arch = s.architecture, name = s.name;
+  if (name.rfind("llama-3", 0) == 0) return {"<|begin_of_text|>", "<|end_of_text|>", true};
+  if (arch.rfind("Qwen", 0) == 0) return {"<|endoftext|>", s.eos == s.bos ? "<|endoftext|>" : "<|im_end|>", false};
+  if (s.bos == s.eos) return {"<|endoftext|>", "<|endoftext|>", false};
+  return {"<s>", "</s>", false};
+}
+
+// tokenizer.json and tokenizer_config.json: a byte-level BPE of exactly s.vocab ids, the specials at
+// the shape's bos and eos ids.
+std::pair<nlohmann::json, nlohmann::json> synthetic_tokenizer(const ModelShape& s) {
+  const SpecialNames sp = special_names(s);
+  nlohmann::json tok = tok::synthetic_byte_level_bpe(s.vocab, {{s.bos, sp.bos}, {s.eos, sp.eos}});
+  nlohmann::json cfg = {{"tokenizer_class", "PreTrainedTokenizerFast"},
+                        {"bos_token", sp.bos},
+                        {"eos_token", sp.eos},
+                        {"add_bos_token", sp.add_bos},
+                        {"add_eos_token", false},
+                        {"model_max_length", s.max_position}};
+  return {std::move(tok), std::move(cfg)};
+}
+
 int run_make_model(const MakeModelArgs& a) {
   namespace fs = std::filesystem;
   ModelShape shape = find_shape(a.shape);
@@ -276,6 +308,9 @@ int run_make_model(const MakeModelArgs& a) {
   }
   out.commit();
   write_file_atomically(dir / "config.json", {config_json(shape, torch_dtype).dump(2), "\n"});
+  const auto [tok, tok_cfg] = synthetic_tokenizer(shape);
+  write_file_atomically(dir / "tokenizer.json", {tok.dump(), "\n"});
+  write_file_atomically(dir / "tokenizer_config.json", {tok_cfg.dump(2), "\n"});
   std::fprintf(stderr, "wrote %s: %s shape, %d layers, %s, %.1f M parameters, %s\n", dir.string().c_str(),
                shape.name, shape.layers, torch_dtype, double(params) / 1e6, format_bytes(fs::file_size(weights)).c_str());
   return 0;

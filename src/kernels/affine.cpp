@@ -210,6 +210,8 @@ std::vector<AffineKernel> available_affine_kernels() {
 
 AffineKernel affine_active_kernel() { return default_kernel(); }
 
+const AffineKernelTable& affine_active_table() { return *affine_table(default_kernel()); }
+
 namespace {
 bool integer_groups(const WeightMatrix& w) {
   const bool pow2 = w.group_size > 0 && (w.group_size & (w.group_size - 1)) == 0;  // mlx: 32, 64, 128

@@ -56,6 +56,10 @@ void affine_matmul(const float* x, int T, const WeightMatrix& w, const float* bi
 bool affine_fast(const WeightMatrix& w);
 // Whether the unpacking integer products take w (bits 3, 5, 6; the same group sizes).
 bool affine_unpacked(const WeightMatrix& w);
+struct AffineKernelTable;
+// The kernel table affine_matmul takes by default (kernels/affine_q8.h), for a caller that rounds one
+// x once for many products (a mixture-of-experts layer's experts).
+const AffineKernelTable& affine_active_table();
 
 // Scalar twin of the fast products (plain loops, double sums): the same int8 x and integer sums.
 void affine_matmul_q8_ref(const float* x, int T, const WeightMatrix& w, const float* bias, float* y);

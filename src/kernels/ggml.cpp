@@ -261,6 +261,8 @@ const GgmlKernel& ggml_active_kernel() {
   }
 }
 
+bool ggml_int_kernel(GgmlType t) { return has_int_kernel(t); }
+
 void ggml_matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool) {
   if (!ggml_supported(w.ggml))
     throw Error("GGML tensor type " + std::string(ggml_type_info(w.ggml).name) + ": not supported by the kernels");

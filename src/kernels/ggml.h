@@ -57,6 +57,8 @@ struct GgmlActs {
 };
 // The block the products quantize x to for weights of type t: 256 for the K-quants, else 32.
 int ggml_act_block(GgmlType t);
+// Whether the integer products (GgmlKernel::rows) take type t; ggml_matmul dequantizes the others.
+bool ggml_int_kernel(GgmlType t);
 // Rows [t0, t1) of x [T][K] into the buffers of a (q, d, sums laid out as GgmlActs says):
 // d = max|x| / 127 (llama.cpp's Q8_K takes the signed max and -127, the same codes up to sign),
 // q = round(x / d), half away from zero.

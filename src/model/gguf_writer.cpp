@@ -285,7 +285,18 @@ GgufWriteResult write_gguf_from_hf(const std::filesystem::path& dir, const std::
   // The tokenizer first: a layout GGUF cannot name fails before any weight is read.
   const nlohmann::json tok = read_json(dir / "tokenizer.json", kMaxTokenizerJsonBytes, false);
   const nlohmann::json tcfg = read_json(dir / "tokenizer_config.json", kMaxJsonConfigBytes, true);
-  const GgufVocab vocab = gguf_vocab_from_tokenizer_json(tok, tcfg, (dir / "tokenizer.json").string());
+  GgufVocab vocab = gguf_vocab_from_tokenizer_json(tok, tcfg, (dir / "tokenizer.json").string());
+  // GGUF readers size the embedding by the token list: pad it to vocab_size with unused tokens, as
+  // llama.cpp's converter does (Qwen's tokenizers have 151,669 ids for 151,936 rows).
+  if (vocab.tokens.size() > size_t(c.vocab_size))
+    throw Error((dir / "tokenizer.json").string() + ": " + std::to_string(vocab.tokens.size()) +
+                " tokens, more than the config's vocab_size " + std::to_string(c.vocab_size));
+  if (vocab.types.empty()) vocab.types.assign(vocab.tokens.size(), int32_t(GgufTokenType::Normal));
+  for (size_t i = vocab.tokens.size(); i < size_t(c.vocab_size); ++i) {
+    vocab.tokens.push_back("[PAD" + std::to_string(i) + "]");
+    vocab.types.push_back(int32_t(GgufTokenType::Unused));
+    if (!vocab.scores.empty()) vocab.scores.push_back(0.f);
+  }
 
   auto files = std::make_shared<WeightFiles>(WeightFiles::open(dir));
   GgufBuilder b;
