@@ -11,6 +11,9 @@
 //   product/{bf16,affine4,affine6,affine8}/{gemv,gemm}/<T>/<N>x<K>   matmul over bf16 weights next to the
 //       MLX-layout 4-, 6- and 8-bit products (group 64, bf16 scales; kernels/affine.h) on the same shapes
 //   decode/gemv_affine{4,8}           decode/gemv_bf16's matrices, 4- and 8-bit
+//   product/panels/{f32x,bf16x}/<T>/<N>x<K>   BF16 weights in panels (kernels/panels.h) with x in
+//       float32 and rounded to bf16 (PTLLM_PANELS_BF16_X); the CPU time column is the one to read
+//       on a shared machine (with PTLLM_BENCH_THREADS=1 it is the kernel's own time)
 // Threads: PTLLM_BENCH_THREADS (default: all cores), for our pool and OpenBLAS alike. OpenBLAS is
 // loaded at run time (libopenblas.so.0, from libopenblas0 / libopenblas-dev); without it the
 // openblas_* benchmarks are skipped.
@@ -26,6 +29,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/dtype.h"
@@ -34,6 +38,7 @@
 #include "kernels/affine.h"
 #include "kernels/amx.h"
 #include "kernels/ops.h"
+#include "kernels/panels.h"
 #include "kernels/quant.h"
 #include "kernels/simd.h"
 
@@ -516,6 +521,39 @@ struct AffineBench {
   }
 };
 
+void register_panel_products() {
+  // Llama-3.2-1B's square and MLP shapes (prefill, batched decode, decode), kjv-small's (batched decode).
+  const std::tuple<int, int, int> runs[] = {{2048, 2048, 1},   {2048, 2048, 16}, {2048, 2048, 512},
+                                            {8192, 2048, 128}, {2048, 8192, 128}, {1376, 512, 16},
+                                            {8192, 512, 16},   {512, 512, 16}};
+  for (const char* mode : {"f32x", "bf16x"})
+    for (const auto& [N, K, T] : runs) {
+      const std::string name = std::string("product/panels/") + mode + "/" + std::to_string(T) + "/" +
+                               std::to_string(N) + "x" + std::to_string(K);
+      benchmark::RegisterBenchmark(name.c_str(), [bf16x = std::string(mode) == "bf16x", N, K, T](benchmark::State& st) {
+        const std::vector<uint8_t>& w = bench_weights("bf16", N, K);
+        const WeightMatrix dense{DType::BF16, w.data(), N, K};
+        if (!panels_fit(dense)) return st.SkipWithError("not whole panels");
+        std::vector<uint16_t> buf(size_t(N) * size_t(K) + 32);
+        void* p = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) / 64 * 64);
+        pack_panels(dense, p, pool());
+        const WeightMatrix m = panels_matrix(p, N, K);
+        auto x = random_floats(size_t(T) * size_t(K));
+        std::vector<float> y(size_t(T) * size_t(N));
+        const bool before = panels_bf16_x();
+        set_panels_bf16_x(bf16x);
+        for (auto _ : st) {
+          panels_matmul(x.data(), T, m, nullptr, y.data(), pool());
+          benchmark::ClobberMemory();
+        }
+        set_panels_bf16_x(before);
+        st.counters["tok/s"] = benchmark::Counter(double(T) * double(st.iterations()), benchmark::Counter::kIsRate);
+        st.counters["GMAC/s"] = benchmark::Counter(double(T) * double(N) * double(K) * double(st.iterations()) / 1e9,
+                                                   benchmark::Counter::kIsRate);
+      });
+    }
+}
+
 void register_affine_products() {
   const std::pair<int, int> shapes[] = {{2048, 2048}, {5632, 2048}};
   // gemm/8 and gemm/16 next to gemv/8 and gemv/16 say where kAffineGemvMaxT belongs (affine only:
@@ -626,6 +664,7 @@ int main(int argc, char** argv) {
   register_prefill();
   register_products();
   register_ggml_products();
+  register_panel_products();
   register_affine_products();
   register_decode();
   benchmark::Initialize(&argc, argv);

@@ -163,6 +163,82 @@ TEST(PanelsTest, EveryKernelTargetGivesTheSameBits) {
   set_simd_target(before);
 }
 
+// x rounded to bf16 (PTLLM_PANELS_BF16_X): the products are exact sums of bf16 products, so against
+// the double-precision reference of x rounded the same way they keep the exact-x tolerance; each
+// row is the bits it gets alone, with any threads, and on every target (the vdpbf16ps kernel against
+// its twin of fused multiply-adds, odd column first).
+struct Bf16X {
+  Bf16X() { set_panels_bf16_x(true); }
+  ~Bf16X() { set_panels_bf16_x(false); }
+};
+
+std::vector<float> rounded_to_bf16(const std::vector<float>& x) {
+  std::vector<float> r(x.size());
+  for (size_t i = 0; i < x.size(); ++i) r[i] = bf16_to_f32(bf16_rne(x[i]));
+  return r;
+}
+
+TEST(PanelsBf16XTest, ProductsMatchTheReferenceOfRoundedX) {
+  const Bf16X on;
+  ThreadPool pool(2);
+  uint32_t seed = 50;
+  for (const Shape& s : kShapes) {
+    const Packed m(s.N, s.K, seed++, pool);
+    const auto bias = normal(size_t(s.N), 0.1f, seed++);
+    for (int T : kRows) {
+      const auto x = normal(size_t(T) * size_t(s.K), 1.f, seed++);
+      const auto xr = rounded_to_bf16(x);
+      std::vector<float> got(size_t(T) * size_t(s.N)), want(got.size()), exact(got.size());
+      panels_matmul(x.data(), T, m.panels, bias.data(), got.data(), pool);
+      matmul_ref(xr.data(), T, m.dense, bias.data(), want.data());
+      matmul_ref(x.data(), T, m.dense, bias.data(), exact.data());
+      double moved = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_NEAR(got[i], want[i], 1e-5 * std::sqrt(double(s.K)) + 1e-6 * std::fabs(want[i]))
+            << s.N << "x" << s.K << " T=" << T << " at " << i;
+        moved = std::max(moved, double(std::fabs(got[i] - exact[i])));
+      }
+      if (s.K >= 64) {
+        EXPECT_GT(moved, 1e-5) << s.N << "x" << s.K << " T=" << T << ": x was not rounded";
+      }
+    }
+  }
+}
+
+TEST(PanelsBf16XTest, EachRowGetsTheSameBitsAloneInABatchOnEveryTarget) {
+  const Bf16X on;
+  ThreadPool one(1), two(2);
+  const Packed m(80, 130, 61, two);
+  const int T = 33;
+  const auto x = normal(size_t(T) * 130, 1.f, 62);
+  const auto bias = normal(80, 0.1f, 63);
+  std::vector<float> batch(size_t(T) * 80), single(batch.size()), alone(80);
+  panels_matmul(x.data(), T, m.panels, bias.data(), batch.data(), two);
+  panels_matmul(x.data(), T, m.panels, bias.data(), single.data(), one);
+  EXPECT_EQ(std::memcmp(batch.data(), single.data(), batch.size() * sizeof(float)), 0);
+  const SimdTarget before = active_simd_target();
+  for (SimdTarget target : available_simd_targets()) {
+    for (bool dp : {true, false}) {  // vdpbf16ps, or fused multiply-adds as without AVX512_BF16
+      set_simd_target(target);
+      detail::set_panels_bf16_dp(dp);
+      for (int t = 0; t < T; ++t) {
+        panels_matmul(x.data() + size_t(t) * 130, 1, m.panels, bias.data(), alone.data(), two);
+        ASSERT_EQ(std::memcmp(alone.data(), batch.data() + size_t(t) * 80, alone.size() * sizeof(float)), 0)
+            << "row " << t << " on " << simd_target_name(target) << (dp ? "" : " without vdpbf16ps");
+      }
+    }
+  }
+  detail::set_panels_bf16_dp(true);
+  set_simd_target(before);
+}
+
+TEST(PanelsBf16XTest, TheModeIsInTheKernelsName) {
+  if (!panels_wanted()) GTEST_SKIP() << "this CPU's kernels keep the row-major layout (no AVX-512)";
+  EXPECT_EQ(active_kernels_name().find("bf16x"), std::string::npos) << active_kernels_name();
+  const Bf16X on;
+  EXPECT_NE(active_kernels_name().find("+panels-bf16x"), std::string::npos) << active_kernels_name();
+}
+
 // A checkpoint of BF16 weights (make-model's tiny shape) loaded with and without panels: the same
 // greedy ids and logits within float noise; with panels a sequence's logits in a batch of six are
 // the bits it gets alone (the products add a row in one order whatever the batch; the row-major
@@ -230,6 +306,56 @@ TEST_F(PanelsModelTest, ASequenceGetsTheSameBitsAloneAndInABatch) {
     batch.push_back(std::make_unique<Session>(*model, options(), pool));
     ptrs.push_back(batch.back().get());
     batch.back()->feed(prompts[i]);
+    next[i] = 3 + int32_t(i);
+  }
+  std::vector<std::span<const int32_t>> feeds;
+  for (size_t i = 0; i < kSeqs; ++i) feeds.emplace_back(&next[i], 1);
+  ForwardState st;
+  Session::feed_batch(ptrs, feeds, st);
+  for (size_t i = 0; i < kSeqs; ++i) {
+    Session alone(*model, options(), pool);
+    alone.feed(prompts[i]);
+    const auto want = alone.feed({&next[i], 1});
+    const auto got = batch[i]->last_logits();
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << "sequence " << i;
+  }
+}
+
+// The same with x rounded to bf16: the batch contract holds, and the logits stay near the exact ones.
+TEST_F(PanelsModelTest, WithBf16XASequenceGetsTheSameBitsAloneAndInABatch) {
+  ThreadPool pool(2);
+  const auto model = Model::load(dir_.path);
+  ASSERT_GT(model->panel_matrices(), 0u);
+  std::mt19937 rng(8);
+  std::uniform_int_distribution<int32_t> id(3, model->config().vocab_size - 1);
+  constexpr size_t kSeqs = 5;
+  std::vector<std::vector<int32_t>> prompts(kSeqs);
+  for (size_t i = 0; i < kSeqs; ++i) {
+    prompts[i].resize(7 + 11 * i);
+    for (auto& t : prompts[i]) t = id(rng);
+  }
+  std::vector<std::vector<float>> exact(kSeqs);
+  for (size_t i = 0; i < kSeqs; ++i) {
+    Session s(*model, options(), pool);
+    const auto l = s.feed(prompts[i]);
+    exact[i].assign(l.begin(), l.end());
+  }
+  const Bf16X on;
+  std::vector<std::unique_ptr<Session>> batch;
+  std::vector<Session*> ptrs;
+  std::vector<int32_t> next(kSeqs);
+  for (size_t i = 0; i < kSeqs; ++i) {
+    batch.push_back(std::make_unique<Session>(*model, options(), pool));
+    ptrs.push_back(batch.back().get());
+    const auto l = batch.back()->feed(prompts[i]);
+    double worst = 0, scale = 0;
+    for (size_t v = 0; v < l.size(); ++v) {
+      worst = std::max(worst, double(std::fabs(l[v] - exact[i][v])));
+      scale = std::max(scale, double(std::fabs(exact[i][v])));
+    }
+    EXPECT_GT(worst, 0.0) << "sequence " << i << ": x was not rounded";
+    EXPECT_LT(worst, 2e-2 * scale) << "sequence " << i;
     next[i] = 3 + int32_t(i);
   }
   std::vector<std::span<const int32_t>> feeds;

@@ -10,6 +10,8 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "kernels/cpu/features.h"
+#include "kernels/scratch.h"
 #include "kernels/simd.h"
 
 #if defined(__x86_64__)
@@ -69,6 +71,43 @@ void part_portable(const float* x, int T, const WeightMatrix& w, const float* bi
       }
     }
   }
+}
+
+// x rounded to bf16 (panels_bf16_x): x as pairs of bf16, xb[t][j] = bf16(x[t][2j]) | bf16(x[t][2j+1]) << 16,
+// one sum a row, the odd column's product added before the even one's (AVX512_BF16 vdpbf16ps: the
+// products of two bf16 are exact in float32, each addition rounds to nearest even). Bit for bit
+// with the vdpbf16ps kernel away from subnormals (which vdpbf16ps reads and writes as zero).
+void part_portable_bx(const uint32_t* xb, int T, const WeightMatrix& w, const float* bias, float* y, int p0, int p1) {
+  const int J = w.cols / 2;
+  for (int p = p0; p < p1; ++p) {
+    const uint16_t* wp = panel_at(w, p);
+    for (int t = 0; t < T; ++t) {
+      const uint32_t* xt = xb + size_t(t) * size_t(J);
+      for (int i = 0; i < kPanelRows; ++i) {
+        float s = 0.f;
+        for (int j = 0; j < J; ++j) {
+          const uint16_t* pair = wp + (size_t(j) * kPanelRows + size_t(i)) * 2;
+          s = std::fma(bf16_to_f32(pair[1]), bf16_to_f32(uint16_t(xt[j] >> 16)), s);
+          s = std::fma(bf16_to_f32(pair[0]), bf16_to_f32(uint16_t(xt[j] & 0xffffu)), s);
+        }
+        const int r = p * kPanelRows + i;
+        if (bias) s += bias[r];
+        y[size_t(t) * size_t(w.rows) + size_t(r)] = s;
+      }
+    }
+  }
+}
+
+// x as bf16 pairs (above), rounded to nearest even as vcvtne2ps2bf16 does: subnormal inputs as zero.
+void round_pairs_portable(const float* x, int T, int K, uint32_t* xb) {
+  const auto one = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if ((u & 0x7f800000u) == 0) u &= 0x80000000u;
+    std::memcpy(&f, &u, 4);
+    return uint32_t(f32_to_bf16(f));
+  };
+  for (size_t i = 0; i < size_t(T) * size_t(K) / 2; ++i) xb[i] = one(x[2 * i]) | one(x[2 * i + 1]) << 16;
 }
 
 #if defined(__x86_64__)
@@ -160,6 +199,103 @@ PTLLM_PANELS_TARGET void part_avx512(const float* x, int T, const WeightMatrix& 
   }
 }
 
+#define PTLLM_PANELS_BF16_TARGET \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")))
+// (The kDp = false instances run on AVX-512 CPUs without AVX512_BF16: they contain no instruction of it.)
+
+// tile's twin for x rounded to bf16: one vdpbf16ps per panel, row of x and column pair (twice the
+// multiply-adds of an FMA in one instruction, and no widening of the weights). Without AVX512_BF16
+// (kDp false) the same sums from fused multiply-adds, odd column first: the same bits.
+template <bool kDp, int NP, int MT, bool kNext>
+PTLLM_PANELS_BF16_TARGET void tile_bx(const uint32_t* xb, int J, const uint16_t* wp, const float* bias, float* y,
+                                      size_t ldy, const uint16_t* pf) {
+  __m512 acc[NP][MT];
+  PTLLM_PANELS_UNROLL for (int p = 0; p < NP; ++p) PTLLM_PANELS_UNROLL for (int t = 0; t < MT; ++t)
+      acc[p][t] = _mm512_setzero_ps();
+  const size_t stride = size_t(J) * 2 * kPanelRows;  // uint16 values a panel
+  const __m512i high = _mm512_set1_epi32(int(0xffff0000u));
+  for (int j = 0; j < J; ++j) {
+    __m512i wv[NP];
+    PTLLM_PANELS_UNROLL for (int p = 0; p < NP; ++p) {
+      const uint16_t* line = wp + size_t(p) * stride + size_t(j) * 2 * kPanelRows;
+      if constexpr (kNext)
+        _mm_prefetch(reinterpret_cast<const char*>(pf + size_t(p) * stride + size_t(j) * 2 * kPanelRows), _MM_HINT_T1);
+      else
+        _mm_prefetch(reinterpret_cast<const char*>(line + kPrefetchPairs * 2 * kPanelRows), _MM_HINT_T0);
+      wv[p] = _mm512_loadu_si512(line);
+    }
+    PTLLM_PANELS_UNROLL for (int t = 0; t < MT; ++t) {
+      const __m512i xv = _mm512_set1_epi32(int(xb[size_t(t) * size_t(J) + size_t(j)]));
+      if constexpr (kDp) {
+        PTLLM_PANELS_UNROLL for (int p = 0; p < NP; ++p)
+          acc[p][t] = _mm512_dpbf16_ps(acc[p][t], (__m512bh)wv[p], (__m512bh)xv);
+      } else {
+        const __m512 xe = _mm512_castsi512_ps(_mm512_slli_epi32(xv, 16));
+        const __m512 xo = _mm512_castsi512_ps(_mm512_and_si512(xv, high));
+        PTLLM_PANELS_UNROLL for (int p = 0; p < NP; ++p) {
+          acc[p][t] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(wv[p], high)), xo, acc[p][t]);
+          acc[p][t] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(wv[p], 16)), xe, acc[p][t]);
+        }
+      }
+    }
+  }
+  PTLLM_PANELS_UNROLL for (int p = 0; p < NP; ++p) {
+    const __m512 b = bias ? _mm512_loadu_ps(bias + p * kPanelRows) : _mm512_setzero_ps();
+    PTLLM_PANELS_UNROLL for (int t = 0; t < MT; ++t)
+      _mm512_storeu_ps(y + size_t(t) * ldy + size_t(p) * kPanelRows, bias ? _mm512_add_ps(acc[p][t], b) : acc[p][t]);
+  }
+}
+
+// panels_rows for bf16 x: one accumulator an output, so tiles of 8 rows of x against 2 panels.
+template <bool kDp, int NP>
+PTLLM_PANELS_BF16_TARGET void panels_rows_bx(const uint32_t* xb, int t0, int t1, const WeightMatrix& w,
+                                             const float* bias, float* y, int p) {
+  const int J = w.cols / 2;
+  const size_t ldy = size_t(w.rows);
+  const uint16_t* wp = panel_at(w, p);
+  const float* b = bias ? bias + p * kPanelRows : nullptr;
+  const uint16_t* pf = t1 - t0 > 2 && p + 2 * NP <= w.rows / kPanelRows ? wp + size_t(NP) * size_t(w.cols) * kPanelRows
+                                                                         : nullptr;
+  const auto at = [&](int t) { return xb + size_t(t) * size_t(J); };
+  const auto out = [&](int t) { return y + size_t(t) * ldy + size_t(p) * kPanelRows; };
+  const auto rows = [&]<bool kNext>() {
+    int t = t0;
+    for (; t + 8 <= t1; t += 8) tile_bx<kDp, NP, 8, kNext>(at(t), J, wp, b, out(t), ldy, pf);
+    for (; t + 4 <= t1; t += 4) tile_bx<kDp, NP, 4, kNext>(at(t), J, wp, b, out(t), ldy, pf);
+    for (; t + 2 <= t1; t += 2) tile_bx<kDp, NP, 2, kNext>(at(t), J, wp, b, out(t), ldy, pf);
+    for (; t < t1; ++t) tile_bx<kDp, NP, 1, kNext>(at(t), J, wp, b, out(t), ldy, pf);
+  };
+  if (pf)
+    rows.template operator()<true>();
+  else
+    rows.template operator()<false>();
+}
+
+template <bool kDp>
+PTLLM_PANELS_BF16_TARGET void part_avx512_bx(const uint32_t* xb, int T, const WeightMatrix& w, const float* bias,
+                                             float* y, int p0, int p1) {
+  for (int c0 = p0; c0 < p1; c0 += kChunkPanels) {
+    const int c1 = std::min(p1, c0 + kChunkPanels);
+    for (int t0 = 0; t0 < T; t0 += kChunkRows) {
+      const int t1 = std::min(T, t0 + kChunkRows);
+      int p = c0;
+      if (t1 - t0 <= 2)
+        for (; p < c1; ++p) panels_rows_bx<kDp, 1>(xb, t0, t1, w, bias, y, p);
+      for (; p + 2 <= c1; p += 2) panels_rows_bx<kDp, 2>(xb, t0, t1, w, bias, y, p);
+      for (; p < c1; ++p) panels_rows_bx<kDp, 1>(xb, t0, t1, w, bias, y, p);
+    }
+  }
+}
+
+// round_pairs_portable with vcvtne2ps2bf16, 32 values at a time.
+PTLLM_PANELS_BF16_TARGET void round_pairs_avx512(const float* x, int T, int K, uint32_t* xb) {
+  const size_t n = size_t(T) * size_t(K);
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    _mm512_storeu_si512(xb + i / 2, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(x + i)));
+  if (i < n) round_pairs_portable(x + i, 1, int(n - i), xb + i / 2);
+}
+
 // Pairs [0, 16 * (pairs / 16)) of a panel: 16 x 16 blocks of 32-bit words (column pairs) loaded from
 // its 16 rows, transposed, stored as 16 lines. Returns the pairs done.
 PTLLM_PANELS_TARGET size_t pack_words_avx512(const uint8_t* rows, size_t row_bytes, size_t pairs, uint8_t* dst) {
@@ -218,6 +354,26 @@ std::atomic<bool>& panels_enabled_flag() {
 
 void set_panels_enabled(bool on) { panels_enabled_flag() = on; }
 
+namespace {
+std::atomic<bool>& bf16_x_flag() {
+  static std::atomic<bool> on{[] {
+    const char* e = std::getenv("PTLLM_PANELS_BF16_X");
+    return e && *e && std::string_view(e) != "0";
+  }()};
+  return on;
+}
+}  // namespace
+
+void set_panels_bf16_x(bool on) { bf16_x_flag() = on; }
+
+bool panels_bf16_x() { return bf16_x_flag(); }
+
+namespace {
+std::atomic<bool> g_bf16_dp{true};
+}
+void detail::set_panels_bf16_dp(bool on) { g_bf16_dp = on; }
+bool detail::g_bf16_dp_on() { return g_bf16_dp; }
+
 bool panels_wanted() {
   return panels_enabled_flag() && active_kernels().target == SimdTarget::AVX512;
 }
@@ -258,6 +414,31 @@ void panels_matmul(const float* x, int T, std::span<const MatmulOutput> outs, Th
   const size_t panels = groups_of(outs, kPanelRows);  // of every output in turn
   const size_t per_panel = size_t(K) * kPanelRows;
   const size_t grain = std::max<size_t>(4, (kMinWeightsPerPart / per_panel + 3) / 4 * 4);
+  if (panels_bf16_x()) {
+    // x rounded once here for every part (T * K / 2 words: a few KiB for decode).
+    thread_local Scratch rounded;
+    auto* xb = reinterpret_cast<uint32_t*>(rounded.get(size_t(T) * size_t(K) / 2));
+    auto round = &round_pairs_portable;
+    auto part = &part_portable_bx;
+#if defined(__x86_64__)
+    if (active_kernels().target == SimdTarget::AVX512 && cpu_features().avx512bf16 && detail::g_bf16_dp_on()) {
+      round = &round_pairs_avx512;
+      part = &part_avx512_bx<true>;
+    } else if (active_kernels().target == SimdTarget::AVX512) {
+      part = &part_avx512_bx<false>;
+    }
+#endif
+    round(x, T, K, xb);
+    pool.parallel_for(
+        panels,
+        [&](size_t b, size_t e) {
+          for_each_share(outs, kPanelRows, b, e, [&](const MatmulOutput& o, int p0, int p1) {
+            part(xb, T, *o.w, o.bias, o.y, p0, p1);
+          });
+        },
+        grain);
+    return;
+  }
   auto part = &part_portable;
 #if defined(__x86_64__)
   if (active_kernels().target == SimdTarget::AVX512) part = &part_avx512;

@@ -16,6 +16,13 @@
 // compute the same products from the panels (slowly: a row at a time), so a model packed under one
 // target still runs when a test switches.
 // PTLLM_NO_PANELS=1 keeps the row-major layout (for comparisons).
+//
+// PTLLM_PANELS_BF16_X=1 (or set_panels_bf16_x) trades precision for speed: x is rounded to bf16 (as
+// llama.cpp does for BF16 weights) and each output is one sum, pair by pair, of exact bf16 products,
+// AVX512_BF16's vdpbf16ps (two multiply-adds a lane an instruction: twice the rate of float32 FMAs).
+// A row of x still gets the same bits alone or in any batch, and every target the same bits; what
+// changes is x's precision (8 mantissa bits instead of 24), so outputs move by about 2^-9 of their
+// terms' size against the exact product. Off by default.
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -34,6 +41,15 @@ inline constexpr int kPanelRows = 16;
 bool panels_fit(const WeightMatrix& w);
 bool panels_wanted();
 void set_panels_enabled(bool on);
+// Whether the products round x to bf16 (above); read from PTLLM_PANELS_BF16_X at first use.
+bool panels_bf16_x();
+void set_panels_bf16_x(bool on);
+namespace detail {
+// Tests: false makes the AVX-512 products of panels_bf16_x take fused multiply-adds (as on CPUs
+// without AVX512_BF16) where vdpbf16ps is there.
+void set_panels_bf16_dp(bool on);
+bool g_bf16_dp_on();
+}  // namespace detail
 // The packed copy's size in bytes, and the packing (rows split among the pool's threads).
 size_t panels_bytes(const WeightMatrix& w);
 void pack_panels(const WeightMatrix& w, void* out, ThreadPool& pool);

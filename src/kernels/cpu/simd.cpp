@@ -52,7 +52,7 @@ std::string active_kernels_name() {
   // "+panels": BF16 weights packed at load (kernels/panels.h), whose products give other last bits
   // than the row-major ones: in the prompt cache's key, like "+amx".
   return std::string(simd_target_name(active_simd_target())) + active_kernels().variant + (amx_active() ? "+amx" : "") +
-         (panels_wanted() ? "+panels" : "");
+         (panels_wanted() ? (panels_bf16_x() ? "+panels-bf16x" : "+panels") : "");
 }
 
 void set_simd_target(SimdTarget t) {

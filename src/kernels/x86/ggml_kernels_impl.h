@@ -78,6 +78,17 @@ PTLLM_GGML_TARGET inline float hsum(F v) {
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
+// The K-quants' weight stream is asked for this far ahead of the block being read: the hardware
+// prefetchers stop at every 4 KiB page, and a decode step (one row of x) otherwise waits on misses
+// at each one, as the BF16 gemv measured (Q4_K_M decode: 15% less CPU time). The 32-value blocks
+// measured no better with it (Q8_0 about 5% worse) and go without. `n` bytes from p + kAheadBytes.
+constexpr size_t kAheadBytes = 4096;
+template <int n>
+PTLLM_GGML_TARGET inline void ask_ahead(const uint8_t* p) {
+  PTLLM_GGML_UNROLL for (int o = 0; o < n; o += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(p + kAheadBytes + o), _MM_HINT_T0);
+}
+
 // 32 bytes, 0x10 where bit i of v is set (byte i), else 0: Q5's fifth bits.
 PTLLM_GGML_TARGET inline I bits_to_0x10(uint32_t v) {
   const I rep = _mm256_shuffle_epi8(_mm256_set1_epi32(int(v)),
@@ -172,6 +183,7 @@ PTLLM_GGML_TARGET void dot_k45(const uint8_t* row, int nb, const GgmlActs& a, in
   const I lo4 = bytes(0x0f);
   for (int b = 0; b < nb; ++b) {
     const uint8_t* blk = row + size_t(b) * bytes_per;
+    ask_ahead<bytes_per>(blk);
     const uint8_t* qs = blk + (FIVE ? 48 : 16);
     // The 12 scale bytes (ggml.h, GgmlScaleMin) as 8 scales then 8 mins, in registers.
     uint32_t u[3];
@@ -223,6 +235,7 @@ PTLLM_GGML_TARGET void dot_q6k(const uint8_t* row, int nb, const GgmlActs& a, in
   const I lo4 = bytes(0x0f), hi2 = bytes(0x30);
   for (int b = 0; b < nb; ++b) {
     const uint8_t* blk = row + size_t(b) * 210u;
+    ask_ahead<210>(blk);
     const I sc16 = _mm256_cvtepi8_epi16(load128(blk + 192));
     I isum[NT];
     PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t)  // - 32 sum_g sc_g sum_g(x)
@@ -312,6 +325,7 @@ PTLLM_GGML_TARGET void dot_q4k_x4(const uint8_t* row0, size_t rb, int nb, const 
   const Z pick[2][2] = {{scale_pick(0, 2), scale_pick(1, 3)}, {scale_pick(4, 6), scale_pick(5, 7)}};
   for (int b = 0; b < nb; ++b) {
     const uint8_t* blk = row0 + size_t(b) * 144u;
+    PTLLM_GGML_UNROLL for (int r = 0; r < NR; ++r) ask_ahead<144>(blk + size_t(r) * rb);
     Z h = _mm512_zextsi128_si512(load128(blk));
     h = _mm512_inserti32x4(h, load128(blk + rb), 1);
     h = _mm512_inserti32x4(h, load128(blk + 2 * rb), 2);
@@ -382,6 +396,7 @@ PTLLM_GGML_TARGET void dot_q6k_zmm(const uint8_t* row, int nb, const GgmlActs& a
                                    0x00020002, 0x00020002, 0x00020002, 0x00030003, 0x00030003, 0x00030003, 0x00030003);
   for (int b = 0; b < nb; ++b) {
     const uint8_t* blk = row + size_t(b) * 210u;
+    ask_ahead<210>(blk);
     const Z sc16 = _mm512_zextsi256_si512(_mm256_cvtepi8_epi16(load128(blk + 192)));
     Z isum[NT];
     PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {  // - 32 sum_g sc_g sum_g(x)
