@@ -40,15 +40,6 @@ size_t checked_block_bytes(size_t block_bytes, size_t capacity, bool preallocate
 }
 }  // namespace
 
-const char* retention_name(Retention r) {
-  switch (r) {
-    case Retention::Transient: return "transient";
-    case Retention::User: return "user";
-    case Retention::System: return "system";
-  }
-  return "";
-}
-
 void BlockPool::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
 
 BlockPool::BlockPool(size_t block_bytes, size_t capacity, bool preallocate, int tokens_per_block)

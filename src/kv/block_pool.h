@@ -31,7 +31,15 @@ struct BlockHash {
 // prompt is User.
 enum class Retention : uint8_t { Transient = 0, User = 1, System = 2 };
 inline constexpr int kRetentionClasses = 3;
-const char* retention_name(Retention r);  // "transient", "user", "system"
+// Inline: the server's metrics (api.cpp) name the classes in builds that link no kv/ (the fuzz readers).
+inline const char* retention_name(Retention r) {
+  switch (r) {
+    case Retention::Transient: return "transient";
+    case Retention::User: return "user";
+    case Retention::System: return "system";
+  }
+  return "";
+}
 
 // The class of a sequence's tokens (KVCache::set_retention): span i covers the tokens from the end of
 // span i-1 (0 for the first) to `end`; a block's class is the lowest of the spans its tokens touch.
