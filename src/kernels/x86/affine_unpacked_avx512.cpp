@@ -56,24 +56,12 @@ PTLLM_UNPACKED_TARGET inline __m512 scale64(const float* d, const float* sc, int
   return _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(ds2));
 }
 
-// n scales or biases from index i on, as float.
-PTLLM_UNPACKED_TARGET void params_f32(const void* p, DType t, size_t i, int n, float* out) {
-  if (t == DType::F32) {
-    std::memcpy(out, static_cast<const float*>(p) + i, size_t(n) * 4);
-  } else if (t == DType::BF16) {
-    const auto* h = static_cast<const uint16_t*>(p) + i;
-    for (int g = 0; g < n; ++g) out[g] = bf16_to_f32(h[g]);
-  } else {
-    const auto* h = static_cast<const uint16_t*>(p) + i;
-    for (int g = 0; g < n; ++g) out[g] = f16_to_f32(h[g]);
-  }
-}
-
 PTLLM_UNPACKED_TARGET void rows_avx512vbmi(const AffineX& ax, const WeightMatrix& w, const float* bias, float* y,
                                            int r0, int r1) {
   const int gs = w.group_size, G = w.cols / gs, K = w.cols;
   thread_local std::vector<uint8_t> codes;
   thread_local std::vector<float> params;  // the row's scales [G + 2] and biases [G]
+  // K + 64: a 32-column tail reads a whole register; the bytes past K meet zeroed x (masked loads).
   if (codes.size() < size_t(K) + 64) codes.resize(size_t(K) + 64);
   if (params.size() < size_t(2 * G + 2)) params.resize(size_t(2 * G + 2));
   float* sc = params.data();
@@ -93,10 +81,10 @@ PTLLM_UNPACKED_TARGET void rows_avx512vbmi(const AffineX& ax, const WeightMatrix
     } else {
       affine_unpack_codes(w, r, codes.data());
     }
-    std::memset(codes.data() + K, 0, 64);
     const size_t g0 = size_t(r) * size_t(G);
-    params_f32(w.scales, w.dtype, g0, G, sc);
-    params_f32(w.biases, w.dtype, g0, G, bi);
+    const size_t es = dtype_size(w.dtype);
+    convert_to_f32(w.dtype, static_cast<const uint8_t*>(w.scales) + g0 * es, sc, size_t(G));
+    convert_to_f32(w.dtype, static_cast<const uint8_t*>(w.biases) + g0 * es, bi, size_t(G));
     // The scale of each block of 32 columns: with groups of 32 the groups' own (a register's two
     // blocks: two groups), with wider groups (a power of two, at least 64) their group's, both blocks.
     const bool g32 = gs == 32;
