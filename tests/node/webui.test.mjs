@@ -225,6 +225,10 @@ test('the stop button ends a long reply, and the server stops generating it', as
     const c = document.querySelector('.message.assistant .content');
     return c && c.textContent.length > 0;
   });
+  // Pieces that came in one read cannot be timed: stop only after more text arrived later.
+  const first = await page.evaluate(() => document.querySelector('.message.assistant .content').textContent.length);
+  await new Promise((r) => setTimeout(r, 100));
+  await page.waitForFunction((n) => document.querySelector('.message.assistant .content').textContent.length > n, first);
   assert.equal(await metric(endless, 'ptllm_requests_running'), 1);
   await page.click('#stop');
   await page.locator('#send').waitFor({ state: 'visible' });
