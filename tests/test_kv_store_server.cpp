@@ -21,6 +21,7 @@
 #include "redis_server.h"
 #include "serve_process.h"
 #include "server/http_server.h"
+#include "server_thread.h"
 #include "store/redis_store.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
@@ -30,10 +31,6 @@ namespace {
 
 using server::json;
 
-const char* kChatML =
-    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
-
 const char* kSystem =
     "In the beginning God created the heaven and the earth. And the earth was without form, and void; and "
     "darkness was upon the face of the deep. And the Spirit of God moved upon the face of the waters. And God "
@@ -42,7 +39,7 @@ const char* kSystem =
     "and the morning were the first day.";
 
 // One replica: a scheduler (with or without a store) and its HTTP server on a free port.
-struct Replica {
+struct Replica : test::ServerThread {
   Replica(Runtime& rt, const chat::ChatTemplate& tmpl, const std::string& redis_url) {
     SchedulerConfig sc;
     sc.session.kv.ctx_size = 512;
@@ -57,30 +54,14 @@ struct Replica {
       sc.store = store.get();
       sc.store_identity = prompt_cache_identity(rt.model(), rt.tokenizer(), sc.session.kv).config_key;
     }
-    sch = std::make_unique<Scheduler>(rt, sc);
     server::ServerConfig cfg;
-    cfg.port = 0;
     cfg.model_name = "kjv-tiny";
-    cfg.render_chat = [&tmpl](const json& messages, const json&, const json&) {
-      chat::ChatRequest r;
-      r.messages = messages;
-      r.add_generation_prompt = true;
-      return tmpl.render(r);
-    };
-    srv = std::make_unique<server::HttpServer>(rt, *sch, cfg);
-    port = srv->bind();
-    thread = std::thread([this] { srv->run(); });
-  }
-  ~Replica() {
-    srv->shutdown(std::chrono::seconds(5));
-    thread.join();
-    srv.reset();
-    sch.reset();
+    cfg.render_chat = [&tmpl](const json& messages, const json&, const json&) { return test::render_chat(tmpl, messages); };
+    serve(rt, sc, cfg);
+    EXPECT_GT(port_, 0);
   }
   json post(const std::string& path, const json& body) const {
-    httplib::Client c("127.0.0.1", port);
-    c.set_read_timeout(120, 0);
-    const auto r = c.Post(path.c_str(), body.dump(), "application/json");
+    const auto r = client().Post(path.c_str(), body.dump(), "application/json");
     if (!r) {
       ADD_FAILURE() << "no response from " << path;
       return json::object();
@@ -90,8 +71,7 @@ struct Replica {
   }
   // A metric's value from /metrics (-1 when absent).
   double metric(const std::string& name) const {
-    httplib::Client c("127.0.0.1", port);
-    const auto r = c.Get("/metrics");
+    const auto r = client().Get("/metrics");
     if (!r) return -1;
     const std::string key = "\n" + name + " ";
     const size_t at = r->body.find(key);
@@ -103,18 +83,17 @@ struct Replica {
     }
   }
 
+  ~Replica() { stop_serving(); }  // before the store goes
+  Scheduler& scheduler() const { return *sch_; }
+  int port() const { return port_; }
   std::unique_ptr<KVStore> store;
-  std::unique_ptr<Scheduler> sch;
-  std::unique_ptr<server::HttpServer> srv;
-  std::thread thread;
-  int port = 0;
 };
 
 class KVStoreServerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     rt_ = new Runtime({test::repo_model("kjv-tiny"), 2, true});
-    tmpl_ = new chat::ChatTemplate(chat::ChatTemplate::from_string(kChatML));
+    tmpl_ = new chat::ChatTemplate(chat::ChatTemplate::from_string(test::kChatML));
   }
   static void TearDownTestSuite() {
     delete rt_;
@@ -219,8 +198,8 @@ TEST_F(KVStoreServerTest, ACorruptedValueIsAMissAndTheRightAnswer) {
   const std::string prompt = tmpl_->render(req);
   const auto ids = rt_->tokenizer().encode(prompt, {.add_special = false});
   std::vector<BlockHash> hashes;
-  a.sch->pool().extend_block_hashes(ids, 1, hashes);
-  const Digest identity = prompt_cache_identity(rt_->model(), rt_->tokenizer(), a.sch->config().session.kv).config_key;
+  a.scheduler().pool().extend_block_hashes(ids, 1, hashes);
+  const Digest identity = prompt_cache_identity(rt_->model(), rt_->tokenizer(), a.scheduler().config().session.kv).config_key;
   const std::vector<std::string> key = {kv_store_key("ptllm", identity, hashes[0])};
   store::RedisStoreOptions o;
   o.url = redis.url();
@@ -258,7 +237,7 @@ TEST_F(KVStoreServerTest, RedisKilledMidRunBothReplicasKeepAnswering) {
   EXPECT_EQ(content(b.post("/v1/chat/completions", chat(third, 16))), other);
   EXPECT_EQ(content(a.post("/v1/chat/completions", chat(third, 16))), other);
   EXPECT_GE(b.metric("ptllm_kv_store_errors_total"), 1);
-  httplib::Client c("127.0.0.1", a.port);
+  httplib::Client c("127.0.0.1", a.port());
   const auto health = c.Get("/health");
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 200);

@@ -26,6 +26,7 @@
 #include "engine/session.h"
 #include "sample/sampler.h"
 #include "server/http_server.h"
+#include "server_thread.h"
 #include "test_greedy.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
@@ -35,11 +36,9 @@ namespace {
 
 using server::json;
 
-const char* kChatML =
-    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+using test::kChatML;
 
-class ServerTest : public ::testing::Test {
+class ServerTest : public ::testing::Test, protected test::ServerThread {
  protected:
   static void SetUpTestSuite() {
     rt_ = new Runtime({test::repo_model("kjv-tiny"), 2, true});
@@ -57,37 +56,18 @@ class ServerTest : public ::testing::Test {
     sc.parallel = 2;
     sc.prefill_chunk = 64;
     sc.eos_ids = {1};
-    sch_ = std::make_unique<Scheduler>(*rt_, sc);
     server::ServerConfig cfg;
-    cfg.port = 0;
     cfg.api_key = api_key;
     cfg.model_name = "kjv-tiny";
     cfg.max_body_bytes = 64 * 1024;
     cfg.context_overflow = overflow;
     cfg.keep = keep;
     cfg.render_chat = [](const json& messages, const json&, const json&) { return render(messages); };
-    srv_ = std::make_unique<server::HttpServer>(*rt_, *sch_, cfg);
-    port_ = srv_->bind();
+    serve(*rt_, sc, cfg);
     ASSERT_GT(port_, 0);
-    thread_ = std::thread([this] { srv_->run(); });
   }
-  void TearDown() override {
-    if (srv_) srv_->shutdown(std::chrono::seconds(5));
-    if (thread_.joinable()) thread_.join();
-    srv_.reset();
-    sch_.reset();
-  }
-  static std::string render(const json& messages) {
-    chat::ChatRequest r;
-    r.messages = messages;
-    r.add_generation_prompt = true;
-    return tmpl_->render(r);
-  }
-  httplib::Client client() const {
-    httplib::Client c("127.0.0.1", port_);
-    c.set_read_timeout(120, 0);
-    return c;
-  }
+  void TearDown() override { stop_serving(); }
+  static std::string render(const json& messages) { return test::render_chat(*tmpl_, messages); }
   httplib::Result post(const std::string& path, const std::string& body, const std::string& key = "") const {
     httplib::Client c = client();
     httplib::Headers h;
@@ -109,10 +89,6 @@ class ServerTest : public ::testing::Test {
   }
   static Runtime* rt_;
   static chat::ChatTemplate* tmpl_;
-  std::unique_ptr<Scheduler> sch_;
-  std::unique_ptr<server::HttpServer> srv_;
-  std::thread thread_;
-  int port_ = 0;
 };
 Runtime* ServerTest::rt_ = nullptr;
 chat::ChatTemplate* ServerTest::tmpl_ = nullptr;

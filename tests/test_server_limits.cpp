@@ -18,6 +18,7 @@
 #include "engine/runtime.h"
 #include "engine/scheduler.h"
 #include "serve_process.h"
+#include "server_thread.h"
 #include "server/http_server.h"
 #include "test_util.h"
 
@@ -26,17 +27,13 @@ namespace {
 
 using server::json;
 
-const char* kChatML =
-    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
-
 constexpr size_t kMaxBody = 256 * 1024;
 
-class ServerLimits : public ::testing::Test {
+class ServerLimits : public ::testing::Test, protected test::ServerThread {
  protected:
   static void SetUpTestSuite() {
     rt_ = new Runtime({test::repo_model("kjv-tiny"), 1, true});
-    tmpl_ = new chat::ChatTemplate(chat::ChatTemplate::from_string(kChatML));
+    tmpl_ = new chat::ChatTemplate(chat::ChatTemplate::from_string(test::kChatML));
   }
   static void TearDownTestSuite() {
     delete rt_;
@@ -47,35 +44,17 @@ class ServerLimits : public ::testing::Test {
     sc.session.kv.ctx_size = 256;
     sc.parallel = 2;
     sc.eos_ids = {1};
-    sch_ = std::make_unique<Scheduler>(*rt_, sc);
     server::ServerConfig cfg;
-    cfg.port = 0;
     cfg.model_name = "kjv-tiny";
     cfg.max_body_bytes = kMaxBody;
     cfg.timeout_s = 20;
-    cfg.render_chat = [](const json& messages, const json&, const json&) {
-      chat::ChatRequest r;
-      r.messages = messages;
-      r.add_generation_prompt = true;
-      return tmpl_->render(r);
-    };
+    cfg.render_chat = [](const json& messages, const json&, const json&) { return test::render_chat(*tmpl_, messages); };
     if (configure) configure(cfg);
-    srv_ = std::make_unique<server::HttpServer>(*rt_, *sch_, cfg);
-    port_ = srv_->bind();
+    serve(*rt_, sc, cfg);
     ASSERT_GT(port_, 0);
-    thread_ = std::thread([this] { srv_->run(); });
   }
-  void TearDown() override {
-    if (srv_) srv_->shutdown(std::chrono::seconds(5));
-    if (thread_.joinable()) thread_.join();
-    srv_.reset();
-    sch_.reset();
-  }
-  httplib::Client client() const {
-    httplib::Client c("127.0.0.1", port_);
-    c.set_read_timeout(60, 0);
-    return c;
-  }
+  void TearDown() override { stop_serving(); }
+  httplib::Client client() const { return ServerThread::client(60); }
   httplib::Result post(const std::string& path, const std::string& body,
                        const std::string& type = "application/json") const {
     return client().Post(path.c_str(), body, type.c_str());
@@ -112,10 +91,6 @@ class ServerLimits : public ::testing::Test {
   }
   static Runtime* rt_;
   static chat::ChatTemplate* tmpl_;
-  std::unique_ptr<Scheduler> sch_;
-  std::unique_ptr<server::HttpServer> srv_;
-  std::thread thread_;
-  int port_ = 0;
 };
 Runtime* ServerLimits::rt_ = nullptr;
 chat::ChatTemplate* ServerLimits::tmpl_ = nullptr;

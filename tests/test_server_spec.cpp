@@ -14,6 +14,7 @@
 #include "engine/scheduler.h"
 #include "scripted_model.h"
 #include "server/http_server.h"
+#include "server_thread.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -225,33 +226,22 @@ TEST(SpecSuffixCache, SecondRequestRepeatingAReplyHasItsDraftsKept) {
 
 // --- The HTTP server ---------------------------------------------------------------------------
 
-class SpecServerTest : public SpecSchedulerTest {
+class SpecServerTest : public SpecSchedulerTest, protected test::ServerThread {
  protected:
   void start(SpecType type) {
-    sch_ = std::make_unique<Scheduler>(*rt_, config(type));
     server::ServerConfig cfg;
-    cfg.port = 0;
     cfg.model_name = "kjv-tiny";
     cfg.render_chat = [](const json& messages, const json&, const json&) {
       std::string s;
       for (const auto& m : messages) s += m["content"].get<std::string>() + "\n";
       return s;
     };
-    srv_ = std::make_unique<server::HttpServer>(*rt_, *sch_, cfg);
-    port_ = srv_->bind();
+    serve(*rt_, config(type), cfg);
     ASSERT_GT(port_, 0);
-    thread_ = std::thread([this] { srv_->run(); });
   }
-  void TearDown() override {
-    if (srv_) srv_->shutdown(std::chrono::seconds(5));
-    if (thread_.joinable()) thread_.join();
-    srv_.reset();
-    sch_.reset();
-  }
+  void TearDown() override { stop_serving(); }
   httplib::Result post(const json& body) const {
-    httplib::Client c("127.0.0.1", port_);
-    c.set_read_timeout(120, 0);
-    return c.Post("/v1/completions", body.dump(), "application/json");
+    return client().Post("/v1/completions", body.dump(), "application/json");
   }
   std::string get(const char* path) const {
     httplib::Client c("127.0.0.1", port_);
@@ -273,10 +263,6 @@ class SpecServerTest : public SpecSchedulerTest {
     for (auto& f : futs) out.push_back(f.get());
     return out;
   }
-  std::unique_ptr<Scheduler> sch_;
-  std::unique_ptr<server::HttpServer> srv_;
-  std::thread thread_;
-  int port_ = 0;
 };
 
 const std::vector<std::string> kPrompts = {"And the LORD said unto Moses, Speak unto the children of Israel. And the LORD",
