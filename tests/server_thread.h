@@ -14,13 +14,9 @@
 #include "engine/runtime.h"
 #include "engine/scheduler.h"
 #include "server/http_server.h"
+#include "test_util.h"
 
 namespace ptllm::test {
-
-// A ChatML template, for models that ship none.
-inline constexpr const char* kChatML =
-    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
 // `messages` rendered by `tmpl` with the generation prompt: a ServerConfig::render_chat.
 inline std::string render_chat(const chat::ChatTemplate& tmpl, const server::json& messages) {

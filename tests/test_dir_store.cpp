@@ -351,9 +351,7 @@ TEST_F(DirStoreSchedulerTest, ARestartLoadsThePrefixFromTheFilesAndAnswersTheSam
 // ---------------------------------------------------------------------------------------------
 // The real server across restarts.
 
-const char* kChatML =
-    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+using test::kChatML;
 
 const char* kSystem =
     "In the beginning God created the heaven and the earth. And the earth was without form, and void; and "

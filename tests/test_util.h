@@ -19,6 +19,11 @@
 
 namespace ptllm::test {
 
+// A ChatML template, for models that ship none.
+inline constexpr const char* kChatML =
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
 // The sanitized tests' build for CI (fuzz/CMakeLists.txt ptllm_sanitized_tests: unoptimized, ASan and
 // UBSan, which run the loops ten to a hundred times slower) defines PTLLM_TEST_LIGHT: the long
 // randomized and many-step tests then run a fraction of their cases there. The Release tests run
