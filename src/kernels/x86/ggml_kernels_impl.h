@@ -427,6 +427,8 @@ PTLLM_GGML_TARGET void dot_q6k_zmm(const uint8_t* row, int nb, const GgmlActs& a
 }
 
 #include "kernels/x86/ggml_tiled_impl.h"  // Q4_0 / Q8_0 against many rows of x
+#else
+#include "kernels/x86/ggml_tiled_avx2_impl.h"  // Q4_0 against many rows of x
 #endif  // PTLLM_GGML_ZMM
 
 // ---- rows ---------------------------------------------------------------------------------------
@@ -464,9 +466,7 @@ PTLLM_GGML_TARGET inline void store_rows(float* y, int ldy, const float* bias, i
 
 PTLLM_GGML_TARGET void ggml_rows(const WeightMatrix& w, const GgmlActs& a, const float* bias, float* y, int r0,
                                  int r1) {
-#if PTLLM_GGML_ZMM
   if (tiled_takes(w.ggml, a.T)) return tiled_rows(w, a, bias, y, r0, r1);
-#endif
   const int nb = w.cols / ggml_type_info(w.ggml).block_elems;
   const size_t rb = w.row_bytes();
   const auto* data = static_cast<const uint8_t*>(w.data);
