@@ -529,6 +529,88 @@ TEST_P(GgmlProduct, EveryVariantMatchesTheScalarTwin) {
   }
 }
 
+// ops.h's rule for batches above kMatmulSmallRows rows: a row of x gets the same bits whichever
+// batch it is computed in, wherever it sits in it, and whichever thread takes its weight row
+// (matmul splits the rows in whole 16-row tiles). Every variant; the many-rows kernels hold 8 rows
+// of x in registers, so windows starting off that tile are the cases that could differ.
+TEST_P(GgmlProduct, RowsAboveTheSmallBatchDoNotDependOnTheBatch) {
+  const ProductCase c = GetParam();
+  std::mt19937 rng(23);
+  std::normal_distribution<float> g(0.f, 1.f);
+  int nk = 0;
+  const GgmlKernel* const* ks = ggml_kernels(&nk);
+  const int block = ggml_act_block(c.type), T = 45;
+  const auto blocks = random_matrix(c.type, c.rows, c.cols, false, 31);
+  const WeightMatrix w = ggml_matrix(c.type, blocks.data(), c.rows, c.cols);
+  std::vector<float> x(size_t(T) * size_t(c.cols)), bias(size_t(c.rows));
+  for (auto& v : x) v = g(rng);
+  for (auto& v : bias) v = g(rng);
+  std::vector<int8_t> q(x.size());
+  std::vector<float> d(size_t(T) * size_t(c.cols / block));
+  std::vector<int16_t> sums(size_t(T) * size_t(c.cols / 16));
+  ggml_quantize_acts(x.data(), c.cols, block, 0, T, q.data(), d.data(), sums.data());
+  for (int i = 0; i < nk; ++i) {
+    std::vector<float> all(size_t(T) * size_t(c.rows));
+    ks[i]->rows(w, GgmlActs{T, c.cols, block, q.data(), d.data(), sums.data()}, bias.data(), all.data(), 0, c.rows);
+    for (auto [t0, n] : {std::pair{0, 17}, {3, 19}, {5, 40}, {27, 18}}) {
+      const GgmlActs a{n, c.cols, block, q.data() + size_t(t0) * size_t(c.cols),
+                       d.data() + size_t(t0) * size_t(c.cols / block), sums.data() + size_t(t0) * size_t(c.cols / 16)};
+      std::vector<float> part(size_t(n) * size_t(c.rows), NAN);
+      const int split = 16;
+      ks[i]->rows(w, a, bias.data(), part.data(), 0, split);
+      ks[i]->rows(w, a, bias.data(), part.data(), split, c.rows);
+      for (int t = 0; t < n; ++t)
+        for (int r = 0; r < c.rows; ++r) {
+          const float want = all[size_t(t0 + t) * size_t(c.rows) + size_t(r)];
+          const float got = part[size_t(t) * size_t(c.rows) + size_t(r)];
+          ASSERT_EQ(std::memcmp(&got, &want, sizeof got), 0)
+              << ks[i]->name << " row " << t0 + t << " in a batch of " << n << " from " << t0 << ", weight row " << r
+              << ": " << got << " vs " << want;
+        }
+    }
+  }
+}
+
+// The panel products (Q4_0 and Q8_0 under AVX-512) give a row of x alone the bits it gets in any
+// batch, and match the scalar twin (one row: the fused kernel; several: the packed panels).
+TEST_P(GgmlProduct, PanelRowsGiveOneRowItsBitsInABatch) {
+  const ProductCase c = GetParam();
+  const GgmlRowsFn panel = ggml_panel_rows(c.type);
+  if (!panel) GTEST_SKIP() << "no panel product for " << ggml_type_info(c.type).name << " under this CPU's kernels";
+  std::mt19937 rng(41);
+  std::normal_distribution<float> g(0.f, 1.f);
+  const int block = ggml_act_block(c.type), T = 9;
+  for (bool raw : {false, true}) {
+    const auto blocks = random_matrix(c.type, c.rows, c.cols, raw, 43);
+    const WeightMatrix w = ggml_matrix(c.type, blocks.data(), c.rows, c.cols);
+    std::vector<float> x(size_t(T) * size_t(c.cols)), bias(size_t(c.rows));
+    for (auto& v : x) v = g(rng);
+    for (auto& v : bias) v = g(rng);
+    std::vector<int8_t> q(x.size());
+    std::vector<float> d(size_t(T) * size_t(c.cols / block));
+    std::vector<int16_t> sums(size_t(T) * size_t(c.cols / 16));
+    ggml_quantize_acts(x.data(), c.cols, block, 0, T, q.data(), d.data(), sums.data());
+    std::vector<float> all(size_t(T) * size_t(c.rows)), want(all.size());
+    const GgmlActs a{T, c.cols, block, q.data(), d.data(), sums.data()};
+    panel(w, a, bias.data(), all.data(), 0, c.rows);
+    int nk = 0;
+    ggml_kernels(&nk)[0]->rows(w, a, bias.data(), want.data(), 0, c.rows);
+    for (int t = 0; t < T; ++t) {
+      const GgmlActs one{1, c.cols, block, q.data() + size_t(t) * size_t(c.cols),
+                         d.data() + size_t(t) * size_t(c.cols / block), sums.data() + size_t(t) * size_t(c.cols / 16)};
+      std::vector<float> y(size_t(c.rows), NAN);
+      panel(w, one, bias.data(), y.data(), 0, 5);  // a range ending mid-panel, then the rest
+      panel(w, one, bias.data(), y.data(), 5, c.rows);
+      for (int r = 0; r < c.rows; ++r) {
+        const size_t i = size_t(t) * size_t(c.rows) + size_t(r);
+        ASSERT_EQ(std::memcmp(&y[size_t(r)], &all[i], sizeof(float)), 0)
+            << (raw ? "raw " : "") << "row " << t << " weight row " << r << ": " << y[size_t(r)] << " vs " << all[i];
+        ASSERT_NEAR(all[i], want[i], 1e-4f * (1.f + std::fabs(want[i]))) << "row " << t << " weight row " << r;
+      }
+    }
+  }
+}
+
 // x's quantization: every variant gives the scalar's bytes, scales and sums exactly, on rows with
 // rounding ties, a zero block and large magnitudes.
 TEST(GgmlActs, EveryVariantQuantizesXAsTheScalar) {

@@ -250,7 +250,7 @@ float tolerance(const std::string& fmt) { return fmt == "f32" || fmt == "bf16" ?
 TEST(MoeForward, MatchesTheReferenceInEveryFormatForDecodeAndBatches) {
   ThreadPool pool(4);
   const int E = 8, H = 256, I = 256;  // 256: a whole K-quant super-block
-  for (const std::string fmt : {"f32", "bf16", "q4", "Q4_K", "Q6_K", "Q8_0"}) {
+  for (const std::string fmt : {"f32", "bf16", "q4", "Q4_K", "Q6_K", "Q8_0", "Q4_0"}) {
     const Experts x = make_experts(E, H, I, fmt, 7);
     for (bool norm : {true, false}) {
       const MoeConfig c = small_config(E, 2, I, norm);

@@ -261,6 +261,13 @@ const GgmlKernel& ggml_active_kernel() {
   }
 }
 
+GgmlRowsFn ggml_panel_rows(GgmlType t) {
+  const GgmlKernel& k = ggml_active_kernel();
+  if (&k == detail::ggml_avx512vnni_kernel()) return detail::ggml_avx512vnni_panel_rows(t);
+  if (&k == detail::ggml_avx512_kernel()) return detail::ggml_avx512_panel_rows(t);
+  return nullptr;
+}
+
 bool ggml_int_kernel(GgmlType t) { return has_int_kernel(t); }
 
 void ggml_matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool) {

@@ -80,10 +80,18 @@ const GgmlKernel* const* ggml_kernels(int* n);
 // The variant ggml_matmul uses under the active SIMD target (kernels/simd.h).
 const GgmlKernel& ggml_active_kernel();
 
+// The panel products of the active variant for weights of type t, one row of x included: Q4_0 and
+// Q8_0 under AVX-512 (Q4_0 alone without VNNI), where GgmlKernel::rows takes them from two rows. A
+// row's result is the same bits for any T. Null where the variant has none for t.
+using GgmlRowsFn = void (*)(const WeightMatrix& w, const GgmlActs& a, const float* bias, float* y, int r0, int r1);
+GgmlRowsFn ggml_panel_rows(GgmlType t);
+
 namespace detail {
 const GgmlKernel* ggml_avx2_kernel();        // null where not compiled in
 const GgmlKernel* ggml_avx512_kernel();      // null where not compiled in
 const GgmlKernel* ggml_avx512vnni_kernel();  // null where not compiled in
+GgmlRowsFn ggml_avx512_panel_rows(GgmlType t);      // null where not compiled in or not for t
+GgmlRowsFn ggml_avx512vnni_panel_rows(GgmlType t);  // null where not compiled in or not for t
 const GgmlKernel* ggml_neon_kernel();          // null where not compiled in
 const GgmlKernel* ggml_neon_dotprod_kernel();  // null where not compiled in (the CPU is not asked)
 const GgmlKernel* ggml_neon_i8mm_kernel();     // null where not compiled in (the CPU is not asked)

@@ -55,7 +55,8 @@ int blocks_of(int rows) { return (rows + kBlockRows - 1) / kBlockRows; }
 // Rows of x rounded to int8 once for every row block of every expert matrix that reads them. A matmul
 // call rounds its x itself: called per block of 64 rows, a decode step rounded the same x 24 times
 // per expert, a tenth of the step's time. The quantized formats' kernels then run on the rounded
-// rows as matmul would (the same integers, the same sums: bit for bit its result).
+// rows as matmul would (the same integers, the same sums: bit for bit its result; for Q4_0 and
+// Q8_0 under AVX-512 the panel product, which is matmul's from two rows on).
 class RoundedRows {
  public:
   // rows: [n][K], for matrices of w's format (MLX affine bits and group size, or GGUF block size).
@@ -98,7 +99,13 @@ class RoundedRows {
         ggml_act_block(w.ggml) == block_) {
       const GgmlActs a{1, K_, block_, q_.data() + size_t(i) * size_t(K_), d_.data() + size_t(i) * size_t(K_ / block_),
                        sums_.data() + size_t(i) * size_t(K_ / 16)};
-      ggml_active_kernel().rows(w, a, nullptr, y, r0, r1);
+      // The panel product where the variant has one for the type: faster for one row than the
+      // one-row kernel (the decoded panel is used at once), and an expert's row gets the same bits
+      // whether it was routed alone or with others.
+      if (const GgmlRowsFn panel = ggml_panel_rows(w.ggml))
+        panel(w, a, nullptr, y, r0, r1);
+      else
+        ggml_active_kernel().rows(w, a, nullptr, y, r0, r1);
       return;
     }
     matmul(rows_ + size_t(i) * size_t(K_), 1, weight_rows(w, r0, r1 - r0), nullptr, y + r0, pool);

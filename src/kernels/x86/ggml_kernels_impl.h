@@ -29,6 +29,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 #include "kernels/ggml.h"
 
@@ -424,6 +426,9 @@ PTLLM_GGML_TARGET void dot_q6k_zmm(const uint8_t* row, int nb, const GgmlActs& a
   PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) out[t] = _mm512_reduce_add_ps(acc[t]);
 }
 
+#include "kernels/x86/ggml_tiled_impl.h"  // Q4_0 / Q8_0 against many rows of x
+#else
+#include "kernels/x86/ggml_tiled_avx2_impl.h"  // Q4_0 against many rows of x
 #endif  // PTLLM_GGML_ZMM
 
 // ---- rows ---------------------------------------------------------------------------------------
@@ -461,6 +466,7 @@ PTLLM_GGML_TARGET inline void store_rows(float* y, int ldy, const float* bias, i
 
 PTLLM_GGML_TARGET void ggml_rows(const WeightMatrix& w, const GgmlActs& a, const float* bias, float* y, int r0,
                                  int r1) {
+  if (tiled_takes(w.ggml, a.T)) return tiled_rows(w, a, bias, y, r0, r1);
   const int nb = w.cols / ggml_type_info(w.ggml).block_elems;
   const size_t rb = w.row_bytes();
   const auto* data = static_cast<const uint8_t*>(w.data);
