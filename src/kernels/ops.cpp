@@ -108,14 +108,11 @@ void kivi_k_dequant(KRows codes, const uint16_t* scale, const uint16_t* zero, in
 
 namespace {
 // Up to this many rows of x the weights are streamed once and converted in registers (decode is
-// memory-bound); beyond it packing converted tiles pays for itself (bench_kernels product/*: the
-// two meet near T = 6 on Zen).
-constexpr int kGemvMaxT = 6;
-// BF16 weights: the gemv's tiles of several weight rows (kernels_impl.h gemv_tiles_bf16) stay ahead
-// of packing up to here (product/gemv/16 and product/gemm/16). The largest of the formats' switch
-// points, which ops.h publishes as kMatmulSmallRows.
-constexpr int kGemvMaxTBf16 = kMatmulSmallRows;
-static_assert(kGemvMaxT <= kMatmulSmallRows);
+// memory-bound; a verification of drafted tokens feeds up to 17 rows); beyond it packing converted
+// tiles pays for itself. The gemv's tiles of several weight rows (kernels_impl.h gemv_tiles_bf16,
+// gemv_tiles for F32 and F16) stay ahead of packing up to here (product/gemv/16 and
+// product/gemm/16), which ops.h publishes as kMatmulSmallRows.
+constexpr int kGemvMaxT = kMatmulSmallRows;
 // Fewest weights a thread's share of a gemv holds: below it, handing work to another thread costs
 // more than it saves (tiny models).
 constexpr size_t kGemvMinWeightsPerThread = 32 * 1024;
@@ -144,7 +141,7 @@ void matmul(const float* x, int T, const WeightMatrix& w, const float* bias, flo
   if (w.format == WeightFormat::Affine) return affine_matmul(x, T, w, bias, y, pool);
   if (w.format == WeightFormat::Ggml) return ggml_matmul(x, T, w, bias, y, pool);
   const KernelTable& k = active_kernels();
-  if (T <= (w.dtype == DType::BF16 ? kGemvMaxTBf16 : kGemvMaxT)) {
+  if (T <= kGemvMaxT) {
     const size_t min_rows = kGemvMinWeightsPerThread / size_t(std::max(1, w.cols));
     const size_t grain = std::max<size_t>(4, (min_rows + 3) / 4 * 4);
     // BF16 from kSharedXMinT rows: x deinterleaved once here for every part (a 1376 x 512 matrix

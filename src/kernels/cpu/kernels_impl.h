@@ -1058,6 +1058,65 @@ struct Kernels {
       for (; t < T; ++t) gemv_group<LdBF16, 1>(x, xd, t, w, r, bias, y);
     }
   }
+  // F32 and F16 rows against more than kGemvGroupMaxT rows of x (a verification of drafted tokens,
+  // a short batch): tiles of 4 weight rows x TT rows of x, so each chunk of x is loaded once for the
+  // 4 rows and each chunk of a row once for the TT rows of x (the row groups below load x once per
+  // weight row and are bound by their loads past a few rows), without packing the weights as gemm
+  // does on every call. A row's sum is taken in an order fixed by element index.
+  static constexpr int kGemvGroupMaxT = 6;
+  template <class Ld, int TT>
+  PTLLM_TARGET static void gemv_tile(const float* x, int K, const void* w, int r, float* y, int ldy,
+                                     const float* bias) {
+    constexpr int RT = kTileRows;
+    F acc[RT][TT];
+    PTLLM_UNROLL for (int i = 0; i < RT; ++i) PTLLM_UNROLL for (int t = 0; t < TT; ++t) acc[i][t] = V::zero();
+    const size_t row = size_t(r) * size_t(K);
+    int k = 0;
+    for (; k + N <= K; k += N) {
+      F xv[TT];
+      PTLLM_UNROLL for (int t = 0; t < TT; ++t) xv[t] = V::load(x + size_t(t) * size_t(K) + size_t(k));
+      PTLLM_UNROLL for (int i = 0; i < RT; ++i) {
+        const F wv = Ld::load(w, row + size_t(i) * size_t(K) + size_t(k));
+        PTLLM_UNROLL for (int t = 0; t < TT; ++t) acc[i][t] = V::fma(xv[t], wv, acc[i][t]);
+      }
+    }
+    if (k < K) {  // the tail
+      const int n = K - k;
+      F xv[TT];
+      PTLLM_UNROLL for (int t = 0; t < TT; ++t) xv[t] = V::load_n(x + size_t(t) * size_t(K) + size_t(k), n);
+      PTLLM_UNROLL for (int i = 0; i < RT; ++i) {
+        const F wv = Ld::load_n(w, row + size_t(i) * size_t(K) + size_t(k), n);
+        PTLLM_UNROLL for (int t = 0; t < TT; ++t) acc[i][t] = V::fma(xv[t], wv, acc[i][t]);
+      }
+    }
+    PTLLM_UNROLL for (int t = 0; t < TT; ++t) {
+      float* yt = y + size_t(t) * size_t(ldy) + size_t(r);
+      V::reduce_add4(acc[0][t], acc[1][t], acc[2][t], acc[3][t], yt);
+      if (bias) PTLLM_UNROLL for (int i = 0; i < RT; ++i) yt[i] += bias[r + i];
+    }
+  }
+  template <class Ld>
+  PTLLM_TARGET static void gemv_tiles(const float* x, int T, const WeightMatrix& w, const float* bias, float* y,
+                                      int r0, int r1) {
+    const int K = w.cols;
+    int r = r0;
+    for (; r + kTileRows <= r1; r += kTileRows) {
+      int t = 0;
+      const auto tile = [&]<int TT>() {
+        gemv_tile<Ld, TT>(x + size_t(t) * size_t(K), K, w.data, r, y + size_t(t) * size_t(w.rows), w.rows, bias);
+        t += TT;
+      };
+      if constexpr (V::GT >= 4)
+        while (t + 4 <= T) tile.template operator()<4>();
+      while (t + 2 <= T) tile.template operator()<2>();
+      if (t < T) tile.template operator()<1>();
+    }
+    for (; r < r1; ++r) {
+      int t = 0;
+      for (; t + 2 <= T; t += 2) gemv_group<Ld, 2>(x, nullptr, t, w, r, bias, y);
+      for (; t < T; ++t) gemv_group<Ld, 1>(x, nullptr, t, w, r, bias, y);
+    }
+  }
   // Every row of x against weight rows [r0, r1); groups of rows of x share each weight row, read
   // from memory once and then from L1.
   template <class Ld>
@@ -1072,6 +1131,8 @@ struct Kernels {
       }
     if constexpr (std::is_same_v<Ld, LdBF16>)
       if (T >= kTileMinT) return gemv_tiles_bf16(x, xd, T, w, bias, y, r0, r1);
+    if constexpr (!std::is_same_v<Ld, LdBF16>)
+      if (T > kGemvGroupMaxT) return gemv_tiles<Ld>(x, T, w, bias, y, r0, r1);
     for (int r = r0; r < r1; ++r) {
       int t = 0;
       if constexpr (V::GT >= 4)
