@@ -539,6 +539,8 @@ TEST(SpecAdaptivity, PassCostsSkipTheFirstWidePassAndInterpolate) {
   EXPECT_DOUBLE_EQ(c.cost(1), 1e-3);
   c.record(1, 100e-3);  // one outlier moves the average at most to double
   EXPECT_NEAR(c.cost(1), 1e-3 + 0.15 * 1e-3, 1e-12);
+  c.record(1, 0.55e-3);  // a lower one moves it half the way (CPU time errs upwards)
+  EXPECT_NEAR(c.cost(1), (1.15e-3 + 0.575e-3) / 2, 1e-12);
   c.record(5, 3e-3);  // wider than any before: not counted
   EXPECT_FALSE(c.measured(5));
   c.record(5, 3e-3);

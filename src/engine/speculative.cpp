@@ -81,6 +81,7 @@ double thread_cpu_seconds() {
 namespace {
 constexpr double kAlphaPrior = 0.5;
 constexpr double kEma = 0.15;            // weight of the newest measurement
+constexpr double kEmaDown = 0.5;         // ... of a pass cost measured below the average
 constexpr int kProbeEvery = 32;          // a declined draft is verified anyway this often
 constexpr int64_t kPlainEvery = 64;      // a plain step this often, to keep its cost measured
 constexpr double kPriorRowCost = 0.1;    // an unmeasured further row, in passes of the nearest width
@@ -98,8 +99,11 @@ void PassCosts::record(int T, double seconds, uint64_t now) {
   }
   double& est = est_[size_t(T)];
   at_[size_t(T)] = now;
+  // CPU time errs upwards (a cold cache, a page fault, an interrupt; the first steps after a
+  // prompt), so a lower measurement moves the average further than a higher one.
   if (est <= 0) est = seconds;
-  else est += kEma * (std::clamp(seconds, est / 2, est * 2) - est);
+  else if (seconds < est) est += kEmaDown * (std::max(seconds, est / 2) - est);
+  else est += kEma * (std::min(seconds, est * 2) - est);
 }
 
 void PassCosts::set(int T, double seconds) {

@@ -94,7 +94,7 @@ class PassCosts {
  public:
   // A pass of T rows cost `seconds`, at step `now` of the caller's count. The first pass wider than
   // any before grows the buffers it runs in: not counted. One measurement moves the average at most
-  // by half or double.
+  // by half or double, one below it by half its distance, one above by 0.15 of it.
   void record(int T, double seconds, uint64_t now = 0);
   double cost(int T) const;
   bool measured(int T) const { return T > 0 && T < int(est_.size()) && est_[size_t(T)] > 0; }
