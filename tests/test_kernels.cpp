@@ -610,31 +610,6 @@ TEST_P(KernelTest, PackedProductRowsDoNotDependOnTheBatch) {
     }
 }
 
-// F32 products of 7 to 16 rows (a verification of drafted tokens) take gemm's arithmetic without
-// its packing (kernels_impl.h gemv_xt): each row's bits equal the same row's in the packed product
-// of 40 rows, across KC-column blocks (1031 columns), with a bias, and with rows left over past tiles
-// of 4 weight rows (37).
-TEST_P(KernelTest, F32ShortBatchRowsEqualThePackedProducts) {
-  ThreadPool pool(2);
-  for (int cols : {301, 1031}) {
-    TestMatrix m(DType::F32, 37, cols, rng_);
-    auto x = random_floats(size_t(40) * size_t(cols), rng_);
-    auto bias = random_floats(37, rng_);
-    // The packed product (gemm) of all 40 rows, as matmul takes it past 16 rows without AMX.
-    const int panels = (40 + k_->gemm_mr - 1) / k_->gemm_mr;
-    std::vector<float> ap(size_t(panels * k_->gemm_mr) * size_t(cols)), all(size_t(40) * 37);
-    k_->pack_a(x.data(), 40, cols, 0, panels, ap.data());
-    k_->gemm(ap.data(), 40, m.w, bias.data(), all.data(), 0, 37);
-    for (int T = 7; T <= 16; ++T)
-      for (int t0 : {0, 40 - T}) {
-        std::vector<float> y(size_t(T) * 37);
-        matmul(x.data() + size_t(t0) * size_t(cols), T, m.w, bias.data(), y.data(), pool);
-        ASSERT_EQ(std::memcmp(y.data(), all.data() + size_t(t0) * 37, y.size() * sizeof(float)), 0)
-            << "T=" << T << " t0=" << t0 << " K=" << cols << " " << active_kernels_name();
-      }
-  }
-}
-
 // The same weights at any address give the same bits: sums run in an order fixed by element index,
 // whatever loads the kernel uses to stay cache-line aligned.
 TEST_P(KernelTest, ProductsDoNotDependOnWhereTheWeightsSit) {

@@ -112,13 +112,9 @@ namespace {
 // two meet near T = 6 on Zen).
 constexpr int kGemvMaxT = 6;
 // BF16 weights: the gemv's tiles of several weight rows (kernels_impl.h gemv_tiles_bf16) stay ahead
-// of packing up to here (product/gemv/16 and product/gemm/16). F32 weights take gemm's arithmetic
-// without its packing up to here (kernels_impl.h gemv_xt: x transposed once; a verification of
-// drafted tokens feeds up to 17 rows, and on a model whose weights sit in the CPU's caches packing
-// them on every call cost as much as the product). The largest of the formats' switch points, which
-// ops.h publishes as kMatmulSmallRows.
+// of packing up to here (product/gemv/16 and product/gemm/16). The largest of the formats' switch
+// points, which ops.h publishes as kMatmulSmallRows.
 constexpr int kGemvMaxTBf16 = kMatmulSmallRows;
-constexpr int kGemvMaxTF32 = kMatmulSmallRows;
 static_assert(kGemvMaxT <= kMatmulSmallRows);
 // Fewest weights a thread's share of a gemv holds: below it, handing work to another thread costs
 // more than it saves (tiny models).
@@ -148,8 +144,7 @@ void matmul(const float* x, int T, const WeightMatrix& w, const float* bias, flo
   if (w.format == WeightFormat::Affine) return affine_matmul(x, T, w, bias, y, pool);
   if (w.format == WeightFormat::Ggml) return ggml_matmul(x, T, w, bias, y, pool);
   const KernelTable& k = active_kernels();
-  const int gemv_max = w.dtype == DType::BF16 ? kGemvMaxTBf16 : w.dtype == DType::F32 ? kGemvMaxTF32 : kGemvMaxT;
-  if (T <= gemv_max) {
+  if (T <= (w.dtype == DType::BF16 ? kGemvMaxTBf16 : kGemvMaxT)) {
     const size_t min_rows = kGemvMinWeightsPerThread / size_t(std::max(1, w.cols));
     const size_t grain = std::max<size_t>(4, (min_rows + 3) / 4 * 4);
     // BF16 from kSharedXMinT rows: x deinterleaved once here for every part (a 1376 x 512 matrix
@@ -159,16 +154,6 @@ void matmul(const float* x, int T, const WeightMatrix& w, const float* bias, flo
       thread_local Scratch xd;
       xdp = xd.get(size_t(T) * size_t(w.cols));
       k.deinterleave_bf16(x, T, w.cols, xdp);
-    } else if (w.dtype == DType::F32 && T > kGemvMaxT) {
-      // x transposed for gemv_xt: [K][kMatmulSmallRows], zero past T.
-      thread_local Scratch xt;
-      const size_t ldt = size_t(kMatmulSmallRows);
-      xdp = xt.get(ldt * size_t(w.cols));
-      for (int c = 0; c < w.cols; ++c) {
-        float* dst = xdp + size_t(c) * ldt;
-        for (int t = 0; t < T; ++t) dst[t] = x[size_t(t) * size_t(w.cols) + size_t(c)];
-        for (size_t t = size_t(T); t < ldt; ++t) dst[t] = 0.f;
-      }
     }
     pool.parallel_for(size_t(w.rows), [&](size_t b, size_t e) { k.gemv(x, xdp, T, w, bias, y, int(b), int(e)); },
                       grain);

@@ -1058,48 +1058,6 @@ struct Kernels {
       for (; t < T; ++t) gemv_group<LdBF16, 1>(x, xd, t, w, r, bias, y);
     }
   }
-  // F32 rows against more than kGemvGroupMaxT (up to 4N) rows of x (a verification of drafted
-  // tokens, a short batch) without packing the weights on every call as gemm does: the caller
-  // transposes x once (xt [K][kMatmulSmallRows], the rows past T zero), and each weight
-  // row is read once for all rows of x, RT rows at a time, its elements broadcast against a vector
-  // of x's rows. Each output is gemm's arithmetic exactly (micro): a fused multiply-add chain over k
-  // in order for each KC-column block, the first block's sum plus the bias, each later block's added
-  // to it; so a row's bits are the same on this path and the packed one.
-  static constexpr int kGemvGroupMaxT = 6;
-  template <int RT, int NV>
-  PTLLM_TARGET static void gemv_xt(const float* xt, int ldt, int T, int K, const float* w, int r, float* y, int ldy,
-                                   const float* bias) {
-    for (int k0 = 0; k0 < K; k0 += KC) {
-      const int k1 = std::min(K, k0 + KC);
-      F acc[RT][NV];
-      PTLLM_UNROLL for (int i = 0; i < RT; ++i) PTLLM_UNROLL for (int v = 0; v < NV; ++v) acc[i][v] = V::zero();
-      for (int k = k0; k < k1; ++k) {
-        F xv[NV];
-        PTLLM_UNROLL for (int v = 0; v < NV; ++v) xv[v] = V::load(xt + size_t(k) * size_t(ldt) + size_t(v * N));
-        PTLLM_UNROLL for (int i = 0; i < RT; ++i) {
-          const F wv = V::set1(w[size_t(r + i) * size_t(K) + size_t(k)]);
-          PTLLM_UNROLL for (int v = 0; v < NV; ++v) acc[i][v] = V::fma(xv[v], wv, acc[i][v]);
-        }
-      }
-      alignas(64) float out[NV * N];
-      PTLLM_UNROLL for (int i = 0; i < RT; ++i) {
-        PTLLM_UNROLL for (int v = 0; v < NV; ++v) V::store(out + v * N, acc[i][v]);
-        for (int t = 0; t < T; ++t) {
-          float& yt = y[size_t(t) * size_t(ldy) + size_t(r + i)];
-          yt = k0 > 0 ? out[t] + yt : bias ? out[t] + bias[r + i] : out[t];
-        }
-      }
-    }
-  }
-  template <int NV>
-  PTLLM_TARGET static void gemv_xt_rows(const float* xt, int T, const WeightMatrix& w, const float* bias, float* y,
-                                        int r0, int r1) {
-    const int ldt = kMatmulSmallRows;  // ops.cpp's layout of xt
-    const float* wd = static_cast<const float*>(w.data);
-    int r = r0;
-    for (; r + 4 <= r1; r += 4) gemv_xt<4, NV>(xt, ldt, T, w.cols, wd, r, y, w.rows, bias);
-    for (; r < r1; ++r) gemv_xt<1, NV>(xt, ldt, T, w.cols, wd, r, y, w.rows, bias);
-  }
   // Every row of x against weight rows [r0, r1); groups of rows of x share each weight row, read
   // from memory once and then from L1.
   template <class Ld>
@@ -1114,16 +1072,6 @@ struct Kernels {
       }
     if constexpr (std::is_same_v<Ld, LdBF16>)
       if (T >= kTileMinT) return gemv_tiles_bf16(x, xd, T, w, bias, y, r0, r1);
-    // F32 past the row groups' range: xd is x transposed (gemv_xt), as ops.cpp's matmul passes it.
-    if constexpr (std::is_same_v<Ld, LdF32>)
-      if (T > kGemvGroupMaxT && xd) {
-        switch ((T + N - 1) / N) {
-          case 1: return gemv_xt_rows<1>(xd, T, w, bias, y, r0, r1);
-          case 2: return gemv_xt_rows<2>(xd, T, w, bias, y, r0, r1);
-          case 3: return gemv_xt_rows<3>(xd, T, w, bias, y, r0, r1);
-          default: return gemv_xt_rows<4>(xd, T, w, bias, y, r0, r1);
-        }
-      }
     for (int r = r0; r < r1; ++r) {
       int t = 0;
       if constexpr (V::GT >= 4)
@@ -1137,7 +1085,7 @@ struct Kernels {
     switch (w.dtype) {
       case DType::BF16: gemv_t<LdBF16>(x, xd, T, w, bias, y, r0, r1); break;
       case DType::F16: gemv_t<LdF16>(x, nullptr, T, w, bias, y, r0, r1); break;
-      default: gemv_t<LdF32>(x, xd, T, w, bias, y, r0, r1); break;
+      default: gemv_t<LdF32>(x, nullptr, T, w, bias, y, r0, r1); break;
     }
   }
 
