@@ -652,8 +652,10 @@ TEST(SpeculativeCli, BenchVerifyCostTimesEveryWidth) {
 }
 
 // Adaptivity: drafts of sampled prose at temperature 1.5 are mostly rejected; the adaptive sequence
-// stops verifying most of them, the fixed one keeps paying for them. Both give the same text. The
-// choice also weighs measured pass costs, which a loaded machine blurs: the bound leaves room.
+// declines some of them, the fixed one keeps paying for them. Both give the same text. How many it
+// declines depends on this machine's measured pass costs (a row that costs a tenth of a step pays
+// at a = 0.3), so only the direction is checked here; SpecAdaptivity.* check the decisions
+// themselves on injected costs.
 TEST(SpeculativeAdaptivity, StopsVerifyingDraftsThatAreRejected) {
   Tiny& t = tiny();
   ThreadPool pool(2);
@@ -668,7 +670,7 @@ TEST(SpeculativeAdaptivity, StopsVerifyingDraftsThatAreRejected) {
   EXPECT_EQ(fixed.ids, adaptive.ids);
   EXPECT_LT(fixed.stats.acceptance(), 0.3) << "the workload rejects drafts";
   EXPECT_GT(fixed.stats.verify_steps, 50);
-  EXPECT_LT(adaptive.stats.verify_steps * 2, fixed.stats.verify_steps)
+  EXPECT_LT(adaptive.stats.verify_steps, fixed.stats.verify_steps)
       << adaptive.stats.verify_steps << " verifications against " << fixed.stats.verify_steps;
   EXPECT_GT(adaptive.stats.plain_steps, fixed.stats.plain_steps);
 }
