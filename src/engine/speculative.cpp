@@ -84,6 +84,7 @@ constexpr double kEma = 0.15;            // weight of the newest measurement
 constexpr double kEmaDown = 0.5;         // ... of a pass cost measured below the average
 constexpr int kProbeEvery = 32;          // a declined draft is verified anyway this often
 constexpr int64_t kPlainEvery = 64;      // a plain step this often, to keep its cost measured
+constexpr int kPlainFirst = 3;           // plain steps measured before the first draft
 constexpr double kPriorRowCost = 0.1;    // an unmeasured further row, in passes of the nearest width
 }  // namespace
 
@@ -96,9 +97,11 @@ void PassCosts::record(int T, double seconds, uint64_t now) {
   if (int(est_.size()) <= T) {
     est_.resize(size_t(T) + 1, 0.0);
     at_.resize(size_t(T) + 1, 0);
+    n_.resize(size_t(T) + 1, 0);
   }
   double& est = est_[size_t(T)];
   at_[size_t(T)] = now;
+  ++n_[size_t(T)];
   // CPU time errs upwards (a cold cache, a page fault, an interrupt; the first steps after a
   // prompt), so a lower measurement moves the average further than a higher one.
   if (est <= 0) est = seconds;
@@ -110,8 +113,10 @@ void PassCosts::set(int T, double seconds) {
   if (int(est_.size()) <= T) {
     est_.resize(size_t(T) + 1, 0.0);
     at_.resize(size_t(T) + 1, 0);
+    n_.resize(size_t(T) + 1, 0);
   }
   est_[size_t(T)] = seconds;
+  n_[size_t(T)] = 1;
   widest_ = std::max(widest_, T);
 }
 
@@ -253,7 +258,9 @@ void Speculator::round(Session& s, Generator& gen, int32_t pending, std::vector<
   // one token at a time), and one append computes each row as single steps would.
   int room = std::min(o_.draft_max, s.max_draft_append() - 1);
   while (room > 0 && !s.fits(room + 2)) room = std::max(0, std::min(room / 2, room - 1));
-  if (room <= 0 || (o_.adaptive && (!costs_.measured(1) || rounds % kPlainEvery == kPlainEvery - 1)))
+  // The one-token step is what every width is priced against: measured a few times first (the
+  // first steps after a prompt run on cold caches), then again every kPlainEvery rounds.
+  if (room <= 0 || (o_.adaptive && (costs_.samples(1) < kPlainFirst || rounds % kPlainEvery == kPlainEvery - 1)))
     return plain(s, gen, pending, steps);
 
   // The round's cost: the pass, the generator's steps and, for a drafter whose drafts are nearly

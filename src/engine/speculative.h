@@ -99,12 +99,14 @@ class PassCosts {
   double cost(int T) const;
   bool measured(int T) const { return T > 0 && T < int(est_.size()) && est_[size_t(T)] > 0; }
   uint64_t measured_at(int T) const { return measured(T) ? at_[size_t(T)] : 0; }
+  int samples(int T) const { return measured(T) ? n_[size_t(T)] : 0; }  // measurements counted
   // For tests: the average of width T set outright.
   void set(int T, double seconds);
 
  private:
   std::vector<double> est_;    // [T] seconds (0: not measured)
   std::vector<uint64_t> at_;   // [T] the step that last measured it
+  std::vector<int> n_;         // [T] measurements counted
   int widest_ = 0;
 };
 
