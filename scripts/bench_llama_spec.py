@@ -75,7 +75,7 @@ def run_round(base, prompts, tokens):
     n = sum(o["usage"]["completion_tokens"] for o in outs)
     drafted = sum((o.get("timings") or {}).get("draft_n", 0) for o in outs)
     accepted = sum((o.get("timings") or {}).get("draft_n_accepted", 0) for o in outs)
-    return n / dt, [o["choices"][0]["text"] for o in outs], drafted, accepted
+    return n / dt, [o["choices"][0]["text"] for o in outs], drafted, accepted, n
 
 
 def summary(xs):
@@ -123,12 +123,14 @@ def main():
         rates = {s[0]: [] for s in servers}
         drafts = {s[0]: [0, 0] for s in servers}
         texts = {}
+        counts = {s[0]: set() for s in servers}  # completion tokens per round: the same work for all
         for r in range(a.rounds):
             order = servers[r % len(servers):] + servers[:r % len(servers)]
             line = []
             for name, side, base, _ in order:
-                rate, txt, d, acc = run_round(base, prompts, a.tokens)
+                rate, txt, d, acc, n = run_round(base, prompts, a.tokens)
                 rates[name].append(rate)
+                counts[name].add(n)
                 drafts[name][0] += d
                 drafts[name][1] += acc
                 texts.setdefault(name, txt)
@@ -140,6 +142,9 @@ def main():
             d, acc = drafts[name]
             extra = f", drafted {d}, accepted {acc} ({100 * acc / d:.1f}%)" if d else ""
             print(f"  {name:28s} {summary(rates[name])} tok/s{extra}")
+        if len(set().union(*counts.values())) != 1:
+            print(f"completion tokens per round differ between servers: {counts}", file=sys.stderr)
+            sys.exit(1)
         for side in ("ours", "llama"):
             plain = f"{side} plain"
             for name, s, *_ in servers:

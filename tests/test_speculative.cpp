@@ -355,8 +355,13 @@ TEST(SpeculativeGreedy, ScriptedReplyAcceptsEveryDraft) {
   go.ignore_eos = false;
   go.eos_ids = {1};
   const Output plain = generate(a, tok, prompt, go, SpecOptions{});
-  const Output fast = generate(b, tok, prompt, go, ngram(16, /*adaptive=*/true));
+  // Every draft verified (whether a draft is verified under the adaptivity depends on this
+  // machine's measured pass costs: SpecAdaptivity.* test those decisions).
+  const Output fast = generate(b, tok, prompt, go, ngram(16, /*adaptive=*/false));
+  Session c(*model, kv_options("fp32"), pool);
+  const Output adaptive = generate(c, tok, prompt, go, ngram(16, /*adaptive=*/true));
   EXPECT_EQ(plain.ids, fast.ids);
+  EXPECT_EQ(plain.ids, adaptive.ids);
   EXPECT_EQ(tok.decode(fast.ids), text);
   EXPECT_GT(fast.stats.drafted, 0);
   EXPECT_GE(fast.stats.tokens_per_verify(), 4.0);
@@ -453,6 +458,94 @@ TEST(SpeculativeSampling, ThreeTokensHaveTheTargetDistribution) {
   ASSERT_GE(cells, 3);
   const double q999[] = {0, 10.83, 13.82, 16.27, 18.47, 20.52, 22.46, 24.32};  // chi-square, p = 0.001
   EXPECT_LT(chi2, q999[cells - 1]) << "chi-square with " << cells - 1 << " degrees of freedom";
+}
+
+// The adaptivity's decisions from injected costs and acceptance (no timing): the costs are the CPU
+// times of passes measured by a server on kjv-small's Q4_K_M GGUF (cache-resident: a further row
+// costs over half a step) and shapes of the two extremes.
+PassCosts costs_of(std::initializer_list<std::pair<int, double>> c) {
+  PassCosts p;
+  for (auto [t, ms] : c) p.set(t, ms * 1e-3);
+  return p;
+}
+const PassCosts& q4_costs() {  // widths 1..8, ms
+  static const PassCosts c = costs_of({{1, 1.27}, {2, 1.68}, {3, 2.41}, {4, 3.16}, {5, 3.90}, {6, 4.71}, {7, 5.08}, {8, 7.49}});
+  return c;
+}
+
+TEST(SpecAdaptivity, DraftCountFromMeasuredCostsAndAcceptance) {
+  // Gains (1 + a + ... + a^k) / (cost(k + 1) / cost(1)) at a = 0.92: 1.451, 1.458, 1.425, 1.388, ...
+  EXPECT_EQ(best_draft_count(0.92, 7, 1, q4_costs(), 0.0), 2);
+  EXPECT_EQ(best_draft_count(0.92, 1, 1, q4_costs(), 0.0), 1);
+  EXPECT_EQ(best_draft_count(0.92, 7, 3, q4_costs(), 0.0), 3) << "at least --spec-draft-min";
+  // At a = 0.3 one draft yields 1.3 tokens for 1.32 steps: speculation off.
+  EXPECT_EQ(best_draft_count(0.3, 7, 1, q4_costs(), 0.0), 0);
+  // Every row a full step: no acceptance below 1 pays.
+  PassCosts full;
+  for (int t = 1; t <= 17; ++t) full.set(t, 1e-3 * t);
+  for (double a : {0.5, 0.9, 0.98}) EXPECT_EQ(best_draft_count(a, 16, 1, full, 0.0), 0) << a;
+  // Memory-bound (a further row costs 5% of a step): the longest draft.
+  PassCosts flat;
+  for (int t = 1; t <= 9; ++t) flat.set(t, 1e-3 * (1 + 0.05 * (t - 1)));
+  EXPECT_EQ(best_draft_count(0.9, 8, 1, flat, 0.0), 8);
+  // Drafts that cost half a step each (a draft model): 3 (gains 1.226, 1.291, 1.298, 1.280).
+  EXPECT_EQ(best_draft_count(0.9, 8, 1, flat, 0.5), 3);
+}
+
+TEST(SpecAdaptivity, SpeculatorChoosesFromItsInjectedMeasurements) {
+  Speculator s(ngram(8, /*adaptive=*/true));
+  s.costs() = q4_costs();
+  s.set_acceptance(3, 0.92);
+  s.set_acceptance(1, 0.3);
+  EXPECT_EQ(s.choose(7, 3), 2);
+  EXPECT_EQ(s.choose(7, 1), 0);
+  Speculator forced(ngram(8, /*adaptive=*/false));
+  forced.costs() = q4_costs();
+  forced.set_acceptance(1, 0.3);
+  EXPECT_EQ(forced.choose(7, 1), 7) << "--spec-fixed verifies every draft";
+}
+
+TEST(SpecAdaptivity, BatchTakesDraftsOnlyWhereTheyRaiseTheRate) {
+  // One sequence on the Q4_K_M costs: its first two drafts (rate 2.766 tokens / 2.41 ms).
+  std::vector<double> one;
+  for (int j = 1; j <= 7; ++j) one.push_back(std::pow(0.92, j));
+  EXPECT_EQ(best_batch_drafts(1, 1, one, q4_costs()), 2u);
+  // Eight decoding sequences at a = 0.92 on the step costs a server measured there (ms per width):
+  // a row costs 0.7 ms against the batch's 0.81 ms a token, no set of drafts beats the plain step by 3%.
+  const PassCosts c8 = costs_of({{8, 6.512}, {9, 7.238}, {10, 8.003}, {11, 8.676}, {12, 9.410}, {13, 10.117},
+                                 {14, 10.848}, {15, 11.768}, {16, 12.286}, {18, 13.756}});
+  std::vector<double> eight;
+  for (int j = 1; j <= 3; ++j)
+    for (int s = 0; s < 8; ++s) eight.push_back(std::pow(0.92, j));
+  EXPECT_EQ(best_batch_drafts(8, 8, eight, c8), 0u);
+  // Compute-bound rows decline every draft; memory-bound ones take them all.
+  PassCosts full, flat;
+  for (int t = 1; t <= 40; ++t) {
+    full.set(t, 1e-3 * t);
+    flat.set(t, 1e-3 * (1 + 0.02 * (t - 1)));
+  }
+  EXPECT_EQ(best_batch_drafts(8, 8, eight, full), 0u);
+  EXPECT_EQ(best_batch_drafts(8, 8, eight, flat), eight.size());
+  EXPECT_EQ(best_batch_drafts(0, 8, eight, flat), 0u) << "nothing decoding";
+}
+
+TEST(SpecAdaptivity, PassCostsSkipTheFirstWidePassAndInterpolate) {
+  PassCosts c;
+  c.record(1, 5e-3);  // the first pass grows buffers
+  EXPECT_FALSE(c.measured(1));
+  c.record(1, 1e-3, 7);
+  EXPECT_TRUE(c.measured(1));
+  EXPECT_EQ(c.measured_at(1), 7u);
+  EXPECT_DOUBLE_EQ(c.cost(1), 1e-3);
+  c.record(1, 100e-3);  // one outlier moves the average at most to double
+  EXPECT_NEAR(c.cost(1), 1e-3 + 0.15 * 1e-3, 1e-12);
+  c.record(1, 0.55e-3);  // a lower one moves it half the way (CPU time errs upwards)
+  EXPECT_NEAR(c.cost(1), (1.15e-3 + 0.575e-3) / 2, 1e-12);
+  c.record(5, 3e-3);  // wider than any before: not counted
+  EXPECT_FALSE(c.measured(5));
+  c.record(5, 3e-3);
+  EXPECT_NEAR(c.cost(3), c.cost(1) + (3e-3 - c.cost(1)) / 2, 1e-12) << "between measured widths";
+  EXPECT_NEAR(c.cost(7), 3e-3 * 1.2, 1e-12) << "past the widest measured: a tenth of it a row";
 }
 
 TEST(Speculator, AdaptivityDeclinesDraftsThatAreRejected) {
@@ -559,8 +652,10 @@ TEST(SpeculativeCli, BenchVerifyCostTimesEveryWidth) {
 }
 
 // Adaptivity: drafts of sampled prose at temperature 1.5 are mostly rejected; the adaptive sequence
-// stops verifying most of them, the fixed one keeps paying for them. Both give the same text. The
-// choice also weighs measured pass costs, which a loaded machine blurs: the bound leaves room.
+// declines some of them, the fixed one keeps paying for them. Both give the same text. How many it
+// declines depends on this machine's measured pass costs (a row that costs a tenth of a step pays
+// at a = 0.3), so only the direction is checked here; SpecAdaptivity.* check the decisions
+// themselves on injected costs.
 TEST(SpeculativeAdaptivity, StopsVerifyingDraftsThatAreRejected) {
   Tiny& t = tiny();
   ThreadPool pool(2);
@@ -575,7 +670,7 @@ TEST(SpeculativeAdaptivity, StopsVerifyingDraftsThatAreRejected) {
   EXPECT_EQ(fixed.ids, adaptive.ids);
   EXPECT_LT(fixed.stats.acceptance(), 0.3) << "the workload rejects drafts";
   EXPECT_GT(fixed.stats.verify_steps, 50);
-  EXPECT_LT(adaptive.stats.verify_steps * 2, fixed.stats.verify_steps)
+  EXPECT_LT(adaptive.stats.verify_steps, fixed.stats.verify_steps)
       << adaptive.stats.verify_steps << " verifications against " << fixed.stats.verify_steps;
   EXPECT_GT(adaptive.stats.plain_steps, fixed.stats.plain_steps);
 }

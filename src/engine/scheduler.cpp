@@ -574,6 +574,12 @@ void Scheduler::preempt_youngest() {
   queue_.push_front(std::move(s));
 }
 
+namespace {
+constexpr int kProbeEvery = 32;        // a sequence's declined drafts are verified anyway this often
+constexpr int kMaxCostRows = 4096;     // passes wider than this are not measured
+constexpr uint64_t kRemeasureEvery = 32;  // steps after which the plain width is measured again
+}  // namespace
+
 void Scheduler::step() {
   std::vector<Slot*> batch;
   std::vector<std::span<const int32_t>> feeds;
@@ -587,7 +593,12 @@ void Scheduler::step() {
     }
     preempt_youngest();
   }
-  if (cfg_.spec.type != SpecType::None) plan_drafts(batch, feeds);
+  // A speculating server prices its steps by the CPU time of this thread (speculative.h
+  // thread_cpu_seconds): the drafting, the pass, the verifications and the samples, without the
+  // time other work on the machine took the cores.
+  const bool spec = cfg_.spec.type != SpecType::None;
+  const double cpu0 = spec ? thread_cpu_seconds() : 0.0;
+  if (spec) plan_drafts(batch, feeds);
   size_t prefill = 0, decode = 0;
   std::vector<Session*> sessions;
   std::vector<uint8_t> drafts;
@@ -616,7 +627,6 @@ void Scheduler::step() {
   live_.decode_seconds += dt * double(decode) / double(prefill + decode);
   live_.prefill_tokens += prefill;
   ++live_.steps;
-  if (cfg_.spec.type != SpecType::None) measure_step(int(prefill + decode), dt);
   // Verifications first: they close their sessions' open steps (the kept tokens published, the
   // rejected ones dropped) before anything reads the histories.
   for (Slot* s : batch)
@@ -627,6 +637,8 @@ void Scheduler::step() {
     for (Slot* s : batch) pin_prefix(*s);
   for (Slot* s : batch)
     if (!s->done && s->remaining() == 0) sample_next(*s);
+  if (spec && prefill + decode <= size_t(kMaxCostRows))
+    step_costs_.record(int(prefill + decode), thread_cpu_seconds() - cpu0, live_.steps);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -634,51 +646,10 @@ void Scheduler::step() {
 // with it adds a row and yields a further token with the chance that it and every draft before it
 // are kept (a^j for the j-th draft at acceptance a). Rows are cheap while the pass reads weights
 // from memory and cost their full share once the batch is wide enough to be compute-bound, which
-// this machine's measured pass times tell apart (step_cost): a step takes the drafts, most
-// promising first, that maximize its expected tokens per second, and none where no choice promises
-// kMinGain over the plain step.
+// this machine's measured step costs tell apart (step_costs_, in CPU seconds): a step takes the
+// drafts, most promising first, that maximize its expected tokens per second, and none where no
+// choice promises 3% over the plain step (best_batch_drafts).
 
-namespace {
-constexpr double kMinGain = 1.03;      // a step with drafts must promise this over the plain one
-constexpr double kPriorRowCost = 0.1;  // an unmeasured further row, in passes of the widest measured
-constexpr double kCostEma = 0.15;      // weight of the newest measurement
-constexpr int kProbeEvery = 32;        // a sequence's declined drafts are verified anyway this often
-constexpr int kMaxCostRows = 4096;     // passes wider than this are not measured
-constexpr uint64_t kRemeasureEvery = 32;  // steps after which the plain width is measured again
-}  // namespace
-
-double Scheduler::step_cost(int T) const {
-  if (T < int(step_cost_.size()) && step_cost_[size_t(T)] > 0) return step_cost_[size_t(T)];
-  int lo = 0, hi = 0;
-  for (int t = 1; t < int(step_cost_.size()); ++t) {
-    if (step_cost_[size_t(t)] <= 0) continue;
-    if (t < T) lo = t;
-    else if (hi == 0) hi = t;
-  }
-  const auto c = [&](int t) { return step_cost_[size_t(t)]; };
-  if (lo > 0 && hi > 0) return c(lo) + (c(hi) - c(lo)) * double(T - lo) / double(hi - lo);
-  if (lo > 0) return c(lo) * (1 + kPriorRowCost * (T - lo));  // optimistic until measured
-  if (hi > 0) return c(hi);
-  return 1 + kPriorRowCost * (T - 1);
-}
-
-void Scheduler::measure_step(int T, double seconds) {
-  if (T > kMaxCostRows) return;
-  if (T > widest_) {  // the first pass this wide grows the activations' buffers
-    widest_ = T;
-    return;
-  }
-  if (int(step_cost_.size()) <= T) {
-    step_cost_.resize(size_t(T) + 1, 0.0);
-    cost_step_.resize(size_t(T) + 1, 0);
-  }
-  cost_step_[size_t(T)] = live_.steps;
-  double& est = step_cost_[size_t(T)];
-  // One measurement moves the average at most by half or double: a loaded machine's outliers
-  // must not decide.
-  if (est <= 0) est = seconds;
-  else est += kCostEma * (std::clamp(seconds, est / 2, est * 2) - est);
-}
 
 void Scheduler::plan_drafts(const std::vector<Slot*>& batch, std::vector<std::span<const int32_t>>& feeds) {
   int rows = 0, decoding = 0;
@@ -724,17 +695,11 @@ void Scheduler::plan_drafts(const std::vector<Slot*>& batch, std::vector<std::sp
     }();
     // The plain width measured lately, or a plain step now: the rates compare against it, and a
     // figure taken in a slow moment would otherwise stand while drafts are always taken.
-    if (base >= int(step_cost_.size()) || step_cost_[size_t(base)] <= 0 ||
-        live_.steps - cost_step_[size_t(base)] > kRemeasureEvery)
+    if (!step_costs_.measured(base) || live_.steps - step_costs_.measured_at(base) > kRemeasureEvery)
       offers.clear();
-    const double plain = decoding / step_cost(base);
-    double best = plain * kMinGain, tokens = decoding;
-    size_t take = 0;
-    for (size_t e = 0; e < offers.size(); ++e) {
-      tokens += offers[e].yield;
-      const double rate = tokens / step_cost(base + int(e) + 1);
-      if (rate > best) best = rate, take = e + 1;
-    }
+    std::vector<double> yields(offers.size());
+    for (size_t e = 0; e < offers.size(); ++e) yields[e] = offers[e].yield;
+    const size_t take = best_batch_drafts(decoding, base, yields, step_costs_);
     for (size_t e = 0; e < take; ++e) ++batch[offers[e].slot]->k;
   }
   for (size_t i = 0; i < batch.size(); ++i) {

@@ -196,8 +196,6 @@ class Scheduler {
   void take(Slot& s, Generator::Step& step);
   void plan_drafts(const std::vector<Slot*>& batch, std::vector<std::span<const int32_t>>& feeds);
   void verify_drafts(Slot& s);
-  double step_cost(int rows) const;
-  void measure_step(int rows, double seconds);
   void finish(Slot& s, FinishReason r, std::string error = {});
   void reap();
   void publish_stats();
@@ -209,11 +207,9 @@ class Scheduler {
   std::unique_ptr<BlockExchange> exchange_;  // with a store
   ForwardState state_;  // the batch's activations, reused every step
   std::vector<float> logits_;  // [vocab] a copy the sampler may modify
-  // Speculation: the seconds of a batched pass of T rows (an average; 0: not measured), the widest
-  // pass so far (a pass wider than any before grows buffers: not a measurement), a verification's steps.
-  std::vector<double> step_cost_;
-  std::vector<uint64_t> cost_step_;  // [T] the step that last measured a pass of T rows
-  int widest_ = 0;
+  // Speculation: the CPU seconds of a step of T rows (its pass, drafting, verifications and samples;
+  // an average per width), a verification's steps.
+  PassCosts step_costs_;
   std::vector<Generator::Step> spec_steps_;
   std::unique_ptr<SuffixCache> suffix_cache_;  // recent replies, for every suffix drafter (or null)
 

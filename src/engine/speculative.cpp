@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <ctime>
 
 #include "core/error.h"
 #include "engine/drafter_model.h"
@@ -71,38 +72,104 @@ std::unique_ptr<Drafter> make_drafter(const SpecOptions& o) {
 
 // ---------------------------------------------------------------------------------------------
 
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
 namespace {
 constexpr double kAlphaPrior = 0.5;
 constexpr double kEma = 0.15;            // weight of the newest measurement
+constexpr double kEmaDown = 0.5;         // ... of a pass cost measured below the average
 constexpr int kProbeEvery = 32;          // a declined draft is verified anyway this often
 constexpr int64_t kPlainEvery = 64;      // a plain step this often, to keep its cost measured
-constexpr double kMinGain = 1.03;        // a verification must promise this over a plain step
-constexpr double kPriorRowCost = 0.1;    // an unmeasured further row, in one-token steps
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
+constexpr int kPlainFirst = 3;           // plain steps measured before the first draft
+constexpr double kPriorRowCost = 0.1;    // an unmeasured further row, in passes of the nearest width
 }  // namespace
+
+void PassCosts::record(int T, double seconds, uint64_t now) {
+  if (T <= 0 || seconds <= 0) return;
+  if (T > widest_) {  // the first pass this wide grows the buffers it runs in
+    widest_ = T;
+    return;
+  }
+  if (int(est_.size()) <= T) {
+    est_.resize(size_t(T) + 1, 0.0);
+    at_.resize(size_t(T) + 1, 0);
+    n_.resize(size_t(T) + 1, 0);
+  }
+  double& est = est_[size_t(T)];
+  at_[size_t(T)] = now;
+  ++n_[size_t(T)];
+  // CPU time errs upwards (a cold cache, a page fault, an interrupt; the first steps after a
+  // prompt), so a lower measurement moves the average further than a higher one.
+  if (est <= 0) est = seconds;
+  else if (seconds < est) est += kEmaDown * (std::max(seconds, est / 2) - est);
+  else est += kEma * (std::min(seconds, est * 2) - est);
+}
+
+void PassCosts::set(int T, double seconds) {
+  if (int(est_.size()) <= T) {
+    est_.resize(size_t(T) + 1, 0.0);
+    at_.resize(size_t(T) + 1, 0);
+    n_.resize(size_t(T) + 1, 0);
+  }
+  est_[size_t(T)] = seconds;
+  n_[size_t(T)] = 1;
+  widest_ = std::max(widest_, T);
+}
+
+double PassCosts::cost(int T) const {
+  if (measured(T)) return est_[size_t(T)];
+  int lo = 0, hi = 0;
+  for (int t = 1; t < int(est_.size()); ++t) {
+    if (est_[size_t(t)] <= 0) continue;
+    if (t < T) lo = t;
+    else if (hi == 0) hi = t;
+  }
+  const auto c = [&](int t) { return est_[size_t(t)]; };
+  if (lo > 0 && hi > 0) return c(lo) + (c(hi) - c(lo)) * double(T - lo) / double(hi - lo);
+  if (lo > 0) return c(lo) * (1 + kPriorRowCost * (T - lo));  // optimistic until measured
+  if (hi > 0) return c(hi);
+  return 1 + kPriorRowCost * (T - 1);
+}
+
+int best_draft_count(double a, int avail, int k_min, const PassCosts& c, double draft_cost, double min_gain) {
+  const int lo = std::max(1, k_min);
+  if (avail < lo) return 0;
+  const double step = c.cost(1);
+  double best = min_gain, yield = 1, term = 1;
+  int best_k = 0;
+  for (int k = 1; k <= avail; ++k) {
+    term *= a;
+    yield += term;
+    const double gain = yield / (c.cost(k + 1) / step + k * draft_cost);
+    if (k >= lo && gain > best) {
+      best = gain;
+      best_k = k;
+    }
+  }
+  return best_k;
+}
+
+size_t best_batch_drafts(int decoding, int base, std::span<const double> yields, const PassCosts& c,
+                         double min_gain) {
+  if (decoding <= 0) return 0;
+  double best = min_gain * decoding / c.cost(base), tokens = decoding;
+  size_t take = 0;
+  for (size_t e = 0; e < yields.size(); ++e) {
+    tokens += yields[e];
+    const double rate = tokens / c.cost(base + int(e) + 1);
+    if (rate > best) best = rate, take = e + 1;
+  }
+  return take;
+}
 
 Speculator::Speculator(const SpecOptions& o) : o_(o), drafter_(make_drafter(o)) {
   if (o_.draft_max < 0) throw UsageError("--spec-draft-max must be at least 0");
   if (o_.draft_min < 0) throw UsageError("--spec-draft-min must be at least 0");
   if (drafter_) alpha_.assign(size_t(drafter_->classes()), kAlphaPrior);
-  cost_.assign(size_t(std::max(0, o_.draft_max)) + 2, 0.0);
-}
-
-double Speculator::cost(int T) const {
-  if (T < int(cost_.size()) && cost_[size_t(T)] > 0) return cost_[size_t(T)];
-  // Unmeasured: between the nearest measured widths; beyond them, a tenth of a step a further row
-  // (decode is memory-bound on large models) from the nearest one.
-  int lo = 1, hi = 0;
-  double c_lo = 1, c_hi = 0;
-  for (int t = 2; t < int(cost_.size()); ++t) {
-    if (cost_[size_t(t)] <= 0) continue;
-    if (t < T) lo = t, c_lo = cost_[size_t(t)];
-    else if (hi == 0) hi = t, c_hi = cost_[size_t(t)];
-  }
-  if (hi > 0) return c_lo + (c_hi - c_lo) * double(T - lo) / double(hi - lo);
-  return c_lo + kPriorRowCost * (T - lo);
 }
 
 namespace {
@@ -118,35 +185,21 @@ int Speculator::choose(int avail, int cls) const {
   const int lo = std::max(1, o_.draft_min);
   if (avail < lo) return 0;
   if (!o_.adaptive) return avail;
-  // Tokens a verification of k drafts yields, 1 + a + a^2 + ... + a^k, against its cost 1 + extra k.
   const double a = alpha_[size_t(std::clamp(cls, 0, int(alpha_.size()) - 1))];
-  double best = kMinGain, yield = 1, term = 1;
-  int best_k = 0;
-  for (int k = 1; k <= avail; ++k) {
-    term *= a;
-    yield += term;
-    const double gain = yield / (cost(k + 1) + (drafter_ && drafter_->costly() ? k * draft_cost() : 0.0));
-    if (k >= lo && gain > best) {
-      best = gain;
-      best_k = k;
-    }
-  }
-  return best_k;
+  return best_draft_count(a, avail, lo, costs_, drafter_ && drafter_->costly() ? draft_cost() : 0.0);
 }
 
 void Speculator::plain(Session& s, Generator& gen, int32_t pending, std::vector<Generator::Step>& steps) {
-  const auto t0 = Clock::now();
+  const double t0 = thread_cpu_seconds();
   std::span<float> logits = s.feed({&pending, 1});
-  const double dt = seconds_since(t0);
-  if (step_s_ <= 0) step_s_ = dt;
-  update(step_s_, dt, dt);
-  ++stats_.plain_steps;
   steps.push_back(gen.next(logits, s.history(), s.fits(1)));
+  costs_.record(1, thread_cpu_seconds() - t0);
+  ++stats_.plain_steps;
 }
 
 double Speculator::draft_cost() const {
-  if (step_s_ <= 0 || draft_s_ <= 0) return kPriorRowCost;
-  return draft_s_ / step_s_;
+  if (!costs_.measured(1) || draft_s_ <= 0) return kPriorRowCost;
+  return draft_s_ / costs_.cost(1);
 }
 
 int Speculator::draft_room(int room) {
@@ -160,10 +213,10 @@ int Speculator::draft_room(int room) {
 int Speculator::propose(std::span<const int32_t> seq, int room, std::vector<int32_t>& out) {
   out.clear();
   if (!drafter_ || room <= 0) return 0;
-  const auto t0 = Clock::now();
+  const double t0 = thread_cpu_seconds();
   const int cls = drafter_->draft(seq, room, out);
   if (!out.empty()) {
-    const double per = seconds_since(t0) / double(out.size());
+    const double per = (thread_cpu_seconds() - t0) / double(out.size());
     update(draft_s_, per, per);
   }
   return cls;
@@ -205,14 +258,20 @@ void Speculator::round(Session& s, Generator& gen, int32_t pending, std::vector<
   // one token at a time), and one append computes each row as single steps would.
   int room = std::min(o_.draft_max, s.max_draft_append() - 1);
   while (room > 0 && !s.fits(room + 2)) room = std::max(0, std::min(room / 2, room - 1));
-  if (room <= 0 || (o_.adaptive && (step_s_ == 0 || rounds % kPlainEvery == kPlainEvery - 1)))
+  // The one-token step is what every width is priced against: measured a few times first (the
+  // first steps after a prompt run on cold caches), then again every kPlainEvery rounds.
+  if (room <= 0 || (o_.adaptive && (costs_.samples(1) < kPlainFirst || rounds % kPlainEvery == kPlainEvery - 1)))
     return plain(s, gen, pending, steps);
 
+  // The round's cost: the pass, the generator's steps and, for a drafter whose drafts are nearly
+  // free, the drafting (a draft model's is priced apart: draft_cost).
+  double t0 = thread_cpu_seconds();
   room = draft_room(room);
   if (room <= 0) return plain(s, gen, pending, steps);
   ctx_.assign(s.history().begin(), s.history().end());
   ctx_.push_back(pending);
   const int cls = propose(ctx_, room, drafts_);
+  if (drafter_->costly()) t0 = thread_cpu_seconds();
   int k = drafter_->costly() ? (int(drafts_.size()) >= std::max(1, o_.draft_min) ? int(drafts_.size()) : 0)
                              : choose(int(drafts_.size()), cls);
   if (k == 0 && !drafts_.empty() && int(drafts_.size()) >= std::max(1, o_.draft_min) && ++skipped_ >= kProbeEvery)
@@ -224,17 +283,10 @@ void Speculator::round(Session& s, Generator& gen, int32_t pending, std::vector<
   fed_.insert(fed_.end(), drafts_.begin(), drafts_.begin() + k);
   const size_t vocab = s.last_logits().size();
   const int64_t p0 = s.position();
-  const auto t0 = Clock::now();
   std::span<float> rows = s.feed_draft(fed_);
-  const double dt = seconds_since(t0);
   const int kept = verify(gen, rows, vocab, s.history(), p0, std::span<const int32_t>(drafts_).first(size_t(k)), cls, steps);
   s.commit_draft(kept + 1);
-  // The first pass wider than any before grows the buffers it runs in: not a measurement.
-  if (k + 1 > widest_) {
-    widest_ = k + 1;
-  } else if (step_s_ > 0) {
-    update(cost_[size_t(k + 1)], std::max(1.0, dt / step_s_), cost(k + 1));
-  }
+  costs_.record(k + 1, thread_cpu_seconds() - t0);
 }
 
 }  // namespace ptllm

@@ -79,6 +79,49 @@ class NgramDrafter : public Drafter {
 
 std::unique_ptr<Drafter> make_drafter(const SpecOptions& o);
 
+// Seconds of CPU time the calling thread has used. The adaptivity prices passes in it: the thread
+// that runs a pass computes its share of every product and waits for the pool's other threads by
+// spinning, so unloaded it is the pass's wall time; on a machine shared with other work it leaves
+// out the time the thread was preempted, and the time it gave its core away waiting for a
+// preempted worker, which stretch a pass's wall time at random by several steps' worth.
+double thread_cpu_seconds();
+
+// The measured cost of a forward pass (and the work around it) of each width T, an average per
+// width. A width not measured is taken between the nearest measured ones, or past the widest a
+// tenth of that pass a further row (decode of a large model is memory-bound), an optimistic guess
+// that its first measurement corrects.
+class PassCosts {
+ public:
+  // A pass of T rows cost `seconds`, at step `now` of the caller's count. The first pass wider than
+  // any before grows the buffers it runs in: not counted. One measurement moves the average at most
+  // by half or double, one below it by half its distance, one above by 0.15 of it.
+  void record(int T, double seconds, uint64_t now = 0);
+  double cost(int T) const;
+  bool measured(int T) const { return T > 0 && T < int(est_.size()) && est_[size_t(T)] > 0; }
+  uint64_t measured_at(int T) const { return measured(T) ? at_[size_t(T)] : 0; }
+  int samples(int T) const { return measured(T) ? n_[size_t(T)] : 0; }  // measurements counted
+  // For tests: the average of width T set outright.
+  void set(int T, double seconds);
+
+ private:
+  std::vector<double> est_;    // [T] seconds (0: not measured)
+  std::vector<uint64_t> at_;   // [T] the step that last measured it
+  std::vector<int> n_;         // [T] measurements counted
+  int widest_ = 0;
+};
+
+// The drafts worth verifying for a sequence: of k = k_min..avail, the k maximizing the expected
+// tokens of a verification, 1 + a + a^2 + ... + a^k (a: the chance a draft is kept), over its cost
+// in plain steps, cost(k + 1) / cost(1) plus k * draft_cost (drafting a token, in plain steps);
+// 0 when no k promises min_gain over a plain step.
+int best_draft_count(double a, int avail, int k_min, const PassCosts& c, double draft_cost, double min_gain = 1.03);
+// The drafts worth verifying in a batched step of `base` rows that decodes `decoding` sequences:
+// `yields` holds every offered draft's expected tokens (a sequence's j-th draft: a^j), largest first;
+// the first n of them are taken, n maximizing (decoding + their sum) / cost(base + n), 0 when none
+// promises min_gain over the plain step's decoding / cost(base).
+size_t best_batch_drafts(int decoding, int base, std::span<const double> yields, const PassCosts& c,
+                         double min_gain = 1.03);
+
 // What speculation did for one generation.
 struct SpecStats {
   int64_t drafted = 0;   // drafted tokens verified
@@ -129,24 +172,23 @@ class Speculator {
   // The verification size the measurements favour for `avail` drafted tokens of class `cls`
   // (0: a plain step pays best). Public for tests.
   int choose(int avail, int cls) const;
+  // For tests: the measured costs and acceptance, injected.
+  PassCosts& costs() { return costs_; }
+  void set_acceptance(int cls, double a) { alpha_[size_t(std::clamp(cls, 0, int(alpha_.size()) - 1))] = a; }
 
  private:
-  using Clock = std::chrono::steady_clock;
   void plain(Session& s, Generator& gen, int32_t pending, std::vector<Generator::Step>& steps);
   SpecOptions o_;
   std::unique_ptr<Drafter> drafter_;
   SpecStats stats_;
   std::vector<int32_t> ctx_, drafts_, fed_;
   std::vector<double> alpha_;  // per confidence class: the chance a drafted token is kept (EMA)
-  // The cost of a pass of T rows in one-token steps, measured (EMA; 0: not measured yet): small
-  // models that fit in cache are compute-bound and pay for every row, and matmul changes products
-  // with T (docs/performance.md), so no formula in T holds everywhere.
-  double cost(int T) const;
+  // The measured costs of passes of each width (CPU seconds, a round's drafting and generator
+  // steps included): small models that fit in cache are compute-bound and pay for every row, and
+  // matmul changes products with T (docs/performance.md), so no formula in T holds everywhere.
+  PassCosts costs_;
   double draft_cost() const;   // drafting one token, in one-token steps of the target
-  std::vector<double> cost_;   // [T]
-  double step_s_ = 0;          // a one-token step (EMA; 0: not measured yet)
   double draft_s_ = 0;         // drafting one token (EMA; 0: not measured yet)
-  int widest_ = 1;             // the widest pass so far
   int skipped_ = 0;            // drafts declined in a row (a verification is tried now and then)
 };
 
