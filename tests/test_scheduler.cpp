@@ -42,8 +42,7 @@ struct Pending {
 };
 
 Pending submit(Scheduler& sch, std::vector<int32_t> prompt, GenerationParams g,
-               std::function<void(std::string_view)> on_text = {}) {
-  Pending p;
+               std::function<void(std::string_view)> on_text = {}, Pending p = {}) {
   Request r;
   r.prompt = std::move(prompt);
   r.params = std::move(g);
@@ -170,12 +169,13 @@ TEST_F(SchedulerTest, LongPromptDoesNotFreezeARunningStream) {
 TEST_F(SchedulerTest, CancelledRequestFreesItsBlocks) {
   Scheduler sch(*rt_, config(2));
   const auto pa = test::random_prompt(1, 90, vocab()), pb = test::random_prompt(2, 50, vocab());
-  std::shared_ptr<std::atomic<bool>> flag;
+  // The flag exists before the request starts: its callbacks run on the scheduler's thread.
+  Pending a0;
+  const std::shared_ptr<std::atomic<bool>> flag = a0.cancel;
   std::atomic<int> pieces{0};
-  Pending a = submit(sch, pa, greedy(300), [&](std::string_view) {
+  Pending a = submit(sch, pa, greedy(300), [&pieces, flag](std::string_view) {
     if (++pieces == 3) flag->store(true);  // the client goes away after three pieces of text
-  });
-  flag = a.cancel;
+  }, std::move(a0));
   Pending b = submit(sch, pb, greedy(30));
   const RequestResult ra = wait(a), rb = wait(b);
   EXPECT_EQ(ra.reason, FinishReason::Cancelled);
