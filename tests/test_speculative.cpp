@@ -275,6 +275,26 @@ TEST(SpeculativeGreedy, SameTokensOnTheNewerArchitectures) {
   }
 }
 
+// llama.cpp's block formats: a verification's rows take the many-rows kernels while a plain step
+// takes one row, and the two must give a row the same bits (kernels/ggml.h).
+TEST(SpeculativeGreedy, SameTokensOnGgufBlockFormats) {
+  struct File {
+    fs::path gguf, tokenizer;
+  };
+  std::vector<File> files = {{test::repo_dir() / "tests" / "data" / "gguf" / "kjv-tiny-Q8_0.gguf", test::repo_model("kjv-tiny")}};
+  const fs::path shared = test::shared_dir() / "models" / "gguf";
+  if (fs::exists(shared / "kjv-tiny-Q4_0.gguf")) files.push_back({shared / "kjv-tiny-Q4_0.gguf", test::repo_model("kjv-tiny")});
+  if (fs::exists(shared / "kjv-small-Q4_K_M.gguf"))
+    files.push_back({shared / "kjv-small-Q4_K_M.gguf", test::shared_model("kjv-small")});
+  for (const File& f : files) {
+    const auto model = Model::load(f.gguf);
+    const Tokenizer tok = Tokenizer::load(f.tokenizer);
+    for (const std::string kv : {"fp32", "int4 r32"})
+      expect_same_greedy(*model, tok, kv_options(kv), light_or(128, 48), f.gguf.filename().string() + " " + kv, 16);
+  }
+  if (files.size() < 3) GTEST_SKIP() << "Q4_0 and Q4_K_M files are in ../shared/models/gguf; ran Q8_0 only";
+}
+
 // Sequences on one pool sharing a prompt's blocks, speculating in turns: each the plain run's ids; the
 // shared blocks are never written (the first sequence's text is unchanged by the second's rewinds);
 // every block comes back.

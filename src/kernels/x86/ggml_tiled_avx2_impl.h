@@ -1,19 +1,19 @@
-// The panel product of ggml_tiled_impl.h on 256-bit vectors, for the AVX2 target: Q4_0 against two
-// or more rows of x. Eight weight rows a panel (the int32 lanes of a ymm), the same layout per
+// The panel product of ggml_tiled_impl.h on 256-bit vectors, for the AVX2 target: Q4_0 against any
+// number of rows of x. Eight weight rows a panel (the int32 lanes of a ymm), the same layout per
 // block (8 vectors, lane r = codes 4k .. 4k + 3 of row r, the stored nibbles) and the same integer
 // start (-8 sum x). Without VNNI a product is vpmaddubsw (nibble x int8 pairs: at most
 // 2 * 15 * 127, no saturation) then vpmaddwd by ones; Q8_0's codes + 128 would saturate the pairs,
-// so Q8_0 keeps the row-at-a-time kernel here. Below 5 rows of x the row-at-a-time kernel is as
-// fast (one core of a Zen 4 under the AVX2 target, 2048 x 2048: 0.51 against 0.49 ms at T = 4,
-// 0.56 against 0.67 at T = 5, 31 against 64 ms at T = 512), so the panels start there. The same
-// guarantee from there on: each y[t][r] by the same operations whatever the batch, its tile or its
-// thread.
+// so Q8_0 keeps the row-at-a-time kernel here. It takes one row of x too, though the row-at-a-time
+// kernel is as fast below 5 rows (one core of a Zen 4 under the AVX2 target, 2048 x 2048: 0.51
+// against 0.49 ms at T = 4, 0.56 against 0.67 at T = 5, 31 against 64 ms at T = 512): each
+// y[t][r] comes from the same operations whatever the batch, its tile or its thread, so a
+// speculative verification's rows equal the plain steps' bit for bit.
 // Included inside ggml_kernels_impl.h's namespace, after its 256-bit helpers (I, F, load128).
 
 constexpr int kPanelRows8 = 8;
 constexpr int kTileX8 = 4;  // rows of x per register tile: 2 x 4 of the 16 vector registers
 
-PTLLM_GGML_TARGET inline bool tiled_takes(GgmlType t, int T) { return T >= 5 && t == GgmlType::Q4_0; }
+PTLLM_GGML_TARGET inline bool tiled_takes(GgmlType t, int T) { return T >= 1 && t == GgmlType::Q4_0; }
 
 // In each 128-bit lane, the 4 x 4 transpose of int32s (as ggml_tiled_impl.h's transpose4).
 PTLLM_GGML_TARGET inline void transpose4_256(I& a, I& b, I& c, I& d) {

@@ -1,6 +1,6 @@
-// The product of Q4_0 and Q8_0 weights with two or more rows of x (prefill, batched decode, the rows
-// routed to one expert) on 512-bit vectors, included by ggml_kernels_impl.h for the AVX-512 targets.
-// One row of x (decode) keeps the one-row kernels: a panel's unpacking pays off from two rows.
+// The product of Q4_0 and Q8_0 weights with any number of rows of x (decode, prefill, a speculative
+// verification, the rows routed to one expert) on 512-bit vectors, included by ggml_kernels_impl.h
+// for the AVX-512 targets. One row of x takes a fused one-row form of the same operations.
 //
 // Sixteen weight rows are unpacked once into a panel laid out for vpdpbusd: per 32-value block 8
 // vectors, vector k holding in int32 lane r the codes 4k .. 4k + 3 of row r as unsigned bytes
@@ -13,7 +13,8 @@
 //
 // Each y[t][r] is computed by the same operations in the same order whatever T, whichever rows of x
 // share its register tile and whichever weight rows share its panel, and however rows are split over
-// threads: from two rows of x on, a row's result does not depend on the batch.
+// threads: a row's result does not depend on the batch, so a verification's rows equal the plain
+// steps' bit for bit.
 
 // Included inside ggml_kernels_impl.h's namespace, after its 512-bit helpers (Z, FZ, load128).
 
@@ -22,7 +23,7 @@ constexpr int kPanelRows = 16;  // weight rows of a panel: the int32 lanes of a 
 // Whether the many-rows kernel takes weights of type t for T rows of x. Without VNNI, vpmaddubsw's
 // int16 pairs would saturate on Q8_0's codes + 128; Q4_0's nibbles stay far below.
 PTLLM_GGML_TARGET inline bool tiled_takes(GgmlType t, int T) {
-  return T >= 2 && (t == GgmlType::Q4_0 || (PTLLM_GGML_VNNI && t == GgmlType::Q8_0));
+  return T >= 1 && (t == GgmlType::Q4_0 || (PTLLM_GGML_VNNI && t == GgmlType::Q8_0));
 }
 
 PTLLM_GGML_TARGET inline Z dot_u8s8_z(Z acc, Z u, Z s) {
