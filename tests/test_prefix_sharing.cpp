@@ -69,6 +69,37 @@ TEST(BlockPoolKeys, ACollidingKeyWithOtherTokensIsAMiss) {
   EXPECT_EQ(pool.find(k, std::vector<int32_t>{1, 2, 3, 4}), -1);
 }
 
+// The parent index: of the blocks published under a parent key (in one layer and form), find_child
+// takes the one sharing the longest prefix with the tokens asked for (a shorter block's tokens
+// included), with a reference; none sharing a first token, another layer, the other form or a
+// forgotten block is a miss.
+TEST(BlockPoolKeys, FindChildTakesTheLongestSharedPrefix) {
+  BlockPool pool(64, 4, false, 4);
+  const BlockHash parent{5, 6};
+  const int32_t a = pool.acquire(), b = pool.acquire(), c = pool.acquire();
+  ASSERT_TRUE(pool.publish(a, {1, 1, 0, false}, std::vector<int32_t>{1, 2, 3, 4}, Retention::User, &parent));
+  ASSERT_TRUE(pool.publish(b, {2, 2, 0, false}, std::vector<int32_t>{1, 2, 5, 6}, Retention::User, &parent));
+  ASSERT_TRUE(pool.publish(c, {3, 3, 0, false}, std::vector<int32_t>{1, 9}, Retention::User, &parent));
+  for (int32_t id : {a, b, c}) pool.release(id);  // cached: found all the same
+  size_t common = 0;
+  EXPECT_EQ(pool.find_child(parent, 0, false, std::vector<int32_t>{1, 2, 5, 7}, &common), b);
+  EXPECT_EQ(common, 3u);
+  EXPECT_EQ(pool.refs(b), 1);
+  EXPECT_EQ(pool.find_child(parent, 0, false, std::vector<int32_t>{1, 9, 9}, &common), c);
+  EXPECT_EQ(common, 2u);  // the short block's two tokens, not past them
+  EXPECT_EQ(pool.find_child(parent, 0, false, std::vector<int32_t>{1, 2, 3}, &common), a);
+  EXPECT_EQ(common, 3u);
+  EXPECT_EQ(pool.find_child(parent, 0, false, std::vector<int32_t>{7, 2}, &common), -1);
+  EXPECT_EQ(common, 0u);
+  EXPECT_EQ(pool.find_child(parent, 1, false, std::vector<int32_t>{1, 2}, &common), -1);
+  EXPECT_EQ(pool.find_child(parent, 0, true, std::vector<int32_t>{1, 2}, &common), -1);
+  EXPECT_EQ(pool.find_child({5, 7}, 0, false, std::vector<int32_t>{1, 2}, &common), -1);
+  for (int32_t id : {a, b, c}) pool.release(id);
+  // Four acquisitions: the free block, then the three cached ones, their keys forgotten.
+  for (int i = 0; i < 4; ++i) EXPECT_GE(pool.acquire(), 0);
+  EXPECT_EQ(pool.find_child(parent, 0, false, std::vector<int32_t>{1, 2}, &common), -1);
+}
+
 // Cached blocks go by retention class, lowest first (transient, then user, then system), least
 // recently released first within a class; a revived block leaves its class's list.
 TEST(BlockPoolKeys, EvictionGoesByRetentionClassThenRecency) {

@@ -292,12 +292,18 @@ int64_t KVCache::adopt_prefix(std::span<const int32_t> tokens, const std::functi
     const TokenBlock last = token_block(m - 1);
     return !accept || accept(last.start + last.len);
   };
-  while (m > 0 && !(accepted() && adoption_exact(m, got, &to_quantize))) drop_last();
-  // The policy after adoption quantizes what this sequence would have: room for it, or no adoption.
-  if (to_quantize > quant_pool_.available())
-    while (m > 0) drop_last();
+  // The tokens of the next block shared with one the pool holds, copied (adopt_partial): past every
+  // whole block found, where that is accepted (the rest long enough to be computed as a cold prompt
+  // computes it), else past the whole blocks the accepted prefix keeps.
   std::vector<int32_t> copies;  // the partly shared block m, one copy per storing layer
-  const size_t k = adopt_partial(tokens, m, accept, copies);
+  size_t k = adopt_partial(tokens, m, accept, copies);
+  if (k == 0) {
+    while (m > 0 && !(accepted() && adoption_exact(m, got, &to_quantize))) drop_last();
+    // The policy after adoption quantizes what this sequence would have: room for it, or no adoption.
+    if (to_quantize > quant_pool_.available())
+      while (m > 0) drop_last();
+    k = adopt_partial(tokens, m, accept, copies);
+  }
   if (m == 0 && k == 0) return 0;
   const size_t n_sink_blocks = ceil_div(cfg_.streaming() ? cfg_.sink : 0, cfg_.group_size);
   for (size_t j = 0; j < m && !retention_.empty(); ++j) {  // what they are to this sequence
