@@ -28,6 +28,7 @@
 #include "persist/kv_store.h"
 #include "engine/session.h"
 #include "engine/speculative.h"
+#include "kv/manager.h"
 #include "sample/sampler.h"
 
 namespace ptllm {
@@ -206,6 +207,7 @@ class Scheduler {
   Runtime& rt_;
   SchedulerConfig cfg_;
   std::unique_ptr<KVPool> pool_;
+  std::unique_ptr<KVManager> kv_;  // the room the pool has, in its own terms
   std::unique_ptr<BlockExchange> exchange_;  // with a store
   ForwardState state_;  // the batch's activations, reused every step
   std::vector<float> logits_;  // [vocab] a copy the sampler may modify
