@@ -322,10 +322,10 @@ class KVCache {
   // The token ids of the last, partly filled token block at the last end_step (tail_block_ its
   // index), published when the sequence lets go of its blocks (clear): a later prompt that goes on
   // past them copies them (adopt_prefix) instead of computing them.
-  // Only tokens computed in appends of more than kMatmulSmallRows (kernels/ops.h) go: a smaller
-  // append's rows (a decode step's) may differ in their last bits from a cold prompt's, which
-  // computes them in a larger batch. narrow_lo_, narrow_hi_: the tokens from the first such append
-  // touching the tail block to the last one's end (empty: none); last_n_: tokens at the last step.
+  // Only tokens before the first one an append of at most kMatmulSmallRows (kernels/ops.h) computed
+  // go: its rows (a decode step's) may differ in their last bits from a cold prompt's larger batch,
+  // and every later token attended to them. narrow_lo_, narrow_hi_: from that token to the end of
+  // the last such append (empty: none); last_n_: tokens at the last step.
   std::vector<int32_t> tail_ids_;
   size_t tail_block_ = 0;
   int64_t tail_end_ = 0, last_n_ = 0, narrow_lo_ = 0, narrow_hi_ = 0;

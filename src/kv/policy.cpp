@@ -102,7 +102,7 @@ void KVCache::truncate(int64_t n) {
   tail_ids_.clear();
   last_n_ = n;
   narrow_hi_ = std::min(narrow_hi_, n);
-  narrow_lo_ = std::min(narrow_lo_, narrow_hi_);
+  if (narrow_lo_ >= n) narrow_lo_ = narrow_hi_ = 0;  // rewound to before the first narrow append
   canon_ = std::min(canon_, n);
   stepped_ = n;
   if (n <= shifted_from_) shifted_from_ = -1;  // what is left was computed here

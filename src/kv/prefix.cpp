@@ -163,14 +163,14 @@ void KVCache::end_step(std::span<const int32_t> history) {
       }
     }
     // The partly filled block after them, kept for publish_tail: its tokens before the first one a
-    // narrow append computed.
+    // narrow append computed (those after it attended to its K/V, so they differ as well).
     tail_ids_.clear();
     const TokenBlock tb = token_block(n_keyed_);
     if (n - last_n_ > 0 && n - last_n_ <= kMatmulSmallRows) {
-      if (narrow_hi_ <= tb.start) narrow_lo_ = last_n_;  // the first narrow append touching this block
+      if (narrow_hi_ <= narrow_lo_) narrow_lo_ = last_n_;  // the first one
       narrow_hi_ = n;
     }
-    const int64_t exact_end = narrow_hi_ > tb.start ? std::max(narrow_lo_, tb.start) : n;
+    const int64_t exact_end = narrow_hi_ > narrow_lo_ ? std::min(n, narrow_lo_) : n;
     if (publish_to == n && tb.start < exact_end && tb.start + tb.len > n && n_keyed_ >= n_sink_blocks) {
       tail_ids_.assign(history.begin() + tb.start, history.begin() + exact_end);
       tail_block_ = n_keyed_;
