@@ -197,11 +197,13 @@ TEST_F(KVStoreServerTest, AConversationContinuedOnAnotherReplicaPrefillsOnlyTheN
                                              {"max_tokens", 12}, {"temperature", 0}});
   EXPECT_EQ(c2["choices"][0]["text"], text2);
   const int p1 = c1["usage"]["prompt_tokens"];
-  // The first prompt's full blocks came from B, as far as an adoption is exact (the prompt's last
-  // chunk of 64 then as long as a cold one's: a multiple of 64 here).
+  // The first prompt's full blocks came from B, as far as an adoption is exact: the rest is computed
+  // in chunks of more than 16 tokens, or ends with the cold prompt's last chunk (of 64) when that is
+  // shorter (docs/server.md).
   EXPECT_GT(cached(c2), 0);
   EXPECT_LE(cached(c2), (p1 / 32) * 32);
-  EXPECT_EQ(cached(c2) % 64, 0);
+  const int p2 = c2["usage"]["prompt_tokens"], rest = p2 - cached(c2), last = (p2 - 1) % 64 + 1;
+  EXPECT_TRUE(last <= 16 ? rest == last || rest - last > 16 : rest > 16) << rest << " " << last;
   EXPECT_GT(a.metric("ptllm_kv_store_hits_total"), 0);
 }
 

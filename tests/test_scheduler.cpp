@@ -287,6 +287,14 @@ TEST_F(SchedulerTest, ExactReuseGoesUpToTheFirstDifferentToken) {
   const RequestResult r3 = test::run_greedy(sch, p3, 8);
   EXPECT_EQ(r3.cached_tokens, 150);
   EXPECT_EQ(r3.tokens, alone(*rt_, config(1).session, p3, 8));
+  // Diverging at 110 with 66 tokens after it (64 + 2): the rest is cut 49 + 17, never leaving a
+  // chunk of 16 tokens or fewer (the cold prompt's last chunk is 48): all 110 are taken.
+  std::vector<int32_t> p4(p.begin(), p.begin() + 110);
+  const auto after = test::random_prompt(11, 66, vocab());
+  p4.insert(p4.end(), after.begin(), after.end());
+  const RequestResult r4 = test::run_greedy(sch, p4, 8);
+  EXPECT_EQ(r4.cached_tokens, 110);
+  EXPECT_EQ(r4.tokens, alone(*rt_, config(1).session, p4, 8));
   sch.drain();
   EXPECT_EQ(sch.pool().blocks_in_use(), 0u);
 }

@@ -8,6 +8,7 @@
 #include "engine/runtime.h"
 #include "engine/generator.h"
 #include "engine/stop_text.h"
+#include "kernels/ops.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ptllm {
@@ -380,7 +381,38 @@ int64_t Scheduler::adoption_grid(const Session& session) const {
 bool Scheduler::exact(const Slot& s, int64_t adopted) const {
   const int64_t grid = adoption_grid(*s.session);
   const int64_t chunk = std::min<int64_t>(cfg_.prefill_chunk, s.session->max_chunk());
-  return grid > 0 && adopted < int64_t(s.seq.size()) && adoption_is_exact(int64_t(s.seq.size()), adopted, chunk, grid);
+  const int64_t n = int64_t(s.seq.size());
+  if (grid == 0 || adopted >= n) return false;
+  if (!balanced(*s.session)) return adoption_is_exact(n, adopted, chunk, grid);
+  // Chunked as next_chunk cuts them, a cold prompt's rows are computed on matmul's batched path but
+  // those of a last chunk of kMatmulSmallRows or fewer; the rest after a prefix is computed alike when
+  // it ends with that chunk after batched ones, or has only batched ones.
+  const int64_t rest = n - adopted, last = (n - 1) % chunk + 1;
+  if (last <= kMatmulSmallRows) return rest == last || rest - last > kMatmulSmallRows;
+  return rest > kMatmulSmallRows;
+}
+
+bool Scheduler::balanced(const Session& session) const {
+  return adoption_grid(session) == 1 &&
+         std::min<int64_t>(cfg_.prefill_chunk, session.max_chunk()) > 2 * (kMatmulSmallRows + 1);
+}
+
+// A slot's next prompt chunk: at most --prefill-chunk tokens (and the cache's largest append). A cold
+// prompt is cut from its first token, its last chunk the shorter one. Where a prefix may end at any
+// token (balanced), the rest after one is cut so that it ends as the cold prompt does: with the cold
+// prompt's last chunk when that is of kMatmulSmallRows tokens or fewer (matmul computes a batch of so
+// few rows another way: kernels/ops.h), every other chunk longer than that.
+int64_t Scheduler::next_chunk(const Slot& s) const {
+  const int64_t left = s.remaining();
+  const int64_t chunk = std::min<int64_t>(cfg_.prefill_chunk, s.session->max_chunk());
+  const int64_t n = std::min(left, chunk);
+  if (!balanced(*s.session)) return n;
+  const int64_t total = int64_t(s.seq.size()), last = (total - 1) % chunk + 1;
+  const int64_t middle = last <= kMatmulSmallRows ? left - last : left;  // before the short last chunk
+  if (middle <= 0) return n;
+  const int64_t c = std::min(middle, chunk);
+  if (middle - c > 0 && middle - c <= kMatmulSmallRows) return middle - (kMatmulSmallRows + 1);
+  return c;
 }
 
 // The prompt's full blocks (the last token left out, as adoption leaves it; no more than a sequence
@@ -536,7 +568,7 @@ bool Scheduler::build_batch(std::vector<Slot*>& batch, std::vector<std::span<con
     if (s->remaining() > 1 && chunked) continue;  // one prompt chunk a step
     if (s->session->position() == 0) adopt_at_turn(*s);
     const int64_t pos = s->session->position(), left = s->remaining();
-    const int64_t n = std::min<int64_t>({left, cfg_.prefill_chunk, s->session->max_chunk()});
+    const int64_t n = next_chunk(*s);
     if (left > 1) chunked = true;
     batch.push_back(s.get());
     feeds.emplace_back(s->seq.data() + pos, size_t(n));

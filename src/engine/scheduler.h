@@ -183,6 +183,8 @@ class Scheduler {
   void remember_history(const Slot& s);
   int64_t adoption_grid(const Session& session) const;
   bool exact(const Slot& s, int64_t adopted) const;
+  bool balanced(const Session& session) const;
+  int64_t next_chunk(const Slot& s) const;
   size_t load_from_store(Slot& s, std::vector<int32_t>& held, size_t* local_blocks);
   void save_to_store(Slot& s, bool at_end = false);
   size_t stored_blocks(const Slot& s, size_t adopted);
