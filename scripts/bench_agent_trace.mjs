@@ -20,6 +20,7 @@
 //     --llama-args '--override-kv llama.context_length=int:12288'    (timed: under flock /work/bench.lock)
 //   node scripts/bench_agent_trace.mjs --model ../shared/models/gguf/kjv-small-Q4_K_M.gguf --kl-only
 //   node scripts/bench_agent_trace.mjs --model models/kjv-tiny --turns 6 --traces 1   (a quick check)
+//   --modes exact,llama-server: only the modes named (as the table prints them)
 import { spawn, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import net from 'node:net';
@@ -164,6 +165,13 @@ if (llamaServer) {
   const common = ['-t', threads, '-tb', threads, '-np', '1', '-c', ctx, '--no-warmup', ...llamaArgs];
   modes['llama-server'] = () => startLlama(common);
   modes[`llama-server --cache-reuse ${reuse}`] = () => startLlama([...common, '--cache-reuse', reuse]);
+}
+// --modes exact,llama-server: only these (names as printed), in this order.
+const only = opt('--modes', '');
+if (only) {
+  const keep = only.split(',');
+  for (const m of keep) if (!(m in modes)) throw new Error(`--modes: no mode "${m}" (${Object.keys(modes).join(', ')})`);
+  for (const m of Object.keys(modes)) if (!keep.includes(m)) delete modes[m];
 }
 const results = Object.fromEntries(Object.keys(modes).map((m) => [m, []]));
 for (let k = 0; k < traces && serve; ++k) {

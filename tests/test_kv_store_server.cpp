@@ -151,13 +151,17 @@ TEST_F(KVStoreServerTest, AConversationContinuedOnAnotherReplicaPrefillsOnlyTheN
   a.flush();
   const json b2 = b.post("/v1/chat/completions", chat(second_turn(reply1), 16));
   EXPECT_EQ(content(b2), reply2);
-  EXPECT_EQ(cached(b2), ref_cached);  // the whole history but its last partial block: only the new turn computed
+  // The whole blocks of the history: only the new turn and the rest of the history's last block
+  // computed (a store exchanges whole blocks; the single server also copied the tokens of the block
+  // it shared partly from its own pool: docs/server.md).
+  const int whole = ref_cached / 32 * 32;
+  EXPECT_EQ(cached(b2), whole);
   const int prompt2 = b2["usage"]["prompt_tokens"];
-  EXPECT_EQ(b.metric("ptllm_prefill_tokens_total"), prompt2 - ref_cached);
+  EXPECT_EQ(b.metric("ptllm_prefill_tokens_total"), prompt2 - whole);
   // Loaded up to the last block where an adoption would be exact (adoption_is_exact), adopted as far
-  // as the blocks found go: at least what the single server adopted from its pool.
-  EXPECT_GE(b.metric("ptllm_kv_store_hits_total"), ref_cached / 32);
-  EXPECT_EQ(b.metric("ptllm_kv_store_prompt_tokens_total"), ref_cached);
+  // as the blocks found go: the whole blocks the single server adopted from its pool.
+  EXPECT_GE(b.metric("ptllm_kv_store_hits_total"), whole / 32);
+  EXPECT_EQ(b.metric("ptllm_kv_store_prompt_tokens_total"), whole);
   EXPECT_EQ(b.metric("ptllm_kv_store_lookup_seconds_count"), 1);
   EXPECT_GT(b.metric("ptllm_kv_store_bytes_in_total"), 0);
   EXPECT_EQ(b.metric("ptllm_kv_store_errors_total"), 0);
@@ -172,11 +176,13 @@ TEST_F(KVStoreServerTest, AConversationContinuedOnAnotherReplicaPrefillsOnlyTheN
                                              {"max_tokens", 12}, {"temperature", 0}});
   EXPECT_EQ(c2["choices"][0]["text"], text2);
   const int p1 = c1["usage"]["prompt_tokens"];
-  // The first prompt's full blocks came from B, as far as an adoption is exact (the prompt's last
-  // chunk of 64 then as long as a cold one's: a multiple of 64 here).
+  // The first prompt's full blocks came from B, as far as an adoption is exact: the rest is computed
+  // in chunks of more than 16 tokens, or ends with the cold prompt's last chunk (of 64) when that is
+  // shorter (docs/server.md).
   EXPECT_GT(cached(c2), 0);
   EXPECT_LE(cached(c2), (p1 / 32) * 32);
-  EXPECT_EQ(cached(c2) % 64, 0);
+  const int p2 = c2["usage"]["prompt_tokens"], rest = p2 - cached(c2), last = (p2 - 1) % 64 + 1;
+  EXPECT_TRUE(last <= 16 ? rest == last || rest - last > 16 : rest > 16) << rest << " " << last;
   EXPECT_GT(a.metric("ptllm_kv_store_hits_total"), 0);
 }
 
@@ -274,7 +280,10 @@ TEST(KVStoreServeProcesses, TwoProcessesShareTheirBlocksThroughRedis) {
   EXPECT_EQ(on_b["choices"][0]["text"], on_a["choices"][0]["text"]);
   const int p1 = r1["usage"]["prompt_tokens"];
   EXPECT_GE(on_b["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), (p1 / 32) * 32);
-  EXPECT_EQ(on_b["usage"]["prompt_tokens_details"]["cached_tokens"], on_a["usage"]["prompt_tokens_details"]["cached_tokens"]);
+  // B takes A's whole blocks from Redis; A, from its own pool, also the tokens of the block it shares
+  // partly (copied: a store exchanges whole blocks).
+  EXPECT_EQ(on_b["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(),
+            on_a["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>() / 32 * 32);
   EXPECT_GT(b.metric("ptllm_kv_store_hits_total"), 0);
   EXPECT_EQ(a.stop(), 0);
   EXPECT_EQ(b.stop(), 0);

@@ -69,6 +69,37 @@ TEST(BlockPoolKeys, ACollidingKeyWithOtherTokensIsAMiss) {
   EXPECT_EQ(pool.find(k, std::vector<int32_t>{1, 2, 3, 4}), -1);
 }
 
+// The parent index: of the blocks published under a parent key (in one layer and form), find_child
+// takes the one sharing the longest prefix with the tokens asked for (a shorter block's tokens
+// included), with a reference; none sharing a first token, another layer, the other form or a
+// forgotten block is a miss.
+TEST(BlockPoolKeys, FindChildTakesTheLongestSharedPrefix) {
+  BlockPool pool(64, 4, false, 4);
+  const BlockHash parent{5, 6};
+  const int32_t a = pool.acquire(), b = pool.acquire(), c = pool.acquire();
+  ASSERT_TRUE(pool.publish(a, {1, 1, 0, false}, std::vector<int32_t>{1, 2, 3, 4}, Retention::User, &parent));
+  ASSERT_TRUE(pool.publish(b, {2, 2, 0, false}, std::vector<int32_t>{1, 2, 5, 6}, Retention::User, &parent));
+  ASSERT_TRUE(pool.publish(c, {3, 3, 0, false}, std::vector<int32_t>{1, 9}, Retention::User, &parent));
+  for (int32_t id : {a, b, c}) pool.release(id);  // cached: found all the same
+  size_t common = 0;
+  EXPECT_EQ(pool.find_child(parent, 0, false, std::vector<int32_t>{1, 2, 5, 7}, &common), b);
+  EXPECT_EQ(common, 3u);
+  EXPECT_EQ(pool.refs(b), 1);
+  EXPECT_EQ(pool.find_child(parent, 0, false, std::vector<int32_t>{1, 9, 9}, &common), c);
+  EXPECT_EQ(common, 2u);  // the short block's two tokens, not past them
+  EXPECT_EQ(pool.find_child(parent, 0, false, std::vector<int32_t>{1, 2, 3}, &common), a);
+  EXPECT_EQ(common, 3u);
+  EXPECT_EQ(pool.find_child(parent, 0, false, std::vector<int32_t>{7, 2}, &common), -1);
+  EXPECT_EQ(common, 0u);
+  EXPECT_EQ(pool.find_child(parent, 1, false, std::vector<int32_t>{1, 2}, &common), -1);
+  EXPECT_EQ(pool.find_child(parent, 0, true, std::vector<int32_t>{1, 2}, &common), -1);
+  EXPECT_EQ(pool.find_child({5, 7}, 0, false, std::vector<int32_t>{1, 2}, &common), -1);
+  for (int32_t id : {a, b, c}) pool.release(id);
+  // Four acquisitions: the free block, then the three cached ones, their keys forgotten.
+  for (int i = 0; i < 4; ++i) EXPECT_GE(pool.acquire(), 0);
+  EXPECT_EQ(pool.find_child(parent, 0, false, std::vector<int32_t>{1, 2}, &common), -1);
+}
+
 // Cached blocks go by retention class, lowest first (transient, then user, then system), least
 // recently released first within a class; a revived block leaves its class's list.
 TEST(BlockPoolKeys, EvictionGoesByRetentionClassThenRecency) {
@@ -178,6 +209,78 @@ TEST_P(SharedPrefix, SharedEqualsPrivateAndLeavesNoReference) {
     c.feed(first);
     EXPECT_GE(c.reused_tokens(), want);
     EXPECT_GT(kv.shared_bytes(), 0u);
+  }
+  EXPECT_EQ(kv.dense().in_use(), 0u);
+  EXPECT_EQ(kv.quant().in_use(), 0u);
+}
+
+// A prompt that diverges inside a block another sequence holds takes the tokens before the first
+// difference by copying that block into one of its own (the holder's bytes unchanged); a prompt that
+// goes on past a finished sequence's last, partly filled block takes its tokens the same way (those a
+// prompt's batch computed, not a decode step's).
+// Dense caches then give a private computation's logits bit for bit. Under KIVI a prefix ends on
+// whole blocks (no partial block is taken). No reference is left behind.
+TEST_P(SharedPrefix, PartialBlockIsCopiedUpToTheFirstDifference) {
+  ThreadPool pool(2);
+  KVPool kv(model_->kv_shape(), options().kv, 3);
+  const bool kivi = !dense(GetParam().precision);
+  const int64_t sinks = GetParam().window > 0 ? 4 : 0;
+  const std::vector<int32_t> first = prompt(1, 300);
+  std::vector<int32_t> second(first.begin(), first.begin() + 230);
+  const auto tail = prompt(2, 41);
+  second.insert(second.end(), tail.begin(), tail.end());
+  ASSERT_NE(first[230], second[230]);
+  // p fed to s (drawing from kv), then 12 greedy steps, against the same on a private session: the
+  // tokens adopted, and every step's argmax and the last logits equal (bit for bit when dense).
+  auto run_and_compare = [&](Session& s, const std::vector<int32_t>& p, const char* what) {
+    SCOPED_TRACE(what);
+    std::span<float> lg = s.feed(p);
+    const int64_t reused = s.reused_tokens();
+    Session priv(*model_, options(), pool);
+    std::span<float> lp = priv.feed(p);
+    for (int i = 0; i < 12; ++i) {
+      if (!kivi) EXPECT_EQ(std::memcmp(lg.data(), lp.data(), lp.size_bytes()), 0) << "step " << i;
+      const int32_t next = argmax(lg);
+      EXPECT_EQ(next, argmax(lp)) << "step " << i;
+      lg = s.feed({&next, 1});
+      lp = priv.feed({&next, 1});
+    }
+    return reused;
+  };
+  std::vector<int32_t> a_history;
+  {
+    Session a(*model_, options(), pool, &kv);
+    test::greedy(a, first, 10);  // 310 tokens: the last block partly filled
+    a_history = a.history();
+    const int D = model_->kv_shape().head_dim;
+    std::vector<float> before(size_t(D) * 32), after(size_t(D) * 32);
+    for (int t = 0; t < 32; ++t) a.cache().read_key(0, 224 + t, 0, before.data() + t * D);
+    {
+      Session b(*model_, options(), pool, &kv);
+      const int64_t reused = run_and_compare(b, second, "diverging inside a block");
+      if (kivi)
+        EXPECT_TRUE(reused == 0 || (reused - sinks) % 32 == 0) << reused;  // whole blocks only
+      else
+        EXPECT_EQ(reused, 230);  // 7 blocks (6 and the sinks under StreamingLLM), the rest copied
+    }
+    // b wrote its copy from token 230 on: a's block of tokens 224..255 is as a computed it.
+    for (int t = 0; t < 32; ++t) a.cache().read_key(0, 224 + t, 0, after.data() + t * D);
+    EXPECT_EQ(before, after);
+  }
+  // a is gone: its last block (tokens 288..309; 292..309 after 4 sinks) was published up to the
+  // tokens its decode steps computed (a one-row step computes a row another way than a prompt's
+  // batch: computing them again gives the cold prompt's bits), and a prompt going on past a's whole
+  // history copies the first 12 (8) of them.
+  std::vector<int32_t> third = a_history;
+  const auto more = prompt(3, 30);
+  third.insert(third.end(), more.begin(), more.end());
+  {
+    Session c(*model_, options(), pool, &kv);
+    const int64_t reused = run_and_compare(c, third, "past a finished sequence's last block");
+    if (kivi)
+      EXPECT_TRUE(reused == 0 || (reused - sinks) % 32 == 0) << reused;
+    else
+      EXPECT_EQ(reused, 300);
   }
   EXPECT_EQ(kv.dense().in_use(), 0u);
   EXPECT_EQ(kv.quant().in_use(), 0u);

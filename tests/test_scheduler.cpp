@@ -254,11 +254,49 @@ TEST_F(SchedulerTest, RepeatedPromptReportsCachedTokens) {
   Pending second = submit(sch, p, greedy(12));
   const RequestResult r2 = wait(second);
   EXPECT_EQ(r1.cached_tokens, 0);
-  // Two of the three full blocks of 32: the third would leave 4 tokens to compute, a batch matmul
-  // computes another way than the cold prompt's 100 (adoption_is_exact); the rest is computed.
-  EXPECT_EQ(r2.cached_tokens, 64);
+  // Two full blocks of 32 and 19 tokens of the third, copied: more would leave 16 tokens or fewer to
+  // compute, which a batch matmul computes another way than the cold prompt's last chunk of 36
+  // (adoption_is_exact); the rest is computed.
+  EXPECT_EQ(r2.cached_tokens, 83);
   EXPECT_EQ(r2.tokens, r1.tokens);
-  EXPECT_EQ(sch.stats().cached_tokens, 64u);
+  EXPECT_EQ(sch.stats().cached_tokens, 83u);
+}
+
+// Exact reuse goes up to the first differing token, as llama-server's does: a prompt diverging inside
+// a block takes the tokens before the difference (copied from the block that holds them), and one
+// going on past a finished request's history takes the whole history, its last block partly filled.
+// Replies are those of a cold computation; no block is left held.
+TEST_F(SchedulerTest, ExactReuseGoesUpToTheFirstDifferentToken) {
+  Scheduler sch(*rt_, config(1));
+  const auto p = test::random_prompt(8, 150, vocab());
+  const RequestResult r1 = test::run_greedy(sch, p, 5);
+  ASSERT_EQ(r1.tokens.size(), 5u);
+  // Diverging at 140 (inside the block of tokens 128..159): 4 blocks adopted, 12 tokens copied.
+  std::vector<int32_t> p2(p.begin(), p.begin() + 140);
+  const auto other = test::random_prompt(9, 40, vocab());
+  p2.insert(p2.end(), other.begin(), other.end());
+  const RequestResult r2 = test::run_greedy(sch, p2, 8);
+  EXPECT_EQ(r2.cached_tokens, 140);
+  EXPECT_EQ(r2.tokens, alone(*rt_, config(1).session, p2, 8));
+  // Going on past r1's history (its prompt and the 4 generated tokens it fed): the 150 tokens of its
+  // prompt (its last block's 22 copied); the 4 a decode step computed are computed again.
+  std::vector<int32_t> p3 = p;
+  p3.insert(p3.end(), r1.tokens.begin(), r1.tokens.begin() + 4);
+  const auto next = test::random_prompt(10, 30, vocab());
+  p3.insert(p3.end(), next.begin(), next.end());
+  const RequestResult r3 = test::run_greedy(sch, p3, 8);
+  EXPECT_EQ(r3.cached_tokens, 150);
+  EXPECT_EQ(r3.tokens, alone(*rt_, config(1).session, p3, 8));
+  // Diverging at 110 with 66 tokens after it (64 + 2): the rest is cut 49 + 17, never leaving a
+  // chunk of 16 tokens or fewer (the cold prompt's last chunk is 48): all 110 are taken.
+  std::vector<int32_t> p4(p.begin(), p.begin() + 110);
+  const auto after = test::random_prompt(11, 66, vocab());
+  p4.insert(p4.end(), after.begin(), after.end());
+  const RequestResult r4 = test::run_greedy(sch, p4, 8);
+  EXPECT_EQ(r4.cached_tokens, 110);
+  EXPECT_EQ(r4.tokens, alone(*rt_, config(1).session, p4, 8));
+  sch.drain();
+  EXPECT_EQ(sch.pool().blocks_in_use(), 0u);
 }
 
 // Requests arriving together over one long common prefix (a system prompt): prompts are prefilled
@@ -280,7 +318,7 @@ TEST_F(SchedulerTest, SimultaneousRequestsComputeASharedPrefixOnce) {
     EXPECT_EQ(r.tokens, alone(*rt_, config(3).session, prompts[size_t(i)], 8)) << "request " << i;
     cached += r.cached_tokens;
   }
-  EXPECT_EQ(cached, 2 * 288);  // two of the three take the prefix's nine full blocks of 32
+  EXPECT_EQ(cached, 2 * 300);  // two of the three take the prefix: nine full blocks of 32, 12 tokens copied
 }
 
 // A stop string ends the reply where it begins, with finish reason stop.
@@ -367,7 +405,7 @@ TEST_F(SchedulerTest, PinnedSystemPromptSurvivesABurstOfOtherPrompts) {
     const RequestResult first = pinned(with_user(1), sch);
     EXPECT_EQ(first.cached_tokens, 0);
     const RequestResult before = pinned(with_user(2), sch);
-    EXPECT_EQ(before.cached_tokens, 192) << "pin " << pin;  // the system prompt's 6 full blocks
+    EXPECT_EQ(before.cached_tokens, 200) << "pin " << pin;  // the system prompt: 6 full blocks, 8 tokens copied
     std::vector<Pending> burst;
     for (int i = 0; i < 12; ++i) burst.push_back(submit(sch, test::random_prompt(uint32_t(200 + i), 300, vocab()), greedy(2)));
     for (auto& b : burst) EXPECT_EQ(wait(b).reason, FinishReason::Length);
@@ -469,19 +507,19 @@ TEST_F(SchedulerTest, EvictionTakesToolOutputsThenUserTurnsThenTheSystemPrompt) 
   };
   int64_t adopted = -1;
   SchedulerStats st;
-  // A burst takes 40 blocks (301 tokens fed: 10 a layer) and leaves 36 cached (its last, partial
-  // block is not published: it goes back free).
+  // A burst takes 40 blocks (301 tokens fed: 10 a layer) and leaves them cached (its last, partial
+  // block published with the 12 tokens its prompt's chunk computed).
   // One burst: 36 free blocks, then 4 of the tool output's (layer 0's first four of it).
   scenario(true, 1, &adopted, &st);
   EXPECT_EQ(st.blocks_cached_by[int(Retention::Transient)], 16u);
-  EXPECT_EQ(st.blocks_cached_by[int(Retention::User)], 16u + 36u);  // the history's and the burst's
+  EXPECT_EQ(st.blocks_cached_by[int(Retention::User)], 16u + 40u);  // the history's and the burst's
   EXPECT_EQ(st.blocks_cached_by[int(Retention::System)], 24u);
   EXPECT_EQ(adopted, 320);  // the system prompt and the user turn
-  // Two bursts: the second takes the 4 free blocks, the 16 left of the tool output, the user turn's
-  // 16 (released before the first burst's), then 4 of the first burst's.
+  // Two bursts: the second takes the 16 left of the tool output, the user turn's 16 (released before
+  // the first burst's), then 8 of the first burst's.
   scenario(true, 2, &adopted, &st);
   EXPECT_EQ(st.blocks_cached_by[int(Retention::Transient)], 0u);
-  EXPECT_EQ(st.blocks_cached_by[int(Retention::User)], 32u + 36u);
+  EXPECT_EQ(st.blocks_cached_by[int(Retention::User)], 32u + 40u);
   EXPECT_EQ(st.blocks_cached_by[int(Retention::System)], 24u);
   EXPECT_EQ(adopted, 192);  // the system prompt
   // Without roles, one burst takes the least recently released: the history's first blocks.

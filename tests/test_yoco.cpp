@@ -339,6 +339,33 @@ TEST_F(TinyYoco, PrefillShortcutEqualsFullPrefill) {
   }
 }
 
+// On a shared pool, a prompt diverging inside a block another sequence holds copies the tokens before
+// the difference in every storing layer (sliding, full; the shared layer stores none) and goes on as a
+// private computation does, bit for bit; no reference is left behind.
+TEST_F(TinyYoco, PartialBlockAdoptionEqualsPrivate) {
+  ThreadPool pool(2);
+  KVPool kv(model_->kv_shape(), opts().kv, 3);
+  const auto first = random_ids(41, 100);
+  std::vector<int32_t> second(first.begin(), first.begin() + 70);
+  const auto tail = random_ids(42, 30);
+  second.insert(second.end(), tail.begin(), tail.end());
+  {
+    Session a(*model_, opts(), pool, &kv);
+    a.feed(first);
+    Session b(*model_, opts(), pool, &kv), priv(*model_, opts(), pool);
+    auto x = b.feed(second);
+    EXPECT_EQ(b.reused_tokens(), 70);  // two blocks adopted, 6 tokens copied
+    auto y = priv.feed(second);
+    for (int t = 0; t < 6; ++t) {
+      ASSERT_EQ(std::memcmp(x.data(), y.data(), x.size_bytes()), 0) << "step " << t;
+      const int32_t next = argmax(x);
+      x = b.feed({&next, 1});
+      y = priv.feed({&next, 1});
+    }
+  }
+  EXPECT_EQ(kv.dense().in_use(), 0u);
+}
+
 // The rows that go past the donor: the last token of a prompt, none of a chunk before it, every row
 // when all logits are wanted, one per decoding sequence of a batch.
 TEST_F(TinyYoco, ShortcutKeepsOnlyTheWantedRows) {

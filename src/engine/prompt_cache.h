@@ -18,136 +18,13 @@
 #include <string_view>
 #include <vector>
 
-#include "core/file_io.h"
-#include "core/sha256.h"
-#include "kv/kv_cache.h"
+#include "persist/cache_file.h"
 
 namespace ptllm {
 
 class Model;
 class Session;
 class Tokenizer;
-
-std::string iso_time(int64_t unix_ms);  // "2025-01-31T12:00:00Z"
-
-// Everything a saved state depends on except the token ids. kv.ctx_size and kv.preallocate are not
-// part of it: they bound the capacity but do not change what is stored.
-struct PromptCacheIdentity {
-  std::string model_name;  // the model directory's base name, sanitized to [A-Za-z0-9._-]
-  std::string arch_name;   // config.json's architecture
-  int32_t vocab_size = 0;
-  int32_t n_layers = 0;
-  int32_t n_kv_heads = 0;
-  int32_t head_dim = 0;
-  KVCacheConfig kv;
-  // SHA-256 over the architecture, config.json's bytes, name, size and mtime of every weight file,
-  // size and mtime of this executable and its SIMD target (they decide the rounding), the tokenizer
-  // fingerprint, the shape above, the layers' sliding windows (when any), which layer's K/V each
-  // layer reads (when any shares another's: YOCO) and every KV setting.
-  Digest config_key{};
-};
-
-PromptCacheIdentity prompt_cache_identity(const Model& model, const Tokenizer& tok, const KVCacheConfig& kv);
-// SHA-256 over the config key and the token ids: the key of one entry.
-Digest prompt_cache_key(const Digest& config_key, std::span<const int32_t> ids);
-std::string sanitize_model_name(std::string_view name);
-// "<model>-<first 12 hex of the key>.kvcache"; the sidecar replaces ".kvcache" by ".meta.json".
-std::string prompt_cache_file_name(const PromptCacheIdentity& id, std::span<const int32_t> ids);
-std::filesystem::path sidecar_path(const std::filesystem::path& kvcache);
-
-// ---------------------------------------------------------------------------------------------
-// The file (little-endian):
-//   "PTLLMKVC"  u32 version  u32 header_bytes  u64 file_size                      (preamble, 24 bytes)
-//   config_key[32]  u8 precision  u8 positions  u16 0  i32 group residual sink window
-//   i32 vocab layers kv_heads head_dim  i64 created_ms  u64 n_ids  u64 kv_bytes
-//   u16+model_name  u16+arch_name                                                 (header_bytes)
-//   i32 ids[n_ids]  f32 logits[vocab]  kv_state[kv_bytes]                         (body)
-//   u64 XXH3-64 over every byte before it
-// 3: each layer's state names its sliding window (KVCache::serialize).
-inline constexpr uint32_t kPromptCacheVersion = 3;
-
-struct CacheFile {
-  uint32_t version = kPromptCacheVersion;
-  PromptCacheIdentity identity;  // as written
-  int64_t created_ms = 0;        // Unix time
-  std::vector<int32_t> ids;      // [n_ids]
-  std::vector<float> logits;     // [vocab] of the last token; empty when only the header was read
-  std::string_view kv_state;     // KVCache::serialize() bytes, a view into the decoded buffer
-  uint64_t file_size = 0;
-};
-
-// The bytes of a file holding this state (tests and the fuzzer's seeds; saving streams the same).
-std::string encode_cache_file(const PromptCacheIdentity& id, int64_t created_ms, std::span<const int32_t> ids,
-                              std::span<const float> logits, std::string_view kv_state);
-// Verifies and parses a whole file: magic, version, size, then the checksum before anything else,
-// then every length against the size. Throws ptllm::Error saying what is wrong.
-CacheFile decode_cache_file(std::string_view bytes);
-// Reads a file's header and ids only (no checksum: for choosing a candidate; the full load
-// verifies). Throws ptllm::Error.
-CacheFile read_cache_header(const std::filesystem::path& path);
-// Reads a whole file (large reads into `buffer`, which the result's kv_state points into) and decodes it.
-CacheFile read_cache_file(const std::filesystem::path& path, std::string& buffer);
-// Writes atomically: a temporary file beside `path`, fsync, rename, fsync of the directory, so that no
-// reader ever sees a partial file under the final name. Returns the bytes written; throws ptllm::Error
-// (the temporary removed).
-uint64_t write_cache_file(const std::filesystem::path& path, const PromptCacheIdentity& id, int64_t created_ms,
-                          std::span<const int32_t> ids, std::span<const float> logits, std::string_view kv_state);
-// The size write_cache_file() would write.
-uint64_t cache_file_size(const PromptCacheIdentity& id, uint64_t n_ids, uint64_t kv_bytes);
-// (The same atomic write for any bytes, the sidecars': write_file_atomically() of core/file_io.h.)
-
-// A regular file starting with this format's preamble (the magic, a version, a header length that
-// fits; any version, the rest possibly damaged): one this program wrote.
-bool is_prompt_cache_file(const std::filesystem::path& path);
-// A sidecar this program wrote: a JSON object with format_version and config_key whose "file" is
-// the cache file beside it.
-bool is_prompt_cache_sidecar(const std::filesystem::path& path);
-// Why a save must not rename over `path` (nullopt: it is missing, or a file of ours): a save never
-// replaces another program's file, a symbolic link, a device or a FIFO.
-std::optional<std::string> not_replaceable(const std::filesystem::path& path, bool sidecar = false);
-
-// ---------------------------------------------------------------------------------------------
-// A cache directory.
-
-struct CacheEntry {
-  std::filesystem::path path;  // the .kvcache file
-  uint64_t bytes = 0;          // the file and its sidecar
-  int64_t last_used_ms = 0;    // the file's mtime, set on every use
-  std::optional<CacheFile> header;  // header and ids, when they could be read
-  std::string problem;              // why not
-  bool ours = false;                // the file has this format's magic (is_prompt_cache_file)
-};
-// Every *.kvcache entry, most recently used first. Throws ptllm::Error when the directory cannot be read.
-std::vector<CacheEntry> list_cache_dir(const std::filesystem::path& dir);
-
-// An exclusive lock on a cache directory (flock on the directory itself), held by a writer while it
-// saves its entries and sidecars and prunes, and by `cache prune`: concurrent processes then never
-// prune an entry whose sidecar is still being written, nor each other's in the middle of a save, and
-// a temporary seen by a pruner belongs to a writer that is gone. Released when the process dies.
-// Best effort: where the directory cannot be opened nothing is locked (nor written).
-class CacheDirLock {
- public:
-  explicit CacheDirLock(const std::filesystem::path& dir);
-  ~CacheDirLock();
-  CacheDirLock(const CacheDirLock&) = delete;
-  CacheDirLock& operator=(const CacheDirLock&) = delete;
-
- private:
-  int fd_ = -1;
-};
-
-struct PruneOptions {
-  std::optional<uint64_t> max_bytes;  // remove least recently used entries until the rest take at most this
-  bool remove_damaged = false;        // also entries of ours that fail full verification and orphan
-                                      // sidecars of ours (temporaries of writers that are gone: always)
-  std::vector<std::filesystem::path> keep;  // never removed
-};
-struct PruneResult {
-  std::vector<std::filesystem::path> removed;
-  uint64_t bytes_freed = 0;
-  uint64_t bytes_left = 0;  // the entries that remain
-};
-PruneResult prune_cache_dir(const std::filesystem::path& dir, const PruneOptions& opts);
 
 // ---------------------------------------------------------------------------------------------
 // Prefill through the cache.

@@ -8,6 +8,7 @@
 #include "engine/runtime.h"
 #include "engine/generator.h"
 #include "engine/stop_text.h"
+#include "kernels/ops.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ptllm {
@@ -86,8 +87,8 @@ Scheduler::Scheduler(Runtime& rt, const SchedulerConfig& cfg) : rt_(rt), cfg_(cf
     throw UsageError("--parallel: at most " + std::to_string(kMaxBatchSequences - 1) + " sequences");
   cfg_.session.kv.validate();
   pool_ = std::make_unique<KVPool>(rt_.model().kv_shape(), cfg_.session.kv, cfg_.parallel, cfg_.kv_budget_bytes);
-  const size_t pool_bytes = pool_->dense().capacity() * pool_->dense().block_bytes() +
-                            pool_->quant().capacity() * pool_->quant().block_bytes();
+  kv_ = std::make_unique<KVManager>(*pool_);
+  const size_t pool_bytes = kv_->capacity_bytes();
   if (cfg_.pin_bytes > pool_bytes)
     throw UsageError(cfg_.pin_flag + ": " + std::to_string(cfg_.pin_bytes >> 20) + " MiB is more than the KV pool's " +
                      std::to_string(pool_bytes >> 20) + " MiB");
@@ -273,9 +274,7 @@ bool Scheduler::try_start(Slot& s) {
                                ? std::vector<RetentionSpan>{{int64_t(s.req.prompt.size()), Retention::User}}
                                : s.req.retention);
   const int n = int(std::min<int64_t>({s.remaining(), cfg_.prefill_chunk, s.session->max_chunk()}));
-  const BlocksNeeded need = s.session->cache().blocks_needed(n);
-  const size_t headroom = running_.size() * size_t(rt_.config().n_layers);
-  if (need.dense + headroom > pool_->dense().available() || need.quant > pool_->quant().available()) {
+  if (!kv_->can_append(s.session->cache(), n, kv_->decode_reserve(running_.size()))) {
     s.session.reset();
     return false;
   }
@@ -332,21 +331,19 @@ void Scheduler::reuse_after_edit(Slot& s) {
       best_common = common;
     }
   }
-  const int64_t B = cfg_.session.kv.group_size;
-  const int64_t avail = int64_t(pool_->complete_blocks(int64_t(best->tokens.size()))) * B;
+  const int64_t avail = kv_->complete_tokens(int64_t(best->tokens.size()));
   // Up to one prefill chunk of prompt tokens no run supplies (an inserted summary, a token merged at
   // the seam of a cut) is computed here, outside the batch, before the next run is shifted.
   const int64_t gap = std::min<int64_t>(cfg_.prefill_chunk, s.session->max_chunk());
   const std::vector<ReuseChunk> plan =
       plan_cache_reuse(best->tokens, avail, s.seq, s.session->position(), s.req.cache_reuse, gap);
   // Room kept for every running sequence's next block (as try_start keeps it).
-  const size_t reserve = running_.size() * size_t(rt_.config().n_layers);
+  const size_t reserve = kv_->decode_reserve(running_.size());
   const uint64_t salt = ++shift_salt_;
   for (const ReuseChunk& c : plan) {
     const int64_t pos = s.session->position();
     if (c.dst > pos) {
-      const BlocksNeeded need = s.session->cache().blocks_needed(int(c.dst - pos));
-      if (need.dense + reserve > pool_->dense().available() || need.quant > pool_->quant().available()) return;
+      if (!kv_->can_append(s.session->cache(), int(c.dst - pos), reserve)) return;
       s.session->feed(std::span<const int32_t>(s.seq).subspan(size_t(pos), size_t(c.dst - pos)));
       live_.prefill_tokens += uint64_t(c.dst - pos);
       s.gap_tokens += c.dst - pos;
@@ -384,7 +381,38 @@ int64_t Scheduler::adoption_grid(const Session& session) const {
 bool Scheduler::exact(const Slot& s, int64_t adopted) const {
   const int64_t grid = adoption_grid(*s.session);
   const int64_t chunk = std::min<int64_t>(cfg_.prefill_chunk, s.session->max_chunk());
-  return grid > 0 && adopted < int64_t(s.seq.size()) && adoption_is_exact(int64_t(s.seq.size()), adopted, chunk, grid);
+  const int64_t n = int64_t(s.seq.size());
+  if (grid == 0 || adopted >= n) return false;
+  if (!balanced(*s.session)) return adoption_is_exact(n, adopted, chunk, grid);
+  // Chunked as next_chunk cuts them, a cold prompt's rows are computed on matmul's batched path but
+  // those of a last chunk of kMatmulSmallRows or fewer; the rest after a prefix is computed alike when
+  // it ends with that chunk after batched ones, or has only batched ones.
+  const int64_t rest = n - adopted, last = (n - 1) % chunk + 1;
+  if (last <= kMatmulSmallRows) return rest == last || rest - last > kMatmulSmallRows;
+  return rest > kMatmulSmallRows;
+}
+
+bool Scheduler::balanced(const Session& session) const {
+  return adoption_grid(session) == 1 &&
+         std::min<int64_t>(cfg_.prefill_chunk, session.max_chunk()) > 2 * (kMatmulSmallRows + 1);
+}
+
+// A slot's next prompt chunk: at most --prefill-chunk tokens (and the cache's largest append). A cold
+// prompt is cut from its first token, its last chunk the shorter one. Where a prefix may end at any
+// token (balanced), the rest after one is cut so that it ends as the cold prompt does: with the cold
+// prompt's last chunk when that is of kMatmulSmallRows tokens or fewer (matmul computes a batch of so
+// few rows another way: kernels/ops.h), every other chunk longer than that.
+int64_t Scheduler::next_chunk(const Slot& s) const {
+  const int64_t left = s.remaining();
+  const int64_t chunk = std::min<int64_t>(cfg_.prefill_chunk, s.session->max_chunk());
+  const int64_t n = std::min(left, chunk);
+  if (!balanced(*s.session)) return n;
+  const int64_t total = int64_t(s.seq.size()), last = (total - 1) % chunk + 1;
+  const int64_t middle = last <= kMatmulSmallRows ? left - last : left;  // before the short last chunk
+  if (middle <= 0) return n;
+  const int64_t c = std::min(middle, chunk);
+  if (middle - c > 0 && middle - c <= kMatmulSmallRows) return middle - (kMatmulSmallRows + 1);
+  return c;
 }
 
 // The prompt's full blocks (the last token left out, as adoption leaves it; no more than a sequence
@@ -415,10 +443,8 @@ size_t Scheduler::load_from_store(Slot& s, std::vector<int32_t>& held, size_t* l
   *local_blocks = local;
   if (local == n) return 0;
   // Room left for this prompt's first chunk and every running sequence's next block.
-  const size_t B = size_t(cfg_.session.kv.group_size);
-  const size_t layers = size_t(rt_.config().n_layers);
-  const size_t chunk = size_t(std::min<int64_t>(cfg_.prefill_chunk, s.session->max_chunk()));
-  const size_t reserve = (running_.size() + (chunk + B - 1) / B + 1) * layers;
+  const int chunk = int(std::min<int64_t>(cfg_.prefill_chunk, s.session->max_chunk()));
+  const size_t reserve = kv_->prefill_reserve(running_.size(), chunk);
   const BlockExchange::Lookup r = exchange_->load(*pool_, s.seq, s.hashes, local, n, reserve, held);
   live_.store_hits += r.hits;
   live_.store_misses += r.looked_up - r.hits;
@@ -497,9 +523,9 @@ void Scheduler::pin_prefix(Slot& s) {
     const auto ids = std::span<const int32_t>(s.seq).subspan(size_t(tb.start), size_t(tb.len));
     const size_t before = pin.held.size();
     if (pool_->hold_block(s.hashes[j], ids, pin.held)) {
-      pin.bytes += (pin.held.size() - before) * pool_->dense().block_bytes();
+      pin.bytes += kv_->held_bytes(pin.held.size() - before, false);
     } else if (kivi && j >= pool_->sink_blocks() && pool_->hold_block(s.hashes[j], ids, pin.held, true)) {
-      pin.bytes += (pin.held.size() - before) * pool_->quant().block_bytes();
+      pin.bytes += kv_->held_bytes(pin.held.size() - before, true);
     } else {
       pool_->release_held(pin.held);  // a block not published (or gone): nothing is pinned
       return;
@@ -527,12 +553,8 @@ bool Scheduler::unpin_oldest() {
 
 bool Scheduler::fits(const std::vector<Slot*>& batch, const std::vector<std::span<const int32_t>>& feeds) const {
   BlocksNeeded sum;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    const BlocksNeeded n = batch[i]->session->cache().blocks_needed(int(feeds[i].size()));
-    sum.dense += n.dense;
-    sum.quant += n.quant;
-  }
-  return sum.dense <= pool_->dense().available() && sum.quant <= pool_->quant().available();
+  for (size_t i = 0; i < batch.size(); ++i) kv_->add_need(batch[i]->session->cache(), int(feeds[i].size()), sum);
+  return kv_->fits(sum);
 }
 
 // Every decoding sequence's next token and the oldest prefilling sequence's next chunk; without
@@ -546,7 +568,7 @@ bool Scheduler::build_batch(std::vector<Slot*>& batch, std::vector<std::span<con
     if (s->remaining() > 1 && chunked) continue;  // one prompt chunk a step
     if (s->session->position() == 0) adopt_at_turn(*s);
     const int64_t pos = s->session->position(), left = s->remaining();
-    const int64_t n = std::min<int64_t>({left, cfg_.prefill_chunk, s->session->max_chunk()});
+    const int64_t n = next_chunk(*s);
     if (left > 1) chunked = true;
     batch.push_back(s.get());
     feeds.emplace_back(s->seq.data() + pos, size_t(n));

@@ -28,6 +28,7 @@
 #include "persist/kv_store.h"
 #include "engine/session.h"
 #include "engine/speculative.h"
+#include "kv/manager.h"
 #include "sample/sampler.h"
 
 namespace ptllm {
@@ -182,6 +183,8 @@ class Scheduler {
   void remember_history(const Slot& s);
   int64_t adoption_grid(const Session& session) const;
   bool exact(const Slot& s, int64_t adopted) const;
+  bool balanced(const Session& session) const;
+  int64_t next_chunk(const Slot& s) const;
   size_t load_from_store(Slot& s, std::vector<int32_t>& held, size_t* local_blocks);
   void save_to_store(Slot& s, bool at_end = false);
   size_t stored_blocks(const Slot& s, size_t adopted);
@@ -204,6 +207,7 @@ class Scheduler {
   Runtime& rt_;
   SchedulerConfig cfg_;
   std::unique_ptr<KVPool> pool_;
+  std::unique_ptr<KVManager> kv_;  // the room the pool has, in its own terms
   std::unique_ptr<BlockExchange> exchange_;  // with a store
   ForwardState state_;  // the batch's activations, reused every step
   std::vector<float> logits_;  // [vocab] a copy the sampler may modify

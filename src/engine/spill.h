@@ -4,7 +4,7 @@
 // its blocks go back to a shared pool; restoring it later continues exactly where it stopped.
 #include <filesystem>
 
-#include "engine/prompt_cache.h"
+#include "persist/cache_file.h"
 
 namespace ptllm {
 

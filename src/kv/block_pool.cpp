@@ -58,6 +58,10 @@ BlockPool::BlockPool(size_t block_bytes, size_t capacity, bool preallocate, int 
     while (n < 2 * capacity) n *= 2;
     buckets_.assign(n, kNone);
     bucket_next_.assign(capacity, kNone);
+    parent_.resize(capacity);
+    has_parent_.assign(capacity, 0);
+    pbuckets_.assign(n, kNone);
+    pbucket_next_.assign(capacity, kNone);
     lru_prev_.assign(capacity, kNone);
     lru_next_.assign(capacity, kNone);
   }
@@ -131,7 +135,13 @@ size_t BlockPool::bucket(const BlockKey& k) const {
   return size_t(h ^ (h >> 29)) & (buckets_.size() - 1);
 }
 
-bool BlockPool::publish(int32_t id, const BlockKey& key, std::span<const int32_t> tokens, Retention cls) {
+size_t BlockPool::pbucket(const BlockHash& parent, int32_t layer) const {
+  const uint64_t h = parent.lo ^ (uint64_t(uint32_t(layer)) * 0x9E3779B97F4A7C15ull);
+  return size_t(h ^ (h >> 31)) & (pbuckets_.size() - 1);
+}
+
+bool BlockPool::publish(int32_t id, const BlockKey& key, std::span<const int32_t> tokens, Retention cls,
+                        const BlockHash* parent) {
   PTLLM_CHECK(tokens_per_block_ > 0 && refs_[size_t(id)] > 0 && tokens.size() <= size_t(tokens_per_block_));
   if (keyed_[size_t(id)]) return false;
   for (int32_t at = buckets_[bucket(key)]; at != kNone; at = bucket_next_[size_t(at)])
@@ -145,7 +155,40 @@ bool BlockPool::publish(int32_t id, const BlockKey& key, std::span<const int32_t
   const size_t b = bucket(key);
   bucket_next_[size_t(id)] = buckets_[b];
   buckets_[b] = id;
+  if (parent) {
+    parent_[size_t(id)] = *parent;
+    has_parent_[size_t(id)] = 1;
+    const size_t pb = pbucket(*parent, key.layer);
+    pbucket_next_[size_t(id)] = pbuckets_[pb];
+    pbuckets_[pb] = id;
+  }
   return true;
+}
+
+int32_t BlockPool::find_child(const BlockHash& parent, int32_t layer, bool quantized, std::span<const int32_t> tokens,
+                              size_t* common) {
+  *common = 0;
+  if (tokens_per_block_ == 0 || tokens.empty()) return kNone;
+  int32_t best = kNone;
+  for (int32_t at = pbuckets_[pbucket(parent, layer)]; at != kNone; at = pbucket_next_[size_t(at)]) {
+    const BlockKey& k = keys_[size_t(at)];
+    if (!(parent_[size_t(at)] == parent) || k.layer != layer || k.quantized != quantized) continue;
+    const int32_t* t = tokens_.data() + size_t(at) * size_t(tokens_per_block_);
+    const size_t n = std::min(tokens.size(), size_t(tokens_per_block_));
+    size_t c = 0;
+    while (c < n && t[c] != -1 && t[c] == tokens[c]) ++c;
+    if (c > *common) {
+      *common = c;
+      best = at;
+    }
+  }
+  if (best == kNone) return kNone;
+  if (refs_[size_t(best)] == 0) {  // revived from the cache
+    lru_remove(best);
+    ++in_use_;
+  }
+  ++refs_[size_t(best)];
+  return best;
 }
 
 int32_t BlockPool::find(const BlockKey& key, std::span<const int32_t> tokens) {
@@ -201,6 +244,16 @@ void BlockPool::unlink_bucket(int32_t id) {
 void BlockPool::forget(int32_t id) {
   unlink_bucket(id);
   keyed_[size_t(id)] = 0;
+  if (has_parent_[size_t(id)]) {
+    int32_t* link = &pbuckets_[pbucket(parent_[size_t(id)], keys_[size_t(id)].layer)];
+    while (*link != id) {
+      PTLLM_CHECK(*link != kNone);
+      link = &pbucket_next_[size_t(*link)];
+    }
+    *link = pbucket_next_[size_t(id)];
+    pbucket_next_[size_t(id)] = kNone;
+    has_parent_[size_t(id)] = 0;
+  }
 }
 
 void BlockPool::lru_push_back(int32_t id) {

@@ -73,14 +73,22 @@ class BlockPool {
   void release(int32_t id);
 
   // Gives a referenced full block its content key and retention class; false (and nothing changes)
-  // when another block already holds the key, or when the block already has one.
+  // when another block already holds the key, or when the block already has one. parent (when given):
+  // the chained key the block's own key was derived from (its predecessor's), under which find_child
+  // finds it.
   bool publish(int32_t id, const BlockKey& key, std::span<const int32_t> tokens,
-               Retention cls = Retention::User);
+               Retention cls = Retention::User, const BlockHash* parent = nullptr);
   // Sets the retention class of a referenced block (it applies once the block is cached).
   void set_retention(int32_t id, Retention cls);
   Retention retention(int32_t id) const { return Retention(class_[size_t(id)]); }
   // The block holding exactly this content, with a reference taken for the caller, or -1.
   int32_t find(const BlockKey& key, std::span<const int32_t> tokens);
+  // Of the blocks published under `parent` for `layer` (in the form `quantized`), the one whose token
+  // ids share the longest prefix with `tokens` (at least one token): a reference taken for the caller
+  // and that prefix's length in *common. -1 when none shares a first token. What a prompt that
+  // diverges inside a block, or goes on past a shorter one, can copy its matching tokens from.
+  int32_t find_child(const BlockHash& parent, int32_t layer, bool quantized, std::span<const int32_t> tokens,
+                     size_t* common);
   // The block's key, or null.
   const BlockKey* key_of(int32_t id) const;
   // The token ids a keyed block was published with (its length: the block's token count).
@@ -131,6 +139,13 @@ class BlockPool {
   std::vector<int32_t> tokens_;       // [capacity][tokens_per_block]
   std::vector<int32_t> buckets_;      // [power of two] first id of the bucket
   std::vector<int32_t> bucket_next_;  // [capacity]
+  // The parent index (find_child): chained buckets by parent key, a block in one when published
+  // with a parent.
+  std::vector<BlockHash> parent_;      // [capacity]
+  std::vector<uint8_t> has_parent_;    // [capacity]
+  std::vector<int32_t> pbuckets_;      // [power of two] first id of the bucket
+  std::vector<int32_t> pbucket_next_;  // [capacity]
+  size_t pbucket(const BlockHash& parent, int32_t layer) const;
   // Cached blocks: per retention class, least recently released first (doubly linked lists through
   // the ids, one per class).
   struct Lru {

@@ -193,8 +193,12 @@ class KVCache {
   void end_step(std::span<const int32_t> history);
   // On an empty cache: takes references to the pool's blocks for the longest prefix of `tokens`
   // whose full blocks all layers hold (at least the last token is left to compute, so that its
-  // logits exist), exactly as computing them here would have left them. Returns the tokens adopted.
-  // accept (when given): the longest prefix whose token count it accepts is taken (or nothing).
+  // logits exist), exactly as computing them here would have left them. Past them, where the prompt
+  // diverges inside a block the pool holds (or goes on past a shorter one a finished sequence left),
+  // the tokens it shares with that block are copied into a fresh block of this sequence (the shared
+  // one is never written), except under a cut-dependent policy (KIVI: see cut_dependent). Returns the
+  // tokens adopted. accept (when given): the longest prefix whose token count it accepts is taken
+  // (or nothing).
   int64_t adopt_prefix(std::span<const int32_t> tokens, const std::function<bool(int64_t)>& accept = {});
   // Blocks appending T tokens (and the policy after them) may take, at most (exact for the
   // full-precision blocks).
@@ -289,6 +293,9 @@ class KVCache {
     bool quantized;
   };
   size_t adoptable_blocks(std::span<const int32_t> tokens, std::vector<Adopted>& got);
+  size_t adopt_partial(std::span<const int32_t> tokens, size_t m, const std::function<bool(int64_t)>& accept,
+                       std::vector<int32_t>& copies);
+  void publish_tail();
   bool adoption_exact(size_t m, const std::vector<Adopted>& got, size_t* to_quantize) const;
 
   KVShape shape_;
@@ -312,6 +319,16 @@ class KVCache {
   int64_t shifted_from_ = -1;
   uint64_t shift_salt_ = 0;
   std::vector<RetentionSpan> retention_;
+  // The token ids of the last, partly filled token block at the last end_step (tail_block_ its
+  // index), published when the sequence lets go of its blocks (clear): a later prompt that goes on
+  // past them copies them (adopt_prefix) instead of computing them.
+  // Only tokens before the first one an append of at most kMatmulSmallRows (kernels/ops.h) computed
+  // go: its rows (a decode step's) may differ in their last bits from a cold prompt's larger batch,
+  // and every later token attended to them. narrow_lo_, narrow_hi_: from that token to the end of
+  // the last such append (empty: none); last_n_: tokens at the last step.
+  std::vector<int32_t> tail_ids_;
+  size_t tail_block_ = 0;
+  int64_t tail_end_ = 0, last_n_ = 0, narrow_lo_ = 0, narrow_hi_ = 0;
   std::vector<Layer> layers_;
   std::vector<int> stored_;  // the layers that store K/V (all but YOCO's KV-shared ones), ascending
   // PositionMode::Cache: [table][delta][head_dim/2], one table per distinct frequency set

@@ -99,6 +99,10 @@ void KVCache::truncate(int64_t n) {
     if ((L.end - L.begin) % B != 0) own_block(L.stream[L.stream.size() - 1].id);
   }
   n_keyed_ = 0;  // the keys are derived again from the history at the next step
+  tail_ids_.clear();
+  last_n_ = n;
+  narrow_hi_ = std::min(narrow_hi_, n);
+  if (narrow_lo_ >= n) narrow_lo_ = narrow_hi_ = 0;  // rewound to before the first narrow append
   canon_ = std::min(canon_, n);
   stepped_ = n;
   if (n <= shifted_from_) shifted_from_ = -1;  // what is left was computed here
@@ -117,6 +121,9 @@ void KVCache::own_block(int32_t& id) {
 }
 
 void KVCache::clear() {
+  publish_tail();
+  tail_ids_.clear();
+  last_n_ = narrow_lo_ = narrow_hi_ = 0;
   n_keyed_ = 0;
   shifted_from_ = -1;
   canon_ = stepped_ = 0;

@@ -1,9 +1,11 @@
 // The shared KV pool and prefix sharing: full blocks published under their content keys after a
 // step, found and adopted by the next sequence whose prompt begins the same way.
 #include "kv/cache_internal.h"
+#include "kernels/ops.h"
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <xxhash.h>
 
@@ -156,10 +158,26 @@ void KVCache::end_step(std::span<const int32_t> history) {
       for (int l : stored_) {
         const Entry e = layers_[size_t(l)].block_of(n_keyed_, n_sink_blocks, cfg_.group_size);
         if (e.id >= 0)
-          (e.quantized ? quant_pool_ : dense_pool_).publish(e.id, {k.lo, k.hi, int32_t(l), e.quantized}, ids, cls);
+          (e.quantized ? quant_pool_ : dense_pool_).publish(e.id, {k.lo, k.hi, int32_t(l), e.quantized}, ids, cls,
+                                                            &parent);
       }
     }
+    // The partly filled block after them, kept for publish_tail: its tokens before the first one a
+    // narrow append computed (those after it attended to its K/V, so they differ as well).
+    tail_ids_.clear();
+    const TokenBlock tb = token_block(n_keyed_);
+    if (n - last_n_ > 0 && n - last_n_ <= kMatmulSmallRows) {
+      if (narrow_hi_ <= narrow_lo_) narrow_lo_ = last_n_;  // the first one
+      narrow_hi_ = n;
+    }
+    const int64_t exact_end = narrow_hi_ > narrow_lo_ ? std::min(n, narrow_lo_) : n;
+    if (publish_to == n && tb.start < exact_end && tb.start + tb.len > n && n_keyed_ >= n_sink_blocks) {
+      tail_ids_.assign(history.begin() + tb.start, history.begin() + exact_end);
+      tail_block_ = n_keyed_;
+      tail_end_ = n;
+    }
   }
+  last_n_ = n;
   for (int l = 0; l < shape_.n_layers; ++l) apply_policy(l);
 }
 
@@ -274,11 +292,19 @@ int64_t KVCache::adopt_prefix(std::span<const int32_t> tokens, const std::functi
     const TokenBlock last = token_block(m - 1);
     return !accept || accept(last.start + last.len);
   };
-  while (m > 0 && !(accepted() && adoption_exact(m, got, &to_quantize))) drop_last();
-  // The policy after adoption quantizes what this sequence would have: room for it, or no adoption.
-  if (to_quantize > quant_pool_.available())
-    while (m > 0) drop_last();
-  if (m == 0) return 0;
+  // The tokens of the next block shared with one the pool holds, copied (adopt_partial): past every
+  // whole block found, where that is accepted (the rest long enough to be computed as a cold prompt
+  // computes it), else past the whole blocks the accepted prefix keeps.
+  std::vector<int32_t> copies;  // the partly shared block m, one copy per storing layer
+  size_t k = adopt_partial(tokens, m, accept, copies);
+  if (k == 0) {
+    while (m > 0 && !(accepted() && adoption_exact(m, got, &to_quantize))) drop_last();
+    // The policy after adoption quantizes what this sequence would have: room for it, or no adoption.
+    if (to_quantize > quant_pool_.available())
+      while (m > 0) drop_last();
+    k = adopt_partial(tokens, m, accept, copies);
+  }
+  if (m == 0 && k == 0) return 0;
   const size_t n_sink_blocks = ceil_div(cfg_.streaming() ? cfg_.sink : 0, cfg_.group_size);
   for (size_t j = 0; j < m && !retention_.empty(); ++j) {  // what they are to this sequence
     const TokenBlock tb = token_block(j);
@@ -296,15 +322,89 @@ int64_t KVCache::adopt_prefix(std::span<const int32_t> tokens, const std::functi
       layer.stream.push_back({a.id, a.quantized});
       if (a.quantized) ++layer.n_quant;
     }
-    const TokenBlock last = token_block(m - 1);
-    const int64_t n = last.start + last.len;
+    if (k > 0) layer.stream.push_back({copies[l], false});
+    const TokenBlock last = token_block(k > 0 ? m : m - 1);
+    const int64_t n = last.start + (k > 0 ? int64_t(k) : last.len);
     layer.n_sink = int(std::min<int64_t>(n, cfg_.streaming() ? cfg_.sink : 0));
     layer.begin = 0;
     layer.end = n - layer.n_sink;
   }
   n_keyed_ = 0;
   canon_ = stepped_ = n_tokens();  // only such blocks are published, from here or from a store
+  last_n_ = n_tokens();  // adopted: not a narrow append of this sequence's
   return n_tokens();
+}
+
+// Past m adopted blocks, the tokens of block m that the prompt shares with a block the pool holds
+// under the same parent (one the prompt diverges inside, or a finished sequence's shorter last block:
+// publish_tail): each storing layer's block is copied into a fresh one of this sequence (copies), as
+// own_block copies before a write, so that the shared block is never written. A token's K/V depend on
+// it and the tokens before it only, so the copy holds what computing them here gives. Not under a
+// cut-dependent policy (KIVI): there a prefix must end on the prefill grid, which no partial block
+// does, and a block the policy quantized holds another group's scales. Returns the tokens copied
+// (0: none, nothing held).
+size_t KVCache::adopt_partial(std::span<const int32_t> tokens, size_t m, const std::function<bool(int64_t)>& accept,
+                              std::vector<int32_t>& copies) {
+  const size_t L = stored_.size();
+  const size_t n_sink_blocks = ceil_div(cfg_.streaming() ? cfg_.sink : 0, cfg_.group_size);
+  if (cut_dependent() || m < n_sink_blocks || m >= pool_->adoptable_limit() || L == 0) return 0;
+  const TokenBlock tb = token_block(m);
+  const int64_t room = std::min<int64_t>(tb.len - 1, int64_t(tokens.size()) - 1 - tb.start);  // a whole one: adopted
+  if (room <= 0) return 0;
+  Key128 parent = root_key(shape_, cfg_);
+  for (size_t j = 0; j < m; ++j) {
+    const TokenBlock b = token_block(j);
+    parent = chain_key(parent, b.start, tokens.subspan(size_t(b.start), size_t(b.len)));
+  }
+  size_t common = 0;
+  const int32_t first =
+      dense_pool_.find_child(parent, stored_[0], false, tokens.subspan(size_t(tb.start), size_t(room)), &common);
+  if (first < 0) return 0;
+  std::vector<int32_t> src{first};
+  const BlockKey key = *dense_pool_.key_of(first);
+  const auto ids = dense_pool_.tokens_of(first);
+  for (size_t l = 1; l < L; ++l) {
+    const int32_t id = dense_pool_.find({key.lo, key.hi, int32_t(stored_[l]), false}, ids);
+    if (id < 0) break;
+    src.push_back(id);
+  }
+  size_t k = src.size() == L ? common : 0;
+  while (k > 0 && accept && !accept(tb.start + int64_t(k))) --k;
+  for (size_t l = 0; k > 0 && l < L; ++l) {
+    const int32_t copy = dense_pool_.acquire();
+    if (copy < 0) {
+      k = 0;
+      break;
+    }
+    std::memcpy(dense_pool_.data(copy), dense_pool_.data(src[l]), size_t(cfg_.group_size) * dense_token_bytes_);
+    copies.push_back(copy);
+  }
+  for (int32_t id : src) dense_pool_.release(id);
+  if (k == 0) {
+    for (int32_t id : copies) dense_pool_.release(id);
+    copies.clear();
+  }
+  return k;
+}
+
+// The last, partly filled block (end_step: tail_ids_) is published under the chain after the blocks
+// before it, as a block shorter than B, before the sequence lets go of it: no sequence writes into it
+// any more, and find_child finds it for a prompt that goes on past its tokens. Exact prefix adoption
+// never takes it (its key covers fewer tokens than a block).
+void KVCache::publish_tail() {
+  if (tail_ids_.empty() || !pool_->keyed() || !shares_pool() || cut_dependent() || shifted_from_ >= 0) return;
+  const TokenBlock tb = token_block(tail_block_);
+  if (n_keyed_ != tail_block_ || n_tokens() != tail_end_) return;
+  const Key128 parent{chain_lo_, chain_hi_};
+  const Key128 k = chain_key(parent, tb.start, tail_ids_);
+  const Retention cls = retention_of(tb.start, tb.start + int64_t(tail_ids_.size()));
+  const size_t n_sink_blocks = ceil_div(cfg_.streaming() ? cfg_.sink : 0, cfg_.group_size);
+  for (int l : stored_) {
+    const Entry e = layers_[size_t(l)].block_of(tail_block_, n_sink_blocks, cfg_.group_size);
+    if (e.id >= 0 && !e.quantized && dense_pool_.refs(e.id) == 1)
+      dense_pool_.publish(e.id, {k.lo, k.hi, int32_t(l), false}, tail_ids_, cls, &parent);
+  }
+  tail_ids_.clear();
 }
 
 }  // namespace ptllm

@@ -1,5 +1,6 @@
-// The prompt-cache file (format in prompt_cache.h) and directory management. Kept apart from the
-// Session side so that the fuzzer builds the reader with nothing but core/, kernels/ and kv/.
+// The prompt-cache file (format in cache_file.h) and directory management. Kept apart from the
+// identity (identity.cpp, which reads the model) so that the fuzzer builds the reader with nothing
+// but core/, kernels/ and kv/.
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -21,7 +22,7 @@
 #include "core/checksum.h"
 #include "core/error.h"
 #include "core/file_io.h"
-#include "engine/prompt_cache.h"
+#include "persist/cache_file.h"
 
 namespace ptllm {
 
