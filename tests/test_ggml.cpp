@@ -689,6 +689,15 @@ TEST(GgmlProductReal, KjvSmallQ4_K_MTensors) {
       for (size_t j = 0; j < got.size(); ++j)
         ASSERT_NEAR(got[j], want[j], bound[j]) << ks[i]->name << " " << name << " (" << ggml_type_info(type).name << ")";
     }
+    if (!ggml_pack_fit(w)) continue;
+    std::vector<uint8_t> packed(ggml_packed_bytes(w));  // the layout the loader makes (ggml_pack)
+    ggml_pack(w, packed.data(), 0, rows / kGgmlPackRows);
+    const WeightMatrix pw = ggml_packed_matrix(type, packed.data(), rows, cols);
+    for (int i = 0; i < nk; ++i) {
+      ks[i]->rows(pw, a, nullptr, got.data(), 0, rows);
+      for (size_t j = 0; j < got.size(); ++j)
+        ASSERT_NEAR(got[j], want[j], bound[j]) << ks[i]->name << " packed " << name;
+    }
   }
 }
 
