@@ -277,25 +277,15 @@ bool ggml_int_kernel(GgmlType t) { return has_int_kernel(t); }
 // ---- Q4_K and Q6_K packed ----------------------------------------------------------------------
 
 namespace {
-// Code of value v (0..255) of a Q4_K block: sub-block v / 32 takes the low (even) or high (odd)
-// nibbles of qs[32 (j / 2) + l].
-uint8_t q4k_code(const uint8_t* blk, int v) {
-  const int j = v / 32, l = v % 32;
-  const uint8_t b = blk[16 + 32 * (j / 2) + l];
-  return j % 2 == 0 ? b & 0xf : b >> 4;
-}
+// Q4_K: value v is sub-block j = v / 32's code l = v % 32, the low (even j) or high (odd j)
+// nibble of qs[32 (j / 2) + l].
 void q4k_set_code(uint8_t* blk, int v, int code) {
   const int j = v / 32, l = v % 32;
   uint8_t& b = blk[16 + 32 * (j / 2) + l];
   b = j % 2 == 0 ? uint8_t((b & 0xf0) | code) : uint8_t((b & 0x0f) | code << 4);
 }
 // Q6_K: value v = 128 h + 32 s + l takes ql[64 h + 32 (s % 2) + l]'s low (s < 2) or high nibble and
-// bits 2s, 2s + 1 of qh[32 h + l] (ggml.cpp's dot_q6k).
-uint8_t q6k_code(const uint8_t* blk, int v) {
-  const int h = v / 128, s = v % 128 / 32, l = v % 32;
-  const uint8_t q = blk[64 * h + 32 * (s % 2) + l];
-  return uint8_t((s < 2 ? q & 0xf : q >> 4) | ((blk[128 + 32 * h + l] >> (2 * s)) & 3) << 4);
-}
+// bits 2s, 2s + 1 of qh[32 h + l] (as dot_q6k above reads them).
 void q6k_set_code(uint8_t* blk, int v, int code) {
   const int h = v / 128, s = v % 128 / 32, l = v % 32;
   uint8_t& q = blk[64 * h + 32 * (s % 2) + l];
@@ -350,22 +340,35 @@ void ggml_pack(const WeightMatrix& w, void* out, int g0, int g1) {
       uint8_t* o = static_cast<uint8_t*>(out) + (size_t(g) * size_t(nb) + size_t(b)) * size_t(bytes);
       for (int i = 0; i < kGgmlPackRows; ++i) {
         const uint8_t* blk = static_cast<const uint8_t*>(w.data) + size_t(16 * g + i) * rb + size_t(b) * size_t(in_bytes);
+        // The block's codes first (one pass over its bytes), then placed.
+        uint8_t codes[256];
         if (six) {
+          for (int h = 0; h < 2; ++h)
+            for (int l = 0; l < 32; ++l) {
+              const uint8_t q0 = blk[64 * h + l], q1 = blk[64 * h + 32 + l], qh = blk[128 + 32 * h + l];
+              codes[128 * h + l] = uint8_t((q0 & 0xf) | (qh & 3) << 4);
+              codes[128 * h + 32 + l] = uint8_t((q1 & 0xf) | ((qh >> 2) & 3) << 4);
+              codes[128 * h + 64 + l] = uint8_t((q0 >> 4) | ((qh >> 4) & 3) << 4);
+              codes[128 * h + 96 + l] = uint8_t((q1 >> 4) | ((qh >> 6) & 3) << 4);
+            }
           std::memcpy(o + 2 * i, blk + 208, 2);
           for (int gs = 0; gs < 16; ++gs) {
             o[32 + 16 * gs + i] = blk[192 + gs];
             uint8_t* c = o + 288 + 192 * gs + 4 * i;
+            const uint8_t* v = codes + 16 * gs;
             for (int k = 0; k < 4; ++k) {
-              const int v = 16 * gs + k;
-              c[k] = uint8_t((q6k_code(blk, v) & 0xf) | (q6k_code(blk, v + 4) & 0xf) << 4);
-              c[64 + k] = uint8_t((q6k_code(blk, v + 8) & 0xf) | (q6k_code(blk, v + 12) & 0xf) << 4);
-              int hb = 0;
-              for (int cc = 0; cc < 4; ++cc) hb |= (q6k_code(blk, v + 4 * cc) >> 4) << (2 * cc);
-              c[128 + k] = uint8_t(hb);
+              c[k] = uint8_t((v[k] & 0xf) | (v[k + 4] & 0xf) << 4);
+              c[64 + k] = uint8_t((v[k + 8] & 0xf) | (v[k + 12] & 0xf) << 4);
+              c[128 + k] = uint8_t(v[k] >> 4 | (v[k + 4] >> 4) << 2 | (v[k + 8] >> 4) << 4 | (v[k + 12] >> 4) << 6);
             }
           }
           continue;
         }
+        for (int j = 0; j < 8; ++j)
+          for (int l = 0; l < 32; ++l) {
+            const uint8_t q = blk[16 + 32 * (j / 2) + l];
+            codes[32 * j + l] = j % 2 == 0 ? q & 0xf : q >> 4;
+          }
         std::memcpy(o + 2 * i, blk, 2);
         std::memcpy(o + 32 + 2 * i, blk + 2, 2);
         for (int j = 0; j < 8; ++j) {
@@ -374,10 +377,11 @@ void ggml_pack(const WeightMatrix& w, void* out, int g0, int g1) {
           o[192 + 32 * (j / 2) + 2 * i + j % 2] = sm.min;
         }
         for (int j = 0; j < 8; ++j)
-          for (int c = 0; c < 4; ++c)
-            for (int k = 0; k < 4; ++k)
-              o[320 + 256 * j + 64 * c + 4 * i + k] =
-                  uint8_t(q4k_code(blk, 32 * j + 8 * c + k) | q4k_code(blk, 32 * j + 8 * c + 4 + k) << 4);
+          for (int c = 0; c < 4; ++c) {
+            const uint8_t* v = codes + 32 * j + 8 * c;
+            uint8_t* dst = o + 320 + 256 * j + 64 * c + 4 * i;
+            for (int k = 0; k < 4; ++k) dst[k] = uint8_t(v[k] | v[k + 4] << 4);
+          }
       }
     }
 }
