@@ -353,6 +353,7 @@ void Model::pack_panels() {
       ggml_bytes_.emplace_back(static_cast<uint8_t*>(p));
       pool->parallel_for(size_t(w->rows / kGgmlPackRows),
                         [&](size_t b, size_t e) { ggml_pack(*w, p, int(b), int(e)); });
+      if (gguf_) gguf_->release(w->data, w->nbytes());  // the file's blocks are not read again
       *w = ggml_packed_matrix(w->ggml, p, w->rows, w->cols);
     }
     if (tied && !todo.empty() && todo.back() == &lm_head_) embed_ = lm_head_;
@@ -372,9 +373,9 @@ void Model::pack_panels() {
     panel_bytes_.emplace_back(static_cast<uint8_t*>(p));
     ptllm::pack_panels(*w, p, pool);
     // The file's pages of the matrix are not read again: dropped from this process's memory (a
-    // later read, by a quantizer, maps them in again). Safetensors only: a GGUF file's mapping
-    // (files_ is empty then) keeps its pages.
+    // later read, by a quantizer, maps them in again).
     for (const auto& f : files_.files()) f->release(w->data, n);
+    if (gguf_) gguf_->release(w->data, n);
     *w = panels_matrix(p, w->rows, w->cols);
   }
   if (tied) embed_ = lm_head_;
