@@ -552,7 +552,7 @@ TEST_P(GgmlProduct, RowsAboveTheSmallBatchDoNotDependOnTheBatch) {
   for (int i = 0; i < nk; ++i) {
     std::vector<float> all(size_t(T) * size_t(c.rows));
     ks[i]->rows(w, GgmlActs{T, c.cols, block, q.data(), d.data(), sums.data()}, bias.data(), all.data(), 0, c.rows);
-    for (auto [t0, n] : {std::pair{0, 17}, {3, 19}, {5, 40}, {27, 18}}) {
+    for (auto [t0, n] : {std::pair{0, kMatmulSmallRows + 1}, {3, 19}, {5, 40}, {26, 19}}) {
       const GgmlActs a{n, c.cols, block, q.data() + size_t(t0) * size_t(c.cols),
                        d.data() + size_t(t0) * size_t(c.cols / block), sums.data() + size_t(t0) * size_t(c.cols / 16)};
       std::vector<float> part(size_t(n) * size_t(c.rows), NAN);
@@ -771,7 +771,145 @@ TEST(GgmlProductReal, KjvSmallQ4_K_MTensors) {
       for (size_t j = 0; j < got.size(); ++j)
         ASSERT_NEAR(got[j], want[j], bound[j]) << ks[i]->name << " " << name << " (" << ggml_type_info(type).name << ")";
     }
+    if (!ggml_pack_fit(w)) continue;
+    std::vector<uint8_t> packed(ggml_packed_bytes(w));  // the layout the loader makes (ggml_pack)
+    ggml_pack(w, packed.data(), 0, rows / kGgmlPackRows);
+    const WeightMatrix pw = ggml_packed_matrix(type, packed.data(), rows, cols);
+    for (int i = 0; i < nk; ++i) {
+      ks[i]->rows(pw, a, nullptr, got.data(), 0, rows);
+      for (size_t j = 0; j < got.size(); ++j)
+        ASSERT_NEAR(got[j], want[j], bound[j]) << ks[i]->name << " packed " << name;
+    }
   }
+}
+
+// ---- Q4_K and Q6_K packed in 16-row groups (ggml.h, ggml_pack) ---------------------------------
+
+// A packed copy of a row-major Q4_K matrix, with its bytes.
+struct Packed {
+  std::vector<uint8_t> bytes;
+  WeightMatrix w;
+  explicit Packed(const WeightMatrix& src) : bytes(ggml_packed_bytes(src)) {
+    const int groups = src.rows / kGgmlPackRows;
+    ggml_pack(src, bytes.data(), 0, groups / 2);  // in two calls, as the loader's threads do
+    ggml_pack(src, bytes.data(), groups / 2, groups);
+    w = ggml_packed_matrix(src.ggml, bytes.data(), src.rows, src.cols);
+  }
+};
+
+// Every row comes back as the file's bytes (Q4_K's 6-bit scale packing, Q6_K's ql/qh split
+// included), on raw random blocks (every bit pattern) and quantizer output; packed Q4_K is 4 bytes a
+// block larger, Q6_K the same size.
+TEST(GgmlPack, RowsRoundTripBitForBit) {
+  for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q6_K})
+    for (bool raw : {true, false}) {
+      const int rows = 48, cols = 768;
+      const auto blocks = random_matrix(type, rows, cols, raw, 7);
+      const WeightMatrix w = ggml_matrix(type, blocks.data(), rows, cols);
+      ASSERT_TRUE(ggml_pack_fit(w));
+      const Packed p(w);
+      EXPECT_EQ(p.bytes.size(), size_t(rows) * (cols / 256) * (type == GgmlType::Q4_K ? 148u : 210u));
+      EXPECT_EQ(p.w.nbytes(), p.bytes.size());
+      EXPECT_FALSE(ggml_pack_fit(p.w));  // packed once
+      std::vector<uint8_t> row(w.row_bytes());
+      std::vector<float> a(static_cast<size_t>(cols)), b(static_cast<size_t>(cols));
+      for (int r = 0; r < rows; ++r) {
+        ggml_unpack_row(p.w, r, row.data());
+        ASSERT_EQ(0, std::memcmp(row.data(), blocks.data() + size_t(r) * w.row_bytes(), row.size()))
+            << ggml_type_info(type).name << " row " << r;
+        ggml_dequant_row(w, r, a.data());
+        ggml_dequant_row(p.w, r, b.data());
+        ASSERT_EQ(a, b) << ggml_type_info(type).name << " row " << r;
+      }
+    }
+  // Only Q4_K and Q6_K matrices of whole groups.
+  const auto q5 = random_matrix(GgmlType::Q5_K, 16, 256, true, 1);
+  EXPECT_FALSE(ggml_pack_fit(ggml_matrix(GgmlType::Q5_K, q5.data(), 16, 256)));
+  const auto q4 = random_matrix(GgmlType::Q4_K, 24, 256, true, 1);
+  EXPECT_FALSE(ggml_pack_fit(ggml_matrix(GgmlType::Q4_K, q4.data(), 24, 256)));
+}
+
+// Every variant's product over the packed copy against the scalar twin over the file's rows, for
+// T = 1..9 (every count of x rows a group takes at once, and more) and ranges ending mid-group.
+TEST(GgmlPack, EveryVariantMatchesTheScalarTwin) {
+  std::mt19937 rng(19);
+  std::normal_distribution<float> g(0.f, 1.f);
+  int nk = 0;
+  const GgmlKernel* const* ks = ggml_kernels(&nk);
+  for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q6_K})
+  for (bool raw : {false, true}) {
+    const int rows = 64, cols = 1024;
+    const auto blocks = random_matrix(type, rows, cols, raw, 3);
+    const WeightMatrix w = ggml_matrix(type, blocks.data(), rows, cols);
+    const Packed p(w);
+    std::vector<float> bias(static_cast<size_t>(rows));
+    for (auto& v : bias) v = g(rng);
+    for (int T = 1; T <= 9; ++T) {
+      std::vector<float> x(size_t(T) * size_t(cols));
+      for (auto& v : x) v = g(rng);
+      std::vector<int8_t> q(x.size());
+      std::vector<float> d(size_t(T) * size_t(cols / 256));
+      std::vector<int16_t> sums(size_t(T) * size_t(cols / 16));
+      ggml_quantize_acts(x.data(), cols, 256, 0, T, q.data(), d.data(), sums.data());
+      const GgmlActs a{T, cols, 256, q.data(), d.data(), sums.data()};
+      std::vector<float> want(size_t(T) * size_t(rows)), got(want.size()), mag(want.size());
+      ks[0]->rows(w, a, bias.data(), want.data(), 0, rows);
+      std::vector<float> row(static_cast<size_t>(cols));
+      for (int r = 0; r < rows; ++r) {
+        ggml_dequant_row(w, r, row.data());
+        for (int t = 0; t < T; ++t) {
+          double m = 0;
+          for (int k = 0; k < cols; ++k) m += std::fabs(double(row[size_t(k)]) * x[size_t(t) * size_t(cols) + size_t(k)]);
+          mag[size_t(t) * size_t(rows) + size_t(r)] = float(m);
+        }
+      }
+      for (int i = 0; i < nk; ++i) {
+        std::fill(got.begin(), got.end(), NAN);
+        ks[i]->rows(p.w, a, bias.data(), got.data(), 0, 21);  // ends mid-group
+        ks[i]->rows(p.w, a, bias.data(), got.data(), 21, 40);
+        ks[i]->rows(p.w, a, bias.data(), got.data(), 40, rows);
+        for (size_t j = 0; j < got.size(); ++j)
+          ASSERT_NEAR(got[j], want[j], 1e-5f * mag[j] + 1e-5f)
+              << ks[i]->name << " " << ggml_type_info(type).name << (raw ? " raw" : "") << " T " << T << " at " << j;
+      }
+    }
+  }
+}
+
+// matmul over the packed copy under every SIMD target: the row-major product's values, and a row of
+// x gets the same bits alone as in a batch.
+TEST(GgmlPack, MatmulUnderEverySimdTarget) {
+  struct NoAmx {
+    NoAmx() { set_amx_enabled(false); }
+    ~NoAmx() { set_amx_enabled(true); }
+  } no_amx;
+  std::mt19937 rng(23);
+  std::normal_distribution<float> g(0.f, 1.f);
+  const int rows = 80, cols = 512;
+  ThreadPool pool(3);
+  const SimdTarget saved = active_simd_target();
+  for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q6_K})
+  for (int T : {1, 6, 17}) {
+    const auto blocks = random_matrix(type, rows, cols, false, 29);
+    const WeightMatrix w = ggml_matrix(type, blocks.data(), rows, cols);
+    const Packed p(w);
+    std::vector<float> x(size_t(T) * size_t(cols));
+    for (auto& v : x) v = g(rng);
+    std::vector<float> want(size_t(T) * size_t(rows)), got(want.size()), one(static_cast<size_t>(rows));
+    for (SimdTarget s : available_simd_targets()) {
+      set_simd_target(s);
+      matmul(x.data(), T, w, nullptr, want.data(), pool);
+      std::fill(got.begin(), got.end(), NAN);
+      matmul(x.data(), T, p.w, nullptr, got.data(), pool);
+      for (size_t j = 0; j < got.size(); ++j)
+        ASSERT_NEAR(got[j], want[j], 1e-4f * (1.f + std::fabs(want[j])))
+            << simd_target_name(s) << " (" << ggml_active_kernel().name << ") T " << T << " at " << j;
+      matmul(x.data() + size_t(T - 1) * size_t(cols), 1, p.w, nullptr, one.data(), pool);
+      for (int r = 0; r < rows; ++r)
+        ASSERT_EQ(one[size_t(r)], got[size_t(T - 1) * size_t(rows) + size_t(r)]) << simd_target_name(s) << " T " << T;
+    }
+  }
+  set_simd_target(saved);
 }
 
 // Q2_K and Q3_K have no integer kernels: the generic product, still equal to the float reference.

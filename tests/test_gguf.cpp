@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <span>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -17,6 +18,7 @@
 #include "engine/session.h"
 #include "kernels/ggml.h"
 #include "kernels/ops.h"
+#include "kernels/simd.h"
 #include "model/gguf.h"
 #include "model/gguf_mix.h"
 #include "model/gguf_model.h"
@@ -841,6 +843,57 @@ TEST(GgufPromptCache, KeyCoversTheFile) {
   auto dir_model = Model::load(test::repo_model("kjv-tiny"));
   EXPECT_NE(prompt_cache_identity(*dir_model, Tokenizer::load(test::repo_model("kjv-tiny")), kv).config_key,
             ia.config_key);
+}
+
+}  // namespace
+}  // namespace ptllm
+
+namespace ptllm {
+namespace {
+
+// A Q4_K_M file loaded with its Q4_K and Q6_K matrices repacked (kernels/ggml.h, ggml_pack) and in
+// the file's layout answers alike: the integer sums are the same, only the float order of adding
+// blocks differs. The activations are rounded to int8 per block, so a float difference can flip a
+// code and moves the logits further than float noise; the yardstick is another float order of the
+// same layout (the AVX2 kernels against the AVX-512 ones), and a wrong row would be far outside it.
+TEST(GgufPackedModel, AnswersAsTheFilesLayout) {
+  const fs::path path = test::shared_model("gguf") / "kjv-small-Q4_K_M.gguf";
+  if (!fs::exists(path)) GTEST_SKIP() << "no " << path;
+  if (!ggml_pack_wanted()) GTEST_SKIP() << "this CPU's kernels read the file's layout (no AVX-512 VNNI)";
+  ThreadPool pool(2);
+  const auto packed = Model::load(path);
+  set_ggml_pack_enabled(false);
+  const auto plain = Model::load(path);
+  set_ggml_pack_enabled(true);
+  EXPECT_GT(packed->ggml_packed_matrices(), 0u);
+  EXPECT_EQ(plain->ggml_packed_matrices(), 0u);
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int32_t> id(3, packed->config().vocab_size - 1);
+  std::vector<int32_t> prompt(40);
+  for (auto& t : prompt) t = id(rng);
+  const SimdTarget saved = active_simd_target();
+  Session a(*packed, f32_opts(), pool), b(*plain, f32_opts(), pool), c(*plain, f32_opts(), pool);
+  const auto worst = [](std::span<const float> x, std::span<const float> y) {
+    double w = 0;
+    for (size_t v = 0; v < x.size(); ++v) w = std::max(w, double(std::fabs(x[v] - y[v])));
+    return w;
+  };
+  double packed_worst = 0, other_worst = 0;
+  for (int step = 0; step < 12; ++step) {
+    const auto sa = a.feed(prompt);
+    std::vector<float> la(sa.begin(), sa.end());
+    const auto sb = b.feed(prompt);
+    std::vector<float> lb(sb.begin(), sb.end());
+    set_simd_target(SimdTarget::AVX2);
+    const auto sc = c.feed(prompt);
+    set_simd_target(saved);
+    packed_worst = std::max(packed_worst, worst(la, lb));
+    other_worst = std::max(other_worst, worst(sc, lb));
+    prompt.assign(1, int32_t(std::max_element(lb.begin(), lb.end()) - lb.begin()));  // all three follow one path
+  }
+  EXPECT_GT(packed_worst, 0.0) << "the same bits: were both layouts used?";
+  EXPECT_GT(other_worst, 0.0) << "the same bits under AVX2: was another kernel used?";
+  EXPECT_LT(packed_worst, 2 * other_worst + 1e-3) << "another float order moved the logits by " << other_worst;
 }
 
 }  // namespace

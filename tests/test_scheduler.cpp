@@ -254,12 +254,13 @@ TEST_F(SchedulerTest, RepeatedPromptReportsCachedTokens) {
   Pending second = submit(sch, p, greedy(12));
   const RequestResult r2 = wait(second);
   EXPECT_EQ(r1.cached_tokens, 0);
-  // Two full blocks of 32 and 19 tokens of the third, copied: more would leave 16 tokens or fewer to
-  // compute, which a batch matmul computes another way than the cold prompt's last chunk of 36
-  // (adoption_is_exact); the rest is computed.
-  EXPECT_EQ(r2.cached_tokens, 83);
+  // Two full blocks of 32 and 18 tokens of the third, copied: more would leave kMatmulSmallRows (17)
+  // tokens or fewer to compute, which a batch matmul computes another way than the cold prompt's last
+  // chunk of 36 (adoption_is_exact); the rest is computed.
+  static_assert(kMatmulSmallRows == 17);
+  EXPECT_EQ(r2.cached_tokens, 100 - (kMatmulSmallRows + 1));
   EXPECT_EQ(r2.tokens, r1.tokens);
-  EXPECT_EQ(sch.stats().cached_tokens, 83u);
+  EXPECT_EQ(sch.stats().cached_tokens, 82u);
 }
 
 // Exact reuse goes up to the first differing token, as llama-server's does: a prompt diverging inside

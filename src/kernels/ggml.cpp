@@ -5,6 +5,9 @@
 #include "kernels/ggml.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <string_view>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -140,10 +143,18 @@ float dot_q6k(const uint8_t* row, int nb, const int8_t* q, const float* d8, cons
 }
 
 void scalar_rows(const WeightMatrix& w, const GgmlActs& a, const float* bias, float* y, int r0, int r1) {
-  const int nb = w.cols / ggml_type_info(w.ggml).block_elems;
+  const GgmlTypeInfo info = ggml_type_info(w.ggml);
+  const int nb = w.cols / info.block_elems;
   const int nd = a.K / a.block;
+  std::vector<uint8_t> unpacked(w.ggml_pack ? size_t(nb) * size_t(info.block_bytes) : 0);
   for (int r = r0; r < r1; ++r) {
-    const auto* row = static_cast<const uint8_t*>(w.data) + size_t(r) * w.row_bytes();
+    const uint8_t* row;
+    if (w.ggml_pack) {
+      ggml_unpack_row(w, r, unpacked.data());
+      row = unpacked.data();
+    } else {
+      row = static_cast<const uint8_t*>(w.data) + size_t(r) * w.row_bytes();
+    }
     for (int t = 0; t < a.T; ++t) {
       const int8_t* q = a.q + size_t(t) * size_t(a.K);
       const float* d8 = a.d + size_t(t) * size_t(nd);
@@ -269,6 +280,165 @@ GgmlRowsFn ggml_panel_rows(GgmlType t) {
 }
 
 bool ggml_int_kernel(GgmlType t) { return has_int_kernel(t); }
+
+// ---- Q4_K and Q6_K packed ----------------------------------------------------------------------
+
+namespace {
+// Q4_K: value v is sub-block j = v / 32's code l = v % 32, the low (even j) or high (odd j)
+// nibble of qs[32 (j / 2) + l].
+void q4k_set_code(uint8_t* blk, int v, int code) {
+  const int j = v / 32, l = v % 32;
+  uint8_t& b = blk[16 + 32 * (j / 2) + l];
+  b = j % 2 == 0 ? uint8_t((b & 0xf0) | code) : uint8_t((b & 0x0f) | code << 4);
+}
+// Q6_K: value v = 128 h + 32 s + l takes ql[64 h + 32 (s % 2) + l]'s low (s < 2) or high nibble and
+// bits 2s, 2s + 1 of qh[32 h + l] (as dot_q6k above reads them).
+void q6k_set_code(uint8_t* blk, int v, int code) {
+  const int h = v / 128, s = v % 128 / 32, l = v % 32;
+  uint8_t& q = blk[64 * h + 32 * (s % 2) + l];
+  q = s < 2 ? uint8_t((q & 0xf0) | (code & 0xf)) : uint8_t((q & 0x0f) | (code & 0xf) << 4);
+  uint8_t& hb = blk[128 + 32 * h + l];
+  hb = uint8_t((hb & ~(3 << (2 * s))) | (code >> 4) << (2 * s));
+}
+std::atomic<bool>& ggml_pack_flag() {
+  static std::atomic<bool> on{[] {
+    const char* e = std::getenv("PTLLM_NO_GGML_PACK");
+    return !(e && *e && std::string_view(e) != "0");
+  }()};
+  return on;
+}
+const uint8_t* packed_block(const WeightMatrix& w, int g, int b) {
+  return static_cast<const uint8_t*>(w.data) +
+         (size_t(g) * size_t(w.cols / 256) + size_t(b)) * size_t(ggml_pack_block_bytes(w.ggml));
+}
+}  // namespace
+
+int ggml_pack_block_bytes(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_K: return kGgmlPackRows * (144 + 4);
+    case GgmlType::Q6_K: return kGgmlPackRows * 210;
+    default: return 0;
+  }
+}
+
+bool ggml_pack_fit(const WeightMatrix& w) {
+  return w.format == WeightFormat::Ggml && ggml_pack_block_bytes(w.ggml) > 0 && !w.ggml_pack && w.rows > 0 &&
+         w.rows % kGgmlPackRows == 0 && w.cols > 0 && w.cols % 256 == 0;
+}
+
+bool ggml_pack_wanted() {
+  return ggml_pack_flag() && active_simd_target() == SimdTarget::AVX512 && cpu_has_vnni() &&
+         detail::ggml_avx512vnni_kernel() != nullptr;
+}
+
+void set_ggml_pack_enabled(bool on) { ggml_pack_flag() = on; }
+
+size_t ggml_packed_bytes(const WeightMatrix& w) {
+  return size_t(w.rows / kGgmlPackRows) * size_t(w.cols / 256) * size_t(ggml_pack_block_bytes(w.ggml));
+}
+
+void ggml_pack(const WeightMatrix& w, void* out, int g0, int g1) {
+  PTLLM_CHECK(ggml_pack_fit(w) && g0 >= 0 && g1 <= w.rows / kGgmlPackRows);
+  const int nb = w.cols / 256, bytes = ggml_pack_block_bytes(w.ggml), in_bytes = ggml_type_info(w.ggml).block_bytes;
+  const size_t rb = w.row_bytes();
+  const bool six = w.ggml == GgmlType::Q6_K;
+  for (int g = g0; g < g1; ++g)
+    for (int b = 0; b < nb; ++b) {
+      uint8_t* o = static_cast<uint8_t*>(out) + (size_t(g) * size_t(nb) + size_t(b)) * size_t(bytes);
+      for (int i = 0; i < kGgmlPackRows; ++i) {
+        const uint8_t* blk = static_cast<const uint8_t*>(w.data) + size_t(16 * g + i) * rb + size_t(b) * size_t(in_bytes);
+        // The block's codes first (one pass over its bytes), then placed.
+        uint8_t codes[256];
+        if (six) {
+          for (int h = 0; h < 2; ++h)
+            for (int l = 0; l < 32; ++l) {
+              const uint8_t q0 = blk[64 * h + l], q1 = blk[64 * h + 32 + l], qh = blk[128 + 32 * h + l];
+              codes[128 * h + l] = uint8_t((q0 & 0xf) | (qh & 3) << 4);
+              codes[128 * h + 32 + l] = uint8_t((q1 & 0xf) | ((qh >> 2) & 3) << 4);
+              codes[128 * h + 64 + l] = uint8_t((q0 >> 4) | ((qh >> 4) & 3) << 4);
+              codes[128 * h + 96 + l] = uint8_t((q1 >> 4) | ((qh >> 6) & 3) << 4);
+            }
+          std::memcpy(o + 2 * i, blk + 208, 2);
+          for (int gs = 0; gs < 16; ++gs) {
+            o[32 + 16 * gs + i] = blk[192 + gs];
+            uint8_t* c = o + 288 + 192 * gs + 4 * i;
+            const uint8_t* v = codes + 16 * gs;
+            for (int k = 0; k < 4; ++k) {
+              c[k] = uint8_t((v[k] & 0xf) | (v[k + 4] & 0xf) << 4);
+              c[64 + k] = uint8_t((v[k + 8] & 0xf) | (v[k + 12] & 0xf) << 4);
+              c[128 + k] = uint8_t(v[k] >> 4 | (v[k + 4] >> 4) << 2 | (v[k + 8] >> 4) << 4 | (v[k + 12] >> 4) << 6);
+            }
+          }
+          continue;
+        }
+        for (int j = 0; j < 8; ++j)
+          for (int l = 0; l < 32; ++l) {
+            const uint8_t q = blk[16 + 32 * (j / 2) + l];
+            codes[32 * j + l] = j % 2 == 0 ? q & 0xf : q >> 4;
+          }
+        std::memcpy(o + 2 * i, blk, 2);
+        std::memcpy(o + 32 + 2 * i, blk + 2, 2);
+        for (int j = 0; j < 8; ++j) {
+          const GgmlScaleMin sm = ggml_k_scale_min(blk + 4, j);
+          o[64 + 16 * j + i] = sm.scale;
+          o[192 + 32 * (j / 2) + 2 * i + j % 2] = sm.min;
+        }
+        for (int j = 0; j < 8; ++j)
+          for (int c = 0; c < 4; ++c) {
+            const uint8_t* v = codes + 32 * j + 8 * c;
+            uint8_t* dst = o + 320 + 256 * j + 64 * c + 4 * i;
+            for (int k = 0; k < 4; ++k) dst[k] = uint8_t(v[k] | v[k + 4] << 4);
+          }
+      }
+    }
+}
+
+WeightMatrix ggml_packed_matrix(GgmlType t, const void* data, int rows, int cols) {
+  WeightMatrix w = ggml_matrix(t, data, rows, cols);
+  PTLLM_CHECK(ggml_pack_block_bytes(t) > 0 && rows % kGgmlPackRows == 0 && cols % 256 == 0);
+  w.ggml_pack = kGgmlPackRows;
+  return w;
+}
+
+void ggml_unpack_row(const WeightMatrix& w, int r, uint8_t* blocks) {
+  PTLLM_CHECK(w.ggml_pack == kGgmlPackRows && ggml_pack_block_bytes(w.ggml) > 0 && r >= 0 && r < w.rows);
+  const int nb = w.cols / 256, g = r / kGgmlPackRows, i = r % kGgmlPackRows;
+  const int out_bytes = ggml_type_info(w.ggml).block_bytes;
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* o = packed_block(w, g, b);
+    uint8_t* blk = blocks + size_t(b) * size_t(out_bytes);
+    if (w.ggml == GgmlType::Q6_K) {
+      std::memcpy(blk + 208, o + 2 * i, 2);
+      for (int gs = 0; gs < 16; ++gs) {
+        blk[192 + gs] = o[32 + 16 * gs + i];
+        const uint8_t* c = o + 288 + 192 * gs + 4 * i;
+        for (int k = 0; k < 4; ++k)
+          for (int cc = 0; cc < 4; ++cc) {
+            const uint8_t nib = c[64 * (cc / 2) + k];
+            const int low = cc % 2 == 0 ? nib & 0xf : nib >> 4;
+            q6k_set_code(blk, 16 * gs + 4 * cc + k, low | ((c[128 + k] >> (2 * cc)) & 3) << 4);
+          }
+      }
+      continue;
+    }
+    std::memcpy(blk, o + 2 * i, 2);
+    std::memcpy(blk + 2, o + 32 + 2 * i, 2);
+    uint8_t sc[8], mn[8];
+    for (int j = 0; j < 8; ++j) sc[j] = o[64 + 16 * j + i], mn[j] = o[192 + 32 * (j / 2) + 2 * i + j % 2];
+    uint8_t* s12 = blk + 4;  // the packing ggml_k_scale_min reads (ggml.h)
+    for (int j = 0; j < 4; ++j) {
+      s12[j] = uint8_t((sc[j] & 0x3f) | (sc[j + 4] >> 4) << 6);
+      s12[j + 4] = uint8_t((mn[j] & 0x3f) | (mn[j + 4] >> 4) << 6);
+      s12[j + 8] = uint8_t((sc[j + 4] & 0xf) | (mn[j + 4] & 0xf) << 4);
+    }
+    for (int j = 0; j < 8; ++j)
+      for (int c = 0; c < 4; ++c)
+        for (int k = 0; k < 8; ++k) {
+          const uint8_t byte = o[320 + 256 * j + 64 * c + 4 * i + k % 4];
+          q4k_set_code(blk, 32 * j + 8 * c + k, k < 4 ? byte & 0xf : byte >> 4);
+        }
+  }
+}
 
 void ggml_matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool) {
   if (!ggml_supported(w.ggml))

@@ -45,6 +45,42 @@ struct GgmlScaleMin {
 };
 GgmlScaleMin ggml_k_scale_min(const uint8_t* scales12, int j);
 
+// ---- Q4_K and Q6_K repacked at load time ---------------------------------------------------------
+// The products stream a K-quant matrix faster as one sequential run of 16-row groups (the idea of
+// llama.cpp's interleaved "repack" buffers; this layout is our own). For each group and each
+// 256-value block, ggml_pack_block_bytes(type) bytes; i is the row in the group:
+// Q4_K (2368 bytes: 4 more a row than the file, the scales unpacked to a byte each)
+//   [0, 32)      the 16 rows' d (f16),  [32, 64) their dmin (f16)
+//   [64, 192)    scale j of row i at 64 + 16 j + i (0..63)
+//   [192, 320)   min j of row i at 192 + 32 (j / 2) + 2 i + j % 2 (pairs for 16-bit products)
+//   [320, 2368)  byte 320 + 256 j + 64 c + 4 i + k: the code of value 32 j + 8 c + k in its low
+//                nibble, of value 32 j + 8 c + 4 + k in its high one
+// Q6_K (3360 bytes, the file's size)
+//   [0, 32)      d (f16);  [32, 288) scale g (of values 16 g ..) of row i at 32 + 16 g + i (int8)
+//   [288, 3360)  per g, 192 bytes from 288 + 192 g: bytes 4 i + k of the first 64 hold the low four
+//                bits of the codes of values 16 g + k (low nibble) and 16 g + 4 + k (high), of the
+//                next 64 those of 16 g + 8 + k and 16 g + 12 + k; byte 4 i + k of the last 64 holds
+//                the top two bits of value 16 g + 4 c + k at bits 2c, 2c + 1
+// so one 64-byte load gives 16 rows x 4 values (twice or four times over), against 4 bytes of x
+// broadcast (vpdpbusd with the 16 outputs in the lanes: no horizontal sums). A row's integer sums
+// are those of the file's blocks, so the products equal the row-major ones up to float rounding.
+inline constexpr int kGgmlPackRows = 16;
+int ggml_pack_block_bytes(GgmlType t);  // 0: a type that is not packed
+// Whether w (row-major) can be packed: Q4_K or Q6_K, rows a multiple of kGgmlPackRows.
+bool ggml_pack_fit(const WeightMatrix& w);
+// Whether this process wants such matrices packed: the active kernels have the packed products
+// (AVX-512 VNNI) and neither PTLLM_NO_GGML_PACK=1 nor set_ggml_pack_enabled(false) says otherwise.
+// Other targets still compute packed matrices (a row at a time, slowly), so tests can switch.
+bool ggml_pack_wanted();
+void set_ggml_pack_enabled(bool on);
+size_t ggml_packed_bytes(const WeightMatrix& w);
+// Groups [g0, g1) of w (row-major) into out (ggml_packed_bytes(w) bytes for all of them).
+void ggml_pack(const WeightMatrix& w, void* out, int g0, int g1);
+// The packed matrix over `data`.
+WeightMatrix ggml_packed_matrix(GgmlType t, const void* data, int rows, int cols);
+// Row r of a packed matrix as the file's blocks (bit for bit those ggml_pack read).
+void ggml_unpack_row(const WeightMatrix& w, int r, uint8_t* blocks);
+
 // ---- the products' pieces, for the kernels and their tests ------------------------------------
 
 // x quantized for the products: T rows of K int8 codes, one float scale per `block` codes (32 or
@@ -80,9 +116,9 @@ const GgmlKernel* const* ggml_kernels(int* n);
 // The variant ggml_matmul uses under the active SIMD target (kernels/simd.h).
 const GgmlKernel& ggml_active_kernel();
 
-// The panel products of the active variant for weights of type t, one row of x included: Q4_0 and
-// Q8_0 under AVX-512 (Q4_0 alone without VNNI), where GgmlKernel::rows takes them from two rows. A
-// row's result is the same bits for any T. Null where the variant has none for t.
+// The panel product of the active variant for weights of type t, one row of x included: Q4_0 under
+// AVX-512, which GgmlKernel::rows takes for every T (Q8_0's only above kMatmulSmallRows rows, ops.h).
+// A row's result is the same bits for any T. Null where the variant has none for t.
 using GgmlRowsFn = void (*)(const WeightMatrix& w, const GgmlActs& a, const float* bias, float* y, int r0, int r1);
 GgmlRowsFn ggml_panel_rows(GgmlType t);
 

@@ -49,11 +49,12 @@ void for_each_share(std::span<const MatmulOutput> outs, int rows_per_group, size
     first += n;
   }
 }
-// The most rows any weight format's matmul takes the matrix-vector path for (BF16's: ops.cpp). A row
-// computed in a batch of at most this many rows may differ in its last bits from the same row in a
-// larger batch; above it a row's result does not depend on the batch (a prefix adopted instead of
+// The most rows any weight format's matmul takes the matrix-vector path for (BF16's: ops.cpp; Q8_0's:
+// ggml_tiled_impl.h): a speculative verification of 16 drafts and the token before them. Up to it a
+// row's result is the same as alone; it may differ in its last bits from the same row in a larger
+// batch, above which a row's result does not depend on the batch (a prefix adopted instead of
 // computed must leave the prompt's last append on the same side: engine/session.h adoption_is_exact).
-inline constexpr int kMatmulSmallRows = 16;
+inline constexpr int kMatmulSmallRows = 17;
 // Scalar reference twin of matmul (one thread, plain loops, double accumulation), for tests.
 void matmul_ref(const float* x, int T, const WeightMatrix& w, const float* bias, float* y);
 

@@ -47,6 +47,9 @@ struct WeightMatrix {
   const void* biases = nullptr;  // [rows][cols / group_size]
   // Ggml
   GgmlType ggml = GgmlType::F32;
+  // 0: the file's row-major blocks; kGgmlPackRows (kernels/ggml.h): a load-time copy with that many
+  // rows interleaved per block (ggml_pack). row_bytes() is then a row's share of the copy.
+  uint8_t ggml_pack = 0;
 
   size_t row_bytes() const;  // bytes of one row of `data`
   size_t nbytes() const;     // every byte the matrix reads: data, and scales and biases

@@ -95,6 +95,12 @@ class GgufFile {
 
   [[noreturn]] void fail_key(std::string_view key, const std::string& problem) const;
 
+  // The mapped file's whole pages within [p, p + n) leave this process's resident memory (a copy
+  // made at load reads them no more); a later read faults them in again. Nothing for parsed bytes.
+  void release(const void* p, size_t n) const {
+    if (map_) map_->release(p, n);
+  }
+
  private:
   GgufFile() = default;
   void parse_all();

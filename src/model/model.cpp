@@ -6,11 +6,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <numbers>
+#include <optional>
 
 #include <sys/mman.h>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "kernels/ggml.h"
 #include "kernels/panels.h"
 #include "kv/kv_cache.h"
 #include "model/gguf_model.h"
@@ -319,7 +321,43 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
   return m;
 }
 
+namespace {
+// A fresh buffer of n bytes for a packed matrix: a large one on transparent huge pages where the
+// kernel allows them (as the KV arena, kv/block_pool.cpp): its pages are faulted in 2 MB at a time,
+// not 4 KB (Llama-3.2-1B's packing: most of its time was the kernel clearing 4 KB pages), and the
+// stream misses the TLB less. Advice only.
+void* packed_alloc(size_t n) {
+  const size_t huge = size_t(2) << 20;
+  const size_t align = n >= 2 * huge ? huge : 64, rounded = (n + align - 1) / align * align;
+  void* p = std::aligned_alloc(align, rounded);
+  if (!p) throw Error("out of memory: " + std::to_string(n) + " bytes for a packed weight matrix");
+#ifdef MADV_HUGEPAGE  // Linux only
+  if (align == huge) madvise(p, rounded, MADV_HUGEPAGE);
+#endif
+  return p;
+}
+}  // namespace
+
 void Model::pack_panels() {
+  if (ggml_pack_wanted()) {  // Q4_K in 16-row groups (kernels/ggml.h)
+    std::vector<WeightMatrix*> todo;
+    for (LayerWeights& lw : layers_)
+      for (WeightMatrix* w : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down})
+        if (ggml_pack_fit(*w)) todo.push_back(w);
+    const bool tied = lm_head_.data == embed_.data;
+    if (ggml_pack_fit(lm_head_)) todo.push_back(&lm_head_);
+    std::optional<ThreadPool> pool;
+    if (!todo.empty()) pool.emplace(ThreadPool::default_threads());
+    for (WeightMatrix* w : todo) {
+      void* p = packed_alloc(ggml_packed_bytes(*w));
+      ggml_bytes_.emplace_back(static_cast<uint8_t*>(p));
+      pool->parallel_for(size_t(w->rows / kGgmlPackRows),
+                        [&](size_t b, size_t e) { ggml_pack(*w, p, int(b), int(e)); });
+      if (gguf_) gguf_->release(w->data, w->nbytes());  // the file's blocks are not read again
+      *w = ggml_packed_matrix(w->ggml, p, w->rows, w->cols);
+    }
+    if (tied && !todo.empty() && todo.back() == &lm_head_) embed_ = lm_head_;
+  }
   if (!panels_wanted()) return;
   std::vector<WeightMatrix*> todo;
   for (LayerWeights& lw : layers_)
@@ -330,23 +368,14 @@ void Model::pack_panels() {
   if (todo.empty()) return;
   ThreadPool pool(ThreadPool::default_threads());
   for (WeightMatrix* w : todo) {
-    // A large matrix goes on transparent huge pages where the kernel allows them (as the KV arena,
-    // kv/block_pool.cpp): its fresh pages are faulted in 2 MB at a time, not 4 KB (Llama-3.2-1B's
-    // packing: most of its time was the kernel clearing 4 KB pages), and the stream misses the TLB
-    // less. Advice only.
-    const size_t n = panels_bytes(*w), huge = size_t(2) << 20;
-    const size_t align = n >= 2 * huge ? huge : 64, rounded = (n + align - 1) / align * align;
-    void* p = std::aligned_alloc(align, rounded);
-    if (!p) throw Error("out of memory: " + std::to_string(n) + " bytes for a weight matrix in panels");
-#ifdef MADV_HUGEPAGE  // Linux only
-    if (align == huge) madvise(p, rounded, MADV_HUGEPAGE);
-#endif
+    const size_t n = panels_bytes(*w);
+    void* p = packed_alloc(n);
     panel_bytes_.emplace_back(static_cast<uint8_t*>(p));
     ptllm::pack_panels(*w, p, pool);
     // The file's pages of the matrix are not read again: dropped from this process's memory (a
-    // later read, by a quantizer, maps them in again). Safetensors only: a GGUF file's mapping
-    // (files_ is empty then) keeps its pages.
+    // later read, by a quantizer, maps them in again).
     for (const auto& f : files_.files()) f->release(w->data, n);
+    if (gguf_) gguf_->release(w->data, n);
     *w = panels_matrix(p, w->rows, w->cols);
   }
   if (tied) embed_ = lm_head_;

@@ -117,6 +117,8 @@ class Model {
   // How many weight matrices load packed into panels (kernels/panels.h); 0 where the CPU's kernels
   // keep the row-major layout.
   size_t panel_matrices() const { return panel_bytes_.size(); }
+  // How many Q4_K matrices load repacked in 16-row groups (kernels/ggml.h, ggml_pack).
+  size_t ggml_packed_matrices() const { return ggml_bytes_.size(); }
 
   // Runs tokens at positions pos0, pos0+1, ... through the model, appending their K/V to `cache`.
   // logits: [T][vocab] when all_logits, else [vocab] for the last token only; null: not computed.
@@ -157,6 +159,7 @@ class Model {
     void operator()(uint8_t* p) const { std::free(p); }
   };
   std::vector<std::unique_ptr<uint8_t[], FreeBytes>> panel_bytes_;
+  std::vector<std::unique_ptr<uint8_t[], FreeBytes>> ggml_bytes_;
   std::shared_ptr<const GgufFile> gguf_;  // a GGUF model's file: the weights point into its mapping
   bool qk_permuted_ = false;  // q/k rows in llama.cpp's order (gguf_qk_permuted): undone after the matmul
 

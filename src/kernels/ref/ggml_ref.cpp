@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -505,6 +506,12 @@ void ggml_dequant_blocks(GgmlType t, const void* blocks, int n, float* out) {
 }
 
 void ggml_dequant_row(const WeightMatrix& w, int r, float* out) {
+  if (w.ggml_pack) {
+    thread_local std::vector<uint8_t> blocks;  // an embedding lookup a token: no allocation each
+    blocks.resize(size_t(w.cols / 256) * size_t(ggml_type_info(w.ggml).block_bytes));
+    ggml_unpack_row(w, r, blocks.data());
+    return ggml_dequant_blocks(w.ggml, blocks.data(), w.cols, out);
+  }
   ggml_dequant_blocks(w.ggml, static_cast<const uint8_t*>(w.data) + size_t(r) * w.row_bytes(), w.cols, out);
 }
 

@@ -342,7 +342,8 @@ bool amx_takes(const WeightMatrix& w) {
 }
 
 bool amx_takes_dequantized(const WeightMatrix& w) {
-  return w.format == WeightFormat::Ggml && w.cols % kTileK == 0 && w.cols > 0 && amx_active();
+  // Packed K-quants (kernels/ggml.h) keep their own product: their rows are not stored whole.
+  return w.format == WeightFormat::Ggml && !w.ggml_pack && w.cols % kTileK == 0 && w.cols > 0 && amx_active();
 }
 
 size_t amx_packed_values(int T, int K) { return size_t((T + kSlabRows - 1) / kSlabRows) * kTileRows * size_t(K); }

@@ -17,7 +17,7 @@
 
 namespace ptllm {
 const GgmlKernel* detail::ggml_avx512vnni_kernel() { return &kKernel; }
-GgmlRowsFn detail::ggml_avx512vnni_panel_rows(GgmlType t) { return tiled_takes(t, 2) ? tiled_rows : nullptr; }
+GgmlRowsFn detail::ggml_avx512vnni_panel_rows(GgmlType t) { return tiled_takes(t, 1) ? tiled_rows : nullptr; }
 }  // namespace ptllm
 #else
 namespace ptllm {
