@@ -12,14 +12,11 @@
 // Needs only Node 20 (fetch). Example:
 //   node scripts/bench_pin_burst.mjs --binary build/posttrainllm --model ../shared/models/kjv-small
 import fs from 'node:fs';
-import { median } from '../tests/node/bench_util.mjs';
+import { median, option } from '../tests/node/bench_util.mjs';
 import { startServer } from '../tests/node/harness.mjs';
 
 const args = process.argv.slice(2);
-const opt = (name, dflt) => {
-  const i = args.indexOf(name);
-  return i >= 0 ? args[i + 1] : dflt;
-};
+const opt = (name, dflt) => option(args, name, dflt);
 const binary = opt('--binary', 'build/posttrainllm');
 const model = opt('--model', '../shared/models/kjv-small');
 const threads = opt('--threads', '2');

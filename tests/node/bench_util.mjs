@@ -8,6 +8,11 @@ export const post = async (srv, p, body) => {
   if (!r.ok) throw new Error(`${p}: ${r.status} ${JSON.stringify(j)}`);
   return j;
 };
+// The value after `name` in the command line's `args`, or `dflt`.
+export const option = (args, name, dflt) => {
+  const i = args.indexOf(name);
+  return i >= 0 ? args[i + 1] : dflt;
+};
 export const metric = async (srv, name) => {
   const t = await (await fetch(`http://127.0.0.1:${srv.port}/metrics`)).text();
   const m = t.match(new RegExp(`^${name} (\\S+)$`, 'm'));
@@ -15,10 +20,7 @@ export const metric = async (srv, name) => {
 };
 // The options both store benchmarks take (scripts/bench_kv_store.mjs, scripts/bench_prompt_cache_dir.mjs).
 export function storeBenchOptions(args) {
-  const opt = (name, dflt) => {
-    const i = args.indexOf(name);
-    return i >= 0 ? args[i + 1] : dflt;
-  };
+  const opt = (name, dflt) => option(args, name, dflt);
   const o = {
     binary: opt('--binary', 'build/posttrainllm'),
     model: opt('--model', '../shared/models/kjv-small'),
