@@ -323,21 +323,7 @@ PTLLM_GGML_TARGET void dot_rows(GgmlType type, const uint8_t* row, int nb, const
 // rows of x passes over them, so a prefill reads the weights from memory once.
 constexpr int kRowTile = 16;
 
-// A matrix packed for AVX-512 (kernels/ggml.h; tests switch targets): each row back in the file's
-// layout, then the one-row kernels.
-PTLLM_GGML_TARGET void packed_rows(const WeightMatrix& w, const GgmlActs& a, const float* bias, float* y, int r0,
-                                   int r1) {
-  const int nb = w.cols / 256;
-  std::vector<uint8_t> row(size_t(nb) * size_t(ggml_type_info(w.ggml).block_bytes));
-  float out[4];
-  for (int r = r0; r < r1; ++r) {
-    ggml_unpack_row(w, r, row.data());
-    for (int t = 0; t < a.T; ++t) {
-      dot_rows<1>(w.ggml, row.data(), nb, a, t, out);
-      y[size_t(t) * size_t(w.rows) + size_t(r)] = out[0] + (bias ? bias[r] : 0.f);
-    }
-  }
-}
+#include "kernels/ggml_packed_fallback_impl.h"
 
 PTLLM_GGML_TARGET void ggml_rows(const WeightMatrix& w, const GgmlActs& a, const float* bias, float* y, int r0,
                                  int r1) {

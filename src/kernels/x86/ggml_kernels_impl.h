@@ -568,22 +568,9 @@ PTLLM_GGML_TARGET void packed_rows(const WeightMatrix& w, const GgmlActs& a, con
   }
 }
 #else
-// Targets without the packed product: each row back in the file's layout, then the one-row kernels.
 template <int NT>
 PTLLM_GGML_TARGET void dot_rows(GgmlType type, const uint8_t* row, int nb, const GgmlActs& a, int t0, float* out);
-PTLLM_GGML_TARGET void packed_rows(const WeightMatrix& w, const GgmlActs& a, const float* bias, float* y, int r0,
-                                   int r1) {
-  const int nb = w.cols / 256;
-  std::vector<uint8_t> row(size_t(nb) * size_t(ggml_type_info(w.ggml).block_bytes));
-  float out[4];
-  for (int r = r0; r < r1; ++r) {
-    ggml_unpack_row(w, r, row.data());
-    for (int t = 0; t < a.T; ++t) {
-      dot_rows<1>(w.ggml, row.data(), nb, a, t, out);
-      y[size_t(t) * size_t(w.rows) + size_t(r)] = out[0] + (bias ? bias[r] : 0.f);
-    }
-  }
-}
+#include "kernels/ggml_packed_fallback_impl.h"
 #endif
 
 // ---- rows ---------------------------------------------------------------------------------------
