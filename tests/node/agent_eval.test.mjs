@@ -123,6 +123,7 @@ test('the held-out agent evaluation: tool calls and answers', () => {
   if (ref && cases.length === 200) {
     console.log('transformers:', JSON.stringify(ref));
     assert.ok(Math.abs(report.tool_call_exact - ref.tool_call_exact) <= 0.05, JSON.stringify(report));
+    assert.ok(Math.abs(report.answers - ref.answer_values) <= 0.05, JSON.stringify(report));
   }
   assert.ok(report.tool_call_exact >= 0.7, JSON.stringify(report));
   assert.ok(report.no_call_when_none_expected >= 0.9, JSON.stringify(report));
