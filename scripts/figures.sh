@@ -99,16 +99,23 @@ CTXS="0 1024"; KVS="fp32 fp16 int8 int4"
 for r in $(seq 1 "$ROUNDS"); do
   for c in $CTXS; do
     for kv in $KVS; do
-      row="context $c, KV $kv"
-      j=$(cmd context "$BIN" bench "$MODEL" -p 512 -n 128 --context "$c" --kv-quantize "$kv" -r 1 -t "$T" --json)
-      val context "$row" "prefill 512" tok/s ours "$r" "$(jq .prefill_tok_s <<<"$j")"
-      val context "$row" "decode" tok/s ours "$r" "$(jq .decode_tok_s <<<"$j")"
+      rows=("context $c, KV $kv")
+      # llama.cpp rounds activations to bf16 for BF16 weights; --bf16-activations does the same here.
+      [ "$kv" = fp16 ] && rows+=("context $c, KV $kv, --bf16-activations")
+      for row in "${rows[@]}"; do
+        flag=(); [[ $row == *bf16-activations ]] && flag=(--bf16-activations)
+        j=$(cmd context "$BIN" bench "$MODEL" -p 512 -n 128 --context "$c" --kv-quantize "$kv" -r 1 -t "$T" "${flag[@]}" --json)
+        val context "$row" "prefill 512" tok/s ours "$r" "$(jq .prefill_tok_s <<<"$j")"
+        val context "$row" "decode" tok/s ours "$r" "$(jq .decode_tok_s <<<"$j")"
+      done
       if [ -n "$LBENCH" ]; then
         cmd context "$LBENCH" -m "${GG[BF16]}" -p 512 -n 128 -d "$c" -ctk "${LKV[$kv]}" -ctv "${LKV[$kv]}" \
           -t "$T" -r 1 -o jsonl >"$WORK/lb.jsonl" 2>/dev/null
         while read -r np ng _ ts; do
-          [ "$np" -gt 0 ] && val context "$row" "prefill 512" tok/s llama.cpp "$r" "$ts"
-          [ "$ng" -gt 0 ] && val context "$row" "decode" tok/s llama.cpp "$r" "$ts"
+          for row in "${rows[@]}"; do
+            [ "$np" -gt 0 ] && val context "$row" "prefill 512" tok/s llama.cpp "$r" "$ts"
+            [ "$ng" -gt 0 ] && val context "$row" "decode" tok/s llama.cpp "$r" "$ts"
+          done
         done < <($TABLE llama-bench "$WORK/lb.jsonl")
       fi
     done
@@ -118,14 +125,19 @@ done
 # 2. Batched decode: N sequences decoding together; llama-batched-bench's text-generation speed.
 NPL="1,4,16"; [ $QUICK = 1 ] && NPL="1,16"
 for r in $(seq 1 "$ROUNDS"); do
-  while read -r line; do
-    val batched "$(jq -r '"N = \(.parallel)"' <<<"$line")" "aggregate decode" tok/s ours "$r" "$(jq .aggregate_decode_tok_s <<<"$line")"
-  done < <(cmd batched "$BIN" bench "$MODEL" --parallel "$NPL" -p 128 -n 64 -t "$T" --json)
+  for suffix in "" ", --bf16-activations"; do
+    flag=(); [ -n "$suffix" ] && flag=(--bf16-activations)
+    while read -r line; do
+      val batched "$(jq -r '"N = \(.parallel)"' <<<"$line")$suffix" "aggregate decode" tok/s ours "$r" \
+        "$(jq .aggregate_decode_tok_s <<<"$line")"
+    done < <(cmd batched "$BIN" bench "$MODEL" --parallel "$NPL" -p 128 -n 64 -t "$T" "${flag[@]}" --json)
+  done
   if [ -n "$LBATCHED" ]; then
     cmd batched "$LBATCHED" -m "${GG[BF16]}" -c 4096 -npp 128 -ntg 64 -npl "$NPL" -t "$T" --output-format jsonl \
       >"$WORK/bb.jsonl" 2>/dev/null
-    while read -r pl tg; do val batched "N = $pl" "aggregate decode" tok/s llama.cpp "$r" "$tg"; done \
-      < <($TABLE batched-bench "$WORK/bb.jsonl")
+    while read -r pl tg; do
+      for suffix in "" ", --bf16-activations"; do val batched "N = $pl$suffix" "aggregate decode" tok/s llama.cpp "$r" "$tg"; done
+    done < <($TABLE batched-bench "$WORK/bb.jsonl")
   fi
 done
 
@@ -173,14 +185,20 @@ done
 GTYPES="BF16 Q8_0 Q4_0 Q4_K_M"; [ $QUICK = 1 ] && GTYPES="Q4_K_M"
 for r in $(seq 1 "$ROUNDS"); do
   for ty in $GTYPES; do
-    j=$(cmd gguf "$BIN" bench "${GG[$ty]}" -p 512 -n 128 -r 1 -t "$T" --json)
-    val gguf "$ty" "prefill 512" tok/s ours "$r" "$(jq .prefill_tok_s <<<"$j")"
-    val gguf "$ty" "decode" tok/s ours "$r" "$(jq .decode_tok_s <<<"$j")"
+    rows=("$ty"); [ "$ty" = BF16 ] && rows+=("BF16, --bf16-activations")
+    for row in "${rows[@]}"; do
+      flag=(); [[ $row == *bf16-activations ]] && flag=(--bf16-activations)
+      j=$(cmd gguf "$BIN" bench "${GG[$ty]}" -p 512 -n 128 -r 1 -t "$T" "${flag[@]}" --json)
+      val gguf "$row" "prefill 512" tok/s ours "$r" "$(jq .prefill_tok_s <<<"$j")"
+      val gguf "$row" "decode" tok/s ours "$r" "$(jq .decode_tok_s <<<"$j")"
+    done
     if [ -n "$LBENCH" ]; then
       cmd gguf "$LBENCH" -m "${GG[$ty]}" -p 512 -n 128 -t "$T" -r 1 -o jsonl >"$WORK/lb.jsonl" 2>/dev/null
       while read -r np ng _ ts; do
-        [ "$np" -gt 0 ] && val gguf "$ty" "prefill 512" tok/s llama.cpp "$r" "$ts"
-        [ "$ng" -gt 0 ] && val gguf "$ty" "decode" tok/s llama.cpp "$r" "$ts"
+        for row in "${rows[@]}"; do
+          [ "$np" -gt 0 ] && val gguf "$row" "prefill 512" tok/s llama.cpp "$r" "$ts"
+          [ "$ng" -gt 0 ] && val gguf "$row" "decode" tok/s llama.cpp "$r" "$ts"
+        done
       done < <($TABLE llama-bench "$WORK/lb.jsonl")
     fi
   done

@@ -41,6 +41,32 @@ std::filesystem::path write_file(const std::filesystem::path& p, const std::stri
   return p;
 }
 
+// ---- the kernels' mode ---------------------------------------------------------------------------
+
+// --bf16-activations is PTLLM_PANELS_BF16_X=1 as a flag: the same text from a BF16 file, and the
+// kernels line says so where the BF16 products are the panel kernels.
+TEST(CliHabitsRuntime, Bf16ActivationsFlagIsTheEnvironmentSwitch) {
+  test::TempDir tmp;
+  const auto gguf = tmp.path / "tiny-BF16.gguf";
+  ASSERT_EQ(test::run_command(cli("quantize " + tiny() + " " + gguf.string() + " --format gguf --type BF16")).code, 0);
+  const std::string gen = " -p 'In the beginning' -n 24 --temperature 0 -t 2";
+  const auto flag = test::run_command(sample_cmd(gguf.string() + gen + " --bf16-activations"));
+  const auto env = test::run_command("PTLLM_PANELS_BF16_X=1 " + sample_cmd(gguf.string() + gen));
+  const auto plain = test::run_command(sample_cmd(gguf.string() + gen));
+  ASSERT_EQ(flag.code, 0) << flag.err;
+  ASSERT_EQ(env.code, 0) << env.err;
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  EXPECT_EQ(flag.out, env.out);
+  EXPECT_FALSE(flag.out.empty());
+  const std::string bench = cli("bench " + gguf.string() + " -p 8 -n 2 -r 1 -t 2");
+  const auto b_plain = test::run_command(bench), b_flag = test::run_command(bench + " --bf16-activations");
+  ASSERT_EQ(b_flag.code, 0) << b_flag.err;
+  if (has(b_plain.out + b_plain.err, "+panels")) {
+    EXPECT_FALSE(has(b_plain.out + b_plain.err, "panels-bf16x"));
+    EXPECT_TRUE(has(b_flag.out + b_flag.err, "panels-bf16x")) << b_flag.out << b_flag.err;
+  }
+}
+
 // ---- sample: the prompt ------------------------------------------------------------------------
 
 TEST(CliHabitsSample, FileAndStdinGiveThePromptsText) {

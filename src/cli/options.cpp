@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/platform.h"
 #include "core/thread_pool.h"
+#include "kernels/panels.h"
 #include "kernels/simd.h"
 
 namespace ptllm::cli {
@@ -185,10 +186,16 @@ void add_runtime_options(CLI::App& app, RuntimeOptions& o) {
                  "RoPE under StreamingLLM: cache (K rotated by its cache slot; the default with a window) or "
                  "absolute (K rotated at its absolute position; the default without)")
       ->check(CLI::IsMember({"absolute", "cache"}));
+  app.add_flag("--bf16-activations", o.bf16_activations,
+               "Round activations to bf16 in products with BF16 weights, as llama.cpp does: about 2x faster "
+               "prefill and batched decode on CPUs with AVX512_BF16; logits no longer match a float32 run within "
+               "1e-3 (quantized weights are not affected)");
 }
 
 SessionOptions make_session_options(const RuntimeOptions& o, const ModelConfig& cfg) {
   SessionOptions s;
+  // The kernels' mode is the process's: set before the first product (PTLLM_PANELS_BF16_X=1 does the same).
+  if (o.bf16_activations) set_panels_bf16_x(true);
   // Positions past max_position_embeddings are outside what the model was trained for: said, not
   // refused (as llama.cpp; measuring attention past the trained length is a use). The capacity is
   // bounded by memory only (the pools refuse what the machine cannot hold, with the sizes).
