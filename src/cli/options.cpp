@@ -189,7 +189,8 @@ void add_runtime_options(CLI::App& app, RuntimeOptions& o) {
   app.add_flag("--bf16-activations", o.bf16_activations,
                "Round activations to bf16 in products with BF16 weights, as llama.cpp does: about 2x faster "
                "prefill and batched decode on CPUs with AVX512_BF16; logits no longer match a float32 run within "
-               "1e-3 (quantized weights are not affected)");
+               "1e-3. Only BF16 weights in panels (AVX-512 CPUs) are affected: not quantized weights, nor other "
+               "CPUs, nor PTLLM_NO_PANELS=1");
 }
 
 SessionOptions make_session_options(const RuntimeOptions& o, const ModelConfig& cfg) {
