@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Every figure of docs/ in one run: builds what it needs, runs the benchmarks, side by side with
 # llama.cpp wherever its tools are found, and writes docs/figures.md (scripts/figures_table.py).
-#   scripts/figures.sh [--quick] [--llama-cpp DIR] [--model DIR] [--threads N] [--rounds N] [--out FILE]
+#   scripts/figures.sh [--quick] [--real-size] [--llama-cpp DIR] [--model DIR] [--threads N] [--rounds N] [--out FILE]
 #     --quick        about ten minutes: fewer rows, one context length, fewer chunks and rounds
+#     --real-size    also a random-weight Llama-3.2-1B-shaped model (make-model; 9 GiB of files in $WORK):
+#                    GGUF BF16/Q8_0/Q4_0/Q4_K_M and MLX q8/q4, prefill 512 and decode at depth 0 and 4096
+#                    (about an hour with llama.cpp's tools; REAL_LAYERS=N makes a smaller model of that width)
 #     --llama-cpp D  llama.cpp's build/bin (else llama-bench, llama-batched-bench, llama-perplexity and
 #                    llama-server are looked up on PATH; a tool not found leaves its column empty)
 #     --model D      the checkpoint (default ../shared/models/kjv-small; YOCO rows need kjv-yoco beside it)
@@ -16,16 +19,17 @@
 # rewritten (delete $WORK after changing the quantizer: its quantized copies are reused).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-QUICK=0 LLAMA="" MODEL=../shared/models/kjv-small T=2 ROUNDS="" OUT=docs/figures.md
+QUICK=0 REAL=0 LLAMA="" MODEL=../shared/models/kjv-small T=2 ROUNDS="" OUT=docs/figures.md
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1 ;;
+    --real-size) REAL=1 ;;
     --llama-cpp) LLAMA=${2:?--llama-cpp needs a directory}; shift ;;
     --model) MODEL=${2:?--model needs a directory}; shift ;;
     --threads) T=${2:?--threads needs a number}; shift ;;
     --rounds) ROUNDS=${2:?--rounds needs a number}; shift ;;
     --out) OUT=${2:?--out needs a file}; shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "figures.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -203,6 +207,50 @@ for r in $(seq 1 "$ROUNDS"); do
     fi
   done
 done
+
+# 4b. Real size: the Llama-3.2-1B shape (random weights: speed only), the files llama.cpp reads and our
+# MLX-layout copies against the GGUF type of the same bits; decode at depth 0 (KV fp16 / f16) and at
+# depth 4096 (fp16 / f16 and int4 / q4_0).
+if [ $REAL = 1 ]; then
+  L1B=$WORK/l1b${REAL_LAYERS:+-$REAL_LAYERS}
+  [ -f "$L1B/model.safetensors" ] || "$BIN" make-model --shape llama-3.2-1b ${REAL_LAYERS:+--layers "$REAL_LAYERS"} "$L1B" >/dev/null
+  for ty in BF16 Q8_0 Q4_0 Q4_K_M; do
+    [ -f "$L1B-$ty.gguf" ] || "$BIN" quantize "$L1B" "$L1B-$ty.gguf" --format gguf --type "$ty" >/dev/null
+  done
+  # Random weights: the rounding method changes no byte count or kernel, so the fast one.
+  for b in 8 4; do
+    [ -f "$L1B-q$b/config.json" ] || "$BIN" quantize "$L1B" "$L1B-q$b" --bits "$b" --method rtn >/dev/null
+  done
+  # row, our file, llama.cpp's file
+  REALROWS=("BF16|$L1B-BF16.gguf|$L1B-BF16.gguf" "BF16, --bf16-activations|$L1B-BF16.gguf|$L1B-BF16.gguf"
+            "Q8_0|$L1B-Q8_0.gguf|$L1B-Q8_0.gguf" "Q4_0|$L1B-Q4_0.gguf|$L1B-Q4_0.gguf"
+            "Q4_K_M|$L1B-Q4_K_M.gguf|$L1B-Q4_K_M.gguf" "MLX q8 vs Q8_0|$L1B-q8|$L1B-Q8_0.gguf"
+            "MLX q4 vs Q4_0|$L1B-q4|$L1B-Q4_0.gguf")
+  declare -A RKV=([fp16]=f16 [int4]=q4_0)
+  for r in $(seq 1 "$ROUNDS"); do
+    for spec in "${REALROWS[@]}"; do
+      IFS='|' read -r row ours theirs <<<"$spec"
+      flag=(); [[ $row == *bf16-activations ]] && flag=(--bf16-activations)
+      for run in "0 fp16" "4096 fp16" "4096 int4"; do
+        read -r d kv <<<"$run"
+        metric="decode, depth $d, KV $kv"
+        j=$(cmd real-size "$BIN" bench "$ours" -p 512 -n 32 --context "$d" --kv-quantize "$kv" -r 1 -t "$T" "${flag[@]}" --json)
+        [ "$d" = 0 ] && val real-size "$row" "prefill 512" tok/s ours "$r" "$(jq .prefill_tok_s <<<"$j")"
+        val real-size "$row" "$metric" tok/s ours "$r" "$(jq .decode_tok_s <<<"$j")"
+        [ "$d" = 0 ] && val real-size "$row" "decode, share of the bandwidth floor" "%" ours "$r" \
+          "$(jq '100 * .decode_floor_fraction' <<<"$j")"
+        if [ -n "$LBENCH" ]; then
+          cmd real-size "$LBENCH" -m "$theirs" -p 512 -n 32 -d "$d" -ctk "${RKV[$kv]}" -ctv "${RKV[$kv]}" -t "$T" -r 1 \
+            -o jsonl >"$WORK/lb.jsonl" 2>/dev/null
+          while read -r np ng _ ts; do
+            [ "$np" -gt 0 ] && [ "$d" = 0 ] && val real-size "$row" "prefill 512" tok/s llama.cpp "$r" "$ts"
+            [ "$ng" -gt 0 ] && val real-size "$row" "$metric" tok/s llama.cpp "$r" "$ts"
+          done < <($TABLE llama-bench "$WORK/lb.jsonl")
+        fi
+      done
+    done
+  done
+fi
 
 # 5. YOCO: kjv-yoco against kjv-small, time to first token of 2,000 tokens and decode at 2K context.
 YOCO=$(dirname "$MODEL")/kjv-yoco

@@ -26,6 +26,7 @@ AREAS = [
     ("batched", "Batched decode"),
     ("quantized", "Quantized weights (MLX layout)"),
     ("gguf", "GGUF files"),
+    ("real-size", "Real size: the Llama-3.2-1B shape"),
     ("yoco", "YOCO (KV shared across layers)"),
     ("prompt-cache", "Prompt cache and server time to first token"),
     ("store", "Prefix store (Redis) time to first token"),
