@@ -58,6 +58,10 @@ TEST(CliHabitsRuntime, Bf16ActivationsFlagIsTheEnvironmentSwitch) {
   ASSERT_EQ(plain.code, 0) << plain.err;
   EXPECT_EQ(flag.out, env.out);
   EXPECT_FALSE(flag.out.empty());
+  // Where the panel products are not used the flag changes nothing, and says so.
+  const auto off = test::run_command("PTLLM_NO_PANELS=1 " + sample_cmd(gguf.string() + gen + " --bf16-activations"));
+  ASSERT_EQ(off.code, 0) << off.err;
+  EXPECT_TRUE(has(off.err, "--bf16-activations has no effect")) << off.err;
   const std::string bench = cli("bench " + gguf.string() + " -p 8 -n 2 -r 1 -t 2");
   const auto b_plain = test::run_command(bench), b_flag = test::run_command(bench + " --bf16-activations");
   ASSERT_EQ(b_flag.code, 0) << b_flag.err;

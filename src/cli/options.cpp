@@ -196,7 +196,14 @@ void add_runtime_options(CLI::App& app, RuntimeOptions& o) {
 SessionOptions make_session_options(const RuntimeOptions& o, const ModelConfig& cfg) {
   SessionOptions s;
   // The kernels' mode is the process's: set before the first product (PTLLM_PANELS_BF16_X=1 does the same).
-  if (o.bf16_activations) set_panels_bf16_x(true);
+  if (o.bf16_activations) {
+    if (panels_wanted())
+      set_panels_bf16_x(true);
+    else
+      std::fprintf(stderr,
+                   "warning: --bf16-activations has no effect here: activations are rounded to bf16 only in the "
+                   "AVX-512 panel products of BF16 weights (this CPU has no AVX-512, or PTLLM_NO_PANELS=1)\n");
+  }
   // Positions past max_position_embeddings are outside what the model was trained for: said, not
   // refused (as llama.cpp; measuring attention past the trained length is a use). The capacity is
   // bounded by memory only (the pools refuse what the machine cannot hold, with the sizes).
