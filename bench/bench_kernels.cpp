@@ -557,7 +557,7 @@ void register_panel_products() {
 void register_affine_products() {
   const std::pair<int, int> shapes[] = {{2048, 2048}, {5632, 2048}};
   // gemm/8 and gemm/16 next to gemv/8 and gemv/16 say where kAffineGemvMaxT belongs (affine only:
-  // bf16's matmul takes its gemv up to T = 16).
+  // bf16's matmul takes its gemv up to T = kMatmulSmallRows, 17).
   const std::pair<const char*, int> runs[] = {{"gemv", 1},  {"gemv", 8},  {"gemv", 16}, {"gemm", 8},
                                               {"gemm", 16}, {"gemm", 64}, {"gemm", 256}};
   for (const char* fmt : {"bf16", "affine4", "affine6", "affine8"})
@@ -584,7 +584,7 @@ void register_affine_products() {
           const AffineKernel k = available_affine_kernels().back();
           for (auto _ : st) {
             if (fmt == "bf16")
-              matmul(x.data(), T, m, nullptr, y.data(), pool());  // its own gemv up to T = 16, then gemm
+              matmul(x.data(), T, m, nullptr, y.data(), pool());  // its own gemv up to T = 17, then gemm
             else
               affine_matmul(x.data(), T, m, nullptr, y.data(), pool(), k, p);
             benchmark::ClobberMemory();
