@@ -1,5 +1,7 @@
 #include "engine/scheduler.h"
 
+#include "engine/drafter_model.h"
+
 #include <algorithm>
 #include <chrono>
 #include <numeric>
@@ -680,6 +682,8 @@ void Scheduler::plan_drafts(const std::vector<Slot*>& batch, std::vector<std::sp
     size_t slot;   // index in batch
   };
   std::vector<Offer> offers;
+  std::vector<DraftJob> jobs;
+  std::vector<Slot*> job_slots;
   for (size_t i = 0; i < batch.size(); ++i) {
     Slot& s = *batch[i];
     s.k = 0;
@@ -692,7 +696,38 @@ void Scheduler::plan_drafts(const std::vector<Slot*>& batch, std::vector<std::sp
     // token at a time), and one append computes each row as single steps would.
     int room = std::min(o.draft_max, std::min(ss.max_draft_append(), ss.max_chunk()) - 1);
     while (room > 0 && !ss.fits(room + 2)) room = std::max(0, std::min(room / 2, room - 1));
-    s.cls = s.spec->propose(s.seq, s.spec->draft_room(room), s.drafts);
+    room = s.spec->draft_room(room);
+    s.drafts.clear();
+    s.cls = 0;
+    auto* md = dynamic_cast<ModelDrafter*>(s.spec->drafter());
+    if (md && cfg_.spec_draft_batch) {
+      if (room > 0) {
+        jobs.push_back({md, s.seq, room, &s.drafts});
+        job_slots.push_back(&s);
+      }
+    } else {
+      const int64_t passes = md ? md->passes() : 0;
+      s.cls = s.spec->propose(s.seq, room, s.drafts);
+      if (md) live_.spec_draft_passes += uint64_t(md->passes() - passes);
+    }
+  }
+  if (decoding == 0) return;
+  // A draft model's steps for every sequence at once: one batched pass per draft position.
+  if (!jobs.empty()) {
+    const double t0 = thread_cpu_seconds();
+    live_.spec_draft_passes += uint64_t(draft_batched(jobs, draft_state_));
+    size_t n = 0;
+    for (const DraftJob& j : jobs) n += j.out->size();
+    if (n > 0) {
+      const double per = (thread_cpu_seconds() - t0) / double(n);
+      for (Slot* js : job_slots)
+        if (!js->drafts.empty()) js->spec->note_draft_cost(per);
+    }
+  }
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Slot& s = *batch[i];
+    if (!s.spec || s.remaining() != 1 || s.gen.done()) continue;
+    const SpecOptions& o = s.spec->options();
     if (int(s.drafts.size()) < std::max(1, o.draft_min)) {
       s.drafts.clear();
       continue;
@@ -705,7 +740,6 @@ void Scheduler::plan_drafts(const std::vector<Slot*>& batch, std::vector<std::sp
     double y = 1;
     for (size_t j = 0; j < s.drafts.size() && (y *= a) > 0; ++j) offers.push_back({y, i});
   }
-  if (decoding == 0) return;
   if (!offers.empty()) {
     // Each sequence's offers fall with j (a < 1), so taking them by yield takes every sequence's
     // drafts in order.
@@ -817,6 +851,7 @@ void Scheduler::finish(Slot& s, FinishReason r, std::string error) {
   if (suffix_cache_ && (r == FinishReason::Stop || r == FinishReason::Length))
     suffix_cache_->add(s.req.prompt, s.result.tokens);
   s.session.reset();  // the blocks go back now
+  s.spec.reset();     // and a draft model's cache with them
   s.result.reason = r;
   s.result.error = std::move(error);
   if (r == FinishReason::Cancelled) ++live_.cancelled;
@@ -861,6 +896,9 @@ void Scheduler::publish_stats() {
     for (size_t id = 0; id < p->capacity(); ++id) shared += p->refs(int32_t(id)) > 1;
   s.blocks_shared = shared;
   s.pinned_prefixes = pins_.size();
+  for (const auto& slot : running_)
+    if (slot->spec && !slot->done)
+      if (const auto* md = dynamic_cast<const ModelDrafter*>(slot->spec->drafter())) s.spec_draft_blocks += md->kv_blocks();
   for (const Pin& p : pins_) s.blocks_pinned += p.held.size();
   if (exchange_) {
     s.store = true;
