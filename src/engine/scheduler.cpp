@@ -79,6 +79,7 @@ struct Scheduler::Slot {
   std::unique_ptr<Speculator> spec;
   std::vector<int32_t> drafts, fed;
   int cls = 0, k = 0, skipped = 0;
+  int deferred = 0;  // a draft model's drafts on offer this step, not drafted yet (plan_drafts)
   bool cancelled() const { return req.cancel && req.cancel->load(); }
   int64_t remaining() const { return int64_t(seq.size()) - session->position(); }
 };
@@ -682,11 +683,10 @@ void Scheduler::plan_drafts(const std::vector<Slot*>& batch, std::vector<std::sp
     size_t slot;   // index in batch
   };
   std::vector<Offer> offers;
-  std::vector<DraftJob> jobs;
-  std::vector<Slot*> job_slots;
   for (size_t i = 0; i < batch.size(); ++i) {
     Slot& s = *batch[i];
     s.k = 0;
+    s.deferred = 0;
     rows += int(feeds[i].size());
     if (!s.spec || s.remaining() != 1 || s.gen.done()) continue;
     ++decoding;
@@ -699,46 +699,29 @@ void Scheduler::plan_drafts(const std::vector<Slot*>& batch, std::vector<std::sp
     room = s.spec->draft_room(room);
     s.drafts.clear();
     s.cls = 0;
-    auto* md = dynamic_cast<ModelDrafter*>(s.spec->drafter());
-    if (md && cfg_.spec_draft_batch) {
-      if (room > 0) {
-        jobs.push_back({md, s.seq, room, &s.drafts});
-        job_slots.push_back(&s);
-      }
-    } else {
-      const int64_t passes = md ? md->passes() : 0;
-      s.cls = s.spec->propose(s.seq, room, s.drafts);
-      if (md) live_.spec_draft_passes += uint64_t(md->passes() - passes);
-    }
+    // A draft model drafts as many tokens as asked, at a forward pass each: the step first decides
+    // how many it takes, and only those are drafted (below).
+    if (dynamic_cast<ModelDrafter*>(s.spec->drafter())) s.deferred = room;
+    else s.cls = s.spec->propose(s.seq, room, s.drafts);
   }
   if (decoding == 0) return;
-  // A draft model's steps for every sequence at once: one batched pass per draft position.
-  if (!jobs.empty()) {
-    const double t0 = thread_cpu_seconds();
-    live_.spec_draft_passes += uint64_t(draft_batched(jobs, draft_state_));
-    size_t n = 0;
-    for (const DraftJob& j : jobs) n += j.out->size();
-    if (n > 0) {
-      const double per = (thread_cpu_seconds() - t0) / double(n);
-      for (Slot* js : job_slots)
-        if (!js->drafts.empty()) js->spec->note_draft_cost(per);
-    }
-  }
+  const auto avail = [](const Slot& s) { return s.deferred > 0 ? s.deferred : int(s.drafts.size()); };
   for (size_t i = 0; i < batch.size(); ++i) {
     Slot& s = *batch[i];
     if (!s.spec || s.remaining() != 1 || s.gen.done()) continue;
     const SpecOptions& o = s.spec->options();
-    if (int(s.drafts.size()) < std::max(1, o.draft_min)) {
+    if (avail(s) < std::max(1, o.draft_min)) {
       s.drafts.clear();
+      s.deferred = 0;
       continue;
     }
     if (!o.adaptive) {
-      s.k = int(s.drafts.size());
+      s.k = avail(s);
       continue;
     }
     const double a = s.spec->acceptance(s.cls);
     double y = 1;
-    for (size_t j = 0; j < s.drafts.size() && (y *= a) > 0; ++j) offers.push_back({y, i});
+    for (int j = 0; j < avail(s) && (y *= a) > 0; ++j) offers.push_back({y, i});
   }
   if (!offers.empty()) {
     // Each sequence's offers fall with j (a < 1), so taking them by yield takes every sequence's
@@ -760,17 +743,18 @@ void Scheduler::plan_drafts(const std::vector<Slot*>& batch, std::vector<std::sp
   }
   for (size_t i = 0; i < batch.size(); ++i) {
     Slot& s = *batch[i];
-    if (s.drafts.empty() || !s.spec || s.remaining() != 1) continue;
+    if (avail(s) == 0 || !s.spec || s.remaining() != 1) continue;
     const SpecOptions& o = s.spec->options();
     if (s.k > 0 && s.k < o.draft_min) s.k = 0;
     if (s.k == 0 && o.adaptive && ++s.skipped >= kProbeEvery)
-      s.k = std::min<int>(int(s.drafts.size()), std::max(2, o.draft_min));  // measure again: the text may have changed
+      s.k = std::min<int>(avail(s), std::max(2, o.draft_min));  // measure again: the text may have changed
     if (s.k == 0) {
       ++live_.spec_declined;
       continue;
     }
     s.skipped = 0;
   }
+  draft_with_models(batch);
   // The drafted rows replace the plain ones; without room in the pool for them, a plain step.
   std::vector<std::span<const int32_t>> planned = feeds;
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -784,6 +768,39 @@ void Scheduler::plan_drafts(const std::vector<Slot*>& batch, std::vector<std::sp
     feeds = std::move(planned);
   } else {
     for (Slot* s : batch) s->k = 0;
+  }
+}
+
+// The drafts a step took from sequences with a draft model (Slot::deferred), made now: for all of them
+// in one batched pass of the draft model per draft position (engine/drafter_model.h draft_batched),
+// or one sequence after another.
+void Scheduler::draft_with_models(const std::vector<Slot*>& batch) {
+  std::vector<DraftJob> jobs;
+  std::vector<Slot*> slots;
+  for (Slot* s : batch) {
+    if (s->deferred == 0) continue;
+    s->deferred = 0;
+    if (s->k == 0) continue;
+    auto* md = static_cast<ModelDrafter*>(s->spec->drafter());
+    if (cfg_.spec_draft_batch) {
+      jobs.push_back({md, s->seq, s->k, &s->drafts});
+      slots.push_back(s);
+      continue;
+    }
+    const int64_t passes = md->passes();
+    s->cls = s->spec->propose(s->seq, s->k, s->drafts);
+    live_.spec_draft_passes += uint64_t(md->passes() - passes);
+    s->k = int(s->drafts.size()) >= std::max(1, s->spec->options().draft_min) ? int(s->drafts.size()) : 0;
+  }
+  if (jobs.empty()) return;
+  const double t0 = thread_cpu_seconds();
+  live_.spec_draft_passes += uint64_t(draft_batched(jobs, draft_state_));
+  size_t n = 0;
+  for (const DraftJob& j : jobs) n += j.out->size();
+  const double per = n > 0 ? (thread_cpu_seconds() - t0) / double(n) : 0.0;
+  for (Slot* s : slots) {
+    if (!s->drafts.empty()) s->spec->note_draft_cost(per);
+    s->k = int(s->drafts.size()) >= std::max(1, s->spec->options().draft_min) ? int(s->drafts.size()) : 0;
   }
 }
 

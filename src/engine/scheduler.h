@@ -205,6 +205,7 @@ class Scheduler {
   void sample_next(Slot& s);
   void take(Slot& s, Generator::Step& step);
   void plan_drafts(const std::vector<Slot*>& batch, std::vector<std::span<const int32_t>>& feeds);
+  void draft_with_models(const std::vector<Slot*>& batch);
   void verify_drafts(Slot& s);
   void finish(Slot& s, FinishReason r, std::string error = {});
   void reap();
