@@ -131,15 +131,6 @@ constexpr int kSharedXMinT = 5;
 constexpr int kAmxMinRows = 8;
 static_assert(kAmxMinRows <= kMatmulSmallRows);
 
-// F32 and F16 weights past kGemvMaxT rows: while all of x stays in L1 (the gemv reads it again for
-// every weight row) the gemv still beats packing the weights again on every call, up to
-// kMatmulSmallRows rows (a verification of drafts on a small model: 408 columns, 7 to 17 rows, took
-// 3-5% less CPU time for the whole decode than packing).
-constexpr size_t kGemvL1XBytes = 32 * 1024;
-bool gemv_keeps_x_in_l1(const WeightMatrix& w, int T) {
-  return w.dtype != DType::BF16 && T <= kMatmulSmallRows && size_t(T) * size_t(w.cols) * sizeof(float) <= kGemvL1XBytes;
-}
-
 // Whether matmul takes w on AMX for T rows of x.
 bool amx_wants(const WeightMatrix& w, int T) {
   if (w.format == WeightFormat::Panels) return T >= kAmxMinRows && amx_takes(w);
@@ -153,7 +144,7 @@ void matmul(const float* x, int T, const WeightMatrix& w, const float* bias, flo
   if (w.format == WeightFormat::Affine) return affine_matmul(x, T, w, bias, y, pool);
   if (w.format == WeightFormat::Ggml) return ggml_matmul(x, T, w, bias, y, pool);
   const KernelTable& k = active_kernels();
-  if (T <= (w.dtype == DType::BF16 ? kGemvMaxTBf16 : kGemvMaxT) || gemv_keeps_x_in_l1(w, T)) {
+  if (T <= (w.dtype == DType::BF16 ? kGemvMaxTBf16 : kGemvMaxT)) {
     const size_t min_rows = kGemvMinWeightsPerThread / size_t(std::max(1, w.cols));
     const size_t grain = std::max<size_t>(4, (min_rows + 3) / 4 * 4);
     // BF16 from kSharedXMinT rows: x deinterleaved once here for every part (a 1376 x 512 matrix
