@@ -9,6 +9,9 @@ wrote the same text (greedy). Standard library only.
 
   scripts/bench_serve_spec.py --binary build/posttrainllm --model ../shared/models/kjv-small \
       --conversations 8 --rounds 5 [--spec-type ngram] [--tokens 256] [--threads 2] [--prompt-file F]
+
+--base-args gives the other server flags of its own instead of none (two speculating variants
+side by side: --base-args "--model-draft D --no-spec-draft-batch").
 """
 import argparse
 import json
@@ -78,6 +81,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--spec-type", default="ngram")
     ap.add_argument("--spec-args", default="", help="more serve flags of the speculating server")
+    ap.add_argument("--base-args", default="", help="the other server's flags (default: none, speculation off)")
     ap.add_argument("--prompt-file", help="one prompt per conversation, every one this file's text")
     a = ap.parse_args()
     if a.prompt_file:
@@ -86,29 +90,32 @@ def main():
         prompts = [PROMPTS[i % len(PROMPTS)] for i in range(a.conversations)]
     par = max(1, a.conversations)
     spec, sp = start(a.binary, a.model, a.threads, par, ["--spec-type", a.spec_type] + a.spec_args.split())
-    plain, pp = start(a.binary, a.model, a.threads, par, [])
+    plain, pp = start(a.binary, a.model, a.threads, par, a.base_args.split())
     try:
         round_(sp, prompts, a.tokens)  # warm-up: buffers grown, pass times measured, prompts in each pool
         round_(pp, prompts, a.tokens)
         on, off, ratio = [], [], []
+        base = "base" if a.base_args else "plain"
         drafted = accepted = 0
         for r in range(a.rounds):
             s, so = round_(sp, prompts, a.tokens)
             b, bo = round_(pp, prompts, a.tokens)
             same = all(x["choices"][0]["text"] == y["choices"][0]["text"] for x, y in zip(so, bo))
             if not same:
-                print("the texts differ between speculation on and off", file=sys.stderr)
+                print(f"the texts differ between the speculating server and the {base} one", file=sys.stderr)
                 sys.exit(1)
             drafted += sum(o["timings"]["draft_n"] for o in so)
             accepted += sum(o["timings"]["draft_n_accepted"] for o in so)
             on.append(s)
             off.append(b)
             ratio.append(s / b)
-            print(f"round {r + 1}: spec {s:.1f} tok/s, plain {b:.1f} tok/s, ratio {s / b:.3f}", flush=True)
+            print(f"round {r + 1}: spec {s:.1f} tok/s, {base} {b:.1f} tok/s, ratio {s / b:.3f}", flush=True)
         print(f"{a.conversations} conversations x {a.tokens} tokens, --spec-type {a.spec_type} {a.spec_args}".rstrip())
+        if a.base_args:
+            print(f"base: {a.base_args}")
         print(f"spec  tok/s: {summary(on)}")
-        print(f"plain tok/s: {summary(off)}")
-        print(f"ratio spec/plain: {statistics.median(ratio):.3f} ({min(ratio):.3f}-{max(ratio):.3f})")
+        print(f"{base} tok/s: {summary(off)}")
+        print(f"ratio spec/{base}: {statistics.median(ratio):.3f} ({min(ratio):.3f}-{max(ratio):.3f})")
         print(f"drafted {drafted}, accepted {accepted} ({100 * accepted / max(1, drafted):.1f}%), same text: yes")
     finally:
         for p in (spec, plain):

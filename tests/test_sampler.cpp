@@ -2,13 +2,39 @@
 // repetition penalty, checked on outcomes and on empirical frequencies.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <random>
+#include <vector>
 
 #include "sample/sampler.h"
 
 namespace ptllm {
 namespace {
+
+// argmax is std::max_element's index (the first of the largest) for vocabularies of any length, ties
+// (+0 and -0 among them), infinities and NaNs (a leading NaN wins there, a later one is passed over).
+TEST(Argmax, SameIndexAsMaxElement) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-4.f, 4.f);
+  for (size_t n : {1u, 2u, 15u, 16u, 17u, 63u, 64u, 65u, 1000u, 8192u, 32003u}) {
+    for (int trial = 0; trial < 40; ++trial) {
+      std::vector<float> x(n);
+      for (float& v : x) v = u(rng);
+      const int kind = trial % 8;
+      if (kind == 1) x[rng() % n] = 10.f, x[rng() % n] = 10.f;  // two equal maxima
+      if (kind == 2) std::fill(x.begin(), x.end(), 0.f), x[rng() % n] = -0.f;
+      if (kind == 3) x[rng() % n] = NAN;
+      if (kind == 4) x[0] = NAN;
+      if (kind == 5) std::fill(x.begin(), x.end(), -INFINITY);
+      if (kind == 6) x[rng() % n] = INFINITY, x[n - 1] = INFINITY;
+      if (kind == 7) x[n - 1] = 100.f;
+      const int32_t want = int32_t(std::max_element(x.begin(), x.end()) - x.begin());
+      EXPECT_EQ(argmax(x), want) << "n " << n << " kind " << kind;
+    }
+  }
+}
 
 std::vector<float> logits_of(std::vector<double> probs) {
   std::vector<float> l;

@@ -187,6 +187,122 @@ TEST(DraftModel, SchedulerGreedySameTokens) {
   EXPECT_GT(rejected, 0);
 }
 
+// Several sequences of different lengths drafting with a draft model in one server: the draft model's
+// steps run as one batched pass per draft position, the replies are the same token for token as
+// drafting one sequence at a time and as no speculation; a reply that ends inside a verification and
+// one cancelled mid-generation leave no draft-model KV behind.
+TEST(DraftModel, SchedulerBatchedDraftingSameTokens) {
+  Runtime rt({test::repo_model("kjv-tiny"), 2, true});
+  Models& m = models();
+  struct Run {
+    std::vector<RequestResult> out;
+    uint64_t draft_passes = 0;
+    size_t peak_draft_blocks = 0;
+  };
+  const std::vector<std::pair<std::string, int>> requests = {
+      {"And the LORD said unto Moses, Speak unto the children of Israel, and say unto them,", 45},
+      {"In the beginning God", 23},
+      {"And it came to pass", 61},
+      {"Blessed are the poor in spirit: for theirs is the kingdom of heaven. Blessed are they", 37},
+      {"And God said", 200},  // cancelled after 12 tokens
+  };
+  const size_t cancelled = 4;
+  auto run = [&](SpecOptions spec, bool batch, bool cancel = true) {
+    SchedulerConfig c;
+    c.session.kv.ctx_size = 512;
+    c.parallel = int(requests.size());
+    c.prefill_chunk = 32;  // the longer prompts prefill over several steps while others decode
+    c.eos_ids = {1};
+    spec.draft_pool = &rt.pool();
+    c.spec = spec;
+    c.spec_draft_batch = batch;
+    Scheduler sch(rt, c);
+    Run r;
+    std::vector<std::future<RequestResult>> futs;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      auto done = std::make_shared<std::promise<RequestResult>>();
+      futs.push_back(done->get_future());
+      Request q;
+      q.prompt = rt.tokenizer().encode(requests[i].first);
+      q.params.sampling.temperature = 0;
+      q.params.max_tokens = requests[i].second;
+      q.params.ignore_eos = true;
+      q.on_done = [done](const RequestResult& res) { done->set_value(res); };
+      if (i == cancelled && cancel) {
+        auto flag = std::make_shared<std::atomic<bool>>(false);
+        auto n = std::make_shared<int>(0);
+        q.cancel = flag;
+        q.on_text = [flag, n](std::string_view) {
+          if (++*n >= 12) flag->store(true);
+        };
+      }
+      sch.submit(std::move(q));
+    }
+    for (auto& f : futs) {
+      while (f.wait_for(std::chrono::milliseconds(1)) != std::future_status::ready)
+        r.peak_draft_blocks = std::max(r.peak_draft_blocks, sch.stats().spec_draft_blocks);
+      r.out.push_back(f.get());
+    }
+    const SchedulerStats st = sch.stats();
+    EXPECT_EQ(st.blocks_used, 0u);
+    EXPECT_EQ(st.spec_draft_blocks, 0u) << "draft-model KV held after every request ended";
+    r.draft_passes = st.spec_draft_passes;
+    return r;
+  };
+  const Run plain = run(SpecOptions{}, true, false);
+  for (const Model* draft : {&rt.model(), static_cast<const Model*>(m.scripted.get())}) {
+    const Run batched = run(draft_options(*draft), true);
+    const Run single = run(draft_options(*draft), false);
+    int64_t drafted = 0;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      if (i == cancelled) {
+        for (const Run* r : {&batched, &single}) {
+          const RequestResult& x = r->out[i];
+          EXPECT_EQ(x.reason, FinishReason::Cancelled);
+          EXPECT_GE(x.tokens.size(), 12u);
+          ASSERT_LE(x.tokens.size(), plain.out[i].tokens.size());
+          EXPECT_TRUE(std::equal(x.tokens.begin(), x.tokens.end(), plain.out[i].tokens.begin())) << "cancelled reply";
+        }
+        continue;
+      }
+      EXPECT_EQ(plain.out[i].tokens.size(), size_t(requests[i].second)) << i;
+      EXPECT_EQ(batched.out[i].tokens, plain.out[i].tokens) << i;
+      EXPECT_EQ(single.out[i].tokens, plain.out[i].tokens) << i;
+      EXPECT_EQ(batched.out[i].text, plain.out[i].text) << i;
+      drafted += batched.out[i].draft_n;
+    }
+    EXPECT_GT(drafted, 0);
+    EXPECT_GT(batched.peak_draft_blocks, 0u);
+    // One pass per draft position for all the sequences, not one per sequence.
+    EXPECT_GT(batched.draft_passes, 0u);
+    EXPECT_LT(double(batched.draft_passes), 0.6 * double(single.draft_passes))
+        << batched.draft_passes << " batched passes against " << single.draft_passes;
+  }
+}
+
+// A rewound draft cache gives its blocks back: it holds what a fresh drafter fed the same history
+// holds.
+TEST(DraftModel, DraftCacheRewindGivesBlocksBack) {
+  Models& m = models();
+  ThreadPool pool(2);
+  ModelDrafter d(*m.tiny, pool, 512);
+  std::vector<int32_t> h = prompt_ids(m.tok), out;
+  const size_t L = h.size();
+  for (int i = 0; i < 12; ++i) {  // every draft kept: the history grows by 8 a round
+    d.draft(h, 8, out);
+    h.insert(h.end(), out.begin(), out.end());
+  }
+  const size_t grown = d.kv_blocks();
+  h.resize(L + 1);  // the target rejected everything after the prompt's next token
+  d.draft(h, 2, out);
+  ModelDrafter fresh(*m.tiny, pool, 512);
+  std::vector<int32_t> ref;
+  fresh.draft(h, 2, ref);
+  EXPECT_EQ(out, ref);
+  EXPECT_EQ(d.kv_blocks(), fresh.kv_blocks());
+  EXPECT_LT(d.kv_blocks(), grown);
+}
+
 // A draft model whose tokenizer maps two ids the other way round: refused, naming both models.
 TEST(DraftModel, AnotherVocabularyIsRefusedNamingBoth) {
   test::TempDir dir;

@@ -648,6 +648,9 @@ TEST(SpeculativeCli, SampleAndChatGiveTheSameTokens) {
   const auto sc = test::run_command(test::binary() + " serve " + model + " --port 0 --spec-type ngram --spec-suffix-cache 100");
   EXPECT_EQ(sc.code, 2);
   EXPECT_NE(sc.err.find("--spec-suffix-cache: the shared reply counts are the suffix drafter's"), std::string::npos) << sc.err;
+  const auto nb = test::run_command(test::binary() + " serve " + model + " --port 0 --spec-type ngram --no-spec-draft-batch");
+  EXPECT_EQ(nb.code, 2);
+  EXPECT_NE(nb.err.find("--no-spec-draft-batch: only a draft model's drafting is batched"), std::string::npos) << nb.err;
   const auto vc = test::run_command(test::binary() + " bench " + model + " --spec-verify-cost --spec-type ngram");
   EXPECT_EQ(vc.code, 2);
   EXPECT_NE(vc.err.find("--spec-verify-cost times verification passes alone"), std::string::npos) << vc.err;

@@ -57,6 +57,7 @@ struct ServeArgs {
   double prompt_cache_max_mb = 1024;
   SpecArgs spec;
   int spec_suffix_cache = -1;  // --spec-suffix-cache (-1: not given)
+  bool no_spec_draft_batch = false;  // --no-spec-draft-batch
 };
 
 // `text` with every "DIR/" of `dirs` taken out.
@@ -154,6 +155,8 @@ int run_serve(ServeArgs& a) {
   const SpecOptions spec = spec_options(a.spec);
   if (a.spec_suffix_cache >= 0 && spec.type != SpecType::Suffix)
     throw UsageError("--spec-suffix-cache: the shared reply counts are the suffix drafter's; give --spec-type suffix");
+  if (a.no_spec_draft_batch && spec.type != SpecType::Draft)
+    throw UsageError("--no-spec-draft-batch: only a draft model's drafting is batched; give --model-draft");
   SignalStop signals;  // before any thread exists
   const std::filesystem::path dir = a.model_dir.empty() ? default_model_dir() : std::filesystem::path(a.model_dir);
   Runtime rt({dir, resolve_threads(a.runtime), true});
@@ -174,6 +177,7 @@ int run_serve(ServeArgs& a) {
   sc.eos_ids = stop_token_ids(dir, rt.config(), rt.tokenizer());
   sc.spec = spec;
   if (a.spec_suffix_cache >= 0) sc.spec_suffix_cache = size_t(a.spec_suffix_cache);
+  sc.spec_draft_batch = !a.no_spec_draft_batch;
   const auto draft = load_draft_model(a.spec, sc.spec, rt.tokenizer(), dir.string(), rt.pool(), sc.session.kv.ctx_size);
   std::unique_ptr<KVStore> store;
   if (!a.prompt_cache_dir.empty()) {
@@ -271,6 +275,9 @@ Command add_serve_command(CLI::App& root) {
                   "(0 = each request drafts from its own history alone)")
       ->check(integer_between(0, 1 << 24))
       ->default_str("16384");
+  app->add_flag("--no-spec-draft-batch", a->no_spec_draft_batch,
+                "Run the draft model for one sequence after another instead of one batched pass per draft "
+                "position for all of them (for comparison)");
   app->add_option("--cache-reuse", a->cache_reuse,
                   "Past the prefix reused exactly, take runs of at least N tokens of an earlier history that "
                   "reappear later in the prompt by shifting their positions instead of recomputing them (an "

@@ -1,5 +1,7 @@
 #include "engine/scheduler.h"
 
+#include "engine/drafter_model.h"
+
 #include <algorithm>
 #include <chrono>
 #include <numeric>
@@ -77,6 +79,7 @@ struct Scheduler::Slot {
   std::unique_ptr<Speculator> spec;
   std::vector<int32_t> drafts, fed;
   int cls = 0, k = 0, skipped = 0;
+  int deferred = 0;  // a draft model's drafts on offer this step, not drafted yet (plan_drafts)
   bool cancelled() const { return req.cancel && req.cancel->load(); }
   int64_t remaining() const { return int64_t(seq.size()) - session->position(); }
 };
@@ -683,6 +686,7 @@ void Scheduler::plan_drafts(const std::vector<Slot*>& batch, std::vector<std::sp
   for (size_t i = 0; i < batch.size(); ++i) {
     Slot& s = *batch[i];
     s.k = 0;
+    s.deferred = 0;
     rows += int(feeds[i].size());
     if (!s.spec || s.remaining() != 1 || s.gen.done()) continue;
     ++decoding;
@@ -692,20 +696,33 @@ void Scheduler::plan_drafts(const std::vector<Slot*>& batch, std::vector<std::sp
     // token at a time), and one append computes each row as single steps would.
     int room = std::min(o.draft_max, std::min(ss.max_draft_append(), ss.max_chunk()) - 1);
     while (room > 0 && !ss.fits(room + 2)) room = std::max(0, std::min(room / 2, room - 1));
-    s.cls = s.spec->propose(s.seq, s.spec->draft_room(room), s.drafts);
-    if (int(s.drafts.size()) < std::max(1, o.draft_min)) {
+    room = s.spec->draft_room(room);
+    s.drafts.clear();
+    s.cls = 0;
+    // A draft model drafts as many tokens as asked, at a forward pass each: the step first decides
+    // how many it takes, and only those are drafted (below).
+    if (dynamic_cast<ModelDrafter*>(s.spec->drafter())) s.deferred = room;
+    else s.cls = s.spec->propose(s.seq, room, s.drafts);
+  }
+  if (decoding == 0) return;
+  const auto avail = [](const Slot& s) { return s.deferred > 0 ? s.deferred : int(s.drafts.size()); };
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Slot& s = *batch[i];
+    if (!s.spec || s.remaining() != 1 || s.gen.done()) continue;
+    const SpecOptions& o = s.spec->options();
+    if (avail(s) < std::max(1, o.draft_min)) {
       s.drafts.clear();
+      s.deferred = 0;
       continue;
     }
     if (!o.adaptive) {
-      s.k = int(s.drafts.size());
+      s.k = avail(s);
       continue;
     }
     const double a = s.spec->acceptance(s.cls);
     double y = 1;
-    for (size_t j = 0; j < s.drafts.size() && (y *= a) > 0; ++j) offers.push_back({y, i});
+    for (int j = 0; j < avail(s) && (y *= a) > 0; ++j) offers.push_back({y, i});
   }
-  if (decoding == 0) return;
   if (!offers.empty()) {
     // Each sequence's offers fall with j (a < 1), so taking them by yield takes every sequence's
     // drafts in order.
@@ -726,17 +743,18 @@ void Scheduler::plan_drafts(const std::vector<Slot*>& batch, std::vector<std::sp
   }
   for (size_t i = 0; i < batch.size(); ++i) {
     Slot& s = *batch[i];
-    if (s.drafts.empty() || !s.spec || s.remaining() != 1) continue;
+    if (avail(s) == 0 || !s.spec || s.remaining() != 1) continue;
     const SpecOptions& o = s.spec->options();
     if (s.k > 0 && s.k < o.draft_min) s.k = 0;
     if (s.k == 0 && o.adaptive && ++s.skipped >= kProbeEvery)
-      s.k = std::min<int>(int(s.drafts.size()), std::max(2, o.draft_min));  // measure again: the text may have changed
+      s.k = std::min<int>(avail(s), std::max(2, o.draft_min));  // measure again: the text may have changed
     if (s.k == 0) {
       ++live_.spec_declined;
       continue;
     }
     s.skipped = 0;
   }
+  draft_with_models(batch);
   // The drafted rows replace the plain ones; without room in the pool for them, a plain step.
   std::vector<std::span<const int32_t>> planned = feeds;
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -750,6 +768,39 @@ void Scheduler::plan_drafts(const std::vector<Slot*>& batch, std::vector<std::sp
     feeds = std::move(planned);
   } else {
     for (Slot* s : batch) s->k = 0;
+  }
+}
+
+// The drafts a step took from sequences with a draft model (Slot::deferred), made now: for all of them
+// in one batched pass of the draft model per draft position (engine/drafter_model.h draft_batched),
+// or one sequence after another.
+void Scheduler::draft_with_models(const std::vector<Slot*>& batch) {
+  std::vector<DraftJob> jobs;
+  std::vector<Slot*> slots;
+  for (Slot* s : batch) {
+    if (s->deferred == 0) continue;
+    s->deferred = 0;
+    if (s->k == 0) continue;
+    auto* md = static_cast<ModelDrafter*>(s->spec->drafter());
+    if (cfg_.spec_draft_batch) {
+      jobs.push_back({md, s->seq, s->k, &s->drafts});
+      slots.push_back(s);
+      continue;
+    }
+    const int64_t passes = md->passes();
+    s->cls = s->spec->propose(s->seq, s->k, s->drafts);
+    live_.spec_draft_passes += uint64_t(md->passes() - passes);
+    s->k = int(s->drafts.size()) >= std::max(1, s->spec->options().draft_min) ? int(s->drafts.size()) : 0;
+  }
+  if (jobs.empty()) return;
+  const double t0 = thread_cpu_seconds();
+  live_.spec_draft_passes += uint64_t(draft_batched(jobs, draft_state_));
+  size_t n = 0;
+  for (const DraftJob& j : jobs) n += j.out->size();
+  const double per = n > 0 ? (thread_cpu_seconds() - t0) / double(n) : 0.0;
+  for (Slot* s : slots) {
+    if (!s->drafts.empty()) s->spec->note_draft_cost(per);
+    s->k = int(s->drafts.size()) >= std::max(1, s->spec->options().draft_min) ? int(s->drafts.size()) : 0;
   }
 }
 
@@ -817,6 +868,7 @@ void Scheduler::finish(Slot& s, FinishReason r, std::string error) {
   if (suffix_cache_ && (r == FinishReason::Stop || r == FinishReason::Length))
     suffix_cache_->add(s.req.prompt, s.result.tokens);
   s.session.reset();  // the blocks go back now
+  s.spec.reset();     // and a draft model's cache with them
   s.result.reason = r;
   s.result.error = std::move(error);
   if (r == FinishReason::Cancelled) ++live_.cancelled;
@@ -861,6 +913,9 @@ void Scheduler::publish_stats() {
     for (size_t id = 0; id < p->capacity(); ++id) shared += p->refs(int32_t(id)) > 1;
   s.blocks_shared = shared;
   s.pinned_prefixes = pins_.size();
+  for (const auto& slot : running_)
+    if (slot->spec && !slot->done)
+      if (const auto* md = dynamic_cast<const ModelDrafter*>(slot->spec->drafter())) s.spec_draft_blocks += md->kv_blocks();
   for (const Pin& p : pins_) s.blocks_pinned += p.held.size();
   if (exchange_) {
     s.store = true;

@@ -62,6 +62,10 @@ struct SchedulerConfig {
   // The suffix drafter's shared counts: the most reply tokens of finished requests kept (0: each
   // sequence drafts from its own history alone).
   size_t spec_suffix_cache = 16384;
+  // A draft model (spec.type Draft) drafts for every speculating sequence of a step at once: one
+  // batched forward of the draft model per draft position (engine/drafter_model.h draft_batched);
+  // false: one sequence after another.
+  bool spec_draft_batch = true;
 };
 
 // What an API reports: the generator's StopReason (engine/generator.h) in four classes.
@@ -146,6 +150,9 @@ struct SchedulerStats {
   // Speculative decoding: drafted tokens verified, kept, the sequences' verifications, and the
   // decoding sequences' steps taken without drafts although they had some (judged not to pay).
   uint64_t spec_drafted = 0, spec_accepted = 0, spec_verifications = 0, spec_declined = 0;
+  // A draft model's forward passes, and the KV blocks its caches hold for the running sequences.
+  uint64_t spec_draft_passes = 0;
+  size_t spec_draft_blocks = 0;
   bool store = false;
   uint64_t store_hits = 0, store_misses = 0, store_rejected = 0, store_tokens = 0, store_puts = 0;
   KVStoreStats store_io;
@@ -198,6 +205,7 @@ class Scheduler {
   void sample_next(Slot& s);
   void take(Slot& s, Generator::Step& step);
   void plan_drafts(const std::vector<Slot*>& batch, std::vector<std::span<const int32_t>>& feeds);
+  void draft_with_models(const std::vector<Slot*>& batch);
   void verify_drafts(Slot& s);
   void finish(Slot& s, FinishReason r, std::string error = {});
   void reap();
@@ -215,6 +223,7 @@ class Scheduler {
   // an average per width), a verification's steps.
   PassCosts step_costs_;
   std::vector<Generator::Step> spec_steps_;
+  ForwardState draft_state_;  // the draft model's activations for batched drafting
   std::unique_ptr<SuffixCache> suffix_cache_;  // recent replies, for every suffix drafter (or null)
 
   mutable std::mutex mu_;

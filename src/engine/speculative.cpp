@@ -222,6 +222,10 @@ int Speculator::propose(std::span<const int32_t> seq, int room, std::vector<int3
   return cls;
 }
 
+void Speculator::note_draft_cost(double per) {
+  if (per > 0) update(draft_s_, per, per);
+}
+
 int Speculator::verify(Generator& gen, std::span<float> rows, size_t vocab, std::span<const int32_t> hist, int64_t p0,
                        std::span<const int32_t> drafts, int cls, std::vector<Generator::Step>& steps) {
   const int k = int(drafts.size());

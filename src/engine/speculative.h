@@ -139,6 +139,7 @@ class Speculator {
  public:
   explicit Speculator(const SpecOptions& o);
   bool enabled() const { return drafter_ != nullptr; }
+  Drafter* drafter() const { return drafter_.get(); }
   const SpecOptions& options() const { return o_; }
 
   // Feeds `pending` (the id the generator just accepted, not fed yet) and, when drafting is
@@ -155,6 +156,8 @@ class Speculator {
   // Up to `room` drafts to follow `seq` (the history and the pending id) into `out`; returns the
   // drafter's confidence class.
   int propose(std::span<const int32_t> seq, int room, std::vector<int32_t>& out);
+  // Drafting measured outside propose() (the scheduler's batched draft model): CPU seconds a token.
+  void note_draft_cost(double seconds_per_token);
   // The measured chance that a drafted token of class `cls` is kept.
   double acceptance(int cls) const { return alpha_[size_t(std::clamp(cls, 0, int(alpha_.size()) - 1))]; }
   // Runs `gen` over rows [drafts.size() + 1][vocab] (the logits after the pending id and after each

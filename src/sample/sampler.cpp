@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/ops.h"
+
 namespace ptllm {
 
 namespace {
@@ -34,6 +36,30 @@ uint64_t Rng::next() {
 double Rng::uniform() { return double(next() >> 11) * 0x1.0p-53; }
 
 int32_t argmax(std::span<const float> logits) {
+  // Every verified row of a speculative step and every greedy token takes one: the vector maximum,
+  // then the first index holding it, found chunk by chunk in loops the compiler vectorizes
+  // (std::max_element keeps an index in a loop it leaves scalar: 10 us against 1.9 us for 8192 logits). The same index as
+  // std::max_element's, the first of the largest; with a NaN anywhere (the vector maximum may pass
+  // over larger values then) it is std::max_element's own.
+  const size_t n = logits.size();
+  const float* x = logits.data();
+  if (n == 0) return 0;
+  const float m = max_of(x, int(n));
+  constexpr size_t kChunk = 64;
+  size_t first = n;  // the first chunk holding m
+  int nan = 0;  // counts, not flags: the compiler vectorizes sums of comparisons
+  for (size_t b = 0; b < n; b += kChunk) {
+    const size_t e = std::min(n, b + kChunk);
+    int hit = 0;
+    for (size_t i = b; i < e; ++i) {
+      hit += x[i] == m;
+      nan += x[i] != x[i];
+    }
+    if (hit && first == n) first = b;
+  }
+  if (!nan && first < n)
+    for (size_t i = first;; ++i)
+      if (x[i] == m) return int32_t(i);
   return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 

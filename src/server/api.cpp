@@ -689,6 +689,10 @@ std::string metrics_text(const SchedulerStats& s, int parallel) {
   metric(o, "ptllm_spec_declined_steps_total", "counter",
          "Sequences' steps taken without their drafts (judged not to pay: low acceptance or a wide batch)",
          double(s.spec_declined));
+  metric(o, "ptllm_spec_draft_passes_total", "counter", "Forward passes of the draft model (speculative decoding)",
+         double(s.spec_draft_passes));
+  metric(o, "ptllm_spec_draft_kv_blocks", "gauge", "KV blocks the draft model's caches hold for running sequences",
+         double(s.spec_draft_blocks));
   metric(o, "ptllm_requests_queued", "gauge", "Requests waiting for a slot or KV room", double(s.queued));
   metric(o, "ptllm_requests_running", "gauge", "Sequences in the running batch", double(s.running));
   metric(o, "ptllm_parallel_slots", "gauge", "Sequences that may run at once (--parallel)", double(parallel));
