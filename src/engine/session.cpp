@@ -223,7 +223,7 @@ std::span<float> Session::run(std::span<const int32_t> tokens, bool all_logits) 
   if (opts_.use_cache) {
     reused_ = 0;
     size_t done = 0;
-    if (history_.empty() && !all_logits) done = size_t(adopt_prefix(tokens));
+    if (history_.empty() && !all_logits && auto_adopt_) done = size_t(adopt_prefix(tokens));
     // In chunks the cache can take at once (StreamingLLM and KIVI bound their full-precision blocks).
     while (done < T) {
       const size_t n = std::min(T - done, size_t(cache_->max_append()));
