@@ -54,25 +54,12 @@ PromptBlockLoad PromptBlockCache::prefill(Session& session, std::span<const int3
 
   // The prompt's full blocks, the last token left out (its logits are computed), up to the last one
   // an exact adoption may end with.
-  size_t n = std::min(pool_->complete_blocks(N - 1), pool_->adoptable_limit());
-  while (n > 0) {
-    const KVPool::TokenRange last = pool_->token_block(n - 1);
-    if (exact(session, N, last.start + last.len)) break;
-    --n;
-  }
+  KVManager kv(*pool_);
+  const size_t n = kv.adoptable_blocks(N, [&](int64_t a) { return exact(session, N, a); });
   std::vector<int32_t> held;
   if (n > 0) {
-    pool_->extend_block_hashes(prompt, n, hashes_);
-    auto ids = [&](size_t j) {
-      const KVPool::TokenRange tb = pool_->token_block(j);
-      return prompt.subspan(size_t(tb.start), size_t(tb.len));
-    };
     // A conversation started again (/reset) finds its earlier blocks in the pool first.
-    size_t local = 0;
-    const bool kivi = pool_->has_quantized_form();
-    while (local < n && (pool_->hold_block(hashes_[local], ids(local), held) ||
-                         (kivi && local >= pool_->sink_blocks() && pool_->hold_block(hashes_[local], ids(local), held, true))))
-      ++local;
+    const size_t local = kv.get_computed_blocks(prompt, 0, n, hashes_, held);
     if (local < n) {
       const KVStoreStats before = store_.stats();
       // Room kept for the shortest rest to compute: blocks loaded and then not adopted are given back
@@ -80,29 +67,17 @@ PromptBlockLoad PromptBlockCache::prefill(Session& session, std::span<const int3
       const KVPool::TokenRange last = pool_->token_block(n - 1);
       const int rest = int(std::min<int64_t>(N - (last.start + last.len), session.max_chunk()));
       const BlockExchange::Lookup r =
-          exchange_->load(*pool_, prompt, hashes_, local, n, KVManager(*pool_).prefill_reserve(0, rest), held);
+          exchange_->load(*pool_, prompt, hashes_, local, n, kv.prefill_reserve(0, rest), held);
       load.blocks = r.hits;
       load.rejected = r.rejected;
       load.bytes_read = store_.stats().bytes_in - before.bytes_in;
     }
   }
   session.adopt_only_explicitly();
-  load.reused = session.adopt_prefix(prompt, [&](int64_t a) { return exact(session, N, a); });
-  pool_->release_held(held);  // the session holds its own references now
-  // Of the adopted blocks, those the store has in their final form: all, but under KIVI only the run
-  // whose quantized groups the pool holds (a block adopted in full precision is put once quantized).
-  const size_t adopted = pool_->complete_blocks(load.reused);
-  saved_ = adopted;
-  if (pool_->has_quantized_form() && adopted > 0) {
-    size_t s = std::min(adopted, pool_->sink_blocks());
-    while (s < adopted) {
-      const KVPool::TokenRange tb = pool_->token_block(s);
-      if (!pool_->hold_block(hashes_[s], prompt.subspan(size_t(tb.start), size_t(tb.len)), held, true)) break;
-      pool_->release_held(held);
-      ++s;
-    }
-    saved_ = s;
-  }
+  // The session holds its own references then; the rest of `held` stay findable.
+  load.reused = session.adopt_prefix(kv, prompt, [&](int64_t a) { return exact(session, N, a); }, held);
+  // Of the adopted blocks, those the store has in their final form already.
+  saved_ = kv.final_form_blocks(prompt, hashes_, pool_->complete_blocks(load.reused));
   session.feed(prompt.subspan(size_t(load.reused)));
   save(session, false);
   return load;

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "kernels/ops.h"
+#include "kv/manager.h"
 
 namespace ptllm {
 
@@ -185,6 +186,23 @@ int64_t Session::adopt_prefix(std::span<const int32_t> prompt, const std::functi
   history_.insert(history_.end(), prompt.begin(), prompt.begin() + std::ptrdiff_t(reused_));
   if (reused_ > 0) cache_->end_step(history_);
   return reused_;
+}
+
+int64_t Session::adopt_prefix(KVManager& kv, std::span<const int32_t> prompt,
+                              const std::function<bool(int64_t)>& accept, std::vector<int32_t>& held) {
+  PTLLM_CHECK(history_.empty() && cache_ && cache_->shares_pool());
+  reused_ = kv.allocate_computed(*cache_, prompt, accept, held);
+  history_.insert(history_.end(), prompt.begin(), prompt.begin() + std::ptrdiff_t(reused_));
+  if (reused_ > 0) cache_->end_step(history_);
+  return reused_;
+}
+
+void Session::release(KVManager& kv) {
+  if (cache_) kv.free(*cache_);
+  history_.clear();
+  reused_ = 0;
+  draft_from_ = -1;
+  logits_valid_ = false;
 }
 
 void Session::append_shifted(std::span<const int32_t> ids, int64_t delta, uint64_t salt,

@@ -13,6 +13,7 @@
 
 namespace ptllm {
 
+class KVManager;
 class ThreadPool;
 
 struct SessionOptions {
@@ -70,6 +71,12 @@ class Session {
   // 0 with a private pool or without room. accept (when given): only a prefix whose token count it
   // accepts is taken (adoption_is_exact).
   int64_t adopt_prefix(std::span<const int32_t> prompt, const std::function<bool(int64_t)>& accept = {});
+  // The same through a scheduler's KV manager (KVManager::allocate_computed), which then frees `held`
+  // (references its get_computed_blocks took).
+  int64_t adopt_prefix(KVManager& kv, std::span<const int32_t> prompt, const std::function<bool(int64_t)>& accept,
+                       std::vector<int32_t>& held);
+  // Gives every KV block back through the manager (KVManager::free); the session is empty after.
+  void release(KVManager& kv);
   // From now on the first feed() of an empty session computes every token: only adopt_prefix takes
   // the pool's blocks (a caller that checks an adoption's exactness itself: engine/prompt_blocks.h).
   void adopt_only_explicitly() { auto_adopt_ = false; }
