@@ -10,9 +10,11 @@
 // token, for a fresh server of each mode (-np 1), the modes' order rotating trace by trace. The
 // replies are scripted (the same history for every mode).
 // --llama-server PATH adds llama-server's two modes (then --model should be a .gguf file both read).
-// --kl: each turn's edit is also measured by `posttrainllm bench --cache-reuse --edit` (the previous
-// turn's prompt and reply as the history, this turn's prompt, and this turn's reply scored): the KL of
-// the shifted prompt's continuation against a recompute, one edit at a time.
+// --kl: each trace is also replayed by `posttrainllm bench --cache-reuse N --trace` (the same turns'
+// prompts, each turn's reply scored after its prompt): the reused K/V compounds turn after turn (each
+// turn shifts from the previous turn's reuse session with its reply, as the server holds it), and each
+// turn's reply distribution is compared with an exact recompute of the same prompt over the whole
+// vocabulary: KL, NLL of the reply against the recompute's, top-1 agreement.
 // Needs only Node 20 (fetch). Examples:
 //   node scripts/bench_agent_trace.mjs --binary build/posttrainllm --model ../shared/models/kjv-small
 //   node scripts/bench_agent_trace.mjs --model ../shared/models/gguf/kjv-small-Q4_K_M.gguf \
@@ -106,9 +108,7 @@ function prompt(trace, t) {
   return p + 'ASSISTANT:';
 }
 
-// The previous turn's whole sequence as the server held it (its prompt and its reply), and what the
-// model is to write after this turn's prompt in the scripted trace (the next reply).
-const heldAfter = (trace, t) => prompt(trace, t) + ' ' + trace.steps[t].reply + '\n';
+// What the model is to write after turn t's prompt in the scripted trace (its reply).
 const continuation = (trace, t) => ' ' + trace.steps[t].reply + '\n';
 
 // One request for one token (prefill and the first token: its time is the time to the first token,
@@ -185,25 +185,24 @@ for (let k = 0; k < traces && serve; ++k) {
   }
 }
 
-// The KL of each turn's shifted prompt against a recompute (bench --cache-reuse --edit).
-const kl = [];
+// The KL of each turn's reply under reuse, compounding, against a recompute (bench --cache-reuse --trace).
+const kl = [], klSummary = [];
 if (withKl || !serve) {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ptllm-trace-'));
   try {
     for (let k = 0; k < traces; ++k) {
       const trace = makeTrace(seed0 + k);
-      for (let t = 1; t < turns; ++t) {
-        const files = ['history', 'prompt', 'continuation'].map((n) => path.join(dir, `${n}.txt`));
-        fs.writeFileSync(files[0], heldAfter(trace, t - 1));
-        fs.writeFileSync(files[1], prompt(trace, t));
-        fs.writeFileSync(files[2], continuation(trace, t));
-        const r = spawnSync(binary, ['bench', model, '--cache-reuse', reuse, '--edit', ...files, '-n', '64', '-t', threads,
-                                     '-c', ctx, '--json', ...kvFlags], { encoding: 'utf8' });
-        if (r.status !== 0) throw new Error(`bench --edit: ${r.stderr}`);
-        kl.push({ trace: k, turn: t, ...JSON.parse(r.stdout.trim().split('\n').pop()) });
-        const x = kl[kl.length - 1];
-        console.error(`trace ${k} turn ${t + 1}: KL mean ${x.kl_mean.toFixed(4)} max ${x.kl_max.toFixed(4)}`);
+      const file = path.join(dir, `trace${k}.json`);
+      fs.writeFileSync(file, JSON.stringify(trace.steps.map((_, t) => ({ prompt: prompt(trace, t), reply: continuation(trace, t) }))));
+      const r = spawnSync(binary, ['bench', model, '--cache-reuse', reuse, '--trace', file, '-n', '64', '-t', threads,
+                                   '-c', ctx, '--json', ...kvFlags], { encoding: 'utf8', maxBuffer: 1 << 26 });
+      if (r.status !== 0) throw new Error(`bench --trace: ${r.stderr}`);
+      const lines = r.stdout.trim().split('\n').map((l) => JSON.parse(l));
+      for (const x of lines.slice(0, -1)) {
+        kl.push({ trace: k, ...x });
+        console.error(`trace ${k} turn ${x.turn}: KL mean ${x.kl_mean.toFixed(4)} max ${x.kl_max.toFixed(4)}`);
       }
+      klSummary.push({ trace: k, ...lines[lines.length - 1] });
     }
   } finally {
     fs.rmSync(dir, { recursive: true, force: true });
@@ -224,17 +223,16 @@ for (const m of names) {
               `${median(later.map((r) => r.ttft)).toFixed(0)} ms`);
 }
 if (withKl || !serve) {
-  console.log('KL of the shifted prompt against a recompute (bench --cache-reuse --edit), per turn:');
-  console.log('trace turn | prompt | computed exact / shifted-reuse | KL mean / max | NLL reuse / recompute | top-1');
+  console.log(`KL of each turn's reply with --cache-reuse ${reuse}, the reuse compounding, against a recompute ` +
+              '(bench --cache-reuse --trace), per turn:');
+  console.log('trace turn | prompt | computed exact / reuse (shifted) | KL mean / max | NLL reuse / recompute (diff) | top-1');
   for (const r of kl)
-    console.log(`${r.trace} ${String(r.turn + 1).padStart(2)} | ${r.prompt_tokens} | ${r.computed_exact} / ${r.computed_reuse} | ` +
-                `${r.kl_mean.toFixed(4)} / ${r.kl_max.toFixed(4)} | ${r.nll_reuse.toFixed(4)} / ${r.nll_reference.toFixed(4)} | ` +
+    console.log(`${r.trace} ${String(r.turn).padStart(2)} | ${r.prompt_tokens} | ${r.computed_exact} / ${r.computed_reuse} ` +
+                `(${r.shifted_tokens}) | ${r.kl_mean.toFixed(4)} / ${r.kl_max.toFixed(4)} | ${r.nll_reuse.toFixed(4)} / ` +
+                `${r.nll_reference.toFixed(4)} (${(r.nll_reuse - r.nll_reference >= 0 ? '+' : '')}${(r.nll_reuse - r.nll_reference).toFixed(4)}) | ` +
                 `${(100 * r.top1_agreement).toFixed(1)}%`);
-  for (let k = 0; k < traces; ++k) {
-    const rs = kl.filter((r) => r.trace === k);
-    const w = rs.reduce((s, r) => s + r.scored_tokens, 0);
-    console.log(`trace ${k}: KL mean ${(rs.reduce((s, r) => s + r.kl_mean * r.scored_tokens, 0) / w).toFixed(4)} nats, ` +
-                `max ${Math.max(...rs.map((r) => r.kl_max)).toFixed(4)}; NLL ${(rs.reduce((s, r) => s + r.nll_reuse * r.scored_tokens, 0) / w).toFixed(4)} ` +
-                `against ${(rs.reduce((s, r) => s + r.nll_reference * r.scored_tokens, 0) / w).toFixed(4)}`);
-  }
+  for (const x of klSummary)
+    console.log(`trace ${x.trace}: ${x.turns} turns, ${x.scored_tokens} reply tokens: KL mean ${x.kl_mean.toFixed(4)} nats, ` +
+                `max ${x.kl_max.toFixed(4)}; NLL ${x.nll_reuse.toFixed(4)} against ${x.nll_reference.toFixed(4)} ` +
+                `(${(x.nll_reuse - x.nll_reference >= 0 ? '+' : '')}${(x.nll_reuse - x.nll_reference).toFixed(4)}); exact reuse KL max ${x.kl_exact_max.toExponential(1)}`);
 }

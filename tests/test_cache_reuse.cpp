@@ -351,3 +351,42 @@ TEST_F(CacheReuseScheduler, ARequestShiftsWhatFollowsADroppedChunk) {
 
 }  // namespace
 }  // namespace ptllm
+
+namespace ptllm {
+namespace {
+
+// A served conversation's reuse compounds: turn 2 shifts what followed a dropped chunk; turn 3
+// extends turn 2's prompt and reply, so an exact server adopts all of it, but the reuse chain's
+// history is turn 2's shifted K/V, which it carries on (shifted again, by 0): turn 3's reply still
+// differs from a recompute. A one-edit measurement from an exact history sees none of it.
+TEST(CacheReuseTrace, TheApproximationCarriesOverToTheNextTurn) {
+  const auto model = Model::load(test::repo_model("kjv-tiny"));
+  ThreadPool threads(2);
+  SessionOptions o;
+  o.kv.ctx_size = 1024;
+  const auto sys = ids(1, 100, 3, 99), drop = ids(2, 64, 100, 199), rest = ids(3, 300, 200, 299),
+             reply1 = ids(4, 20, 300, 399), user2 = ids(5, 40, 400, 499), reply2 = ids(6, 20, 500, 599),
+             user3 = ids(7, 40, 600, 699), reply3 = ids(8, 20, 700, 799);
+  std::vector<TraceTurn> turns = {{cat({sys, drop, rest}), reply1},
+                                  {cat({sys, rest, user2}), reply2},
+                                  {cat({sys, rest, user2, reply2, user3}), reply3}};
+  const auto ms = measure_cache_reuse_trace(*model, o, threads, turns, 64, 256);
+  ASSERT_EQ(ms.size(), 3u);
+  EXPECT_EQ(ms[0].shifted, 0);  // nothing held before the first turn: exact
+  EXPECT_EQ(ms[0].kl_max, 0.0);
+  EXPECT_EQ(ms[0].computed_reuse, int64_t(turns[0].prompt.size()));
+  EXPECT_GE(ms[1].shifted, 256);  // the rest after the dropped chunk
+  EXPECT_GT(ms[1].kl_mean, 0.0);
+  // Turn 3: an exact server adopts turn 2's whole blocks (what both share, up to the reply's end).
+  EXPECT_LE(ms[2].computed_exact, 32 + 40);
+  EXPECT_GE(ms[2].shifted, 256);  // the reuse server takes turn 2's shifted K/V again
+  EXPECT_GT(ms[2].kl_mean, 0.0);
+  for (const ReuseMeasurement& m : ms) EXPECT_LT(m.kl_exact_max, 1e-6);  // exact reuse is exact
+  // The same turn measured from an exact history: no shift, the recompute's distribution.
+  const std::vector<int32_t> held2 = cat({sys, rest, user2, reply2});
+  const ReuseMeasurement one = measure_cache_reuse(*model, o, threads, held2, turns[2].prompt, reply3, 64, 256);
+  EXPECT_LT(one.kl_max, 1e-6);
+}
+
+}  // namespace
+}  // namespace ptllm

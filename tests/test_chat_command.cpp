@@ -265,12 +265,17 @@ TEST(ChatCommand, SystemPromptFoldedForTemplatesThatRefuseIt) {
   }
 }
 
-// --prompt-cache-dir: each turn's state is saved; the same conversation launched again restores
-// its first turn instead of prefilling it, and replies the same.
+// A system prompt of more than two 32-token blocks once rendered.
+const std::string kLongSystem =
+    "--system 'You are a scribe of the house of David, and thou shalt write the words of the LORD in a book, every "
+    "word that he speaketh unto thee, from the beginning of the days unto the end of them.'";
+
+// --prompt-cache-dir: each turn's blocks are saved; the same conversation launched again takes its
+// first turn's whole blocks instead of prefilling them, and replies the same.
 TEST_F(ChatModel, PromptCacheResumesALaterLaunch) {
   const fs::path conv = write_file(tmp.path / "conv.txt", "In the beginning\nAnd God said\n");
-  const std::string args = "-f " + conv.string() + " --temperature 0 -n 5 --json --system 'You are a scribe.' " +
-                           "--prompt-cache-dir " + (tmp.path / "cache").string();
+  const std::string args = "-f " + conv.string() + " --temperature 0 -n 5 --json " + kLongSystem +
+                           " --prompt-cache-dir " + (tmp.path / "cache").string();
   auto cold = test::run_command(chat_cmd(model, args));
   ASSERT_EQ(cold.code, 0) << cold.err;
   EXPECT_TRUE(has(cold.err, "prompt cache: saved")) << cold.err;
@@ -280,29 +285,31 @@ TEST_F(ChatModel, PromptCacheResumesALaterLaunch) {
   ASSERT_EQ(c.size(), 2u);
   ASSERT_EQ(h.size(), 2u);
   EXPECT_EQ(c[0]["prompt_cache_tokens"], 0);
-  EXPECT_EQ(h[0]["prompt_cache_tokens"], h[0]["prompt_tokens"]);
-  EXPECT_EQ(h[0]["prefilled_tokens"], 0);
-  EXPECT_TRUE(has(hot.err, "restored from the prompt cache, 0 prefilled")) << hot.err;
+  const int cached = h[0]["prompt_cache_tokens"].get<int>();
+  EXPECT_GE(cached, 32);
+  EXPECT_EQ(cached % 32, 0);  // whole blocks
+  EXPECT_EQ(h[0]["prefilled_tokens"].get<int>(), h[0]["prompt_tokens"].get<int>() - cached);
+  EXPECT_TRUE(has(hot.err, "restored from the prompt cache")) << hot.err;
   for (size_t k = 0; k < 2; ++k) EXPECT_EQ(h[k]["tokens"], c[k]["tokens"]);
 }
 
-// The system prompt's state is saved apart: a later launch with the same system prompt and another
-// first message restores it and prefills only the rest.
+// Blocks are keyed by the prefix they hold: a later launch with the same system prompt and another
+// first message takes the system prompt's blocks and prefills only the rest.
 TEST_F(ChatModel, PromptCacheKeepsTheSystemPromptForAnotherConversation) {
-  const std::string sys = "--system 'You are a scribe of the house of David, and thou shalt write the words of the LORD.'";
-  const std::string common = " --temperature 0 -n 4 --json " + sys + " --prompt-cache-dir " + (tmp.path / "cache").string();
+  const std::string common = " --temperature 0 -n 4 --json " + kLongSystem + " --prompt-cache-dir " +
+                             (tmp.path / "cache").string();
   const fs::path a = write_file(tmp.path / "a.txt", "In the beginning\n");
-  const fs::path b = write_file(tmp.path / "b.txt", "And God said unto Moses\n");
+  const fs::path b = write_file(tmp.path / "b.txt", "And God said unto Moses, I AM THAT I AM: and he said, Thus shalt thou say\n");
   auto first = test::run_command(chat_cmd(model, "-f " + a.string() + common));
   ASSERT_EQ(first.code, 0) << first.err;
   auto second = test::run_command(chat_cmd(model, "-f " + b.string() + common));
   ASSERT_EQ(second.code, 0) << second.err;
   const Json t = turns_of(second.out).at(0);
-  EXPECT_GT(t["prompt_cache_tokens"].get<int>(), 16) << second.err;
+  EXPECT_GE(t["prompt_cache_tokens"].get<int>(), 32) << second.err;
   EXPECT_EQ(t["prompt_cache_tokens"], t["reused_tokens"]);
   EXPECT_EQ(t["prefilled_tokens"].get<int>(), t["prompt_tokens"].get<int>() - t["reused_tokens"].get<int>());
   // The reply is the one a run without the cache gives.
-  auto cold = test::run_command(chat_cmd(model, "-f " + b.string() + " --temperature 0 -n 4 --json " + sys));
+  auto cold = test::run_command(chat_cmd(model, "-f " + b.string() + " --temperature 0 -n 4 --json " + kLongSystem));
   ASSERT_EQ(cold.code, 0) << cold.err;
   EXPECT_EQ(turns_of(cold.out).at(0)["tokens"], t["tokens"]);
 }

@@ -4,15 +4,18 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <numeric>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "engine/conversation.h"
-#include "engine/prompt_cache.h"
+#include "engine/prompt_blocks.h"
+#include "persist/cache_file.h"
 #include "model/model.h"
 #include "sample/sampler.h"
+#include "test_memory_store.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -144,34 +147,44 @@ TEST(Conversation, ResetForgetsTheSessionAndTooLongIsAnError) {
   }
 }
 
-// A later turn's state saved with PromptCache::save (the session is not fresh): a later launch
-// whose prompt is that conversation restores it instead of prefilling.
+// With a prompt cache, every turn's blocks go to the store (the session is not fresh at the second
+// turn); a later launch whose prompt is that conversation takes them instead of prefilling, and
+// computes the cold logits bit for bit.
 TEST(Conversation, ALaterTurnIsSavedAndRestoredThroughThePromptCache) {
   Tiny t;
-  test::TempDir tmp;
-  const PromptCacheOptions opts{{}, tmp.path, 0};
-  const auto id = prompt_cache_identity(*t.model, t.tok, dense().kv);
-  const auto p1 = t.ids("In the beginning God created the heaven and the earth. And the earth was without form");
-  const auto p2 = concat(p1, t.ids(", and void; and darkness was upon the face of the deep. And the Spirit"));
+  test::MemoryStore store;
+  const Digest id = prompt_cache_identity(*t.model, t.tok, dense().kv).config_key;
+  const auto p1 = t.ids("In the beginning God created the heaven and the earth. And the earth was without form, and "
+                        "void; and darkness was upon the face of the deep.");
+  const auto p2 = concat(p1, t.ids(" And the Spirit of God moved upon the face of the waters. And God said, Let "
+                                   "there be light: and there was light. And God saw the light, that it was good"));
+  ASSERT_GE(p1.size(), 32u);
+  ASSERT_GT(p2.size(), 64u);
   {
-    PromptCache cache(opts, id, t.tok);
-    Conversation conv(*t.model, dense(), t.pool);
+    PromptBlockCache cache(*t.model, dense().kv, store, id);
+    Conversation conv(*t.model, dense(), t.pool, cache.pool());
     TurnPrefill a = conv.prefill(p1, &cache);
     EXPECT_EQ(a.from_cache, 0);
     EXPECT_EQ(a.prefilled, int64_t(p1.size()));
-    EXPECT_EQ(cache.finish().saved.size(), 1u);
     TurnPrefill b = conv.prefill(p2, &cache);
     EXPECT_EQ(b.reused, int64_t(p1.size()));
-    const PromptCacheSave saved = cache.finish();
-    ASSERT_EQ(saved.saved.size(), 1u);
-    EXPECT_EQ(saved.saved[0].tokens, int64_t(p2.size()));
+    EXPECT_EQ(b.from_cache, 0);
+    const PromptBlockSave saved = cache.finish(conv.session());
+    EXPECT_EQ(saved.blocks, p2.size() / 32);  // every full block of the conversation, once
   }
-  PromptCache cache(opts, id, t.tok);
-  Conversation conv(*t.model, dense(), t.pool);
+  PromptBlockCache cache(*t.model, dense().kv, store, id);
+  Conversation conv(*t.model, dense(), t.pool, cache.pool());
   TurnPrefill c = conv.prefill(p2, &cache);
-  EXPECT_EQ(c.from_cache, int64_t(p2.size()));
-  EXPECT_EQ(c.prefilled, 0);
-  EXPECT_EQ(argmax(conv.session().last_logits()), argmax(cold_logits(t, dense(), p2)));
+  // The longest prefix of whole blocks after which the rest takes the batched path (over 17 rows).
+  const int64_t n = int64_t(p2.size());
+  int64_t expect = (n - 1) / 32 * 32;
+  while (n - expect <= 17) expect -= 32;
+  EXPECT_EQ(c.from_cache, expect);
+  EXPECT_EQ(c.prefilled, n - expect);
+  const auto cold = cold_logits(t, dense(), p2);
+  const auto hot = conv.session().last_logits();
+  ASSERT_EQ(hot.size(), cold.size());
+  EXPECT_EQ(std::memcmp(hot.data(), cold.data(), cold.size() * sizeof(float)), 0);
 }
 
 TEST(Conversation, StopTokenIdsJoinTheTokenizerConfigAndGenerationConfig) {

@@ -1,6 +1,7 @@
-// The persistent prompt cache: the file format against damage, the key, directory pruning, and
-// hot == cold for every cache configuration, in the library (logits and KV bytes, bit for bit) and
-// through the real binary (text, exit codes, status lines).
+// The persistent prompt cache: the whole-state file format against damage, the key, directory
+// pruning, and hot == cold for every cache configuration, in the library (logits and KV bytes, bit for
+// bit) and through the real binary (text, exit codes, status lines): `--cache-prompt FILE` (one
+// whole state) and `--prompt-cache-dir DIR` (the block store `serve` shares).
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -528,19 +529,44 @@ const std::vector<CliCase> kCliCases = {
     {"streaming", " --streaming-llm-sink 4 --streaming-llm-window 24 --kv-group-size 8"},
 };
 
+// "prompt cache: hit, R of N tokens reused from": R, or -1 without such a line.
+int64_t reused_of(const std::string& err) {
+  const std::string key = "prompt cache: hit, ";
+  const size_t at = err.find(key);
+  return at == std::string::npos ? -1 : std::stoll(err.substr(at + key.size()));
+}
+
+// The block files under dir/blocks.
+std::vector<fs::path> block_files(const fs::path& dir) {
+  std::vector<fs::path> out;
+  if (!fs::exists(dir / "blocks")) return out;
+  for (const auto& e : fs::recursive_directory_iterator(dir / "blocks"))
+    if (e.is_regular_file() && e.path().extension() == ".kvblock") out.push_back(e.path());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 TEST(PromptCacheCliTest, HotEqualsColdForEveryConfigurationGreedyAndSeeded) {
   test::TempDir tmp;
   for (const CliCase& c : kCliCases) {
     SCOPED_TRACE(c.name);
-    const std::string dir = " --prompt-cache-dir " + (tmp.path / c.name).string();
+    const fs::path d = tmp.path / c.name;
+    const std::string dir = " --prompt-cache-dir " + d.string();
     const auto cold_g = sample(kB, c.flags + kGreedy), cold_s = sample(kB, c.flags + kSeeded);
     const auto miss = sample(kB, c.flags + kGreedy + dir);
     const auto hot_g = sample(kB, c.flags + kGreedy + dir), hot_s = sample(kB, c.flags + kSeeded + dir);
     for (const auto* r : {&cold_g, &cold_s, &miss, &hot_g, &hot_s}) ASSERT_EQ(r->code, 0) << r->err;
     EXPECT_TRUE(has(miss.err, "prompt cache: miss, 96 tokens prefilled\n")) << miss.err;
-    EXPECT_TRUE(has(miss.err, "prompt cache: saved 96 tokens to " + (tmp.path / c.name).string())) << miss.err;
-    EXPECT_TRUE(has(hot_g.err, "prompt cache: hit, 96 tokens reused from")) << hot_g.err;
-    EXPECT_TRUE(has(hot_s.err, "prompt cache: hit, 96 tokens reused from")) << hot_s.err;
+    EXPECT_TRUE(has(miss.err, "prompt cache: saved ")) << miss.err;
+    EXPECT_TRUE(has(miss.err, " blocks to " + (d / "blocks").string())) << miss.err;
+    // Whole blocks, the rest fed as a cold prefill feeds it: 64 of the 96 tokens (32-token blocks of a
+    // dense cache, the rest over 17 rows; KIVI's 64-token grid); StreamingLLM (blocks of 8) up to a rest
+    // of over 17 rows.
+    const int64_t reused = std::string(c.name) == "streaming" ? 76 : 64;
+    EXPECT_TRUE(has(hot_g.err, "prompt cache: hit, " + std::to_string(reused) + " of 96 tokens reused from " +
+                                   (d / "blocks").string())) << hot_g.err;
+    EXPECT_TRUE(has(hot_g.err, ", " + std::to_string(96 - reused) + " prefilled")) << hot_g.err;
+    EXPECT_EQ(reused_of(hot_s.err), reused) << hot_s.err;
     EXPECT_FALSE(has(hot_g.err + miss.err, "warning")) << hot_g.err << miss.err;
     EXPECT_EQ(miss.out, cold_g.out);
     EXPECT_EQ(hot_g.out, cold_g.out);
@@ -551,23 +577,22 @@ TEST(PromptCacheCliTest, HotEqualsColdForEveryConfigurationGreedyAndSeeded) {
 
 TEST(PromptCacheCliTest, PartialHitsGiveTheColdOutput) {
   test::TempDir tmp;
-  // fp32, directory: the whole 43-token entry is extended.
+  // fp32, directory: the 43-token prompt's one whole block is taken.
   const std::string dir = " --prompt-cache-dir " + (tmp.path / "d").string();
   ASSERT_EQ(sample(kA, kGreedy + dir).code, 0);
   auto r = sample(kB, kGreedy + dir);
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_TRUE(has(r.err, "prompt cache: partial hit, 43 of 96 tokens reused from")) << r.err;
-  EXPECT_TRUE(has(r.err, "53 prefilled")) << r.err;
+  EXPECT_TRUE(has(r.err, "prompt cache: hit, 32 of 96 tokens reused from")) << r.err;
+  EXPECT_TRUE(has(r.err, "64 prefilled")) << r.err;
   EXPECT_EQ(r.out, sample(kB, kGreedy).out);
 
-  // int4, directory: the 64-token checkpoint of the first run is extended, not its 96-token entry.
+  // int4, directory: the prefix ends on the 64-token prefill grid.
   const std::string kivi = " --kv-quantize int4 --kv-group-size 8 --kv-residual 16 --prompt-cache-dir " +
                            (tmp.path / "k").string();
-  r = sample(kB, kGreedy + kivi);
-  EXPECT_TRUE(has(r.err, "prompt cache: saved 64 tokens to")) << r.err;
+  ASSERT_EQ(sample(kB, kGreedy + kivi).code, 0);
   r = sample(kC, kGreedy + kivi);
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_TRUE(has(r.err, "prompt cache: partial hit, 64 of 158 tokens reused from")) << r.err;
+  EXPECT_TRUE(has(r.err, "prompt cache: hit, 64 of 158 tokens reused from")) << r.err;
   EXPECT_EQ(r.out, sample(kC, kGreedy + " --kv-quantize int4 --kv-group-size 8 --kv-residual 16").out);
 
   // fp32, one file: extended, then rewritten with the longer prompt.
@@ -635,47 +660,54 @@ TEST(PromptCacheCliTest, DamagedFilesWarnOnceAndRunCold) {
   }
 }
 
-TEST(PromptCacheCliTest, ADamagedEntryInTheDirectoryIsReportedAndReplaced) {
+// A damaged block file: one warning, a miss from there on, the cold output; the run writes the block
+// again, so that the next one hits.
+TEST(PromptCacheCliTest, ADamagedBlockInTheDirectoryIsReportedAndReplaced) {
   test::TempDir tmp;
   const std::string dir = " --prompt-cache-dir " + tmp.path.string();
   ASSERT_EQ(sample(kB, kGreedy + dir).code, 0);
-  fs::path entry;
-  for (const auto& e : fs::directory_iterator(tmp.path))
-    if (e.path().extension() == ".kvcache") entry = e.path();
-  std::string bytes = read_file(entry);
-  bytes[bytes.size() / 2] ^= 0x02;
-  write_file(entry, bytes);
+  const auto files = block_files(tmp.path);
+  ASSERT_FALSE(files.empty());
+  for (const fs::path& f : files) {  // every block: the prompt's first one among them
+    std::string bytes = read_file(f);
+    bytes[bytes.size() / 2] ^= 0x02;
+    write_file(f, bytes);
+  }
   const auto r = sample(kB, kGreedy + dir);
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_TRUE(has(r.err, "warning: prompt cache: ignoring " + entry.string() + ": checksum mismatch")) << r.err;
+  EXPECT_EQ(count_lines_with(r.err, "warning: kv store: ignoring the value of"), 1u) << r.err;
+  EXPECT_TRUE(has(r.err, "checksum mismatch")) << r.err;
+  EXPECT_TRUE(has(r.err, "prompt cache: miss, 96 tokens prefilled")) << r.err;
   EXPECT_EQ(r.out, sample(kB, kGreedy).out);
-  EXPECT_TRUE(has(sample(kB, kGreedy + dir).err, "prompt cache: hit, 96 tokens")) << "not replaced";
+  EXPECT_EQ(reused_of(sample(kB, kGreedy + dir).err), 64) << "not replaced";
 }
 
 TEST(PromptCacheCliTest, AnUnusableDirectoryOrAFullDiskWarnsAndRunsCold) {
   test::TempDir tmp;
-  const auto cold = sample(kA, kGreedy);
+  const auto cold = sample(kB, kGreedy);
   // The directory is a regular file.
   write_file(tmp.path / "file", "x");
-  auto r = sample(kA, kGreedy + " --prompt-cache-dir " + (tmp.path / "file").string());
+  auto r = sample(kB, kGreedy + " --prompt-cache-dir " + (tmp.path / "file").string());
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out, cold.out);
   EXPECT_EQ(count_lines_with(r.err, "warning: prompt cache: cannot use " + (tmp.path / "file").string()), 1u) << r.err;
-  // The disk is full: the write fails (a file size limit stands in for a full disk), nothing is left behind.
+  // The disk is full: the writes fail (a file size limit stands in for a full disk), nothing is left behind.
   const fs::path full = tmp.path / "full";
   fs::create_directory(full);
-  r = test::run_command("ulimit -f 64 && trap '' XFSZ && " + test::binary() + " sample --prompt " + quote(kA) +
+  r = test::run_command("ulimit -f 64 && trap '' XFSZ && " + test::binary() + " sample --prompt " + quote(kB) +
                         " --tokens 24 --ignore-eos --threads 2" + kGreedy + " --prompt-cache-dir " + full.string());
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out, cold.out);
-  EXPECT_EQ(count_lines_with(r.err, "warning: prompt cache: cannot save " + full.string()), 1u) << r.err;
-  EXPECT_TRUE(files_in(full).empty());
+  EXPECT_EQ(count_lines_with(r.err, "warning: prompt cache: "), 1u) << r.err;
+  EXPECT_TRUE(has(r.err, "blocks not written to " + (full / "blocks").string())) << r.err;
+  EXPECT_TRUE(block_files(full).empty());
+  for (const auto& e : fs::recursive_directory_iterator(full)) EXPECT_TRUE(e.is_directory()) << e.path();
   // A directory it may not read (only meaningful when not root: root reads everything).
   if (::geteuid() != 0) {
     const fs::path locked = tmp.path / "locked";
     fs::create_directory(locked);
     fs::permissions(locked, fs::perms::none);
-    r = sample(kA, kGreedy + " --prompt-cache-dir " + locked.string());
+    r = sample(kB, kGreedy + " --prompt-cache-dir " + locked.string());
     fs::permissions(locked, fs::perms::owner_all);
     ASSERT_EQ(r.code, 0) << r.err;
     EXPECT_EQ(r.out, cold.out);
@@ -694,102 +726,121 @@ TEST(PromptCacheCliTest, ChangingAnyKeyFieldIsAMiss) {
     EXPECT_FALSE(has(r.err, "warning")) << r.err;
     return has(r.err, "prompt cache: hit") ? "hit" : has(r.err, "prompt cache: miss") ? "miss" : "other";
   };
-  EXPECT_STREQ(status(kA, ""), "miss");
-  EXPECT_STREQ(status(kA, ""), "hit");
+  EXPECT_STREQ(status(kB, ""), "miss");
+  EXPECT_STREQ(status(kB, ""), "hit");
   set_mtime(model / "model.safetensors", 1000000000);  // the weights touched
-  EXPECT_STREQ(status(kA, ""), "miss");
-  EXPECT_STREQ(status(kA, ""), "hit");
+  EXPECT_STREQ(status(kB, ""), "miss");
+  EXPECT_STREQ(status(kB, ""), "hit");
   std::ofstream(model / "tokenizer.json", std::ios::app) << "\n";  // another tokenizer file
-  EXPECT_STREQ(status(kA, ""), "miss");
-  EXPECT_STREQ(status(kA, " --kv-group-size 16"), "miss");
-  EXPECT_STREQ(status(kA, " --streaming-positions cache --streaming-llm-window 64"), "miss");
-  std::string edited = kA;
+  EXPECT_STREQ(status(kB, ""), "miss");
+  EXPECT_STREQ(status(kB, " --kv-group-size 16"), "miss");
+  EXPECT_STREQ(status(kB, " --kv-quantize bf16"), "miss");
+  EXPECT_STREQ(status(kB, " --streaming-positions cache --streaming-llm-window 64"), "miss");
+  std::string edited = kB;
   edited[edited.find("Noah")] = 'n';  // one character of the prompt
   EXPECT_STREQ(status(edited, ""), "miss");
-  EXPECT_STREQ(status(kA, ""), "hit");
+  EXPECT_STREQ(status(kB, ""), "hit");
 }
 
-TEST(PromptCacheCliTest, FourConcurrentWritersLeaveOneValidFile) {
+TEST(PromptCacheCliTest, FourConcurrentWritersLeaveValidBlocks) {
   test::TempDir tmp;
   const std::string cmd = test::binary() + " sample --prompt " + quote(kB) +
                           " --tokens 4 --temperature 0 --threads 1 --prompt-cache-dir " + tmp.path.string() +
                           " >/dev/null 2>&1";
   const auto r = test::run_command("(" + cmd + " & " + cmd + " & " + cmd + " & " + cmd + " & wait)");
   ASSERT_EQ(r.code, 0) << r.err;
-  const auto files = files_in(tmp.path);
-  ASSERT_EQ(files.size(), 2u) << testing::PrintToString(files);  // one entry and its sidecar, no temporaries
-  EXPECT_TRUE(files[0].ends_with(".kvcache"));
-  EXPECT_TRUE(files[1].ends_with(".meta.json"));
+  size_t files = 0;
+  for (const auto& e : fs::recursive_directory_iterator(tmp.path / "blocks"))
+    if (e.is_regular_file()) {
+      ++files;
+      EXPECT_EQ(e.path().extension(), ".kvblock") << e.path();  // no temporaries
+    }
+  EXPECT_EQ(files, 3u);  // 100 tokens: 3 whole blocks, each written by every writer, one file each
   const auto inspect = test::run_command(test::binary() + " cache inspect " + tmp.path.string());
   EXPECT_EQ(inspect.code, 0) << inspect.out;
   EXPECT_TRUE(has(inspect.out, "status: ok")) << inspect.out;
   const auto hot = sample(kB, kGreedy + " --prompt-cache-dir " + tmp.path.string());
-  EXPECT_TRUE(has(hot.err, "prompt cache: hit, 96 tokens")) << hot.err;
+  EXPECT_EQ(reused_of(hot.err), 64) << hot.err;
   EXPECT_EQ(hot.out, sample(kB, kGreedy).out);
 }
 
-TEST(PromptCacheCliTest, MaxMbRemovesTheLeastRecentlyUsedEntries) {
+// The directory's bound removes the least recently used blocks first: a block taken by a hit is used.
+TEST(PromptCacheCliTest, MaxMbRemovesTheLeastRecentlyUsedBlocks) {
   test::TempDir tmp;
-  // Each of these prompts fills one 32-token block: about 97 KiB with the logits and the sidecar.
-  const std::string dir = kGreedy + " --prompt-cache-dir " + tmp.path.string() + " --prompt-cache-max-mb 0.25";
-  auto new_files = [&](const std::vector<std::string>& before) {
-    std::vector<std::string> added;
-    for (const auto& f : files_in(tmp.path))
-      if (std::find(before.begin(), before.end(), f) == before.end()) added.push_back(f);
-    return added;
+  // Each prompt fills one 32-token block (a 64 KiB file for kjv-tiny in fp32), and leaves over 17 tokens
+  // after it: a repeat takes the block. Room for three of them.
+  const std::string flags = " --tokens 1" + kGreedy + " --threads 2 --prompt-cache-dir " + tmp.path.string() +
+                            " --prompt-cache-max-mb 0.25";
+  auto run = [&](const std::string& prompt) {
+    const auto r = test::run_command(test::binary() + " sample --prompt " + quote(prompt) + flags);
+    EXPECT_EQ(r.code, 0) << r.err;
+    return r.err;
   };
-  ASSERT_EQ(sample("In the beginning", dir).code, 0);
-  const auto first = files_in(tmp.path);
-  ASSERT_EQ(sample("And God said", dir).code, 0);
-  const auto second = new_files(first);
-  ASSERT_EQ(second.size(), 2u);
-  EXPECT_TRUE(has(sample("In the beginning", dir).err, "prompt cache: hit"));  // now the second is the oldest
-  const auto r = sample("And the earth was without form", dir);
-  ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_TRUE(has(r.err, "prompt cache: removed 1 least recently used entries")) << r.err;
-  const auto left = files_in(tmp.path);
-  EXPECT_EQ(left.size(), 4u);
-  for (const auto& f : first) EXPECT_NE(std::find(left.begin(), left.end(), f), left.end()) << f;
-  for (const auto& f : second) EXPECT_EQ(std::find(left.begin(), left.end(), f), left.end()) << f;
-  EXPECT_TRUE(has(sample("In the beginning", dir).err, "prompt cache: hit"));
+  const std::vector<std::string> p = {
+      kA + " And the ark rested in the seventh month",
+      "In the beginning God created the heaven and the earth. And the earth was without form, and void; and darkness "
+      "was upon the face of the deep. And the Spirit of God moved upon the face of the waters. And God said, Let there "
+      "be light",
+      "And God said, Let there be light: and there was light. And God saw the light, that it was good: and God divided "
+      "the light from the darkness. And God called the light Day, and the darkness he called Night.",
+      "And the evening and the morning were the first day. And God said, Let there be a firmament in the midst of the "
+      "waters, and let it divide the waters from the waters; and it was so. And God called the firmament Heaven."};
+  for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(has(run(p[i]), "prompt cache: miss")) << i;
+  ASSERT_EQ(block_files(tmp.path).size(), 3u);
+  EXPECT_TRUE(has(run(p[0]), "prompt cache: hit, 32 of")) << "the first block used again: now the second is the oldest";
+  const std::string err = run(p[3]);
+  EXPECT_TRUE(has(err, "prompt cache: removed 1 least recently used block files")) << err;
+  EXPECT_EQ(block_files(tmp.path).size(), 3u);
+  EXPECT_TRUE(has(run(p[1]), "prompt cache: miss"));
+  EXPECT_TRUE(has(run(p[3]), "prompt cache: hit"));
 }
 
 TEST(PromptCacheCliTest, CacheCommandListsInspectsAndPrunes) {
   test::TempDir tmp;
   const std::string dir = kGreedy + " --prompt-cache-dir " + tmp.path.string();
-  ASSERT_EQ(sample("In the beginning", dir).code, 0);
-  ASSERT_EQ(sample("And God said", dir + " --kv-quantize int4").code, 0);
+  ASSERT_EQ(sample(kB, dir).code, 0);
+  ASSERT_EQ(sample(kB, dir + " --kv-quantize int4 --kv-group-size 8 --kv-residual 16").code, 0);
   const std::string cache = test::binary() + " cache ";
   auto ls = test::run_command(cache + "ls " + tmp.path.string());
   ASSERT_EQ(ls.code, 0) << ls.err;
-  EXPECT_TRUE(has(ls.out, "2 entries")) << ls.out;
-  EXPECT_TRUE(has(ls.out, "In the beginning")) << ls.out;
-  EXPECT_TRUE(has(ls.out, "int4 g32 r128")) << ls.out;
+  const size_t n = block_files(tmp.path).size();
+  EXPECT_TRUE(has(ls.out, std::to_string(n) + " blocks, ")) << ls.out;
+  EXPECT_EQ(count_lines_with(ls.out, "identity "), 2u) << ls.out;
+  EXPECT_TRUE(has(ls.out, "int4 groups")) << ls.out;
+  EXPECT_TRUE(has(ls.out, "fp32")) << ls.out;
 
-  fs::path entry;
-  for (const auto& e : fs::directory_iterator(tmp.path))
-    if (e.path().extension() == ".kvcache" && has(read_file(sidecar_path(e.path())), "In the beginning")) entry = e.path();
-  auto inspect = test::run_command(cache + "inspect " + entry.string());
+  const fs::path block = block_files(tmp.path).front();
+  auto inspect = test::run_command(cache + "inspect " + block.string());
   ASSERT_EQ(inspect.code, 0) << inspect.out << inspect.err;
   EXPECT_TRUE(has(inspect.out, "status: ok (checksum verified)")) << inspect.out;
-  EXPECT_TRUE(has(inspect.out, "model: kjv-tiny (LlamaForCausalLM), vocab 8192, 4 layers")) << inspect.out;
-  EXPECT_TRUE(has(inspect.out, "tokens: 4,")) << inspect.out;
+  EXPECT_TRUE(has(inspect.out, "format version: 3 (block value)")) << inspect.out;
+  EXPECT_TRUE(has(inspect.out, "tokens: ")) << inspect.out;
+  EXPECT_EQ(test::run_command(cache + "inspect " + tmp.path.string()).code, 0);
 
-  std::string bytes = read_file(entry);
+  std::string bytes = read_file(block);
   bytes[bytes.size() / 2] ^= 0x04;
-  write_file(entry, bytes);
-  inspect = test::run_command(cache + "inspect " + entry.string());
+  write_file(block, bytes);
+  inspect = test::run_command(cache + "inspect " + block.string());
   EXPECT_EQ(inspect.code, 1);
   EXPECT_TRUE(has(inspect.out, "status: damaged: checksum mismatch")) << inspect.out;
+  EXPECT_TRUE(has(test::run_command(cache + "ls " + tmp.path.string()).out, "1 damaged"));
 
   auto prune = test::run_command(cache + "prune " + tmp.path.string());
   ASSERT_EQ(prune.code, 0) << prune.err;
-  EXPECT_TRUE(has(prune.out, "removed " + entry.string())) << prune.out;
-  EXPECT_TRUE(has(test::run_command(cache + "ls " + tmp.path.string()).out, "1 entries"));
+  EXPECT_TRUE(has(prune.out, "removed " + block.string())) << prune.out;
+  EXPECT_EQ(block_files(tmp.path).size(), n - 1);
   prune = test::run_command(cache + "prune " + tmp.path.string() + " --max-mb 0");
   ASSERT_EQ(prune.code, 0) << prune.err;
-  EXPECT_TRUE(files_in(tmp.path).empty());
+  EXPECT_TRUE(block_files(tmp.path).empty());
   EXPECT_EQ(test::run_command(cache + "ls " + (tmp.path / "nope").string()).code, 1);
+
+  // A --cache-prompt file is inspected as one prompt's state.
+  const fs::path file = tmp.path / "one.kvcache";
+  ASSERT_EQ(sample(kA, kGreedy + " --cache-prompt " + file.string()).code, 0);
+  inspect = test::run_command(cache + "inspect " + file.string());
+  ASSERT_EQ(inspect.code, 0) << inspect.out;
+  EXPECT_TRUE(has(inspect.out, "model: kjv-tiny (LlamaForCausalLM), vocab 8192, 4 layers")) << inspect.out;
+  EXPECT_TRUE(has(inspect.out, "tokens: 43,")) << inspect.out;
 }
 
 TEST(PromptCacheCliTest, ConflictingFlagsAreUsageErrors) {

@@ -707,7 +707,10 @@ TEST(QuantizeCliTest, QuantizeThenSampleWithThePromptCache) {
   const std::string cache = " --prompt-cache-dir " + (tmp.path / "cache").string();
   auto sample = [&](const fs::path& model) {
     return test::run_command(test::binary() + " sample " + model.string() +
-                             " --prompt 'And God said' --tokens 8 --temperature 0 --threads 2" + cache);
+                             " --prompt 'In the beginning God created the heaven and the earth. And the earth was without form, and "
+                             "void; and darkness was upon the face of the deep. And the Spirit of God moved upon the "
+                             "face of the waters. And God said, Let there be light' --tokens 8 --temperature 0 "
+                             "--threads 2" + cache);
   };
   const auto first = sample(out), second = sample(out), f32 = sample(test::repo_model("kjv-tiny"));
   for (const auto* r : {&first, &second, &f32}) ASSERT_EQ(r->code, 0) << r->err;

@@ -379,12 +379,16 @@ TEST(AtomicWriteTest, AFileAppearsWholeOrNotAtAllAndLeavesNoTemporary) {
 TEST(CacheSaveSignalsTest, AFileSizeLimitIsAWarningAndTheSameOutput) {
   test::TempDir tmp;
   const std::string b = test::binary();
-  const auto cold = run_limited((b + kSample));
-  // ulimit -f is in blocks of 1 KiB: the cache file (tens of KiB) cannot be written.
+  // A prompt of more than one 32-token block, so that the directory has a block to write.
+  const std::string sample = " sample models/kjv-tiny -p 'In the beginning God created the heaven and the earth. And "
+                             "the earth was without form, and void; and darkness was upon the face of the deep.' -n 8 "
+                             "--temperature 0 --threads 1";
+  const auto cold = run_limited((b + sample));
+  // ulimit -f is in blocks of 1 KiB: the cache file or block (tens of KiB) cannot be written.
   for (const std::string& where : {" --prompt-cache-dir " + (tmp.path / "d").string(),
                                    " --cache-prompt " + (tmp.path / "f.kvcache").string()}) {
     SCOPED_TRACE(where);
-    const auto r = run_limited("sh -c \"ulimit -f 8; exec " + b + kSample + where + "\"");
+    const auto r = run_limited("sh -c \"ulimit -f 8; exec " + b + sample + where + "\"");
     EXPECT_EQ(r.code, 0) << r.err;
     EXPECT_EQ(r.out, cold.out);
     EXPECT_TRUE(has(r.err, "File too large")) << r.err;

@@ -48,6 +48,7 @@ struct BenchArgs {
   int drop = 400, drop_at = 300;
   std::string text;       // --text: the history's tokens (else random ids)
   std::vector<std::string> edit;  // --edit HISTORY PROMPT CONTINUATION: text files of one edit
+  std::string trace;              // --trace FILE: a conversation's turns, the reuse compounding
 };
 
 // bench --cache-reuse N --edit HISTORY PROMPT CONTINUATION: one edit as an agent harness makes it
@@ -94,6 +95,81 @@ int run_cache_reuse_edit(BenchArgs& a) {
   std::printf("next %zu tokens against a full recompute: KL mean %.4g max %.4g nats (exact reuse: max %.3g); NLL %.4f "
               "(recompute %.4f); top-1 agreement %.1f%%\n",
               ids[2].size(), m.kl_mean, m.kl_max, m.kl_exact_max, m.nll_reuse, m.nll_reference, 100 * m.top1_agreement);
+  return 0;
+}
+
+// bench --cache-reuse N --trace FILE: a JSON list of turns, {"prompt": TEXT, "reply": TEXT} each (a
+// turn's whole prompt as a completion prompt, and the reply scored after it, its first --gen-tokens).
+// Each turn's prompt is shifted from the previous turn's reuse session with its reply, as a server that
+// held it would shift it, so the approximation compounds; each is scored against a recompute. One JSON
+// line a turn with --json, then a summary.
+int run_cache_reuse_trace(BenchArgs& a) {
+  Runtime rt({a.model_dir, resolve_threads(a.runtime), true});
+  const Model& model = rt.model();
+  const Tokenizer& tok = rt.tokenizer();
+  const nlohmann::json j = nlohmann::json::parse(read_whole_file(a.trace, uint64_t(1) << 28, "--trace"), nullptr, false);
+  if (!j.is_array() || j.empty())
+    throw UsageError("--trace " + a.trace + ": not a JSON list of turns ({\"prompt\": TEXT, \"reply\": TEXT} each)");
+  std::vector<TraceTurn> turns;
+  int64_t needed = 0;
+  for (size_t i = 0; i < j.size(); ++i) {
+    const nlohmann::json& t = j[i];
+    const std::string where = "--trace " + a.trace + ": turn " + std::to_string(i + 1);
+    if (!t.is_object() || !t.contains("prompt") || !t["prompt"].is_string() || !t.contains("reply") ||
+        !t["reply"].is_string())
+      throw UsageError(where + ": needs \"prompt\" and \"reply\" strings");
+    TraceTurn turn{tok.encode(t["prompt"].get<std::string>()), tok.encode(t["reply"].get<std::string>(), {.add_special = false})};
+    if (turn.prompt.size() < 2 || turn.scored.empty()) throw UsageError(where + ": a prompt of 2 tokens and a reply of 1 at least");
+    if (turn.scored.size() > size_t(a.bench.gen_tokens)) turn.scored.resize(size_t(a.bench.gen_tokens));
+    needed = std::max<int64_t>(needed, int64_t(turn.prompt.size() + turn.scored.size()));
+    turns.push_back(std::move(turn));
+  }
+  if (a.runtime.ctx_size == 0) a.runtime.ctx_size = int(std::max<int64_t>(default_ctx_size(model.config()), needed));
+  SessionOptions sopts = make_session_options(a.runtime, model.config());
+  if (const std::string e = cache_reuse_error(a.cache_reuse, sopts.kv, "--cache-reuse"); !e.empty()) throw UsageError(e);
+  if (needed > sopts.kv.ctx_size)
+    throw UsageError("--trace needs a context of " + std::to_string(needed) + " tokens, more than --ctx-size " +
+                     std::to_string(sopts.kv.ctx_size));
+  ThreadPool pool(resolve_threads(a.runtime));
+  // Up to serve's default prefill chunk computed between two shifted runs, as the server does.
+  const std::vector<ReuseMeasurement> ms = measure_cache_reuse_trace(model, sopts, pool, turns, a.cache_reuse, 256);
+  double kl_sum = 0, kl_max = 0, nll_reuse = 0, nll_ref = 0, kl_exact_max = 0;
+  int64_t scored = 0;
+  for (size_t t = 0; t < ms.size(); ++t) {
+    const ReuseMeasurement& m = ms[t];
+    const int64_t n = int64_t(turns[t].scored.size());
+    const nlohmann::json row = {{"turn", t + 1}, {"prompt_tokens", m.prompt_tokens}, {"adopted_tokens", m.adopted},
+                                {"shifted_tokens", m.shifted}, {"computed_exact", m.computed_exact},
+                                {"computed_reuse", m.computed_reuse}, {"scored_tokens", n}, {"kl_mean", m.kl_mean},
+                                {"kl_max", m.kl_max}, {"kl_exact_max", m.kl_exact_max},
+                                {"nll_reference", m.nll_reference}, {"nll_reuse", m.nll_reuse},
+                                {"top1_agreement", m.top1_agreement}};
+    if (a.json)
+      std::printf("%s\n", row.dump().c_str());
+    else
+      std::printf("turn %2zu: prompt %lld, computed exact %lld / with reuse %lld (%lld shifted); KL mean %.4g max %.4g "
+                  "nats; NLL %.4f (recompute %.4f, difference %+.4f); top-1 %.1f%%\n",
+                  t + 1, (long long)m.prompt_tokens, (long long)m.computed_exact, (long long)m.computed_reuse,
+                  (long long)m.shifted, m.kl_mean, m.kl_max, m.nll_reuse, m.nll_reference, m.nll_reuse - m.nll_reference,
+                  100 * m.top1_agreement);
+    kl_sum += m.kl_mean * double(n);
+    kl_max = std::max(kl_max, m.kl_max);
+    kl_exact_max = std::max(kl_exact_max, m.kl_exact_max);
+    nll_reuse += m.nll_reuse * double(n);
+    nll_ref += m.nll_reference * double(n);
+    scored += n;
+  }
+  const nlohmann::json summary = {{"kv", sopts.kv.describe()}, {"cache_reuse", a.cache_reuse}, {"turns", ms.size()},
+                                  {"scored_tokens", scored}, {"kl_mean", kl_sum / double(scored)}, {"kl_max", kl_max},
+                                  {"kl_exact_max", kl_exact_max}, {"nll_reference", nll_ref / double(scored)},
+                                  {"nll_reuse", nll_reuse / double(scored)}};
+  if (a.json)
+    std::printf("%s\n", summary.dump().c_str());
+  else
+    std::printf("trace (%zu turns, %lld tokens scored): KL mean %.4g max %.4g nats (exact reuse: max %.3g); NLL %.4f "
+                "(recompute %.4f)\n",
+                ms.size(), (long long)scored, kl_sum / double(scored), kl_max, kl_exact_max, nll_reuse / double(scored),
+                nll_ref / double(scored));
   return 0;
 }
 
@@ -382,8 +458,11 @@ int run_bench_command(BenchArgs& a) {
     throw UsageError("--spec-verify-cost: the context is --prompt-tokens and nothing is generated (no --context, "
                      "--gen-tokens)");
   if (!a.edit.empty() && a.cache_reuse == 0) throw UsageError("--edit measures reuse after an edit: give --cache-reuse N");
+  if (!a.trace.empty() && a.cache_reuse == 0)
+    throw UsageError("--trace measures reuse over a conversation's turns: give --cache-reuse N");
   if (a.cache_reuse > 0) {
     if (spec) throw UsageError("--cache-reuse with --spec-type: bench measures one of them at a time");
+    if (!a.trace.empty()) return run_cache_reuse_trace(a);
     return a.edit.empty() ? run_cache_reuse(a) : run_cache_reuse_edit(a);
   }
   Runtime rt({a.model_dir, resolve_threads(a.runtime), spec});
@@ -530,6 +609,13 @@ Command add_bench_command(CLI::App& root) {
   CLI::Option* text =
       app->add_option("--text", a->text, "With --cache-reuse: a text file whose tokens are the history (else random ids)")
           ->check(CLI::ExistingFile);
+  CLI::Option* trace = app->add_option("--trace", a->trace,
+                                       "With --cache-reuse: a JSON list of turns ({\"prompt\": TEXT, \"reply\": TEXT} "
+                                       "each), the reuse compounding turn after turn, each reply scored against a recompute")
+                           ->check(CLI::ExistingFile)
+                           ->excludes(drop)
+                           ->excludes(drop_at)
+                           ->excludes(text);
   app->add_option("--edit", a->edit,
                   "With --cache-reuse: HISTORY PROMPT CONTINUATION, text files of one edit: the earlier sequence, "
                   "the edited prompt, and the text scored after it")
@@ -537,7 +623,8 @@ Command add_bench_command(CLI::App& root) {
       ->check(CLI::ExistingFile)
       ->excludes(drop)
       ->excludes(drop_at)
-      ->excludes(text);
+      ->excludes(text)
+      ->excludes(trace);
   add_runtime_options(*app, a->runtime);
   return {app, [a] { return run_bench_command(*a); }};
 }

@@ -21,6 +21,7 @@
 #include "cli/chat_input.h"
 #include "cli/chat_prompt.h"
 #include "engine/chat_output.h"
+#include "cli/block_cache.h"
 #include "cli/commands.h"
 #include "cli/generation.h"
 #include "cli/line_editor.h"
@@ -30,7 +31,8 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "engine/conversation.h"
-#include "engine/prompt_cache.h"
+#include "engine/prompt_blocks.h"
+#include "persist/cache_file.h"
 #include "engine/runtime.h"
 #include "sample/sampler.h"
 #include "tokenizer/tokenizer.h"
@@ -169,13 +171,6 @@ bool print_json(const TurnStats& s, const Reply& r, const ChatOutputParser& out,
   return write_stdout(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
-void report_cache_save(const PromptCacheSave& r, bool quiet) {
-  for (const std::string& w : r.warnings) std::fprintf(stderr, "warning: prompt cache: %s\n", w.c_str());
-  if (quiet) return;
-  for (const auto& s : r.saved)
-    std::fprintf(stderr, "prompt cache: saved %lld tokens to %s\n", (long long)s.tokens, s.path.c_str());
-}
-
 // Where the user turns come from: -f FILE, standard input when it is not a terminal (scripts), else
 // the terminal with a prompt, through the line editor where the build has one. A line is read in
 // pieces and never held past --max-turn-bytes (`chat < /dev/zero` has no line end).
@@ -229,13 +224,11 @@ struct ChatState {
   Runtime& rt;
   ChatPrompt& prompt;
   Conversation& conv;
-  PromptCache* cache;
+  PromptBlockCache* cache;            // with --prompt-cache-dir
   std::vector<int32_t> eos;
   Sampler sampler;
   chat_json messages;
   int turn = 0;
-  PromptCacheIdentity cache_id;      // with --prompt-cache-dir
-  std::filesystem::path cache_dir;
   chat_json tools = nullptr;         // --tools
   OutputFormat format;               // how replies are split (the template's, or --tool-call-format)
   std::unique_ptr<Speculator> spec;  // one for the conversation: its measurements carry across turns
@@ -251,29 +244,9 @@ chat_json initial_messages(const ChatArgs& a) {
   return m;
 }
 
-// A turn's prefill. With a prompt cache, a fresh session and a system prompt, the system prompt's
-// own rendering goes first: its state is saved apart, so that a later launch with the same system
-// prompt and another first message restores it (PromptCache takes the longest cached prefix).
-TurnPrefill prefill_turn(ChatState& st, const std::vector<int32_t>& ids) {
-  const bool has_system = !st.messages.empty() && st.messages[0]["role"] == "system";
-  // A template that refuses the system role has no rendering of the system prompt alone.
-  if (st.cache == nullptr || !st.conv.session().history().empty() || !has_system || st.prompt.folds_system())
-    return st.conv.prefill(ids, st.cache);
-  const std::string sys_text = st.prompt.render(chat_json::array({st.messages[0]}), false);
-  const std::vector<int32_t> sys = st.rt.tokenizer().encode(sys_text, {.add_special = false});
-  const bool prefix = !sys.empty() && sys.size() < ids.size() && std::equal(sys.begin(), sys.end(), ids.begin());
-  std::error_code ec;
-  if (!prefix || std::filesystem::exists(st.cache_dir / prompt_cache_file_name(st.cache_id, sys), ec))
-    return st.conv.prefill(ids, st.cache);  // saved already: the longest cached prefix is taken
-  const TurnPrefill first = st.conv.prefill(sys, st.cache);
-  report_cache_save(st.cache->finish(), st.args.quiet);
-  TurnPrefill t = st.conv.prefill(ids, st.cache);
-  t.from_cache = first.from_cache;
-  t.reused = first.reused;
-  t.prefilled = t.prompt_tokens - t.reused;
-  if (!first.note.empty()) t.note = first.note + (t.note.empty() ? "" : "\n" + t.note);
-  return t;
-}
+// A turn's prefill. With a prompt cache, a fresh session takes the longest cached prefix of blocks
+// (a system prompt's, shared by other conversations, included) and the blocks it computes are saved.
+TurnPrefill prefill_turn(ChatState& st, const std::vector<int32_t>& ids) { return st.conv.prefill(ids, st.cache); }
 
 // One user turn: render, prefill what is new, generate, remember the reply. Returns the reply.
 Reply run_turn(ChatState& st, const std::string& user_text) {
@@ -315,7 +288,7 @@ Reply run_turn(ChatState& st, const std::string& user_text) {
                                      {"function", {{"name", c.name}, {"arguments", chat_json::parse(c.arguments)}}}});
   }
   st.messages.push_back(std::move(reply));
-  if (st.cache) report_cache_save(st.cache->finish(), st.args.quiet);
+  if (st.cache) st.cache->save(st.conv.session(), true);
   if (!st.args.quiet) print_footer(st.args, st.conv.session(), s, r);
   if (!st.args.json)
     for (const ToolCall& c : out.calls())
@@ -400,18 +373,26 @@ int run_chat(ChatArgs& a) {
   Runtime rt(RuntimeConfig{dir, resolve_threads(a.runtime), true});
   const SessionOptions sopts = make_session_options(a.runtime, rt.config());
   const auto draft = load_draft_model(a.spec, a.spec_opts, rt.tokenizer(), dir.string(), rt.pool(), sopts.kv.ctx_size);
-  Conversation conv(rt.model(), sopts, rt.pool());
+  BlockPromptCache blocks =
+      open_block_prompt_cache(a.prompt_cache_dir, a.prompt_cache_max_mb, rt.model(), rt.tokenizer(), sopts.kv);
+  Conversation conv(rt.model(), sopts, rt.pool(), blocks.pool());
+  // The blocks still queued are written when the chat ends, however it ends.
+  struct SaveAtExit {
+    BlockPromptCache& b;
+    Conversation& c;
+    bool quiet;
+    ~SaveAtExit() {
+      if (!b.cache) return;
+      try {
+        report_block_save(b.cache->finish(c.session()), b.root, quiet);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "warning: prompt cache: %s\n", e.what());
+      }
+    }
+  } save_at_exit{blocks, conv, a.quiet};
   a.sampling.seed = a.seed == "-1" ? uint64_t(std::random_device{}()) : std::stoull(a.seed);
-  std::unique_ptr<PromptCache> cache;
-  const PromptCacheIdentity cache_id = a.prompt_cache_dir.empty()
-                                          ? PromptCacheIdentity{}
-                                          : prompt_cache_identity(rt.model(), rt.tokenizer(), sopts.kv);
-  if (!a.prompt_cache_dir.empty())
-    cache = std::make_unique<PromptCache>(
-        PromptCacheOptions{{}, a.prompt_cache_dir, uint64_t(a.prompt_cache_max_mb * 1024 * 1024)}, cache_id,
-        rt.tokenizer());
-  ChatState st{a, rt, prompt, conv, cache.get(), stop_token_ids(dir, rt.config(), rt.tokenizer()),
-               Sampler(a.sampling), initial_messages(a), 0, cache_id, a.prompt_cache_dir, nullptr, OutputFormat{}, {}};
+  ChatState st{a, rt, prompt, conv, blocks.cache.get(), stop_token_ids(dir, rt.config(), rt.tokenizer()),
+               Sampler(a.sampling), initial_messages(a), 0, nullptr, OutputFormat{}, {}};
   if (!a.tools_file.empty()) {
     st.tools = chat_json::parse(read_text_file(a.tools_file, "--tools"), nullptr, false);
     if (st.tools.is_discarded() || !st.tools.is_array())
@@ -534,11 +515,11 @@ Command add_chat_command(CLI::App& root) {
   add_runtime_options(*app, a->runtime);
   add_spec_options(*app, a->spec);
   CLI::Option* dir = app->add_option("--prompt-cache-dir", a->prompt_cache_dir,
-                                     "Save each turn's state in DIR; a later launch with the same system prompt "
-                                     "and history restores it instead of prefilling")
+                                     "Prompt cache directory (the block store of serve --prompt-cache-dir): save "
+                                     "each turn's blocks; a later launch takes the longest cached prefix")
                          ->excludes(app->get_option("--no-cache"));
   app->add_option("--prompt-cache-max-mb", a->prompt_cache_max_mb,
-                  "Keep --prompt-cache-dir under N MiB, removing least recently used entries")
+                  "Keep --prompt-cache-dir under N MiB, removing least recently used blocks (default 1024)")
       ->check(number_at_least(0, /*exclusive=*/true))
       ->needs(dir);
   return {app, [a] { return run_chat(*a); }};

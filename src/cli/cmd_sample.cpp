@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "cli/block_cache.h"
 #include "cli/commands.h"
 #include "cli/generation.h"
 #include "cli/options.h"
@@ -292,7 +293,10 @@ int run_sample(SampleArgs& a) {
   const ModelConfig& cfg = model.config();
   SessionOptions sopts = make_session_options(a.runtime, cfg);
   ThreadPool& pool = rt.pool();
-  Session session(model, sopts, pool);
+  // --cache-prompt FILE (one whole-state file) wins over --prompt-cache-dir (serve's block store).
+  BlockPromptCache blocks = open_block_prompt_cache(a.cache_prompt.empty() ? a.prompt_cache_dir : std::string(),
+                                                    a.prompt_cache_max_mb, model, tok, sopts.kv);
+  Session session(model, sopts, pool, blocks.pool());
   const auto draft = load_draft_model(a.spec, a.spec_opts, tok, dir.string(), pool, sopts.kv.ctx_size);
   t.load_ms = ms_since(t_load);
 
@@ -310,8 +314,7 @@ int run_sample(SampleArgs& a) {
 
   SigintGuard sigint;
   const auto t_prefill = Clock::now();
-  const PromptCacheOptions pc_opts{a.cache_prompt, a.prompt_cache_dir,
-                                   uint64_t(a.prompt_cache_max_mb * 1024 * 1024)};
+  const PromptCacheOptions pc_opts{a.cache_prompt, {}, 0};
   std::unique_ptr<PromptCache> prompt_cache;
   std::vector<float> first_logits;  // a restored state's logits, sampled as the cold run samples its own
   std::span<float> logits;
@@ -320,12 +323,17 @@ int run_sample(SampleArgs& a) {
     report_cache_load(prompt_cache->prefill(session, prompt), a.quiet);
     first_logits.assign(session.last_logits().begin(), session.last_logits().end());
     logits = first_logits;
+  } else if (blocks.cache) {
+    report_block_load(blocks.cache->prefill(session, prompt), blocks.root, a.quiet);
+    first_logits.assign(session.last_logits().begin(), session.last_logits().end());
+    logits = first_logits;
   } else {
     logits = session.feed(prompt);
   }
   t.prefill_ms = ms_since(t_prefill);
   const Generation g = generate(a, session, tok, stop_token_ids(dir, cfg, tok), logits, t_prefill);
   if (prompt_cache) report_cache_save(prompt_cache->finish(), a.quiet);
+  if (blocks.cache) report_block_save(blocks.cache->finish(session), blocks.root, a.quiet);
   if (!a.quiet) print_footer(a, session, prompt.size(), g, t);
   if (a.json) print_json(a, dir, session, prompt.size(), g, t);
   return g.reason == StopReason::Interrupted ? 130 : 0;
@@ -367,11 +375,11 @@ Command add_sample_command(CLI::App& root) {
                   "the prompt's state to it (wins over --prompt-cache-dir)")
       ->excludes(no_cache);
   CLI::Option* dir = app->add_option("--prompt-cache-dir", a->prompt_cache_dir,
-                                     "Prompt cache directory: reuse the longest cached prefix of the prompt, save "
-                                     "the prompt's state")
+                                     "Prompt cache directory (the block store of serve --prompt-cache-dir): reuse "
+                                     "the prompt's longest cached prefix, save its blocks")
                          ->excludes(no_cache);
   app->add_option("--prompt-cache-max-mb", a->prompt_cache_max_mb,
-                  "Keep --prompt-cache-dir under N MiB, removing least recently used entries")
+                  "Keep --prompt-cache-dir under N MiB, removing least recently used blocks (default 1024)")
       ->check(number_at_least(0, /*exclusive=*/true))
       ->needs(dir);
   return {app, [a] { return run_sample(*a); }};

@@ -1,6 +1,7 @@
 #include "engine/cache_reuse.h"
 
 #include <algorithm>
+#include <optional>
 #include <cmath>
 
 #include "core/error.h"
@@ -180,6 +181,26 @@ std::vector<double> score_after(Session& s, std::span<const int32_t> prompt, std
   return log_softmax_rows(logits, size_t(s.model().config().vocab_size));
 }
 
+// KL(reference || other) per scored row (nats), its mean and max; the other's mean NLL of the scored
+// tokens; the rows whose argmax agrees. Null outputs are skipped.
+void compare_rows(const std::vector<double>& lp_ref, const std::vector<double>& lp, std::span<const int32_t> scored,
+                  size_t vocab, double* kl_max, double* kl_mean, double* nll, double* agree) {
+  const int64_t n_scored = int64_t(scored.size());
+  double sum = 0;
+  for (int64_t r = 0; r < n_scored; ++r) {
+    const double* p = lp_ref.data() + size_t(r) * vocab;
+    const double* q = lp.data() + size_t(r) * vocab;
+    double kl = 0;
+    for (size_t i = 0; i < vocab; ++i) kl += std::exp(p[i]) * (p[i] - q[i]);
+    sum += kl;
+    *kl_max = std::max(*kl_max, kl);
+    if (nll) *nll -= q[size_t(scored[size_t(r)])] / double(n_scored);
+    if (agree && std::max_element(p, p + vocab) - p == std::max_element(q, q + vocab) - q)
+      *agree += 1.0 / double(n_scored);
+  }
+  if (kl_mean) *kl_mean = sum / double(n_scored);
+}
+
 }  // namespace
 
 ReuseMeasurement measure_cache_reuse(const Model& model, const SessionOptions& opts, ThreadPool& threads,
@@ -221,19 +242,7 @@ ReuseMeasurement measure_cache_reuse(const Model& model, const SessionOptions& o
     return s.adopt_prefix(prompt, [&](int64_t a) { return a % grid == 0; });
   };
   auto compare = [&](const std::vector<double>& lp, double* kl_max, double* kl_mean, double* nll, double* agree) {
-    double sum = 0;
-    for (int64_t r = 0; r < n_scored; ++r) {
-      const double* p = lp_ref.data() + size_t(r) * vocab;
-      const double* q = lp.data() + size_t(r) * vocab;
-      double kl = 0;
-      for (size_t i = 0; i < vocab; ++i) kl += std::exp(p[i]) * (p[i] - q[i]);
-      sum += kl;
-      *kl_max = std::max(*kl_max, kl);
-      if (nll) *nll -= q[size_t(scored[size_t(r)])] / double(n_scored);
-      if (agree && std::max_element(p, p + vocab) - p == std::max_element(q, q + vocab) - q)
-        *agree += 1.0 / double(n_scored);
-    }
-    if (kl_mean) *kl_mean = sum / double(n_scored);
+    compare_rows(lp_ref, lp, scored, vocab, kl_max, kl_mean, nll, agree);
   };
   // Shifted first: its blocks go under a salted chain, so exact reuse after it still finds only the
   // history's (an exact run first would publish the whole prompt for the next to adopt).
@@ -263,6 +272,64 @@ ReuseMeasurement measure_cache_reuse(const Model& model, const SessionOptions& o
   for (int64_t r = 0; r < n_scored; ++r) m.nll_reference -= lp_ref[size_t(r) * vocab + size_t(scored[size_t(r)])];
   m.nll_reference /= double(n_scored);
   return m;
+}
+
+std::vector<ReuseMeasurement> measure_cache_reuse_trace(const Model& model, const SessionOptions& opts,
+                                                        ThreadPool& threads, std::span<const TraceTurn> turns,
+                                                        int min_len, int64_t max_gap) {
+  const size_t vocab = size_t(model.config().vocab_size);
+  // Two servers side by side: one that shifts (its histories compound), one that adopts exact
+  // prefixes only. Each pool keeps room for a turn and the blocks of the one before.
+  KVPool reuse_pool(model.kv_shape(), opts.kv, 3), exact_pool(model.kv_shape(), opts.kv, 3);
+  std::optional<CachedHistory> held;
+  std::vector<ReuseMeasurement> out;
+  auto adopt = [](Session& s, std::span<const int32_t> prompt) {
+    s.adopt_only_explicitly();
+    const int64_t grid = s.cache().cut_dependent() ? s.max_chunk() : 1;
+    return s.adopt_prefix(prompt, [&](int64_t a) { return a % grid == 0; });
+  };
+  for (size_t t = 0; t < turns.size(); ++t) {
+    const std::span<const int32_t> prompt = turns[t].prompt, scored = turns[t].scored;
+    PTLLM_CHECK(prompt.size() >= 2 && !scored.empty());
+    ReuseMeasurement m;
+    m.prompt_tokens = int64_t(prompt.size());
+    std::vector<double> lp_ref;
+    {
+      Session ref(model, opts, threads);  // a private pool: everything computed
+      lp_ref = score_after(ref, prompt, scored);
+    }
+    {
+      Session s(model, opts, threads, &reuse_pool);
+      const int64_t adopted = adopt(s, prompt);
+      if (held) {
+        const int64_t gap = std::min<int64_t>(max_gap, s.max_chunk());
+        const auto plan = plan_cache_reuse(held->tokens,
+                                           int64_t(reuse_pool.complete_blocks(int64_t(held->tokens.size()))) *
+                                               opts.kv.group_size,
+                                           prompt, adopted, min_len, gap);
+        for (const ReuseChunk& c : plan) {
+          if (c.dst > s.position()) s.feed(prompt.subspan(size_t(s.position()), size_t(c.dst - s.position())));
+          const int64_t got = apply_cache_reuse(s, reuse_pool, *held, prompt, std::span(&c, 1), uint64_t(t + 1), 0);
+          m.shifted += got;
+          if (got < c.len) break;
+        }
+      }
+      m.computed_reuse = m.prompt_tokens - adopted - m.shifted;
+      compare_rows(lp_ref, score_after(s, prompt, scored), scored, vocab, &m.kl_max, &m.kl_mean, &m.nll_reuse,
+                   &m.top1_agreement);
+      held = cached_history(s);  // the session's blocks stay in the pool, findable, once it ends
+    }
+    {
+      Session e(model, opts, threads, &exact_pool);
+      m.adopted = adopt(e, prompt);
+      m.computed_exact = m.prompt_tokens - m.adopted;
+      compare_rows(lp_ref, score_after(e, prompt, scored), scored, vocab, &m.kl_exact_max, nullptr, nullptr, nullptr);
+    }
+    for (size_t r = 0; r < scored.size(); ++r) m.nll_reference -= lp_ref[r * vocab + size_t(scored[r])];
+    m.nll_reference /= double(scored.size());
+    out.push_back(m);
+  }
+  return out;
 }
 
 }  // namespace ptllm

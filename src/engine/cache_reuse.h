@@ -92,4 +92,16 @@ ReuseMeasurement measure_cache_reuse(const Model& model, const SessionOptions& o
                                      std::span<const int32_t> history, std::span<const int32_t> prompt,
                                      std::span<const int32_t> scored, int min_len, int64_t max_gap = 0);
 
+// A conversation's turns, each measured against a recompute as above, where the reused K/V compounds:
+// each turn's history is the previous turn's reuse session as a server holds it after the reply (its
+// prompt, partly shifted, and the reply teacher-forced after it), so that a run shifted at one turn
+// may be shifted again at the next. turns[t].prompt is turn t's whole prompt, turns[t].scored the reply
+// scored after it. The first turn has no history: it is exact.
+struct TraceTurn {
+  std::vector<int32_t> prompt, scored;
+};
+std::vector<ReuseMeasurement> measure_cache_reuse_trace(const Model& model, const SessionOptions& opts,
+                                                        ThreadPool& threads, std::span<const TraceTurn> turns,
+                                                        int min_len, int64_t max_gap = 0);
+
 }  // namespace ptllm

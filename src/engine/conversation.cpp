@@ -6,17 +6,24 @@
 
 #include "core/error.h"
 #include "core/file_io.h"
-#include "engine/prompt_cache.h"
+#include "engine/prompt_blocks.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ptllm {
 
-Conversation::Conversation(const Model& model, const SessionOptions& opts, ThreadPool& pool)
-    : model_(model), opts_(opts), pool_(pool), session_(std::make_unique<Session>(model, opts, pool)) {}
+Conversation::Conversation(const Model& model, const SessionOptions& opts, ThreadPool& pool, KVPool* kv_pool)
+    : model_(model), opts_(opts), pool_(pool), kv_pool_(kv_pool),
+      session_(std::make_unique<Session>(model, opts, pool, kv_pool)) {
+  session_->adopt_only_explicitly();
+}
 
-void Conversation::reset() { session_ = std::make_unique<Session>(model_, opts_, pool_); }
+void Conversation::reset() {
+  session_.reset();  // its blocks go back to the pool first
+  session_ = std::make_unique<Session>(model_, opts_, pool_, kv_pool_);
+  session_->adopt_only_explicitly();
+}
 
-TurnPrefill Conversation::prefill(std::span<const int32_t> prompt, PromptCache* cache) {
+TurnPrefill Conversation::prefill(std::span<const int32_t> prompt, PromptBlockCache* cache) {
   PTLLM_CHECK(!prompt.empty());
   TurnPrefill t;
   t.prompt_tokens = int64_t(prompt.size());
@@ -48,8 +55,7 @@ TurnPrefill Conversation::prefill(std::span<const int32_t> prompt, PromptCache* 
     }
   }
   if (session_->history().empty() && cache != nullptr && session_->has_cache()) {
-    const PromptCacheLoad load = cache->prefill(*session_, prompt);
-    for (const std::string& w : load.warnings) t.note += (t.note.empty() ? "" : "\n") + ("prompt cache: " + w);
+    const PromptBlockLoad load = cache->prefill(*session_, prompt);
     t.from_cache = t.reused = load.reused;
     t.prefilled = t.prompt_tokens - load.reused;
     return t;
@@ -57,7 +63,7 @@ TurnPrefill Conversation::prefill(std::span<const int32_t> prompt, PromptCache* 
   t.reused = keep;
   t.prefilled = t.prompt_tokens - keep;
   session_->feed(prompt.subspan(size_t(keep)));
-  if (cache != nullptr && session_->has_cache()) cache->save(*session_);  // this turn's prompt, for a later launch
+  if (cache != nullptr && session_->has_cache()) cache->save(*session_, false);  // this turn's blocks
   return t;
 }
 

@@ -13,7 +13,7 @@
 
 namespace ptllm {
 
-class PromptCache;
+class PromptBlockCache;
 class Tokenizer;
 
 // How one turn's prompt reached the session.
@@ -29,16 +29,17 @@ struct TurnPrefill {
 
 class Conversation {
  public:
-  Conversation(const Model& model, const SessionOptions& opts, ThreadPool& pool);
+  // kv_pool: the pool its sessions draw from (a prompt cache's, PromptBlockCache::pool); null: private.
+  Conversation(const Model& model, const SessionOptions& opts, ThreadPool& pool, KVPool* kv_pool = nullptr);
 
   // Feeds `prompt` minus the longest prefix the session already holds; where the history differs
   // (a template that rewrites earlier turns, a reply cut at a stop string) the session is rewound to
   // the first differing token, or started afresh when the cache cannot go back that far. At least
-  // one token is fed unless the whole prompt is held with its logits. With a prompt `cache`, a
-  // fresh session restores what the cache holds for the prompt, and the prompt's state is saved in
-  // the background (the caller reports cache->finish()). Throws ptllm::Error when the prompt does
-  // not fit the context.
-  TurnPrefill prefill(std::span<const int32_t> prompt, PromptCache* cache = nullptr);
+  // one token is fed unless the whole prompt is held with its logits. With a prompt `cache` (whose
+  // pool the conversation draws from), a fresh session takes the prompt's cached prefix blocks, and
+  // the blocks computed are queued for the store. Throws ptllm::Error when the prompt does not fit
+  // the context.
+  TurnPrefill prefill(std::span<const int32_t> prompt, PromptBlockCache* cache = nullptr);
 
   // Forgets everything (/reset): the next prefill starts from an empty session.
   void reset();
@@ -50,6 +51,7 @@ class Conversation {
   const Model& model_;
   SessionOptions opts_;
   ThreadPool& pool_;
+  KVPool* kv_pool_;
   std::unique_ptr<Session> session_;
 };
 

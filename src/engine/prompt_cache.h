@@ -31,7 +31,8 @@ class Tokenizer;
 
 struct PromptCacheOptions {
   std::filesystem::path file;  // --cache-prompt: this one file (wins over dir)
-  std::filesystem::path dir;   // --prompt-cache-dir
+  std::filesystem::path dir;   // a directory of whole-state files (the CLI's --prompt-cache-dir is the
+                               // block store: engine/prompt_blocks.h)
   uint64_t max_bytes = 0;      // --prompt-cache-max-mb (dir only; 0 = unbounded)
   bool enabled() const { return !file.empty() || !dir.empty(); }
 };

@@ -294,10 +294,12 @@ void Scheduler::adopt_at_turn(Slot& s) {
   size_t local = 0;
   const size_t loaded = exchange_ ? load_from_store(s, held, &local) : 0;
   const int64_t grid = adoption_grid(*s.session);
-  const int64_t adopted = grid > 0 ? s.session->adopt_prefix(s.seq, [&](int64_t a) { return exact(s, a); }) : 0;
-  pool_->release_held(held);  // the session holds its own references now; the rest stay findable
+  // The session holds its own references then; the rest of `held` stay findable.
+  const int64_t adopted =
+      grid > 0 ? s.session->adopt_prefix(*kv_, s.seq, [&](int64_t a) { return exact(s, a); }, held) : 0;
+  kv_->free(held);
   const size_t adopted_blocks = pool_->complete_blocks(adopted);
-  s.saved_blocks = exchange_ ? stored_blocks(s, adopted_blocks) : adopted_blocks;
+  s.saved_blocks = exchange_ ? kv_->final_form_blocks(s.seq, s.hashes, adopted_blocks) : adopted_blocks;
   const int64_t before = s.session->position();
   s.gap_tokens = 0;
   if (s.req.cache_reuse > 0) reuse_after_edit(s);
@@ -426,23 +428,9 @@ size_t Scheduler::load_from_store(Slot& s, std::vector<int32_t>& held, size_t* l
   const int64_t grid = adoption_grid(*s.session);
   *local_blocks = 0;
   if (grid == 0) return 0;
-  size_t n = std::min(pool_->complete_blocks(int64_t(s.seq.size()) - 1), pool_->adoptable_limit());
-  while (n > 0) {
-    const KVPool::TokenRange last = pool_->token_block(n - 1);
-    if (exact(s, last.start + last.len)) break;
-    --n;
-  }
+  const size_t n = kv_->adoptable_blocks(int64_t(s.seq.size()), [&](int64_t a) { return exact(s, a); });
   if (n == 0) return 0;
-  pool_->extend_block_hashes(s.seq, n, s.hashes);
-  auto ids = [&](size_t j) {
-    const KVPool::TokenRange tb = pool_->token_block(j);
-    return std::span<const int32_t>(s.seq).subspan(size_t(tb.start), size_t(tb.len));
-  };
-  size_t local = 0;
-  const bool kivi = pool_->has_quantized_form();
-  while (local < n && (pool_->hold_block(s.hashes[local], ids(local), held) ||
-                       (kivi && local >= pool_->sink_blocks() && pool_->hold_block(s.hashes[local], ids(local), held, true))))
-    ++local;
+  const size_t local = kv_->get_computed_blocks(s.seq, 0, n, s.hashes, held);
   *local_blocks = local;
   if (local == n) return 0;
   // Room left for this prompt's first chunk and every running sequence's next block.
@@ -468,23 +456,6 @@ void Scheduler::save_to_store(Slot& s, bool at_end) {
   if (n <= s.saved_blocks) return;
   pool_->extend_block_hashes(hist, n, s.hashes);
   live_.store_puts += exchange_->save_progress(*pool_, hist, s.hashes, &s.saved_blocks, n, at_end);
-}
-
-// Of the first `adopted` blocks (computed elsewhere: here before, or by another replica), those the
-// store has in their final form already: all of them, but under KIVI only the run whose quantized
-// groups the pool holds (a block adopted in full precision is put once this sequence quantizes it).
-size_t Scheduler::stored_blocks(const Slot& s, size_t adopted) {
-  if (!pool_->has_quantized_form() || adopted == 0) return adopted;
-  size_t n = std::min(adopted, pool_->sink_blocks());
-  std::vector<int32_t> held;
-  while (n < adopted && n < s.hashes.size()) {
-    const KVPool::TokenRange tb = pool_->token_block(n);
-    if (!pool_->hold_block(s.hashes[n], std::span<const int32_t>(s.seq).subspan(size_t(tb.start), size_t(tb.len)), held, true))
-      break;
-    pool_->release_held(held);
-    ++n;
-  }
-  return n;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -593,7 +564,8 @@ void Scheduler::preempt_youngest() {
   running_.erase(it);
   if (exchange_) save_to_store(*s, true);
   remember_history(*s);
-  s->session.reset();  // its blocks go back; the published ones stay findable for its return
+  s->session->release(*kv_);  // its blocks go back; the published ones stay findable for its return
+  s->session.reset();
   ++live_.preempted;
   std::lock_guard lk(mu_);
   queue_.push_front(std::move(s));
@@ -867,8 +839,9 @@ void Scheduler::finish(Slot& s, FinishReason r, std::string error) {
   if (r != FinishReason::Error) remember_history(s);
   if (suffix_cache_ && (r == FinishReason::Stop || r == FinishReason::Length))
     suffix_cache_->add(s.req.prompt, s.result.tokens);
-  s.session.reset();  // the blocks go back now
-  s.spec.reset();     // and a draft model's cache with them
+  if (s.session) s.session->release(*kv_);  // the blocks go back now
+  s.session.reset();
+  s.spec.reset();  // and a draft model's cache with them
   s.result.reason = r;
   s.result.error = std::move(error);
   if (r == FinishReason::Cancelled) ++live_.cancelled;

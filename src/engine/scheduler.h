@@ -194,7 +194,6 @@ class Scheduler {
   int64_t next_chunk(const Slot& s) const;
   size_t load_from_store(Slot& s, std::vector<int32_t>& held, size_t* local_blocks);
   void save_to_store(Slot& s, bool at_end = false);
-  size_t stored_blocks(const Slot& s, size_t adopted);
   void pin_prefix(Slot& s);
   bool unpin_oldest();
   void step();

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "kernels/ops.h"
+#include "kv/manager.h"
 
 namespace ptllm {
 
@@ -187,6 +188,23 @@ int64_t Session::adopt_prefix(std::span<const int32_t> prompt, const std::functi
   return reused_;
 }
 
+int64_t Session::adopt_prefix(KVManager& kv, std::span<const int32_t> prompt,
+                              const std::function<bool(int64_t)>& accept, std::vector<int32_t>& held) {
+  PTLLM_CHECK(history_.empty() && cache_ && cache_->shares_pool());
+  reused_ = kv.allocate_computed(*cache_, prompt, accept, held);
+  history_.insert(history_.end(), prompt.begin(), prompt.begin() + std::ptrdiff_t(reused_));
+  if (reused_ > 0) cache_->end_step(history_);
+  return reused_;
+}
+
+void Session::release(KVManager& kv) {
+  if (cache_) kv.free(*cache_);
+  history_.clear();
+  reused_ = 0;
+  draft_from_ = -1;
+  logits_valid_ = false;
+}
+
 void Session::append_shifted(std::span<const int32_t> ids, int64_t delta, uint64_t salt,
                              const std::function<void(int layer, float* k, float* v)>& rows) {
   PTLLM_CHECK(cache_ && draft_from_ < 0 && !ids.empty() && int(ids.size()) <= max_chunk() && fits(int64_t(ids.size())));
@@ -223,7 +241,7 @@ std::span<float> Session::run(std::span<const int32_t> tokens, bool all_logits) 
   if (opts_.use_cache) {
     reused_ = 0;
     size_t done = 0;
-    if (history_.empty() && !all_logits) done = size_t(adopt_prefix(tokens));
+    if (history_.empty() && !all_logits && auto_adopt_) done = size_t(adopt_prefix(tokens));
     // In chunks the cache can take at once (StreamingLLM and KIVI bound their full-precision blocks).
     while (done < T) {
       const size_t n = std::min(T - done, size_t(cache_->max_append()));

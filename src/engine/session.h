@@ -13,6 +13,7 @@
 
 namespace ptllm {
 
+class KVManager;
 class ThreadPool;
 
 struct SessionOptions {
@@ -70,6 +71,15 @@ class Session {
   // 0 with a private pool or without room. accept (when given): only a prefix whose token count it
   // accepts is taken (adoption_is_exact).
   int64_t adopt_prefix(std::span<const int32_t> prompt, const std::function<bool(int64_t)>& accept = {});
+  // The same through a scheduler's KV manager (KVManager::allocate_computed), which then frees `held`
+  // (references its get_computed_blocks took).
+  int64_t adopt_prefix(KVManager& kv, std::span<const int32_t> prompt, const std::function<bool(int64_t)>& accept,
+                       std::vector<int32_t>& held);
+  // Gives every KV block back through the manager (KVManager::free); the session is empty after.
+  void release(KVManager& kv);
+  // From now on the first feed() of an empty session computes every token: only adopt_prefix takes
+  // the pool's blocks (a caller that checks an adoption's exactness itself: engine/prompt_blocks.h).
+  void adopt_only_explicitly() { auto_adopt_ = false; }
 
   // Reuse after an edit (engine/cache_reuse.h): appends `ids` without a forward pass, their K/V
   // written by `rows(layer, k, v)` for each storing layer (k, v: [ids.size()][kv_dim], as computed
@@ -114,6 +124,7 @@ class Session {
   size_t last_row_ = 0;        // row of logits_ holding the last token's logits
   std::vector<int32_t> history_;
   int64_t reused_ = 0;
+  bool auto_adopt_ = true;     // feed() on an empty session adopts the pool's prefix first
   bool logits_valid_ = false;  // false after a rewind, until the next feed
   int64_t draft_from_ = -1;    // position before an open feed_draft step (-1: none)
   std::vector<float> shift_k_, shift_v_;  // append_shifted's rows

@@ -153,6 +153,35 @@ std::optional<std::string_view> decode_block_value(std::string_view value, const
   return value.substr(r.pos(), payload_bytes);
 }
 
+BlockValueInfo read_block_value(std::string_view value) {
+  if (value.size() < kHeaderBytes + 8 || std::memcmp(value.data(), kMagic, sizeof kMagic) != 0)
+    throw Error("not a block value of posttrainllm (magic)");
+  ByteReader r(value, "kv store value");
+  r.bytes(sizeof kMagic);
+  BlockValueInfo info;
+  info.version = r.get<uint32_t>();
+  if (info.version != kKVStoreVersion)
+    throw Error("format version " + std::to_string(info.version) + ", this build reads version " +
+                std::to_string(kKVStoreVersion));
+  if (r.get<uint32_t>() != kHeaderBytes) throw Error("a header of another size");
+  uint64_t sum;
+  std::memcpy(&sum, value.data() + value.size() - 8, 8);
+  if (checksum64(value.data(), value.size() - 8) != sum) throw Error("checksum mismatch (damaged value)");
+  std::memcpy(info.identity.data(), r.bytes(info.identity.size()), info.identity.size());
+  info.hash.lo = r.get<uint64_t>();
+  info.hash.hi = r.get<uint64_t>();
+  const uint32_t n = r.get<uint32_t>();
+  const uint8_t precision = r.get<uint8_t>(), form = r.get<uint8_t>();
+  if (precision > uint8_t(KVPrecision::Int2) || form > 1) throw Error("an unknown precision or form");
+  info.form = {KVPrecision(precision), form == 1};
+  r.get<uint16_t>();
+  info.payload_bytes = r.get<uint64_t>();
+  if (value.size() != kHeaderBytes + uint64_t(n) * 4 + info.payload_bytes + 8) throw Error("a value of another size");
+  info.ids.resize(n);
+  std::memcpy(info.ids.data(), r.bytes(size_t(n) * 4), size_t(n) * 4);
+  return info;
+}
+
 // The pinned blocks the store has let go of, waiting for reclaim() (the pool is the scheduler's
 // thread's alone).
 struct BlockExchange::Pins {

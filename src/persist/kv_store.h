@@ -146,6 +146,18 @@ std::optional<std::string_view> decode_block_value(std::string_view value, const
                                                    std::span<const int32_t> ids, size_t payload_bytes,
                                                    std::string* why = nullptr, BlockForm form = {});
 
+// What a value says of itself once its magic, version, size and checksum verify (the `cache`
+// command's view of a block file). Throws ptllm::Error saying what is wrong.
+struct BlockValueInfo {
+  uint32_t version = kKVStoreVersion;
+  Digest identity{};
+  BlockHash hash;
+  std::vector<int32_t> ids;
+  BlockForm form;
+  uint64_t payload_bytes = 0;
+};
+BlockValueInfo read_block_value(std::string_view value);
+
 // The engine's side of a store: a shared pool's token blocks to keys and values and back.
 class BlockExchange {
  public:

@@ -211,6 +211,30 @@ fs::path dir_store_path(const fs::path& dir, std::string_view key) {
   return dir / "blocks" / std::string(hash.substr(0, 2)) / file;
 }
 
+std::vector<DirStoreFile> list_dir_store(const fs::path& dir, std::vector<fs::path>* temporaries) {
+  const fs::path root = dir / "blocks";
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) throw Error(root.string() + ": no block directory (" + (ec ? ec.message() : "absent") + ")");
+  std::vector<DirStoreFile> files;
+  fs::recursive_directory_iterator it(root, ec), end;
+  if (ec) throw Error("cannot read " + root.string() + ": " + ec.message());
+  for (; !ec && it != end; it.increment(ec)) {
+    if (it.depth() >= 1) it.disable_recursion_pending();  // blocks/<hh>/<file>: nothing deeper is ours
+    const fs::path& p = it->path();
+    struct stat st {};
+    if (::lstat(p.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    if (is_stale_temporary(p)) {
+      if (temporaries) temporaries->push_back(p);
+      continue;
+    }
+    if (!p.filename().string().ends_with(kSuffix)) continue;
+    files.push_back({p, uint64_t(st.st_size), int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec});
+  }
+  if (ec) throw Error("cannot read " + root.string() + ": " + ec.message());
+  std::sort(files.begin(), files.end(), [](const DirStoreFile& a, const DirStoreFile& b) { return a.mtime_ns < b.mtime_ns; });
+  return files;
+}
+
 std::unique_ptr<KVStore> open_dir_store(const DirStoreOptions& opts, RateLimitedLog* log) {
   const fs::path root = opts.dir / "blocks";
   const std::string flag = "--prompt-cache-dir " + opts.dir.string();

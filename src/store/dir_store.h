@@ -4,9 +4,8 @@
 // the server's prefixes survive a restart with no new path in the engine.
 //
 // Layout: one file per token block, DIR/blocks/<hh>/<key with ':' as '-'>.kvblock, where <hh> is
-// the first two hex digits of the block hash (256 subdirectories at most). The subdirectory keeps
-// the files apart from `sample`/`chat`'s whole-prompt files (DIR/<model>-<hex>.kvcache, which they
-// list and prune without descending into directories).
+// the first two hex digits of the block hash (256 subdirectories at most). `sample` and `chat`
+// (--prompt-cache-dir) read and write the same files (engine/prompt_blocks.h).
 //
 // Puts are queued and written by a thread of their own (a temporary file, then a rename: a reader
 // never sees a partial file; no fsync, since a file torn by a power loss fails its checksum and is
@@ -18,6 +17,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <vector>
 
 #include "persist/kv_store.h"
 
@@ -36,5 +36,16 @@ std::unique_ptr<KVStore> open_dir_store(const DirStoreOptions& opts, RateLimited
 // dir/blocks/<hh>/<file> of a key, or empty when the key is not one kv_store_key() makes
 // (NAME:32 hex:32 hex, NAME of printable ASCII without '/', ':' or spaces).
 std::filesystem::path dir_store_path(const std::filesystem::path& dir, std::string_view key);
+
+// The block files under dir/blocks, least recently used first (`posttrainllm cache`); `temporaries`
+// (when given) gets the temporary files of writers that are gone. Throws ptllm::Error when dir/blocks
+// is not a directory that can be read.
+struct DirStoreFile {
+  std::filesystem::path path;
+  uint64_t bytes = 0;
+  int64_t mtime_ns = 0;
+};
+std::vector<DirStoreFile> list_dir_store(const std::filesystem::path& dir,
+                                         std::vector<std::filesystem::path>* temporaries = nullptr);
 
 }  // namespace ptllm::store
