@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "kernels/affine.h"
 #include "kernels/ggml.h"
 #include "kernels/panels.h"
 #include "kv/kv_cache.h"
@@ -357,6 +358,32 @@ void Model::pack_panels() {
       *w = ggml_packed_matrix(w->ggml, p, w->rows, w->cols);
     }
     if (tied && !todo.empty() && todo.back() == &lm_head_) embed_ = lm_head_;
+  }
+  if (affine_pack_wanted()) {  // MLX affine 2/4/8 bits in 16-row groups (kernels/affine.h)
+    std::vector<WeightMatrix*> todo;
+    for (LayerWeights& lw : layers_)
+      for (WeightMatrix* w : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down})
+        if (affine_pack_fit(*w)) todo.push_back(w);
+    // Tied: the embedding keeps reading its rows from the file's layout.
+    const bool tied = lm_head_.data == embed_.data;
+    if (affine_pack_fit(lm_head_)) todo.push_back(&lm_head_);
+    std::optional<ThreadPool> pool;
+    if (!todo.empty()) pool.emplace(ThreadPool::default_threads());
+    for (WeightMatrix* w : todo) {
+      void* p = packed_alloc(w->nbytes());
+      affine_bytes_.emplace_back(static_cast<uint8_t*>(p));
+      pool->parallel_for(size_t(w->rows / kAffinePackRows),
+                         [&](size_t b, size_t e) { affine_pack(*w, p, int(b), int(e)); });
+      if (!(tied && w == &lm_head_)) {  // the file's pages are not read again
+        const size_t gbytes = size_t(w->rows) * size_t(w->cols / w->group_size) * dtype_size(w->dtype);
+        for (const auto& f : files_.files()) {
+          f->release(w->data, size_t(w->rows) * w->row_bytes());
+          f->release(w->scales, gbytes);
+          f->release(w->biases, gbytes);
+        }
+      }
+      *w = affine_packed_matrix(*w, p);
+    }
   }
   if (!panels_wanted()) return;
   std::vector<WeightMatrix*> todo;
