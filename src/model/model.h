@@ -140,6 +140,8 @@ class Model {
   WeightFiles files_;
   WeightMatrix embed_;    // [vocab][hidden]
   WeightMatrix lm_head_;  // [vocab][hidden] (the embedding when tied)
+  bool head_repacked_ = false;  // tied, the LM head a packed copy of the embedding (pack_panels)
+  bool head_tied() const { return head_repacked_ || lm_head_.data == embed_.data; }
   std::vector<float> final_norm_;  // [hidden]
   std::vector<LayerWeights> layers_;
   // RoPE frequencies [head_dim/2]: the main ones, Gemma 3's local ones, Phi-3's long ones (LongRoPE
