@@ -214,5 +214,97 @@ TEST(AffineKernelTest, StraddlingBitsTakeTheIntegerProducts) {
             f.avx512vnni && f.avx512vbmi && kernel_table(SimdTarget::AVX512) != nullptr);
 }
 
+// ---- matrices repacked in 16-row groups (affine.h, affine_pack) -----------------------------------
+
+struct Packed {
+  std::vector<uint8_t> bytes;
+  WeightMatrix w;
+  explicit Packed(const WeightMatrix& src) : bytes(src.nbytes()) {
+    const int groups = src.rows / kAffinePackRows;
+    affine_pack(src, bytes.data(), 0, groups / 2);  // in two calls, as the load's threads split it
+    affine_pack(src, bytes.data(), groups / 2, groups);
+    w = affine_packed_matrix(src, bytes.data());
+  }
+};
+
+// The copy holds the same values: every row dequantizes to the file's bits, and takes no more bytes.
+TEST(AffinePack, RowsDequantizeAsTheFilesLayout) {
+  unsigned seed = 100;
+  for (int bits : {2, 4, 8})
+    for (int gs : {32, 64, 128})
+      for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
+        const Affine a(32, 3 * gs, bits, gs, dt, ++seed);
+        ASSERT_TRUE(affine_pack_fit(a.w));
+        const Packed p(a.w);
+        EXPECT_EQ(p.w.nbytes(), a.w.nbytes());
+        EXPECT_EQ(p.w.affine_pack, kAffinePackRows);
+        EXPECT_FALSE(affine_pack_fit(p.w)) << "packed twice";
+        std::vector<float> want(size_t(a.w.cols)), got(want.size());
+        for (int r = 0; r < a.w.rows; ++r) {
+          affine_dequant_row(a.w, r, want.data());
+          affine_dequant_row(p.w, r, got.data());
+          ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * 4)) << name_of(a.w, 1) << " row " << r;
+        }
+      }
+}
+
+TEST(AffinePack, FitsOnlyWholeGroupsOfTheFastFormats) {
+  EXPECT_TRUE(affine_pack_fit(Affine(48, 64, 4, 32, DType::BF16, 1).w));
+  EXPECT_FALSE(affine_pack_fit(Affine(40, 64, 4, 32, DType::BF16, 1).w)) << "rows not a multiple of 16";
+  EXPECT_FALSE(affine_pack_fit(Affine(32, 96, 6, 32, DType::BF16, 1).w)) << "6-bit codes straddle bytes";
+  EXPECT_FALSE(affine_pack_fit(Affine(32, 96, 3, 32, DType::BF16, 1).w));
+  std::vector<uint32_t> codes(16 * 96 / 8);
+  std::vector<uint16_t> sc(16), bi(16);
+  EXPECT_FALSE(affine_pack_fit(affine_matrix(codes.data(), sc.data(), bi.data(), DType::BF16, 4, 96, 16, 96)))
+      << "groups of 96 take the generic product";
+  const bool was = affine_pack_wanted();
+  set_affine_pack_enabled(false);
+  EXPECT_FALSE(affine_pack_wanted());
+  set_affine_pack_enabled(true);
+  EXPECT_EQ(affine_pack_wanted(), affine_active_kernel() == AffineKernel::AVX512Vnni);
+  EXPECT_EQ(was, affine_pack_wanted());
+}
+
+// Every kernel on a packed matrix (the 16-lane SIMD product where the kernel has one, else the
+// scalar twin) equals the scalar twin bit for bit, for every T and both paths (one product for
+// both); a row's result is the same whatever T; and against the row-major twin only the float
+// order of adding the exact integer sums differs.
+TEST(AffinePack, EveryKernelEqualsTheScalarTwinBitForBit) {
+  ThreadPool pool(3);
+  unsigned seed = 200;
+  for (int bits : {2, 4, 8})
+    for (int gs : {32, 64, 128})
+      for (DType dt : {DType::BF16, DType::F16, DType::F32})
+        for (auto [rows, cols] : {std::pair{16, gs}, std::pair{48, 5 * gs}, std::pair{32, 5 * 128 + gs}}) {
+          const Affine a(rows, cols, bits, gs, dt, ++seed);
+          const Packed p(a.w);
+          std::vector<float> bias(static_cast<size_t>(rows));
+          for (size_t i = 0; i < bias.size(); ++i) bias[i] = 0.1f * float(i % 7) - 0.3f;
+          const int maxT = 11;
+          const auto x = random_x(maxT, cols, seed);
+          // Each row of x alone (T = 1): what every batch must give, bit for bit.
+          std::vector<float> alone(size_t(maxT) * size_t(rows));
+          for (int t = 0; t < maxT; ++t) {
+            AffineXBuffers buf;
+            const AffineX ax = quantize_affine_x(x.data() + size_t(t) * cols, 1, cols, bits, gs, kQ8Block, buf, nullptr);
+            affine_packed_rows_scalar(ax, p.w, bias.data(), alone.data() + size_t(t) * rows, 0, rows);
+          }
+          for (int T : {1, 2, 5, 9, 11}) {
+            std::vector<float> want(size_t(T) * size_t(rows)), y(want.size());
+            affine_matmul_q8_ref(x.data(), T, a.w, bias.data(), want.data());
+            const auto mag = magnitude(x.data(), T, a.w);
+            for (size_t i = 0; i < want.size(); ++i)
+              ASSERT_NEAR(alone[i], want[i], 2e-6 * (mag[i] + 1.0)) << name_of(a.w, T) << " against the row-major twin";
+            for (AffineKernel k : available_affine_kernels())
+              for (AffinePath path : {AffinePath::Gemv, AffinePath::Gemm}) {
+                std::fill(y.begin(), y.end(), NAN);
+                affine_matmul(x.data(), T, p.w, bias.data(), y.data(), pool, k, path);
+                ASSERT_EQ(0, std::memcmp(y.data(), alone.data(), y.size() * 4))
+                    << name_of(a.w, T) << " packed, " << affine_kernel_name(k);
+              }
+          }
+        }
+}
+
 }  // namespace
 }  // namespace ptllm

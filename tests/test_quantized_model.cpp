@@ -17,6 +17,7 @@
 #include "engine/session.h"
 #include "kernels/affine.h"
 #include "kernels/ops.h"
+#include "kernels/simd.h"
 #include "model/model.h"
 #include "model/quantize.h"
 #include "sample/sampler.h"
@@ -611,6 +612,53 @@ TEST(QuantizeCheckpointTest, NllStaysCloseAndGreedyOutputMatchesAtEightBits) {
     return out;
   };
   EXPECT_EQ(greedy(*m8), greedy(*f32));
+}
+
+// Loaded repacked in 16-row groups (kernels/affine.h, affine_pack) and in the file's layout, a
+// quantized model answers alike: the integer sums are the same, only the float order of adding them
+// differs. x is rounded to int8 per block, so a float difference now and then moves a code by one
+// step and the logits further than float noise (seen: up to 0.19 at 8 bits, where the offset terms
+// cancel most): the yardstick is the quantization's own error, each layout against the F32 source
+// (seen: 0.2-0.33). A wrong row would be far outside it.
+TEST(QuantizeCheckpointTest, PackedMatricesAnswerAsTheFilesLayout) {
+  if (!affine_pack_wanted()) GTEST_SKIP() << "this CPU's kernels read the file's layout (no AVX-512 VNNI)";
+  const Quantized& q = quantized();
+  ThreadPool pool(2);
+  const auto f32 = Model::load(test::repo_model("kjv-tiny"));
+  for (const fs::path& dir : {q.q8, q.q4}) {
+    const auto packed = Model::load(dir);
+    set_affine_pack_enabled(false);
+    const auto plain = Model::load(dir);
+    set_affine_pack_enabled(true);
+    EXPECT_EQ(packed->affine_packed_matrices(), size_t(7 * packed->config().n_layers + 1)) << dir;
+    EXPECT_EQ(plain->affine_packed_matrices(), 0u);
+    EXPECT_EQ(packed->weight_format(), plain->weight_format()) << "the tied LM head counted once";
+    std::vector<int32_t> prompt = text_ids();
+    prompt.resize(40);
+    SessionOptions o;
+    o.kv.ctx_size = 128;
+    Session a(*packed, o, pool), b(*plain, o, pool), c(*f32, o, pool);
+    const auto worst = [](std::span<const float> x, std::span<const float> y) {
+      double w = 0;
+      for (size_t v = 0; v < x.size(); ++v) w = std::max(w, double(std::fabs(x[v] - y[v])));
+      return w;
+    };
+    double layouts = 0, packed_err = 0, plain_err = 0;
+    for (int step = 0; step < 12; ++step) {
+      const auto sa = a.feed(prompt);
+      std::vector<float> la(sa.begin(), sa.end());
+      const auto sb = b.feed(prompt);
+      std::vector<float> lb(sb.begin(), sb.end());
+      const auto sc = c.feed(prompt);
+      layouts = std::max(layouts, worst(la, lb));
+      packed_err = std::max(packed_err, worst(la, sc));
+      plain_err = std::max(plain_err, worst(lb, sc));
+      prompt.assign(1, argmax(lb));  // all three follow one path
+    }
+    EXPECT_GT(layouts, 0.0) << dir << ": the same bits: were both layouts used?";
+    EXPECT_LT(layouts, plain_err) << dir << ": the layouts differ by more than the quantization's error";
+    EXPECT_LT(packed_err, 1.25 * plain_err) << dir << ": the packed layout is further from the F32 source";
+  }
 }
 
 TEST(QuantizeCheckpointTest, ComposesWithKvQuantizationAndStreamingLlm) {

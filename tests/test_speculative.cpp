@@ -12,8 +12,10 @@
 #include "engine/generator.h"
 #include "engine/session.h"
 #include "engine/speculative.h"
+#include "kernels/affine.h"
 #include "kv/config.h"
 #include "model/model.h"
+#include "model/quantize.h"
 #include "scripted_model.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
@@ -293,6 +295,34 @@ TEST(SpeculativeGreedy, SameTokensOnGgufBlockFormats) {
       expect_same_greedy(*model, tok, kv_options(kv), light_or(128, 48), f.gguf.filename().string() + " " + kv, 16);
   }
   if (files.size() < 3) GTEST_SKIP() << "Q4_0 and Q4_K_M files are in ../shared/models/gguf; ran Q8_0 only";
+}
+
+// MLX affine 8 and 4 bits: matrices repacked in 16-row groups take one product for every number of
+// rows (kernels/affine.h), so a verification of 17 rows gives each row a plain step's bits; the
+// file's layout keeps verifications within its small-T product (draft 7: 8 rows).
+TEST(SpeculativeGreedy, SameTokensOnMlxAffineFormats) {
+  test::TempDir tmp;
+  ThreadPool pool(2);
+  const Tokenizer tok = Tokenizer::load(test::repo_model("kjv-tiny"));
+  for (auto [bits, gs] : {std::pair{8, 64}, std::pair{4, 32}}) {
+    const fs::path dir = tmp.path / ("q" + std::to_string(bits));
+    QuantizeOptions o;
+    o.spec = {bits, gs};
+    quantize_checkpoint(test::repo_model("kjv-tiny"), dir, o, pool);
+    const auto packed = Model::load(dir);
+    set_affine_pack_enabled(false);
+    const auto plain = Model::load(dir);
+    set_affine_pack_enabled(true);
+    EXPECT_EQ(plain->affine_packed_matrices(), 0u);
+    if (affine_pack_wanted()) {
+      EXPECT_EQ(packed->affine_packed_matrices(), size_t(7 * packed->config().n_layers + 1)) << "with the LM head";
+    }
+    for (const std::string kv : {"fp32", "int4 r32"}) {
+      const std::string what = "q" + std::to_string(bits) + " " + kv;
+      expect_same_greedy(*packed, tok, kv_options(kv), light_or(96, 48), what + " packed", 16);
+      expect_same_greedy(*plain, tok, kv_options(kv), light_or(96, 48), what + " file's layout", 7);
+    }
+  }
 }
 
 // Sequences on one pool sharing a prompt's blocks, speculating in turns: each the plain run's ids; the

@@ -1,9 +1,12 @@
 #include "kernels/affine.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/error.h"
@@ -14,7 +17,132 @@
 
 namespace ptllm {
 
+namespace {
+// Packed matrices (affine.h): bytes of one group of columns of a 16-row group, and where row i's
+// scales and dword q of block b (of the group) lie in it.
+size_t packed_group_bytes(const WeightMatrix& w) {
+  return 2 * size_t(kAffinePackRows) * dtype_size(w.dtype) + size_t(w.group_size) * size_t(w.bits) * 2;
+}
+const uint8_t* packed_group(const WeightMatrix& w, int r, int g) {
+  return static_cast<const uint8_t*>(w.data) +
+         (size_t(r / kAffinePackRows) * size_t(w.cols / w.group_size) + size_t(g)) * packed_group_bytes(w);
+}
+size_t packed_dword(const WeightMatrix& w, int i, int b, int q) {
+  return 2 * size_t(kAffinePackRows) * dtype_size(w.dtype) + size_t(64 * (b * w.bits + q) + 4 * i);
+}
+
+std::atomic<bool>& affine_pack_flag() {
+  static std::atomic<bool> on{[] {
+    const char* e = std::getenv("PTLLM_NO_AFFINE_PACK");
+    return !(e && *e && std::string_view(e) != "0");
+  }()};
+  return on;
+}
+}  // namespace
+
+bool affine_pack_fit(const WeightMatrix& w) {
+  return w.format == WeightFormat::Affine && !w.affine_pack && affine_fast(w) && w.rows > 0 &&
+         w.rows % kAffinePackRows == 0 && w.group_size <= 512;
+}
+
+bool affine_pack_wanted() {
+  return affine_pack_flag() && affine_active_kernel() == AffineKernel::AVX512Vnni &&
+         affine_active_table().packed != nullptr;
+}
+
+void set_affine_pack_enabled(bool on) { affine_pack_flag() = on; }
+
+void affine_pack(const WeightMatrix& w, void* out, int g0, int g1) {
+  PTLLM_CHECK(affine_pack_fit(w) && g0 >= 0 && g1 <= w.rows / kAffinePackRows);
+  const WeightMatrix p = affine_packed_matrix(w, out);
+  const int G = w.cols / w.group_size, nbg = w.group_size / kQ8Block;
+  const size_t es = dtype_size(w.dtype), rb = w.row_bytes(), block = size_t(kQ8Block) * size_t(w.bits) / 8;
+  for (int rg = g0; rg < g1; ++rg)
+    for (int g = 0; g < G; ++g) {
+      auto* o = const_cast<uint8_t*>(packed_group(p, rg * kAffinePackRows, g));
+      for (int i = 0; i < kAffinePackRows; ++i) {
+        const size_t r = size_t(rg * kAffinePackRows + i), at = r * size_t(G) + size_t(g);
+        std::memcpy(o + size_t(i) * es, static_cast<const uint8_t*>(w.scales) + at * es, es);
+        std::memcpy(o + size_t(kAffinePackRows + i) * es, static_cast<const uint8_t*>(w.biases) + at * es, es);
+        const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * rb;
+        for (int b = 0; b < nbg; ++b)
+          for (int q = 0; q < w.bits; ++q)
+            std::memcpy(o + packed_dword(p, i, b, q), row + size_t(g * nbg + b) * block + 4 * size_t(q), 4);
+      }
+    }
+}
+
+WeightMatrix affine_packed_matrix(const WeightMatrix& w, const void* data) {
+  PTLLM_CHECK(affine_pack_fit(w));
+  WeightMatrix p = w;
+  p.data = data;
+  p.scales = p.biases = nullptr;  // inside data
+  p.affine_pack = kAffinePackRows;
+  return p;
+}
+
+void affine_packed_rows_scalar(const AffineX& x, const WeightMatrix& w, const float* bias, float* y, int r0,
+                               int r1) {
+  PTLLM_CHECK(w.affine_pack == kAffinePackRows && x.chunk == kQ8Block && r0 % kAffinePackRows == 0 &&
+              r1 % kAffinePackRows == 0);
+  constexpr int KC = 512, L = kAffinePackRows;  // as affine_impl.h's packed_block
+  const int K = w.cols, gs = w.group_size, nbg = gs / kQ8Block, kpb = 8 / w.bits;
+  const size_t es = dtype_size(w.dtype);
+  const unsigned mask = (1u << w.bits) - 1u;
+  for (int r = r0; r < r1; r += L)
+    for (int k0 = 0; k0 < K; k0 += KC) {
+      const int kc = std::min(KC, K - k0);
+      for (int t = 0; t < x.T; ++t) {
+        float acc[L] = {};
+        for (int g = k0 / gs; g < (k0 + kc) / gs; ++g) {
+          const uint8_t* p = packed_group(w, r, g);
+          for (int b = 0; b < nbg; ++b) {
+            const int kb = g * nbg + b;
+            const int8_t* q = x.q + size_t(t) * x.ldq + size_t(kb) * kQ8Block;
+            const float d = x.d[size_t(t) * x.ldd + size_t(kb)];
+            for (int i = 0; i < L; ++i) {
+              int isum = 0;
+              for (int dw = 0; dw < w.bits; ++dw)
+                for (int k = 0; k < 4; ++k) {
+                  const unsigned byte = p[packed_dword(w, i, b, dw) + size_t(k)];
+                  for (int sc = 0; sc < kpb; ++sc)  // x's split order: bytes 4 (s * bits + q) + k
+                    isum += int((byte >> (sc * w.bits)) & mask) * int(q[4 * (sc * w.bits + dw) + k]);
+                }
+              const float s = affine_param(p, w.dtype, size_t(i));
+              acc[i] = std::fma(float(isum), s * d, acc[i]);
+            }
+          }
+          const size_t xt = size_t(t) * x.ldg + size_t(g);
+          for (int i = 0; i < L; ++i) {
+            const float s = affine_param(p, w.dtype, size_t(i)), bi = affine_param(p + L * es, w.dtype, size_t(i));
+            acc[i] = std::fma(s, x.xc[xt], std::fma(bi, x.xs[xt], acc[i]));
+          }
+        }
+        float* yt = y + size_t(t) * size_t(w.rows) + size_t(r);
+        for (int i = 0; i < L; ++i) {
+          const float before = k0 > 0 ? yt[i] : bias ? bias[r + i] : 0.f;
+          yt[i] = acc[i] + before;
+        }
+      }
+    }
+}
+
 void affine_dequant_row(const WeightMatrix& w, int r, float* out) {
+  if (w.affine_pack) {
+    const int gs = w.group_size, kpb = 8 / w.bits, i = r % kAffinePackRows;
+    const size_t es = dtype_size(w.dtype);
+    const unsigned mask = (1u << w.bits) - 1u;
+    for (int g = 0; g < w.cols / gs; ++g) {
+      const uint8_t* p = packed_group(w, r, g);
+      const float s = affine_param(p, w.dtype, size_t(i)), b = affine_param(p + kAffinePackRows * es, w.dtype, size_t(i));
+      for (int k = 0; k < gs; ++k) {  // column k of the group: block k / 32, byte (k % 32) / kpb of it
+        const int kb = k / kQ8Block, j = k % kQ8Block, byte = j / kpb;
+        const unsigned v = p[packed_dword(w, i, kb, byte / 4) + size_t(byte % 4)];
+        out[g * gs + k] = s * float((v >> ((j % kpb) * w.bits)) & mask) + b;
+      }
+    }
+    return;
+  }
   const auto* row = static_cast<const uint8_t*>(w.data) + size_t(r) * w.row_bytes();
   const size_t groups = size_t(w.cols / w.group_size);
   const uint32_t mask = (1u << w.bits) - 1u;
@@ -234,6 +362,18 @@ void affine_matmul(const float* x, int T, const WeightMatrix& w, const float* bi
     const size_t min_rows = kGemvMinWeightsPerThread / size_t(std::max(1, w.cols));
     pool.parallel_for(size_t(w.rows), [&](size_t b, size_t e) { rows(ax, w, bias, y, int(b), int(e)); },
                       std::max<size_t>(4, min_rows));
+    return;
+  }
+  if (w.affine_pack) {
+    thread_local AffineXBuffers buf;
+    const AffineX ax = quantize_affine_x(x, T, w.cols, w.bits, w.group_size, kQ8Block, buf, &pool);
+    const auto rows = kt->packed ? kt->packed : affine_packed_rows_scalar;
+    const size_t min_groups = kGemvMinWeightsPerThread / size_t(std::max(1, w.cols)) / kAffinePackRows;
+    const size_t groups = size_t(w.rows / kAffinePackRows);
+    pool.parallel_for(
+        groups,
+        [&](size_t b, size_t e) { rows(ax, w, bias, y, int(b) * kAffinePackRows, int(e) * kAffinePackRows); },
+        std::max<size_t>(1, min_groups));
     return;
   }
   if (!affine_fast(w)) return generic_matmul(x, T, w, bias, y, pool);

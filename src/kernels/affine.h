@@ -61,6 +61,40 @@ struct AffineKernelTable;
 // x once for many products (a mixture-of-experts layer's experts).
 const AffineKernelTable& affine_active_table();
 
+// ---- 2, 4 and 8 bits repacked at load time ------------------------------------------------------
+// A decode step streams each matrix once; row-major codes leave every row one horizontal sum and
+// one pass over its scales. Repacked, 16 rows are read as one stream and summed in the 16 lanes of
+// a register (as the GGUF K-quants, kernels/ggml.h). Layout, for each group of 16 rows and each
+// group g of group_size columns (es: the scales' dtype size), GB = 32 es + group_size * bits * 2
+// bytes from (16-row group * G + g) * GB:
+//   [0, 16 es)      the 16 rows' scales of group g (the file's dtype),  [16 es, 32 es) their biases
+//   [32 es, GB)     per block b of 32 columns of the group, bits * 64 bytes: dword q of row i at
+//                   64 (b * bits + q) + 4 i, the file's dword q of the row's block (bytes unchanged)
+// The same bytes as the file's, only moved. The product (every T, prefill and decode alike) takes
+// x in the per-block split order (affine_q8.h, chunk 32): the codes at bit s * bits of dword q
+// meet x's bytes 4 (s * bits + q) .. + 3, broadcast, one vpdpbusd for 16 rows. Per chunk of 512
+// columns and x row, lane i sums d_b s_g times each block's integer sum, then s_g xc_g + b_g xs_g per
+// group, in that order whatever T and the thread split: a row's result does not depend on the
+// batch. Against the row-major products only the float summation order differs (same integer sums).
+inline constexpr int kAffinePackRows = 16;
+// Whether w can be packed: bits 2, 4 or 8, affine_fast, rows a multiple of kAffinePackRows, groups
+// of at most 512 columns.
+bool affine_pack_fit(const WeightMatrix& w);
+// Whether this process packs such matrices at load: the active kernel is AVX-512 VNNI and neither
+// PTLLM_NO_AFFINE_PACK=1 nor set_affine_pack_enabled(false) says otherwise. Packed matrices run on
+// every kernel (without a 16-lane product: affine_packed_rows_scalar, slowly), so tests can switch.
+bool affine_pack_wanted();
+void set_affine_pack_enabled(bool on);
+// Row groups [g0, g1) of w (row-major) into out (w.nbytes() bytes for all of them).
+void affine_pack(const WeightMatrix& w, void* out, int g0, int g1);
+// The packed matrix of w's shape and format over `data`.
+WeightMatrix affine_packed_matrix(const WeightMatrix& w, const void* data);
+// The scalar twin of the packed product (and the product of targets without a 16-lane one): the
+// same float operations in the same order as the SIMD kernel, so the results are equal bit for bit.
+// x: quantize_affine_x with chunk 32. Rows [r0, r1), multiples of kAffinePackRows.
+struct AffineX;
+void affine_packed_rows_scalar(const AffineX& x, const WeightMatrix& w, const float* bias, float* y, int r0, int r1);
+
 // Scalar twin of the fast products (plain loops, double sums): the same int8 x and integer sums.
 void affine_matmul_q8_ref(const float* x, int T, const WeightMatrix& w, const float* bias, float* y);
 

@@ -71,6 +71,9 @@ struct AffineKernelTable {
   int tile_rows;  // the gemm's tile: thread shares are multiples of it
   void (*gemv)(const AffineX& x, const WeightMatrix& w, const float* bias, float* y, int r0, int r1);
   void (*gemm)(const AffineX& x, const WeightMatrix& w, const float* bias, float* y, int r0, int r1);
+  // Packed matrices (kernels/affine.h, affine_pack), x in chunk 32, rows [r0, r1) whole 16-row
+  // groups; nullptr where the registers do not hold 16 lanes.
+  void (*packed)(const AffineX& x, const WeightMatrix& w, const float* bias, float* y, int r0, int r1);
 };
 // nullptr where the target is not compiled in or this CPU lacks it.
 const AffineKernelTable* affine_portable_kernels();

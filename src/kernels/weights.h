@@ -50,6 +50,9 @@ struct WeightMatrix {
   // 0: the file's row-major blocks; kGgmlPackRows (kernels/ggml.h): a load-time copy with that many
   // rows interleaved per block (ggml_pack). row_bytes() is then a row's share of the copy.
   uint8_t ggml_pack = 0;
+  // Affine: 0, the file's row-major codes, scales and biases; kAffinePackRows (kernels/affine.h): a
+  // load-time copy with that many rows interleaved, scales and biases inside `data` (affine_pack).
+  uint8_t affine_pack = 0;
 
   size_t row_bytes() const;  // bytes of one row of `data`
   size_t nbytes() const;     // every byte the matrix reads: data, and scales and biases

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "kernels/affine.h"
 #include "kernels/ggml.h"
 #include "kernels/panels.h"
 #include "kv/kv_cache.h"
@@ -358,6 +359,33 @@ void Model::pack_panels() {
     }
     if (tied && !todo.empty() && todo.back() == &lm_head_) embed_ = lm_head_;
   }
+  if (affine_pack_wanted()) {  // MLX affine 2/4/8 bits in 16-row groups (kernels/affine.h)
+    std::vector<WeightMatrix*> todo;
+    for (LayerWeights& lw : layers_)
+      for (WeightMatrix* w : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down})
+        if (affine_pack_fit(*w)) todo.push_back(w);
+    // Tied: the embedding keeps reading its rows from the file's layout (a page faulted in again when
+    // a lookup touches it).
+    if (affine_pack_fit(lm_head_)) {
+      head_repacked_ = head_tied();
+      todo.push_back(&lm_head_);
+    }
+    std::optional<ThreadPool> pool;
+    if (!todo.empty()) pool.emplace(ThreadPool::default_threads());
+    for (WeightMatrix* w : todo) {
+      void* p = packed_alloc(w->nbytes());
+      affine_bytes_.emplace_back(static_cast<uint8_t*>(p));
+      pool->parallel_for(size_t(w->rows / kAffinePackRows),
+                         [&](size_t b, size_t e) { affine_pack(*w, p, int(b), int(e)); });
+      const size_t gbytes = size_t(w->rows) * size_t(w->cols / w->group_size) * dtype_size(w->dtype);
+      for (const auto& f : files_.files()) {  // the file's pages of the matrix: dropped from memory
+        f->release(w->data, size_t(w->rows) * w->row_bytes());
+        f->release(w->scales, gbytes);
+        f->release(w->biases, gbytes);
+      }
+      *w = affine_packed_matrix(*w, p);
+    }
+  }
   if (!panels_wanted()) return;
   std::vector<WeightMatrix*> todo;
   for (LayerWeights& lw : layers_)
@@ -384,10 +412,12 @@ void Model::pack_panels() {
 void Model::replace_matrix(const std::string& module, const WeightMatrix& w) {
   WeightMatrix* target = nullptr;
   if (module == "model.embed_tokens") {
-    if (lm_head_.data == embed_.data) lm_head_ = w;  // tied: the LM head is the embedding
+    if (head_tied()) lm_head_ = w;  // tied: the LM head is the embedding
+    head_repacked_ = false;
     target = &embed_;
   } else if (module == "lm_head") {
     target = &lm_head_;
+    head_repacked_ = false;
   } else if (module.starts_with("model.layers.")) {
     const size_t dot = module.find('.', 13);
     int li = -1;
@@ -473,7 +503,7 @@ Model::ExpertBytes Model::expert_bytes() const {
 std::string Model::weight_format() const {
   // Each distinct matrix once (a tied LM head is the embedding), with the bytes of each format.
   std::vector<const WeightMatrix*> all{&embed_};
-  if (lm_head_.data != embed_.data) all.push_back(&lm_head_);
+  if (!head_tied()) all.push_back(&lm_head_);
   for (const LayerWeights& l : layers_) {
     for (const WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
       if (w->data) all.push_back(w);

@@ -119,6 +119,8 @@ class Model {
   size_t panel_matrices() const { return panel_bytes_.size(); }
   // How many Q4_K matrices load repacked in 16-row groups (kernels/ggml.h, ggml_pack).
   size_t ggml_packed_matrices() const { return ggml_bytes_.size(); }
+  // How many MLX affine matrices load repacked in 16-row groups (kernels/affine.h, affine_pack).
+  size_t affine_packed_matrices() const { return affine_bytes_.size(); }
 
   // Runs tokens at positions pos0, pos0+1, ... through the model, appending their K/V to `cache`.
   // logits: [T][vocab] when all_logits, else [vocab] for the last token only; null: not computed.
@@ -138,6 +140,8 @@ class Model {
   WeightFiles files_;
   WeightMatrix embed_;    // [vocab][hidden]
   WeightMatrix lm_head_;  // [vocab][hidden] (the embedding when tied)
+  bool head_repacked_ = false;  // tied, the LM head a packed copy of the embedding (pack_panels)
+  bool head_tied() const { return head_repacked_ || lm_head_.data == embed_.data; }
   std::vector<float> final_norm_;  // [hidden]
   std::vector<LayerWeights> layers_;
   // RoPE frequencies [head_dim/2]: the main ones, Gemma 3's local ones, Phi-3's long ones (LongRoPE
@@ -160,6 +164,7 @@ class Model {
   };
   std::vector<std::unique_ptr<uint8_t[], FreeBytes>> panel_bytes_;
   std::vector<std::unique_ptr<uint8_t[], FreeBytes>> ggml_bytes_;
+  std::vector<std::unique_ptr<uint8_t[], FreeBytes>> affine_bytes_;  // affine matrices packed at load
   std::shared_ptr<const GgufFile> gguf_;  // a GGUF model's file: the weights point into its mapping
   bool qk_permuted_ = false;  // q/k rows in llama.cpp's order (gguf_qk_permuted): undone after the matmul
 

@@ -5,7 +5,7 @@
 namespace ptllm {
 
 WeightMatrix weight_rows(const WeightMatrix& w, int r0, int n) {
-  PTLLM_CHECK(w.format != WeightFormat::Panels && !w.ggml_pack && r0 >= 0 && n >= 0 && r0 + n <= w.rows);
+  PTLLM_CHECK(w.format != WeightFormat::Panels && !w.ggml_pack && !w.affine_pack && r0 >= 0 && n >= 0 && r0 + n <= w.rows);
   WeightMatrix s = w;
   s.rows = n;
   s.data = static_cast<const uint8_t*>(w.data) + size_t(r0) * w.row_bytes();

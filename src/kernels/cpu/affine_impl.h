@@ -19,6 +19,7 @@
 #include <cstring>
 
 #include "core/dtype.h"
+#include "kernels/affine.h"
 #include "kernels/affine_q8.h"
 
 namespace ptllm {
@@ -282,6 +283,74 @@ struct AffineKernels {
     }
   }
 
+  // ---- packed: 16-row groups read in place (kernels/affine.h, affine_pack) -----------------------
+  // Rows [t0, t0 + TT) of x against the 16 rows of the packed group at rg, columns [k0, k0 + kc)
+  // (whole groups): y's 16 columns from r get the chunk's sum (and, with the first chunk, the bias).
+  // affine_packed_rows_scalar repeats these float operations in this order.
+  template <int BITS, class Ld, int TT>
+  PTLLM_AFFINE_TARGET static void packed_block(const uint8_t* rg, size_t gb, const AffineX& x, int t0,
+                                               const WeightMatrix& w, const float* bias, float* y, int r, int k0,
+                                               int kc) {
+    constexpr int KPB = 8 / BITS, DPB = BITS;
+    const int gsh = __builtin_ctz(unsigned(w.group_size)), nbg = w.group_size / kQ8Block;
+    const size_t es = dtype_size(w.dtype);
+    F acc[TT];
+    PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) acc[t] = V::zero_f();
+    for (int g = k0 >> gsh; g < (k0 + kc) >> gsh; ++g) {
+      const uint8_t* p = rg + size_t(g) * gb;
+      __builtin_prefetch(p + kAheadPacked);
+      const F sv = Ld::load_n(p, 0, L), bv = Ld::load_n(p + L * es, 0, L);
+      const uint8_t* codes = p + 2 * L * es;
+      for (int b = 0; b < nbg; ++b) {
+        const uint8_t* cb = codes + size_t(b) * DPB * RB;
+        PTLLM_AFFINE_UNROLL for (int j = 0; j < DPB * RB; j += 64) __builtin_prefetch(cb + j + kAheadPacked);
+        I u[KPB * DPB];  // u[s * DPB + q]: dword q of the block, the codes at bit s * BITS of each byte
+        PTLLM_AFFINE_UNROLL for (int q = 0; q < DPB; ++q) {
+          I v[KPB];
+          unpack<BITS>(V::load_i(cb + q * RB), v);
+          PTLLM_AFFINE_UNROLL for (int s = 0; s < KPB; ++s) u[s * DPB + q] = v[s];
+        }
+        const int kb = (g << gsh) / kQ8Block + b;
+        PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
+          const int8_t* q = x.q + size_t(t0 + t) * x.ldq + size_t(kb) * kQ8Block;
+          I a0 = V::zero_i(), a1 = V::zero_i();
+          PTLLM_AFFINE_UNROLL for (int j = 0; j < KPB * DPB; j += 2) {
+            a0 = dot<BITS>(a0, u[j], V::bcst32(q + 4 * j));
+            a1 = dot<BITS>(a1, u[j + 1], V::bcst32(q + 4 * j + 4));
+          }
+          const float d = x.d[size_t(t0 + t) * x.ldd + size_t(kb)];
+          acc[t] = V::fma(V::cvt(V::add_i(a0, a1)), V::mul(sv, V::set1_f(d)), acc[t]);
+        }
+      }
+      PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
+        const size_t xt = size_t(t0 + t) * x.ldg + size_t(g);
+        acc[t] = V::fma(sv, V::set1_f(x.xc[xt]), V::fma(bv, V::set1_f(x.xs[xt]), acc[t]));
+      }
+    }
+    PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
+      float* yt = y + size_t(t0 + t) * size_t(w.rows) + size_t(r);
+      const F before = k0 > 0 ? V::load_f(yt) : bias ? V::load_f(bias + r) : V::zero_f();
+      V::store_f(yt, V::add(acc[t], before));
+    }
+  }
+  template <int BITS, class Ld>
+  PTLLM_AFFINE_TARGET static void packed_t(const AffineX& x, const WeightMatrix& w, const float* bias, float* y,
+                                           int r0, int r1) {
+    if constexpr (L == kAffinePackRows) {
+      const int K = w.cols, G = K / w.group_size;
+      const size_t gb = 2 * size_t(L) * dtype_size(w.dtype) + size_t(w.group_size) * BITS * 2;
+      for (int r = r0; r < r1; r += L) {
+        const uint8_t* rg = static_cast<const uint8_t*>(w.data) + size_t(r / L) * size_t(G) * gb;
+        for (int k0 = 0; k0 < K; k0 += KC) {
+          const int kc = std::min(KC, K - k0);
+          int t = 0;
+          for (; t + GTT <= x.T; t += GTT) packed_block<BITS, Ld, GTT>(rg, gb, x, t, w, bias, y, r, k0, kc);
+          for (; t < x.T; ++t) packed_block<BITS, Ld, 1>(rg, gb, x, t, w, bias, y, r, k0, kc);
+        }
+      }
+    }
+  }
+
   // By bits (2, 4, 8) and the scales' dtype.
   template <template <int, class> class Fn>
   PTLLM_AFFINE_TARGET static void by_format(const AffineX& x, const WeightMatrix& w, const float* bias, float* y,
@@ -315,6 +384,17 @@ struct AffineKernels {
       gemm_t<BITS, Ld>(x, w, bias, y, r0, r1);
     }
   };
+  template <int BITS, class Ld>
+  struct Packed {
+    PTLLM_AFFINE_TARGET static void run(const AffineX& x, const WeightMatrix& w, const float* bias, float* y, int r0,
+                                        int r1) {
+      packed_t<BITS, Ld>(x, w, bias, y, r0, r1);
+    }
+  };
+  PTLLM_AFFINE_TARGET static void packed(const AffineX& x, const WeightMatrix& w, const float* bias, float* y, int r0,
+                                         int r1) {
+    by_format<Packed>(x, w, bias, y, r0, r1);
+  }
   PTLLM_AFFINE_TARGET static void gemv(const AffineX& x, const WeightMatrix& w, const float* bias, float* y, int r0,
                                        int r1) {
     by_format<Gemv>(x, w, bias, y, r0, r1);
@@ -323,9 +403,12 @@ struct AffineKernels {
                                        int r1) {
     by_format<Gemm>(x, w, bias, y, r0, r1);
   }
-  static constexpr AffineKernelTable table(const char* name) { return AffineKernelTable{name, RB, L, gemv, gemm}; }
+  static constexpr AffineKernelTable table(const char* name) {
+    return AffineKernelTable{name, RB, L, gemv, gemm, L == kAffinePackRows ? packed : nullptr};
+  }
 
   static constexpr size_t kAhead = 4096;  // the weight stream asked for this far ahead (as the bf16 gemv)
+  static constexpr size_t kAheadPacked = 2048;
 };
 
 #undef PTLLM_AFFINE_UNROLL
