@@ -19,6 +19,8 @@
 #include "engine/prompt_cache.h"
 #include "engine/session.h"
 #include "model/model.h"
+#include "kernels/affine.h"
+#include "kernels/ggml.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -227,6 +229,24 @@ TEST(PromptCacheKeyTest, FileNameHasTheModelAndTheKeyOfTheIds) {
   EXPECT_EQ(sidecar_path("/d/kjv-tiny-0123456789ab.kvcache"), fs::path("/d/kjv-tiny-0123456789ab.meta.json"));
   EXPECT_EQ(sanitize_model_name("my model/v2.1"), "my_model_v2.1");
   EXPECT_EQ(sanitize_model_name(".."), "model");
+}
+
+// Repacking at load changes the order of the sums, so the key says whether it is on.
+TEST(PromptCacheKeyTest, RepackedLayoutsChangeTheKey) {
+  Loaded m(test::repo_model("kjv-tiny"));
+  const auto key = [&] { return prompt_cache_identity(*m.model, m.tok, KVCacheConfig{}).config_key; };
+  const Digest k0 = key();
+  const bool affine = affine_pack_wanted(), ggml = ggml_pack_wanted();
+  set_affine_pack_enabled(!affine);
+  const Digest k1 = key();
+  set_affine_pack_enabled(affine);
+  set_ggml_pack_enabled(!ggml);
+  const Digest k2 = key();
+  set_ggml_pack_enabled(ggml);
+  EXPECT_EQ(key(), k0);
+  // A CPU without the packed kernels packs nothing either way.
+  if (affine) EXPECT_NE(k1, k0);
+  if (ggml) EXPECT_NE(k2, k0);
 }
 
 TEST(PromptCacheKeyTest, TouchedWeightsConfigOrTokenizerChangeTheKey) {

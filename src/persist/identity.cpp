@@ -9,6 +9,8 @@
 #include "core/file_io.h"
 #include "core/platform.h"
 #include "core/sha256.h"
+#include "kernels/affine.h"
+#include "kernels/ggml.h"
 #include "kernels/simd.h"
 #include "model/gguf.h"
 #include "model/model.h"
@@ -85,6 +87,9 @@ PromptCacheIdentity prompt_cache_identity(const Model& model, const Tokenizer& t
   h.field("executable size", int64_t(exe.size));
   h.field("executable mtime", exe.mtime_ns);
   h.field("kernels", active_kernels_name());
+  // Matrices repacked at load sum in another order than the file's layout: other last bits.
+  h.field("affine pack", int64_t(affine_pack_wanted()));
+  h.field("ggml pack", int64_t(ggml_pack_wanted()));
   h.field("tokenizer", tok.fingerprint());
   h.field("vocab", id.vocab_size);
   h.field("layers", id.n_layers);
