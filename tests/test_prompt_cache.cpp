@@ -245,8 +245,12 @@ TEST(PromptCacheKeyTest, RepackedLayoutsChangeTheKey) {
   set_ggml_pack_enabled(ggml);
   EXPECT_EQ(key(), k0);
   // A CPU without the packed kernels packs nothing either way.
-  if (affine) EXPECT_NE(k1, k0);
-  if (ggml) EXPECT_NE(k2, k0);
+  if (affine) {
+    EXPECT_NE(k1, k0);
+  }
+  if (ggml) {
+    EXPECT_NE(k2, k0);
+  }
 }
 
 TEST(PromptCacheKeyTest, TouchedWeightsConfigOrTokenizerChangeTheKey) {
