@@ -4,25 +4,14 @@
 // references it no longer needs; the pool ends with nothing referenced.
 #include <gtest/gtest.h>
 
-#include <cstring>
-#include <random>
-
 #include "core/thread_pool.h"
 #include "engine/session.h"
 #include "kv/manager.h"
 #include "model/model.h"
-#include "test_util.h"
+#include "test_scheduler_util.h"
 
 namespace ptllm {
 namespace {
-
-std::vector<int32_t> random_ids(uint32_t seed, size_t n) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> id(3, 999);
-  std::vector<int32_t> p(n);
-  for (auto& x : p) x = id(rng);
-  return p;
-}
 
 TEST(KVManagerTest, ComputedBlocksAreFoundAdoptedAndFreed) {
   const auto model = Model::load(test::repo_model("kjv-tiny"));
@@ -31,7 +20,7 @@ TEST(KVManagerTest, ComputedBlocksAreFoundAdoptedAndFreed) {
   o.kv.ctx_size = 512;
   KVPool pool(model->kv_shape(), o.kv, 2);
   KVManager kv(pool);
-  const auto first = random_ids(1, 100);  // 3 whole blocks of 32 and 4 tokens
+  const auto first = test::random_prompt(1, 100, 1000);  // 3 whole blocks of 32 and 4 tokens
   {
     Session a(*model, o, threads, &pool);
     a.feed(first);
@@ -43,7 +32,7 @@ TEST(KVManagerTest, ComputedBlocksAreFoundAdoptedAndFreed) {
   }
   // A prompt sharing the first 70 tokens: two whole blocks computed, the third differs.
   std::vector<int32_t> prompt(first.begin(), first.begin() + 70);
-  const auto more = random_ids(2, 60);
+  const auto more = test::random_prompt(2, 60, 1000);
   prompt.insert(prompt.end(), more.begin(), more.end());
   const size_t n = kv.adoptable_blocks(int64_t(prompt.size()), [](int64_t) { return true; });
   EXPECT_EQ(n, 4u);  // the whole blocks but the last token's

@@ -17,13 +17,7 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
 
-const std::string kHistory =
-    "In the beginning God created the heaven and the earth. And the earth was without form, and void; and "
-    "darkness was upon the face of the deep. And the Spirit of God moved upon the face of the waters. And God "
-    "said, Let there be light: and there was light. And God saw the light, that it was good: and God divided the "
-    "light from the darkness. And God called the light Day, and the darkness he called Night. And the evening "
-    "and the morning were the first day. And God said, Let there be a firmament in the midst of the waters, and "
-    "let it divide the waters from the waters.";
+const std::string kHistory = test::kGenesis;
 const std::string kTurn = kHistory + " And God made the firmament, and divided the waters";
 
 struct Setting {

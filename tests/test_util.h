@@ -24,6 +24,15 @@ inline constexpr const char* kChatML =
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
+// Genesis 1:1-6: a prompt of several 32-token KV blocks for the kjv models.
+inline constexpr const char* kGenesis =
+    "In the beginning God created the heaven and the earth. And the earth was without form, and void; and "
+    "darkness was upon the face of the deep. And the Spirit of God moved upon the face of the waters. And God "
+    "said, Let there be light: and there was light. And God saw the light, that it was good: and God divided the "
+    "light from the darkness. And God called the light Day, and the darkness he called Night. And the evening "
+    "and the morning were the first day. And God said, Let there be a firmament in the midst of the waters, and "
+    "let it divide the waters from the waters.";
+
 // The sanitized tests' build for CI (fuzz/CMakeLists.txt ptllm_sanitized_tests: unoptimized, ASan and
 // UBSan, which run the loops ten to a hundred times slower) defines PTLLM_TEST_LIGHT: the long
 // randomized and many-step tests then run a fraction of their cases there. The Release tests run
