@@ -2,8 +2,10 @@
 
 #include <sys/resource.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <string>
+#include <string_view>
 #include <system_error>
 
 #if defined(__APPLE__)
@@ -71,6 +73,11 @@ bool reset_peak_rss() {
 #else
   return false;
 #endif
+}
+
+bool env_switch(const char* name) {
+  const char* e = std::getenv(name);
+  return e && *e && std::string_view(e) != "0";
 }
 
 }  // namespace ptllm

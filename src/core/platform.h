@@ -22,4 +22,8 @@ size_t peak_rss_bytes();
 // system cannot.
 bool reset_peak_rss();
 
+// Whether the environment variable `name` is set to something other than "" and "0" (the runtime's
+// PTLLM_NO_* and PTLLM_* switches).
+bool env_switch(const char* name);
+
 }  // namespace ptllm

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/platform.h"
 #include "core/thread_pool.h"
 #include "kernels/affine_q8.h"
 #include "kernels/ops.h"
@@ -32,10 +33,7 @@ size_t packed_dword(const WeightMatrix& w, int i, int b, int q) {
 }
 
 std::atomic<bool>& affine_pack_flag() {
-  static std::atomic<bool> on{[] {
-    const char* e = std::getenv("PTLLM_NO_AFFINE_PACK");
-    return !(e && *e && std::string_view(e) != "0");
-  }()};
+  static std::atomic<bool> on{!env_switch("PTLLM_NO_AFFINE_PACK")};
   return on;
 }
 }  // namespace

@@ -14,6 +14,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/platform.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu/features.h"
 #include "kernels/ops.h"
@@ -301,10 +302,7 @@ void q6k_set_code(uint8_t* blk, int v, int code) {
   hb = uint8_t((hb & ~(3 << (2 * s))) | (code >> 4) << (2 * s));
 }
 std::atomic<bool>& ggml_pack_flag() {
-  static std::atomic<bool> on{[] {
-    const char* e = std::getenv("PTLLM_NO_GGML_PACK");
-    return !(e && *e && std::string_view(e) != "0");
-  }()};
+  static std::atomic<bool> on{!env_switch("PTLLM_NO_GGML_PACK")};
   return on;
 }
 const uint8_t* packed_block(const WeightMatrix& w, int g, int b) {

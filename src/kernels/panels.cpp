@@ -9,6 +9,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/platform.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu/features.h"
 #include "kernels/scratch.h"
@@ -344,10 +345,7 @@ bool panels_fit(const WeightMatrix& w) {
 
 namespace {
 std::atomic<bool>& panels_enabled_flag() {
-  static std::atomic<bool> on{[] {
-    const char* e = std::getenv("PTLLM_NO_PANELS");
-    return !(e && *e && std::string_view(e) != "0");
-  }()};
+  static std::atomic<bool> on{!env_switch("PTLLM_NO_PANELS")};
   return on;
 }
 }  // namespace
@@ -356,10 +354,7 @@ void set_panels_enabled(bool on) { panels_enabled_flag() = on; }
 
 namespace {
 std::atomic<bool>& bf16_x_flag() {
-  static std::atomic<bool> on{[] {
-    const char* e = std::getenv("PTLLM_PANELS_BF16_X");
-    return e && *e && std::string_view(e) != "0";
-  }()};
+  static std::atomic<bool> on{env_switch("PTLLM_PANELS_BF16_X")};
   return on;
 }
 }  // namespace
