@@ -129,6 +129,11 @@ TEST(MoeConfig, RefusesWhatItDoesNotImplementByName) {
   j = moe_json();
   j["num_experts"] = 0;
   expect_refused(j, "num_experts");
+  // Without num_experts_per_tok the default top-8 cannot choose among 6 experts (found by fuzz_config).
+  j = moe_json();
+  j["num_experts"] = 6;
+  j.erase("num_experts_per_tok");
+  expect_refused(j, "num_experts_per_tok");
   // A shared expert of width 0 is none: accepted
   j = moe_json();
   j["shared_expert_intermediate_size"] = 0;

@@ -24,8 +24,12 @@ constexpr int64_t kMaxWidth = int64_t(1) << 20;
 int int_field(const nlohmann::json& j, const std::string& file, const char* key, int64_t lo, int64_t hi,
               std::optional<int> dflt) {
   if (!j.contains(key) || j[key].is_null()) {
-    if (dflt) return *dflt;
-    throw Error(file + ": field '" + key + "' is missing (a mixture-of-experts model needs it)");
+    if (!dflt) throw Error(file + ": field '" + key + "' is missing (a mixture-of-experts model needs it)");
+    // A default can fall outside what the other fields allow (top-8 of 6 experts).
+    if (*dflt < lo || *dflt > hi)
+      throw Error(file + ": field '" + key + "' is missing, and its default " + std::to_string(*dflt) +
+                  " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]: give it");
+    return *dflt;
   }
   const nlohmann::json& v = j[key];
   if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi)
