@@ -107,7 +107,7 @@ for r in $(seq 1 "$ROUNDS"); do
       # llama.cpp rounds activations to bf16 for BF16 weights; --bf16-activations does the same here.
       [ "$kv" = fp16 ] && rows+=("context $c, KV $kv, --bf16-activations")
       for row in "${rows[@]}"; do
-        flag=(); [[ $row == *bf16-activations ]] && flag=(--bf16-activations)
+        flag=(); [[ $row == *", --"* ]] && flag=("${row##*, }")
         j=$(cmd context "$BIN" bench "$MODEL" -p 512 -n 128 --context "$c" --kv-quantize "$kv" -r 1 -t "$T" "${flag[@]}" --json)
         val context "$row" "prefill 512" tok/s ours "$r" "$(jq .prefill_tok_s <<<"$j")"
         val context "$row" "decode" tok/s ours "$r" "$(jq .decode_tok_s <<<"$j")"
@@ -189,9 +189,9 @@ done
 GTYPES="BF16 Q8_0 Q4_0 Q4_K_M"; [ $QUICK = 1 ] && GTYPES="Q4_K_M"
 for r in $(seq 1 "$ROUNDS"); do
   for ty in $GTYPES; do
-    rows=("$ty"); [ "$ty" = BF16 ] && rows+=("BF16, --bf16-activations")
+    rows=("$ty"); [ "$ty" = BF16 ] && rows+=("BF16, --no-bf16-activations")
     for row in "${rows[@]}"; do
-      flag=(); [[ $row == *bf16-activations ]] && flag=(--bf16-activations)
+      flag=(); [[ $row == *", --"* ]] && flag=("${row##*, }")
       j=$(cmd gguf "$BIN" bench "${GG[$ty]}" -p 512 -n 128 -r 1 -t "$T" "${flag[@]}" --json)
       val gguf "$row" "prefill 512" tok/s ours "$r" "$(jq .prefill_tok_s <<<"$j")"
       val gguf "$row" "decode" tok/s ours "$r" "$(jq .decode_tok_s <<<"$j")"
@@ -222,7 +222,7 @@ if [ $REAL = 1 ]; then
     [ -f "$L1B-q$b/config.json" ] || "$BIN" quantize "$L1B" "$L1B-q$b" --bits "$b" --method rtn >/dev/null
   done
   # row, our file, llama.cpp's file
-  REALROWS=("BF16|$L1B-BF16.gguf|$L1B-BF16.gguf" "BF16, --bf16-activations|$L1B-BF16.gguf|$L1B-BF16.gguf"
+  REALROWS=("BF16|$L1B-BF16.gguf|$L1B-BF16.gguf" "BF16, --no-bf16-activations|$L1B-BF16.gguf|$L1B-BF16.gguf"
             "Q8_0|$L1B-Q8_0.gguf|$L1B-Q8_0.gguf" "Q4_0|$L1B-Q4_0.gguf|$L1B-Q4_0.gguf"
             "Q4_K_M|$L1B-Q4_K_M.gguf|$L1B-Q4_K_M.gguf" "MLX q8 vs Q8_0|$L1B-q8|$L1B-Q8_0.gguf"
             "MLX q4 vs Q4_0|$L1B-q4|$L1B-Q4_0.gguf")
@@ -230,7 +230,7 @@ if [ $REAL = 1 ]; then
   for r in $(seq 1 "$ROUNDS"); do
     for spec in "${REALROWS[@]}"; do
       IFS='|' read -r row ours theirs <<<"$spec"
-      flag=(); [[ $row == *bf16-activations ]] && flag=(--bf16-activations)
+      flag=(); [[ $row == *", --"* ]] && flag=("${row##*, }")
       for run in "0 fp16" "4096 fp16" "4096 int4"; do
         read -r d kv <<<"$run"
         metric="decode, depth $d, KV $kv"

@@ -43,8 +43,10 @@ std::filesystem::path write_file(const std::filesystem::path& p, const std::stri
 
 // ---- the kernels' mode ---------------------------------------------------------------------------
 
-// --bf16-activations is PTLLM_PANELS_BF16_X=1 as a flag: the same text from a BF16 file, and the
-// kernels line says so where the BF16 products are the panel kernels.
+// --bf16-activations is PTLLM_PANELS_BF16_X=1 as a flag, and the default for a GGUF file (computed as
+// llama.cpp computes it); --no-bf16-activations keeps float32, which gives a GGUF file the text of the
+// safetensors checkpoint it was written from. The kernels line says which mode ran where the BF16
+// products are the panel kernels.
 TEST(CliHabitsRuntime, Bf16ActivationsFlagIsTheEnvironmentSwitch) {
   test::TempDir tmp;
   const auto gguf = tmp.path / "tiny-BF16.gguf";
@@ -53,21 +55,36 @@ TEST(CliHabitsRuntime, Bf16ActivationsFlagIsTheEnvironmentSwitch) {
   const auto flag = test::run_command(sample_cmd(gguf.string() + gen + " --bf16-activations"));
   const auto env = test::run_command("PTLLM_PANELS_BF16_X=1 " + sample_cmd(gguf.string() + gen));
   const auto plain = test::run_command(sample_cmd(gguf.string() + gen));
-  ASSERT_EQ(flag.code, 0) << flag.err;
-  ASSERT_EQ(env.code, 0) << env.err;
-  ASSERT_EQ(plain.code, 0) << plain.err;
+  const auto f32 = test::run_command(sample_cmd(gguf.string() + gen + " --no-bf16-activations"));
+  const auto st = test::run_command(sample_cmd(tiny() + gen));
+  for (const auto* r : {&flag, &env, &plain, &f32, &st}) ASSERT_EQ(r->code, 0) << r->err;
   EXPECT_EQ(flag.out, env.out);
+  EXPECT_EQ(flag.out, plain.out);
+  EXPECT_EQ(f32.out, st.out);
   EXPECT_FALSE(flag.out.empty());
-  // Where the panel products are not used the flag changes nothing, and says so.
+  const auto both = test::run_command(sample_cmd(gguf.string() + gen + " --bf16-activations --no-bf16-activations"));
+  EXPECT_NE(both.code, 0);
+  EXPECT_TRUE(has(both.err, "--no-bf16-activations")) << both.err;
+  // Where the panel products are not used the flag changes nothing, and says so; the GGUF default
+  // says nothing.
   const auto off = test::run_command("PTLLM_NO_PANELS=1 " + sample_cmd(gguf.string() + gen + " --bf16-activations"));
   ASSERT_EQ(off.code, 0) << off.err;
   EXPECT_TRUE(has(off.err, "--bf16-activations has no effect")) << off.err;
-  const std::string bench = cli("bench " + gguf.string() + " -p 8 -n 2 -r 1 -t 2");
-  const auto b_plain = test::run_command(bench), b_flag = test::run_command(bench + " --bf16-activations");
-  ASSERT_EQ(b_flag.code, 0) << b_flag.err;
-  if (has(b_plain.out + b_plain.err, "+panels")) {
-    EXPECT_FALSE(has(b_plain.out + b_plain.err, "panels-bf16x"));
-    EXPECT_TRUE(has(b_flag.out + b_flag.err, "panels-bf16x")) << b_flag.out << b_flag.err;
+  const auto off_default = test::run_command("PTLLM_NO_PANELS=1 " + sample_cmd(gguf.string() + gen));
+  ASSERT_EQ(off_default.code, 0) << off_default.err;
+  EXPECT_FALSE(has(off_default.err, "no effect")) << off_default.err;
+  const auto bench = [&](const std::string& model, const std::string& flags) {
+    const auto r = test::run_command(cli("bench " + model + " -p 8 -n 2 -r 1 -t 2" + flags));
+    EXPECT_EQ(r.code, 0) << r.err;
+    return r.out + r.err;
+  };
+  const std::string g_plain = bench(gguf.string(), ""), g_f32 = bench(gguf.string(), " --no-bf16-activations");
+  const std::string s_plain = bench(tiny(), ""), s_flag = bench(tiny(), " --bf16-activations");
+  if (has(s_plain, "+panels")) {
+    EXPECT_TRUE(has(g_plain, "panels-bf16x")) << g_plain;
+    EXPECT_FALSE(has(g_f32, "panels-bf16x")) << g_f32;
+    EXPECT_FALSE(has(s_plain, "panels-bf16x")) << s_plain;
+    EXPECT_TRUE(has(s_flag, "panels-bf16x")) << s_flag;
   }
 }
 

@@ -187,19 +187,27 @@ void add_runtime_options(CLI::App& app, RuntimeOptions& o) {
                  "absolute (K rotated at its absolute position; the default without)")
       ->check(CLI::IsMember({"absolute", "cache"}));
   app.add_flag("--bf16-activations", o.bf16_activations,
-               "Round activations to bf16 in products with BF16 weights, as llama.cpp does: about 2x faster "
-               "prefill and batched decode on CPUs with AVX512_BF16; logits no longer match a float32 run within "
-               "1e-3. Only BF16 weights in panels (AVX-512 CPUs) are affected: not quantized weights, nor other "
-               "CPUs, nor PTLLM_NO_PANELS=1");
+               "Round activations to bf16 in products with BF16 weights, as llama.cpp does (the default for GGUF "
+               "files): about 2x faster prefill and batched decode on CPUs with AVX512_BF16; logits no longer match "
+               "a float32 run within 1e-3. Only BF16 weights in panels (AVX-512 CPUs) are affected: not quantized "
+               "weights, nor other CPUs, nor PTLLM_NO_PANELS=1");
+  app.add_flag("--no-bf16-activations", o.no_bf16_activations,
+               "Keep activations float32 in products with BF16 weights, also for a GGUF file");
 }
 
 SessionOptions make_session_options(const RuntimeOptions& o, const ModelConfig& cfg) {
   SessionOptions s;
   // The kernels' mode is the process's: set before the first product (PTLLM_PANELS_BF16_X=1 does the same).
-  if (o.bf16_activations) {
+  // A GGUF file is computed as llama.cpp computes it, x rounded to bf16 for BF16 weights; a safetensors
+  // checkpoint in float32 (transformers' goldens), unless a flag says otherwise.
+  if (o.bf16_activations && o.no_bf16_activations)
+    throw UsageError("--bf16-activations and --no-bf16-activations contradict each other: give one");
+  if (o.no_bf16_activations) {
+    set_panels_bf16_x(false);
+  } else if (o.bf16_activations || cfg.gguf) {
     if (panels_wanted())
       set_panels_bf16_x(true);
-    else
+    else if (o.bf16_activations)
       std::fprintf(stderr,
                    "warning: --bf16-activations has no effect here: activations are rounded to bf16 only in the "
                    "AVX-512 panel products of BF16 weights (this CPU has no AVX-512, or PTLLM_NO_PANELS=1)\n");

@@ -25,7 +25,8 @@ struct RuntimeOptions {
   int sink = 0;
   int window = -1;          // -1 = not given
   std::string positions;    // empty = default_positions()
-  bool bf16_activations = false;  // x rounded to bf16 in the BF16 weights' products (kernels/panels.h)
+  // x rounded to bf16 in the BF16 weights' products (kernels/panels.h): on by default for GGUF files.
+  bool bf16_activations = false, no_bf16_activations = false;
 };
 
 void add_runtime_options(CLI::App& app, RuntimeOptions& o);

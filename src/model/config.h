@@ -82,6 +82,7 @@ struct ModelConfig {
   std::vector<LayerRope> layer_rope;
   RopeConfig rope;
   std::string dtype;  // torch_dtype / dtype, informational
+  bool gguf = false;  // read from a .gguf file (model/gguf_config.cpp)
   std::optional<int> bos_token_id;
   std::vector<int> eos_token_ids;
   // Per-layer attention, as transformers resolves it for the architecture (config.cpp,

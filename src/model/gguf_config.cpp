@@ -217,6 +217,7 @@ ModelConfig gguf_model_config(const GgufFile& f) {
   for (const char* k : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"})
     if (auto id = f.opt_int(k, 0, c.vocab_size - 1)) c.eos_token_ids.push_back(int(*id));
   c.dtype = "GGUF";
+  c.gguf = true;
   if (auto ft = f.opt_int("general.file_type", 0, 1 << 20)) {
     // llama.cpp's LLAMA_FTYPE_* names (informational, as config.json's torch_dtype)
     static const std::map<int64_t, const char*> names = {
