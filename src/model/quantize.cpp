@@ -589,8 +589,7 @@ QuantizeOptions resolve_quantize_options(const QuantizeRequest& r) {
   o.spec.bits = bits;
   o.spec.group_size = r.group_size.value_or(bits < 8 ? 32 : 64);
   o.keep_embeddings = r.keep_embeddings;
-  o.embedding_bits = r.embedding_bits.value_or(!r.keep_embeddings && bits <= 4 ? 8 : 0);
-  if (!r.embedding_bits && !r.group_size && o.embedding_bits > 0) o.embedding_group_size = 64;
+  o.embedding_bits = r.embedding_bits.value_or(!r.keep_embeddings && bits <= 4 ? 6 : 0);
   o.method = r.method.value_or(r.calibration ? QuantMethod::Gptq : QuantMethod::Search);
   return o;
 }
