@@ -639,24 +639,25 @@ void register_decode() {
   })->UseRealTime()->Unit(benchmark::kMillisecond);
   // decode/gemv_affine{4,6,8}p: the load's packed copies (kernels/affine.h, affine_pack).
   for (int bits : {4, 6, 8})
-    for (bool packed : {false, true})
-    benchmark::RegisterBenchmark(("decode/gemv_affine" + std::to_string(bits) + (packed ? "p" : "")).c_str(),
-                                 [bits, packed](benchmark::State& st) {
-      // decode/gemv_bf16's 16 matrices of 8192 x 2048, as codes (group 64, bf16 scales).
-      const int N = 8192, K = 2048, count = int(kStreamBytes / (size_t(N) * K * 2));
-      std::vector<std::unique_ptr<AffineBench>> ms;
-      for (int i = 0; i < count; ++i) {
-        ms.push_back(std::make_unique<AffineBench>(bits, N, K));
-        if (packed) ms.back()->pack();
-      }
-      auto x = random_floats(K);
-      std::vector<float> y(N);
-      for (auto _ : st) {
-        for (const auto& m : ms) matmul(x.data(), 1, m->w, nullptr, y.data(), pool());
-        benchmark::ClobberMemory();
-      }
-      st.SetBytesProcessed(int64_t(st.iterations()) * int64_t(count) * int64_t(ms[0]->w.nbytes()));
-    })->UseRealTime()->Unit(benchmark::kMillisecond);
+    for (bool packed : {false, true}) {
+      const std::string name = "decode/gemv_affine" + std::to_string(bits) + (packed ? "p" : "");
+      benchmark::RegisterBenchmark(name.c_str(), [bits, packed](benchmark::State& st) {
+        // decode/gemv_bf16's 16 matrices of 8192 x 2048, as codes (group 64, bf16 scales).
+        const int N = 8192, K = 2048, count = int(kStreamBytes / (size_t(N) * K * 2));
+        std::vector<std::unique_ptr<AffineBench>> ms;
+        for (int i = 0; i < count; ++i) {
+          ms.push_back(std::make_unique<AffineBench>(bits, N, K));
+          if (packed) ms.back()->pack();
+        }
+        auto x = random_floats(K);
+        std::vector<float> y(N);
+        for (auto _ : st) {
+          for (const auto& m : ms) matmul(x.data(), 1, m->w, nullptr, y.data(), pool());
+          benchmark::ClobberMemory();
+        }
+        st.SetBytesProcessed(int64_t(st.iterations()) * int64_t(count) * int64_t(ms[0]->w.nbytes()));
+      })->UseRealTime()->Unit(benchmark::kMillisecond);
+    }
   benchmark::RegisterBenchmark("decode/read", [](benchmark::State& st) {
     const size_t n = kStreamBytes / sizeof(float);
     auto buf = aligned_buffer<float>(n, 0.5f);
