@@ -622,6 +622,11 @@ TEST(QuantizeDefaultsTest, ChooseGroupsEmbeddingBitsAndMethod) {
   EXPECT_EQ(resolve_quantize_options(r).spec, (AffineSpec{3, 32}));
 
   EXPECT_TRUE(has(quality_class(d4), "Q4_K_M")) << quality_class(d4);
+  EXPECT_TRUE(has(quality_class(d4), "in fewer bytes")) << quality_class(d4);  // 16.74 MiB against 16.94
+  QuantizeOptions e8 = d4;
+  e8.embedding_bits = 8;
+  EXPECT_TRUE(has(quality_class(e8), "Q4_K_M's class")) << quality_class(e8);
+  EXPECT_TRUE(has(quality_class(e8), "in more bytes")) << quality_class(e8);
   EXPECT_TRUE(has(quality_class(d8), "near-lossless")) << quality_class(d8);
   QuantizeOptions old;  // mlx-lm's convert -q: 4 bits, groups of 64, rtn, the embedding at 4 bits
   old.spec = {4, 64};

@@ -602,7 +602,8 @@ std::string quality_class(const QuantizeOptions& o) {
   if (bits >= 8) return "near-lossless, llama.cpp Q8_0's class (8 bits: kjv-small PPL within 0.05% of bf16)";
   if (bits >= 5) return "between the 4-bit default and 8 bits (not measured on kjv-small)";
   if (bits == 4 && emb >= 6 && fitted && (o.spec.group_size <= 32 || o.method == QuantMethod::Gptq))
-    return "llama.cpp Q4_K_M's class (kjv-small: PPL at most +0.47% over bf16)";
+    return emb == 6 ? "llama.cpp Q4_K_M's class (kjv-small: PPL at most +0.47% over bf16, in fewer bytes)"
+                    : "llama.cpp Q4_K_M's class (kjv-small: PPL at most +0.47% over bf16, in more bytes)";
   if (bits == 4 && (emb >= 6 || o.spec.group_size <= 32 || fitted))
     return "llama.cpp Q4_0's class (kjv-small: PPL about +1% over bf16)";
   if (bits == 4) return "below llama.cpp Q4_0 (kjv-small: PPL +2.3% over bf16 at 4 bits, groups of 64, rtn)";
