@@ -309,8 +309,9 @@ TEST(AffinePack, EveryKernelEqualsTheScalarTwinBitForBit) {
 }
 
 // 6 bits: byte k of the block's register n (x's bytes 4 n + k) holds column 2 (4 n + k) for n < 4,
-// 2 (4 n + k - 16) + 1 after: its low nibble at bit 4 (n / 4) of dword n % 4, its high two bits at
-// bit 2 (n % 4) of dword 4 + n / 4 (affine.h). Checked on one row of known codes, byte for byte.
+// 2 (4 n + k - 16) + 1 after; with j = n % 4, dword j holds its code c as c & 15 at bit 0 (n < 4) or
+// c >> 2 at bit 4 (n >= 4), dword 4 + j / 2 the other two bits at bit 4, 2 (j even) or 0, 6 (j odd)
+// (affine.h). Checked on one row of known codes, byte for byte.
 TEST(AffinePack, SixBitPlanesHoldTheDocumentedBits) {
   const int rows = 16, cols = 32;
   std::vector<uint8_t> want(cols);
@@ -327,9 +328,10 @@ TEST(AffinePack, SixBitPlanesHoldTheDocumentedBits) {
   for (int n = 0; n < 8; ++n)
     for (int k = 0; k < 4; ++k) {
       const int pos = 4 * n + k, col = pos < 16 ? 2 * pos : 2 * (pos - 16) + 1;
-      const unsigned lo = g[64 * (n % 4) + 4 * 3 + k] >> (4 * (n / 4)) & 15u;
-      const unsigned hi = g[64 * (4 + n / 4) + 4 * 3 + k] >> (2 * (n % 4)) & 3u;
-      EXPECT_EQ(lo | hi << 4, want[size_t(col)]) << "register " << n << " byte " << k;
+      const int j = n % 4, at[2][2] = {{4, 0}, {2, 6}};
+      const unsigned nib = g[64 * j + 4 * 3 + k] >> (n < 4 ? 0 : 4) & 15u;
+      const unsigned two = g[64 * (4 + j / 2) + 4 * 3 + k] >> at[n / 4][j % 2] & 3u;
+      EXPECT_EQ(n < 4 ? nib | two << 4 : nib << 2 | two, want[size_t(col)]) << "register " << n << " byte " << k;
     }
   std::vector<float> row(cols);
   affine_dequant_row(p.w, 3, row.data());

@@ -37,11 +37,18 @@ int packed6_col(int n, int k) {
   const int pos = 4 * n + k;
   return pos < 16 ? 2 * pos : 2 * (pos - 16) + 1;
 }
-// Code of byte k of register n (0..7) of row i, block b, in the 16-row group at p: the low nibble
-// from dword n % 4 at bit 4 (n / 4), the high two bits from dword 4 + n / 4 at bit 2 (n % 4).
+// Where the parts of code c of byte k of register n (0..7) lie (affine.h), j = n % 4: in byte k of
+// dword j, c & 15 at bit 0 (n < 4) or c >> 2 at bit 4 (n >= 4); in byte k of dword 4 + j / 2, the
+// other two bits (c >> 4, or c & 3) at bit packed6_shift(n).
+int packed6_shift(int n) {
+  const int j = n % 4;
+  return n < 4 ? (j % 2 ? 0 : 4) : (j % 2 ? 6 : 2);
+}
 unsigned packed6_code(const uint8_t* p, const WeightMatrix& w, int i, int b, int n, int k) {
-  const unsigned lo = p[packed_dword(w, i, b, n % 4) + size_t(k)], hi = p[packed_dword(w, i, b, 4 + n / 4) + size_t(k)];
-  return ((lo >> (4 * (n / 4))) & 15u) | (((hi >> (2 * (n % 4))) & 3u) << 4);
+  const int j = n % 4;
+  const unsigned lo = p[packed_dword(w, i, b, j) + size_t(k)], hi = p[packed_dword(w, i, b, 4 + j / 2) + size_t(k)];
+  const unsigned two = (hi >> packed6_shift(n)) & 3u;
+  return n < 4 ? (lo & 15u) | (two << 4) : ((lo >> 4) << 2) | two;
 }
 
 std::atomic<bool>& affine_pack_flag() {
@@ -89,8 +96,8 @@ void affine_pack(const WeightMatrix& w, void* out, int g0, int g1) {
           for (int n = 0; n < 8; ++n)
             for (int k = 0; k < 4; ++k) {
               const unsigned v = c[packed6_col(n, k)];
-              o[packed_dword(p, i, b, n % 4) + size_t(k)] |= uint8_t((v & 15u) << (4 * (n / 4)));
-              o[packed_dword(p, i, b, 4 + n / 4) + size_t(k)] |= uint8_t((v >> 4) << (2 * (n % 4)));
+              o[packed_dword(p, i, b, n % 4) + size_t(k)] |= uint8_t(n < 4 ? v & 15u : (v >> 2) << 4);
+              o[packed_dword(p, i, b, 4 + n % 4 / 2) + size_t(k)] |= uint8_t((n < 4 ? v >> 4 : v & 3u) << packed6_shift(n));
             }
         }
       }

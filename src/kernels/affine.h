@@ -71,11 +71,14 @@ const AffineKernelTable& affine_active_table();
 //   [0, 16 es)      the 16 rows' scales of group g (the file's dtype),  [16 es, 32 es) their biases
 //   [32 es, GB)     per block b of 32 columns of the group, bits * 64 bytes: dword q of row i at
 //                   64 (b * bits + q) + 4 i, the file's dword q of the row's block (bytes unchanged)
-// 6 bits (as Q6_K's ql and qh planes): the block's 6 dwords of row i are 4 of low nibbles (q = 0..3)
-// and 2 of high 2-bit fields (q = 4, 5). Code register n = 0..7 (x's bytes 4 n .. 4 n + 3 in the
-// 4-bit split order: column 2 (4 n + k) for n < 4, 2 (4 n + k - 16) + 1 after) takes byte k's nibble at
-// bit 4 (n / 4) of dword n % 4 and its two bits at bit 2 (n % 4) of dword 4 + n / 4 (to bits 4, 5):
-// a shift, a mask and an or a register, no shuffle. The same codes as the file's, rearranged; for 2,
+// 6 bits (planes of 4 and 2 bits, as Q6_K's ql and qh): the block's 6 dwords of row i are 4 of
+// nibbles (q = 0..3) and 2 of 2-bit fields (q = 4, 5). Code register n = 0..7 meets x's bytes
+// 4 n .. 4 n + 3 in the 4-bit split order (column 2 (4 n + k) for n < 4, 2 (4 n + k - 16) + 1 after);
+// with j = n % 4, byte k of dword j holds code c of byte k of register j in its low nibble as c & 15
+// and that of register 4 + j in its high nibble as c >> 2; byte k of dword 4 + j / 2 holds the other
+// two bits of each (c >> 4, c & 3) at bits 4, 2 (j even) or 0, 6 (j odd) for registers j, 4 + j. Two
+// masks and an or give register j, and register 4 + j as 4 c (its sum is shifted back), no nibble is
+// shifted and each 2-bit dword once either way: no shuffle. The same codes as the file's, rearranged; for 2,
 // 4 and 8 bits the same bytes, only moved. The product (every T, prefill and decode alike) takes x in
 // the per-block split order (affine_q8.h, chunk 32): the codes at bit s * bits of dword q meet x's
 // bytes 4 (s * bits + q) .. + 3, broadcast, one vpdpbusd for 16 rows. Per chunk of 512

@@ -40,6 +40,7 @@ struct Avx512Affine {
   }
   PTLLM_AFFINE_TARGET static I srl32(I v, int n) { return _mm512_srli_epi32(v, unsigned(n)); }
   PTLLM_AFFINE_TARGET static I sll32(I v, int n) { return _mm512_slli_epi32(v, unsigned(n)); }
+  PTLLM_AFFINE_TARGET static I sra32(I v, int n) { return _mm512_srai_epi32(v, unsigned(n)); }
   PTLLM_AFFINE_TARGET static I and_i(I a, I b) { return _mm512_and_si512(a, b); }
   PTLLM_AFFINE_TARGET static I or_i(I a, I b) { return _mm512_or_si512(a, b); }
   PTLLM_AFFINE_TARGET static I add_i(I a, I b) { return _mm512_add_epi32(a, b); }
