@@ -139,11 +139,11 @@ void affine_packed_rows_scalar(const AffineX& x, const WeightMatrix& w, const fl
                   for (int k = 0; k < 4; ++k) isum += int(packed6_code(p, w, i, b, n, k)) * int(q[4 * n + k]);
               else
                 for (int dw = 0; dw < w.bits; ++dw)
-                for (int k = 0; k < 4; ++k) {
-                  const unsigned byte = p[packed_dword(w, i, b, dw) + size_t(k)];
-                  for (int sc = 0; sc < kpb; ++sc)  // x's split order: bytes 4 (s * bits + q) + k
-                    isum += int((byte >> (sc * w.bits)) & mask) * int(q[4 * (sc * w.bits + dw) + k]);
-                }
+                  for (int k = 0; k < 4; ++k) {
+                    const unsigned byte = p[packed_dword(w, i, b, dw) + size_t(k)];
+                    for (int sc = 0; sc < kpb; ++sc)  // x's split order: bytes 4 (s * bits + q) + k
+                      isum += int((byte >> (sc * w.bits)) & mask) * int(q[4 * (sc * w.bits + dw) + k]);
+                  }
               const float s = affine_param(p, w.dtype, size_t(i));
               acc[i] = std::fma(float(isum), s * d, acc[i]);
             }
