@@ -10,7 +10,8 @@
 //   decode/gemv_bf16, decode/read     a decode-size weight stream against a plain read of as many bytes
 //   product/{bf16,affine4,affine6,affine8}/{gemv,gemm}/<T>/<N>x<K>   matmul over bf16 weights next to the
 //       MLX-layout 4-, 6- and 8-bit products (group 64, bf16 scales; kernels/affine.h) on the same shapes
-//   decode/gemv_affine{4,8}           decode/gemv_bf16's matrices, 4- and 8-bit
+//   product/affine{4,6,8}p/...        the same, the packed copies a load makes (kernels/affine.h)
+//   decode/gemv_affine{4,6,8}[p]      decode/gemv_bf16's matrices, 4-, 6- and 8-bit (p: packed)
 //   product/panels/{f32x,bf16x}/<T>/<N>x<K>   BF16 weights in panels (kernels/panels.h) with x in
 //       float32 and rounded to bf16 (PTLLM_PANELS_BF16_X); the CPU time column is the one to read
 //       on a shared machine (with PTLLM_BENCH_THREADS=1 it is the kernel's own time)
@@ -519,6 +520,13 @@ struct AffineBench {
     biases = as_16bit(random_floats(s.size(), -0.5f, 0.5f), DType::BF16);
     w = affine_matrix(codes.data(), scales.data(), biases.data(), DType::BF16, bits, 64, N, K);
   }
+  // The copy a model load makes where affine_pack_wanted (kernels/affine.h): 16-row groups.
+  std::vector<uint8_t> packed;
+  void pack() {
+    packed.resize(w.nbytes());
+    affine_pack(w, packed.data(), 0, w.rows / kAffinePackRows);
+    w = affine_packed_matrix(w, packed.data());
+  }
 };
 
 void register_panel_products() {
@@ -560,10 +568,12 @@ void register_affine_products() {
   // bf16's matmul takes its gemv up to T = kMatmulSmallRows, 17).
   const std::pair<const char*, int> runs[] = {{"gemv", 1},  {"gemv", 8},  {"gemv", 16}, {"gemm", 8},
                                               {"gemm", 16}, {"gemm", 64}, {"gemm", 256}};
-  for (const char* fmt : {"bf16", "affine4", "affine6", "affine8"})
+  // affine{4,6,8}p: the load's packed copies (one product for both paths: named gemv up to 8 rows).
+  for (const char* fmt : {"bf16", "affine4", "affine6", "affine8", "affine4p", "affine6p", "affine8p"})
     for (auto [N, K] : shapes)
       for (auto [path, T] : runs) {
         if (std::string(fmt) == "bf16" && std::string(path) == "gemm" && T <= 16) continue;
+        if (std::string(fmt).back() == 'p' && (std::string(path) == "gemv") != (T <= kAffineGemvMaxT)) continue;
         const std::string name = std::string("product/") + fmt + "/" + path + "/" + std::to_string(T) + "/" +
                                  std::to_string(N) + "x" + std::to_string(K);
         benchmark::RegisterBenchmark(name.c_str(), [fmt = std::string(fmt), path = std::string(path), T = T, N = N,
@@ -578,6 +588,10 @@ void register_affine_products() {
             m = WeightMatrix{DType::BF16, wb.data(), N, K};
           } else {
             q = std::make_unique<AffineBench>(fmt[6] - '0', N, K);  // affine4, affine6, affine8
+            if (fmt.back() == 'p') {
+              if (!affine_pack_fit(q->w)) return st.SkipWithError("not packable");
+              q->pack();
+            }
             m = q->w;
           }
           const AffinePath p = path == "gemv" ? AffinePath::Gemv : AffinePath::Gemm;
@@ -623,20 +637,27 @@ void register_decode() {
     }
     st.SetBytesProcessed(int64_t(st.iterations()) * int64_t(kStreamBytes));
   })->UseRealTime()->Unit(benchmark::kMillisecond);
-  for (int bits : {4, 8})
-    benchmark::RegisterBenchmark(("decode/gemv_affine" + std::to_string(bits)).c_str(), [bits](benchmark::State& st) {
-      // decode/gemv_bf16's 16 matrices of 8192 x 2048, as codes (group 64, bf16 scales).
-      const int N = 8192, K = 2048, count = int(kStreamBytes / (size_t(N) * K * 2));
-      std::vector<std::unique_ptr<AffineBench>> ms;
-      for (int i = 0; i < count; ++i) ms.push_back(std::make_unique<AffineBench>(bits, N, K));
-      auto x = random_floats(K);
-      std::vector<float> y(N);
-      for (auto _ : st) {
-        for (const auto& m : ms) matmul(x.data(), 1, m->w, nullptr, y.data(), pool());
-        benchmark::ClobberMemory();
-      }
-      st.SetBytesProcessed(int64_t(st.iterations()) * int64_t(count) * int64_t(ms[0]->w.nbytes()));
-    })->UseRealTime()->Unit(benchmark::kMillisecond);
+  // decode/gemv_affine{4,6,8}p: the load's packed copies (kernels/affine.h, affine_pack).
+  for (int bits : {4, 6, 8})
+    for (bool packed : {false, true}) {
+      const std::string name = "decode/gemv_affine" + std::to_string(bits) + (packed ? "p" : "");
+      benchmark::RegisterBenchmark(name.c_str(), [bits, packed](benchmark::State& st) {
+        // decode/gemv_bf16's 16 matrices of 8192 x 2048, as codes (group 64, bf16 scales).
+        const int N = 8192, K = 2048, count = int(kStreamBytes / (size_t(N) * K * 2));
+        std::vector<std::unique_ptr<AffineBench>> ms;
+        for (int i = 0; i < count; ++i) {
+          ms.push_back(std::make_unique<AffineBench>(bits, N, K));
+          if (packed) ms.back()->pack();
+        }
+        auto x = random_floats(K);
+        std::vector<float> y(N);
+        for (auto _ : st) {
+          for (const auto& m : ms) matmul(x.data(), 1, m->w, nullptr, y.data(), pool());
+          benchmark::ClobberMemory();
+        }
+        st.SetBytesProcessed(int64_t(st.iterations()) * int64_t(count) * int64_t(ms[0]->w.nbytes()));
+      })->UseRealTime()->Unit(benchmark::kMillisecond);
+    }
   benchmark::RegisterBenchmark("decode/read", [](benchmark::State& st) {
     const size_t n = kStreamBytes / sizeof(float);
     auto buf = aligned_buffer<float>(n, 0.5f);

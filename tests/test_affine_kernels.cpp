@@ -230,7 +230,7 @@ struct Packed {
 // The copy holds the same values: every row dequantizes to the file's bits, and takes no more bytes.
 TEST(AffinePack, RowsDequantizeAsTheFilesLayout) {
   unsigned seed = 100;
-  for (int bits : {2, 4, 8})
+  for (int bits : {2, 4, 6, 8})
     for (int gs : {32, 64, 128})
       for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
         const Affine a(32, 3 * gs, bits, gs, dt, ++seed);
@@ -248,11 +248,13 @@ TEST(AffinePack, RowsDequantizeAsTheFilesLayout) {
       }
 }
 
-TEST(AffinePack, FitsOnlyWholeGroupsOfTheFastFormats) {
+TEST(AffinePack, FitsOnlyWholeGroupsOfThePackedFormats) {
   EXPECT_TRUE(affine_pack_fit(Affine(48, 64, 4, 32, DType::BF16, 1).w));
   EXPECT_FALSE(affine_pack_fit(Affine(40, 64, 4, 32, DType::BF16, 1).w)) << "rows not a multiple of 16";
-  EXPECT_FALSE(affine_pack_fit(Affine(32, 96, 6, 32, DType::BF16, 1).w)) << "6-bit codes straddle bytes";
+  EXPECT_TRUE(affine_pack_fit(Affine(32, 96, 6, 32, DType::BF16, 1).w)) << "6 bits: planes of 4 and 2 bits";
+  EXPECT_FALSE(affine_pack_fit(Affine(40, 96, 6, 32, DType::BF16, 1).w)) << "rows not a multiple of 16";
   EXPECT_FALSE(affine_pack_fit(Affine(32, 96, 3, 32, DType::BF16, 1).w));
+  EXPECT_FALSE(affine_pack_fit(Affine(32, 96, 5, 32, DType::BF16, 1).w));
   std::vector<uint32_t> codes(16 * 96 / 8);
   std::vector<uint16_t> sc(16), bi(16);
   EXPECT_FALSE(affine_pack_fit(affine_matrix(codes.data(), sc.data(), bi.data(), DType::BF16, 4, 96, 16, 96)))
@@ -272,7 +274,7 @@ TEST(AffinePack, FitsOnlyWholeGroupsOfTheFastFormats) {
 TEST(AffinePack, EveryKernelEqualsTheScalarTwinBitForBit) {
   ThreadPool pool(3);
   unsigned seed = 200;
-  for (int bits : {2, 4, 8})
+  for (int bits : {2, 4, 6, 8})
     for (int gs : {32, 64, 128})
       for (DType dt : {DType::BF16, DType::F16, DType::F32})
         for (auto [rows, cols] : {std::pair{16, gs}, std::pair{48, 5 * gs}, std::pair{32, 5 * 128 + gs}}) {
@@ -304,6 +306,36 @@ TEST(AffinePack, EveryKernelEqualsTheScalarTwinBitForBit) {
               }
           }
         }
+}
+
+// 6 bits: byte k of the block's register n (x's bytes 4 n + k) holds column 2 (4 n + k) for n < 4,
+// 2 (4 n + k - 16) + 1 after; with j = n % 4, dword j holds its code c as c & 15 at bit 0 (n < 4) or
+// c >> 2 at bit 4 (n >= 4), dword 4 + j / 2 the other two bits at bit 4, 2 (j even) or 0, 6 (j odd)
+// (affine.h). Checked on one row of known codes, byte for byte.
+TEST(AffinePack, SixBitPlanesHoldTheDocumentedBits) {
+  const int rows = 16, cols = 32;
+  std::vector<uint8_t> want(cols);
+  for (int k = 0; k < cols; ++k) want[size_t(k)] = uint8_t((k * 37 + 11) % 64);
+  std::vector<uint32_t> codes(size_t(rows) * cols * 6 / 32, 0);
+  auto* bytes = reinterpret_cast<uint8_t*>(codes.data());
+  for (int k = 0; k < cols; ++k)  // row 3's code k at bits [6 k, 6 k + 6) of its bit stream
+    for (int b = 0; b < 6; ++b)
+      if (want[size_t(k)] >> b & 1) bytes[3 * 24 + (6 * k + b) / 8] |= uint8_t(1u << ((6 * k + b) % 8));
+  std::vector<uint16_t> sc(rows, f32_to_bf16(1.f)), bi(rows, 0);
+  const WeightMatrix w = affine_matrix(codes.data(), sc.data(), bi.data(), DType::BF16, 6, 32, rows, cols);
+  const Packed p(w);
+  const uint8_t* g = p.bytes.data() + 2 * rows * 2;  // past the 16 scales and 16 biases (bf16)
+  for (int n = 0; n < 8; ++n)
+    for (int k = 0; k < 4; ++k) {
+      const int pos = 4 * n + k, col = pos < 16 ? 2 * pos : 2 * (pos - 16) + 1;
+      const int j = n % 4, at[2][2] = {{4, 0}, {2, 6}};
+      const unsigned nib = g[64 * j + 4 * 3 + k] >> (n < 4 ? 0 : 4) & 15u;
+      const unsigned two = g[64 * (4 + j / 2) + 4 * 3 + k] >> at[n / 4][j % 2] & 3u;
+      EXPECT_EQ(n < 4 ? nib | two << 4 : nib << 2 | two, want[size_t(col)]) << "register " << n << " byte " << k;
+    }
+  std::vector<float> row(cols);
+  affine_dequant_row(p.w, 3, row.data());
+  for (int k = 0; k < cols; ++k) EXPECT_EQ(row[size_t(k)], float(want[size_t(k)])) << k;
 }
 
 }  // namespace

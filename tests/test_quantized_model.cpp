@@ -625,7 +625,11 @@ TEST(QuantizeCheckpointTest, PackedMatricesAnswerAsTheFilesLayout) {
   const Quantized& q = quantized();
   ThreadPool pool(2);
   const auto f32 = Model::load(test::repo_model("kjv-tiny"));
-  for (const fs::path& dir : {q.q8, q.q4}) {
+  // The defaults: 4 bits in groups of 32, the tied embedding / LM head at 6 bits (packed in planes).
+  test::TempDir tmp;
+  const fs::path def = tmp.path / "kjv-tiny-default";
+  quantize_checkpoint(test::repo_model("kjv-tiny"), def, resolve_quantize_options({}), pool);
+  for (const fs::path& dir : {q.q8, q.q4, def}) {
     const auto packed = Model::load(dir);
     set_affine_pack_enabled(false);
     const auto plain = Model::load(dir);

@@ -297,14 +297,14 @@ TEST(SpeculativeGreedy, SameTokensOnGgufBlockFormats) {
   if (files.size() < 3) GTEST_SKIP() << "Q4_0 and Q4_K_M files are in ../shared/models/gguf; ran Q8_0 only";
 }
 
-// MLX affine 8 and 4 bits: matrices repacked in 16-row groups take one product for every number of
+// MLX affine 8, 6 and 4 bits: matrices repacked in 16-row groups take one product for every number of
 // rows (kernels/affine.h), so a verification of 17 rows gives each row a plain step's bits; the
 // file's layout keeps verifications within its small-T product (draft 7: 8 rows).
 TEST(SpeculativeGreedy, SameTokensOnMlxAffineFormats) {
   test::TempDir tmp;
   ThreadPool pool(2);
   const Tokenizer tok = Tokenizer::load(test::repo_model("kjv-tiny"));
-  for (auto [bits, gs] : {std::pair{8, 64}, std::pair{4, 32}}) {
+  for (auto [bits, gs] : {std::pair{8, 64}, std::pair{6, 32}, std::pair{4, 32}}) {
     const fs::path dir = tmp.path / ("q" + std::to_string(bits));
     QuantizeOptions o;
     o.spec = {bits, gs};

@@ -175,8 +175,8 @@ Command add_quantize_command(CLI::App& root) {
                   "GPTQ on calibration text (the best, slowest)")
       ->check(CLI::IsMember({"rtn", "search", "gptq"}));
   auto* emb = app->add_option("--embedding-bits", a->embedding_bits,
-                              "Bits of model.embed_tokens and lm_head (default 8, in groups of 64, when the other "
-                              "matrices have 4 or fewer, else theirs; 0: theirs; a per-module entry in config.json)")
+                              "Bits of model.embed_tokens and lm_head (default 6 when the other matrices have 4 or "
+                              "fewer, else theirs; 0: theirs; a per-module entry in config.json)")
                   ->check(CLI::IsMember({0, 2, 3, 4, 5, 6, 8}));
   emb->excludes(app->get_option("--keep-embeddings"));
   auto* recipe = app->add_option("--recipe", a->recipe,

@@ -31,6 +31,25 @@ const uint8_t* packed_group(const WeightMatrix& w, int r, int g) {
 size_t packed_dword(const WeightMatrix& w, int i, int b, int q) {
   return 2 * size_t(kAffinePackRows) * dtype_size(w.dtype) + size_t(64 * (b * w.bits + q) + 4 * i);
 }
+// 6 bits (affine.h): the column of a block that byte k of code register n (0..7) holds, in x's split
+// order of 4 bits (position 4 n + k: even columns first, then odd).
+int packed6_col(int n, int k) {
+  const int pos = 4 * n + k;
+  return pos < 16 ? 2 * pos : 2 * (pos - 16) + 1;
+}
+// Where the parts of code c of byte k of register n (0..7) lie (affine.h), j = n % 4: in byte k of
+// dword j, c & 15 at bit 0 (n < 4) or c >> 2 at bit 4 (n >= 4); in byte k of dword 4 + j / 2, the
+// other two bits (c >> 4, or c & 3) at bit packed6_shift(n).
+int packed6_shift(int n) {
+  const int j = n % 4;
+  return n < 4 ? (j % 2 ? 0 : 4) : (j % 2 ? 6 : 2);
+}
+unsigned packed6_code(const uint8_t* p, const WeightMatrix& w, int i, int b, int n, int k) {
+  const int j = n % 4;
+  const unsigned lo = p[packed_dword(w, i, b, j) + size_t(k)], hi = p[packed_dword(w, i, b, 4 + j / 2) + size_t(k)];
+  const unsigned two = (hi >> packed6_shift(n)) & 3u;
+  return n < 4 ? (lo & 15u) | (two << 4) : ((lo >> 4) << 2) | two;
+}
 
 std::atomic<bool>& affine_pack_flag() {
   static std::atomic<bool> on{!env_switch("PTLLM_NO_AFFINE_PACK")};
@@ -39,8 +58,8 @@ std::atomic<bool>& affine_pack_flag() {
 }  // namespace
 
 bool affine_pack_fit(const WeightMatrix& w) {
-  return w.format == WeightFormat::Affine && !w.affine_pack && affine_fast(w) && w.rows > 0 &&
-         w.rows % kAffinePackRows == 0 && w.group_size <= 512;
+  return w.format == WeightFormat::Affine && !w.affine_pack && (affine_fast(w) || (affine_unpacked(w) && w.bits == 6)) &&
+         w.rows > 0 && w.rows % kAffinePackRows == 0 && w.group_size <= 512;
 }
 
 bool affine_pack_wanted() {
@@ -55,17 +74,32 @@ void affine_pack(const WeightMatrix& w, void* out, int g0, int g1) {
   const WeightMatrix p = affine_packed_matrix(w, out);
   const int G = w.cols / w.group_size, nbg = w.group_size / kQ8Block;
   const size_t es = dtype_size(w.dtype), rb = w.row_bytes(), block = size_t(kQ8Block) * size_t(w.bits) / 8;
+  std::vector<uint8_t> codes(w.bits == 6 ? size_t(w.cols) : 0);
   for (int rg = g0; rg < g1; ++rg)
-    for (int g = 0; g < G; ++g) {
-      auto* o = const_cast<uint8_t*>(packed_group(p, rg * kAffinePackRows, g));
-      for (int i = 0; i < kAffinePackRows; ++i) {
-        const size_t r = size_t(rg * kAffinePackRows + i), at = r * size_t(G) + size_t(g);
+    for (int i = 0; i < kAffinePackRows; ++i) {
+      const size_t r = size_t(rg * kAffinePackRows + i);
+      const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * rb;
+      if (w.bits == 6) affine_unpack_codes(w, int(r), codes.data());
+      for (int g = 0; g < G; ++g) {
+        auto* o = const_cast<uint8_t*>(packed_group(p, rg * kAffinePackRows, g));
+        const size_t at = r * size_t(G) + size_t(g);
         std::memcpy(o + size_t(i) * es, static_cast<const uint8_t*>(w.scales) + at * es, es);
         std::memcpy(o + size_t(kAffinePackRows + i) * es, static_cast<const uint8_t*>(w.biases) + at * es, es);
-        const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * rb;
-        for (int b = 0; b < nbg; ++b)
-          for (int q = 0; q < w.bits; ++q)
-            std::memcpy(o + packed_dword(p, i, b, q), row + size_t(g * nbg + b) * block + 4 * size_t(q), 4);
+        for (int b = 0; b < nbg; ++b) {
+          if (w.bits != 6) {
+            for (int q = 0; q < w.bits; ++q)
+              std::memcpy(o + packed_dword(p, i, b, q), row + size_t(g * nbg + b) * block + 4 * size_t(q), 4);
+            continue;
+          }
+          for (int q = 0; q < 6; ++q) std::memset(o + packed_dword(p, i, b, q), 0, 4);
+          const uint8_t* c = codes.data() + size_t(g * nbg + b) * kQ8Block;
+          for (int n = 0; n < 8; ++n)
+            for (int k = 0; k < 4; ++k) {
+              const unsigned v = c[packed6_col(n, k)];
+              o[packed_dword(p, i, b, n % 4) + size_t(k)] |= uint8_t(n < 4 ? v & 15u : (v >> 2) << 4);
+              o[packed_dword(p, i, b, 4 + n % 4 / 2) + size_t(k)] |= uint8_t((n < 4 ? v >> 4 : v & 3u) << packed6_shift(n));
+            }
+        }
       }
     }
 }
@@ -100,12 +134,16 @@ void affine_packed_rows_scalar(const AffineX& x, const WeightMatrix& w, const fl
             const float d = x.d[size_t(t) * x.ldd + size_t(kb)];
             for (int i = 0; i < L; ++i) {
               int isum = 0;
-              for (int dw = 0; dw < w.bits; ++dw)
-                for (int k = 0; k < 4; ++k) {
-                  const unsigned byte = p[packed_dword(w, i, b, dw) + size_t(k)];
-                  for (int sc = 0; sc < kpb; ++sc)  // x's split order: bytes 4 (s * bits + q) + k
-                    isum += int((byte >> (sc * w.bits)) & mask) * int(q[4 * (sc * w.bits + dw) + k]);
-                }
+              if (w.bits == 6)  // register n meets x's bytes 4 n + k
+                for (int n = 0; n < 8; ++n)
+                  for (int k = 0; k < 4; ++k) isum += int(packed6_code(p, w, i, b, n, k)) * int(q[4 * n + k]);
+              else
+                for (int dw = 0; dw < w.bits; ++dw)
+                  for (int k = 0; k < 4; ++k) {
+                    const unsigned byte = p[packed_dword(w, i, b, dw) + size_t(k)];
+                    for (int sc = 0; sc < kpb; ++sc)  // x's split order: bytes 4 (s * bits + q) + k
+                      isum += int((byte >> (sc * w.bits)) & mask) * int(q[4 * (sc * w.bits + dw) + k]);
+                  }
               const float s = affine_param(p, w.dtype, size_t(i));
               acc[i] = std::fma(float(isum), s * d, acc[i]);
             }
@@ -135,6 +173,11 @@ void affine_dequant_row(const WeightMatrix& w, int r, float* out) {
       const float s = affine_param(p, w.dtype, size_t(i)), b = affine_param(p + kAffinePackRows * es, w.dtype, size_t(i));
       for (int k = 0; k < gs; ++k) {  // column k of the group: block k / 32, byte (k % 32) / kpb of it
         const int kb = k / kQ8Block, j = k % kQ8Block, byte = j / kpb;
+        if (w.bits == 6) {  // position pos of x's split order: register pos / 4, byte pos % 4
+          const int pos = j % 2 ? 16 + j / 2 : j / 2;
+          out[g * gs + k] = s * float(packed6_code(p, w, i, kb, pos / 4, pos % 4)) + b;
+          continue;
+        }
         const unsigned v = p[packed_dword(w, i, kb, byte / 4) + size_t(byte % 4)];
         out[g * gs + k] = s * float((v >> ((j % kpb) * w.bits)) & mask) + b;
       }
@@ -157,7 +200,8 @@ void affine_dequant_row(const WeightMatrix& w, int r, float* out) {
 AffineX quantize_affine_x(const float* x, int T, int K, int bits, int group_size, int chunk, AffineXBuffers& buf,
                           ThreadPool* pool) {
   PTLLM_CHECK(K % kQ8Block == 0 && group_size % kQ8Block == 0 && K % group_size == 0);
-  const int kpb = 8 / bits, G = K / group_size, nb = K / kQ8Block;
+  // 6 bits in chunks (packed, affine.h): the split order of 4 bits, that of the low nibbles.
+  const int kpb = bits == 6 && chunk ? 2 : 8 / bits, G = K / group_size, nb = K / kQ8Block;
   const size_t ldq = chunk ? size_t((K + chunk - 1) / chunk * chunk) : size_t(K);
   const size_t ldd = ldq / kQ8Block + 16, ldg = size_t(G);
   buf.q.assign(size_t(T) * ldq, 0);
@@ -352,16 +396,6 @@ void affine_matmul(const float* x, int T, const WeightMatrix& w, const float* bi
                    AffineKernel k, AffinePath path) {
   const AffineKernelTable* kt = affine_table(k);
   if (!kt) throw Error("affine kernel " + std::string(affine_kernel_name(k)) + " is not available on this CPU");
-  if (affine_unpacked(w)) {
-    AffineUnpackedRows rows = affine_unpacked_rows_portable;
-    if (k == AffineKernel::AVX512Vnni && affine_unpacked_rows_avx512vbmi()) rows = affine_unpacked_rows_avx512vbmi();
-    thread_local AffineXBuffers buf;
-    const AffineX ax = quantize_affine_x(x, T, w.cols, w.bits, w.group_size, 0, buf, &pool);
-    const size_t min_rows = kGemvMinWeightsPerThread / size_t(std::max(1, w.cols));
-    pool.parallel_for(size_t(w.rows), [&](size_t b, size_t e) { rows(ax, w, bias, y, int(b), int(e)); },
-                      std::max<size_t>(4, min_rows));
-    return;
-  }
   if (w.affine_pack) {
     thread_local AffineXBuffers buf;
     const AffineX ax = quantize_affine_x(x, T, w.cols, w.bits, w.group_size, kQ8Block, buf, &pool);
@@ -372,6 +406,16 @@ void affine_matmul(const float* x, int T, const WeightMatrix& w, const float* bi
         groups,
         [&](size_t b, size_t e) { rows(ax, w, bias, y, int(b) * kAffinePackRows, int(e) * kAffinePackRows); },
         std::max<size_t>(1, min_groups));
+    return;
+  }
+  if (affine_unpacked(w)) {
+    AffineUnpackedRows rows = affine_unpacked_rows_portable;
+    if (k == AffineKernel::AVX512Vnni && affine_unpacked_rows_avx512vbmi()) rows = affine_unpacked_rows_avx512vbmi();
+    thread_local AffineXBuffers buf;
+    const AffineX ax = quantize_affine_x(x, T, w.cols, w.bits, w.group_size, 0, buf, &pool);
+    const size_t min_rows = kGemvMinWeightsPerThread / size_t(std::max(1, w.cols));
+    pool.parallel_for(size_t(w.rows), [&](size_t b, size_t e) { rows(ax, w, bias, y, int(b), int(e)); },
+                      std::max<size_t>(4, min_rows));
     return;
   }
   if (!affine_fast(w)) return generic_matmul(x, T, w, bias, y, pool);

@@ -17,7 +17,8 @@
 //   row of x: each lane sums a whole block of 32 columns before it is scaled.
 // - bits 3, 5 and 6 (codes straddle bytes): each row's codes unpacked to bytes, then the same integer
 //   sums over x in plain order; with AVX-512 VBMI, 6-bit codes are unpacked 64 at a time (vpermb
-//   spreads 3 bytes a dword, vpmultishiftqb picks the four 6-bit fields).
+//   spreads 3 bytes a dword, vpmultishiftqb picks the four 6-bit fields). Where matrices are packed
+//   at load (below), 6-bit ones are too, into planes of 4 and 2 bits.
 // Group sizes that are not a power of two take the generic product: each row dequantized
 // (affine_dequant_row), then dotted.
 #include <cstdint>
@@ -61,7 +62,7 @@ struct AffineKernelTable;
 // x once for many products (a mixture-of-experts layer's experts).
 const AffineKernelTable& affine_active_table();
 
-// ---- 2, 4 and 8 bits repacked at load time ------------------------------------------------------
+// ---- 2, 4, 6 and 8 bits repacked at load time ---------------------------------------------------
 // A decode step streams each matrix once; row-major codes leave every row one horizontal sum and
 // one pass over its scales. Repacked, 16 rows are read as one stream and summed in the 16 lanes of
 // a register (as the GGUF K-quants, kernels/ggml.h). Layout, for each group of 16 rows and each
@@ -70,15 +71,23 @@ const AffineKernelTable& affine_active_table();
 //   [0, 16 es)      the 16 rows' scales of group g (the file's dtype),  [16 es, 32 es) their biases
 //   [32 es, GB)     per block b of 32 columns of the group, bits * 64 bytes: dword q of row i at
 //                   64 (b * bits + q) + 4 i, the file's dword q of the row's block (bytes unchanged)
-// The same bytes as the file's, only moved. The product (every T, prefill and decode alike) takes
-// x in the per-block split order (affine_q8.h, chunk 32): the codes at bit s * bits of dword q
-// meet x's bytes 4 (s * bits + q) .. + 3, broadcast, one vpdpbusd for 16 rows. Per chunk of 512
+// 6 bits (planes of 4 and 2 bits, as Q6_K's ql and qh): the block's 6 dwords of row i are 4 of
+// nibbles (q = 0..3) and 2 of 2-bit fields (q = 4, 5). Code register n = 0..7 meets x's bytes
+// 4 n .. 4 n + 3 in the 4-bit split order (column 2 (4 n + k) for n < 4, 2 (4 n + k - 16) + 1 after);
+// with j = n % 4, byte k of dword j holds code c of byte k of register j in its low nibble as c & 15
+// and that of register 4 + j in its high nibble as c >> 2; byte k of dword 4 + j / 2 holds the other
+// two bits of each (c >> 4, c & 3) at bits 4, 2 (j even) or 0, 6 (j odd) for registers j, 4 + j. Two
+// masks and an or give register j, and register 4 + j as 4 c (its sum is shifted back), no nibble is
+// shifted and each 2-bit dword once either way: no shuffle. The same codes as the file's, rearranged; for 2,
+// 4 and 8 bits the same bytes, only moved. The product (every T, prefill and decode alike) takes x in
+// the per-block split order (affine_q8.h, chunk 32): the codes at bit s * bits of dword q meet x's
+// bytes 4 (s * bits + q) .. + 3, broadcast, one vpdpbusd for 16 rows. Per chunk of 512
 // columns and x row, lane i sums d_b s_g times each block's integer sum, then s_g xc_g + b_g xs_g per
 // group, in that order whatever T and the thread split: a row's result does not depend on the
 // batch. Against the row-major products only the float summation order differs (same integer sums).
 inline constexpr int kAffinePackRows = 16;
-// Whether w can be packed: bits 2, 4 or 8, affine_fast, rows a multiple of kAffinePackRows, groups
-// of at most 512 columns.
+// Whether w can be packed: bits 2, 4, 6 or 8, groups a power of two from 32 to 512 columns, rows a
+// multiple of kAffinePackRows.
 bool affine_pack_fit(const WeightMatrix& w);
 // Whether this process packs such matrices at load: the active kernel is AVX-512 VNNI and neither
 // PTLLM_NO_AFFINE_PACK=1 nor set_affine_pack_enabled(false) says otherwise. Packed matrices run on

@@ -359,7 +359,7 @@ void Model::pack_panels() {
     }
     if (tied && !todo.empty() && todo.back() == &lm_head_) embed_ = lm_head_;
   }
-  if (affine_pack_wanted()) {  // MLX affine 2/4/8 bits in 16-row groups (kernels/affine.h)
+  if (affine_pack_wanted()) {  // MLX affine 2/4/6/8 bits in 16-row groups (kernels/affine.h)
     std::vector<WeightMatrix*> todo;
     for (LayerWeights& lw : layers_)
       for (WeightMatrix* w : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down})

@@ -589,8 +589,7 @@ QuantizeOptions resolve_quantize_options(const QuantizeRequest& r) {
   o.spec.bits = bits;
   o.spec.group_size = r.group_size.value_or(bits < 8 ? 32 : 64);
   o.keep_embeddings = r.keep_embeddings;
-  o.embedding_bits = r.embedding_bits.value_or(!r.keep_embeddings && bits <= 4 ? 8 : 0);
-  if (!r.embedding_bits && !r.group_size && o.embedding_bits > 0) o.embedding_group_size = 64;
+  o.embedding_bits = r.embedding_bits.value_or(!r.keep_embeddings && bits <= 4 ? 6 : 0);
   o.method = r.method.value_or(r.calibration ? QuantMethod::Gptq : QuantMethod::Search);
   return o;
 }
@@ -603,7 +602,8 @@ std::string quality_class(const QuantizeOptions& o) {
   if (bits >= 8) return "near-lossless, llama.cpp Q8_0's class (8 bits: kjv-small PPL within 0.05% of bf16)";
   if (bits >= 5) return "between the 4-bit default and 8 bits (not measured on kjv-small)";
   if (bits == 4 && emb >= 6 && fitted && (o.spec.group_size <= 32 || o.method == QuantMethod::Gptq))
-    return "llama.cpp Q4_K_M's class (kjv-small: PPL at most +0.47% over bf16)";
+    return emb == 6 ? "llama.cpp Q4_K_M's class (kjv-small: PPL at most +0.47% over bf16, in fewer bytes)"
+                    : "llama.cpp Q4_K_M's class (kjv-small: PPL at most +0.47% over bf16, in more bytes)";
   if (bits == 4 && (emb >= 6 || o.spec.group_size <= 32 || fitted))
     return "llama.cpp Q4_0's class (kjv-small: PPL about +1% over bf16)";
   if (bits == 4) return "below llama.cpp Q4_0 (kjv-small: PPL +2.3% over bf16 at 4 bits, groups of 64, rtn)";

@@ -81,10 +81,9 @@ struct QuantizeRequest {
 };
 
 // The defaults, chosen on kjv-small (docs/quantization.md): 4 bits unless asked; below 8 bits groups
-// of 32 (64 at 8); the embedding / LM head at 8 bits in groups of 64 when the other matrices have 4
-// or fewer (llama.cpp's Q4_K_M keeps its output at Q6_K; 8 bits, not 6, because only AVX-512 VBMI
-// unpacks 6-bit codes fast, and a file runs on every CPU); --method search without
-// calibration text, gptq with it. Every field given is kept as given.
+// of 32 (64 at 8); the embedding / LM head at 6 bits in the same groups when the other matrices have
+// 4 or fewer (as llama.cpp's Q4_K_M keeps its output at Q6_K); --method search without calibration
+// text, gptq with it. Every field given is kept as given.
 QuantizeOptions resolve_quantize_options(const QuantizeRequest& r);
 
 // One line naming what a written checkpoint is expected to lose, by the measured class it belongs

@@ -5,7 +5,8 @@
 // V provides: I (an integer register of RB bytes, L = RB / 4 int32 lanes), F (L floats); zero_i,
 // load_i (any address), load_i_n (the first n bytes, zeros after), bcst32 (one dword to every lane),
 // srl32 (shift right each lane), and_i, add_i, set1_u8; dot4 / dot8 (acc[l] += sum of the 4 byte
-// products of lane l, unsigned codes below 16 / 256 times signed int8); cvt (int32 to float), zero_f,
+// products of lane l, unsigned codes below 64 / 256 times signed int8); with 16 lanes (the packed
+// product) also sll32, sra32 (arithmetic) and or_i; cvt (int32 to float), zero_f,
 // load_f(_n), store_f(_n), set1_f, mul, fma (a * b + c), perm (lanes of a picked by idx),
 // reduce_add; load_bf16_n / load_f16_n (the first n of 16-bit floats, as float32); GTT (rows of x
 // sharing each unpacked weight register); optionally transpose_dwords (the gemm's tile packing).
@@ -284,6 +285,23 @@ struct AffineKernels {
   }
 
   // ---- packed: 16-row groups read in place (kernels/affine.h, affine_pack) -----------------------
+  // 6 bits (affine.h): the 8 registers of codes of a packed block at cb, u[n] meeting x's bytes
+  // 4 n .. 4 n + 3: for n < 4 the codes c (the low nibble of dword n, c >> 4 moved to bits 4-5), for
+  // n >= 4 the codes times 4 (the high nibble of dword n - 4 holds c >> 2, c & 3 goes to bits 2-3),
+  // so that no code nibble is shifted and each 2-bit register two of the 8 (as Q6_K's ql and qh).
+  PTLLM_AFFINE_TARGET static void unpack6(const uint8_t* cb, I* u) {
+    const I m_lo = V::set1_u8(0x0f), m_hi = V::set1_u8(0xf0), m45 = V::set1_u8(0x30), m23 = V::set1_u8(0x0c);
+    PTLLM_AFFINE_UNROLL for (int h = 0; h < 2; ++h) {
+      const I t = V::load_i(cb + (4 + h) * RB);
+      const I t_up = V::sll32(t, 4), t_down = V::srl32(t, 4);  // bits 0-1 to 4-5, bits 6-7 to 2-3
+      PTLLM_AFFINE_UNROLL for (int e = 0; e < 2; ++e) {
+        const int j = 2 * h + e;
+        const I lo = V::load_i(cb + j * RB);
+        u[j] = V::or_i(V::and_i(lo, m_lo), V::and_i(e ? t_up : t, m45));
+        u[4 + j] = V::or_i(V::and_i(lo, m_hi), V::and_i(e ? t_down : t, m23));
+      }
+    }
+  }
   // Rows [t0, t0 + TT) of x against the 16 rows of the packed group at rg, columns [k0, k0 + kc)
   // (whole groups): y's 16 columns from r get the chunk's sum (and, with the first chunk, the bias).
   // affine_packed_rows_scalar repeats these float operations in this order.
@@ -291,7 +309,8 @@ struct AffineKernels {
   PTLLM_AFFINE_TARGET static void packed_block(const uint8_t* rg, size_t gb, const AffineX& x, int t0,
                                                const WeightMatrix& w, const float* bias, float* y, int r, int k0,
                                                int kc) {
-    constexpr int KPB = 8 / BITS, DPB = BITS;
+    // NU registers of one code a byte per block, DPB dwords a row.
+    constexpr int KPB = BITS == 6 ? 2 : 8 / BITS, DPB = BITS, NU = BITS == 6 ? 8 : KPB * DPB;
     const int gsh = __builtin_ctz(unsigned(w.group_size)), nbg = w.group_size / kQ8Block;
     const size_t es = dtype_size(w.dtype);
     F acc[TT];
@@ -304,19 +323,31 @@ struct AffineKernels {
       for (int b = 0; b < nbg; ++b) {
         const uint8_t* cb = codes + size_t(b) * DPB * RB;
         PTLLM_AFFINE_UNROLL for (int j = 0; j < DPB * RB; j += 64) __builtin_prefetch(cb + j + kAheadPacked);
-        I u[KPB * DPB];  // u[s * DPB + q]: dword q of the block, the codes at bit s * BITS of each byte
-        PTLLM_AFFINE_UNROLL for (int q = 0; q < DPB; ++q) {
-          I v[KPB];
-          unpack<BITS>(V::load_i(cb + q * RB), v);
-          PTLLM_AFFINE_UNROLL for (int s = 0; s < KPB; ++s) u[s * DPB + q] = v[s];
+        I u[NU];  // u[s * DPB + q]: dword q of the block, the codes at bit s * BITS of each byte (or unpack6)
+        if constexpr (BITS == 6) {
+          unpack6(cb, u);
+        } else {
+          PTLLM_AFFINE_UNROLL for (int q = 0; q < DPB; ++q) {
+            I v[KPB];
+            unpack<BITS>(V::load_i(cb + q * RB), v);
+            PTLLM_AFFINE_UNROLL for (int s = 0; s < KPB; ++s) u[s * DPB + q] = v[s];
+          }
         }
         const int kb = (g << gsh) / kQ8Block + b;
         PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
           const int8_t* q = x.q + size_t(t0 + t) * x.ldq + size_t(kb) * kQ8Block;
           I a0 = V::zero_i(), a1 = V::zero_i();
-          PTLLM_AFFINE_UNROLL for (int j = 0; j < KPB * DPB; j += 2) {
-            a0 = dot<BITS>(a0, u[j], V::bcst32(q + 4 * j));
-            a1 = dot<BITS>(a1, u[j + 1], V::bcst32(q + 4 * j + 4));
+          if constexpr (BITS == 6) {  // a1 sums 4 c q (codes times 4, below 256): exact after >> 2
+            PTLLM_AFFINE_UNROLL for (int j = 0; j < 4; ++j) {
+              a0 = V::dot4(a0, u[j], V::bcst32(q + 4 * j));
+              a1 = V::dot8(a1, u[4 + j], V::bcst32(q + 16 + 4 * j));
+            }
+            a1 = V::sra32(a1, 2);
+          } else {
+            PTLLM_AFFINE_UNROLL for (int j = 0; j < NU; j += 2) {
+              a0 = dot<BITS>(a0, u[j], V::bcst32(q + 4 * j));
+              a1 = dot<BITS>(a1, u[j + 1], V::bcst32(q + 4 * j + 4));
+            }
           }
           const float d = x.d[size_t(t0 + t) * x.ldd + size_t(kb)];
           acc[t] = V::fma(V::cvt(V::add_i(a0, a1)), V::mul(sv, V::set1_f(d)), acc[t]);
@@ -393,7 +424,12 @@ struct AffineKernels {
   };
   PTLLM_AFFINE_TARGET static void packed(const AffineX& x, const WeightMatrix& w, const float* bias, float* y, int r0,
                                          int r1) {
-    by_format<Packed>(x, w, bias, y, r0, r1);
+    if (w.bits != 6) return by_format<Packed>(x, w, bias, y, r0, r1);
+    switch (w.dtype) {
+      case DType::BF16: return packed_t<6, LdBF16>(x, w, bias, y, r0, r1);
+      case DType::F16: return packed_t<6, LdF16>(x, w, bias, y, r0, r1);
+      default: return packed_t<6, LdF32>(x, w, bias, y, r0, r1);
+    }
   }
   PTLLM_AFFINE_TARGET static void gemv(const AffineX& x, const WeightMatrix& w, const float* bias, float* y, int r0,
                                        int r1) {

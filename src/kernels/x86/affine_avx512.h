@@ -39,14 +39,17 @@ struct Avx512Affine {
     return _mm512_set1_epi32(v);
   }
   PTLLM_AFFINE_TARGET static I srl32(I v, int n) { return _mm512_srli_epi32(v, unsigned(n)); }
+  PTLLM_AFFINE_TARGET static I sll32(I v, int n) { return _mm512_slli_epi32(v, unsigned(n)); }
+  PTLLM_AFFINE_TARGET static I sra32(I v, int n) { return _mm512_srai_epi32(v, unsigned(n)); }
   PTLLM_AFFINE_TARGET static I and_i(I a, I b) { return _mm512_and_si512(a, b); }
+  PTLLM_AFFINE_TARGET static I or_i(I a, I b) { return _mm512_or_si512(a, b); }
   PTLLM_AFFINE_TARGET static I add_i(I a, I b) { return _mm512_add_epi32(a, b); }
   PTLLM_AFFINE_TARGET static I set1_u8(uint8_t v) { return _mm512_set1_epi8(char(v)); }
 #if PTLLM_AFFINE_VNNI
   PTLLM_AFFINE_TARGET static I dot4(I acc, I u, I s) { return _mm512_dpbusd_epi32(acc, u, s); }
   PTLLM_AFFINE_TARGET static I dot8(I acc, I u, I s) { return _mm512_dpbusd_epi32(acc, u, s); }
 #else
-  // u < 16: a pair of products is at most 2 * 15 * 127, no saturation in 16 bits.
+  // u < 64 (4- and 6-bit codes): a pair of products is at most 2 * 63 * 127, no saturation in 16 bits.
   PTLLM_AFFINE_TARGET static I dot4(I acc, I u, I s) {
     return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)));
   }
