@@ -638,6 +638,43 @@ TEST_P(KernelTest, ProductsDoNotDependOnWhereTheWeightsSit) {
   }
 }
 
+// F32 weights copied once into the gemm's tiles (ops.h f32_tiles_fit) give the bits of packing them
+// on every call, for every row count, thread split, depth past one KC block and a last partial tile;
+// the products past the gemv's rows do read the copy (a copy changed behind their back shows).
+TEST_P(KernelTest, F32TilesGiveTheBitsOfPackingPerCall) {
+  ThreadPool pool1(1), pool3(3);
+  const int rows = 101, cols = 1031;  // 101: a partial last tile; 1031: three depth blocks
+  auto v = random_floats(size_t(rows) * cols, rng_);
+  auto bias = random_floats(size_t(rows), rng_);
+  const WeightMatrix w{DType::F32, v.data(), rows, cols};
+  ASSERT_TRUE(f32_tiles_fit(w)) << active_kernels_name();
+  const size_t n = f32_tiles_bytes(w);
+  ASSERT_EQ(n % (size_t(k_->gemm_nr) * cols * sizeof(float)), 0u);
+  ASSERT_GE(n, size_t(rows) * cols * sizeof(float));
+  std::vector<float> buf(n / sizeof(float) + 16);
+  float* tiles_at = buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64 / sizeof(float);
+  const WeightMatrix tiled = pack_f32_tiles(w, tiles_at, pool3);
+  EXPECT_EQ(tiled.f32_tiles, tiles_at);
+  EXPECT_EQ(tiled.data, w.data);
+  EXPECT_FALSE(f32_tiles_fit(tiled));  // packed once
+  for (int T : {1, 2, 6, 7, 12, 17, 18, 40})
+    for (ThreadPool* pool : {&pool1, &pool3}) {
+      auto x = random_floats(size_t(T) * cols, rng_);
+      std::vector<float> y0(size_t(T) * rows), y1(size_t(T) * rows);
+      matmul(x.data(), T, w, bias.data(), y0.data(), *pool);
+      matmul(x.data(), T, tiled, bias.data(), y1.data(), *pool);
+      ASSERT_EQ(std::memcmp(y0.data(), y1.data(), y0.size() * sizeof(float)), 0)
+          << "T=" << T << " threads " << pool->size() << " " << active_kernels_name();
+    }
+  std::fill(tiles_at, tiles_at + n / sizeof(float), 0.f);
+  auto x = random_floats(size_t(12) * cols, rng_);
+  std::vector<float> y(size_t(12) * rows), yt(size_t(12) * rows);
+  matmul(x.data(), 12, w, nullptr, y.data(), pool1);
+  matmul(x.data(), 12, tiled, nullptr, yt.data(), pool1);
+  EXPECT_EQ(yt, std::vector<float>(yt.size(), 0.f));  // read from the (now zero) tiles
+  EXPECT_NE(y, yt);
+}
+
 INSTANTIATE_TEST_SUITE_P(Targets, KernelTest, ::testing::ValuesIn(available_simd_targets()),
                          [](const ::testing::TestParamInfo<SimdTarget>& i) {
                            return std::string(simd_target_name(i.param));

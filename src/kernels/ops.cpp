@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/platform.h"
 #include "core/thread_pool.h"
 #include "kernels/affine.h"
 #include "kernels/amx.h"
@@ -174,6 +175,30 @@ void matmul(const float* x, int T, const WeightMatrix& w, const float* bias, flo
     pool.parallel_for(size_t(w.rows), [&](size_t b, size_t e) { k.gemm(ap, T, w, bias, y, int(b), int(e)); },
                       std::max(nr, (per + nr - 1) / nr * nr));
   }
+}
+
+bool f32_tiles_fit(const WeightMatrix& w) {
+  static const bool off = env_switch("PTLLM_NO_F32_TILES");
+  const KernelTable& k = active_kernels();
+  return !off && k.pack_f32_tiles && k.gemm_nr > 0 && k.gemm_nr < 256 && w.format == WeightFormat::Dense &&
+         w.dtype == DType::F32 && !w.f32_tiles && w.rows > 0 && w.cols > 0;
+}
+
+size_t f32_tiles_bytes(const WeightMatrix& w) {
+  const size_t nr = size_t(active_kernels().gemm_nr);
+  return (size_t(w.rows) + nr - 1) / nr * nr * size_t(w.cols) * sizeof(float);
+}
+
+WeightMatrix pack_f32_tiles(const WeightMatrix& w, void* out, ThreadPool& pool) {
+  PTLLM_CHECK(f32_tiles_fit(w));
+  const KernelTable& k = active_kernels();
+  float* tiles = static_cast<float*>(out);
+  const size_t n = size_t((w.rows + k.gemm_nr - 1) / k.gemm_nr);
+  pool.parallel_for(n, [&](size_t b, size_t e) { k.pack_f32_tiles(w, int(b), int(e), tiles); });
+  WeightMatrix t = w;
+  t.f32_tiles = tiles;
+  t.f32_tile_rows = uint8_t(k.gemm_nr);
+  return t;
 }
 
 void matmul_shared_x(const float* x, int T, std::span<const MatmulOutput> outs, ThreadPool& pool) {

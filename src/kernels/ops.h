@@ -55,6 +55,15 @@ void for_each_share(std::span<const MatmulOutput> outs, int rows_per_group, size
 // batch, above which a row's result does not depend on the batch (a prefix adopted instead of
 // computed must leave the prompt's last append on the same side: engine/session.h adoption_is_exact).
 inline constexpr int kMatmulSmallRows = 17;
+// Dense F32 matrices copied at load into the gemm's weight tiles (WeightMatrix::f32_tiles), so that
+// products of more rows than the gemv takes (a speculative verification, a batched decode, a prefill)
+// do not pack the weights on every call; the same bits as packing them per call. Off where the active
+// kernels have no such tiles or PTLLM_NO_F32_TILES=1 (comparisons). The copy costs the matrix's size
+// again, its rows rounded up to a tile.
+bool f32_tiles_fit(const WeightMatrix& w);
+size_t f32_tiles_bytes(const WeightMatrix& w);
+// Fills `out` (f32_tiles_bytes(w), 64-byte aligned) and returns w reading it.
+WeightMatrix pack_f32_tiles(const WeightMatrix& w, void* out, ThreadPool& pool);
 // Scalar reference twin of matmul (one thread, plain loops, double accumulation), for tests.
 void matmul_ref(const float* x, int T, const WeightMatrix& w, const float* bias, float* y);
 

@@ -71,6 +71,10 @@ struct KernelTable {
   // Appended to the target's name where some products round differently from the target's own
   // (NEON "+bf16": BF16 weights through bfdot); part of active_kernels_name.
   const char* variant = "";
+  // Dense F32 weights in the gemm's tiles, copied once (WeightMatrix::f32_tiles): tiles [t0, t1) of
+  // gemm_nr rows each, tile t at out + t * gemm_nr * cols, [cols][gemm_nr] (rows past w.rows zero),
+  // exactly what gemm packs per call, so a product reading them gets the same bits.
+  void (*pack_f32_tiles)(const WeightMatrix& w, int t0, int t1, float* out) = nullptr;
 };
 
 // nullptr when the target is not compiled in or this CPU/OS lacks it.

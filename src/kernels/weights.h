@@ -53,6 +53,11 @@ struct WeightMatrix {
   // Affine: 0, the file's row-major codes, scales and biases; kAffinePackRows (kernels/affine.h): a
   // load-time copy with that many rows interleaved, scales and biases inside `data` (affine_pack).
   uint8_t affine_pack = 0;
+  // Dense F32: a load-time copy in the gemm's weight tiles (kernels/simd.h pack_f32_tiles) of
+  // f32_tile_rows rows each, read by products of more rows than the gemv takes instead of packing
+  // the rows on every call; null: none. `data` stays the row-major matrix (the gemv, row lookups).
+  const float* f32_tiles = nullptr;
+  uint8_t f32_tile_rows = 0;
 
   size_t row_bytes() const;  // bytes of one row of `data`
   size_t nbytes() const;     // every byte the matrix reads: data, and scales and biases

@@ -386,6 +386,20 @@ void Model::pack_panels() {
       *w = affine_packed_matrix(*w, p);
     }
   }
+  {  // F32 matrices: a copy in the gemm's tiles beside the row-major one (kernels/ops.h f32_tiles_fit)
+    std::vector<WeightMatrix*> todo;
+    for (LayerWeights& lw : layers_)
+      for (WeightMatrix* w : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down})
+        if (f32_tiles_fit(*w)) todo.push_back(w);
+    if (f32_tiles_fit(lm_head_)) todo.push_back(&lm_head_);
+    std::optional<ThreadPool> pool;
+    if (!todo.empty()) pool.emplace(ThreadPool::default_threads());
+    for (WeightMatrix* w : todo) {
+      void* p = packed_alloc(f32_tiles_bytes(*w));
+      f32_tile_bytes_.emplace_back(static_cast<uint8_t*>(p));
+      *w = pack_f32_tiles(*w, p, *pool);
+    }
+  }
   if (!panels_wanted()) return;
   std::vector<WeightMatrix*> todo;
   for (LayerWeights& lw : layers_)

@@ -121,6 +121,8 @@ class Model {
   size_t ggml_packed_matrices() const { return ggml_bytes_.size(); }
   // How many MLX affine matrices load repacked in 16-row groups (kernels/affine.h, affine_pack).
   size_t affine_packed_matrices() const { return affine_bytes_.size(); }
+  // How many F32 matrices carry a copy in the gemm's tiles (kernels/ops.h f32_tiles_fit).
+  size_t f32_tiled_matrices() const { return f32_tile_bytes_.size(); }
 
   // Runs tokens at positions pos0, pos0+1, ... through the model, appending their K/V to `cache`.
   // logits: [T][vocab] when all_logits, else [vocab] for the last token only; null: not computed.
@@ -163,6 +165,7 @@ class Model {
     void operator()(uint8_t* p) const { std::free(p); }
   };
   std::vector<std::unique_ptr<uint8_t[], FreeBytes>> panel_bytes_;
+  std::vector<std::unique_ptr<uint8_t[], FreeBytes>> f32_tile_bytes_;  // F32 matrices' gemm tiles
   std::vector<std::unique_ptr<uint8_t[], FreeBytes>> ggml_bytes_;
   std::vector<std::unique_ptr<uint8_t[], FreeBytes>> affine_bytes_;  // affine matrices packed at load
   std::shared_ptr<const GgufFile> gguf_;  // a GGUF model's file: the weights point into its mapping

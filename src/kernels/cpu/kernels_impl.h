@@ -1139,6 +1139,12 @@ struct Kernels {
         pack_block<Ld>(w, size_t(r + j0) * size_t(K) + size_t(k0 + k), size_t(K), std::clamp(nr - j0, 0, N),
                        std::min(N, kc - k), N, bp + size_t(k) * NR + size_t(j0), NR);
   }
+  // Every tile of an F32 matrix packed as pack_b packs one (simd.h pack_f32_tiles).
+  PTLLM_TARGET static void pack_f32_tiles(const WeightMatrix& w, int t0, int t1, float* out) {
+    for (int t = t0; t < t1; ++t)
+      pack_b<LdF32>(w.data, w.cols, t * NR, std::min(NR, w.rows - t * NR), 0, w.cols,
+                    out + size_t(t) * NR * size_t(w.cols));
+  }
   // c[i][j] (+)= sum_k ap[k][i] bp[k][j] for i < m, j < n; bias added when not accumulating.
   PTLLM_TARGET static void micro(int kc, const float* ap, const float* bp, float* c, size_t ldc, int m, int n,
                                  bool accumulate, const float* bias) {
@@ -1183,6 +1189,10 @@ struct Kernels {
     const int K = w.cols;
     const size_t Tp = size_t((T + MR - 1) / MR * MR);
     float* bp = b_buf.get(size_t(KC) * NR);
+    // F32 weights copied into these tiles at load: read in place, not packed again per call.
+    const float* tiles = std::is_same_v<Ld, LdF32> && w.f32_tiles && w.f32_tile_rows == NR && r0 % NR == 0
+                             ? w.f32_tiles
+                             : nullptr;
     for (int k0 = 0; k0 < K; k0 += KC) {
       const int kc = std::min(KC, K - k0);
       const bool accumulate = k0 > 0;
@@ -1192,9 +1202,13 @@ struct Kernels {
         const int mc = std::min(MC, T - i0);
         for (int jr = r0; jr < r1; jr += NR) {
           const int nr = std::min(NR, r1 - jr);
-          pack_b<Ld>(w.data, K, jr, nr, k0, kc, bp);
+          const float* b = bp;
+          if (tiles)
+            b = tiles + size_t(jr) * size_t(K) + size_t(k0) * NR;  // tile jr / NR, depth block k0
+          else
+            pack_b<Ld>(w.data, K, jr, nr, k0, kc, bp);
           for (int ir = 0; ir < mc; ir += MR)
-            micro(kc, block + size_t(i0 + ir) * size_t(kc), bp, y + size_t(i0 + ir) * size_t(w.rows) + size_t(jr),
+            micro(kc, block + size_t(i0 + ir) * size_t(kc), b, y + size_t(i0 + ir) * size_t(w.rows) + size_t(jr),
                   size_t(w.rows), std::min(MR, mc - ir), nr, accumulate, bias && !accumulate ? bias + jr : nullptr);
         }
       }
@@ -1213,7 +1227,7 @@ struct Kernels {
 template <class V>
 constexpr KernelTable make_table(SimdTarget target) {
   using K = Kernels<V>;
-  return KernelTable{target,          K::dot,         K::dot_bf16,    K::dot_f16,     K::axpy,
+  KernelTable t{target,          K::dot,         K::dot_bf16,    K::dot_f16,     K::axpy,
                      K::axpy_bf16,    K::axpy_f16,    K::to_bf16,     K::to_f16,      K::from_bf16,
                      K::from_f16,     K::kivi_k_block,
                      K::kivi_v_block, k_spans_by_block<K::kivi_k_block>, v_spans_by_block<K::kivi_v_block>,
@@ -1222,6 +1236,8 @@ constexpr KernelTable make_table(SimdTarget target) {
                      K::silu_mul,
                      K::softmax,      K::rope_rotate, K::rope_rotate_one, K::deinterleave_bf16, K::gemv, K::pack_a,
                      K::gemm,         K::MR,          K::NR};
+  t.pack_f32_tiles = K::pack_f32_tiles;
+  return t;
 }
 
 #undef PTLLM_UNROLL
