@@ -261,10 +261,10 @@ ScriptedModelInfo Builder::write(const fs::path& out_dir) {
   if ((sh.heads > 0) != (sh.kv_heads > 0) || (sh.heads > 0 && sh.heads % sh.kv_heads != 0))
     throw Error("scripted model: the shape's heads (" + std::to_string(sh.heads) + ") must be a multiple of its " +
                 "KV heads (" + std::to_string(sh.kv_heads) + "), both given or neither");
-  // More script heads than the shape's KV heads: more KV heads, and groups as near the shape's
-  // query heads as whole groups come.
+  // More script heads than the shape's KV heads: more KV heads, and whole groups of the size that
+  // comes nearest the shape's query heads.
   const int n_kv = std::max(n_heads, sh.kv_heads);
-  const int group = sh.heads > 0 ? std::max(1, (sh.heads + n_kv - 1) / n_kv) : 1, n_q = n_kv * group;
+  const int group = sh.heads > 0 ? std::max(1, (2 * sh.heads + n_kv) / (2 * n_kv)) : 1, n_q = n_kv * group;
   auto flag_dim = [&](int f) { return C + 1 + f; };
   auto out_dim = [&](int32_t id) { return C + 1 + F + out_index.at(id); };
   auto slot_dim = [&](int d, int32_t id) {
