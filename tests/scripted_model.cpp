@@ -248,6 +248,23 @@ ScriptedModelInfo Builder::write(const fs::path& out_dir) {
   const int D = std::max(64, (widest + 15) / 16 * 16), half = D / 2;
   const int I = int(rules_.size());
   const int V = tok_.vocab_size();
+  // The padded shape (ScriptedShape): the script's head h is query head h * group over KV head h.
+  const ScriptedShape& sh = spec_.shape;
+  if (sh.layers < 1) throw Error("scripted model: the shape needs at least 1 layer");
+  const int Hp = sh.hidden > 0 ? sh.hidden : H, Ip = sh.intermediate > 0 ? sh.intermediate : I;
+  if (Hp < H)
+    throw Error("scripted model: hidden size " + std::to_string(Hp) + " is narrower than the script's " +
+                std::to_string(H) + " residual dimensions");
+  if (Ip < I)
+    throw Error("scripted model: intermediate size " + std::to_string(Ip) + " is below the script's " +
+                std::to_string(I) + " rules (one MLP unit each)");
+  if ((sh.heads > 0) != (sh.kv_heads > 0) || (sh.heads > 0 && sh.heads % sh.kv_heads != 0))
+    throw Error("scripted model: the shape's heads (" + std::to_string(sh.heads) + ") must be a multiple of its " +
+                "KV heads (" + std::to_string(sh.kv_heads) + "), both given or neither");
+  // More script heads than the shape's KV heads: more KV heads, and whole groups of the size that
+  // comes nearest the shape's query heads.
+  const int n_kv = std::max(n_heads, sh.kv_heads);
+  const int group = sh.heads > 0 ? std::max(1, (2 * sh.heads + n_kv) / (2 * n_kv)) : 1, n_q = n_kv * group;
   auto flag_dim = [&](int f) { return C + 1 + f; };
   auto out_dim = [&](int32_t id) { return C + 1 + F + out_index.at(id); };
   auto slot_dim = [&](int d, int32_t id) {
@@ -280,12 +297,13 @@ ScriptedModelInfo Builder::write(const fs::path& out_dir) {
   // Norms: every embedding is one code plus the constant (norm^2 2); after attention, up to K codes
   // plus the constant plus the flags that are on. The MLP sees x * r (r = rms_mlp / rms(x) in
   // [r_min, 1]), and its gates are in units of the constant, so r scales them but moves no threshold.
-  const double rms_in = std::sqrt(2.0 / H + kRmsEps);
-  const double rms_mlp = std::sqrt(2.0 / H + kRmsEps);
+  // (The added dimensions of a padded residual are zero: they add to the mean square's count only.)
+  const double rms_in = std::sqrt(2.0 / Hp + kRmsEps);
+  const double rms_mlp = std::sqrt(2.0 / Hp + kRmsEps);
   const double r_min = std::sqrt(2.0 / double(K + 1 + F));
   const double G = 2 * kGateHalf / r_min, U = 2 / G;
   // The emitted token's output value is about r^2 per rule that fires (at most K fire).
-  const double rms_final_max = std::sqrt(double(K + 1 + F + K * K) / H + kRmsEps);
+  const double rms_final_max = std::sqrt(double(K + 1 + F + K * K) / Hp + kRmsEps);
   const double L = kLogitFloor * rms_final_max / (r_min * r_min);
 
   std::vector<float> embed(size_t(V) * H, 0.f);          // [vocab][hidden]
@@ -353,6 +371,75 @@ ScriptedModelInfo Builder::write(const fs::path& out_dir) {
     lm_head[size_t(id) * H + out_dim(id)] = 1.f;
   }
 
+  // Widened to the padded shape: the script's values at their places, zero elsewhere but where a
+  // random matrix cannot reach the residual (the other heads' q, k and v, whose o_proj columns are
+  // zero; the other units' gate and up, whose down_proj columns are zero).
+  const size_t QDp = size_t(n_q) * D, KDp = size_t(n_kv) * D;
+  uint64_t rng = 0x9E3779B97F4A7C15ull;
+  auto rnd = [&rng]() {  // splitmix64, mapped to [-0.05, 0.05): a small model's initialization scale
+    uint64_t z = (rng += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return float(double(z >> 40) / double(1ull << 24) * 0.1 - 0.05);
+  };
+  auto widen = [&](const std::vector<float>& v, size_t rows, size_t cols, size_t rows_p, size_t cols_p,
+                   auto&& row_of) {
+    std::vector<float> w(rows_p * cols_p, 0.f);
+    for (size_t r = 0; r < rows; ++r)
+      std::copy(v.begin() + ptrdiff_t(r * cols), v.begin() + ptrdiff_t(r * cols + cols),
+                w.begin() + ptrdiff_t(row_of(r) * cols_p));
+    return w;
+  };
+  const bool padded = Hp != H || Ip != I || n_q != n_heads || n_kv != n_heads || sh.layers > 1;
+  if (padded) {
+    auto same = [](size_t r) { return r; };
+    auto q_row = [&](size_t r) { return (r / size_t(D)) * size_t(group) * size_t(D) + r % size_t(D); };
+    embed = widen(embed, size_t(V), size_t(H), size_t(V), size_t(Hp), same);
+    lm_head = widen(lm_head, size_t(V), size_t(H), size_t(V), size_t(Hp), same);
+    norm_in.assign(size_t(Hp), float(rms_in));
+    norm_mlp.assign(size_t(Hp), float(rms_mlp));
+    norm_final.resize(size_t(Hp), 0.f);
+    wq = widen(wq, QD, size_t(H), QDp, size_t(Hp), q_row);
+    wk = widen(wk, QD, size_t(H), KDp, size_t(Hp), same);
+    wv = widen(wv, QD, size_t(H), KDp, size_t(Hp), same);
+    // o_proj [hidden][heads * head_dim]: the script's columns moved to its query heads.
+    std::vector<float> wo_p(size_t(Hp) * QDp, 0.f);
+    for (size_t r = 0; r < size_t(H); ++r)
+      for (size_t c = 0; c < QD; ++c) wo_p[r * QDp + q_row(c)] = wo[r * QD + c];
+    wo = std::move(wo_p);
+    gate = widen(gate, size_t(I), size_t(H), size_t(Ip), size_t(Hp), same);
+    up = widen(up, size_t(I), size_t(H), size_t(Ip), size_t(Hp), same);
+    std::vector<float> down_p(size_t(Hp) * Ip, 0.f);
+    for (size_t r = 0; r < size_t(H); ++r)
+      std::copy(down.begin() + ptrdiff_t(r * I), down.begin() + ptrdiff_t(r * I + I),
+                down_p.begin() + ptrdiff_t(r * Ip));
+    down = std::move(down_p);
+    // The other heads and units: random, read by nothing that reaches the residual.
+    for (int qh = 0; qh < n_q; ++qh)
+      if (qh % group != 0 || qh / group >= n_heads)
+        for (size_t i = 0; i < size_t(D) * size_t(Hp); ++i) wq[size_t(qh) * D * Hp + i] = rnd();
+    for (int kh = n_heads; kh < n_kv; ++kh)
+      for (size_t i = 0; i < size_t(D) * size_t(Hp); ++i) {
+        wk[size_t(kh) * D * Hp + i] = rnd();
+        wv[size_t(kh) * D * Hp + i] = rnd();
+      }
+    for (size_t i = size_t(I) * Hp; i < size_t(Ip) * Hp; ++i) {
+      gate[i] = rnd();
+      up[i] = rnd();
+    }
+    // Exactness: nothing outside the script's units writes the residual, whose added dimensions
+    // therefore stay zero, so every norm sees the script's mean square (over Hp).
+    for (size_t r = 0; r < size_t(Hp); ++r)
+      for (size_t c = 0; c < QDp; ++c)
+        if (wo[r * QDp + c] != 0.f && (r >= size_t(H) || (c / D) % size_t(group) != 0 || c / D / group >= size_t(n_heads)))
+          throw Error("scripted model: padding: o_proj writes the residual from a padding head");
+    for (size_t r = 0; r < size_t(Hp); ++r)
+      for (size_t u = 0; u < size_t(Ip); ++u)
+        if (down[r * Ip + u] != 0.f && (r >= size_t(H) || u >= size_t(I)))
+          throw Error("scripted model: padding: down_proj writes the residual from a padding unit");
+  }
+
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   if (ec) throw Error(out_dir.string() + ": cannot create the directory (" + ec.message() + ")");
@@ -364,27 +451,55 @@ ScriptedModelInfo Builder::write(const fs::path& out_dir) {
     const std::vector<float>* v;
   };
   const std::string l = "model.layers.0.";
-  const std::vector<T> tensors = {
-      {"model.embed_tokens.weight", DType::BF16, {V, H}, &embed},
-      {l + "input_layernorm.weight", DType::F32, {H}, &norm_in},
-      {l + "self_attn.q_proj.weight", DType::F32, {int64_t(QD), H}, &wq},
-      {l + "self_attn.k_proj.weight", DType::F32, {int64_t(QD), H}, &wk},
-      {l + "self_attn.v_proj.weight", DType::F32, {int64_t(QD), H}, &wv},
-      {l + "self_attn.o_proj.weight", DType::F32, {H, int64_t(QD)}, &wo},
-      {l + "post_attention_layernorm.weight", DType::F32, {H}, &norm_mlp},
-      {l + "mlp.gate_proj.weight", DType::F32, {I, H}, &gate},
-      {l + "mlp.up_proj.weight", DType::F32, {I, H}, &up},
-      {l + "mlp.down_proj.weight", DType::F32, {H, I}, &down},
-      {"model.norm.weight", DType::F32, {H}, &norm_final},
-      {"lm_head.weight", DType::BF16, {V, H}, &lm_head},
+  const int64_t q_rows = int64_t(QDp), kv_rows = int64_t(KDp);
+  std::vector<T> tensors = {
+      {"model.embed_tokens.weight", DType::BF16, {V, Hp}, &embed},
+      {l + "input_layernorm.weight", DType::F32, {Hp}, &norm_in},
+      {l + "self_attn.q_proj.weight", DType::F32, {q_rows, Hp}, &wq},
+      {l + "self_attn.k_proj.weight", DType::F32, {kv_rows, Hp}, &wk},
+      {l + "self_attn.v_proj.weight", DType::F32, {kv_rows, Hp}, &wv},
+      {l + "self_attn.o_proj.weight", DType::F32, {Hp, q_rows}, &wo},
+      {l + "post_attention_layernorm.weight", DType::F32, {Hp}, &norm_mlp},
+      {l + "mlp.gate_proj.weight", DType::F32, {Ip, Hp}, &gate},
+      {l + "mlp.up_proj.weight", DType::F32, {Ip, Hp}, &up},
+      {l + "mlp.down_proj.weight", DType::F32, {Hp, Ip}, &down},
   };
+  // The added layers (after the script's): random q, k, v, gate and up; zero o_proj and down_proj,
+  // so a layer adds exactly zero to the residual. Each tensor is made as it is written.
+  const std::vector<float> ones(size_t(Hp), 1.f);
+  const std::vector<float> none;  // a zero matrix, made at its write
+  const std::vector<float> random;  // a random matrix, made at its write
+  for (int li = 1; li < sh.layers; ++li) {
+    const std::string p = "model.layers." + std::to_string(li) + ".";
+    tensors.push_back({p + "input_layernorm.weight", DType::F32, {Hp}, &ones});
+    tensors.push_back({p + "self_attn.q_proj.weight", DType::BF16, {q_rows, Hp}, &random});
+    tensors.push_back({p + "self_attn.k_proj.weight", DType::BF16, {kv_rows, Hp}, &random});
+    tensors.push_back({p + "self_attn.v_proj.weight", DType::BF16, {kv_rows, Hp}, &random});
+    tensors.push_back({p + "self_attn.o_proj.weight", DType::BF16, {Hp, q_rows}, &none});
+    tensors.push_back({p + "post_attention_layernorm.weight", DType::F32, {Hp}, &ones});
+    tensors.push_back({p + "mlp.gate_proj.weight", DType::BF16, {Ip, Hp}, &random});
+    tensors.push_back({p + "mlp.up_proj.weight", DType::BF16, {Ip, Hp}, &random});
+    tensors.push_back({p + "mlp.down_proj.weight", DType::BF16, {Hp, Ip}, &none});
+  }
+  tensors.push_back({"model.norm.weight", DType::F32, {Hp}, &norm_final});
+  tensors.push_back({"lm_head.weight", DType::BF16, {V, Hp}, &lm_head});
   std::vector<TensorDecl> decls;
   for (const T& t : tensors) decls.push_back({t.name, t.dtype, t.shape});
   SafetensorsWriter out(out_dir / "model.safetensors", std::move(decls), {{"format", "pt"}});
+  std::vector<float> made;
   for (const T& t : tensors) {
+    const std::vector<float>* v = t.v;
+    if (v == &none || v == &random) {
+      size_t n = 1;
+      for (int64_t d : t.shape) n *= size_t(d);
+      made.assign(n, 0.f);
+      if (v == &random)
+        for (float& x : made) x = rnd();
+      v = &made;
+    }
     std::string bytes;
-    if (t.dtype == DType::BF16) put_bf16(bytes, *t.v);
-    else put(bytes, *t.v);
+    if (t.dtype == DType::BF16) put_bf16(bytes, *v);
+    else put(bytes, *v);
     out.write(bytes);
   }
   out.commit();
@@ -392,11 +507,11 @@ ScriptedModelInfo Builder::write(const fs::path& out_dir) {
   const nlohmann::json config = {{"architectures", {"LlamaForCausalLM"}},
                                  {"model_type", "llama"},
                                  {"vocab_size", V},
-                                 {"hidden_size", H},
-                                 {"intermediate_size", I},
-                                 {"num_hidden_layers", 1},
-                                 {"num_attention_heads", n_heads},
-                                 {"num_key_value_heads", n_heads},
+                                 {"hidden_size", Hp},
+                                 {"intermediate_size", Ip},
+                                 {"num_hidden_layers", sh.layers},
+                                 {"num_attention_heads", n_q},
+                                 {"num_key_value_heads", n_kv},
                                  {"head_dim", D},
                                  {"max_position_embeddings", spec_.max_position},
                                  {"rms_norm_eps", kRmsEps},
@@ -423,13 +538,25 @@ ScriptedModelInfo Builder::write(const fs::path& out_dir) {
   ScriptedModelInfo info;
   info.script_ids = script_ids_;
   info.distinct_tokens = N - 1;
-  info.hidden_size = H;
+  info.hidden_size = Hp;
   info.rules = I;
   info.context = context_;
+  info.script_hidden = H;
+  info.layers = sh.layers;
+  info.heads = n_q;
+  info.kv_heads = n_kv;
+  info.head_dim = D;
+  info.intermediate = Ip;
   return info;
 }
 
 }  // namespace
+
+ScriptedShape scripted_shape(const std::string& name) {
+  if (name == "kjv-small") return {8, 512, 1376, 8, 2};
+  if (name == "llama-3.2-1b") return {16, 2048, 8192, 32, 8};
+  throw Error("scripted model: unknown shape " + nlohmann::json(name).dump() + " (kjv-small, llama-3.2-1b)");
+}
 
 ScriptedModelInfo write_scripted_model(const ScriptedModelSpec& spec, const fs::path& out_dir) {
   return Builder(spec).write(out_dir);

@@ -34,6 +34,26 @@
 
 namespace ptllm::test {
 
+// The width and depth of a real model around the script (ScriptedModelSpec::shape), so that a pass
+// costs what that model's does: the script's layer is widened to `hidden`, `intermediate` and the
+// heads, and `layers - 1` further layers follow it. Everything beyond the script is random (a fixed
+// seed) and computed, but every matrix that writes into the residual stream (o_proj, down_proj) is
+// zero outside the script's own units, so the residual, and with it every logit, is the one the
+// script's model computes (rounding aside: a product's terms are summed in another grouping); the
+// residual's added dimensions stay exactly zero. The script's layer stays F32 (its constants are not
+// bf16 values); the added layers are BF16, as the real models' weights are. 0 = the script's own.
+struct ScriptedShape {
+  int layers = 1;
+  int hidden = 0;        // at least the script's residual width
+  int intermediate = 0;  // at least the script's rules
+  int heads = 0;         // query heads; with kv_heads the grouping (heads / kv_heads a group)
+  int kv_heads = 0;      // at least the script's heads (each needs its own key and value)
+};
+// Named shapes: "kjv-small" (8 layers, hidden 512, intermediate 1376, 8 heads over 2 KV heads) and
+// "llama-3.2-1b" (16 layers, hidden 2048, intermediate 8192, 32 heads over 8); head_dim stays the
+// script's (64 unless its widest slot needs more). Throws ptllm::Error naming an unknown name.
+ScriptedShape scripted_shape(const std::string& name);
+
 struct ScriptedModelSpec {
   struct Script {
     std::string text;     // what the model writes, then EOS
@@ -52,6 +72,7 @@ struct ScriptedModelSpec {
   int max_position = 4096;  // config.json max_position_embeddings; the score margins hold up to it
   // The byte-level BPE tokenizer copied into the model (tokenizer.json; vocab 8192, </s> = 1 = EOS).
   std::filesystem::path tokenizer_dir;  // empty = models/kjv-tiny of this repository
+  ScriptedShape shape;  // default: one layer of the script's own width
 };
 
 struct ScriptedModelInfo {
@@ -60,6 +81,9 @@ struct ScriptedModelInfo {
   int hidden_size = 0;
   int rules = 0;    // MLP units
   int context = 0;  // the most tokens a rule looks at (at most context_tokens)
+  int script_hidden = 0;  // the residual dimensions the script uses (hidden_size when not padded)
+  int layers = 1;
+  int heads = 0, kv_heads = 0, head_dim = 0, intermediate = 0;
 };
 
 // Writes config.json, model.safetensors, tokenizer.json, tokenizer_config.json and

@@ -117,6 +117,60 @@ TEST(ScriptedModelTest, WritesALongScriptOfJsonAndProse) {
   expect_writes(dir.path, qwen_prompt("Forecast for Lyon?"), text, info.script_ids[0]);
 }
 
+// A real model's width and depth around the script (ScriptedShape): the padded model writes the same
+// script greedily through the real engine, with and without speculation, and its config has the
+// shape asked for. Three layers of width 512 keep it small; the named shapes only fill these fields.
+TEST(ScriptedModelTest, APaddedShapeWritesTheSameScript) {
+  const std::string text =
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n"
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"London\"}}\n</tool_call>";
+  test::TempDir plain, padded;
+  const auto info0 = test::write_scripted_model(qwen_spec({{text, "", ""}}), plain.path);
+  ScriptedModelSpec spec = qwen_spec({{text, "", ""}});
+  // More query heads than the script's: groups of several, padding heads sharing the script's keys.
+  spec.shape = {.layers = 3, .hidden = 512, .intermediate = 1024, .heads = 64, .kv_heads = 2};
+  const auto info = test::write_scripted_model(spec, padded.path);
+  ASSERT_LT(info0.hidden_size, 512);
+  EXPECT_EQ(info.hidden_size, 512);
+  EXPECT_EQ(info.script_hidden, info0.hidden_size);
+  EXPECT_EQ(info.script_ids, info0.script_ids);
+  const json config = test::read_json(padded.path / "config.json");
+  EXPECT_EQ(config["num_hidden_layers"], 3);
+  EXPECT_EQ(config["hidden_size"], 512);
+  EXPECT_EQ(config["intermediate_size"], 1024);
+  EXPECT_EQ(config["num_key_value_heads"], info.kv_heads);
+  EXPECT_EQ(config["num_attention_heads"], info.heads);
+  EXPECT_GE(info.kv_heads, 2);
+  EXPECT_GT(info.heads, info.kv_heads);  // grouped: padding heads share the script heads' keys
+  EXPECT_EQ(info.heads % info.kv_heads, 0);
+  // The padded file holds the added layers' weights (BF16), not a few bytes of zeros.
+  const auto bytes = fs::file_size(padded.path / "model.safetensors");
+  EXPECT_GT(bytes, 2u * (2u * 512u * 1024u * 3u + 512u * 64u * 2u) * 2u);
+  const std::string prompt = qwen_prompt("Weather in Paris and London?");
+  expect_writes(padded.path, prompt, text, info.script_ids[0]);
+  // Speculation verifies the drafts in passes of several rows: the same tokens.
+  const auto r = test::run_command(test::binary() + " sample " + padded.path.string() + " --prompt " +
+                                   shell_quote(prompt) + " --temperature 0 --json -t 2 --spec-type ngram --spec-fixed");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j["tokens"], json(info.script_ids[0]));
+  EXPECT_GT(j["speculative"]["accepted"].get<int>(), 0);
+  // A width below the script's, or intermediate below its rules, is refused naming the size.
+  spec.shape.hidden = info0.hidden_size - 1;
+  test::TempDir bad;
+  try {
+    test::write_scripted_model(spec, bad.path);
+    ADD_FAILURE() << "a narrow hidden size was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("hidden size"), std::string::npos) << e.what();
+  }
+  spec.shape.hidden = 512;
+  spec.shape.intermediate = 1;
+  EXPECT_THROW(test::write_scripted_model(spec, bad.path), Error);
+  EXPECT_THROW(test::scripted_shape("llama-9"), Error);
+  EXPECT_EQ(test::scripted_shape("llama-3.2-1b").hidden, 2048);
+}
+
 TEST(ScriptedModelTest, WritesParallelCallsOfTheSameFunction) {
   // The second call differs from the first only in its argument, 30 tokens in: the rules there
   // look back past the first call's end.

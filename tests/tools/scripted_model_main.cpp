@@ -16,6 +16,8 @@ namespace {
 const char kUsage[] =
     "usage: ptllm_scripted_model OUT_DIR --prompt-tail TEXT (--script TEXT | --script-after TRIGGER TEXT)...\n"
     "                            [--template FILE] [--context N] [--max-position N] [--tokenizer DIR]\n"
+    "                            [--shape kjv-small|llama-3.2-1b] [--layers N] [--hidden N] [--intermediate N]\n"
+    "                            [--heads N --kv-heads N]\n"
     "  --script TEXT                what the model writes, then EOS, when no trigger token is in the prompt\n"
     "  --script-after TRIGGER TEXT  what it writes when TRIGGER (one token) is in the prompt and no later\n"
     "                               script's trigger is\n"
@@ -23,7 +25,11 @@ const char kUsage[] =
     "  --template FILE              the chat template put into tokenizer_config.json\n"
     "  --context N                  the most tokens a rule may look at (default 64)\n"
     "  --max-position N             max_position_embeddings (default 4096)\n"
-    "  --tokenizer DIR              where tokenizer.json comes from (default: models/kjv-tiny)\n";
+    "  --tokenizer DIR              where tokenizer.json comes from (default: models/kjv-tiny)\n"
+    "  --shape NAME                 the width and depth of a real model around the script: the script's\n"
+    "                               layer widened, further layers of random weights that add exactly zero\n"
+    "                               to the residual (scripted_model.h); --layers etc. after it override\n"
+    "  --layers N, --hidden N, --intermediate N, --heads N, --kv-heads N   the same, one by one\n";
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr, "ptllm_scripted_model: %s\n%s", why.c_str(), kUsage);
@@ -76,6 +82,28 @@ int main(int argc, char** argv) {
     } else if (a == "--max-position") {
       spec.max_position = positive(a, value());
       i += 1;
+    } else if (a == "--shape") {
+      try {
+        spec.shape = ptllm::test::scripted_shape(value());
+      } catch (const ptllm::Error& e) {
+        usage(e.what());
+      }
+      i += 1;
+    } else if (a == "--layers") {
+      spec.shape.layers = positive(a, value());
+      i += 1;
+    } else if (a == "--hidden") {
+      spec.shape.hidden = positive(a, value());
+      i += 1;
+    } else if (a == "--intermediate") {
+      spec.shape.intermediate = positive(a, value());
+      i += 1;
+    } else if (a == "--heads") {
+      spec.shape.heads = positive(a, value());
+      i += 1;
+    } else if (a == "--kv-heads") {
+      spec.shape.kv_heads = positive(a, value());
+      i += 1;
     } else if (a == "--tokenizer") {
       spec.tokenizer_dir = value();
       i += 1;
@@ -97,7 +125,13 @@ int main(int argc, char** argv) {
                               {"distinct_tokens", info.distinct_tokens},
                               {"hidden_size", info.hidden_size},
                               {"rules", info.rules},
-                              {"context", info.context}};
+                              {"context", info.context},
+                              {"script_hidden", info.script_hidden},
+                              {"layers", info.layers},
+                              {"heads", info.heads},
+                              {"kv_heads", info.kv_heads},
+                              {"head_dim", info.head_dim},
+                              {"intermediate", info.intermediate}};
     std::printf("%s\n", j.dump().c_str());
   } catch (const ptllm::Error& e) {
     std::fprintf(stderr, "ptllm_scripted_model: %s\n", e.what());
