@@ -609,6 +609,34 @@ TEST(Speculator, AdaptivityDeclinesDraftsThatAreRejected) {
   EXPECT_EQ(Speculator(forced).choose(5, 0), 0);
 }
 
+// Where drafting never pays, a draft is still verified now and then (the text may change), but each
+// probe that leaves it unprofitable doubles the wait for the next: 32, 64, 128 rounds with drafts on
+// offer, so a long reply of prose pays for a few probes, not one every 32 tokens.
+TEST(Speculator, ProbesThatDoNotPayComeLessOften) {
+  Tiny& t = tiny();
+  ThreadPool pool(2);
+  Session s(*t.model, kv_options("fp32"), pool);
+  Generator gen(t.tok, gen_options(400));
+  Speculator spec(ngram(8, /*adaptive=*/true));
+  // A verification of two or more rows costs a thousand one-token steps: no draft ever pays. (The
+  // measured steps pull these down by at most half a pass, not far enough to matter.)
+  for (int T = 1; T <= 9; ++T) spec.costs().set(T, T == 1 ? 1e-3 : 1e3);
+  const auto prompt = prompt_ids(t.tok);
+  Generator::Step step = gen.next(s.feed(prompt), s.history(), s.fits(1));
+  std::vector<Generator::Step> steps;
+  while (!gen.done()) {
+    steps.clear();
+    spec.round(s, gen, step.id, steps);
+    ASSERT_FALSE(steps.empty());
+    step = steps.back();
+  }
+  // kjv-tiny loops, so n-gram drafts are on offer at nearly every step: 400 tokens hold the probes
+  // after 32, 32 + 64 and 32 + 64 + 128 such rounds (every 64th round is a plain step regardless),
+  // where a fixed interval would probe about 12 times.
+  EXPECT_GE(spec.stats().verify_steps, 2);
+  EXPECT_LE(spec.stats().verify_steps, 4);
+}
+
 }  // namespace
 }  // namespace ptllm
 

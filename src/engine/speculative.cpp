@@ -82,7 +82,8 @@ namespace {
 constexpr double kAlphaPrior = 0.5;
 constexpr double kEma = 0.15;            // weight of the newest measurement
 constexpr double kEmaDown = 0.5;         // ... of a pass cost measured below the average
-constexpr int kProbeEvery = 32;          // a declined draft is verified anyway this often
+constexpr int kProbeEvery = 32;          // a declined draft is verified anyway this often ...
+constexpr int kProbeMost = 256;          // ... doubling after each probe that did not pay, up to this
 constexpr int64_t kPlainEvery = 64;      // a plain step this often, to keep its cost measured
 constexpr int kPlainFirst = 3;           // plain steps measured before the first draft
 constexpr double kPriorRowCost = 0.1;    // an unmeasured further row, in passes of the nearest width
@@ -206,7 +207,12 @@ int Speculator::draft_room(int room) {
   if (!drafter_ || room <= 0) return 0;
   if (!drafter_->costly() || !o_.adaptive) return room;
   int cap = choose(room, 0);
-  if (cap == 0 && room >= std::max(1, o_.draft_min) && ++skipped_ >= kProbeEvery) cap = std::min(room, std::max(2, o_.draft_min));
+  probing_ = false;
+  if (cap == 0 && room >= std::max(1, o_.draft_min) && ++skipped_ >= probe_every_) {
+    cap = std::min(room, std::max(2, o_.draft_min));
+    probing_ = true;
+  }
+  if (cap > 0) skipped_ = 0;
   return cap;
 }
 
@@ -252,6 +258,15 @@ int Speculator::verify(Generator& gen, std::span<float> rows, size_t vocab, std:
     for (int i = 0; i < judged; ++i) a += kEma * ((i < kept ? 1.0 : 0.0) - a);
     a = std::clamp(a, 0.0, 0.98);
   }
+  // A probe that leaves drafting unprofitable waits twice as long for the next (prose a draft model
+  // rarely guesses pays for fewer probes); one that makes it pay restores the interval.
+  if (probing_) {
+    probing_ = false;
+    const int lo = std::max(1, o_.draft_min);
+    const bool pays = best_draft_count(acceptance(cls), std::max(lo, 4), lo, costs_,
+                                       drafter_ && drafter_->costly() ? draft_cost() : 0.0) > 0;
+    probe_every_ = pays ? kProbeEvery : std::min(2 * probe_every_, kProbeMost);
+  }
   return kept;
 }
 
@@ -278,8 +293,11 @@ void Speculator::round(Session& s, Generator& gen, int32_t pending, std::vector<
   if (drafter_->costly()) t0 = thread_cpu_seconds();
   int k = drafter_->costly() ? (int(drafts_.size()) >= std::max(1, o_.draft_min) ? int(drafts_.size()) : 0)
                              : choose(int(drafts_.size()), cls);
-  if (k == 0 && !drafts_.empty() && int(drafts_.size()) >= std::max(1, o_.draft_min) && ++skipped_ >= kProbeEvery)
+  if (!drafter_->costly()) probing_ = false;  // a costly drafter's probe was decided in draft_room
+  if (k == 0 && !drafts_.empty() && int(drafts_.size()) >= std::max(1, o_.draft_min) && ++skipped_ >= probe_every_) {
     k = std::min<int>(int(drafts_.size()), 2);  // measure again now and then: the text may have changed
+    probing_ = true;
+  }
   if (k == 0) return plain(s, gen, pending, steps);
   skipped_ = 0;
 

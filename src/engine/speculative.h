@@ -193,6 +193,8 @@ class Speculator {
   double draft_cost() const;   // drafting one token, in one-token steps of the target
   double draft_s_ = 0;         // drafting one token (EMA; 0: not measured yet)
   int skipped_ = 0;            // drafts declined in a row (a verification is tried now and then)
+  int probe_every_ = 32;       // declined drafts before the next probe (engine/speculative.cpp)
+  bool probing_ = false;       // the verification under way is a probe
 };
 
 }  // namespace ptllm
