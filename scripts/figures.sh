@@ -96,8 +96,8 @@ for ty in BF16 Q8_0 Q4_0 Q4_K_M; do
 done
 
 # 1. Prefill and decode by context length and KV precision; llama-bench on the BF16 GGUF with the
-# matching cache type (-ctk/-ctv).
-declare -A LKV=([fp32]=f32 [fp16]=f16 [int8]=q8_0 [int4]=q4_0)
+# matching cache type (-ctk/-ctv; llama-bench has no f32 cache, so the fp32 rows are ours alone).
+declare -A LKV=([fp32]="" [fp16]=f16 [int8]=q8_0 [int4]=q4_0)
 CTXS="0 1024"; KVS="fp32 fp16 int8 int4"
 [ $QUICK = 1 ] && CTXS="0" KVS="fp16 int4"
 for r in $(seq 1 "$ROUNDS"); do
@@ -112,7 +112,7 @@ for r in $(seq 1 "$ROUNDS"); do
         val context "$row" "prefill 512" tok/s ours "$r" "$(jq .prefill_tok_s <<<"$j")"
         val context "$row" "decode" tok/s ours "$r" "$(jq .decode_tok_s <<<"$j")"
       done
-      if [ -n "$LBENCH" ]; then
+      if [ -n "$LBENCH" ] && [ -n "${LKV[$kv]}" ]; then
         cmd context "$LBENCH" -m "${GG[BF16]}" -p 512 -n 128 -d "$c" -ctk "${LKV[$kv]}" -ctv "${LKV[$kv]}" \
           -t "$T" -r 1 -o jsonl >"$WORK/lb.jsonl" 2>/dev/null
         while read -r np ng _ ts; do
