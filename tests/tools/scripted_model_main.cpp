@@ -89,20 +89,13 @@ int main(int argc, char** argv) {
         usage(e.what());
       }
       i += 1;
-    } else if (a == "--layers") {
-      spec.shape.layers = positive(a, value());
-      i += 1;
-    } else if (a == "--hidden") {
-      spec.shape.hidden = positive(a, value());
-      i += 1;
-    } else if (a == "--intermediate") {
-      spec.shape.intermediate = positive(a, value());
-      i += 1;
-    } else if (a == "--heads") {
-      spec.shape.heads = positive(a, value());
-      i += 1;
-    } else if (a == "--kv-heads") {
-      spec.shape.kv_heads = positive(a, value());
+    } else if (int* dim = a == "--layers"         ? &spec.shape.layers
+                          : a == "--hidden"       ? &spec.shape.hidden
+                          : a == "--intermediate" ? &spec.shape.intermediate
+                          : a == "--heads"        ? &spec.shape.heads
+                          : a == "--kv-heads"     ? &spec.shape.kv_heads
+                                                  : nullptr) {
+      *dim = positive(a, value());
       i += 1;
     } else if (a == "--tokenizer") {
       spec.tokenizer_dir = value();
