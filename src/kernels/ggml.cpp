@@ -282,7 +282,7 @@ GgmlRowsFn ggml_panel_rows(GgmlType t) {
 
 bool ggml_int_kernel(GgmlType t) { return has_int_kernel(t); }
 
-// ---- Q4_K and Q6_K packed ----------------------------------------------------------------------
+// ---- Q4_0, Q4_K and Q6_K packed ----------------------------------------------------------------------
 
 namespace {
 // Q4_K: value v is sub-block j = v / 32's code l = v % 32, the low (even j) or high (odd j)
@@ -307,21 +307,24 @@ std::atomic<bool>& ggml_pack_flag() {
 }
 const uint8_t* packed_block(const WeightMatrix& w, int g, int b) {
   return static_cast<const uint8_t*>(w.data) +
-         (size_t(g) * size_t(w.cols / 256) + size_t(b)) * size_t(ggml_pack_block_bytes(w.ggml));
+         (size_t(g) * size_t(w.cols / ggml_pack_block_elems(w.ggml)) + size_t(b)) * size_t(ggml_pack_block_bytes(w.ggml));
 }
 }  // namespace
 
 int ggml_pack_block_bytes(GgmlType t) {
   switch (t) {
+    case GgmlType::Q4_0: return kGgmlPackRows * 2 * 18;
     case GgmlType::Q4_K: return kGgmlPackRows * (144 + 4);
     case GgmlType::Q6_K: return kGgmlPackRows * 210;
     default: return 0;
   }
 }
 
+int ggml_pack_block_elems(GgmlType t) { return t == GgmlType::Q4_0 ? 64 : 256; }
+
 bool ggml_pack_fit(const WeightMatrix& w) {
   return w.format == WeightFormat::Ggml && ggml_pack_block_bytes(w.ggml) > 0 && !w.ggml_pack && w.rows > 0 &&
-         w.rows % kGgmlPackRows == 0 && w.cols > 0 && w.cols % 256 == 0;
+         w.rows % kGgmlPackRows == 0 && w.cols > 0 && w.cols % ggml_pack_block_elems(w.ggml) == 0;
 }
 
 bool ggml_pack_wanted() {
@@ -332,13 +335,28 @@ bool ggml_pack_wanted() {
 void set_ggml_pack_enabled(bool on) { ggml_pack_flag() = on; }
 
 size_t ggml_packed_bytes(const WeightMatrix& w) {
-  return size_t(w.rows / kGgmlPackRows) * size_t(w.cols / 256) * size_t(ggml_pack_block_bytes(w.ggml));
+  return size_t(w.rows / kGgmlPackRows) * size_t(w.cols / ggml_pack_block_elems(w.ggml)) *
+         size_t(ggml_pack_block_bytes(w.ggml));
 }
 
 void ggml_pack(const WeightMatrix& w, void* out, int g0, int g1) {
   PTLLM_CHECK(ggml_pack_fit(w) && g0 >= 0 && g1 <= w.rows / kGgmlPackRows);
-  const int nb = w.cols / 256, bytes = ggml_pack_block_bytes(w.ggml), in_bytes = ggml_type_info(w.ggml).block_bytes;
   const size_t rb = w.row_bytes();
+  if (w.ggml == GgmlType::Q4_0) {  // two blocks of 16 rows: their d, then their quants 4 bytes a lane
+    const int nu = w.cols / 64;
+    for (int g = g0; g < g1; ++g)
+      for (int u = 0; u < nu; ++u) {
+        uint8_t* o = static_cast<uint8_t*>(out) + (size_t(g) * size_t(nu) + size_t(u)) * size_t(kGgmlPackRows * 36);
+        for (int i = 0; i < kGgmlPackRows; ++i)
+          for (int h = 0; h < 2; ++h) {
+            const uint8_t* blk = static_cast<const uint8_t*>(w.data) + size_t(16 * g + i) * rb + size_t(2 * u + h) * 18;
+            std::memcpy(o + 32 * h + 2 * i, blk, 2);
+            for (int c = 0; c < 4; ++c) std::memcpy(o + 64 + 256 * h + 64 * c + 4 * i, blk + 2 + 4 * c, 4);
+          }
+      }
+    return;
+  }
+  const int nb = w.cols / 256, bytes = ggml_pack_block_bytes(w.ggml), in_bytes = ggml_type_info(w.ggml).block_bytes;
   const bool six = w.ggml == GgmlType::Q6_K;
   for (int g = g0; g < g1; ++g)
     for (int b = 0; b < nb; ++b) {
@@ -393,15 +411,27 @@ void ggml_pack(const WeightMatrix& w, void* out, int g0, int g1) {
 
 WeightMatrix ggml_packed_matrix(GgmlType t, const void* data, int rows, int cols) {
   WeightMatrix w = ggml_matrix(t, data, rows, cols);
-  PTLLM_CHECK(ggml_pack_block_bytes(t) > 0 && rows % kGgmlPackRows == 0 && cols % 256 == 0);
+  PTLLM_CHECK(ggml_pack_block_bytes(t) > 0 && rows % kGgmlPackRows == 0 && cols % ggml_pack_block_elems(t) == 0);
   w.ggml_pack = kGgmlPackRows;
   return w;
 }
 
 void ggml_unpack_row(const WeightMatrix& w, int r, uint8_t* blocks) {
   PTLLM_CHECK(w.ggml_pack == kGgmlPackRows && ggml_pack_block_bytes(w.ggml) > 0 && r >= 0 && r < w.rows);
-  const int nb = w.cols / 256, g = r / kGgmlPackRows, i = r % kGgmlPackRows;
+  const int g = r / kGgmlPackRows, i = r % kGgmlPackRows;
   const int out_bytes = ggml_type_info(w.ggml).block_bytes;
+  if (w.ggml == GgmlType::Q4_0) {
+    for (int u = 0; u < w.cols / 64; ++u) {
+      const uint8_t* o = packed_block(w, g, u);
+      for (int h = 0; h < 2; ++h) {
+        uint8_t* blk = blocks + size_t(2 * u + h) * size_t(out_bytes);
+        std::memcpy(blk, o + 32 * h + 2 * i, 2);
+        for (int c = 0; c < 4; ++c) std::memcpy(blk + 2 + 4 * c, o + 64 + 256 * h + 64 * c + 4 * i, 4);
+      }
+    }
+    return;
+  }
+  const int nb = w.cols / 256;
   for (int b = 0; b < nb; ++b) {
     const uint8_t* o = packed_block(w, g, b);
     uint8_t* blk = blocks + size_t(b) * size_t(out_bytes);

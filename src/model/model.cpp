@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/affine.h"
+#include "kernels/amx.h"
 #include "kernels/ggml.h"
 #include "kernels/panels.h"
 #include "kv/kv_cache.h"
@@ -340,13 +341,17 @@ void* packed_alloc(size_t n) {
 }  // namespace
 
 void Model::pack_panels() {
-  if (ggml_pack_wanted()) {  // Q4_K in 16-row groups (kernels/ggml.h)
+  if (ggml_pack_wanted()) {  // Q4_0, Q4_K and Q6_K in 16-row groups (kernels/ggml.h)
+    // Where AMX takes prefill, it reads Q4_0 matrices row by row (amx_takes_dequantized).
+    const auto fit = [](const WeightMatrix& w) {
+      return ggml_pack_fit(w) && !(w.ggml == GgmlType::Q4_0 && amx_active());
+    };
     std::vector<WeightMatrix*> todo;
     for (LayerWeights& lw : layers_)
       for (WeightMatrix* w : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down})
-        if (ggml_pack_fit(*w)) todo.push_back(w);
+        if (fit(*w)) todo.push_back(w);
     const bool tied = lm_head_.data == embed_.data;
-    if (ggml_pack_fit(lm_head_)) todo.push_back(&lm_head_);
+    if (fit(lm_head_)) todo.push_back(&lm_head_);
     std::optional<ThreadPool> pool;
     if (!todo.empty()) pool.emplace(ThreadPool::default_threads());
     for (WeightMatrix* w : todo) {

@@ -508,7 +508,8 @@ void ggml_dequant_blocks(GgmlType t, const void* blocks, int n, float* out) {
 void ggml_dequant_row(const WeightMatrix& w, int r, float* out) {
   if (w.ggml_pack) {
     thread_local std::vector<uint8_t> blocks;  // an embedding lookup a token: no allocation each
-    blocks.resize(size_t(w.cols / 256) * size_t(ggml_type_info(w.ggml).block_bytes));
+    const GgmlTypeInfo info = ggml_type_info(w.ggml);
+    blocks.resize(size_t(w.cols / info.block_elems) * size_t(info.block_bytes));
     ggml_unpack_row(w, r, blocks.data());
     return ggml_dequant_blocks(w.ggml, blocks.data(), w.cols, out);
   }

@@ -432,7 +432,7 @@ PTLLM_GGML_TARGET void dot_q6k_zmm(const uint8_t* row, int nb, const GgmlActs& a
 #include "kernels/x86/ggml_tiled_avx2_impl.h"  // Q4_0 against many rows of x
 #endif  // PTLLM_GGML_ZMM
 
-// ---- Q4_K and Q6_K packed (ggml.h, kGgmlPackRows) -------------------------------------------------
+// ---- Q4_0, Q4_K and Q6_K packed (ggml.h, kGgmlPackRows) -----------------------------------------
 
 constexpr int kQ4KPacked = kGgmlPackRows * 148, kQ6KPacked = kGgmlPackRows * 210;
 // A group is one sequential stream and goes without ask_ahead: a prefetch of every line 4 KiB
@@ -535,6 +535,125 @@ PTLLM_GGML_TARGET void q6k_packed_group(const uint8_t* grp, int nb, const GgmlAc
   PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) out[t] = acc[t];
 }
 
+// Q4_0 packed: NP consecutive groups (gb bytes apart) against NT rows of x, the unpacked panels'
+// operations in their order (panel_tile: -8 sum x, then the 8 four-value products of each block into
+// int32 lanes, one FMA a block), so a row's result is the same bits as from the file's layout. The
+// codes come from the nibbles in registers: no panel to build. With few rows of x (decode) each
+// lane's sum is split between the low and high nibbles: two chains of integer adds instead of one
+// (exact, so the same sums).
+template <int NP, int NT>
+PTLLM_GGML_TARGET void q40_packed_tile(const uint8_t* grp, size_t gb, int nb, const GgmlActs& a, const float* xs,
+                                       const int32_t* corr, int t0, const float* bias, float* y, int ldy, int r,
+                                       const __mmask16* keep) {
+  constexpr bool kSplit = NP * NT <= 2;
+  const int8_t* xq[NT];
+  FZ acc[NP][NT];
+  PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
+    xq[t] = a.q + size_t(t0 + t) * size_t(a.K);
+    PTLLM_GGML_UNROLL for (int p = 0; p < NP; ++p) acc[p][t] = _mm512_setzero_ps();
+  }
+  const Z lo4 = _mm512_set1_epi8(0x0f);
+  const size_t T = size_t(a.T);
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* unit = grp + size_t(b / 2) * size_t(kGgmlPackRows * 36);
+    const uint8_t* codes = unit + 64 + 256 * (b % 2);
+    const int32_t* cb = corr + size_t(b) * T + size_t(t0);
+    const float* db = xs + size_t(b) * T + size_t(t0);
+    Z is[NP][NT], hs[NP][NT];
+    PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
+      const Z c = _mm512_set1_epi32(cb[t]);
+      PTLLM_GGML_UNROLL for (int p = 0; p < NP; ++p) is[p][t] = c, hs[p][t] = _mm512_setzero_si512();
+    }
+    PTLLM_GGML_UNROLL for (int c = 0; c < 4; ++c) {
+      PTLLM_GGML_UNROLL for (int h = 0; h < 2; ++h) {
+        Z wk[NP];
+        PTLLM_GGML_UNROLL for (int p = 0; p < NP; ++p) {
+          const Z v = _mm512_loadu_si512(codes + size_t(p) * gb + 64 * c);
+          wk[p] = _mm512_and_si512(h ? _mm512_srli_epi16(v, 4) : v, lo4);
+        }
+        PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
+          int32_t x4;
+          std::memcpy(&x4, xq[t] + 32 * b + 16 * h + 4 * c, 4);
+          const Z xb = _mm512_set1_epi32(x4);
+          PTLLM_GGML_UNROLL for (int p = 0; p < NP; ++p) {
+            if (kSplit && h)
+              hs[p][t] = _mm512_dpbusd_epi32(hs[p][t], wk[p], xb);
+            else
+              is[p][t] = _mm512_dpbusd_epi32(is[p][t], wk[p], xb);
+          }
+        }
+      }
+    }
+    PTLLM_GGML_UNROLL for (int p = 0; p < NP; ++p) {
+      const FZ s = _mm512_cvtph_ps(load(unit + size_t(p) * gb + 32 * (b % 2)));
+      PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
+        const Z sum = kSplit ? _mm512_add_epi32(is[p][t], hs[p][t]) : is[p][t];
+        acc[p][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(s, _mm512_set1_ps(db[t])), acc[p][t]);
+      }
+    }
+  }
+  PTLLM_GGML_UNROLL for (int p = 0; p < NP; ++p) {
+    const int rp = r + kGgmlPackRows * p;
+    const FZ bv = bias ? _mm512_maskz_loadu_ps(keep[p], bias + rp) : _mm512_setzero_ps();
+    PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t)
+      _mm512_mask_storeu_ps(y + size_t(t0 + t) * size_t(ldy) + size_t(rp), keep[p], _mm512_add_ps(acc[p][t], bv));
+  }
+}
+
+// The last n < N rows of x from t0 on (n >= 1).
+template <int NP, int N>
+PTLLM_GGML_TARGET void q40_packed_tail(int n, const uint8_t* grp, size_t gb, int nb, const GgmlActs& a,
+                                       const float* xs, const int32_t* corr, int t0, const float* bias, float* y,
+                                       int ldy, int r, const __mmask16* keep) {
+  if constexpr (N > 1) {
+    if (n == N - 1) return q40_packed_tile<NP, N - 1>(grp, gb, nb, a, xs, corr, t0, bias, y, ldy, r, keep);
+    return q40_packed_tail<NP, N - 1>(n, grp, gb, nb, a, xs, corr, t0, bias, y, ldy, r, keep);
+  }
+}
+
+// Rows [r0, r1) of a packed Q4_0 matrix: groups two at a time against tiles of x's rows (as
+// tiled_rows_t's panels), a group's bytes read once from memory and reused from L1/L2 by the tiles.
+PTLLM_GGML_TARGET void q40_packed_rows(const WeightMatrix& w, const GgmlActs& a, const float* bias, float* y, int r0,
+                                       int r1) {
+  const int nb = w.cols / 32;
+  const size_t gb = size_t(nb / 2) * size_t(kGgmlPackRows * 36);
+  thread_local std::vector<int32_t> corr;
+  thread_local std::vector<float> xs;
+  if (corr.size() < size_t(a.T) * size_t(nb)) corr.resize(size_t(a.T) * size_t(nb)), xs.resize(corr.size());
+  for (int t = 0; t < a.T; ++t) {
+    const int16_t* s = a.sums + size_t(t) * size_t(a.K / 16);
+    const float* d = a.d + size_t(t) * size_t(nb);
+    for (int b = 0; b < nb; ++b) {
+      corr[size_t(b) * size_t(a.T) + size_t(t)] = -8 * (int32_t(s[2 * b]) + int32_t(s[2 * b + 1]));
+      xs[size_t(b) * size_t(a.T) + size_t(t)] = d[b];
+    }
+  }
+  const int g1 = (r1 + kGgmlPackRows - 1) / kGgmlPackRows;
+  for (int g = r0 / kGgmlPackRows; g < g1; g += 2) {
+    const int np = g + 1 < g1 ? 2 : 1;
+    __mmask16 keep[2];
+    for (int q = 0; q < np; ++q) {
+      const int base = (g + q) * kGgmlPackRows;
+      const int lo = std::max(r0, base) - base, hi = std::min(r1, base + kGgmlPackRows) - base;
+      keep[q] = __mmask16(((1u << hi) - 1) & ~((1u << lo) - 1));
+    }
+    const uint8_t* grp = static_cast<const uint8_t*>(w.data) + size_t(g) * gb;
+    const int r = g * kGgmlPackRows;
+    auto run = [&](auto np_tag) {
+      constexpr int NP = decltype(np_tag)::value, NT = kTileX[NP - 1];
+      int t0 = 0;
+      for (; t0 + NT <= a.T; t0 += NT)
+        q40_packed_tile<NP, NT>(grp, gb, nb, a, xs.data(), corr.data(), t0, bias, y, w.rows, r, keep);
+      if (t0 < a.T)
+        q40_packed_tail<NP, NT>(a.T - t0, grp, gb, nb, a, xs.data(), corr.data(), t0, bias, y, w.rows, r, keep);
+    };
+    if (np == 2)
+      run(std::integral_constant<int, 2>{});
+    else
+      run(std::integral_constant<int, 1>{});
+  }
+}
+
 template <int NT>
 PTLLM_GGML_TARGET void packed_group(GgmlType type, const uint8_t* grp, int nb, const GgmlActs& a, int t0, FZ* out) {
   if (type == GgmlType::Q6_K) return q6k_packed_group<NT>(grp, nb, a, t0, out);
@@ -545,6 +664,7 @@ PTLLM_GGML_TARGET void packed_group(GgmlType type, const uint8_t* grp, int nb, c
 // group's blocks, 16 x 148 bytes a block, stay in L2 while x passes).
 PTLLM_GGML_TARGET void packed_rows(const WeightMatrix& w, const GgmlActs& a, const float* bias, float* y, int r0,
                                    int r1) {
+  if (w.ggml == GgmlType::Q4_0) return q40_packed_rows(w, a, bias, y, r0, r1);
   const int nb = w.cols / 256;
   const size_t gb = size_t(nb) * size_t(w.ggml == GgmlType::Q6_K ? kQ6KPacked : kQ4KPacked);
   FZ out[4];
