@@ -1,7 +1,7 @@
 // libFuzzer target: the prompt-cache file reader on arbitrary bytes. Every input goes through
-// decode_cache_file() (whole file in memory) and read_cache_header() (the directory scan's reader,
-// through a memfd); a KV state that decodes is restored into caches of every configuration and
-// then used (one more token appended and attended), which must never crash.
+// decode_cache_file() (whole file in memory) and read_cache_header() (the header check before a load,
+// through a memfd); a KV state that decodes is restored into caches of every configuration and then
+// used (one more token appended and attended), which must never crash.
 //
 // Random bytes almost never carry a valid checksum. The first input byte is a mode: when it is odd the
 // target overwrites the last 8 bytes with the right checksum, so the parser behind it is explored too.

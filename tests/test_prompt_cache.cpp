@@ -1,5 +1,5 @@
-// The persistent prompt cache: the whole-state file format against damage, the key, directory
-// pruning, and hot == cold for every cache configuration, in the library (logits and KV bytes, bit for
+// The persistent prompt cache: the whole-state file format against damage, the key, and hot == cold
+// for every cache configuration, in the library (logits and KV bytes, bit for
 // bit) and through the real binary (text, exit codes, status lines): `--cache-prompt FILE` (one
 // whole state) and `--prompt-cache-dir DIR` (the block store `serve` shares).
 #include <fcntl.h>
@@ -174,7 +174,18 @@ TEST(PromptCacheFileTest, WriterIsAtomicAndHeaderReaderAgrees) {
   EXPECT_EQ(h.identity.config_key, small_identity().config_key);
   std::string buffer;
   EXPECT_EQ(read_cache_file(path, buffer).kv_state, std::string(1000, 'k'));
-  // A truncated file is caught by the header reader too (the directory scan).
+  // Damage past the ids leaves the header readable: only the full read's checksum shows it.
+  std::string bytes = read_file(path);
+  bytes[bytes.size() / 2] ^= 1;
+  write_file(path, bytes);
+  EXPECT_EQ(read_cache_header(path).ids, ids);
+  try {
+    read_cache_file(path, buffer);
+    ADD_FAILURE() << "a damaged file was read";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "checksum mismatch (the file is damaged)");
+  }
+  // A truncated file is caught by the header reader too (the check before a load).
   fs::resize_file(path, n - 10);
   EXPECT_THROW(read_cache_header(path), Error);
   // A directory the writer cannot create a file in.
@@ -216,17 +227,10 @@ TEST(PromptCacheKeyTest, EveryKvSettingChangesTheKeyButCapacityDoesNot) {
   EXPECT_EQ(key(capacity), key(base));
 }
 
-TEST(PromptCacheKeyTest, FileNameHasTheModelAndTheKeyOfTheIds) {
+TEST(PromptCacheKeyTest, TheModelNameIsTheDirectorysNameSanitized) {
   const Loaded& m = tiny();
   const PromptCacheIdentity id = prompt_cache_identity(*m.model, m.tok, KVCacheConfig{});
   EXPECT_EQ(id.model_name, "kjv-tiny");
-  const std::vector<int32_t> a = {0, 10, 20}, b = {0, 10, 21};
-  const std::string name = prompt_cache_file_name(id, a);
-  EXPECT_EQ(name.size(), std::string("kjv-tiny-").size() + 12 + std::string(".kvcache").size());
-  EXPECT_EQ(name.rfind("kjv-tiny-", 0), 0u);
-  EXPECT_EQ(name.substr(9, 12), to_hex(prompt_cache_key(id.config_key, a)).substr(0, 12));
-  EXPECT_NE(name, prompt_cache_file_name(id, b));
-  EXPECT_EQ(sidecar_path("/d/kjv-tiny-0123456789ab.kvcache"), fs::path("/d/kjv-tiny-0123456789ab.meta.json"));
   EXPECT_EQ(sanitize_model_name("my model/v2.1"), "my_model_v2.1");
   EXPECT_EQ(sanitize_model_name(".."), "model");
 }
@@ -274,67 +278,6 @@ TEST(PromptCacheKeyTest, TouchedWeightsConfigOrTokenizerChangeTheKey) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The directory.
-
-TEST(PromptCacheDirTest, PruneRemovesLeastRecentlyUsedFirst) {
-  test::TempDir tmp;
-  std::vector<fs::path> p;
-  for (int i = 0; i < 4; ++i) {
-    p.push_back(tmp.path / ("e" + std::to_string(i) + ".kvcache"));
-    write_cache_file(p.back(), small_identity(), 0, std::vector<int32_t>{i}, small_logits(), std::string(1000, 'k'));
-    set_mtime(p.back(), 1700000000 + 100 * i);
-  }
-  set_mtime(p[0], 1700000500);  // e0 used last: e1 is now the least recently used
-  const uint64_t one = fs::file_size(p[0]);
-  auto entries = list_cache_dir(tmp.path);
-  ASSERT_EQ(entries.size(), 4u);
-  EXPECT_EQ(entries[0].path, p[0]);
-  EXPECT_EQ(entries[3].path, p[1]);
-  ASSERT_TRUE(entries[0].header);
-  EXPECT_EQ(entries[0].header->ids, std::vector<int32_t>{0});
-
-  PruneOptions opts;
-  opts.max_bytes = 2 * one;
-  opts.keep = {p[2]};
-  const PruneResult r = prune_cache_dir(tmp.path, opts);
-  EXPECT_EQ(r.removed, (std::vector<fs::path>{p[1], p[3]}));  // e2 is kept although older than e3
-  EXPECT_EQ(r.bytes_freed, 2 * one);
-  EXPECT_EQ(r.bytes_left, 2 * one);
-  EXPECT_EQ(files_in(tmp.path), (std::vector<std::string>{"e0.kvcache", "e2.kvcache"}));
-}
-
-TEST(PromptCacheDirTest, PruneRemovesDamagedEntriesOrphansAndStaleTemporaries) {
-  test::TempDir tmp;
-  const std::vector<int32_t> ids = {1};
-  for (const char* name : {"good", "bad"})
-    write_cache_file(tmp.path / (std::string(name) + ".kvcache"), small_identity(), 0, ids, small_logits(), "kv");
-  // Sidecars of ours name their cache file; "notes.meta.json" is another program's and stays.
-  for (const char* name : {"good", "bad", "orphan"})
-    write_file(tmp.path / (std::string(name) + ".meta.json"),
-               R"({"format_version": 3, "config_key": "00", "file": ")" + std::string(name) + R"(.kvcache"})");
-  write_file(tmp.path / "notes.meta.json", "{}");
-  // A temporary whose writer is gone (pid 1 is init: never a writer of ours, so take an old one),
-  // and one of this process, a writer at work.
-  write_file(tmp.path / "x.kvcache.tmp-1-00000000", "partial");
-  set_mtime(tmp.path / "x.kvcache.tmp-1-00000000", 1700000000);
-  const std::string live = "y.kvcache.tmp-" + std::to_string(getpid()) + "-00000000";
-  write_file(tmp.path / live, "a writer at work");
-  std::string bad = read_file(tmp.path / "bad.kvcache");
-  bad[bad.size() / 2] ^= 1;
-  write_file(tmp.path / "bad.kvcache", bad);
-
-  const auto listed = list_cache_dir(tmp.path);
-  ASSERT_EQ(listed.size(), 2u);  // the header of "bad" is intact: only the checksum shows the damage
-
-  PruneOptions opts;
-  opts.remove_damaged = true;
-  prune_cache_dir(tmp.path, opts);
-  std::vector<std::string> expect = {"good.kvcache", "good.meta.json", "notes.meta.json", live};
-  std::sort(expect.begin(), expect.end());
-  EXPECT_EQ(files_in(tmp.path), expect);
-}
-
-// ---------------------------------------------------------------------------------------------
 // Through a Session: logits and KV bytes, bit for bit.
 
 struct CacheCase {
@@ -379,6 +322,12 @@ std::string kv_bytes(const Session& s) {
   return out;
 }
 
+std::vector<int64_t> tokens_saved(const PromptCacheSave& s) {
+  std::vector<int64_t> out;
+  for (const auto& x : s.saved) out.push_back(x.tokens);
+  return out;
+}
+
 class PromptCacheSessionTest : public ::testing::TestWithParam<CacheCase> {
  protected:
   const Loaded& m = tiny();
@@ -390,10 +339,11 @@ class PromptCacheSessionTest : public ::testing::TestWithParam<CacheCase> {
     return o;
   }
   std::vector<int32_t> ids(const std::string& text) const { return m.tok.encode(text); }
+  fs::path file() const { return tmp.path / "p.kvcache"; }
   PromptCache cache() const {
     PromptCacheOptions o;
-    o.dir = tmp.path;
-    return PromptCache(o, prompt_cache_identity(*m.model, m.tok, GetParam().kv), m.tok);
+    o.file = file();
+    return PromptCache(o, prompt_cache_identity(*m.model, m.tok, GetParam().kv));
   }
   // The state after a cold prefill of `prompt`.
   std::unique_ptr<Session> cold(const std::vector<int32_t>& prompt) {
@@ -412,13 +362,18 @@ class PromptCacheSessionTest : public ::testing::TestWithParam<CacheCase> {
     EXPECT_EQ(kv_bytes(hot), kv_bytes(ref));
   }
   bool on_grid() const { return is_kivi(GetParam().kv.precision) || GetParam().kv.streaming(); }
+  // Prefills `prompt` cold through a fresh PromptCache, as `sample --cache-prompt` does: the file then
+  // holds this prompt's state (whatever it held before).
+  void save(const std::vector<int32_t>& prompt) {
+    std::error_code ec;
+    fs::remove(file(), ec);
+    Session s(*m.model, opts(), pool);
+    PromptCache pc = cache();
+    ASSERT_EQ(pc.prefill(s, prompt).outcome, PromptCacheOutcome::Miss);
+    ASSERT_EQ(tokens_saved(pc.finish()), std::vector<int64_t>{int64_t(prompt.size())});
+  }
 };
 
-std::vector<int64_t> tokens_saved(const PromptCacheSave& s) {
-  std::vector<int64_t> out;
-  for (const auto& x : s.saved) out.push_back(x.tokens);
-  return out;
-}
 
 TEST_P(PromptCacheSessionTest, SaveLoadContinueEqualsAnUninterruptedRun) {
   const auto prompt = ids(kC);
@@ -429,71 +384,84 @@ TEST_P(PromptCacheSessionTest, SaveLoadContinueEqualsAnUninterruptedRun) {
   EXPECT_TRUE(miss.warnings.empty());
   const PromptCacheSave saved = pc1.finish();
   EXPECT_TRUE(saved.warnings.empty());
-  // KIVI and StreamingLLM also keep a checkpoint at 128 tokens, on the prefill grid.
-  EXPECT_EQ(tokens_saved(saved), (on_grid() ? std::vector<int64_t>{128, 158} : std::vector<int64_t>{158}));
-  expect_same_continuation(first, *cold(prompt));  // prefilled in two pieces for the checkpoint: still exact
+  EXPECT_EQ(tokens_saved(saved), std::vector<int64_t>{158});
+  ASSERT_EQ(saved.saved.back().path, file());
+  EXPECT_EQ(saved.saved.back().bytes, fs::file_size(file()));
+  expect_same_continuation(first, *cold(prompt));
 
   Session hot(*m.model, opts(), pool);
   PromptCache pc2 = cache();
   const PromptCacheLoad hit = pc2.prefill(hot, prompt);
   EXPECT_EQ(hit.outcome, PromptCacheOutcome::Hit);
   EXPECT_EQ(hit.reused, 158);
+  EXPECT_EQ(hit.file, file());
   EXPECT_TRUE(hit.warnings.empty());
-  EXPECT_EQ(hit.bytes_read, fs::file_size(saved.saved.back().path));
+  EXPECT_EQ(hit.bytes_read, fs::file_size(file()));
   EXPECT_TRUE(pc2.finish().saved.empty());  // nothing new to write
   expect_same_continuation(hot, *cold(prompt));
 }
 
-TEST_P(PromptCacheSessionTest, AnExtendedPromptReusesTheLongestExactPrefix) {
+TEST_P(PromptCacheSessionTest, AnExtendedPromptReusesAnExactPrefix) {
   const auto b = ids(kB), c = ids(kC);
   ASSERT_EQ(b.size(), 96u);
   ASSERT_TRUE(std::equal(b.begin(), b.end(), c.begin()));
+  // 64 tokens: on the prefill grid of KIVI and StreamingLLM, and long enough for a dense cache.
+  save(std::vector<int32_t>(c.begin(), c.begin() + 64));
   {
-    Session s(*m.model, opts(), pool);
+    Session hot(*m.model, opts(), pool);
     PromptCache pc = cache();
-    pc.prefill(s, b);
-    EXPECT_EQ(tokens_saved(pc.finish()), (on_grid() ? std::vector<int64_t>{64, 96} : std::vector<int64_t>{96}));
+    const PromptCacheLoad load = pc.prefill(hot, c);
+    EXPECT_EQ(load.outcome, PromptCacheOutcome::PartialHit);
+    EXPECT_EQ(load.reused, 64);
+    EXPECT_TRUE(load.warnings.empty());
+    expect_same_continuation(hot, *cold(c));
+    EXPECT_EQ(tokens_saved(pc.finish()), std::vector<int64_t>{158});  // the file now holds the longer prompt
   }
+  // 96 tokens: dense caches extend any prefix; KIVI and StreamingLLM only one on the prefill grid,
+  // where a cold prefill also applied its policy: the file is passed over, and no warning said.
+  save(b);
   Session hot(*m.model, opts(), pool);
   PromptCache pc = cache();
   const PromptCacheLoad load = pc.prefill(hot, c);
-  EXPECT_EQ(load.outcome, PromptCacheOutcome::PartialHit);
-  // Dense caches extend any prefix; KIVI and StreamingLLM only one on the prefill grid (64 tokens),
-  // where a cold prefill also applied its policy: the 96-token entry is passed over for the checkpoint.
-  EXPECT_EQ(load.reused, on_grid() ? 64 : 96);
+  EXPECT_EQ(load.outcome, on_grid() ? PromptCacheOutcome::Miss : PromptCacheOutcome::PartialHit);
+  EXPECT_EQ(load.reused, on_grid() ? 0 : 96);
+  EXPECT_TRUE(load.warnings.empty());
   expect_same_continuation(hot, *cold(c));
-  EXPECT_EQ(tokens_saved(pc.finish()), (on_grid() ? std::vector<int64_t>{128, 158} : std::vector<int64_t>{158}));
 }
 
 TEST_P(PromptCacheSessionTest, ALongerCachedPromptIsNeverUsed) {
-  {
-    Session s(*m.model, opts(), pool);
-    PromptCache pc = cache();
-    pc.prefill(s, ids(kB));
-  }
+  save(ids(kB));
   const auto a = ids(kA);
   Session s(*m.model, opts(), pool);
   PromptCache pc = cache();
   const PromptCacheLoad load = pc.prefill(s, a);
   EXPECT_EQ(load.outcome, PromptCacheOutcome::Miss);
   EXPECT_EQ(load.reused, 0);
+  EXPECT_TRUE(load.warnings.empty());
   expect_same_continuation(s, *cold(a));
 }
 
 TEST_P(PromptCacheSessionTest, AShortExtensionReusesOnlyAnExactPrefix) {
+  // Dense: a rest of 2 tokens would run through the gemv path, which rounds differently than the
+  // batched path of a cold prefill: not reused. KIVI and StreamingLLM: a prefix on the grid is.
+  const auto c = ids(kC);
+  save(std::vector<int32_t>(c.begin(), c.begin() + 64));
+  const std::vector<int32_t> ext64(c.begin(), c.begin() + 66);
   {
     Session s(*m.model, opts(), pool);
     PromptCache pc = cache();
-    pc.prefill(s, ids(kB));
+    EXPECT_EQ(pc.prefill(s, ext64).reused, on_grid() ? 64 : 0);
+    expect_same_continuation(s, *cold(ext64));
   }
+  // 96 tokens, off the grid: reused by none.
+  save(ids(kB));
   const auto ext = ids(kB + " And God");  // 2 more tokens
   ASSERT_EQ(ext.size(), 98u);
   Session s(*m.model, opts(), pool);
   PromptCache pc = cache();
   const PromptCacheLoad load = pc.prefill(s, ext);
-  // Dense: a rest of 2 tokens would run through the gemv path, which rounds differently than the
-  // batched path of a cold prefill: not reused. KIVI and StreamingLLM: the 64-token checkpoint.
-  EXPECT_EQ(load.reused, on_grid() ? 64 : 0);
+  EXPECT_EQ(load.reused, 0);
+  EXPECT_TRUE(load.warnings.empty());
   expect_same_continuation(s, *cold(ext));
 }
 

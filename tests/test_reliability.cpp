@@ -276,17 +276,6 @@ TEST(CacheOwnershipTest, CachePromptNeverReplacesAFileThatIsNotACacheFile) {
 // ---------------------------------------------------------------------------------------------
 // (c) cache prune deletes only what it wrote; (e) stale temporaries
 
-PromptCacheIdentity tiny_identity() {
-  PromptCacheIdentity id;
-  id.model_name = "tiny";
-  id.arch_name = "LlamaForCausalLM";
-  id.vocab_size = 4;
-  id.n_layers = 1;
-  id.n_kv_heads = 1;
-  id.head_dim = 2;
-  return id;
-}
-
 // A dead pid: a child that has exited and been reaped.
 int dead_pid() {
   const pid_t pid = fork();
@@ -298,51 +287,42 @@ int dead_pid() {
 
 TEST(CacheOwnershipTest, PruneRemovesOnlyFilesOfOurs) {
   test::TempDir tmp;
-  const fs::path& d = tmp.path;
-  const std::vector<float> logits(4, 0.0f);
-  const std::vector<int32_t> ids = {1, 2};
-  // Another program's files with our extensions.
-  spit(d / "video.kvcache", std::string(4096, 'v'));
-  spit(d / "notes.meta.json", R"({"title": "mine"})");
-  spit(d / "other.meta.json", R"({"format_version": 3, "config_key": "00", "file": "elsewhere.kvcache"})");
-  // Ours: a damaged cache file (bad checksum) with its sidecar, and an orphan sidecar.
-  std::string bad = encode_cache_file(tiny_identity(), 0, ids, logits, "kv");
-  bad[bad.size() - 1] ^= 1;
-  spit(d / "tiny-damaged.kvcache", bad);
-  spit(d / "tiny-damaged.meta.json", R"({"format_version": 3, "config_key": "00", "file": "tiny-damaged.kvcache"})");
-  spit(d / "tiny-orphan.meta.json", R"({"format_version": 3, "config_key": "00", "file": "tiny-orphan.kvcache"})");
-  // Temporaries: of a writer that is gone (removed), of this live process (kept), and a look-alike.
-  const std::string gone = "tiny-a.kvcache.tmp-" + std::to_string(dead_pid()) + "-0123abcd";
-  const std::string live = "tiny-b.kvcache.tmp-" + std::to_string(getpid()) + "-0123abcd";
-  spit(d / gone, "PTLLMKVC partial");
-  spit(d / live, "PTLLMKVC partial");
-  spit(d / "tiny-c.kvcache.tmp-backup", "not a temporary of ours");
-  // And a valid entry, which stays.
-  write_cache_file(d / "tiny-ok.kvcache", tiny_identity(), 0, ids, logits, "kv");
+  const fs::path d = tmp.path / "cache";
+  const std::string sample = test::binary() +
+                             " sample models/kjv-tiny -n 1 --temperature 0 --threads 1 -p 'And God said, Let there be "
+                             "light: and there was light. And God saw the light, that it was good: and God divided the "
+                             "light from the darkness. And God called the light Day, and the darkness he called "
+                             "Night. And the evening and the morning were the first day.' --prompt-cache-dir " +
+                             d.string();
+  ASSERT_EQ(run_limited(sample).code, 0);
+  std::vector<fs::path> blocks;
+  for (const auto& e : fs::recursive_directory_iterator(d / "blocks"))
+    if (e.path().extension() == ".kvblock") blocks.push_back(e.path());
+  ASSERT_FALSE(blocks.empty());
+  const fs::path sub = blocks.front().parent_path();
+  // Another program's files, beside the blocks and above them, some with our extensions.
+  const std::vector<fs::path> foreign = {d / "video.kvcache", d / "notes.kvblock", d / "blocks" / "notes.txt",
+                                         sub / "notes.txt", sub / (blocks.front().filename().string() + ".tmp-backup")};
+  for (const fs::path& f : foreign) spit(f, std::string(4096, 'v'));
+  // Temporaries: of a writer that is gone (removed), of this live process (kept).
+  const fs::path gone = blocks.front().string() + ".tmp-" + std::to_string(dead_pid()) + "-0123abcd";
+  const fs::path live = blocks.front().string() + ".tmp-" + std::to_string(getpid()) + "-0123abcd";
+  spit(gone, "partial");
+  spit(live, "partial");
 
-  PruneOptions opts;
-  opts.remove_damaged = true;
-  const PruneResult r = prune_cache_dir(d, opts);
-  std::vector<std::string> removed;
-  for (const auto& p : r.removed) removed.push_back(p.filename().string());
-  std::sort(removed.begin(), removed.end());
-  std::vector<std::string> expect = {gone, "tiny-damaged.kvcache", "tiny-damaged.meta.json", "tiny-orphan.meta.json"};
-  std::sort(expect.begin(), expect.end());
-  EXPECT_EQ(removed, expect);
-  for (const char* f : {"video.kvcache", "notes.meta.json", "other.meta.json", "tiny-c.kvcache.tmp-backup", "tiny-ok.kvcache"})
-    EXPECT_TRUE(fs::exists(d / f)) << f;
-  EXPECT_TRUE(fs::exists(d / live));
-  // A size bound counts and removes only our entries: the 4 KiB video.kvcache stays, and is not counted.
-  const PruneResult r2 = prune_cache_dir(d, {uint64_t(1), false, {}});
-  EXPECT_TRUE(fs::exists(d / "video.kvcache"));
-  EXPECT_FALSE(fs::exists(d / "tiny-ok.kvcache"));
-  EXPECT_EQ(r2.bytes_left, 0u);
+  const auto r = run_limited(test::binary() + " cache prune " + d.string() + " --max-mb 0");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(has(r.out, "removed " + gone.string())) << r.out;
+  EXPECT_FALSE(fs::exists(gone));
+  for (const fs::path& b : blocks) EXPECT_FALSE(fs::exists(b)) << b;
+  for (const fs::path& f : foreign) EXPECT_TRUE(fs::exists(f)) << f;
+  EXPECT_TRUE(fs::exists(live));
 }
 
 TEST(CacheOwnershipTest, TemporaryNamesAreRecognisedExactly) {
   EXPECT_EQ(temporary_writer("a.kvcache.tmp-123-0123abcd"), std::optional<int>(123));
-  EXPECT_EQ(temporary_writer("a.meta.json.tmp-7-ffffffff"), std::optional<int>(7));
-  for (const char* n : {"a.kvcache", "a.kvcache.tmp-", "a.kvcache.tmp-12-0123abc", "a.kvcache.tmp-12-0123abcg",
+  EXPECT_EQ(temporary_writer("a-0f.kvblock.tmp-7-ffffffff"), std::optional<int>(7));
+  for (const char* n : {"a.kvcache", "a.kvcache.tmp-", "a.kvcache.tmp-backup", "a.kvcache.tmp-12-0123abc", "a.kvcache.tmp-12-0123abcg",
                         "a.kvcache.tmp--1-0123abcd", "a.kvcache.tmp-x-0123abcd", ".tmp-1-0123abcd"})
     EXPECT_EQ(temporary_writer(n), std::nullopt) << n;
 }

@@ -339,12 +339,12 @@ TEST_F(YocoGolden, PromptCacheOfKjvSmallIsRefused) {
   po.file = tmp.path / "state.kvcache";
   {
     Session s(*small, opts(), pool);
-    PromptCache pc(po, prompt_cache_identity(*small, tok, opts().kv), tok);
+    PromptCache pc(po, prompt_cache_identity(*small, tok, opts().kv));
     pc.prefill(s, ids);
     ASSERT_FALSE(pc.finish().saved.empty());
   }
   Session s(*model_, opts(), pool);
-  PromptCache pc(po, prompt_cache_identity(*model_, tok, opts().kv), tok);
+  PromptCache pc(po, prompt_cache_identity(*model_, tok, opts().kv));
   const PromptCacheLoad load = pc.prefill(s, ids);
   EXPECT_EQ(load.outcome, PromptCacheOutcome::Miss);
   EXPECT_EQ(load.reused, 0);
@@ -352,10 +352,10 @@ TEST_F(YocoGolden, PromptCacheOfKjvSmallIsRefused) {
   EXPECT_NE(load.warnings[0].find("written for model kjv-small"), std::string::npos) << load.warnings[0];
   // The state of kjv-yoco saved and loaded back continues exactly.
   PromptCacheOptions own;
-  own.dir = tmp.path / "dir";
+  own.file = tmp.path / "own.kvcache";
   std::vector<float> cold;
   {
-    PromptCache w(own, prompt_cache_identity(*model_, tok, opts().kv), tok);
+    PromptCache w(own, prompt_cache_identity(*model_, tok, opts().kv));
     Session a(*model_, opts(), pool);
     w.prefill(a, ids);
     ASSERT_FALSE(w.finish().saved.empty());
@@ -363,7 +363,7 @@ TEST_F(YocoGolden, PromptCacheOfKjvSmallIsRefused) {
     const auto l = a.feed({&t, 1});
     cold.assign(l.begin(), l.end());
   }
-  PromptCache r(own, prompt_cache_identity(*model_, tok, opts().kv), tok);
+  PromptCache r(own, prompt_cache_identity(*model_, tok, opts().kv));
   Session b(*model_, opts(), pool);
   EXPECT_EQ(r.prefill(b, ids).outcome, PromptCacheOutcome::Hit);
   const int32_t t = 5;

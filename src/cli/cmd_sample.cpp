@@ -85,11 +85,6 @@ void report_cache_save(const PromptCacheSave& r, bool quiet) {
   for (const auto& s : r.saved)
     std::fprintf(stderr, "prompt cache: saved %lld tokens to %s (%s written)\n", (long long)s.tokens, s.path.c_str(),
                  format_bytes(s.bytes).c_str());
-  const auto entries = std::count_if(r.pruned.removed.begin(), r.pruned.removed.end(),
-                                     [](const std::filesystem::path& p) { return p.extension() == ".kvcache"; });
-  if (entries > 0)
-    std::fprintf(stderr, "prompt cache: removed %lld least recently used entries (%s) to stay under --prompt-cache-max-mb\n",
-                 (long long)entries, format_bytes(r.pruned.bytes_freed).c_str());
 }
 
 // Decode speed over the first and the last kSpan steps of a long generation (under StreamingLLM the
@@ -314,12 +309,12 @@ int run_sample(SampleArgs& a) {
 
   SigintGuard sigint;
   const auto t_prefill = Clock::now();
-  const PromptCacheOptions pc_opts{a.cache_prompt, {}, 0};
+  const PromptCacheOptions pc_opts{a.cache_prompt};
   std::unique_ptr<PromptCache> prompt_cache;
   std::vector<float> first_logits;  // a restored state's logits, sampled as the cold run samples its own
   std::span<float> logits;
   if (pc_opts.enabled()) {
-    prompt_cache = std::make_unique<PromptCache>(pc_opts, prompt_cache_identity(model, tok, sopts.kv), tok);
+    prompt_cache = std::make_unique<PromptCache>(pc_opts, prompt_cache_identity(model, tok, sopts.kv));
     report_cache_load(prompt_cache->prefill(session, prompt), a.quiet);
     first_logits.assign(session.last_logits().begin(), session.last_logits().end());
     logits = first_logits;

@@ -22,19 +22,16 @@
 
 namespace ptllm {
 
-class Model;
 class Session;
-class Tokenizer;
 
 // ---------------------------------------------------------------------------------------------
 // Prefill through the cache.
 
+// One file holds one prompt's whole state (sample's --cache-prompt). The CLI's --prompt-cache-dir is
+// another store, of token blocks: engine/prompt_blocks.h.
 struct PromptCacheOptions {
-  std::filesystem::path file;  // --cache-prompt: this one file (wins over dir)
-  std::filesystem::path dir;   // a directory of whole-state files (the CLI's --prompt-cache-dir is the
-                               // block store: engine/prompt_blocks.h)
-  uint64_t max_bytes = 0;      // --prompt-cache-max-mb (dir only; 0 = unbounded)
-  bool enabled() const { return !file.empty() || !dir.empty(); }
+  std::filesystem::path file;  // --cache-prompt
+  bool enabled() const { return !file.empty(); }
 };
 
 enum class PromptCacheOutcome { Miss, PartialHit, Hit };
@@ -54,45 +51,38 @@ struct PromptCacheSave {
     int64_t tokens = 0;
     uint64_t bytes = 0;
   };
-  std::vector<Saved> saved;
-  PruneResult pruned;
+  std::vector<Saved> saved;  // at most one: the file
   std::vector<std::string> warnings;
 };
 
 class PromptCache {
  public:
-  PromptCache(PromptCacheOptions opts, PromptCacheIdentity id, const Tokenizer& tok);
+  // `opts.file` must not be empty.
+  PromptCache(PromptCacheOptions opts, PromptCacheIdentity id);
   ~PromptCache();  // waits for the background write
   PromptCache(const PromptCache&) = delete;
   PromptCache& operator=(const PromptCache&) = delete;
 
-  // Restores into `session` (fresh) the longest cached prefix of `prompt` that can be extended
-  // exactly, feeds the rest, and starts saving the new state in the background (the state is
-  // copied first: the caller may go on feeding the session). Problems with cache files become
-  // warnings; throws only what Session::feed throws.
+  // Restores into `session` (fresh) the file's state when its ids are a prefix of `prompt` that can
+  // be extended exactly, feeds the rest, and, unless the whole prompt was restored, starts saving
+  // the new state over the file in the background (the state is copied first: the caller may go on
+  // feeding the session). Problems with the file become warnings; throws only what Session::feed
+  // throws.
   PromptCacheLoad prefill(Session& session, std::span<const int32_t> prompt);
-  // Saves the session's whole state (its history, KV and last logits) in the background, as
-  // prefill() saves a prompt's: a conversation saves each turn's prompt this way. The state is
-  // copied first. Waits for an earlier write still running (its result is then lost: call finish()
-  // first to report it).
-  void save(const Session& session);
-  // Waits for the writes started by prefill() or save().
+  // Waits for the write started by prefill().
   PromptCacheSave finish();
 
  private:
-  struct Candidate;
   struct Job {
-    std::filesystem::path path;
     std::vector<int32_t> ids;
     std::vector<float> logits;
     std::string kv_state;
   };
-  void write_async(std::vector<Job> jobs, std::filesystem::path used, bool dir_ok);
-  std::vector<Candidate> candidates(std::span<const int32_t> prompt, int64_t grid, PromptCacheLoad& load) const;
+  void write_async(Job job);
+  bool header_fits(std::span<const int32_t> prompt, int64_t grid, PromptCacheLoad& load) const;
 
   PromptCacheOptions opts_;
   PromptCacheIdentity id_;
-  const Tokenizer& tok_;
   std::future<PromptCacheSave> pending_;
 };
 

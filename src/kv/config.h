@@ -3,7 +3,7 @@
 //
 // The text form is describe(): "int4 g32 r128 sink4 w508 pos=cache", every setting that changes what
 // is stored; parse_kv_config() reads it back (and any subset of it, applied on top of a base). The
-// CLI's flags, `eval --configs`, the prompt-cache file's header and its sidecar all use it.
+// CLI's flags, `eval --configs` and `cache inspect` all use it.
 #include <cstdint>
 #include <optional>
 #include <string>

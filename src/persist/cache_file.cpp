@@ -1,22 +1,13 @@
-// The prompt-cache file (format in cache_file.h) and directory management. Kept apart from the
-// identity (identity.cpp, which reads the model) so that the fuzzer builds the reader with nothing
-// but core/, kernels/ and kv/.
-#include <fcntl.h>
-#include <sys/file.h>
+// The prompt-cache file (format in cache_file.h). Kept apart from the identity (identity.cpp, which
+// reads the model) so that the fuzzer builds the reader with nothing but core/, kernels/ and kv/.
 #include <sys/stat.h>
-#include <sys/uio.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <bit>
 #include <cerrno>
-#include <chrono>
 #include <cstring>
 #include <ctime>
 #include <optional>
-#include <random>
 #include <utility>
-#include <nlohmann/json.hpp>
 
 #include "core/bytes.h"
 #include "core/checksum.h"
@@ -34,18 +25,11 @@ constexpr char kMagic[8] = {'P', 'T', 'L', 'L', 'M', 'K', 'V', 'C'};
 constexpr size_t kPreamble = 24;        // magic, version, header_bytes, file_size
 constexpr size_t kMaxHeader = 1 << 16;  // two names of at most 64 KiB together, and the fixed fields
 constexpr size_t kTrailer = 8;          // the checksum
-constexpr uint64_t kMaxSidecarBytes = 1 << 20;
 
 // A name: u16 length, then its bytes.
 std::string get_name(ByteReader& r) {
   const uint16_t n = r.get<uint16_t>();
   return std::string(r.bytes(n), n);
-}
-
-std::optional<uint64_t> size_of(const fs::path& p) {
-  struct stat st {};
-  if (::stat(p.c_str(), &st) != 0) return std::nullopt;
-  return uint64_t(st.st_size);
 }
 
 // Errors without the path: the callers name the file.
@@ -178,17 +162,6 @@ std::string iso_time(int64_t ms) {
   return buf;
 }
 
-uint64_t cache_file_size(const PromptCacheIdentity& id, uint64_t n_ids, uint64_t kv_bytes) {
-  return kPreamble + encode_header(id, 0, n_ids, kv_bytes).size() + 4 * n_ids + 4 * uint64_t(id.vocab_size) +
-         kv_bytes + kTrailer;
-}
-
-fs::path sidecar_path(const fs::path& kvcache) {
-  fs::path p = kvcache;
-  p.replace_extension(".meta.json");
-  return p;
-}
-
 std::string encode_cache_file(const PromptCacheIdentity& id, int64_t created_ms, std::span<const int32_t> ids,
                               std::span<const float> logits, std::string_view kv_state) {
   std::string out = encode_head(id, created_ms, ids, logits, kv_state.size());
@@ -278,21 +251,7 @@ bool is_prompt_cache_file(const fs::path& path) {
   }
 }
 
-bool is_prompt_cache_sidecar(const fs::path& path) {
-  struct stat st {};
-  if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || uint64_t(st.st_size) > kMaxSidecarBytes) return false;
-  try {
-    const nlohmann::json j = nlohmann::json::parse(read_whole_file(path, kMaxSidecarBytes, "a sidecar"), nullptr, false);
-    fs::path kv = path;
-    kv.replace_extension().replace_extension(".kvcache");  // x.meta.json -> x.kvcache
-    return j.is_object() && j.contains("format_version") && j["format_version"].is_number_unsigned() &&
-           j.contains("config_key") && j.contains("file") && j["file"] == kv.filename().string();
-  } catch (const Error&) {
-    return false;
-  }
-}
-
-std::optional<std::string> not_replaceable(const fs::path& path, bool sidecar) {
+std::optional<std::string> not_replaceable(const fs::path& path) {
   struct stat st {};
   if (::lstat(path.c_str(), &st) != 0) {
     if (errno == ENOENT) return std::nullopt;
@@ -300,119 +259,8 @@ std::optional<std::string> not_replaceable(const fs::path& path, bool sidecar) {
   }
   if (!S_ISREG(st.st_mode)) return "it is " + file_type_name(st.st_mode) + ", not a file of ours";
   if (st.st_size == 0) return std::nullopt;  // nothing to lose (`touch` made it, or a crash of another writer)
-  if (sidecar ? !is_prompt_cache_sidecar(path) : !is_prompt_cache_file(path))
-    return sidecar ? "it is not a prompt-cache sidecar" : "it is not a prompt-cache file";
+  if (!is_prompt_cache_file(path)) return "it is not a prompt-cache file";
   return std::nullopt;
-}
-
-CacheDirLock::CacheDirLock(const fs::path& dir) {
-  // flock on the directory itself: no lock file to leave behind, and it works on a read-only one.
-  fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd_ < 0) return;
-  while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
-  }
-}
-
-CacheDirLock::~CacheDirLock() {
-  if (fd_ >= 0) ::close(fd_);  // releases the lock
-}
-
-std::vector<CacheEntry> list_cache_dir(const fs::path& dir) {
-  std::vector<CacheEntry> out;
-  std::error_code ec;
-  fs::directory_iterator it(dir, ec), end;
-  if (ec) throw Error(dir.string() + ": cannot read the directory: " + ec.message());
-  for (; it != end; it.increment(ec)) {
-    const fs::path& p = it->path();
-    if (p.extension() != ".kvcache") continue;
-    struct stat st {};
-    if (::stat(p.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;  // removed meanwhile, or not a file
-    CacheEntry e;
-    e.path = p;
-    e.bytes = uint64_t(st.st_size);
-    e.last_used_ms = int64_t(st.st_mtim.tv_sec) * 1000 + st.st_mtim.tv_nsec / 1000000;
-    e.ours = is_prompt_cache_file(p);
-    if (const fs::path side = sidecar_path(p); e.ours && is_prompt_cache_sidecar(side))
-      if (auto n = size_of(side)) e.bytes += *n;
-    try {
-      e.header = read_cache_header(p);
-    } catch (const Error& err) {
-      // Removed since the stat (another process pruning the directory): not an entry, not a problem.
-      if (::stat(p.c_str(), &st) != 0 && errno == ENOENT) continue;
-      e.problem = err.what();
-    }
-    out.push_back(std::move(e));
-  }
-  if (ec) throw Error(dir.string() + ": cannot read the directory: " + ec.message());
-  std::sort(out.begin(), out.end(), [](const CacheEntry& a, const CacheEntry& b) {
-    return a.last_used_ms != b.last_used_ms ? a.last_used_ms > b.last_used_ms : a.path < b.path;
-  });
-  return out;
-}
-
-// Only what this program wrote is ever removed: cache files with its magic, sidecars naming their
-// cache file, and temporaries named by write_file_atomically() whose writer is gone. Another
-// program's "video.kvcache" or "notes.meta.json" stays, and does not count against the bound.
-PruneResult prune_cache_dir(const fs::path& dir, const PruneOptions& opts) {
-  PruneResult r;
-  std::vector<CacheEntry> entries = list_cache_dir(dir);
-  std::erase_if(entries, [](const CacheEntry& e) { return !e.ours; });
-  auto kept = [&](const fs::path& p) {
-    return std::any_of(opts.keep.begin(), opts.keep.end(), [&](const fs::path& k) { return k.filename() == p.filename(); });
-  };
-  auto remove_file = [&](const fs::path& p) {
-    const auto size = size_of(p);
-    if (size && ::unlink(p.c_str()) == 0) {
-      r.removed.push_back(p);
-      r.bytes_freed += *size;
-    }
-  };
-  auto remove_entry = [&](const fs::path& kvcache) {
-    const fs::path side = sidecar_path(kvcache);
-    const bool side_ours = is_prompt_cache_sidecar(side);
-    remove_file(kvcache);
-    if (side_ours) remove_file(side);
-  };
-  // Temporaries of killed writers (SIGKILL, a power cut): always, so that they never fill the directory.
-  std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const fs::path& p = it->path();
-    const std::string name = p.filename().string();
-    const bool ours = name.find(".kvcache.tmp-") != std::string::npos || name.find(".meta.json.tmp-") != std::string::npos;
-    if (ours && is_stale_temporary(p)) {
-      remove_file(p);
-    } else if (opts.remove_damaged && name.ends_with(".meta.json") && is_prompt_cache_sidecar(p)) {
-      fs::path kv = p;
-      kv.replace_extension().replace_extension(".kvcache");  // x.meta.json -> x.kvcache
-      struct stat st {};
-      if (::lstat(kv.c_str(), &st) != 0 && errno == ENOENT) remove_file(p);
-    }
-  }
-  if (opts.remove_damaged) {
-    std::string buffer;
-    std::erase_if(entries, [&](const CacheEntry& e) {
-      if (kept(e.path)) return false;
-      try {
-        if (!e.problem.empty()) throw Error(e.problem);
-        read_cache_file(e.path, buffer);
-        return false;
-      } catch (const Error&) {
-        remove_entry(e.path);
-        return true;
-      }
-    });
-  }
-  uint64_t total = 0;
-  for (const CacheEntry& e : entries) total += e.bytes;
-  if (opts.max_bytes) {
-    for (auto it = entries.rbegin(); it != entries.rend() && total > *opts.max_bytes; ++it) {  // oldest use first
-      if (kept(it->path)) continue;
-      remove_entry(it->path);
-      total -= it->bytes;
-    }
-  }
-  r.bytes_left = total;
-  return r;
 }
 
 }  // namespace ptllm

@@ -1,7 +1,7 @@
 #pragma once
 // What outlives a process, part one (DESIGN.md "Layers": persist/): the prompt cache's identity (the
-// key of everything a saved KV state depends on), its file format, and the management of a cache
-// directory. The Session side (restoring a state and extending it) is engine/prompt_cache.h.
+// key of everything a saved KV state depends on) and its file format. The Session side (restoring a
+// state and extending it) is engine/prompt_cache.h.
 #include <array>
 #include <cstdint>
 #include <filesystem>
@@ -40,12 +40,7 @@ struct PromptCacheIdentity {
 };
 
 PromptCacheIdentity prompt_cache_identity(const Model& model, const Tokenizer& tok, const KVCacheConfig& kv);
-// SHA-256 over the config key and the token ids: the key of one entry.
-Digest prompt_cache_key(const Digest& config_key, std::span<const int32_t> ids);
 std::string sanitize_model_name(std::string_view name);
-// "<model>-<first 12 hex of the key>.kvcache"; the sidecar replaces ".kvcache" by ".meta.json".
-std::string prompt_cache_file_name(const PromptCacheIdentity& id, std::span<const int32_t> ids);
-std::filesystem::path sidecar_path(const std::filesystem::path& kvcache);
 
 // ---------------------------------------------------------------------------------------------
 // The file (little-endian):
@@ -74,8 +69,8 @@ std::string encode_cache_file(const PromptCacheIdentity& id, int64_t created_ms,
 // Verifies and parses a whole file: magic, version, size, then the checksum before anything else,
 // then every length against the size. Throws ptllm::Error saying what is wrong.
 CacheFile decode_cache_file(std::string_view bytes);
-// Reads a file's header and ids only (no checksum: for choosing a candidate; the full load
-// verifies). Throws ptllm::Error.
+// Reads a file's header and ids only (no checksum: for deciding whether the file fits the prompt;
+// the full load verifies). Throws ptllm::Error.
 CacheFile read_cache_header(const std::filesystem::path& path);
 // Reads a whole file (large reads into `buffer`, which the result's kv_state points into) and decodes it.
 CacheFile read_cache_file(const std::filesystem::path& path, std::string& buffer);
@@ -84,61 +79,12 @@ CacheFile read_cache_file(const std::filesystem::path& path, std::string& buffer
 // (the temporary removed).
 uint64_t write_cache_file(const std::filesystem::path& path, const PromptCacheIdentity& id, int64_t created_ms,
                           std::span<const int32_t> ids, std::span<const float> logits, std::string_view kv_state);
-// The size write_cache_file() would write.
-uint64_t cache_file_size(const PromptCacheIdentity& id, uint64_t n_ids, uint64_t kv_bytes);
-// (The same atomic write for any bytes, the sidecars': write_file_atomically() of core/file_io.h.)
 
 // A regular file starting with this format's preamble (the magic, a version, a header length that
 // fits; any version, the rest possibly damaged): one this program wrote.
 bool is_prompt_cache_file(const std::filesystem::path& path);
-// A sidecar this program wrote: a JSON object with format_version and config_key whose "file" is
-// the cache file beside it.
-bool is_prompt_cache_sidecar(const std::filesystem::path& path);
 // Why a save must not rename over `path` (nullopt: it is missing, or a file of ours): a save never
 // replaces another program's file, a symbolic link, a device or a FIFO.
-std::optional<std::string> not_replaceable(const std::filesystem::path& path, bool sidecar = false);
-
-// ---------------------------------------------------------------------------------------------
-// A cache directory.
-
-struct CacheEntry {
-  std::filesystem::path path;  // the .kvcache file
-  uint64_t bytes = 0;          // the file and its sidecar
-  int64_t last_used_ms = 0;    // the file's mtime, set on every use
-  std::optional<CacheFile> header;  // header and ids, when they could be read
-  std::string problem;              // why not
-  bool ours = false;                // the file has this format's magic (is_prompt_cache_file)
-};
-// Every *.kvcache entry, most recently used first. Throws ptllm::Error when the directory cannot be read.
-std::vector<CacheEntry> list_cache_dir(const std::filesystem::path& dir);
-
-// An exclusive lock on a cache directory (flock on the directory itself), held by a writer while it
-// saves its entries and sidecars and prunes, and by `cache prune`: concurrent processes then never
-// prune an entry whose sidecar is still being written, nor each other's in the middle of a save, and
-// a temporary seen by a pruner belongs to a writer that is gone. Released when the process dies.
-// Best effort: where the directory cannot be opened nothing is locked (nor written).
-class CacheDirLock {
- public:
-  explicit CacheDirLock(const std::filesystem::path& dir);
-  ~CacheDirLock();
-  CacheDirLock(const CacheDirLock&) = delete;
-  CacheDirLock& operator=(const CacheDirLock&) = delete;
-
- private:
-  int fd_ = -1;
-};
-
-struct PruneOptions {
-  std::optional<uint64_t> max_bytes;  // remove least recently used entries until the rest take at most this
-  bool remove_damaged = false;        // also entries of ours that fail full verification and orphan
-                                      // sidecars of ours (temporaries of writers that are gone: always)
-  std::vector<std::filesystem::path> keep;  // never removed
-};
-struct PruneResult {
-  std::vector<std::filesystem::path> removed;
-  uint64_t bytes_freed = 0;
-  uint64_t bytes_left = 0;  // the entries that remain
-};
-PruneResult prune_cache_dir(const std::filesystem::path& dir, const PruneOptions& opts);
+std::optional<std::string> not_replaceable(const std::filesystem::path& path);
 
 }  // namespace ptllm

@@ -111,15 +111,4 @@ PromptCacheIdentity prompt_cache_identity(const Model& model, const Tokenizer& t
   return id;
 }
 
-Digest prompt_cache_key(const Digest& config_key, std::span<const int32_t> ids) {
-  Sha256 h;
-  h.update(config_key.data(), config_key.size());
-  h.update(ids.data(), ids.size_bytes());
-  return h.digest();
-}
-
-std::string prompt_cache_file_name(const PromptCacheIdentity& id, std::span<const int32_t> ids) {
-  return id.model_name + "-" + to_hex(prompt_cache_key(id.config_key, ids)).substr(0, 12) + ".kvcache";
-}
-
 }  // namespace ptllm
