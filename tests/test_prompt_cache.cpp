@@ -18,9 +18,10 @@
 #include "core/thread_pool.h"
 #include "engine/prompt_cache.h"
 #include "engine/session.h"
-#include "model/model.h"
 #include "kernels/affine.h"
 #include "kernels/ggml.h"
+#include "kernels/ops.h"
+#include "model/model.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -453,6 +454,16 @@ TEST_P(PromptCacheSessionTest, AShortExtensionReusesOnlyAnExactPrefix) {
     EXPECT_EQ(pc.prefill(s, ext64).reused, on_grid() ? 64 : 0);
     expect_same_continuation(s, *cold(ext64));
   }
+  // Dense: a rest of 17 tokens is still a small batch (kMatmulSmallRows), 18 is not.
+  if (!on_grid())
+    for (size_t rest : {size_t(17), size_t(18)}) {
+      save(std::vector<int32_t>(c.begin(), c.begin() + 64));  // the last prefill saved its own prompt
+      const std::vector<int32_t> ext(c.begin(), c.begin() + 64 + ptrdiff_t(rest));
+      Session s(*m.model, opts(), pool);
+      PromptCache pc = cache();
+      EXPECT_EQ(pc.prefill(s, ext).reused, rest > size_t(kMatmulSmallRows) ? 64 : 0) << rest;
+      expect_same_continuation(s, *cold(ext));
+    }
   // 96 tokens, off the grid: reused by none.
   save(ids(kB));
   const auto ext = ids(kB + " And God");  // 2 more tokens
@@ -469,7 +480,7 @@ TEST_P(PromptCacheSessionTest, AShortExtensionReusesOnlyAnExactPrefix) {
 // split it gives the cold state bit for bit (a kernel change that breaks it fails here first).
 TEST_P(PromptCacheSessionTest, SplitsTheCacheMayMakeAreExact) {
   const auto c = ids(kC);
-  const std::vector<size_t> splits = on_grid() ? std::vector<size_t>{64, 128} : std::vector<size_t>{16, 17, 43, 64, 101, 142};
+  const std::vector<size_t> splits = on_grid() ? std::vector<size_t>{64, 128} : std::vector<size_t>{18, 43, 64, 101, c.size() - 18};
   for (size_t P : splits) {
     SCOPED_TRACE(P);
     Session split(*m.model, opts(), pool);

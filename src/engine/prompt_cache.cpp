@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "engine/session.h"
+#include "kernels/ops.h"
 
 namespace ptllm {
 
@@ -12,8 +13,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Shortest prefix, and shortest rest, with which a dense cache's prefix is extended (see prefill()).
-constexpr size_t kMinDensePiece = 16;
+// Shortest prefix, and shortest rest, with which a dense cache's prefix is extended (see prefill()):
+// longer than the batches the matmul computes another way (kMatmulSmallRows).
+constexpr size_t kMinDensePiece = kMatmulSmallRows + 1;
 
 int64_t now_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -103,7 +105,9 @@ PromptCacheLoad PromptCache::prefill(Session& session, std::span<const int32_t> 
   // feeds at multiples of max_append() from position 0: only a prefix on that grid gives the same
   // sequence of forward calls.
   // A dense cache has no policy, and its rows do not depend on how the prompt was split as long as
-  // both pieces are long enough for the batched matmul path (ops.cpp uses a gemv below 5 rows).
+  // every row was computed in a batch of more than kMatmulSmallRows rows, as in a cold prefill of the
+  // whole prompt: so both pieces are longer than that (a file of more tokens than that was written
+  // after such feeds only, so all its rows were).
   const int64_t grid = session.cache().has_policy() ? session.cache().max_append() : 1;
 
   const fs::path& path = opts_.file;
