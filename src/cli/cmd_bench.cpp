@@ -457,6 +457,9 @@ int run_bench_command(BenchArgs& a) {
   if (a.verify_cost && (a.bench.context > 0 || a.gen_given))
     throw UsageError("--spec-verify-cost: the context is --prompt-tokens and nothing is generated (no --context, "
                      "--gen-tokens)");
+  if (a.bench.decode_at_context && (spec || !a.parallel.empty() || a.verify_cost || a.cache_reuse > 0))
+    throw UsageError("--decode-at-context applies to the single-sequence speed run: not with --spec-type, "
+                     "--model-draft, --parallel, --spec-verify-cost or --cache-reuse");
   if (!a.edit.empty() && a.cache_reuse == 0) throw UsageError("--edit measures reuse after an edit: give --cache-reuse N");
   if (!a.trace.empty() && a.cache_reuse == 0)
     throw UsageError("--trace measures reuse over a conversation's turns: give --cache-reuse N");
@@ -470,15 +473,17 @@ int run_bench_command(BenchArgs& a) {
   const ModelConfig& cfg = model.config();
   const BenchConfig& b = a.bench;
   const int64_t needed = a.verify_cost ? int64_t(b.prompt_tokens) + int64_t(b.repeat + 2) * (a.spec.opts.draft_max + 2)
-                                       : int64_t(b.context) + b.prompt_tokens + b.gen_tokens;
+                     : int64_t(b.context) + (b.decode_at_context ? std::max(b.prompt_tokens, b.gen_tokens)
+                                                                 : b.prompt_tokens + b.gen_tokens);
   const bool streaming = a.runtime.window > 0;
   // Without --ctx-size the cache is sized for the run; a given one must hold it.
   if (a.runtime.ctx_size == 0 && !streaming)
     a.runtime.ctx_size = int(std::max<int64_t>(default_ctx_size(cfg), needed));
   SessionOptions sopts = make_session_options(a.runtime, cfg);
   if (!streaming && needed > sopts.kv.ctx_size)
-    throw UsageError("--context + --prompt-tokens + --gen-tokens (" + std::to_string(needed) +
-                     ") exceed --ctx-size " + std::to_string(sopts.kv.ctx_size));
+    throw UsageError(std::string(b.decode_at_context ? "--context + the larger of --prompt-tokens and --gen-tokens ("
+                                                     : "--context + --prompt-tokens + --gen-tokens (") +
+                     std::to_string(needed) + ") exceed --ctx-size " + std::to_string(sopts.kv.ctx_size));
   ThreadPool pool(resolve_threads(a.runtime));
   if (!a.parallel.empty()) return run_parallel(a, model, sopts, pool);
   if (a.verify_cost) {
@@ -521,6 +526,9 @@ int run_bench_command(BenchArgs& a) {
         {"prompt_tokens", b.prompt_tokens},
         {"gen_tokens", b.gen_tokens},
         {"repeat", b.repeat},
+        {"decode_mode", b.decode_at_context ? "at_context" : "after_prompt"},
+        {"decode_depth", r.decode_depth},
+        {"decode_cache_rebuilt", r.rebuilt},
         {"kv_cache", sopts.use_cache ? sopts.kv.describe() : "none"},
         {"prefill_tok_s", r.prefill_tok_s},
         {"decode_tok_s", r.decode_tok_s},
@@ -550,8 +558,12 @@ int run_bench_command(BenchArgs& a) {
   std::printf("model: %s (%s, %s), %d threads, simd %s\n", a.model_dir.c_str(), cfg.arch_name.c_str(),
               weights_text(model).c_str(), pool.size(), simd.c_str());
   std::printf("kernels: %s\n", kernels_description().c_str());
-  std::printf("run: %d prompt tokens after %d of context, %d generated; median of %d\n", b.prompt_tokens, b.context,
-              b.gen_tokens, b.repeat);
+  std::printf("run: %d prompt tokens after %d of context, %d generated from depth %lld (%s); median of %d\n",
+              b.prompt_tokens, b.context, b.gen_tokens, static_cast<long long>(r.decode_depth),
+              !b.decode_at_context ? "after the prompt"
+              : r.rebuilt          ? "the context's, rebuilt: this cache cannot rewind"
+                                   : "the context's, the prompt rewound",
+              b.repeat);
   std::printf("prefill: %.1f tok/s, time to first token %.1f ms\n", r.prefill_tok_s, r.ttft_ms);
   std::printf("decode: %.2f tok/s\n", r.decode_tok_s);
   if (sopts.use_cache)
@@ -582,6 +594,10 @@ Command add_bench_command(CLI::App& root) {
       ->check(integer_at_least(1));
   app->add_option("--context", a->bench.context, "Tokens already in the cache before the prompt")
       ->check(integer_at_least(0));
+  app->add_flag("--decode-at-context", a->bench.decode_at_context,
+                "Time decode from the --context depth, as llama-bench's tg test (-d): after the timed prompt the "
+                "cache goes back to the context's tokens (rebuilt, untimed, where quantized or evicted tokens "
+                "cannot rewind). Without it decode continues after the prompt, at depth context + prompt");
   app->add_option("--seed", a->bench.seed, "Seed of the random token ids")->check(unsigned_integer());
   app->add_option("--bandwidth-mib", a->bandwidth_mib, "Buffer of the memory-bandwidth test, MiB")
       ->check(integer_between(1, 1 << 16));

@@ -36,21 +36,35 @@ std::vector<int32_t> random_ids(size_t n, int vocab, std::mt19937_64& rng) {
   return out;
 }
 
-// One run in a fresh session: context (untimed), prompt (timed: prefill, ttft), greedy decode (timed).
-// kv_before_decode: the cache's logical bytes when decode starts.
+// One run in a fresh session: context (untimed), prompt (timed: prefill, ttft), greedy decode (timed),
+// after the prompt or, with at_context, from the context's depth (llama-bench's tg test starts from a
+// cache of its -d tokens, the prompt not in it). kv_before_decode: the cache's logical bytes when
+// decode starts.
 BenchRun one_run(const Model& model, const SessionOptions& opts, ThreadPool& pool, const std::vector<int32_t>& context,
-                 const std::vector<int32_t>& prompt, int gen, std::unique_ptr<Session>& session,
+                 const std::vector<int32_t>& prompt, int gen, bool at_context, std::unique_ptr<Session>& session,
                  size_t* kv_before_decode) {
   session.reset();  // the previous run's cache goes before the next one is allocated
   session = std::make_unique<Session>(model, opts, pool);
-  Session& s = *session;
-  if (!context.empty()) s.feed(context);
+  if (!context.empty()) session->feed(context);
   BenchRun r;
   const auto t0 = Clock::now();
-  std::span<float> logits = s.feed(prompt);
+  std::span<float> logits = session->feed(prompt);
   r.prefill_ms = ms_since(t0);
   int32_t next = argmax(logits);
   r.ttft_ms = ms_since(t0);
+  if (at_context) {
+    const int64_t depth = int64_t(context.size());
+    if (!session->has_cache() || session->cache().rewind_floor() <= depth) {
+      session->truncate(depth);
+    } else {  // tokens already quantized or evicted: the context fed again
+      session.reset();
+      session = std::make_unique<Session>(model, opts, pool);
+      if (!context.empty()) session->feed(context);
+      r.rebuilt = true;
+    }
+  }
+  Session& s = *session;
+  r.decode_depth = s.position();
   *kv_before_decode = s.has_cache() ? s.cache().logical_bytes() : 0;
   const auto t1 = Clock::now();
   for (int i = 0; i < gen; ++i) {
@@ -93,12 +107,12 @@ BenchResult run_bench(const Model& model, const SessionOptions& opts, ThreadPool
   size_t kv_before = 0;
   {  // Warm-up: faults the mapped weights in and sizes the buffers, outside the measurement.
     const std::vector<int32_t> few(prompt.begin(), prompt.begin() + std::min<ptrdiff_t>(8, ptrdiff_t(prompt.size())));
-    one_run(model, opts, pool, {}, few, 2, session, &kv_before);
+    one_run(model, opts, pool, {}, few, 2, cfg.decode_at_context, session, &kv_before);
   }
   BenchResult res;
   std::vector<double> prefill, decode, ttft;
   for (int i = 0; i < cfg.repeat; ++i) {
-    BenchRun r = one_run(model, opts, pool, context, prompt, cfg.gen_tokens, session, &kv_before);
+    BenchRun r = one_run(model, opts, pool, context, prompt, cfg.gen_tokens, cfg.decode_at_context, session, &kv_before);
     res.runs.push_back(r);
     prefill.push_back(double(cfg.prompt_tokens) / (r.prefill_ms / 1000));
     decode.push_back(double(cfg.gen_tokens) / (r.decode_ms / 1000));
@@ -107,6 +121,8 @@ BenchResult run_bench(const Model& model, const SessionOptions& opts, ThreadPool
   res.prefill_tok_s = median(prefill);
   res.decode_tok_s = median(decode);
   res.ttft_ms = median(ttft);
+  res.decode_depth = res.runs.back().decode_depth;
+  res.rebuilt = res.runs.back().rebuilt;
   if (session->has_cache()) {
     const KVCache& kv = session->cache();
     res.kv_logical_bytes = kv.logical_bytes();
