@@ -10,6 +10,8 @@
 #include <random>
 #include <string>
 
+#include <sys/mman.h>
+
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/ops.h"
@@ -232,11 +234,17 @@ ParallelBenchResult run_parallel_bench(const Model& model, const SessionOptions&
 }
 
 Bandwidth measure_bandwidth(ThreadPool& pool, size_t bytes, int trials) {
-  const size_t n = std::max<size_t>(bytes / sizeof(float), 1 << 16) / 16 * 16;
-  // Cache-line aligned: loads straddling lines would measure the split loads, not the memory.
-  std::unique_ptr<float, void (*)(float*)> a(static_cast<float*>(std::aligned_alloc(64, n * sizeof(float))),
+  // On 2 MiB pages, as the packed weights decode streams (model.cpp's packed_alloc): over 4 KiB pages
+  // the read depends on where the pages land and the TLB, and on a VM moved between about 35 and
+  // 60 GB/s from one process to the next while decode did not move.
+  const size_t huge = size_t(2) << 20;
+  const size_t n = (std::max<size_t>(bytes, huge) + huge - 1) / huge * huge / sizeof(float);
+  std::unique_ptr<float, void (*)(float*)> a(static_cast<float*>(std::aligned_alloc(huge, n * sizeof(float))),
                                              [](float* p) { std::free(p); });
   if (!a) throw Error("cannot allocate " + std::to_string(n * sizeof(float)) + " bytes for the bandwidth test");
+#ifdef MADV_HUGEPAGE  // Linux only; advice, where transparent huge pages are enabled
+  madvise(a.get(), n * sizeof(float), MADV_HUGEPAGE);
+#endif
   std::fill_n(a.get(), n, 1.0f);  // fault every page in before timing
   const size_t half = n / 2;
   // Parts of 16 KiB: every thread streams long contiguous runs.

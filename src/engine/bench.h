@@ -91,7 +91,7 @@ ParallelBenchResult run_parallel_bench(const Model& model, const SessionOptions&
 size_t decode_weight_bytes(const Model& model);
 
 struct Bandwidth {
-  double read_gb_s = 0;  // a load-only pass over the buffer, split over the pool (what decode does)
+  double read_gb_s = 0;  // a SIMD sum over the buffer, split over the pool (what decode does)
   double copy_gb_s = 0;  // memcpy, counted as bytes read plus bytes written (STREAM's convention)
 };
 // STREAM-style: best of `trials` passes over `bytes` of memory (read) and bytes/2 -> bytes/2 (copy).
