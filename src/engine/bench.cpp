@@ -44,7 +44,7 @@ std::vector<int32_t> random_ids(size_t n, int vocab, std::mt19937_64& rng) {
 // decode starts.
 BenchRun one_run(const Model& model, const SessionOptions& opts, ThreadPool& pool, const std::vector<int32_t>& context,
                  const std::vector<int32_t>& prompt, int gen, bool at_context, std::unique_ptr<Session>& session,
-                 size_t* kv_before_decode) {
+                 size_t* kv_before_decode, const std::function<void(bool after)>& beside_decode) {
   session.reset();  // the previous run's cache goes before the next one is allocated
   session = std::make_unique<Session>(model, opts, pool);
   if (!context.empty()) session->feed(context);
@@ -68,12 +68,14 @@ BenchRun one_run(const Model& model, const SessionOptions& opts, ThreadPool& poo
   Session& s = *session;
   r.decode_depth = s.position();
   *kv_before_decode = s.has_cache() ? s.cache().logical_bytes() : 0;
+  if (beside_decode) beside_decode(false);
   const auto t1 = Clock::now();
   for (int i = 0; i < gen; ++i) {
     logits = s.feed({&next, 1});
     next = argmax(logits);
   }
   r.decode_ms = ms_since(t1);
+  if (beside_decode) beside_decode(true);
   return r;
 }
 
@@ -98,7 +100,8 @@ size_t decode_weight_bytes(const Model& model) {
   return total - experts.all + experts.per_token;
 }
 
-BenchResult run_bench(const Model& model, const SessionOptions& opts, ThreadPool& pool, const BenchConfig& cfg) {
+BenchResult run_bench(const Model& model, const SessionOptions& opts, ThreadPool& pool, const BenchConfig& cfg,
+                      const std::function<void(int run, bool after)>& beside_decode) {
   PTLLM_CHECK(cfg.prompt_tokens > 0 && cfg.gen_tokens > 0 && cfg.repeat > 0 && cfg.context >= 0);
   const int vocab = model.config().vocab_size;
   std::mt19937_64 rng(cfg.seed);
@@ -109,12 +112,15 @@ BenchResult run_bench(const Model& model, const SessionOptions& opts, ThreadPool
   size_t kv_before = 0;
   {  // Warm-up: faults the mapped weights in and sizes the buffers, outside the measurement.
     const std::vector<int32_t> few(prompt.begin(), prompt.begin() + std::min<ptrdiff_t>(8, ptrdiff_t(prompt.size())));
-    one_run(model, opts, pool, {}, few, 2, cfg.decode_at_context, session, &kv_before);
+    one_run(model, opts, pool, {}, few, 2, cfg.decode_at_context, session, &kv_before, {});
   }
   BenchResult res;
   std::vector<double> prefill, decode, ttft;
   for (int i = 0; i < cfg.repeat; ++i) {
-    BenchRun r = one_run(model, opts, pool, context, prompt, cfg.gen_tokens, cfg.decode_at_context, session, &kv_before);
+    std::function<void(bool)> beside;
+    if (beside_decode) beside = [&beside_decode, i](bool after) { beside_decode(i, after); };
+    BenchRun r =
+        one_run(model, opts, pool, context, prompt, cfg.gen_tokens, cfg.decode_at_context, session, &kv_before, beside);
     res.runs.push_back(r);
     prefill.push_back(double(cfg.prompt_tokens) / (r.prefill_ms / 1000));
     decode.push_back(double(cfg.gen_tokens) / (r.decode_ms / 1000));

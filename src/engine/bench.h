@@ -4,6 +4,7 @@
 // model": a decode step reads every weight once plus the stored K/V).
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "core/platform.h"
@@ -52,8 +53,11 @@ struct BenchResult {
 
 // Runs an untimed warm-up (which faults the mapped weights in), then `repeat` measured runs, each
 // in a fresh Session: context, then the prompt, then greedy decode (after the prompt, or from the
-// context's depth: BenchConfig::decode_at_context). Token ids are random.
-BenchResult run_bench(const Model& model, const SessionOptions& opts, ThreadPool& pool, const BenchConfig& cfg);
+// context's depth: BenchConfig::decode_at_context). Token ids are random. beside_decode (when given)
+// is called in each measured run right before its decode is timed (after = false) and right after
+// (after = true), outside the timings: the bandwidth is measured there.
+BenchResult run_bench(const Model& model, const SessionOptions& opts, ThreadPool& pool, const BenchConfig& cfg,
+                      const std::function<void(int run, bool after)>& beside_decode = {});
 
 // `bench --parallel`: n sequences prefilled one after another (each its own random prompt of
 // prompt_tokens, the first shared_prefix of them common to all), then decoding together, one batched
