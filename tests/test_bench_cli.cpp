@@ -244,6 +244,9 @@ TEST(BenchCliTest, DecodeAtContextDecodesFromTheContextDepth) {
   auto bad = test::run_command(cli("bench " + dir.path.string() + " --parallel 2 -p 8 -n 2 --decode-at-context"));
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.err.find("--decode-at-context"), std::string::npos) << bad.err;
+  auto ctx = test::run_command(cli("bench " + dir.path.string() + " --parallel 2 -p 8 -n 2 --context 8"));
+  EXPECT_EQ(ctx.code, 2);
+  EXPECT_NE(ctx.err.find("--context"), std::string::npos) << ctx.err;
 }
 
 TEST(BenchCliTest, ErrorsAreReported) {

@@ -458,6 +458,9 @@ int run_bench_command(BenchArgs& a) {
   if (a.verify_cost && (a.bench.context > 0 || a.gen_given))
     throw UsageError("--spec-verify-cost: the context is --prompt-tokens and nothing is generated (no --context, "
                      "--gen-tokens)");
+  if (a.bench.context > 0 && (spec || !a.parallel.empty() || a.cache_reuse > 0))
+    throw UsageError("--context applies to the single-sequence speed run: not with --spec-type, --model-draft, "
+                     "--parallel or --cache-reuse (their sequences start from --prompt-tokens)");
   if (a.bench.decode_at_context && (spec || !a.parallel.empty() || a.verify_cost || a.cache_reuse > 0))
     throw UsageError("--decode-at-context applies to the single-sequence speed run: not with --spec-type, "
                      "--model-draft, --parallel, --spec-verify-cost or --cache-reuse");
@@ -625,7 +628,7 @@ Command add_bench_command(CLI::App& root) {
                 "cache goes back to the context's tokens (rebuilt, untimed, where quantized or evicted tokens "
                 "cannot rewind). Without it decode continues after the prompt, at depth context + prompt");
   app->add_option("--seed", a->bench.seed, "Seed of the random token ids")->check(unsigned_integer());
-  app->add_option("--bandwidth-mib", a->bandwidth_mib, "Buffer of the memory-bandwidth test, MiB")
+  app->add_option("--bandwidth-mib", a->bandwidth_mib, "Buffer of the memory-bandwidth test run beside each decode, MiB")
       ->check(integer_between(1, 1 << 16));
   app->add_flag("--json", a->json, "Print one JSON object instead of text (with --parallel: one per N)");
   app->add_option("--parallel", a->parallel,
