@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Every figure of docs/ in one run: builds what it needs, runs the benchmarks, side by side with
 # llama.cpp wherever its tools are found, and writes docs/figures.md (scripts/figures_table.py).
-#   scripts/figures.sh [--quick] [--real-size] [--llama-cpp DIR] [--model DIR] [--threads N] [--rounds N] [--out FILE]
+#   scripts/figures.sh [--quick] [--real-size] [--only AREA[,AREA...]] [--llama-cpp DIR] [--model DIR] [--threads N]
+#                      [--rounds N] [--out FILE]
 #     --quick        about ten minutes: fewer rows, one context length, fewer chunks and rounds
 #     --real-size    also a random-weight Llama-3.2-1B-shaped model (make-model; 9 GiB of files in $WORK):
 #                    GGUF BF16/Q8_0/Q4_0/Q4_K_M and MLX q8/q4, prefill 512 and decode at depth 0 and 4096
 #                    (about an hour with llama.cpp's tools; REAL_LAYERS=N makes a smaller model of that width)
+#     --only A[,A]   measure only these areas (context, batched, quantized, gguf, real-size, yoco, prompt-cache,
+#                    store, server, kv-quality; real-size implies --real-size) and keep every other area's values
+#                    and commands from the previous $WORK/results.jsonl, so that the page still comes out whole
 #     --llama-cpp D  llama.cpp's build/bin (else llama-bench, llama-batched-bench, llama-perplexity and
 #                    llama-server are looked up on PATH; a tool not found leaves its column empty)
 #     --model D      the checkpoint (default ../shared/models/kjv-small; YOCO rows need kjv-yoco beside it)
@@ -14,27 +18,39 @@
 #     --out FILE     the page (default docs/figures.md); the raw measurements: $WORK/results.jsonl
 # Environment: WORK (default /tmp/ptllm-figures), TEXT (the evaluation text, default val.txt of the
 # corpus beside the models: ../shared/corpus/val.txt), NOTE (a line about the machine for the page).
+# Like for like with llama-bench: our decode rows are timed from the --context depth, as llama-bench's tg
+# test with -d (`bench --decode-at-context`), and our KV cache is fp16 wherever llama.cpp runs its
+# default f16 cache (the quantized, GGUF and batched rows).
 # Run it from the repository root on a quiet machine: a loaded one moves every speed. Idempotent: the
 # build is incremental, the work directory ($WORK, default /tmp/ptllm-figures) is reused, the page
 # rewritten (delete $WORK after changing the quantizer: its quantized copies are reused).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-QUICK=0 REAL=0 LLAMA="" MODEL=../shared/models/kjv-small T=2 ROUNDS="" OUT=docs/figures.md
+QUICK=0 REAL=0 LLAMA="" MODEL=../shared/models/kjv-small T=2 ROUNDS="" OUT=docs/figures.md ONLY=""
+AREAS="context batched quantized gguf real-size yoco prompt-cache store server kv-quality"
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1 ;;
     --real-size) REAL=1 ;;
+    --only) ONLY=${2:?--only needs a list of areas}; shift ;;
     --llama-cpp) LLAMA=${2:?--llama-cpp needs a directory}; shift ;;
     --model) MODEL=${2:?--model needs a directory}; shift ;;
     --threads) T=${2:?--threads needs a number}; shift ;;
     --rounds) ROUNDS=${2:?--rounds needs a number}; shift ;;
     --out) OUT=${2:?--out needs a file}; shift ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
     *) echo "figures.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
 [ -n "$ROUNDS" ] || ROUNDS=$([ $QUICK = 1 ] && echo 2 || echo 3)
+for a in ${ONLY//,/ }; do
+  [[ " $AREAS " == *" $a "* ]] || { echo "figures.sh: --only: unknown area '$a' (areas: $AREAS)" >&2; exit 2; }
+  [ "$a" = real-size ] && REAL=1
+done
+want() {  # want AREA: whether this run measures AREA
+  [ -z "$ONLY" ] || [[ ",$ONLY," == *",$1,"* ]]
+}
 [ -d "$MODEL" ] || { echo "figures.sh: --model $MODEL: no such directory" >&2; exit 2; }
 [ -z "$LLAMA" ] || [ -d "$LLAMA" ] || { echo "figures.sh: --llama-cpp $LLAMA: no such directory" >&2; exit 2; }
 WORK=${WORK:-/tmp/ptllm-figures}
@@ -42,8 +58,16 @@ TEXT=${TEXT:-$(dirname "$MODEL")/../corpus/val.txt}
 [ -f "$TEXT" ] || { echo "figures.sh: $TEXT: no such file (set TEXT to the evaluation text)" >&2; exit 2; }
 mkdir -p "$WORK"
 RES=$WORK/results.jsonl
-: >"$RES"
 TABLE="python3 scripts/figures_table.py"
+KEPT=""  # with --only: the previous run's date and commit, whose other areas are kept
+if [ -n "$ONLY" ] && [ -s "$RES" ]; then
+  KEPT=$($TABLE run-of "$RES")
+  $TABLE keep "$RES" "$ONLY" >"$RES.kept"
+  mv "$RES.kept" "$RES"
+else
+  [ -z "$ONLY" ] || echo "figures.sh: --only: no previous $RES: the page has only the areas measured now" >&2
+  : >"$RES"
+fi
 
 # Build what the runs need (incremental; ccache if present).
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -100,7 +124,7 @@ done
 declare -A LKV=([fp32]="" [fp16]=f16 [int8]=q8_0 [int4]=q4_0)
 CTXS="0 1024"; KVS="fp32 fp16 int8 int4"
 [ $QUICK = 1 ] && CTXS="0" KVS="fp16 int4"
-for r in $(seq 1 "$ROUNDS"); do
+want context && for r in $(seq 1 "$ROUNDS"); do
   for c in $CTXS; do
     for kv in $KVS; do
       rows=("context $c, KV $kv")
@@ -108,7 +132,8 @@ for r in $(seq 1 "$ROUNDS"); do
       [ "$kv" = fp16 ] && rows+=("context $c, KV $kv, --bf16-activations")
       for row in "${rows[@]}"; do
         flag=(); [[ $row == *", --"* ]] && flag=("${row##*, }")
-        j=$(cmd context "$BIN" bench "$MODEL" -p 512 -n 128 --context "$c" --kv-quantize "$kv" -r 1 -t "$T" "${flag[@]}" --json)
+        j=$(cmd context "$BIN" bench "$MODEL" -p 512 -n 128 --context "$c" --decode-at-context --kv-quantize "$kv" -r 1 \
+          -t "$T" "${flag[@]}" --json)
         val context "$row" "prefill 512" tok/s ours "$r" "$(jq .prefill_tok_s <<<"$j")"
         val context "$row" "decode" tok/s ours "$r" "$(jq .decode_tok_s <<<"$j")"
       done
@@ -128,13 +153,13 @@ done
 
 # 2. Batched decode: N sequences decoding together; llama-batched-bench's text-generation speed.
 NPL="1,4,16"; [ $QUICK = 1 ] && NPL="1,16"
-for r in $(seq 1 "$ROUNDS"); do
+want batched && for r in $(seq 1 "$ROUNDS"); do
   for suffix in "" ", --bf16-activations"; do
     flag=(); [ -n "$suffix" ] && flag=(--bf16-activations)
     while read -r line; do
       val batched "$(jq -r '"N = \(.parallel)"' <<<"$line")$suffix" "aggregate decode" tok/s ours "$r" \
         "$(jq .aggregate_decode_tok_s <<<"$line")"
-    done < <(cmd batched "$BIN" bench "$MODEL" --parallel "$NPL" -p 128 -n 64 -t "$T" "${flag[@]}" --json)
+    done < <(cmd batched "$BIN" bench "$MODEL" --parallel "$NPL" -p 128 -n 64 --kv-quantize fp16 -t "$T" "${flag[@]}" --json)
   done
   if [ -n "$LBATCHED" ]; then
     cmd batched "$LBATCHED" -m "${GG[BF16]}" -c 4096 -npp 128 -ntg 64 -npl "$NPL" -t "$T" --output-format jsonl \
@@ -147,71 +172,76 @@ done
 
 # 3. Quantized weights: our defaults at 4 and 8 bits against llama.cpp's Q4_K_M and Q8_0 of the same
 # weights (written by our GGUF writer); speed, then quality in llama.cpp's perplexity protocol.
-CHUNKS=100; [ $QUICK = 1 ] && CHUNKS=10
-PLAIN=$WORK/val-plain.txt
-python3 -c 'import sys; d=open(sys.argv[1],"rb").read(); open(sys.argv[2],"wb").write(d.replace(b"\n\x1e\n", b"\n\n"))' \
-  "$TEXT" "$PLAIN"
-declare -A QDIR=([q4]="$WORK/q4" [q8]="$WORK/q8") QTY=([q4]=Q4_K_M [q8]=Q8_0) QBITS=([q4]=4 [q8]=8)
-for q in q4 q8; do
-  [ -s "${QDIR[$q]}/model.safetensors" ] || cmd quantized "$BIN" quantize "$MODEL" "${QDIR[$q]}" --bits "${QBITS[$q]}" -t "$T" 2>/dev/null
-done
-for r in $(seq 1 "$ROUNDS"); do
+if want quantized; then
+  CHUNKS=100; [ $QUICK = 1 ] && CHUNKS=10
+  PLAIN=$WORK/val-plain.txt
+  python3 -c 'import sys; d=open(sys.argv[1],"rb").read(); open(sys.argv[2],"wb").write(d.replace(b"\n\x1e\n", b"\n\n"))' \
+    "$TEXT" "$PLAIN"
+  declare -A QDIR=([q4]="$WORK/q4" [q8]="$WORK/q8") QTY=([q4]=Q4_K_M [q8]=Q8_0) QBITS=([q4]=4 [q8]=8)
+  for q in q4 q8; do
+    [ -s "${QDIR[$q]}/model.safetensors" ] || cmd quantized "$BIN" quantize "$MODEL" "${QDIR[$q]}" --bits "${QBITS[$q]}" -t "$T" 2>/dev/null
+  done
+  for r in $(seq 1 "$ROUNDS"); do
+    for q in q4 q8; do
+      row="$q default vs ${QTY[$q]}"
+      j=$(cmd quantized "$BIN" bench "${QDIR[$q]}" -p 512 -n 128 --decode-at-context --kv-quantize fp16 -r 1 -t "$T" --json)
+      val quantized "$row" "prefill 512" tok/s ours "$r" "$(jq .prefill_tok_s <<<"$j")"
+      val quantized "$row" "decode" tok/s ours "$r" "$(jq .decode_tok_s <<<"$j")"
+      if [ -n "$LBENCH" ]; then
+        cmd quantized "$LBENCH" -m "${GG[${QTY[$q]}]}" -p 512 -n 128 -t "$T" -r 1 -o jsonl >"$WORK/lb.jsonl" 2>/dev/null
+        while read -r np ng _ ts; do
+          [ "$np" -gt 0 ] && val quantized "$row" "prefill 512" tok/s llama.cpp "$r" "$ts"
+          [ "$ng" -gt 0 ] && val quantized "$row" "decode" tok/s llama.cpp "$r" "$ts"
+        done < <($TABLE llama-bench "$WORK/lb.jsonl")
+      fi
+    done
+  done
+  E=(--text "$PLAIN" --ppl-chunks 512 --max-chunks "$CHUNKS" -t "$T" --json)
   for q in q4 q8; do
     row="$q default vs ${QTY[$q]}"
-    j=$(cmd quantized "$BIN" bench "${QDIR[$q]}" -p 512 -n 128 -r 1 -t "$T" --json)
-    val quantized "$row" "prefill 512" tok/s ours "$r" "$(jq .prefill_tok_s <<<"$j")"
-    val quantized "$row" "decode" tok/s ours "$r" "$(jq .decode_tok_s <<<"$j")"
-    if [ -n "$LBENCH" ]; then
-      cmd quantized "$LBENCH" -m "${GG[${QTY[$q]}]}" -p 512 -n 128 -t "$T" -r 1 -o jsonl >"$WORK/lb.jsonl" 2>/dev/null
-      while read -r np ng _ ts; do
-        [ "$np" -gt 0 ] && val quantized "$row" "prefill 512" tok/s llama.cpp "$r" "$ts"
-        [ "$ng" -gt 0 ] && val quantized "$row" "decode" tok/s llama.cpp "$r" "$ts"
-      done < <($TABLE llama-bench "$WORK/lb.jsonl")
+    j=$(cmd quantized "$BIN" eval "${QDIR[$q]}" --baseline-model "$MODEL" "${E[@]}")
+    val quantized "$row" "PPL increase over bf16" "%" ours 1 "$(jq '.configs[0].delta_ppl_pct' <<<"$j")"
+    val quantized "$row" "file size" MiB ours 1 "$(mib "${QDIR[$q]}/model.safetensors")"
+    if [ -n "$LPPL" ]; then
+      base=$(jq '.baseline.ppl' <<<"$j")
+      cmd quantized "$LPPL" -m "${GG[${QTY[$q]}]}" -f "$PLAIN" -c 512 --chunks "$CHUNKS" -t "$T" >"$WORK/ppl.log" 2>&1
+      p=$($TABLE perplexity "$WORK/ppl.log")
+      val quantized "$row" "PPL increase over bf16" "%" llama.cpp 1 "$(python3 -c "print(100 * ($p / $base - 1))")"
     fi
+    val quantized "$row" "file size" MiB llama.cpp 1 "$(mib "${GG[${QTY[$q]}]}")"
   done
-done
-E=(--text "$PLAIN" --ppl-chunks 512 --max-chunks "$CHUNKS" -t "$T" --json)
-for q in q4 q8; do
-  row="$q default vs ${QTY[$q]}"
-  j=$(cmd quantized "$BIN" eval "${QDIR[$q]}" --baseline-model "$MODEL" "${E[@]}")
-  val quantized "$row" "PPL increase over bf16" "%" ours 1 "$(jq '.configs[0].delta_ppl_pct' <<<"$j")"
-  val quantized "$row" "file size" MiB ours 1 "$(mib "${QDIR[$q]}/model.safetensors")"
-  if [ -n "$LPPL" ]; then
-    base=$(jq '.baseline.ppl' <<<"$j")
-    cmd quantized "$LPPL" -m "${GG[${QTY[$q]}]}" -f "$PLAIN" -c 512 --chunks "$CHUNKS" -t "$T" >"$WORK/ppl.log" 2>&1
-    p=$($TABLE perplexity "$WORK/ppl.log")
-    val quantized "$row" "PPL increase over bf16" "%" llama.cpp 1 "$(python3 -c "print(100 * ($p / $base - 1))")"
-  fi
-  val quantized "$row" "file size" MiB llama.cpp 1 "$(mib "${GG[${QTY[$q]}]}")"
-done
+fi
 
 # 4. GGUF files: ours reading the files llama.cpp reads.
-GTYPES="BF16 Q8_0 Q4_0 Q4_K_M"; [ $QUICK = 1 ] && GTYPES="Q4_K_M"
-for r in $(seq 1 "$ROUNDS"); do
-  for ty in $GTYPES; do
-    rows=("$ty"); [ "$ty" = BF16 ] && rows+=("BF16, --no-bf16-activations")
-    for row in "${rows[@]}"; do
-      flag=(); [[ $row == *", --"* ]] && flag=("${row##*, }")
-      j=$(cmd gguf "$BIN" bench "${GG[$ty]}" -p 512 -n 128 -r 1 -t "$T" "${flag[@]}" --json)
-      val gguf "$row" "prefill 512" tok/s ours "$r" "$(jq .prefill_tok_s <<<"$j")"
-      val gguf "$row" "decode" tok/s ours "$r" "$(jq .decode_tok_s <<<"$j")"
+if want gguf; then
+  GTYPES="BF16 Q8_0 Q4_0 Q4_K_M"; [ $QUICK = 1 ] && GTYPES="Q4_K_M"
+  for r in $(seq 1 "$ROUNDS"); do
+    for ty in $GTYPES; do
+      rows=("$ty"); [ "$ty" = BF16 ] && rows+=("BF16, --no-bf16-activations")
+      for row in "${rows[@]}"; do
+        flag=(); [[ $row == *", --"* ]] && flag=("${row##*, }")
+        j=$(cmd gguf "$BIN" bench "${GG[$ty]}" -p 512 -n 128 --decode-at-context --kv-quantize fp16 -r 1 -t "$T" \
+          "${flag[@]}" --json)
+        val gguf "$row" "prefill 512" tok/s ours "$r" "$(jq .prefill_tok_s <<<"$j")"
+        val gguf "$row" "decode" tok/s ours "$r" "$(jq .decode_tok_s <<<"$j")"
+      done
+      if [ -n "$LBENCH" ]; then
+        cmd gguf "$LBENCH" -m "${GG[$ty]}" -p 512 -n 128 -t "$T" -r 1 -o jsonl >"$WORK/lb.jsonl" 2>/dev/null
+        while read -r np ng _ ts; do
+          for row in "${rows[@]}"; do
+            [ "$np" -gt 0 ] && val gguf "$row" "prefill 512" tok/s llama.cpp "$r" "$ts"
+            [ "$ng" -gt 0 ] && val gguf "$row" "decode" tok/s llama.cpp "$r" "$ts"
+          done
+        done < <($TABLE llama-bench "$WORK/lb.jsonl")
+      fi
     done
-    if [ -n "$LBENCH" ]; then
-      cmd gguf "$LBENCH" -m "${GG[$ty]}" -p 512 -n 128 -t "$T" -r 1 -o jsonl >"$WORK/lb.jsonl" 2>/dev/null
-      while read -r np ng _ ts; do
-        for row in "${rows[@]}"; do
-          [ "$np" -gt 0 ] && val gguf "$row" "prefill 512" tok/s llama.cpp "$r" "$ts"
-          [ "$ng" -gt 0 ] && val gguf "$row" "decode" tok/s llama.cpp "$r" "$ts"
-        done
-      done < <($TABLE llama-bench "$WORK/lb.jsonl")
-    fi
   done
-done
+fi
 
 # 4b. Real size: the Llama-3.2-1B shape (random weights: speed only), the files llama.cpp reads and our
 # MLX-layout copies against the GGUF type of the same bits; decode at depth 0 (KV fp16 / f16) and at
 # depth 4096 (fp16 / f16 and int4 / q4_0).
-if [ $REAL = 1 ]; then
+if [ $REAL = 1 ] && want real-size; then
   L1B=$WORK/l1b${REAL_LAYERS:+-$REAL_LAYERS}
   [ -f "$L1B/model.safetensors" ] || "$BIN" make-model --shape llama-3.2-1b ${REAL_LAYERS:+--layers "$REAL_LAYERS"} "$L1B" >/dev/null
   for ty in BF16 Q8_0 Q4_0 Q4_K_M; do
@@ -234,7 +264,8 @@ if [ $REAL = 1 ]; then
       for run in "0 fp16" "4096 fp16" "4096 int4"; do
         read -r d kv <<<"$run"
         metric="decode, depth $d, KV $kv"
-        j=$(cmd real-size "$BIN" bench "$ours" -p 512 -n 32 --context "$d" --kv-quantize "$kv" -r 1 -t "$T" "${flag[@]}" --json)
+        j=$(cmd real-size "$BIN" bench "$ours" -p 512 -n 32 --context "$d" --decode-at-context --kv-quantize "$kv" -r 1 \
+          -t "$T" "${flag[@]}" --json)
         [ "$d" = 0 ] && val real-size "$row" "prefill 512" tok/s ours "$r" "$(jq .prefill_tok_s <<<"$j")"
         val real-size "$row" "$metric" tok/s ours "$r" "$(jq .decode_tok_s <<<"$j")"
         [ "$d" = 0 ] && val real-size "$row" "decode, share of the bandwidth floor" "%" ours "$r" \
@@ -254,7 +285,7 @@ fi
 
 # 5. YOCO: kjv-yoco against kjv-small, time to first token of 2,000 tokens and decode at 2K context.
 YOCO=$(dirname "$MODEL")/kjv-yoco
-if [ -d "$YOCO" ]; then
+if [ -d "$YOCO" ] && want yoco; then
   P=2000; [ $QUICK = 1 ] && P=1000
   for r in $(seq 1 "$ROUNDS"); do
     for m in "$MODEL" "$YOCO"; do
@@ -269,13 +300,15 @@ fi
 # 7. the prefix store (needs redis-server): a second replica's. Both start their own servers (node).
 HIST=1984 REPS=5; [ $QUICK = 1 ] && HIST=400 REPS=2
 if command -v node >/dev/null; then
-  cmd prompt-cache node scripts/bench_prompt_cache_dir.mjs --binary "$BIN" --model "$MODEL" --threads "$T" \
-    --history "$HIST" --reps "$REPS" --requests 8 --rounds 2 >"$WORK/pc.log" 2>&1 || true
-  if read -r cold warm < <($TABLE node-ttft "$WORK/pc.log" 2>/dev/null); then
-    val prompt-cache "$HIST-token history" "TTFT, cold prefill" ms ours 1 "$cold"
-    val prompt-cache "$HIST-token history" "TTFT after a restart" ms ours 1 "$warm"
+  if want prompt-cache; then
+    cmd prompt-cache node scripts/bench_prompt_cache_dir.mjs --binary "$BIN" --model "$MODEL" --threads "$T" \
+      --history "$HIST" --reps "$REPS" --requests 8 --rounds 2 >"$WORK/pc.log" 2>&1 || true
+    if read -r cold warm < <($TABLE node-ttft "$WORK/pc.log" 2>/dev/null); then
+      val prompt-cache "$HIST-token history" "TTFT, cold prefill" ms ours 1 "$cold"
+      val prompt-cache "$HIST-token history" "TTFT after a restart" ms ours 1 "$warm"
+    fi
   fi
-  if command -v redis-server >/dev/null; then
+  if want store && command -v redis-server >/dev/null; then
     cmd store node scripts/bench_kv_store.mjs --binary "$BIN" --model "$MODEL" --threads "$T" \
       --history "$HIST" --reps "$REPS" --requests 8 --rounds 2 >"$WORK/store.log" 2>&1 || true
     if read -r cold warm < <($TABLE node-ttft "$WORK/store.log" 2>/dev/null); then
@@ -306,7 +339,7 @@ load_vals() {  # load_vals SIDE ROUND LOG: the load's TTFT p50 / p95 and aggrega
 }
 LPID=""
 trap '[ -z "$LPID" ] || kill "$LPID" 2>/dev/null || true' EXIT
-if command -v node >/dev/null; then
+if want server && command -v node >/dev/null; then
   [ -d tests/node/node_modules ] || (cd tests/node && npm ci --silent)
   port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   for r in $(seq 1 "$ROUNDS"); do
@@ -335,19 +368,23 @@ fi
 
 # 9. KIVI and StreamingLLM: PPL of each cache against the fp32 full cache on the same text.
 MAXT=4096; [ $QUICK = 1 ] && MAXT=1024
-j=$(cmd kv-quality "$BIN" eval "$MODEL" --text "$TEXT" --documents --max-tokens "$MAXT" \
-    --configs "fp32; int8; int4; int2; sink4 w508; sink0 w512" -t "$T" --json)
-while IFS=$'\t' read -r name d; do  # names hold spaces ("sink4 w508")
-  val kv-quality "$name" "PPL increase over the fp32 full cache, $MAXT tokens" "%" ours 1 "$d"
-done < <(jq -r '.configs[] | [.name, (.delta_ppl_pct | tostring)] | @tsv' <<<"$j")
+if want kv-quality; then
+  j=$(cmd kv-quality "$BIN" eval "$MODEL" --text "$TEXT" --documents --max-tokens "$MAXT" \
+      --configs "fp32; int8; int4; int2; sink4 w508; sink0 w512" -t "$T" --json)
+  while IFS=$'\t' read -r name d; do  # names hold spaces ("sink4 w508")
+    val kv-quality "$name" "PPL increase over the fp32 full cache, $MAXT tokens" "%" ours 1 "$d"
+  done < <(jq -r '.configs[] | [.name, (.delta_ppl_pct | tostring)] | @tsv' <<<"$j")
+fi
 
 # The page.
 jq -nc --arg cpu "$CPU" --arg flags "$FLAGS" --argjson cores "$(nproc)" --argjson bw "$BW" \
   --arg date "$(date -u '+%Y-%m-%d %H:%M')" --arg commit "$(git rev-parse --short HEAD)" --argjson t "$T" \
   --arg load "$LOAD0 / $(cut -d' ' -f1-3 /proc/loadavg)" --arg llama "${LVER:-not found}" --argjson quick "$QUICK" \
   --argjson mem "$(awk '/MemTotal/ {printf "%.1f", $2 / 1048576}' /proc/meminfo)" --arg note "${NOTE:-}" \
+  --arg only "${ONLY//,/, }" --arg kept "$KEPT" \
   '{kind: "machine", cpu: $cpu, flags: $flags, cores: $cores, bandwidth_gb_s: $bw, date: $date, commit: $commit,
     threads: $t, load: $load, llama_cpp: $llama, quick: ($quick == 1), memory_gib: $mem}
-   + (if $note == "" then {} else {note: $note} end)' >>"$RES"
+   + (if $note == "" then {} else {note: $note} end)
+   + (if $only == "" then {} else {only: $only} end) + (if $kept == "" then {} else {kept_from: $kept} end)' >>"$RES"
 $TABLE table "$RES" >"$OUT"
 echo "wrote $OUT (measurements: $RES)"

@@ -8,9 +8,13 @@
   figures_table.py node-ttft FILE             a TTFT summary line of scripts/bench_*.mjs: "cold warm"
   figures_table.py serve-load FILE            scripts/serve_load.mjs's load summary: "p50 p95 tok/s" (an
                                               error unless every reply completed)
+  figures_table.py keep RESULTS.jsonl AREAS   (figures.sh --only) the values and commands of every area not
+                                              in AREAS (comma-separated) on stdout, the machine line dropped
+  figures_table.py run-of RESULTS.jsonl       the date and commit of the run that wrote RESULTS.jsonl
 
 RESULTS.jsonl holds one JSON object a line:
-  {"kind": "machine", ...}                   the machine (cpu, flags, cores, bandwidth_gb_s, date, ...)
+  {"kind": "machine", ...}                   the machine (cpu, flags, cores, bandwidth_gb_s, date, ...; with
+                                             --only, "only": the areas measured, "kept_from": the earlier run)
   {"kind": "command", "area", "command"}     a command an area ran (listed under its table)
   {"kind": "value", "area", "row", "metric", "unit", "side": "ours"|"llama.cpp", "round", "value"}
 A row measured by both sides gets the ratio ours / llama.cpp of each round (the two run one after the
@@ -93,7 +97,9 @@ def table(path):
     for key, label in (("cpu", "CPU"), ("flags", "SIMD flags"), ("cores", "cores"),
                        ("bandwidth_gb_s", "measured read bandwidth (GB/s)"), ("memory_gib", "memory (GiB)"),
                        ("date", "date (UTC)"), ("commit", "commit"), ("threads", "threads"),
-                       ("load", "load average before / after"), ("llama_cpp", "llama.cpp"), ("note", "note")):
+                       ("load", "load average before / after"), ("llama_cpp", "llama.cpp"), ("note", "note"),
+                       ("only", "areas measured on this date (--only)"),
+                       ("kept_from", "the other areas kept from the run of")):
         if key in machine:
             v = machine[key]
             out.append(f"- {label}: {fmt(v) if isinstance(v, float) else v}")
@@ -186,9 +192,35 @@ def serve_load(path):
     print(t.group(1), t.group(2), c.group(3))
 
 
+def records(path):
+    for n, line in enumerate(open(path, encoding="utf-8"), 1):
+        if line.strip():
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as e:
+                sys.exit(f"{path}:{n}: not JSON ({e})")
+
+
+def keep(path, areas):
+    """The records of the areas not re-measured: an --only run appends its own after them."""
+    drop = set(areas.split(","))
+    for r in records(path):
+        if r.get("kind") != "machine" and r.get("area") not in drop:
+            print(json.dumps(r))
+
+
+def run_of(path):
+    machines = [r for r in records(path) if r.get("kind") == "machine"]
+    m = machines[-1] if machines else {}
+    print(f"{m.get('date', 'an earlier run')}, commit {m.get('commit', 'unknown')}")
+
+
 def main(argv):
     cmds = {"table": lambda p: print(table(p)), "llama-bench": llama_bench, "batched-bench": batched_bench,
-            "perplexity": perplexity, "node-ttft": node_ttft, "serve-load": serve_load}
+            "perplexity": perplexity, "node-ttft": node_ttft, "serve-load": serve_load, "run-of": run_of}
+    if len(argv) == 4 and argv[1] == "keep":
+        keep(argv[2], argv[3])
+        return
     if len(argv) != 3 or argv[1] not in cmds:
         sys.exit(__doc__)
     cmds[argv[1]](argv[2])

@@ -100,5 +100,51 @@ class Page(unittest.TestCase):
         self.assertIn(f.name + ":1: a value without 'row'", err)
 
 
+class Only(unittest.TestCase):
+    """figures.sh --only AREA: the previous run's other areas are kept, the page is whole again."""
+
+    def test_keep_drops_the_remeasured_areas_and_the_machine(self):
+        code, out, err = run("keep", os.path.join(DATA, "results.jsonl"), "context,server")
+        self.assertEqual(code, 0, err)
+        import json
+        kept = [json.loads(line) for line in out.splitlines()]
+        areas = {r["area"] for r in kept}
+        self.assertNotIn("context", areas)
+        self.assertNotIn("server", areas)
+        self.assertEqual(areas, {"quantized", "store"})
+        self.assertFalse([r for r in kept if r["kind"] == "machine"])
+        # Every kept line is one of the file's, unchanged.
+        with open(os.path.join(DATA, "results.jsonl"), encoding="utf-8") as f:
+            original = [json.loads(line) for line in f if line.strip()]
+        for r in kept:
+            self.assertIn(r, original)
+        self.assertEqual(len(kept), len([r for r in original if r.get("area") in ("quantized", "store")]))
+
+    def test_run_of_and_a_page_of_kept_and_new_areas(self):
+        import tempfile
+        code, out, _ = run("run-of", os.path.join(DATA, "results.jsonl"))
+        self.assertEqual(code, 0)
+        self.assertEqual(out.strip(), "2026-12-05 02:00, commit abc1234")
+        _, kept, _ = run("keep", os.path.join(DATA, "results.jsonl"), "context")
+        new = [
+            '{"kind": "value", "area": "context", "row": "context 0, KV fp16", "metric": "decode", "unit": "tok/s", '
+            '"side": "ours", "round": 1, "value": 300}',
+            '{"kind": "command", "area": "context", "command": "build/posttrainllm bench M --decode-at-context"}',
+            '{"kind": "machine", "cpu": "Test CPU", "date": "2026-12-05 20:00", "commit": "def5678", '
+            '"only": "context", "kept_from": "' + out.strip() + '"}',
+        ]
+        with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+            f.write(kept + "\n".join(new) + "\n")
+        code, page, err = run("table", f.name)
+        os.unlink(f.name)
+        self.assertEqual(code, 0, err)
+        self.assertIn("| context 0, KV fp16 | decode | 300.0 |  |  |", page)  # the new value alone
+        self.assertIn("build/posttrainllm bench M --decode-at-context", page)
+        self.assertNotIn("--kv-quantize fp16 -r 1 -t 2 --json", page)  # the old command of the area is gone
+        self.assertIn("| q4 default vs Q4_K_M | PPL increase over bf16 (%) | 0.4170 |  |  |", page)  # kept
+        self.assertIn("- areas measured on this date (--only): context", page)
+        self.assertIn("- the other areas kept from the run of: 2026-12-05 02:00, commit abc1234", page)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -1,11 +1,12 @@
 // posttrainllm bench: prefill and decode speed of a model (random token ids: no tokenizer needed),
 // the KV cache it fills, peak RSS, and the machine's memory bandwidth with the decode floor it
-// implies (bytes read per decode step / bandwidth) and the fraction of that floor achieved.
+// implies (bytes read per decode step / bandwidth, measured beside each decode) and the fraction achieved.
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstdio>
 #include <chrono>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -457,6 +458,12 @@ int run_bench_command(BenchArgs& a) {
   if (a.verify_cost && (a.bench.context > 0 || a.gen_given))
     throw UsageError("--spec-verify-cost: the context is --prompt-tokens and nothing is generated (no --context, "
                      "--gen-tokens)");
+  if (a.bench.context > 0 && (spec || !a.parallel.empty() || a.cache_reuse > 0))
+    throw UsageError("--context applies to the single-sequence speed run: not with --spec-type, --model-draft, "
+                     "--parallel or --cache-reuse (their sequences start from --prompt-tokens)");
+  if (a.bench.decode_at_context && (spec || !a.parallel.empty() || a.verify_cost || a.cache_reuse > 0))
+    throw UsageError("--decode-at-context applies to the single-sequence speed run: not with --spec-type, "
+                     "--model-draft, --parallel, --spec-verify-cost or --cache-reuse");
   if (!a.edit.empty() && a.cache_reuse == 0) throw UsageError("--edit measures reuse after an edit: give --cache-reuse N");
   if (!a.trace.empty() && a.cache_reuse == 0)
     throw UsageError("--trace measures reuse over a conversation's turns: give --cache-reuse N");
@@ -470,15 +477,17 @@ int run_bench_command(BenchArgs& a) {
   const ModelConfig& cfg = model.config();
   const BenchConfig& b = a.bench;
   const int64_t needed = a.verify_cost ? int64_t(b.prompt_tokens) + int64_t(b.repeat + 2) * (a.spec.opts.draft_max + 2)
-                                       : int64_t(b.context) + b.prompt_tokens + b.gen_tokens;
+                     : int64_t(b.context) + (b.decode_at_context ? std::max(b.prompt_tokens, b.gen_tokens)
+                                                                 : b.prompt_tokens + b.gen_tokens);
   const bool streaming = a.runtime.window > 0;
   // Without --ctx-size the cache is sized for the run; a given one must hold it.
   if (a.runtime.ctx_size == 0 && !streaming)
     a.runtime.ctx_size = int(std::max<int64_t>(default_ctx_size(cfg), needed));
   SessionOptions sopts = make_session_options(a.runtime, cfg);
   if (!streaming && needed > sopts.kv.ctx_size)
-    throw UsageError("--context + --prompt-tokens + --gen-tokens (" + std::to_string(needed) +
-                     ") exceed --ctx-size " + std::to_string(sopts.kv.ctx_size));
+    throw UsageError(std::string(b.decode_at_context ? "--context + the larger of --prompt-tokens and --gen-tokens ("
+                                                     : "--context + --prompt-tokens + --gen-tokens (") +
+                     std::to_string(needed) + ") exceed --ctx-size " + std::to_string(sopts.kv.ctx_size));
   ThreadPool pool(resolve_threads(a.runtime));
   if (!a.parallel.empty()) return run_parallel(a, model, sopts, pool);
   if (a.verify_cost) {
@@ -490,24 +499,40 @@ int run_bench_command(BenchArgs& a) {
     return run_spec_bench(a, rt, sopts, pool);
   }
 
-  // The bandwidth is measured before and after the timed runs (best of 10 passes each: on a shared
-  // machine the best pass is the closest to what the memory can do) and the better of the two sets
-  // the floor, so the floor is never taken from a moment when memory was slower than during the runs.
+  // The floor's bandwidth is measured beside each timed decode, right before and right after it
+  // (best of 10 passes each, the better of the two): a VM's memory can change state within seconds
+  // (the Zen 4 VM's: about 36 or 68 GB/s, decode moving with it), so a floor measured apart from the
+  // run compares it with another state. Each run gets its own fraction of the floor; the report
+  // gives their median. Peak RSS must count the runs, not the bandwidth buffer: it is read before
+  // each measurement and restarted after it. Where the peak cannot be restarted, one measurement
+  // after the runs serves them all.
   const size_t bw_bytes = size_t(a.bandwidth_mib) << 20;
-  Bandwidth before;
-  // Peak RSS must count the run, not the bandwidth buffer: measure first only where the peak can be
-  // restarted after the buffer is freed.
-  if (reset_peak_rss()) {
-    before = measure_bandwidth(pool, bw_bytes, kBandwidthTrials);
-    reset_peak_rss();
-  }
-  const BenchResult r = run_bench(model, sopts, pool, b);
-  const double rss_mib = peak_rss_mib();  // before the bandwidth buffer of the second measurement
-  const Bandwidth after = measure_bandwidth(pool, bw_bytes, kBandwidthTrials);
-  const Bandwidth bw{std::max(before.read_gb_s, after.read_gb_s), std::max(before.copy_gb_s, after.copy_gb_s)};
+  const bool beside = reset_peak_rss();
+  std::vector<Bandwidth> near(size_t(b.repeat) * 2);  // [run][before decode, after decode]
+  double rss_mib = 0;
+  std::function<void(int, bool)> probe;
+  if (beside)
+    probe = [&](int run, bool after) {
+      rss_mib = std::max(rss_mib, peak_rss_mib());
+      near[size_t(run) * 2 + (after ? 1 : 0)] = measure_bandwidth(pool, bw_bytes, kBandwidthTrials);
+      reset_peak_rss();
+    };
+  const BenchResult r = run_bench(model, sopts, pool, b, probe);
+  rss_mib = std::max(rss_mib, peak_rss_mib());  // before the bandwidth buffer of a measurement after the runs
+  if (!beside) std::fill(near.begin(), near.end(), measure_bandwidth(pool, bw_bytes, kBandwidthTrials));
   const double bytes_per_token = double(r.weight_bytes_per_token + r.kv_bytes_per_token);
+  std::vector<double> run_read, run_copy, run_fraction;
+  for (size_t i = 0; i < r.runs.size(); ++i) {
+    run_read.push_back(std::max(near[2 * i].read_gb_s, near[2 * i + 1].read_gb_s));
+    run_copy.push_back(std::max(near[2 * i].copy_gb_s, near[2 * i + 1].copy_gb_s));
+    const double tok_s = double(b.gen_tokens) / (r.runs[i].decode_ms / 1000);
+    run_fraction.push_back(tok_s / (run_read.back() * 1e9 / bytes_per_token));
+  }
+  const Bandwidth bw{median_of(run_read), median_of(run_copy)};
   const double floor_tok_s = bw.read_gb_s * 1e9 / bytes_per_token;
-  const double fraction = r.decode_tok_s / floor_tok_s;
+  const double fraction = median_of(run_fraction);
+  const auto [fmin, fmax] = std::minmax_element(run_fraction.begin(), run_fraction.end());
+  const auto [bmin, bmax] = std::minmax_element(run_read.begin(), run_read.end());
   const std::string simd = active_kernels_name();
 
   if (a.json) {
@@ -521,6 +546,9 @@ int run_bench_command(BenchArgs& a) {
         {"prompt_tokens", b.prompt_tokens},
         {"gen_tokens", b.gen_tokens},
         {"repeat", b.repeat},
+        {"decode_mode", b.decode_at_context ? "at_context" : "after_prompt"},
+        {"decode_depth", r.decode_depth},
+        {"decode_cache_rebuilt", r.rebuilt},
         {"kv_cache", sopts.use_cache ? sopts.kv.describe() : "none"},
         {"prefill_tok_s", r.prefill_tok_s},
         {"decode_tok_s", r.decode_tok_s},
@@ -535,14 +563,18 @@ int run_bench_command(BenchArgs& a) {
         {"bytes_per_token", r.weight_bytes_per_token + r.kv_bytes_per_token},
         {"bandwidth_gb_s", bw.read_gb_s},
         {"copy_bandwidth_gb_s", bw.copy_gb_s},
-        {"bandwidth_before_gb_s", before.read_gb_s},
-        {"bandwidth_after_gb_s", after.read_gb_s},
+        {"bandwidth_beside_decode", beside},
         {"decode_floor_tok_s", floor_tok_s},
         {"decode_floor_fraction", fraction},
     };
     nlohmann::json runs = nlohmann::json::array();
-    for (const BenchRun& run : r.runs)
-      runs.push_back({{"prefill_ms", run.prefill_ms}, {"ttft_ms", run.ttft_ms}, {"decode_ms", run.decode_ms}});
+    for (size_t i = 0; i < r.runs.size(); ++i) {
+      const BenchRun& run = r.runs[i];
+      runs.push_back({{"prefill_ms", run.prefill_ms}, {"ttft_ms", run.ttft_ms}, {"decode_ms", run.decode_ms},
+                      {"bandwidth_gb_s", run_read[i]}, {"bandwidth_before_decode_gb_s", near[2 * i].read_gb_s},
+                      {"bandwidth_after_decode_gb_s", near[2 * i + 1].read_gb_s},
+                      {"decode_floor_fraction", run_fraction[i]}});
+    }
     j["runs"] = runs;
     std::printf("%s\n", j.dump().c_str());
     return 0;
@@ -550,8 +582,12 @@ int run_bench_command(BenchArgs& a) {
   std::printf("model: %s (%s, %s), %d threads, simd %s\n", a.model_dir.c_str(), cfg.arch_name.c_str(),
               weights_text(model).c_str(), pool.size(), simd.c_str());
   std::printf("kernels: %s\n", kernels_description().c_str());
-  std::printf("run: %d prompt tokens after %d of context, %d generated; median of %d\n", b.prompt_tokens, b.context,
-              b.gen_tokens, b.repeat);
+  std::printf("run: %d prompt tokens after %d of context, %d generated from depth %lld (%s); median of %d\n",
+              b.prompt_tokens, b.context, b.gen_tokens, static_cast<long long>(r.decode_depth),
+              !b.decode_at_context ? "after the prompt"
+              : r.rebuilt          ? "the context's, rebuilt: this cache cannot rewind"
+                                   : "the context's, the prompt rewound",
+              b.repeat);
   std::printf("prefill: %.1f tok/s, time to first token %.1f ms\n", r.prefill_tok_s, r.ttft_ms);
   std::printf("decode: %.2f tok/s\n", r.decode_tok_s);
   if (sopts.use_cache)
@@ -559,11 +595,16 @@ int run_bench_command(BenchArgs& a) {
                 format_bytes(r.kv_logical_bytes).c_str(), format_bytes(r.kv_physical_bytes).c_str());
   if (sopts.use_cache && r.kv_layers.any_shared()) std::printf("%s\n", kv_layers_line(r.kv_layers).c_str());
   std::printf("peak RSS: %.1f MiB\n", rss_mib);
-  std::printf("memory bandwidth: read %.1f GB/s, copy %.1f GB/s (%d MiB, best of %d passes before and after the runs:"
-              " read %.1f / %.1f GB/s)\n",
-              bw.read_gb_s, bw.copy_gb_s, a.bandwidth_mib, kBandwidthTrials, before.read_gb_s, after.read_gb_s);
-  std::printf("decode floor: %s read per token -> %.2f tok/s; achieved %.0f%% of it\n",
-              format_bytes(size_t(bytes_per_token)).c_str(), floor_tok_s, 100 * fraction);
+  if (beside)
+    std::printf("memory bandwidth: read %.1f GB/s (runs %.1f-%.1f), copy %.1f GB/s (%d MiB, best of %d passes right "
+                "before and after each run's decode; medians of the runs)\n",
+                bw.read_gb_s, *bmin, *bmax, bw.copy_gb_s, a.bandwidth_mib, kBandwidthTrials);
+  else
+    std::printf("memory bandwidth: read %.1f GB/s, copy %.1f GB/s (%d MiB, best of %d passes after the runs)\n",
+                bw.read_gb_s, bw.copy_gb_s, a.bandwidth_mib, kBandwidthTrials);
+  std::printf("decode floor: %s read per token -> %.2f tok/s; achieved %.0f%% of it (median of the runs' "
+              "fractions, %.0f-%.0f%%)\n",
+              format_bytes(size_t(bytes_per_token)).c_str(), floor_tok_s, 100 * fraction, 100 * *fmin, 100 * *fmax);
   return 0;
 }
 
@@ -582,8 +623,12 @@ Command add_bench_command(CLI::App& root) {
       ->check(integer_at_least(1));
   app->add_option("--context", a->bench.context, "Tokens already in the cache before the prompt")
       ->check(integer_at_least(0));
+  app->add_flag("--decode-at-context", a->bench.decode_at_context,
+                "Time decode from the --context depth, as llama-bench's tg test (-d): after the timed prompt the "
+                "cache goes back to the context's tokens (rebuilt, untimed, where quantized or evicted tokens "
+                "cannot rewind). Without it decode continues after the prompt, at depth context + prompt");
   app->add_option("--seed", a->bench.seed, "Seed of the random token ids")->check(unsigned_integer());
-  app->add_option("--bandwidth-mib", a->bandwidth_mib, "Buffer of the memory-bandwidth test, MiB")
+  app->add_option("--bandwidth-mib", a->bandwidth_mib, "Buffer of the memory-bandwidth test run beside each decode, MiB")
       ->check(integer_between(1, 1 << 16));
   app->add_flag("--json", a->json, "Print one JSON object instead of text (with --parallel: one per N)");
   app->add_option("--parallel", a->parallel,

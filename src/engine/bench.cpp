@@ -10,6 +10,8 @@
 #include <random>
 #include <string>
 
+#include <sys/mman.h>
+
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/ops.h"
@@ -36,28 +38,44 @@ std::vector<int32_t> random_ids(size_t n, int vocab, std::mt19937_64& rng) {
   return out;
 }
 
-// One run in a fresh session: context (untimed), prompt (timed: prefill, ttft), greedy decode (timed).
-// kv_before_decode: the cache's logical bytes when decode starts.
+// One run in a fresh session: context (untimed), prompt (timed: prefill, ttft), greedy decode (timed),
+// after the prompt or, with at_context, from the context's depth (llama-bench's tg test starts from a
+// cache of its -d tokens, the prompt not in it). kv_before_decode: the cache's logical bytes when
+// decode starts.
 BenchRun one_run(const Model& model, const SessionOptions& opts, ThreadPool& pool, const std::vector<int32_t>& context,
-                 const std::vector<int32_t>& prompt, int gen, std::unique_ptr<Session>& session,
-                 size_t* kv_before_decode) {
+                 const std::vector<int32_t>& prompt, int gen, bool at_context, std::unique_ptr<Session>& session,
+                 size_t* kv_before_decode, const std::function<void(bool after)>& beside_decode) {
   session.reset();  // the previous run's cache goes before the next one is allocated
   session = std::make_unique<Session>(model, opts, pool);
-  Session& s = *session;
-  if (!context.empty()) s.feed(context);
+  if (!context.empty()) session->feed(context);
   BenchRun r;
   const auto t0 = Clock::now();
-  std::span<float> logits = s.feed(prompt);
+  std::span<float> logits = session->feed(prompt);
   r.prefill_ms = ms_since(t0);
   int32_t next = argmax(logits);
   r.ttft_ms = ms_since(t0);
+  if (at_context) {
+    const int64_t depth = int64_t(context.size());
+    if (!session->has_cache() || session->cache().rewind_floor() <= depth) {
+      session->truncate(depth);
+    } else {  // tokens already quantized or evicted: the context fed again
+      session.reset();
+      session = std::make_unique<Session>(model, opts, pool);
+      if (!context.empty()) session->feed(context);
+      r.rebuilt = true;
+    }
+  }
+  Session& s = *session;
+  r.decode_depth = s.position();
   *kv_before_decode = s.has_cache() ? s.cache().logical_bytes() : 0;
+  if (beside_decode) beside_decode(false);
   const auto t1 = Clock::now();
   for (int i = 0; i < gen; ++i) {
     logits = s.feed({&next, 1});
     next = argmax(logits);
   }
   r.decode_ms = ms_since(t1);
+  if (beside_decode) beside_decode(true);
   return r;
 }
 
@@ -82,7 +100,8 @@ size_t decode_weight_bytes(const Model& model) {
   return total - experts.all + experts.per_token;
 }
 
-BenchResult run_bench(const Model& model, const SessionOptions& opts, ThreadPool& pool, const BenchConfig& cfg) {
+BenchResult run_bench(const Model& model, const SessionOptions& opts, ThreadPool& pool, const BenchConfig& cfg,
+                      const std::function<void(int run, bool after)>& beside_decode) {
   PTLLM_CHECK(cfg.prompt_tokens > 0 && cfg.gen_tokens > 0 && cfg.repeat > 0 && cfg.context >= 0);
   const int vocab = model.config().vocab_size;
   std::mt19937_64 rng(cfg.seed);
@@ -93,12 +112,15 @@ BenchResult run_bench(const Model& model, const SessionOptions& opts, ThreadPool
   size_t kv_before = 0;
   {  // Warm-up: faults the mapped weights in and sizes the buffers, outside the measurement.
     const std::vector<int32_t> few(prompt.begin(), prompt.begin() + std::min<ptrdiff_t>(8, ptrdiff_t(prompt.size())));
-    one_run(model, opts, pool, {}, few, 2, session, &kv_before);
+    one_run(model, opts, pool, {}, few, 2, cfg.decode_at_context, session, &kv_before, {});
   }
   BenchResult res;
   std::vector<double> prefill, decode, ttft;
   for (int i = 0; i < cfg.repeat; ++i) {
-    BenchRun r = one_run(model, opts, pool, context, prompt, cfg.gen_tokens, session, &kv_before);
+    std::function<void(bool)> beside;
+    if (beside_decode) beside = [&beside_decode, i](bool after) { beside_decode(i, after); };
+    BenchRun r =
+        one_run(model, opts, pool, context, prompt, cfg.gen_tokens, cfg.decode_at_context, session, &kv_before, beside);
     res.runs.push_back(r);
     prefill.push_back(double(cfg.prompt_tokens) / (r.prefill_ms / 1000));
     decode.push_back(double(cfg.gen_tokens) / (r.decode_ms / 1000));
@@ -107,6 +129,8 @@ BenchResult run_bench(const Model& model, const SessionOptions& opts, ThreadPool
   res.prefill_tok_s = median(prefill);
   res.decode_tok_s = median(decode);
   res.ttft_ms = median(ttft);
+  res.decode_depth = res.runs.back().decode_depth;
+  res.rebuilt = res.runs.back().rebuilt;
   if (session->has_cache()) {
     const KVCache& kv = session->cache();
     res.kv_logical_bytes = kv.logical_bytes();
@@ -216,11 +240,17 @@ ParallelBenchResult run_parallel_bench(const Model& model, const SessionOptions&
 }
 
 Bandwidth measure_bandwidth(ThreadPool& pool, size_t bytes, int trials) {
-  const size_t n = std::max<size_t>(bytes / sizeof(float), 1 << 16) / 16 * 16;
-  // Cache-line aligned: loads straddling lines would measure the split loads, not the memory.
-  std::unique_ptr<float, void (*)(float*)> a(static_cast<float*>(std::aligned_alloc(64, n * sizeof(float))),
+  // On 2 MiB pages, as the packed weights decode streams (model.cpp's packed_alloc): over 4 KiB pages
+  // the read depends on where the pages land and the TLB, and on a VM moved between about 35 and
+  // 60 GB/s from one process to the next while decode did not move.
+  const size_t huge = size_t(2) << 20;
+  const size_t n = (std::max<size_t>(bytes, huge) + huge - 1) / huge * huge / sizeof(float);
+  std::unique_ptr<float, void (*)(float*)> a(static_cast<float*>(std::aligned_alloc(huge, n * sizeof(float))),
                                              [](float* p) { std::free(p); });
   if (!a) throw Error("cannot allocate " + std::to_string(n * sizeof(float)) + " bytes for the bandwidth test");
+#ifdef MADV_HUGEPAGE  // Linux only; advice, where transparent huge pages are enabled
+  madvise(a.get(), n * sizeof(float), MADV_HUGEPAGE);
+#endif
   std::fill_n(a.get(), n, 1.0f);  // fault every page in before timing
   const size_t half = n / 2;
   // Parts of 16 KiB: every thread streams long contiguous runs.

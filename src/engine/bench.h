@@ -4,6 +4,7 @@
 // model": a decode step reads every weight once plus the stored K/V).
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "core/platform.h"
@@ -20,12 +21,18 @@ struct BenchConfig {
   int repeat = 3;           // runs; speeds are the median
   int context = 0;          // tokens in the cache before the measured prompt (prefilled, not timed)
   uint64_t seed = 1;        // the random token ids
+  // Decode from the context's depth, as llama-bench's tg test: after the timed prompt the cache goes
+  // back to the context's tokens (Session::truncate; rebuilt in a fresh session, untimed, where it
+  // cannot rewind: KIVI-quantized or evicted tokens). false: decode continues after the prompt.
+  bool decode_at_context = false;
 };
 
 struct BenchRun {
   double prefill_ms = 0;  // feeding the prompt
   double ttft_ms = 0;     // prompt fed and the first token chosen (greedy)
   double decode_ms = 0;   // gen_tokens steps of one token each
+  int64_t decode_depth = 0;  // tokens in the sequence when decode started
+  bool rebuilt = false;      // decode_at_context: the cache could not rewind and was rebuilt
 };
 
 struct BenchResult {
@@ -35,6 +42,8 @@ struct BenchResult {
   size_t kv_logical_bytes = 0, kv_physical_bytes = 0;
   int kv_stored = 0;
   int64_t kv_tokens = 0;
+  int64_t decode_depth = 0;  // tokens in the sequence when decode started (the last run)
+  bool rebuilt = false;      // decode_at_context: the cache was rebuilt, not rewound
   KVLayerReport kv_layers;  // which layers store K/V, the bytes of each
   // Bytes one decode step reads: the weights it streams, and the stored K/V attention reads
   // (its logical bytes, averaged over the measured steps).
@@ -43,8 +52,12 @@ struct BenchResult {
 };
 
 // Runs an untimed warm-up (which faults the mapped weights in), then `repeat` measured runs, each
-// in a fresh Session: context, then the prompt, then greedy decode. Token ids are random.
-BenchResult run_bench(const Model& model, const SessionOptions& opts, ThreadPool& pool, const BenchConfig& cfg);
+// in a fresh Session: context, then the prompt, then greedy decode (after the prompt, or from the
+// context's depth: BenchConfig::decode_at_context). Token ids are random. beside_decode (when given)
+// is called in each measured run right before its decode is timed (after = false) and right after
+// (after = true), outside the timings: the bandwidth is measured there.
+BenchResult run_bench(const Model& model, const SessionOptions& opts, ThreadPool& pool, const BenchConfig& cfg,
+                      const std::function<void(int run, bool after)>& beside_decode = {});
 
 // `bench --parallel`: n sequences prefilled one after another (each its own random prompt of
 // prompt_tokens, the first shared_prefix of them common to all), then decoding together, one batched
@@ -86,6 +99,7 @@ struct Bandwidth {
   double copy_gb_s = 0;  // memcpy, counted as bytes read plus bytes written (STREAM's convention)
 };
 // STREAM-style: best of `trials` passes over `bytes` of memory (read) and bytes/2 -> bytes/2 (copy).
+// The buffer is on transparent huge pages where the kernel allows them, as the packed weights are.
 Bandwidth measure_bandwidth(ThreadPool& pool, size_t bytes, int trials);
 
 // The process's peak resident set in MiB (core/platform.h's peak_rss_bytes; reset_peak_rss restarts
