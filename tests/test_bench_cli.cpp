@@ -139,9 +139,10 @@ TEST(BenchCliTest, JsonHasEveryFieldAndTheyAreConsistent) {
   std::vector<double> bws, fractions;
   for (const auto& run : j["runs"]) {
     EXPECT_GE(run["ttft_ms"].get<double>(), run["prefill_ms"].get<double>());
-    if (j["bandwidth_beside_decode"].get<bool>())
+    if (j["bandwidth_beside_decode"].get<bool>()) {
       EXPECT_EQ(run["bandwidth_gb_s"].get<double>(), std::max(run["bandwidth_before_decode_gb_s"].get<double>(),
                                                               run["bandwidth_after_decode_gb_s"].get<double>()));
+    }
     const double tok_s = G / (run["decode_ms"].get<double>() / 1000);
     const double floor = run["bandwidth_gb_s"].get<double>() * 1e9 / j["bytes_per_token"].get<double>();
     EXPECT_NEAR(run["decode_floor_fraction"].get<double>(), tok_s / floor, 1e-9 * tok_s / floor);
