@@ -271,6 +271,28 @@ PTLLM_GGML_TARGET void dot_q6k(const uint8_t* row, int nb, const GgmlActs& a, in
   PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) out[t] = hsum(acc[t]);
 }
 
+// The 32-value panel products' per-block terms of x, block-major ([nb][T]: a tile's values side by
+// side): corr = -o sum x over the block (o: the codes' offset, 8 for Q4_0's nibbles, 128 for Q8_0's
+// codes + 128) and x's scale. Buffers of this thread, reused across calls.
+struct BlockTerms {
+  const int32_t* corr;
+  const float* xs;
+};
+PTLLM_GGML_TARGET inline BlockTerms block_terms(const GgmlActs& a, int nb, int32_t o) {
+  thread_local std::vector<int32_t> corr;
+  thread_local std::vector<float> xs;
+  if (corr.size() < size_t(a.T) * size_t(nb)) corr.resize(size_t(a.T) * size_t(nb)), xs.resize(corr.size());
+  for (int t = 0; t < a.T; ++t) {
+    const int16_t* s = a.sums + size_t(t) * size_t(a.K / 16);
+    const float* d = a.d + size_t(t) * size_t(nb);
+    for (int b = 0; b < nb; ++b) {
+      corr[size_t(b) * size_t(a.T) + size_t(t)] = -o * (int32_t(s[2 * b]) + int32_t(s[2 * b + 1]));
+      xs[size_t(b) * size_t(a.T) + size_t(t)] = d[b];
+    }
+  }
+  return {corr.data(), xs.data()};
+}
+
 #if PTLLM_GGML_ZMM
 // ---- Q4_K on 512-bit vectors, four weight rows at once -----------------------------------------
 // A zmm of a row's codes holds 128 values (two 32-byte groups of nibbles: sub-blocks 4j, 4j + 2 in
@@ -617,17 +639,7 @@ PTLLM_GGML_TARGET void q40_packed_rows(const WeightMatrix& w, const GgmlActs& a,
                                        int r1) {
   const int nb = w.cols / 32;
   const size_t gb = size_t(nb / 2) * size_t(kGgmlPackRows * 36);
-  thread_local std::vector<int32_t> corr;
-  thread_local std::vector<float> xs;
-  if (corr.size() < size_t(a.T) * size_t(nb)) corr.resize(size_t(a.T) * size_t(nb)), xs.resize(corr.size());
-  for (int t = 0; t < a.T; ++t) {
-    const int16_t* s = a.sums + size_t(t) * size_t(a.K / 16);
-    const float* d = a.d + size_t(t) * size_t(nb);
-    for (int b = 0; b < nb; ++b) {
-      corr[size_t(b) * size_t(a.T) + size_t(t)] = -8 * (int32_t(s[2 * b]) + int32_t(s[2 * b + 1]));
-      xs[size_t(b) * size_t(a.T) + size_t(t)] = d[b];
-    }
-  }
+  const BlockTerms bt = block_terms(a, nb, 8);
   const int g1 = (r1 + kGgmlPackRows - 1) / kGgmlPackRows;
   for (int g = r0 / kGgmlPackRows; g < g1; g += 2) {
     const int np = g + 1 < g1 ? 2 : 1;
@@ -643,9 +655,8 @@ PTLLM_GGML_TARGET void q40_packed_rows(const WeightMatrix& w, const GgmlActs& a,
       constexpr int NP = decltype(np_tag)::value, NT = kTileX[NP - 1];
       int t0 = 0;
       for (; t0 + NT <= a.T; t0 += NT)
-        q40_packed_tile<NP, NT>(grp, gb, nb, a, xs.data(), corr.data(), t0, bias, y, w.rows, r, keep);
-      if (t0 < a.T)
-        q40_packed_tail<NP, NT>(a.T - t0, grp, gb, nb, a, xs.data(), corr.data(), t0, bias, y, w.rows, r, keep);
+        q40_packed_tile<NP, NT>(grp, gb, nb, a, bt.xs, bt.corr, t0, bias, y, w.rows, r, keep);
+      if (t0 < a.T) q40_packed_tail<NP, NT>(a.T - t0, grp, gb, nb, a, bt.xs, bt.corr, t0, bias, y, w.rows, r, keep);
     };
     if (np == 2)
       run(std::integral_constant<int, 2>{});

@@ -92,21 +92,11 @@ PTLLM_GGML_TARGET void tiled_rows(const WeightMatrix& w, const GgmlActs& a, cons
   const int nb = w.cols / 32;
   const size_t rb = w.row_bytes();
   const auto* data = static_cast<const uint8_t*>(w.data);
-  thread_local std::vector<int32_t> corr;
-  thread_local std::vector<float> xs;
   thread_local std::vector<uint8_t> codes;
   thread_local std::vector<float> scales;
-  if (corr.size() < size_t(a.T) * size_t(nb)) corr.resize(size_t(a.T) * size_t(nb)), xs.resize(corr.size());
   if (codes.size() < size_t(nb) * 256) codes.resize(size_t(nb) * 256);
   if (scales.size() < size_t(nb) * kPanelRows8) scales.resize(size_t(nb) * kPanelRows8);
-  for (int t = 0; t < a.T; ++t) {
-    const int16_t* s = a.sums + size_t(t) * size_t(a.K / 16);
-    const float* d = a.d + size_t(t) * size_t(nb);
-    for (int b = 0; b < nb; ++b) {
-      corr[size_t(b) * size_t(a.T) + size_t(t)] = -8 * (int32_t(s[2 * b]) + int32_t(s[2 * b + 1]));
-      xs[size_t(b) * size_t(a.T) + size_t(t)] = d[b];
-    }
-  }
+  const BlockTerms bt = block_terms(a, nb, 8);
   for (int r = r0; r < r1; r += kPanelRows8) {
     const int nr = std::min(kPanelRows8, r1 - r);
     const uint8_t* p[kPanelRows8];
@@ -115,11 +105,11 @@ PTLLM_GGML_TARGET void tiled_rows(const WeightMatrix& w, const GgmlActs& a, cons
     pack_panel8(p, nb, codes.data(), scales.data());
     int t0 = 0;
     for (; t0 + kTileX8 <= a.T; t0 += kTileX8)
-      panel8_tile<kTileX8>(codes.data(), scales.data(), nb, a, xs.data(), corr.data(), t0, bias, y, w.rows, r, nr);
+      panel8_tile<kTileX8>(codes.data(), scales.data(), nb, a, bt.xs, bt.corr, t0, bias, y, w.rows, r, nr);
     switch (a.T - t0) {
-      case 3: panel8_tile<3>(codes.data(), scales.data(), nb, a, xs.data(), corr.data(), t0, bias, y, w.rows, r, nr); break;
-      case 2: panel8_tile<2>(codes.data(), scales.data(), nb, a, xs.data(), corr.data(), t0, bias, y, w.rows, r, nr); break;
-      case 1: panel8_tile<1>(codes.data(), scales.data(), nb, a, xs.data(), corr.data(), t0, bias, y, w.rows, r, nr); break;
+      case 3: panel8_tile<3>(codes.data(), scales.data(), nb, a, bt.xs, bt.corr, t0, bias, y, w.rows, r, nr); break;
+      case 2: panel8_tile<2>(codes.data(), scales.data(), nb, a, bt.xs, bt.corr, t0, bias, y, w.rows, r, nr); break;
+      case 1: panel8_tile<1>(codes.data(), scales.data(), nb, a, bt.xs, bt.corr, t0, bias, y, w.rows, r, nr); break;
       default: break;
     }
   }

@@ -194,22 +194,11 @@ PTLLM_GGML_TARGET void tiled_rows_t(const WeightMatrix& w, const GgmlActs& a, co
   const size_t rb = w.row_bytes();
   const auto* data = static_cast<const uint8_t*>(w.data);
   // x's scales and -o sum x per block, block-major, and two panels: this thread's, reused across calls.
-  thread_local std::vector<int32_t> corr;
-  thread_local std::vector<float> xs;
   thread_local std::vector<uint8_t> codes;
   thread_local std::vector<float> scales;
-  if (corr.size() < size_t(a.T) * size_t(nb)) corr.resize(size_t(a.T) * size_t(nb)), xs.resize(corr.size());
   if (codes.size() < 2 * size_t(nb) * 512) codes.resize(2 * size_t(nb) * 512);
   if (scales.size() < 2 * size_t(nb) * kPanelRows) scales.resize(2 * size_t(nb) * kPanelRows);
-  constexpr int32_t o = T == GgmlType::Q8_0 ? 128 : 8;
-  for (int t = 0; t < a.T; ++t) {
-    const int16_t* s = a.sums + size_t(t) * size_t(a.K / 16);
-    const float* d = a.d + size_t(t) * size_t(nb);
-    for (int b = 0; b < nb; ++b) {
-      corr[size_t(b) * size_t(a.T) + size_t(t)] = -o * (int32_t(s[2 * b]) + int32_t(s[2 * b + 1]));
-      xs[size_t(b) * size_t(a.T) + size_t(t)] = d[b];
-    }
-  }
+  const BlockTerms bt = block_terms(a, nb, T == GgmlType::Q8_0 ? 128 : 8);
   for (int r = r0; r < r1; r += 2 * kPanelRows) {
     const int nr = std::min(2 * kPanelRows, r1 - r);
     const int np = nr > kPanelRows ? 2 : 1;
@@ -226,9 +215,9 @@ PTLLM_GGML_TARGET void tiled_rows_t(const WeightMatrix& w, const GgmlActs& a, co
       constexpr int NP = decltype(np_tag)::value, NT = kTileX[NP - 1];
       int t0 = 0;
       for (; t0 + NT <= a.T; t0 += NT)
-        panel_tile<NP, NT>(codes.data(), scales.data(), nb, a, xs.data(), corr.data(), t0, bias, y, w.rows, r, keep);
+        panel_tile<NP, NT>(codes.data(), scales.data(), nb, a, bt.xs, bt.corr, t0, bias, y, w.rows, r, keep);
       if (t0 < a.T)
-        panel_tail<NP, NT>(a.T - t0, codes.data(), scales.data(), nb, a, xs.data(), corr.data(), t0, bias, y, w.rows, r,
+        panel_tail<NP, NT>(a.T - t0, codes.data(), scales.data(), nb, a, bt.xs, bt.corr, t0, bias, y, w.rows, r,
                            keep);
     };
     if (np == 2)
