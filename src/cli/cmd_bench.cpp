@@ -547,8 +547,8 @@ int run_bench_command(BenchArgs& a) {
         {"gen_tokens", b.gen_tokens},
         {"repeat", b.repeat},
         {"decode_mode", b.decode_at_context ? "at_context" : "after_prompt"},
-        {"decode_depth", r.decode_depth},
-        {"decode_cache_rebuilt", r.rebuilt},
+        {"decode_depth", r.runs.back().decode_depth},
+        {"decode_cache_rebuilt", r.runs.back().rebuilt},
         {"kv_cache", sopts.use_cache ? sopts.kv.describe() : "none"},
         {"prefill_tok_s", r.prefill_tok_s},
         {"decode_tok_s", r.decode_tok_s},
@@ -583,10 +583,10 @@ int run_bench_command(BenchArgs& a) {
               weights_text(model).c_str(), pool.size(), simd.c_str());
   std::printf("kernels: %s\n", kernels_description().c_str());
   std::printf("run: %d prompt tokens after %d of context, %d generated from depth %lld (%s); median of %d\n",
-              b.prompt_tokens, b.context, b.gen_tokens, static_cast<long long>(r.decode_depth),
-              !b.decode_at_context ? "after the prompt"
-              : r.rebuilt          ? "the context's, rebuilt: this cache cannot rewind"
-                                   : "the context's, the prompt rewound",
+              b.prompt_tokens, b.context, b.gen_tokens, static_cast<long long>(r.runs.back().decode_depth),
+              !b.decode_at_context    ? "after the prompt"
+              : r.runs.back().rebuilt ? "the context's, rebuilt: this cache cannot rewind"
+                                      : "the context's, the prompt rewound",
               b.repeat);
   std::printf("prefill: %.1f tok/s, time to first token %.1f ms\n", r.prefill_tok_s, r.ttft_ms);
   std::printf("decode: %.2f tok/s\n", r.decode_tok_s);

@@ -1,7 +1,9 @@
 #include "core/platform.h"
 
+#include <sys/mman.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -78,6 +80,16 @@ bool reset_peak_rss() {
 bool env_switch(const char* name) {
   const char* e = std::getenv(name);
   return e && *e && std::string_view(e) != "0";
+}
+
+void* huge_page_alloc(size_t n) {
+  const size_t huge = size_t(2) << 20;
+  const size_t align = n >= 2 * huge ? huge : 64, rounded = (std::max<size_t>(n, 1) + align - 1) / align * align;
+  void* p = std::aligned_alloc(align, rounded);
+#ifdef MADV_HUGEPAGE
+  if (p && align == huge) madvise(p, rounded, MADV_HUGEPAGE);
+#endif
+  return p;
 }
 
 }  // namespace ptllm

@@ -22,6 +22,12 @@ size_t peak_rss_bytes();
 // system cannot.
 bool reset_peak_rss();
 
+// n bytes for a large buffer streamed whole (packed weights, the bandwidth test), freed with
+// std::free, or null where out of memory: from 4 MiB on, 2 MiB-aligned and advised onto transparent
+// huge pages (Linux's MADV_HUGEPAGE), so its pages are faulted in 2 MiB at a time and the stream
+// misses the TLB less; smaller ones cache-line aligned. Advice only.
+void* huge_page_alloc(size_t n);
+
 // Whether the environment variable `name` is set to something other than "" and "0" (the runtime's
 // PTLLM_NO_* and PTLLM_* switches).
 bool env_switch(const char* name);

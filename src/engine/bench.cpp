@@ -10,8 +10,6 @@
 #include <random>
 #include <string>
 
-#include <sys/mman.h>
-
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/ops.h"
@@ -129,8 +127,6 @@ BenchResult run_bench(const Model& model, const SessionOptions& opts, ThreadPool
   res.prefill_tok_s = median(prefill);
   res.decode_tok_s = median(decode);
   res.ttft_ms = median(ttft);
-  res.decode_depth = res.runs.back().decode_depth;
-  res.rebuilt = res.runs.back().rebuilt;
   if (session->has_cache()) {
     const KVCache& kv = session->cache();
     res.kv_logical_bytes = kv.logical_bytes();
@@ -240,17 +236,13 @@ ParallelBenchResult run_parallel_bench(const Model& model, const SessionOptions&
 }
 
 Bandwidth measure_bandwidth(ThreadPool& pool, size_t bytes, int trials) {
-  // On 2 MiB pages, as the packed weights decode streams (model.cpp's packed_alloc): over 4 KiB pages
-  // the read depends on where the pages land and the TLB, and on a VM moved between about 35 and
-  // 60 GB/s from one process to the next while decode did not move.
-  const size_t huge = size_t(2) << 20;
-  const size_t n = (std::max<size_t>(bytes, huge) + huge - 1) / huge * huge / sizeof(float);
-  std::unique_ptr<float, void (*)(float*)> a(static_cast<float*>(std::aligned_alloc(huge, n * sizeof(float))),
+  // On huge pages, as the packed weights decode streams: over 4 KiB pages the read depends on where
+  // the pages land and the TLB, and on a VM moved between about 35 and 60 GB/s from one process to
+  // the next while decode did not move.
+  const size_t n = std::max<size_t>(bytes / sizeof(float), 1 << 16) / 16 * 16;
+  std::unique_ptr<float, void (*)(float*)> a(static_cast<float*>(huge_page_alloc(n * sizeof(float))),
                                              [](float* p) { std::free(p); });
   if (!a) throw Error("cannot allocate " + std::to_string(n * sizeof(float)) + " bytes for the bandwidth test");
-#ifdef MADV_HUGEPAGE  // Linux only; advice, where transparent huge pages are enabled
-  madvise(a.get(), n * sizeof(float), MADV_HUGEPAGE);
-#endif
   std::fill_n(a.get(), n, 1.0f);  // fault every page in before timing
   const size_t half = n / 2;
   // Parts of 16 KiB: every thread streams long contiguous runs.

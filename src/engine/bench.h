@@ -42,8 +42,6 @@ struct BenchResult {
   size_t kv_logical_bytes = 0, kv_physical_bytes = 0;
   int kv_stored = 0;
   int64_t kv_tokens = 0;
-  int64_t decode_depth = 0;  // tokens in the sequence when decode started (the last run)
-  bool rebuilt = false;      // decode_at_context: the cache was rebuilt, not rewound
   KVLayerReport kv_layers;  // which layers store K/V, the bytes of each
   // Bytes one decode step reads: the weights it streams, and the stored K/V attention reads
   // (its logical bytes, averaged over the measured steps).

@@ -11,6 +11,7 @@
 #include <sys/mman.h>
 
 #include "core/error.h"
+#include "core/platform.h"
 #include "core/thread_pool.h"
 #include "kernels/affine.h"
 #include "kernels/amx.h"
@@ -324,18 +325,11 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
 }
 
 namespace {
-// A fresh buffer of n bytes for a packed matrix: a large one on transparent huge pages where the
-// kernel allows them (as the KV arena, kv/block_pool.cpp): its pages are faulted in 2 MB at a time,
-// not 4 KB (Llama-3.2-1B's packing: most of its time was the kernel clearing 4 KB pages), and the
-// stream misses the TLB less. Advice only.
+// A fresh buffer of n bytes for a packed matrix, on huge pages (Llama-3.2-1B's packing spent most of
+// its time in the kernel clearing 4 KB pages).
 void* packed_alloc(size_t n) {
-  const size_t huge = size_t(2) << 20;
-  const size_t align = n >= 2 * huge ? huge : 64, rounded = (n + align - 1) / align * align;
-  void* p = std::aligned_alloc(align, rounded);
+  void* p = huge_page_alloc(n);
   if (!p) throw Error("out of memory: " + std::to_string(n) + " bytes for a packed weight matrix");
-#ifdef MADV_HUGEPAGE  // Linux only
-  if (align == huge) madvise(p, rounded, MADV_HUGEPAGE);
-#endif
   return p;
 }
 }  // namespace
