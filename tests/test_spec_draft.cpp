@@ -210,7 +210,7 @@ TEST(DraftModel, SchedulerBatchedDraftingSameTokens) {
   auto run = [&](SpecOptions spec, bool batch, bool cancel = true) {
     SchedulerConfig c;
     c.session.kv.ctx_size = 512;
-    c.parallel = int(requests.size());
+    c.parallel = int(requests.size()) + 1;  // and the gate below
     c.prefill_chunk = 32;  // the longer prompts prefill over several steps while others decode
     c.eos_ids = {1};
     spec.draft_pool = &rt.pool();
@@ -218,6 +218,17 @@ TEST(DraftModel, SchedulerBatchedDraftingSameTokens) {
     c.spec_draft_batch = batch;
     Scheduler sch(rt, c);
     Run r;
+    // A one-token request first, whose on_done holds the scheduler until the others are all queued:
+    // they are admitted in one step in every run, so the count of draft passes does not depend on
+    // how fast this thread submits.
+    std::promise<void> queued;
+    std::shared_future<void> all_queued = queued.get_future().share();
+    Request gate;
+    gate.prompt = rt.tokenizer().encode("Amen");
+    gate.params.sampling.temperature = 0;
+    gate.params.max_tokens = 1;
+    gate.on_done = [all_queued](const RequestResult&) { all_queued.wait(); };
+    sch.submit(std::move(gate));
     std::vector<std::future<RequestResult>> futs;
     for (size_t i = 0; i < requests.size(); ++i) {
       auto done = std::make_shared<std::promise<RequestResult>>();
@@ -238,6 +249,7 @@ TEST(DraftModel, SchedulerBatchedDraftingSameTokens) {
       }
       sch.submit(std::move(q));
     }
+    queued.set_value();
     for (auto& f : futs) {
       while (f.wait_for(std::chrono::milliseconds(1)) != std::future_status::ready)
         r.peak_draft_blocks = std::max(r.peak_draft_blocks, sch.stats().spec_draft_blocks);
