@@ -783,9 +783,9 @@ TEST(GgmlProductReal, KjvSmallQ4_K_MTensors) {
   }
 }
 
-// ---- Q4_0, Q4_K and Q6_K packed in 16-row groups (ggml.h, ggml_pack) ---------------------------
+// ---- Q4_0, Q8_0, Q4_K and Q6_K packed in 16-row groups (ggml.h, ggml_pack) ---------------------
 
-// A packed copy of a row-major Q4_0/Q4_K/Q6_K matrix, with its bytes.
+// A packed copy of a row-major Q4_0/Q8_0/Q4_K/Q6_K matrix, with its bytes.
 struct Packed {
   std::vector<uint8_t> bytes;
   WeightMatrix w;
@@ -799,17 +799,16 @@ struct Packed {
 
 // Every row comes back as the file's bytes (Q4_K's 6-bit scale packing, Q6_K's ql/qh split
 // included), on raw random blocks (every bit pattern) and quantizer output; packed Q4_K is 4 bytes a
-// block larger, Q4_0 and Q6_K the same size.
+// block larger, Q4_0, Q8_0 and Q6_K the same size.
 TEST(GgmlPack, RowsRoundTripBitForBit) {
-  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K})
+  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K})
     for (bool raw : {true, false}) {
       const int rows = 48, cols = 768;
       const auto blocks = random_matrix(type, rows, cols, raw, 7);
       const WeightMatrix w = ggml_matrix(type, blocks.data(), rows, cols);
       ASSERT_TRUE(ggml_pack_fit(w));
       const Packed p(w);
-      EXPECT_EQ(p.bytes.size(), type == GgmlType::Q4_0 ? size_t(rows) * (cols / 32) * 18u
-                                                       : size_t(rows) * (cols / 256) * (type == GgmlType::Q4_K ? 148u : 210u));
+      EXPECT_EQ(p.bytes.size(), type == GgmlType::Q4_K ? size_t(rows) * (cols / 256) * 148u : w.nbytes());
       EXPECT_EQ(p.w.nbytes(), p.bytes.size());
       EXPECT_FALSE(ggml_pack_fit(p.w));  // packed once
       std::vector<uint8_t> row(w.row_bytes());
@@ -823,22 +822,26 @@ TEST(GgmlPack, RowsRoundTripBitForBit) {
         ASSERT_EQ(a, b) << ggml_type_info(type).name << " row " << r;
       }
     }
-  // Only Q4_0, Q4_K and Q6_K matrices of whole groups and whole units (Q4_0: 64 values).
+  // Only Q4_0, Q8_0, Q4_K and Q6_K matrices of whole groups and whole units (Q4_0, Q8_0: 64 values).
   const auto q5 = random_matrix(GgmlType::Q5_K, 16, 256, true, 1);
   EXPECT_FALSE(ggml_pack_fit(ggml_matrix(GgmlType::Q5_K, q5.data(), 16, 256)));
   const auto q4 = random_matrix(GgmlType::Q4_K, 24, 256, true, 1);
   EXPECT_FALSE(ggml_pack_fit(ggml_matrix(GgmlType::Q4_K, q4.data(), 24, 256)));
   const auto q40 = random_matrix(GgmlType::Q4_0, 16, 96, true, 1);
   EXPECT_FALSE(ggml_pack_fit(ggml_matrix(GgmlType::Q4_0, q40.data(), 16, 96)));
-  const auto q80 = random_matrix(GgmlType::Q8_0, 16, 128, true, 1);
-  EXPECT_FALSE(ggml_pack_fit(ggml_matrix(GgmlType::Q8_0, q80.data(), 16, 128)));
+  const auto q80 = random_matrix(GgmlType::Q8_0, 16, 96, true, 1);
+  EXPECT_FALSE(ggml_pack_fit(ggml_matrix(GgmlType::Q8_0, q80.data(), 16, 96)));
+  const auto q50 = random_matrix(GgmlType::Q5_0, 16, 128, true, 1);
+  EXPECT_FALSE(ggml_pack_fit(ggml_matrix(GgmlType::Q5_0, q50.data(), 16, 128)));
 }
 
-// Packed Q4_0 takes the unpacked panels' operations in their order: under the variant with the
-// packed kernels, each output is the same bits as from the file's layout, for T = 1..15 (every tile
-// and tail of 1 and 2 groups), ranges ending mid-group and an odd number of groups. (The other
+// Packed Q4_0 and Q8_0 take the unpacked panels' operations in their order: under the variant with
+// the packed kernels, each output is the same bits as from the file's layout, for T = 1..15 (every
+// tile and tail of 1 and 2 groups) and 18..20, ranges ending mid-group and an odd number of groups.
+// The file's Q8_0 takes the panels only above kMatmulSmallRows rows of x (one-row kernels below):
+// packed, every row of x gets the bits those panels give it, whatever the count of rows. (The other
 // variants unpack the rows for their one-row kernels: EveryVariantMatchesTheScalarTwin.)
-TEST(GgmlPack, Q4_0PackedIsBitForBitTheFileLayout) {
+TEST(GgmlPack, Q4_0AndQ8_0PackedAreBitForBitTheFilesPanels) {
   int n = 0;
   const GgmlKernel* const* all = ggml_kernels(&n);
   const GgmlKernel* vnni = nullptr;
@@ -847,29 +850,35 @@ TEST(GgmlPack, Q4_0PackedIsBitForBitTheFileLayout) {
   if (!vnni) GTEST_SKIP() << "no AVX-512 VNNI: no packed kernels on this CPU";
   std::mt19937 rng(41);
   std::normal_distribution<float> g(0.f, 1.f);
-  const int nk = 1;
-  const GgmlKernel* const ks[1] = {vnni};
-  const int rows = 80, cols = 640;
-  const auto blocks = random_matrix(GgmlType::Q4_0, rows, cols, false, 43);
-  const WeightMatrix w = ggml_matrix(GgmlType::Q4_0, blocks.data(), rows, cols);
-  const Packed p(w);
-  std::vector<float> bias(static_cast<size_t>(rows));
-  for (auto& v : bias) v = g(rng);
-  for (int T = 1; T <= 15; ++T) {
-    std::vector<float> x(size_t(T) * size_t(cols));
+  const int rows = 80, cols = 640, most = 20;
+  static_assert(most > kMatmulSmallRows);
+  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q8_0}) {
+    const auto blocks = random_matrix(type, rows, cols, false, 43);
+    const WeightMatrix w = ggml_matrix(type, blocks.data(), rows, cols);
+    const Packed p(w);
+    std::vector<float> bias(static_cast<size_t>(rows));
+    for (auto& v : bias) v = g(rng);
+    std::vector<float> x(size_t(most) * size_t(cols));
     for (auto& v : x) v = g(rng);
     std::vector<int8_t> q(x.size());
-    std::vector<float> d(size_t(T) * size_t(cols / 32));
-    std::vector<int16_t> sums(size_t(T) * size_t(cols / 16));
-    ggml_quantize_acts(x.data(), cols, 32, 0, T, q.data(), d.data(), sums.data());
-    const GgmlActs a{T, cols, 32, q.data(), d.data(), sums.data()};
-    std::vector<float> want(size_t(T) * size_t(rows)), got(want.size());
-    for (int i = 0; i < nk; ++i) {
-      ks[i]->rows(w, a, bias.data(), want.data(), 0, rows);
+    std::vector<float> d(size_t(most) * size_t(cols / 32));
+    std::vector<int16_t> sums(size_t(most) * size_t(cols / 16));
+    ggml_quantize_acts(x.data(), cols, 32, 0, most, q.data(), d.data(), sums.data());
+    // Q8_0's panels: all `most` rows at once (its reference); Q4_0's: at each T.
+    std::vector<float> panels(size_t(most) * size_t(rows));
+    vnni->rows(w, GgmlActs{most, cols, 32, q.data(), d.data(), sums.data()}, bias.data(), panels.data(), 0, rows);
+    for (int T = 1; T <= most; ++T) {
+      if (T == 16 || T == 17) continue;
+      const GgmlActs a{T, cols, 32, q.data(), d.data(), sums.data()};
+      std::vector<float> want(size_t(T) * size_t(rows)), got(want.size());
+      if (type == GgmlType::Q8_0)
+        std::copy_n(panels.begin(), want.size(), want.begin());
+      else
+        vnni->rows(w, a, bias.data(), want.data(), 0, rows);
       std::fill(got.begin(), got.end(), NAN);
-      for (auto [r0, r1] : {std::pair{0, 21}, {21, 48}, {48, rows}}) ks[i]->rows(p.w, a, bias.data(), got.data(), r0, r1);
+      for (auto [r0, r1] : {std::pair{0, 21}, {21, 48}, {48, rows}}) vnni->rows(p.w, a, bias.data(), got.data(), r0, r1);
       for (size_t j = 0; j < got.size(); ++j)
-        ASSERT_EQ(got[j], want[j]) << ks[i]->name << " T " << T << " at " << j;
+        ASSERT_EQ(got[j], want[j]) << ggml_type_info(type).name << " T " << T << " at " << j;
     }
   }
 }
@@ -881,7 +890,7 @@ TEST(GgmlPack, EveryVariantMatchesTheScalarTwin) {
   std::normal_distribution<float> g(0.f, 1.f);
   int nk = 0;
   const GgmlKernel* const* ks = ggml_kernels(&nk);
-  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K})
+  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K})
   for (bool raw : {false, true}) {
     const int rows = 64, cols = 1024, block = ggml_act_block(type);
     const auto blocks = random_matrix(type, rows, cols, raw, 3);
@@ -933,7 +942,7 @@ TEST(GgmlPack, MatmulUnderEverySimdTarget) {
   const int rows = 80, cols = 512;
   ThreadPool pool(3);
   const SimdTarget saved = active_simd_target();
-  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K})
+  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K})
   for (int T : {1, 6, 17}) {
     const auto blocks = random_matrix(type, rows, cols, false, 29);
     const WeightMatrix w = ggml_matrix(type, blocks.data(), rows, cols);

@@ -282,7 +282,7 @@ GgmlRowsFn ggml_panel_rows(GgmlType t) {
 
 bool ggml_int_kernel(GgmlType t) { return has_int_kernel(t); }
 
-// ---- Q4_0, Q4_K and Q6_K packed ----------------------------------------------------------------------
+// ---- Q4_0, Q8_0, Q4_K and Q6_K packed ------------------------------------------------------------------
 
 namespace {
 // Q4_K: value v is sub-block j = v / 32's code l = v % 32, the low (even j) or high (odd j)
@@ -314,13 +314,14 @@ const uint8_t* packed_block(const WeightMatrix& w, int g, int b) {
 int ggml_pack_block_bytes(GgmlType t) {
   switch (t) {
     case GgmlType::Q4_0: return kGgmlPackRows * 2 * 18;
+    case GgmlType::Q8_0: return kGgmlPackRows * 2 * 34;
     case GgmlType::Q4_K: return kGgmlPackRows * (144 + 4);
     case GgmlType::Q6_K: return kGgmlPackRows * 210;
     default: return 0;
   }
 }
 
-int ggml_pack_block_elems(GgmlType t) { return t == GgmlType::Q4_0 ? 64 : 256; }
+int ggml_pack_block_elems(GgmlType t) { return t == GgmlType::Q4_0 || t == GgmlType::Q8_0 ? 64 : 256; }
 
 bool ggml_pack_fit(const WeightMatrix& w) {
   return w.format == WeightFormat::Ggml && ggml_pack_block_bytes(w.ggml) > 0 && !w.ggml_pack && w.rows > 0 &&
@@ -352,6 +353,21 @@ void ggml_pack(const WeightMatrix& w, void* out, int g0, int g1) {
             const uint8_t* blk = static_cast<const uint8_t*>(w.data) + size_t(16 * g + i) * rb + size_t(2 * u + h) * 18;
             std::memcpy(o + 32 * h + 2 * i, blk, 2);
             for (int c = 0; c < 4; ++c) std::memcpy(o + 64 + 256 * h + 64 * c + 4 * i, blk + 2 + 4 * c, 4);
+          }
+      }
+    return;
+  }
+  if (w.ggml == GgmlType::Q8_0) {  // two blocks of 16 rows: their d, then their codes + 128 4 bytes a lane
+    const int nu = w.cols / 64;
+    for (int g = g0; g < g1; ++g)
+      for (int u = 0; u < nu; ++u) {
+        uint8_t* o = static_cast<uint8_t*>(out) + (size_t(g) * size_t(nu) + size_t(u)) * size_t(kGgmlPackRows * 68);
+        for (int i = 0; i < kGgmlPackRows; ++i)
+          for (int h = 0; h < 2; ++h) {
+            const uint8_t* blk = static_cast<const uint8_t*>(w.data) + size_t(16 * g + i) * rb + size_t(2 * u + h) * 34;
+            std::memcpy(o + 32 * h + 2 * i, blk, 2);
+            for (int k = 0; k < 8; ++k)
+              for (int j = 0; j < 4; ++j) o[64 + 512 * h + 64 * k + 4 * i + j] = blk[2 + 4 * k + j] ^ 0x80;
           }
       }
     return;
@@ -427,6 +443,18 @@ void ggml_unpack_row(const WeightMatrix& w, int r, uint8_t* blocks) {
         uint8_t* blk = blocks + size_t(2 * u + h) * size_t(out_bytes);
         std::memcpy(blk, o + 32 * h + 2 * i, 2);
         for (int c = 0; c < 4; ++c) std::memcpy(blk + 2 + 4 * c, o + 64 + 256 * h + 64 * c + 4 * i, 4);
+      }
+    }
+    return;
+  }
+  if (w.ggml == GgmlType::Q8_0) {
+    for (int u = 0; u < w.cols / 64; ++u) {
+      const uint8_t* o = packed_block(w, g, u);
+      for (int h = 0; h < 2; ++h) {
+        uint8_t* blk = blocks + size_t(2 * u + h) * size_t(out_bytes);
+        std::memcpy(blk, o + 32 * h + 2 * i, 2);
+        for (int k = 0; k < 8; ++k)
+          for (int j = 0; j < 4; ++j) blk[2 + 4 * k + j] = o[64 + 512 * h + 64 * k + 4 * i + j] ^ 0x80;
       }
     }
     return;

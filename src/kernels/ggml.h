@@ -45,15 +45,19 @@ struct GgmlScaleMin {
 };
 GgmlScaleMin ggml_k_scale_min(const uint8_t* scales12, int j);
 
-// ---- Q4_0, Q4_K and Q6_K repacked at load time --------------------------------------------------
+// ---- Q4_0, Q8_0, Q4_K and Q6_K repacked at load time ----------------------------------------------
 // The products stream such a matrix faster as one sequential run of 16-row groups (the idea of
 // llama.cpp's interleaved "repack" buffers; this layout is our own). For each group and each unit of
-// ggml_pack_block_elems(type) values (two 32-value blocks for Q4_0, one 256-value block for the
-// K-quants), ggml_pack_block_bytes(type) bytes; i is the row in the group:
+// ggml_pack_block_elems(type) values (two 32-value blocks for Q4_0 and Q8_0, one 256-value block
+// for the K-quants), ggml_pack_block_bytes(type) bytes; i is the row in the group:
 // Q4_0 (576 bytes, the file's size)
 //   [0, 64)      d (f16) of row i: the first block's at 2 i, the second's at 32 + 2 i
 //   [64, 576)    per block h (0, 1), 256 bytes from 64 + 256 h: byte 64 c + 4 i + k holds the nibbles of
 //                values 4 c + k (low) and 16 + 4 c + k (high), as the file's qs[4 c + k] does
+// Q8_0 (1088 bytes, the file's size)
+//   [0, 64)      d (f16) as Q4_0's
+//   [64, 1088)   per block h (0, 1), 512 bytes from 64 + 512 h: byte 64 k + 4 i + j holds the code of
+//                value 4 k + j plus 128 (its sign bit flipped: the unsigned operand of vpdpbusd)
 // Q4_K (2368 bytes: 4 more a row than the file, the scales unpacked to a byte each)
 //   [0, 32)      the 16 rows' d (f16),  [32, 64) their dmin (f16)
 //   [64, 192)    scale j of row i at 64 + 16 j + i (0..63)
@@ -69,12 +73,13 @@ GgmlScaleMin ggml_k_scale_min(const uint8_t* scales12, int j);
 // so one 64-byte load gives 16 rows x 4 values (twice or four times over), against 4 bytes of x
 // broadcast (vpdpbusd with the 16 outputs in the lanes: no horizontal sums). A row's integer sums
 // are those of the file's blocks, so the products equal the row-major ones up to float rounding
-// (Q4_0: bit for bit, the same operations in the same order as the unpacked panels).
+// (Q4_0, Q8_0: bit for bit, the same operations in the same order as the unpacked panels; for Q8_0
+// those are the file layout's prefill, at every count of rows of x).
 inline constexpr int kGgmlPackRows = 16;
 int ggml_pack_block_bytes(GgmlType t);  // 0: a type that is not packed
-int ggml_pack_block_elems(GgmlType t);  // values of a row in one unit: 64 (Q4_0) or 256
-// Whether w (row-major) can be packed: Q4_0, Q4_K or Q6_K, rows a multiple of kGgmlPackRows, columns
-// of ggml_pack_block_elems.
+int ggml_pack_block_elems(GgmlType t);  // values of a row in one unit: 64 (Q4_0, Q8_0) or 256
+// Whether w (row-major) can be packed: Q4_0, Q8_0, Q4_K or Q6_K, rows a multiple of kGgmlPackRows,
+// columns of ggml_pack_block_elems.
 bool ggml_pack_fit(const WeightMatrix& w);
 // Whether this process wants such matrices packed: the active kernels have the packed products
 // (AVX-512 VNNI) and neither PTLLM_NO_GGML_PACK=1 nor set_ggml_pack_enabled(false) says otherwise.

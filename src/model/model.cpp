@@ -335,10 +335,10 @@ void* packed_alloc(size_t n) {
 }  // namespace
 
 void Model::pack_panels() {
-  if (ggml_pack_wanted()) {  // Q4_0, Q4_K and Q6_K in 16-row groups (kernels/ggml.h)
-    // Where AMX takes prefill, it reads Q4_0 matrices row by row (amx_takes_dequantized).
+  if (ggml_pack_wanted()) {  // Q4_0, Q8_0, Q4_K and Q6_K in 16-row groups (kernels/ggml.h)
+    // Where AMX takes prefill, it reads Q4_0 and Q8_0 matrices row by row (amx_takes_dequantized).
     const auto fit = [](const WeightMatrix& w) {
-      return ggml_pack_fit(w) && !(w.ggml == GgmlType::Q4_0 && amx_active());
+      return ggml_pack_fit(w) && !((w.ggml == GgmlType::Q4_0 || w.ggml == GgmlType::Q8_0) && amx_active());
     };
     std::vector<WeightMatrix*> todo;
     for (LayerWeights& lw : layers_)

@@ -454,7 +454,7 @@ PTLLM_GGML_TARGET void dot_q6k_zmm(const uint8_t* row, int nb, const GgmlActs& a
 #include "kernels/x86/ggml_tiled_avx2_impl.h"  // Q4_0 against many rows of x
 #endif  // PTLLM_GGML_ZMM
 
-// ---- Q4_0, Q4_K and Q6_K packed (ggml.h, kGgmlPackRows) -----------------------------------------
+// ---- Q4_0, Q8_0, Q4_K and Q6_K packed (ggml.h, kGgmlPackRows) -----------------------------------------
 
 constexpr int kQ4KPacked = kGgmlPackRows * 148, kQ6KPacked = kGgmlPackRows * 210;
 // A group is one sequential stream and goes without ask_ahead: a prefetch of every line 4 KiB
@@ -557,17 +557,18 @@ PTLLM_GGML_TARGET void q6k_packed_group(const uint8_t* grp, int nb, const GgmlAc
   PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) out[t] = acc[t];
 }
 
-// Q4_0 packed: NP consecutive groups (gb bytes apart) against NT rows of x, the unpacked panels'
-// operations in their order (panel_tile: -8 sum x, then the 8 four-value products of each block into
-// int32 lanes, one FMA a block), so a row's result is the same bits as from the file's layout. The
-// codes come from the nibbles in registers: no panel to build. With few rows of x (decode) each
-// lane's sum is split between the low and high nibbles: two chains of integer adds instead of one
-// (exact, so the same sums).
-template <int NP, int NT>
-PTLLM_GGML_TARGET void q40_packed_tile(const uint8_t* grp, size_t gb, int nb, const GgmlActs& a, const float* xs,
-                                       const int32_t* corr, int t0, const float* bias, float* y, int ldy, int r,
-                                       const __mmask16* keep) {
-  constexpr bool kSplit = NP * NT <= 2;
+// Q4_0 and Q8_0 packed: NP consecutive groups (gb bytes apart) against NT rows of x, the unpacked
+// panels' operations in their order (panel_tile: -o sum x, then the 8 four-value products of each
+// block into int32 lanes, one FMA a block), so a row's result is the same bits as from the panels.
+// The codes come straight from the unit (Q4_0: from its nibbles in registers; Q8_0: stored + 128):
+// no panel to build. With few rows of x (decode) each lane's sum is split between two chains of
+// integer adds instead of one (exact, so the same sums).
+template <GgmlType Ty, int NP, int NT>
+PTLLM_GGML_TARGET void packed32_tile(const uint8_t* grp, size_t gb, int nb, const GgmlActs& a, const float* xs,
+                                     const int32_t* corr, int t0, const float* bias, float* y, int ldy, int r,
+                                     const __mmask16* keep) {
+  constexpr bool kSplit = NP * NT <= 2, kQ8 = Ty == GgmlType::Q8_0;
+  constexpr size_t kUnit = kGgmlPackRows * (kQ8 ? 68 : 36), kBlockCodes = kQ8 ? 512 : 256;
   const int8_t* xq[NT];
   FZ acc[NP][NT];
   PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
@@ -577,8 +578,8 @@ PTLLM_GGML_TARGET void q40_packed_tile(const uint8_t* grp, size_t gb, int nb, co
   const Z lo4 = _mm512_set1_epi8(0x0f);
   const size_t T = size_t(a.T);
   for (int b = 0; b < nb; ++b) {
-    const uint8_t* unit = grp + size_t(b / 2) * size_t(kGgmlPackRows * 36);
-    const uint8_t* codes = unit + 64 + 256 * (b % 2);
+    const uint8_t* unit = grp + size_t(b / 2) * kUnit;
+    const uint8_t* codes = unit + 64 + kBlockCodes * size_t(b % 2);
     const int32_t* cb = corr + size_t(b) * T + size_t(t0);
     const float* db = xs + size_t(b) * T + size_t(t0);
     Z is[NP][NT], hs[NP][NT];
@@ -586,23 +587,23 @@ PTLLM_GGML_TARGET void q40_packed_tile(const uint8_t* grp, size_t gb, int nb, co
       const Z c = _mm512_set1_epi32(cb[t]);
       PTLLM_GGML_UNROLL for (int p = 0; p < NP; ++p) is[p][t] = c, hs[p][t] = _mm512_setzero_si512();
     }
-    PTLLM_GGML_UNROLL for (int c = 0; c < 4; ++c) {
-      PTLLM_GGML_UNROLL for (int h = 0; h < 2; ++h) {
-        Z wk[NP];
+    // Line k of 8 (Q8_0) or half h of line c (Q4_0): values 4k .. 4k + 3 or 16h + 4c .., two chains.
+    PTLLM_GGML_UNROLL for (int k = 0; k < 8; ++k) {
+      const int c = kQ8 ? k : k / 2, h = kQ8 ? k % 2 : k % 2, xo = kQ8 ? 4 * k : 16 * h + 4 * c;
+      Z wk[NP];
+      PTLLM_GGML_UNROLL for (int p = 0; p < NP; ++p) {
+        const Z v = _mm512_loadu_si512(codes + size_t(p) * gb + 64 * c);
+        wk[p] = kQ8 ? v : _mm512_and_si512(h ? _mm512_srli_epi16(v, 4) : v, lo4);
+      }
+      PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
+        int32_t x4;
+        std::memcpy(&x4, xq[t] + 32 * b + xo, 4);
+        const Z xb = _mm512_set1_epi32(x4);
         PTLLM_GGML_UNROLL for (int p = 0; p < NP; ++p) {
-          const Z v = _mm512_loadu_si512(codes + size_t(p) * gb + 64 * c);
-          wk[p] = _mm512_and_si512(h ? _mm512_srli_epi16(v, 4) : v, lo4);
-        }
-        PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
-          int32_t x4;
-          std::memcpy(&x4, xq[t] + 32 * b + 16 * h + 4 * c, 4);
-          const Z xb = _mm512_set1_epi32(x4);
-          PTLLM_GGML_UNROLL for (int p = 0; p < NP; ++p) {
-            if (kSplit && h)
-              hs[p][t] = _mm512_dpbusd_epi32(hs[p][t], wk[p], xb);
-            else
-              is[p][t] = _mm512_dpbusd_epi32(is[p][t], wk[p], xb);
-          }
+          if (kSplit && h)
+            hs[p][t] = _mm512_dpbusd_epi32(hs[p][t], wk[p], xb);
+          else
+            is[p][t] = _mm512_dpbusd_epi32(is[p][t], wk[p], xb);
         }
       }
     }
@@ -623,26 +624,31 @@ PTLLM_GGML_TARGET void q40_packed_tile(const uint8_t* grp, size_t gb, int nb, co
 }
 
 // The last n < N rows of x from t0 on (n >= 1).
-template <int NP, int N>
-PTLLM_GGML_TARGET void q40_packed_tail(int n, const uint8_t* grp, size_t gb, int nb, const GgmlActs& a,
-                                       const float* xs, const int32_t* corr, int t0, const float* bias, float* y,
-                                       int ldy, int r, const __mmask16* keep) {
+template <GgmlType Ty, int NP, int N>
+PTLLM_GGML_TARGET void packed32_tail(int n, const uint8_t* grp, size_t gb, int nb, const GgmlActs& a,
+                                     const float* xs, const int32_t* corr, int t0, const float* bias, float* y,
+                                     int ldy, int r, const __mmask16* keep) {
   if constexpr (N > 1) {
-    if (n == N - 1) return q40_packed_tile<NP, N - 1>(grp, gb, nb, a, xs, corr, t0, bias, y, ldy, r, keep);
-    return q40_packed_tail<NP, N - 1>(n, grp, gb, nb, a, xs, corr, t0, bias, y, ldy, r, keep);
+    if (n == N - 1) return packed32_tile<Ty, NP, N - 1>(grp, gb, nb, a, xs, corr, t0, bias, y, ldy, r, keep);
+    return packed32_tail<Ty, NP, N - 1>(n, grp, gb, nb, a, xs, corr, t0, bias, y, ldy, r, keep);
   }
 }
 
-// Rows [r0, r1) of a packed Q4_0 matrix: groups two at a time against tiles of x's rows (as
+// Rows [r0, r1) of a packed Q4_0 or Q8_0 matrix: groups two at a time against tiles of x's rows (as
 // tiled_rows_t's panels), a group's bytes read once from memory and reused from L1/L2 by the tiles.
-PTLLM_GGML_TARGET void q40_packed_rows(const WeightMatrix& w, const GgmlActs& a, const float* bias, float* y, int r0,
-                                       int r1) {
+// Up to kPacked32OneGroupMaxT rows of x (decode) a group at a time: one sequential stream a thread,
+// which the hardware prefetchers follow better than two 18-73 KiB apart (Llama-3.2-1B shapes, Q4_0,
+// 2 threads: 1.2-1.6x the bytes a second at 1 to 4 rows of x, less from 6 rows on).
+constexpr int kPacked32OneGroupMaxT = 4;
+template <GgmlType Ty>
+PTLLM_GGML_TARGET void packed32_rows(const WeightMatrix& w, const GgmlActs& a, const float* bias, float* y, int r0,
+                                     int r1) {
   const int nb = w.cols / 32;
-  const size_t gb = size_t(nb / 2) * size_t(kGgmlPackRows * 36);
-  const BlockTerms bt = block_terms(a, nb, 8);
+  const size_t gb = size_t(nb / 2) * size_t(ggml_pack_block_bytes(Ty));
+  const BlockTerms bt = block_terms(a, nb, Ty == GgmlType::Q8_0 ? 128 : 8);
   const int g1 = (r1 + kGgmlPackRows - 1) / kGgmlPackRows;
-  for (int g = r0 / kGgmlPackRows; g < g1; g += 2) {
-    const int np = g + 1 < g1 ? 2 : 1;
+  for (int g = r0 / kGgmlPackRows, np = 1; g < g1; g += np) {
+    np = g + 1 < g1 && a.T > kPacked32OneGroupMaxT ? 2 : 1;
     __mmask16 keep[2];
     for (int q = 0; q < np; ++q) {
       const int base = (g + q) * kGgmlPackRows;
@@ -655,8 +661,9 @@ PTLLM_GGML_TARGET void q40_packed_rows(const WeightMatrix& w, const GgmlActs& a,
       constexpr int NP = decltype(np_tag)::value, NT = kTileX[NP - 1];
       int t0 = 0;
       for (; t0 + NT <= a.T; t0 += NT)
-        q40_packed_tile<NP, NT>(grp, gb, nb, a, bt.xs, bt.corr, t0, bias, y, w.rows, r, keep);
-      if (t0 < a.T) q40_packed_tail<NP, NT>(a.T - t0, grp, gb, nb, a, bt.xs, bt.corr, t0, bias, y, w.rows, r, keep);
+        packed32_tile<Ty, NP, NT>(grp, gb, nb, a, bt.xs, bt.corr, t0, bias, y, w.rows, r, keep);
+      if (t0 < a.T)
+        packed32_tail<Ty, NP, NT>(a.T - t0, grp, gb, nb, a, bt.xs, bt.corr, t0, bias, y, w.rows, r, keep);
     };
     if (np == 2)
       run(std::integral_constant<int, 2>{});
@@ -675,7 +682,8 @@ PTLLM_GGML_TARGET void packed_group(GgmlType type, const uint8_t* grp, int nb, c
 // group's blocks, 16 x 148 bytes a block, stay in L2 while x passes).
 PTLLM_GGML_TARGET void packed_rows(const WeightMatrix& w, const GgmlActs& a, const float* bias, float* y, int r0,
                                    int r1) {
-  if (w.ggml == GgmlType::Q4_0) return q40_packed_rows(w, a, bias, y, r0, r1);
+  if (w.ggml == GgmlType::Q4_0) return packed32_rows<GgmlType::Q4_0>(w, a, bias, y, r0, r1);
+  if (w.ggml == GgmlType::Q8_0) return packed32_rows<GgmlType::Q8_0>(w, a, bias, y, r0, r1);
   const int nb = w.cols / 256;
   const size_t gb = size_t(nb) * size_t(w.ggml == GgmlType::Q6_K ? kQ6KPacked : kQ4KPacked);
   FZ out[4];
