@@ -343,31 +343,26 @@ size_t ggml_packed_bytes(const WeightMatrix& w) {
 void ggml_pack(const WeightMatrix& w, void* out, int g0, int g1) {
   PTLLM_CHECK(ggml_pack_fit(w) && g0 >= 0 && g1 <= w.rows / kGgmlPackRows);
   const size_t rb = w.row_bytes();
-  if (w.ggml == GgmlType::Q4_0) {  // two blocks of 16 rows: their d, then their quants 4 bytes a lane
-    const int nu = w.cols / 64;
+  if (w.ggml == GgmlType::Q4_0 || w.ggml == GgmlType::Q8_0) {
+    // Two blocks of 16 rows: their d, then their code bytes 4 a lane (Q8_0's + 128).
+    const bool q8 = w.ggml == GgmlType::Q8_0;
+    const int nu = w.cols / 64, in_bytes = ggml_type_info(w.ggml).block_bytes, lines = q8 ? 8 : 4;
+    const uint32_t flip = q8 ? 0x80808080u : 0;
+    const size_t unit = size_t(ggml_pack_block_bytes(w.ggml));
     for (int g = g0; g < g1; ++g)
       for (int u = 0; u < nu; ++u) {
-        uint8_t* o = static_cast<uint8_t*>(out) + (size_t(g) * size_t(nu) + size_t(u)) * size_t(kGgmlPackRows * 36);
+        uint8_t* o = static_cast<uint8_t*>(out) + (size_t(g) * size_t(nu) + size_t(u)) * unit;
         for (int i = 0; i < kGgmlPackRows; ++i)
           for (int h = 0; h < 2; ++h) {
-            const uint8_t* blk = static_cast<const uint8_t*>(w.data) + size_t(16 * g + i) * rb + size_t(2 * u + h) * 18;
+            const uint8_t* blk =
+                static_cast<const uint8_t*>(w.data) + size_t(16 * g + i) * rb + size_t(2 * u + h) * size_t(in_bytes);
             std::memcpy(o + 32 * h + 2 * i, blk, 2);
-            for (int c = 0; c < 4; ++c) std::memcpy(o + 64 + 256 * h + 64 * c + 4 * i, blk + 2 + 4 * c, 4);
-          }
-      }
-    return;
-  }
-  if (w.ggml == GgmlType::Q8_0) {  // two blocks of 16 rows: their d, then their codes + 128 4 bytes a lane
-    const int nu = w.cols / 64;
-    for (int g = g0; g < g1; ++g)
-      for (int u = 0; u < nu; ++u) {
-        uint8_t* o = static_cast<uint8_t*>(out) + (size_t(g) * size_t(nu) + size_t(u)) * size_t(kGgmlPackRows * 68);
-        for (int i = 0; i < kGgmlPackRows; ++i)
-          for (int h = 0; h < 2; ++h) {
-            const uint8_t* blk = static_cast<const uint8_t*>(w.data) + size_t(16 * g + i) * rb + size_t(2 * u + h) * 34;
-            std::memcpy(o + 32 * h + 2 * i, blk, 2);
-            for (int k = 0; k < 8; ++k)
-              for (int j = 0; j < 4; ++j) o[64 + 512 * h + 64 * k + 4 * i + j] = blk[2 + 4 * k + j] ^ 0x80;
+            for (int k = 0; k < lines; ++k) {
+              uint32_t v;
+              std::memcpy(&v, blk + 2 + 4 * k, 4);
+              v ^= flip;
+              std::memcpy(o + 64 + 64 * lines * h + 64 * k + 4 * i, &v, 4);
+            }
           }
       }
     return;
@@ -436,25 +431,21 @@ void ggml_unpack_row(const WeightMatrix& w, int r, uint8_t* blocks) {
   PTLLM_CHECK(w.ggml_pack == kGgmlPackRows && ggml_pack_block_bytes(w.ggml) > 0 && r >= 0 && r < w.rows);
   const int g = r / kGgmlPackRows, i = r % kGgmlPackRows;
   const int out_bytes = ggml_type_info(w.ggml).block_bytes;
-  if (w.ggml == GgmlType::Q4_0) {
+  if (w.ggml == GgmlType::Q4_0 || w.ggml == GgmlType::Q8_0) {
+    const bool q8 = w.ggml == GgmlType::Q8_0;
+    const int lines = q8 ? 8 : 4;
+    const uint32_t flip = q8 ? 0x80808080u : 0;
     for (int u = 0; u < w.cols / 64; ++u) {
       const uint8_t* o = packed_block(w, g, u);
       for (int h = 0; h < 2; ++h) {
         uint8_t* blk = blocks + size_t(2 * u + h) * size_t(out_bytes);
         std::memcpy(blk, o + 32 * h + 2 * i, 2);
-        for (int c = 0; c < 4; ++c) std::memcpy(blk + 2 + 4 * c, o + 64 + 256 * h + 64 * c + 4 * i, 4);
-      }
-    }
-    return;
-  }
-  if (w.ggml == GgmlType::Q8_0) {
-    for (int u = 0; u < w.cols / 64; ++u) {
-      const uint8_t* o = packed_block(w, g, u);
-      for (int h = 0; h < 2; ++h) {
-        uint8_t* blk = blocks + size_t(2 * u + h) * size_t(out_bytes);
-        std::memcpy(blk, o + 32 * h + 2 * i, 2);
-        for (int k = 0; k < 8; ++k)
-          for (int j = 0; j < 4; ++j) blk[2 + 4 * k + j] = o[64 + 512 * h + 64 * k + 4 * i + j] ^ 0x80;
+        for (int k = 0; k < lines; ++k) {
+          uint32_t v;
+          std::memcpy(&v, o + 64 + 64 * lines * h + 64 * k + 4 * i, 4);
+          v ^= flip;
+          std::memcpy(blk + 2 + 4 * k, &v, 4);
+        }
       }
     }
     return;
