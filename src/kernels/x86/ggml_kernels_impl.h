@@ -557,6 +557,9 @@ PTLLM_GGML_TARGET void q6k_packed_group(const uint8_t* grp, int nb, const GgmlAc
   PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) out[t] = acc[t];
 }
 
+// A packed unit's bytes (ggml_pack_block_bytes: two blocks of 16 rows).
+constexpr size_t packed32_unit_bytes(GgmlType t) { return kGgmlPackRows * (t == GgmlType::Q8_0 ? 68 : 36); }
+
 // Q4_0 and Q8_0 packed: NP consecutive groups (gb bytes apart) against NT rows of x, the unpacked
 // panels' operations in their order (panel_tile: -o sum x, then the 8 four-value products of each
 // block into int32 lanes, one FMA a block), so a row's result is the same bits as from the panels.
@@ -568,7 +571,7 @@ PTLLM_GGML_TARGET void packed32_tile(const uint8_t* grp, size_t gb, int nb, cons
                                      const int32_t* corr, int t0, const float* bias, float* y, int ldy, int r,
                                      const __mmask16* keep) {
   constexpr bool kSplit = NP * NT <= 2, kQ8 = Ty == GgmlType::Q8_0;
-  constexpr size_t kUnit = kGgmlPackRows * (kQ8 ? 68 : 36), kBlockCodes = kQ8 ? 512 : 256;
+  constexpr size_t kUnit = packed32_unit_bytes(Ty), kBlockCodes = kQ8 ? 512 : 256;
   const int8_t* xq[NT];
   FZ acc[NP][NT];
   PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
@@ -589,7 +592,7 @@ PTLLM_GGML_TARGET void packed32_tile(const uint8_t* grp, size_t gb, int nb, cons
     }
     // Line k of 8 (Q8_0) or half h of line c (Q4_0): values 4k .. 4k + 3 or 16h + 4c .., two chains.
     PTLLM_GGML_UNROLL for (int k = 0; k < 8; ++k) {
-      const int c = kQ8 ? k : k / 2, h = kQ8 ? k % 2 : k % 2, xo = kQ8 ? 4 * k : 16 * h + 4 * c;
+      const int c = kQ8 ? k : k / 2, h = k % 2, xo = kQ8 ? 4 * k : 16 * h + 4 * c;
       Z wk[NP];
       PTLLM_GGML_UNROLL for (int p = 0; p < NP; ++p) {
         const Z v = _mm512_loadu_si512(codes + size_t(p) * gb + 64 * c);
@@ -644,7 +647,7 @@ template <GgmlType Ty>
 PTLLM_GGML_TARGET void packed32_rows(const WeightMatrix& w, const GgmlActs& a, const float* bias, float* y, int r0,
                                      int r1) {
   const int nb = w.cols / 32;
-  const size_t gb = size_t(nb / 2) * size_t(ggml_pack_block_bytes(Ty));
+  const size_t gb = size_t(nb / 2) * packed32_unit_bytes(Ty);
   const BlockTerms bt = block_terms(a, nb, Ty == GgmlType::Q8_0 ? 128 : 8);
   const int g1 = (r1 + kGgmlPackRows - 1) / kGgmlPackRows;
   for (int g = r0 / kGgmlPackRows, np = 1; g < g1; g += np) {
