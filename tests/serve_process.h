@@ -62,13 +62,22 @@ struct ServeProcess {
     ss << in.rdbuf();
     return ss.str();
   }
-  // SIGTERM; the exit code (-1: not a normal exit).
+  // SIGTERM; the exit code (-1: not a normal exit). A server still running 60 s later is killed
+  // and fails the test, rather than holding it until ctest's timeout.
   int stop() {
+    if (pid <= 0) return -1;  // kill(0) would signal the test's own process group
     kill(pid, SIGTERM);
     int status = 0;
-    waitpid(pid, &status, 0);
+    pid_t done = 0;
+    for (int i = 0; i < 6000 && (done = waitpid(pid, &status, WNOHANG)) == 0; ++i)  // a bound, not a timing assertion
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (done == 0) {
+      ADD_FAILURE() << "the server was still running 60 s after SIGTERM:\n" << log();
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+    }
     pid = 0;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return done != 0 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   }
   httplib::Result post(const std::string& path, const std::string& body) const {
     httplib::Client c("127.0.0.1", port);

@@ -299,7 +299,7 @@ TEST(AgentFormats, Logprobs) {
 TEST(AgentFormats, ChatCommandParsesCalls) {
   Served s("Qwen-Qwen2.5-7B-Instruct.jinja", kQwenTail,
            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>");
-  s.server->stop();
+  EXPECT_EQ(s.server->stop(), 0);
   const fs::path tools = s.dir.path / "tools.json";
   std::ofstream(tools) << kTools.dump();
   const fs::path turns = s.dir.path / "turns.txt";

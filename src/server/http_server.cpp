@@ -612,6 +612,14 @@ struct HttpServer::Impl {
   int threads = 0;    // HTTP threads
   ConnectionWatch watch;
   std::atomic<bool> stopping{false};
+  std::atomic<bool> listener_closed{false};
+
+  // httplib's stop() does nothing until listen_after_bind() has marked the server running, so a
+  // SIGTERM just after the bind would be lost: whichever of shutdown() and run()'s watcher first
+  // sees it running closes the listening socket.
+  void close_listener() {
+    if (stopping && http.is_running() && !listener_closed.exchange(true)) http.stop();
+  }
 
   Impl(Runtime& r, Scheduler& s, ServerConfig c) : rt(r), sch(s), cfg(std::move(c)) {}
 
@@ -1335,6 +1343,7 @@ void HttpServer::run() {
       if (m.stopping || tick % 5 == 0)
         m.watch.sweep(m.port, std::chrono::seconds(m.cfg.header_timeout_s), m.threads, m.stopping);
       m.http.close_refused(false);
+      m.close_listener();
     }
   });
   m.http.listen_after_bind();  // returns once every HTTP thread has ended
@@ -1356,7 +1365,7 @@ void HttpServer::shutdown(std::chrono::milliseconds grace) {
     m.cv.wait_for(lk, std::chrono::seconds(5), [&] { return m.in_flight == 0; });  // the last chunks written
   }
   m.stopping = true;  // connections between requests are shut down, so that no thread waits on a client
-  m.http.stop();
+  m.close_listener();
 }
 
 }  // namespace ptllm::server
