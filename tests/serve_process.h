@@ -23,6 +23,28 @@
 
 namespace ptllm::test {
 
+// Starts args[0] with args (stdin and stdout inherited; `fa` redirects as it says): the pid, 0 if
+// it could not start.
+inline pid_t spawn(std::vector<std::string> args, const posix_spawn_file_actions_t* fa) {
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  return posix_spawn(&pid, argv[0], fa, nullptr, argv.data(), environ) == 0 ? pid : 0;
+}
+
+// Waits up to 60 s for `pid` to exit (a bound, not a timing assertion); past it the process is
+// killed and false returned. `status` gets waitpid's.
+inline bool wait_exit(pid_t pid, int& status) {
+  for (int i = 0; i < 6000; ++i) {
+    if (waitpid(pid, &status, WNOHANG) == pid) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, &status, 0);
+  return false;
+}
+
 struct ServeProcess {
   // `serve MODEL --port 0 -t 1 -np 2 -c 1024 EXTRA...` (512 tokens a sequence), stderr to log_file.
   ServeProcess(const std::filesystem::path& model, const std::vector<std::string>& extra,
@@ -34,10 +56,7 @@ struct ServeProcess {
     posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     std::vector<std::string> args = {bin, "serve", model.string(), "--port", "0", "-t", "1", "-np", "2", "-c", "1024"};
     args.insert(args.end(), extra.begin(), extra.end());
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    if (posix_spawn(&pid, bin.c_str(), &fa, nullptr, argv.data(), environ) != 0) pid = 0;
+    pid = spawn(args, &fa);
     posix_spawn_file_actions_destroy(&fa);
     const std::regex listening("listening on http://127\\.0\\.0\\.1:(\\d+)");
     for (int i = 0; i < 6000 && port == 0 && pid > 0; ++i) {  // a bound, not a timing assertion
@@ -68,16 +87,10 @@ struct ServeProcess {
     if (pid <= 0) return -1;  // kill(0) would signal the test's own process group
     kill(pid, SIGTERM);
     int status = 0;
-    pid_t done = 0;
-    for (int i = 0; i < 6000 && (done = waitpid(pid, &status, WNOHANG)) == 0; ++i)  // a bound, not a timing assertion
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    if (done == 0) {
-      ADD_FAILURE() << "the server was still running 60 s after SIGTERM:\n" << log();
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-    }
+    const bool exited = wait_exit(pid, status);
+    if (!exited) ADD_FAILURE() << "the server was still running 60 s after SIGTERM:\n" << log();
     pid = 0;
-    return done != 0 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return exited && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   }
   httplib::Result post(const std::string& path, const std::string& body) const {
     httplib::Client c("127.0.0.1", port);
