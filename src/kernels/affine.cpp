@@ -197,6 +197,30 @@ void affine_dequant_row(const WeightMatrix& w, int r, float* out) {
   }
 }
 
+namespace {
+// One block of x rounded to int8 (x * inv to nearest; NaN to 0), value i written to
+// out[(i % KPB) * stride + i / KPB] (the split order of KPB codes a byte). Returns the values' sum.
+template <int KPB>
+int round_block(const float* xb, float inv, int8_t* out, int stride) {
+  int8_t tq[kQ8Block];
+  int s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int i = 0; i < kQ8Block; ++i) {
+    const float rq = std::nearbyint(xb[i] * inv);  // |rq| <= 127; NaN (xs carries it): 0
+    const int v = rq == rq ? int(rq) : 0;
+    tq[i] = int8_t(v);
+    s += v;
+  }
+  if constexpr (KPB == 1) {
+    std::memcpy(out, tq, kQ8Block);
+  } else {
+    for (int r = 0; r < KPB; ++r)
+      for (int i = 0; i < kQ8Block / KPB; ++i) out[r * stride + i] = tq[i * KPB + r];
+  }
+  return s;
+}
+}  // namespace
+
 AffineX quantize_affine_x(const float* x, int T, int K, int bits, int group_size, int chunk, AffineXBuffers& buf,
                           ThreadPool* pool) {
   PTLLM_CHECK(K % kQ8Block == 0 && group_size % kQ8Block == 0 && K % group_size == 0);
@@ -213,6 +237,7 @@ AffineX quantize_affine_x(const float* x, int T, int K, int bits, int group_size
   const float m = float(1 << (bits - 1));
   PTLLM_CHECK(chunk == 0 || (chunk % kQ8Block == 0 && (chunk & (chunk - 1)) == 0) || kpb == 1);
   const int ks = kpb == 4 ? 2 : kpb == 2 ? 1 : 0, stride = chunk >> ks;  // split order: C / KPB bytes a run
+  const int split = chunk == 0 ? 1 : kpb;
   const auto rows = [&](size_t t0, size_t t1) {
     for (size_t t = t0; t < t1; ++t) {
       const float* xt = x + t * size_t(K);
@@ -233,24 +258,12 @@ AffineX quantize_affine_x(const float* x, int T, int K, int bits, int group_size
         const bool some = amax > 0.f && std::isfinite(amax);
         const float inv = some ? 127.f / amax : 0.f;
         d[b] = some ? amax / 127.f : 0.f;
-        int8_t tq[kQ8Block];
-        int s = 0;
-#pragma omp simd reduction(+ : s)
-        for (int i = 0; i < kQ8Block; ++i) {
-          const float rq = std::nearbyint(xb[i] * inv);  // |rq| <= 127; NaN (xs carries it): 0
-          const int v = rq == rq ? int(rq) : 0;
-          tq[i] = int8_t(v);
-          s += v;
-        }
-        qsum[b] = s;
+        // Column j of the chunk to (j % KPB) * (C / KPB) + j / KPB.
+        int8_t* at = split == 1 ? q + k : q + (k & ~(chunk - 1)) + ((k & (chunk - 1)) >> ks);
+        qsum[b] = split == 1   ? round_block<1>(xb, inv, at, stride)
+                  : split == 2 ? round_block<2>(xb, inv, at, stride)
+                               : round_block<4>(xb, inv, at, stride);
         xsb[b] = sum;
-        if (chunk == 0 || kpb == 1) {
-          std::memcpy(q + k, tq, kQ8Block);
-        } else {  // column j of the chunk to (j % KPB) * (C / KPB) + j / KPB
-          int8_t* at = q + (k & ~(chunk - 1)) + ((k & (chunk - 1)) >> ks);
-          for (int r = 0; r < kpb; ++r)
-            for (int i = 0; i < kQ8Block / kpb; ++i) at[r * stride + i] = tq[i * kpb + r];
-        }
       }
       for (int g = 0; g < G; ++g) {
         float xs = 0.f, qs = 0.f;

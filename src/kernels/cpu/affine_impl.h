@@ -302,67 +302,92 @@ struct AffineKernels {
       }
     }
   }
-  // Rows [t0, t0 + TT) of x against the 16 rows of the packed group at rg, columns [k0, k0 + kc)
-  // (whole groups): y's 16 columns from r get the chunk's sum (and, with the first chunk, the bias).
-  // affine_packed_rows_scalar repeats these float operations in this order.
-  template <int BITS, class Ld, int TT>
-  PTLLM_AFFINE_TARGET static void packed_block(const uint8_t* rg, size_t gb, const AffineX& x, int t0,
-                                               const WeightMatrix& w, const float* bias, float* y, int r, int k0,
-                                               int kc) {
+  // Blocks b0 .. b0 + NB - 1 of 32 columns of one group of a packed 16-row group (codes: its first
+  // block) against rows qt / dt of x (pointers at the group's first block): acc[t] += d_b s_g
+  // (codes . q) a block.
+  template <int BITS, int TT, int NB>
+  [[gnu::always_inline]] PTLLM_AFFINE_TARGET static inline void packed_group_blocks(const uint8_t* codes, int b0,
+                                                                                    const int8_t* const* qt,
+                                                                                    const float* const* dt, F sv,
+                                                                                    F* acc) {
     // NU registers of one code a byte per block, DPB dwords a row.
     constexpr int KPB = BITS == 6 ? 2 : 8 / BITS, DPB = BITS, NU = BITS == 6 ? 8 : KPB * DPB;
-    const int gsh = __builtin_ctz(unsigned(w.group_size)), nbg = w.group_size / kQ8Block;
-    const size_t es = dtype_size(w.dtype);
-    F acc[TT];
-    PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) acc[t] = V::zero_f();
-    for (int g = k0 >> gsh; g < (k0 + kc) >> gsh; ++g) {
-      const uint8_t* p = rg + size_t(g) * gb;
-      __builtin_prefetch(p + kAheadPacked);
-      const F sv = Ld::load_n(p, 0, L), bv = Ld::load_n(p + L * es, 0, L);
-      const uint8_t* codes = p + 2 * L * es;
-      for (int b = 0; b < nbg; ++b) {
-        const uint8_t* cb = codes + size_t(b) * DPB * RB;
-        PTLLM_AFFINE_UNROLL for (int j = 0; j < DPB * RB; j += 64) __builtin_prefetch(cb + j + kAheadPacked);
-        I u[NU];  // u[s * DPB + q]: dword q of the block, the codes at bit s * BITS of each byte (or unpack6)
-        if constexpr (BITS == 6) {
-          unpack6(cb, u);
-        } else {
-          PTLLM_AFFINE_UNROLL for (int q = 0; q < DPB; ++q) {
-            I v[KPB];
-            unpack<BITS>(V::load_i(cb + q * RB), v);
-            PTLLM_AFFINE_UNROLL for (int s = 0; s < KPB; ++s) u[s * DPB + q] = v[s];
-          }
-        }
-        const int kb = (g << gsh) / kQ8Block + b;
-        PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
-          const int8_t* q = x.q + size_t(t0 + t) * x.ldq + size_t(kb) * kQ8Block;
-          I a0 = V::zero_i(), a1 = V::zero_i();
-          if constexpr (BITS == 6) {  // a1 sums 4 c q (codes times 4, below 256): exact after >> 2
-            PTLLM_AFFINE_UNROLL for (int j = 0; j < 4; ++j) {
-              a0 = V::dot4(a0, u[j], V::bcst32(q + 4 * j));
-              a1 = V::dot8(a1, u[4 + j], V::bcst32(q + 16 + 4 * j));
-            }
-            a1 = V::sra32(a1, 2);
-          } else {
-            PTLLM_AFFINE_UNROLL for (int j = 0; j < NU; j += 2) {
-              a0 = dot<BITS>(a0, u[j], V::bcst32(q + 4 * j));
-              a1 = dot<BITS>(a1, u[j + 1], V::bcst32(q + 4 * j + 4));
-            }
-          }
-          const float d = x.d[size_t(t0 + t) * x.ldd + size_t(kb)];
-          acc[t] = V::fma(V::cvt(V::add_i(a0, a1)), V::mul(sv, V::set1_f(d)), acc[t]);
+    PTLLM_AFFINE_UNROLL for (int b = b0; b < b0 + NB; ++b) {
+      const uint8_t* cb = codes + size_t(b) * DPB * RB;
+      I u[NU];  // u[s * DPB + q]: dword q of the block, the codes at bit s * BITS of each byte (or unpack6)
+      if constexpr (BITS == 6) {
+        unpack6(cb, u);
+      } else {
+        PTLLM_AFFINE_UNROLL for (int q = 0; q < DPB; ++q) {
+          I v[KPB];
+          unpack<BITS>(V::load_i(cb + q * RB), v);
+          PTLLM_AFFINE_UNROLL for (int s = 0; s < KPB; ++s) u[s * DPB + q] = v[s];
         }
       }
       PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
-        const size_t xt = size_t(t0 + t) * x.ldg + size_t(g);
-        acc[t] = V::fma(sv, V::set1_f(x.xc[xt]), V::fma(bv, V::set1_f(x.xs[xt]), acc[t]));
+        const int8_t* q = qt[t] + b * kQ8Block;
+        I a0 = V::zero_i(), a1 = V::zero_i();
+        if constexpr (BITS == 6) {  // a1 sums 4 c q (codes times 4, below 256): exact after >> 2
+          PTLLM_AFFINE_UNROLL for (int j = 0; j < 4; ++j) {
+            a0 = V::dot4(a0, u[j], V::bcst32(q + 4 * j));
+            a1 = V::dot8(a1, u[4 + j], V::bcst32(q + 16 + 4 * j));
+          }
+          a1 = V::sra32(a1, 2);
+        } else {
+          PTLLM_AFFINE_UNROLL for (int j = 0; j < NU; j += 2) {
+            a0 = dot<BITS>(a0, u[j], V::bcst32(q + 4 * j));
+            a1 = dot<BITS>(a1, u[j + 1], V::bcst32(q + 4 * j + 4));
+          }
+        }
+        acc[t] = V::fma(V::cvt(V::add_i(a0, a1)), V::mul(sv, V::set1_f(dt[t][b])), acc[t]);
       }
     }
+  }
+  // Rows [t0, t0 + TT) of x against the 16 rows of the packed group at rg, the chunks of KC columns
+  // from k0 to k1 (whole groups): each chunk's sum, from zero, is added to y's 16 columns from r (the
+  // first chunk's to the bias). Several chunks a call (decode) keep that running sum in registers:
+  // the same float operations, in the order affine_packed_rows_scalar repeats. No software prefetch:
+  // a 16-row group is one sequential stream, which the hardware prefetchers follow (as the packed
+  // GGUF products, kernels/x86/ggml_kernels_impl.h).
+  template <int BITS, class Ld, int TT>
+  PTLLM_AFFINE_TARGET static void packed_block(const uint8_t* rg, size_t gb, const AffineX& x, int t0,
+                                               const WeightMatrix& w, const float* bias, float* y, int r, int k0,
+                                               int k1) {
+    const int gsh = __builtin_ctz(unsigned(w.group_size)), nbg = w.group_size / kQ8Block;
+    const size_t es = dtype_size(w.dtype);
+    const int8_t* qt[TT];
+    const float *dt[TT], *xs[TT], *xc[TT];
+    F sum[TT];
     PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
-      float* yt = y + size_t(t0 + t) * size_t(w.rows) + size_t(r);
-      const F before = k0 > 0 ? V::load_f(yt) : bias ? V::load_f(bias + r) : V::zero_f();
-      V::store_f(yt, V::add(acc[t], before));
+      qt[t] = x.q + size_t(t0 + t) * x.ldq + size_t(k0);
+      dt[t] = x.d + size_t(t0 + t) * x.ldd + size_t(k0 / kQ8Block);
+      xs[t] = x.xs + size_t(t0 + t) * x.ldg;
+      xc[t] = x.xc + size_t(t0 + t) * x.ldg;
+      sum[t] = k0 > 0 ? V::load_f(y + size_t(t0 + t) * size_t(w.rows) + size_t(r))
+               : bias ? V::load_f(bias + r)
+                      : V::zero_f();
     }
+    for (int c0 = k0; c0 < k1; c0 += KC) {
+      F acc[TT];
+      PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) acc[t] = V::zero_f();
+      for (int g = c0 >> gsh; g < std::min(c0 + KC, k1) >> gsh; ++g) {
+        const uint8_t* p = rg + size_t(g) * gb;
+        const F sv = Ld::load_n(p, 0, L), bv = Ld::load_n(p + L * es, 0, L);
+        const uint8_t* codes = p + 2 * L * es;
+        if (nbg == 2)  // groups of 64, mlx's default: both blocks unrolled
+          packed_group_blocks<BITS, TT, 2>(codes, 0, qt, dt, sv, acc);
+        else
+          for (int b = 0; b < nbg; ++b) packed_group_blocks<BITS, TT, 1>(codes, b, qt, dt, sv, acc);
+        PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
+          acc[t] = V::fma(sv, V::set1_f(xc[t][g]), V::fma(bv, V::set1_f(xs[t][g]), acc[t]));
+          qt[t] += w.group_size;
+          dt[t] += nbg;
+        }
+      }
+      PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) sum[t] = V::add(acc[t], sum[t]);
+    }
+    PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t)
+      V::store_f(y + size_t(t0 + t) * size_t(w.rows) + size_t(r), sum[t]);
   }
   template <int BITS, class Ld>
   PTLLM_AFFINE_TARGET static void packed_t(const AffineX& x, const WeightMatrix& w, const float* bias, float* y,
@@ -372,11 +397,15 @@ struct AffineKernels {
       const size_t gb = 2 * size_t(L) * dtype_size(w.dtype) + size_t(w.group_size) * BITS * 2;
       for (int r = r0; r < r1; r += L) {
         const uint8_t* rg = static_cast<const uint8_t*>(w.data) + size_t(r / L) * size_t(G) * gb;
-        for (int k0 = 0; k0 < K; k0 += KC) {
-          const int kc = std::min(KC, K - k0);
+        if (x.T < GTT) {  // decode: each row of x over all of K at once, its sum in registers
+          for (int t = 0; t < x.T; ++t) packed_block<BITS, Ld, 1>(rg, gb, x, t, w, bias, y, r, 0, K);
+          continue;
+        }
+        for (int k0 = 0; k0 < K; k0 += KC) {  // a chunk of the group's codes (L1) against every row of x
+          const int k1 = std::min(K, k0 + KC);
           int t = 0;
-          for (; t + GTT <= x.T; t += GTT) packed_block<BITS, Ld, GTT>(rg, gb, x, t, w, bias, y, r, k0, kc);
-          for (; t < x.T; ++t) packed_block<BITS, Ld, 1>(rg, gb, x, t, w, bias, y, r, k0, kc);
+          for (; t + GTT <= x.T; t += GTT) packed_block<BITS, Ld, GTT>(rg, gb, x, t, w, bias, y, r, k0, k1);
+          for (; t < x.T; ++t) packed_block<BITS, Ld, 1>(rg, gb, x, t, w, bias, y, r, k0, k1);
         }
       }
     }
@@ -444,7 +473,6 @@ struct AffineKernels {
   }
 
   static constexpr size_t kAhead = 4096;  // the weight stream asked for this far ahead (as the bf16 gemv)
-  static constexpr size_t kAheadPacked = 2048;
 };
 
 #undef PTLLM_AFFINE_UNROLL
