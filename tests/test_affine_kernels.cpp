@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "kernels/cpu/features.h"
 #include "kernels/simd.h"
 #include "kernels/ops.h"
+#include "shared_x_check.h"
 #include "test_util.h"
 
 namespace ptllm {
@@ -306,6 +308,41 @@ TEST(AffinePack, EveryKernelEqualsTheScalarTwinBitForBit) {
               }
           }
         }
+}
+
+// Several packed matrices of one x (q, k and v; gate and up: ops.h matmul_shared_x) in one call: each
+// gets the bits of its own product, whichever matrices a thread's part crosses, for every T; matrices
+// of other bits or group sizes take separate calls.
+TEST(AffinePack, SeveralMatricesInOneCallGetTheirOwnBits) {
+  const int cols = 256;
+  std::vector<std::unique_ptr<Affine>> files;
+  std::vector<std::unique_ptr<Packed>> packed;
+  const auto make = [&](int rows, int bits, int gs, DType dt) {
+    files.push_back(std::make_unique<Affine>(rows, cols, bits, gs, dt, unsigned(300 + files.size())));
+    packed.push_back(std::make_unique<Packed>(files.back()->w));
+    return packed.back()->w;
+  };
+  struct Set {
+    const char* what;
+    std::vector<WeightMatrix> ws;
+    bool shares;
+  };
+  const std::vector<Set> sets = {
+      {"4 bits, g64", {make(80, 4, 64, DType::BF16), make(16, 4, 64, DType::BF16), make(48, 4, 64, DType::F16)}, true},
+      {"8 bits, g32", {make(32, 8, 32, DType::BF16), make(16, 8, 32, DType::F32)}, true},
+      {"6 bits, g64", {make(48, 6, 64, DType::BF16), make(16, 6, 64, DType::BF16)}, true},
+      {"4 and 6 bits", {make(32, 4, 64, DType::BF16), make(16, 6, 64, DType::BF16)}, false},
+      {"group sizes 64 and 128", {make(32, 4, 64, DType::BF16), make(16, 4, 128, DType::BF16)}, false},
+  };
+  for (int threads : {2, 3}) {
+    ThreadPool pool(threads);
+    for (const Set& set : sets) {
+      std::vector<MatmulOutput> outs;
+      for (const WeightMatrix& w : set.ws) outs.push_back({&w, nullptr, nullptr});
+      EXPECT_EQ(affine_matmul_shares(outs), set.shares) << set.what;
+      for (int T : {1, 3, 6, 17}) test::expect_shared_x_equals_separate_calls(set.ws, T, pool, set.what);
+    }
+  }
 }
 
 // 6 bits: byte k of the block's register n (x's bytes 4 n + k) holds column 2 (4 n + k) for n < 4,

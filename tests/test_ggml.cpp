@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "kernels/ggml.h"
 #include "kernels/ops.h"
 #include "kernels/simd.h"
+#include "shared_x_check.h"
 #include "test_util.h"
 
 namespace ptllm {
@@ -963,6 +965,51 @@ TEST(GgmlPack, MatmulUnderEverySimdTarget) {
     }
   }
   set_simd_target(saved);
+}
+
+// Several matrices of one x (q, k and v; gate and up: ops.h matmul_shared_x) in one call: each gets
+// the bits of its own product, packed or in the file's layout, whichever matrices a thread's part
+// crosses (decode) and in prefill; types whose x is quantized otherwise (Q8_0 beside Q4_K) take
+// separate calls.
+TEST(GgmlPack, SeveralMatricesInOneCallGetTheirOwnBits) {
+  struct NoAmx {
+    NoAmx() { set_amx_enabled(false); }
+    ~NoAmx() { set_amx_enabled(true); }
+  } no_amx;
+  const int cols = 512;
+  std::vector<std::vector<uint8_t>> blocks;
+  std::vector<std::unique_ptr<Packed>> packed;
+  const auto file = [&](GgmlType t, int rows) {
+    blocks.push_back(random_matrix(t, rows, cols, false, uint32_t(40 + blocks.size())));
+    return ggml_matrix(t, blocks.back().data(), rows, cols);
+  };
+  const auto pack = [&](const WeightMatrix& w) {
+    packed.push_back(std::make_unique<Packed>(w));
+    return packed.back()->w;
+  };
+  struct Set {
+    const char* what;
+    std::vector<WeightMatrix> ws;
+    bool shares;
+  };
+  const WeightMatrix q40 = file(GgmlType::Q4_0, 80), k40 = file(GgmlType::Q4_0, 16), v80 = file(GgmlType::Q8_0, 48);
+  const WeightMatrix q4k = file(GgmlType::Q4_K, 48), k4k = file(GgmlType::Q4_K, 16), v6k = file(GgmlType::Q6_K, 32);
+  const std::vector<Set> sets = {
+      {"Q4_0, Q4_0, Q8_0 packed", {pack(q40), pack(k40), pack(v80)}, true},
+      {"Q4_K, Q4_K, Q6_K packed", {pack(q4k), pack(k4k), pack(v6k)}, true},
+      {"Q4_0, Q4_0, Q8_0 in the file's layout, 40 rows among them", {q40, file(GgmlType::Q4_0, 40), v80}, true},
+      {"Q4_K packed beside Q6_K in the file's layout", {pack(q4k), v6k}, true},
+      {"Q8_0 and Q4_K: x quantized otherwise", {pack(v80), q4k}, false},
+  };
+  for (int threads : {2, 3}) {
+    ThreadPool pool(threads);
+    for (const Set& set : sets) {
+      std::vector<MatmulOutput> outs;
+      for (const WeightMatrix& w : set.ws) outs.push_back({&w, nullptr, nullptr});
+      EXPECT_EQ(ggml_matmul_shares(outs), set.shares) << set.what;
+      for (int T : {1, 3, 6, 17}) test::expect_shared_x_equals_separate_calls(set.ws, T, pool, set.what);
+    }
+  }
 }
 
 // Q2_K and Q3_K have no integer kernels: the generic product, still equal to the float reference.

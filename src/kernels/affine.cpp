@@ -405,21 +405,48 @@ bool integer_groups(const WeightMatrix& w) {
 bool affine_fast(const WeightMatrix& w) { return (w.bits == 2 || w.bits == 4 || w.bits == 8) && integer_groups(w); }
 bool affine_unpacked(const WeightMatrix& w) { return (w.bits == 3 || w.bits == 5 || w.bits == 6) && integer_groups(w); }
 
+namespace {
+// Packed matrices of the same bits, group size and cols against x rounded once: the 16-row groups
+// of every output in turn, a part of at least kGemvMinWeightsPerThread weights (it may cross from
+// one matrix into the next).
+void packed_matmul(const float* x, int T, std::span<const MatmulOutput> outs, ThreadPool& pool,
+                   const AffineKernelTable& kt) {
+  const WeightMatrix& w0 = *outs[0].w;
+  thread_local AffineXBuffers buf;
+  const AffineX ax = quantize_affine_x(x, T, w0.cols, w0.bits, w0.group_size, kQ8Block, buf, &pool);
+  const auto rows = kt.packed ? kt.packed : affine_packed_rows_scalar;
+  const size_t min_groups = kGemvMinWeightsPerThread / size_t(std::max(1, w0.cols)) / kAffinePackRows;
+  pool.parallel_for(
+      groups_of(outs, kAffinePackRows),
+      [&](size_t b, size_t e) {
+        for_each_share(outs, kAffinePackRows, b, e, [&](const MatmulOutput& o, int g0, int g1) {
+          rows(ax, *o.w, o.bias, o.y, g0 * kAffinePackRows, g1 * kAffinePackRows);
+        });
+      },
+      std::max<size_t>(1, min_groups));
+}
+}  // namespace
+
+bool affine_matmul_shares(std::span<const MatmulOutput> outs) {
+  return !outs.empty() && std::all_of(outs.begin(), outs.end(), [&](const MatmulOutput& o) {
+    const WeightMatrix &w = *o.w, &w0 = *outs[0].w;
+    return w.format == WeightFormat::Affine && w.affine_pack && w.bits == w0.bits &&
+           w.group_size == w0.group_size && w.cols == w0.cols;
+  });
+}
+
+void affine_matmul(const float* x, int T, std::span<const MatmulOutput> outs, ThreadPool& pool) {
+  PTLLM_CHECK(affine_matmul_shares(outs));
+  packed_matmul(x, T, outs, pool, *affine_table(default_kernel()));
+}
+
 void affine_matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool,
                    AffineKernel k, AffinePath path) {
   const AffineKernelTable* kt = affine_table(k);
   if (!kt) throw Error("affine kernel " + std::string(affine_kernel_name(k)) + " is not available on this CPU");
   if (w.affine_pack) {
-    thread_local AffineXBuffers buf;
-    const AffineX ax = quantize_affine_x(x, T, w.cols, w.bits, w.group_size, kQ8Block, buf, &pool);
-    const auto rows = kt->packed ? kt->packed : affine_packed_rows_scalar;
-    const size_t min_groups = kGemvMinWeightsPerThread / size_t(std::max(1, w.cols)) / kAffinePackRows;
-    const size_t groups = size_t(w.rows / kAffinePackRows);
-    pool.parallel_for(
-        groups,
-        [&](size_t b, size_t e) { rows(ax, w, bias, y, int(b) * kAffinePackRows, int(e) * kAffinePackRows); },
-        std::max<size_t>(1, min_groups));
-    return;
+    const MatmulOutput out{&w, bias, y};
+    return packed_matmul(x, T, std::span(&out, 1), pool, *kt);
   }
   if (affine_unpacked(w)) {
     AffineUnpackedRows rows = affine_unpacked_rows_portable;

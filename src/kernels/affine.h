@@ -22,6 +22,7 @@
 // Group sizes that are not a power of two take the generic product: each row dequantized
 // (affine_dequant_row), then dotted.
 #include <cstdint>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -30,6 +31,7 @@
 namespace ptllm {
 
 class ThreadPool;
+struct MatmulOutput;
 
 // Code j of a row: bits [j * bits, (j + 1) * bits) of the row's little-endian bit stream (for 2, 4
 // and 8 bits: word j * bits / 32, shifted by j * bits % 32, as mlx packs them).
@@ -53,6 +55,11 @@ constexpr int kAffineGemvMaxT = 8;
 // is not available.
 void affine_matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool,
                    AffineKernel k, AffinePath path = AffinePath::Auto);
+// Several products of the same x (ops.h matmul_shared_x), every w packed with the same bits, group
+// size and cols (affine_matmul_shares): x rounded once and the threads handed every output's 16-row
+// groups in one call. The results are those of separate calls, bit for bit.
+void affine_matmul(const float* x, int T, std::span<const MatmulOutput> outs, ThreadPool& pool);
+bool affine_matmul_shares(std::span<const MatmulOutput> outs);
 // Whether the fast products take w (bits 2, 4, 8; group size a power of two, at least 32).
 bool affine_fast(const WeightMatrix& w);
 // Whether the unpacking integer products take w (bits 3, 5, 6; the same group sizes).

@@ -487,14 +487,11 @@ void ggml_unpack_row(const WeightMatrix& w, int r, uint8_t* blocks) {
   }
 }
 
-void ggml_matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool) {
-  if (!ggml_supported(w.ggml))
-    throw Error("GGML tensor type " + std::string(ggml_type_info(w.ggml).name) + ": not supported by the kernels");
-  if (!has_int_kernel(w.ggml)) return generic_matmul(x, T, w, bias, y, pool);
-  const int K = w.cols, block = ggml_act_block(w.ggml);
+namespace {
+// x quantized once a call, into buffers reused by every call of this thread (the pool's workers
+// only read them).
+GgmlActs quantize_x(const float* x, int T, int K, int block, const GgmlKernel& k, ThreadPool& pool) {
   PTLLM_CHECK(K % block == 0);
-  // x quantized once, into buffers reused by every call of this thread (the pool's workers only
-  // read them).
   thread_local std::vector<int8_t> q;
   thread_local std::vector<float> d;
   thread_local std::vector<int16_t> sums;
@@ -505,14 +502,15 @@ void ggml_matmul(const float* x, int T, const WeightMatrix& w, const float* bias
   int8_t* const qp = q.data();
   float* const dp = d.data();
   int16_t* const sp = sums.data();
-  const GgmlKernel& k = ggml_active_kernel();
   const size_t t_grain = std::max<size_t>(1, 64 * 1024 / size_t(K));
   pool.parallel_for(
       size_t(T), [&](size_t b, size_t e) { k.quantize(x, K, block, int(b), int(e), qp, dp, sp); }, t_grain);
-  const GgmlActs a{T, K, block, qp, dp, sp};
-  // Parts of whole 16-row tiles (the kernels' row tile); a gemv's at least kMinWeightsPerThread
-  // weights, a gemm's about two per thread (each part walks all of x once).
-  const size_t rows = size_t(w.rows);
+  return GgmlActs{T, K, block, qp, dp, sp};
+}
+
+// Parts of whole 16-row tiles (the kernels' row tile): a gemv's at least kMinWeightsPerThread
+// weights, a gemm's about two per thread (each part walks all of x once).
+size_t row_grain(int T, size_t rows, int K, const ThreadPool& pool) {
   size_t grain;
   if (T <= kGemvMaxT) {
     grain = std::max<size_t>(16, kMinWeightsPerThread / size_t(K));
@@ -520,8 +518,50 @@ void ggml_matmul(const float* x, int T, const WeightMatrix& w, const float* bias
     const size_t per = (rows + 2 * size_t(pool.size()) - 1) / (2 * size_t(pool.size()));
     grain = std::min<size_t>(512, per);
   }
-  grain = std::max<size_t>(16, (grain + 15) / 16 * 16);
-  pool.parallel_for(rows, [&](size_t b, size_t e) { k.rows(w, a, bias, y, int(b), int(e)); }, grain);
+  return std::max<size_t>(16, (grain + 15) / 16 * 16);
+}
+}  // namespace
+
+void ggml_matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool) {
+  if (!ggml_supported(w.ggml))
+    throw Error("GGML tensor type " + std::string(ggml_type_info(w.ggml).name) + ": not supported by the kernels");
+  if (!has_int_kernel(w.ggml)) return generic_matmul(x, T, w, bias, y, pool);
+  const GgmlKernel& k = ggml_active_kernel();
+  const GgmlActs a = quantize_x(x, T, w.cols, ggml_act_block(w.ggml), k, pool);
+  const size_t rows = size_t(w.rows);
+  pool.parallel_for(rows, [&](size_t b, size_t e) { k.rows(w, a, bias, y, int(b), int(e)); },
+                    row_grain(T, rows, w.cols, pool));
+}
+
+bool ggml_matmul_shares(std::span<const MatmulOutput> outs) {
+  return !outs.empty() && std::all_of(outs.begin(), outs.end(), [&](const MatmulOutput& o) {
+    return o.w->format == WeightFormat::Ggml && ggml_supported(o.w->ggml) && has_int_kernel(o.w->ggml) &&
+           o.w->cols == outs[0].w->cols && ggml_act_block(o.w->ggml) == ggml_act_block(outs[0].w->ggml);
+  });
+}
+
+void ggml_matmul(const float* x, int T, std::span<const MatmulOutput> outs, ThreadPool& pool) {
+  PTLLM_CHECK(ggml_matmul_shares(outs));
+  const GgmlKernel& k = ggml_active_kernel();
+  const int K = outs[0].w->cols;
+  const GgmlActs a = quantize_x(x, T, K, ggml_act_block(outs[0].w->ggml), k, pool);
+  if (T > kGemvMaxT) {  // prefill: each matrix's own parts (a gemm's tiles walk all of x once a part)
+    for (const MatmulOutput& o : outs)
+      pool.parallel_for(
+          size_t(o.w->rows), [&](size_t b, size_t e) { k.rows(*o.w, a, o.bias, o.y, int(b), int(e)); },
+          row_grain(T, size_t(o.w->rows), K, pool));
+    return;
+  }
+  // Decode: the tiles of every output in turn, one call; a part may cross from one matrix into the next.
+  constexpr int kTile = 16;
+  pool.parallel_for(
+      groups_of(outs, kTile),
+      [&](size_t b, size_t e) {
+        for_each_share(outs, kTile, b, e, [&](const MatmulOutput& o, int g0, int g1) {
+          k.rows(*o.w, a, o.bias, o.y, g0 * kTile, std::min(g1 * kTile, o.w->rows));
+        });
+      },
+      row_grain(T, 0, K, pool) / kTile);
 }
 
 }  // namespace ptllm

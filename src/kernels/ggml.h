@@ -12,6 +12,7 @@
 // error is at most sum_i |w_i| d / 2: for Gaussian-like x about 1% (32-value blocks) to 1.5% (256)
 // of sum_i |w_i x_i|; the actual error, a sum of roundings of either sign, is far smaller.
 #include <cstdint>
+#include <span>
 #include <string_view>
 
 #include "kernels/weights.h"
@@ -19,6 +20,7 @@
 namespace ptllm {
 
 class ThreadPool;
+struct MatmulOutput;
 
 // The type named `name` ("Q4_K", as ggml_type_info names it); ptllm::Error for an unknown name.
 GgmlType ggml_type_by_name(std::string_view name);
@@ -30,6 +32,14 @@ void ggml_dequant_row(const WeightMatrix& w, int r, float* out);
 void ggml_dequant_blocks(GgmlType t, const void* blocks, int n, float* out);
 // y[t][r] = sum_k x[t][k] * W[r][k] + bias[r], as ops.h's matmul (which forwards here).
 void ggml_matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool);
+// Several products of the same x (ops.h matmul_shared_x), each w of a type with integer products
+// (ggml_matmul_shares) and the same cols: x quantized once and, up to a decode's rows, the threads
+// handed every output's rows in one call (k and v alone are too small to keep two threads streaming).
+// The results are those of separate calls, bit for bit.
+void ggml_matmul(const float* x, int T, std::span<const MatmulOutput> outs, ThreadPool& pool);
+// Whether ggml_matmul takes these outputs in one call: every w Ggml with integer products and x
+// quantized the same way for all (ggml_act_block).
+bool ggml_matmul_shares(std::span<const MatmulOutput> outs);
 
 // The reference quantizers (llama.cpp's quantize_row_*_ref, which llama-quantize uses when it has no
 // importance matrix): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K.

@@ -185,6 +185,8 @@ void matmul_shared_x(const float* x, int T, std::span<const MatmulOutput> outs, 
   if (all([&](const WeightMatrix& w) { return amx_wants(w, T); })) return amx_matmul(x, T, outs, pool);
   if (all([&](const WeightMatrix& w) { return w.format == WeightFormat::Panels && !amx_wants(w, T); }))
     return panels_matmul(x, T, outs, pool);
+  if (affine_matmul_shares(outs)) return affine_matmul(x, T, outs, pool);
+  if (ggml_matmul_shares(outs)) return ggml_matmul(x, T, outs, pool);
   for (const MatmulOutput& o : outs) matmul(x, T, *o.w, o.bias, o.y, pool);
 }
 

@@ -25,8 +25,9 @@ struct MatmulOutput {
   float* y;           // [T][w->rows]
 };
 // matmul for each output, every w with the same cols; the results are those of separate calls, bit
-// for bit. Where one kernel takes them all (AMX; BF16 in panels), the threads are handed all the
-// products in one call, and AMX packs x once for them.
+// for bit. Where one kernel takes them all (AMX; BF16 in panels; packed MLX matrices of one bit width
+// and group size; GGUF types whose x is quantized alike), the threads are handed all the products in
+// one call, and x is packed, rounded or quantized once for them.
 void matmul_shared_x(const float* x, int T, std::span<const MatmulOutput> outs, ThreadPool& pool);
 // A kernel's part of such a call: groups [b, e) of all the outputs' groups of `rows_per_group` rows,
 // one output's after another's (a part may cross from one matrix into the next). fn(output, g0, g1)
