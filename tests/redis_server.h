@@ -79,7 +79,14 @@ inline bool redis_pings(int port) { return redis_reply(port, "PING") == "+PONG";
 class RedisServer {
  public:
   static bool available() { return !find_in_path("redis-server").empty(); }
-  RedisServer() : port_(free_port()) { start(); }
+  // On a free port; a port another test's server took between free_port() and the bind (ctest runs
+  // tests side by side) is given up for another.
+  RedisServer() : port_(free_port()) {
+    for (int attempt = 0; attempt < 5 && !start(); ++attempt) {
+      stop();
+      port_ = free_port();
+    }
+  }
   ~RedisServer() { stop(); }
   RedisServer(const RedisServer&) = delete;
   RedisServer& operator=(const RedisServer&) = delete;
@@ -100,7 +107,13 @@ class RedisServer {
       return false;
     }
     for (int i = 0; i < 400; ++i) {
-      if (redis_pings(port_)) return true;
+      // A server that could not bind exits; one answering PING must be this one, still running a
+      // moment later (not another test's on the same port).
+      if (redis_pings(port_)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        if (alive()) return true;
+      }
+      if (!alive()) return false;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     return false;
@@ -114,6 +127,14 @@ class RedisServer {
     pid_ = 0;
   }
   void kill() { stop(SIGKILL); }
+  // Whether the process started last is still running (reaped, and forgotten, once it has exited).
+  bool alive() {
+    if (pid_ <= 0) return false;
+    int status = 0;
+    if (::waitpid(pid_, &status, WNOHANG) == 0) return true;
+    pid_ = 0;
+    return false;
+  }
   void pause() { ::kill(pid_, SIGSTOP); }    // accepts connections (the kernel does) but never answers
   void resume() { ::kill(pid_, SIGCONT); }
 
