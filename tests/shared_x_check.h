@@ -36,4 +36,25 @@ inline void expect_shared_x_equals_separate_calls(std::span<const WeightMatrix> 
     ASSERT_EQ(shared[i], alone[i]) << what << ": matrix " << i << ", T " << T << ", " << pool.size() << " threads";
 }
 
+// Sets of matrices that share x against a kernel's answer to whether it takes them in one call
+// (shares(outs)): the answer as expected, and every output the bits of its own call, for a decode's
+// and a prefill's rows of x, on 2 and 3 threads.
+struct SharedXSet {
+  const char* what;
+  std::vector<WeightMatrix> ws;
+  bool shares;
+};
+template <class Shares>
+void expect_sets_share_x(std::span<const SharedXSet> sets, Shares&& shares) {
+  for (int threads : {2, 3}) {
+    ThreadPool pool(threads);
+    for (const SharedXSet& set : sets) {
+      std::vector<MatmulOutput> outs;
+      for (const WeightMatrix& w : set.ws) outs.push_back({&w, nullptr, nullptr});
+      EXPECT_EQ(shares(std::span<const MatmulOutput>(outs)), set.shares) << set.what;
+      for (int T : {1, 3, 6, 17}) expect_shared_x_equals_separate_calls(set.ws, T, pool, set.what);
+    }
+  }
+}
+
 }  // namespace ptllm::test

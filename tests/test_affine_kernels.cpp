@@ -322,27 +322,14 @@ TEST(AffinePack, SeveralMatricesInOneCallGetTheirOwnBits) {
     packed.push_back(std::make_unique<Packed>(files.back()->w));
     return packed.back()->w;
   };
-  struct Set {
-    const char* what;
-    std::vector<WeightMatrix> ws;
-    bool shares;
-  };
-  const std::vector<Set> sets = {
+  const std::vector<test::SharedXSet> sets = {
       {"4 bits, g64", {make(80, 4, 64, DType::BF16), make(16, 4, 64, DType::BF16), make(48, 4, 64, DType::F16)}, true},
       {"8 bits, g32", {make(32, 8, 32, DType::BF16), make(16, 8, 32, DType::F32)}, true},
       {"6 bits, g64", {make(48, 6, 64, DType::BF16), make(16, 6, 64, DType::BF16)}, true},
       {"4 and 6 bits", {make(32, 4, 64, DType::BF16), make(16, 6, 64, DType::BF16)}, false},
       {"group sizes 64 and 128", {make(32, 4, 64, DType::BF16), make(16, 4, 128, DType::BF16)}, false},
   };
-  for (int threads : {2, 3}) {
-    ThreadPool pool(threads);
-    for (const Set& set : sets) {
-      std::vector<MatmulOutput> outs;
-      for (const WeightMatrix& w : set.ws) outs.push_back({&w, nullptr, nullptr});
-      EXPECT_EQ(affine_matmul_shares(outs), set.shares) << set.what;
-      for (int T : {1, 3, 6, 17}) test::expect_shared_x_equals_separate_calls(set.ws, T, pool, set.what);
-    }
-  }
+  test::expect_sets_share_x(sets, [](std::span<const MatmulOutput> outs) { return affine_matmul_shares(outs); });
 }
 
 // 6 bits: byte k of the block's register n (x's bytes 4 n + k) holds column 2 (4 n + k) for n < 4,

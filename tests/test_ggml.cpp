@@ -987,29 +987,16 @@ TEST(GgmlPack, SeveralMatricesInOneCallGetTheirOwnBits) {
     packed.push_back(std::make_unique<Packed>(w));
     return packed.back()->w;
   };
-  struct Set {
-    const char* what;
-    std::vector<WeightMatrix> ws;
-    bool shares;
-  };
   const WeightMatrix q40 = file(GgmlType::Q4_0, 80), k40 = file(GgmlType::Q4_0, 16), v80 = file(GgmlType::Q8_0, 48);
   const WeightMatrix q4k = file(GgmlType::Q4_K, 48), k4k = file(GgmlType::Q4_K, 16), v6k = file(GgmlType::Q6_K, 32);
-  const std::vector<Set> sets = {
+  const std::vector<test::SharedXSet> sets = {
       {"Q4_0, Q4_0, Q8_0 packed", {pack(q40), pack(k40), pack(v80)}, true},
       {"Q4_K, Q4_K, Q6_K packed", {pack(q4k), pack(k4k), pack(v6k)}, true},
       {"Q4_0, Q4_0, Q8_0 in the file's layout, 40 rows among them", {q40, file(GgmlType::Q4_0, 40), v80}, true},
       {"Q4_K packed beside Q6_K in the file's layout", {pack(q4k), v6k}, true},
       {"Q8_0 and Q4_K: x quantized otherwise", {pack(v80), q4k}, false},
   };
-  for (int threads : {2, 3}) {
-    ThreadPool pool(threads);
-    for (const Set& set : sets) {
-      std::vector<MatmulOutput> outs;
-      for (const WeightMatrix& w : set.ws) outs.push_back({&w, nullptr, nullptr});
-      EXPECT_EQ(ggml_matmul_shares(outs), set.shares) << set.what;
-      for (int T : {1, 3, 6, 17}) test::expect_shared_x_equals_separate_calls(set.ws, T, pool, set.what);
-    }
-  }
+  test::expect_sets_share_x(sets, [](std::span<const MatmulOutput> outs) { return ggml_matmul_shares(outs); });
 }
 
 // Q2_K and Q3_K have no integer kernels: the generic product, still equal to the float reference.
