@@ -526,11 +526,8 @@ void ggml_matmul(const float* x, int T, const WeightMatrix& w, const float* bias
   if (!ggml_supported(w.ggml))
     throw Error("GGML tensor type " + std::string(ggml_type_info(w.ggml).name) + ": not supported by the kernels");
   if (!has_int_kernel(w.ggml)) return generic_matmul(x, T, w, bias, y, pool);
-  const GgmlKernel& k = ggml_active_kernel();
-  const GgmlActs a = quantize_x(x, T, w.cols, ggml_act_block(w.ggml), k, pool);
-  const size_t rows = size_t(w.rows);
-  pool.parallel_for(rows, [&](size_t b, size_t e) { k.rows(w, a, bias, y, int(b), int(e)); },
-                    row_grain(T, rows, w.cols, pool));
+  const MatmulOutput out{&w, bias, y};
+  ggml_matmul(x, T, std::span(&out, 1), pool);
 }
 
 bool ggml_matmul_shares(std::span<const MatmulOutput> outs) {
