@@ -7,8 +7,11 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <random>
 #include <stdexcept>
+#include <thread>
+#include <utility>
 #include <vector>
 #if defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
@@ -729,6 +732,39 @@ TEST(ThreadPoolTest, SplitsWorkOverEveryThread) {
     ++calls;
   });
   EXPECT_EQ(calls.load(), 3);
+}
+
+// The caller owns the first run of parts and only it takes them from the front, so the ranges it
+// runs start with 0, 1, 2, ... in order (one contiguous stream), whatever the workers steal.
+TEST(ThreadPoolTest, TheCallerRunsItsOwnPartsFrontToBack) {
+  for (int threads : {2, 3}) {
+    ThreadPool pool(threads);
+    for (int call = 0; call < 50; ++call) {
+      std::mutex mu;
+      std::vector<std::pair<size_t, size_t>> mine;
+      const auto caller = std::this_thread::get_id();
+      pool.parallel_for(
+          1600,
+          [&](size_t b, size_t e) {
+            if (std::this_thread::get_id() != caller) return;
+            std::lock_guard<std::mutex> lk(mu);
+            mine.emplace_back(b, e);
+          },
+          100);
+      ASSERT_FALSE(mine.empty());
+      EXPECT_EQ(mine[0].first, 0u) << threads << " threads, call " << call;
+      size_t own = 1;
+      while (own < mine.size() && mine[own].first == mine[own - 1].second) ++own;
+      // The rest was stolen from the back of the workers' runs, which lie past the caller's: parts
+      // in descending order within a run, so at most one rise for each further run.
+      int rises = 0;
+      for (size_t i = own; i < mine.size(); ++i) {
+        EXPECT_GE(mine[i].first, mine[own - 1].second);
+        if (i > own && mine[i].first > mine[i - 1].first) ++rises;
+      }
+      EXPECT_LE(rises, threads - 2);
+    }
+  }
 }
 
 TEST(ThreadPoolTest, ManyCallsAndSleepingWorkersWakeUp) {

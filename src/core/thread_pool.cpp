@@ -60,9 +60,9 @@ int ThreadPool::default_threads() {
   return hc == 0 ? 1 : int(hc);
 }
 
-ThreadPool::ThreadPool(int n_threads) : n_threads_(std::max(1, n_threads)) {
+ThreadPool::ThreadPool(int n_threads) : n_threads_(std::max(1, n_threads)), runs_(new Run[size_t(n_threads_)]) {
   try {
-    for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this] { worker(); });
+    for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker(i); });
   } catch (const std::system_error& e) {
     // The destructor does not run for a constructor that throws: the started workers are joined
     // here (a joinable std::thread destroyed would end the process).
@@ -82,15 +82,23 @@ void ThreadPool::stop_workers() {
   for (auto& t : workers_) t.join();
 }
 
-void ThreadPool::work_on(uint32_t gen) {
+int ThreadPool::claim(int r, uint32_t gen, bool front) {
+  std::atomic<uint64_t>& word = runs_[size_t(r)].word;
+  uint64_t c = word.load(std::memory_order_relaxed);
   for (;;) {
-    // The claim word holds the job's generation, its part count and the next part: a part is
-    // claimed only while one is left, and then the job cannot finish (nor job_ change) before it.
-    uint64_t c = claim_.load(std::memory_order_relaxed);
-    do {
-      if (uint32_t(c >> 32) != gen || (c & 0xffff) >= ((c >> 16) & 0xffff)) return;
-    } while (!claim_.compare_exchange_weak(c, c + 1, std::memory_order_acquire, std::memory_order_relaxed));
-    auto [b, e] = split_range(job_n_, job_grain_, job_parts_, c & 0xffff);
+    const uint32_t f = uint32_t(c >> 16) & 0xffff, b = uint32_t(c) & 0xffff;
+    // A part is claimed only while one is left: until then the job cannot finish, nor job_ change.
+    if (uint32_t(c >> 32) != gen || f >= b) return -1;
+    const uint64_t next = front ? c + (uint64_t(1) << 16) : c - 1;
+    if (word.compare_exchange_weak(c, next, std::memory_order_acquire, std::memory_order_relaxed))
+      return int(front ? f : b - 1);
+  }
+}
+
+void ThreadPool::work_on(uint32_t gen, int self) {
+  uint32_t done = 0;
+  auto run_part = [&](int part) {
+    auto [b, e] = split_range(job_n_, job_grain_, job_parts_, size_t(part));
     if (b < e) {
       try {
         job_.call(job_.fn, b, e);
@@ -99,11 +107,17 @@ void ThreadPool::work_on(uint32_t gen) {
         if (!error_) error_ = std::current_exception();
       }
     }
-    done_.value.fetch_add(1, std::memory_order_release);
+    ++done;
+  };
+  for (int part; (part = claim(self, gen, true)) >= 0;) run_part(part);
+  for (int k = 1; k < n_threads_; ++k) {
+    const int r = (self + k) % n_threads_;
+    for (int part; (part = claim(r, gen, false)) >= 0;) run_part(part);
   }
+  if (done > 0) done_.value.fetch_add(done, std::memory_order_release);
 }
 
-void ThreadPool::worker() {
+void ThreadPool::worker(int self) {
   t_in_job = true;
   uint32_t seen = 0;
   for (;;) {
@@ -130,7 +144,7 @@ void ThreadPool::worker() {
     }
     seen = g;
     if (stop_.load(std::memory_order_acquire)) return;
-    work_on(g);
+    work_on(g, self);
   }
 }
 
@@ -149,11 +163,15 @@ void ThreadPool::run(size_t n, size_t grain, Job job) {
   error_ = nullptr;
   done_.value.store(0, std::memory_order_relaxed);
   const uint32_t gen = generation_.value.load(std::memory_order_relaxed) + 1;
-  claim_.store(uint64_t(gen) << 32 | uint64_t(job_parts_) << 16, std::memory_order_release);
+  for (int i = 0; i < n_threads_; ++i) {
+    const uint64_t front = uint64_t(job_parts_) * uint64_t(i) / uint64_t(n_threads_);
+    const uint64_t back = uint64_t(job_parts_) * uint64_t(i + 1) / uint64_t(n_threads_);
+    runs_[size_t(i)].word.store(uint64_t(gen) << 32 | front << 16 | back, std::memory_order_release);
+  }
   generation_.value.store(gen, std::memory_order_seq_cst);
   if (sleepers_.value.load(std::memory_order_seq_cst) > 0) generation_.value.notify_all();
   t_in_job = true;
-  work_on(gen);
+  work_on(gen, 0);
   t_in_job = false;
   // Every part is claimed; wait for the ones workers are still running (yielding the core soon:
   // such a worker may be waiting for it).

@@ -1,10 +1,12 @@
 #pragma once
 // A fixed pool of worker threads, created once. parallel_for cuts [0, n) into a few contiguous parts
-// per thread that the caller and the workers claim from a shared counter: the caller starts at once
-// and never waits for a worker that has not started (a descheduled worker on a busy machine costs
-// its parts, not a stall). A call neither allocates nor creates threads: the job is a pointer to
-// the caller's callable, and idle workers spin briefly (decode issues ~10 calls per layer,
-// microseconds apart) before sleeping on a futex.
+// per thread. Each thread owns a run of neighbouring parts and takes them front to back, so it
+// streams one contiguous range (a memory-bound decode keeps the hardware prefetcher on one stream
+// and its claims on its own cache line); a thread done with its own run takes parts from the back
+// of the others'. The caller starts at once and never waits for a worker that has not started (a
+// descheduled worker on a busy machine costs its parts, not a stall). A call neither allocates nor
+// creates threads: the job is a pointer to the caller's callable, and idle workers spin briefly
+// (decode issues ~10 calls per layer, microseconds apart) before sleeping on a futex.
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -52,9 +54,12 @@ class ThreadPool {
 
   void run(size_t n, size_t grain, Job job);
   void stop_workers();
-  void worker();
-  // Claims and runs parts of job `gen` until none is left (or a newer job replaced it).
-  void work_on(uint32_t gen);
+  void worker(int self);
+  // Runs parts of job `gen` (its own run first, then others') until none is left or a newer job
+  // replaced it.
+  void work_on(uint32_t gen, int self);
+  // Claims the front (own run) or back (another's) part of run `r` of job `gen`; -1 when none.
+  int claim(int r, uint32_t gen, bool front);
 
   int n_threads_;
   std::vector<std::thread> workers_;
@@ -64,7 +69,12 @@ class ThreadPool {
   size_t job_n_ = 0, job_grain_ = 1;
   uint32_t job_parts_ = 0;
   Counter generation_;  // bumped to start a job (and to stop); workers sleep on it
-  alignas(64) std::atomic<uint64_t> claim_{0};  // generation << 32 | parts << 16 | next unclaimed part
+  // Thread i's run of parts, one cache line each: generation << 32 | front << 16 | back, the
+  // unclaimed parts being [front, back).
+  struct alignas(64) Run {
+    std::atomic<uint64_t> word{0};
+  };
+  std::unique_ptr<Run[]> runs_;
   Counter done_;        // parts of the current job finished
   Counter sleepers_;    // workers blocked in generation_.wait
   std::atomic<bool> stop_{false};
