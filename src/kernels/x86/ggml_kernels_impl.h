@@ -462,6 +462,10 @@ constexpr int kQ4KPacked = kGgmlPackRows * 148, kQ6KPacked = kGgmlPackRows * 210
 
 
 #if PTLLM_GGML_ZMM && PTLLM_GGML_VNNI
+// 4 bytes of x in every lane, broadcast from memory: a load, where a value taken through a general
+// register costs a vector shuffle beside the vpdpbusd it feeds.
+PTLLM_GGML_TARGET inline Z bcast4(const int8_t* p) { return _mm512_broadcastd_epi32(_mm_loadu_si32(p)); }
+
 // One 16-row group against NT rows of x: out[t] holds the group's 16 products in its lanes. Per
 // sub-block j, each row's 32 codes meet x in integers (vpdpbusd: unsigned codes x signed x, four a
 // lane), two chains (low and high nibbles) that the sub-block's scales then multiply (vpmulld);
@@ -540,12 +544,10 @@ PTLLM_GGML_TARGET void q6k_packed_group(const uint8_t* grp, int nb, const GgmlAc
       const Z sc = _mm512_cvtepi8_epi32(load128(blk + 32 + 16 * g));
       PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
         const int8_t* q = x.q[t] + 256 * b + 16 * g;
-        int32_t qv[4];
-        std::memcpy(qv, q, 16);
-        Z p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], _mm512_set1_epi32(qv[0]));
-        Z p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], _mm512_set1_epi32(qv[1]));
-        p0 = _mm512_dpbusd_epi32(p0, w[2], _mm512_set1_epi32(qv[2]));
-        p1 = _mm512_dpbusd_epi32(p1, w[3], _mm512_set1_epi32(qv[3]));
+        Z p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], bcast4(q));
+        Z p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], bcast4(q + 4));
+        p0 = _mm512_dpbusd_epi32(p0, w[2], bcast4(q + 8));
+        p1 = _mm512_dpbusd_epi32(p1, w[3], bcast4(q + 12));
         const Z o = _mm512_permutexvar_epi32(_mm512_set1_epi32(g), off[t]);
         isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(_mm512_sub_epi32(_mm512_add_epi32(p0, p1), o), sc));
       }
