@@ -734,11 +734,16 @@ TEST(ThreadPoolTest, SplitsWorkOverEveryThread) {
   EXPECT_EQ(calls.load(), 3);
 }
 
-// The caller owns the first run of parts and only it takes them from the front, so the ranges it
-// runs start with 0, 1, 2, ... in order (one contiguous stream), whatever the workers steal.
+// The caller owns the first run of parts and only it takes them from the front, so whatever parts
+// of that run it gets start at 0 and follow in order (one contiguous stream), whatever the workers
+// steal from the run's back; then come the parts it steals, from the back of each worker's run.
 TEST(ThreadPoolTest, TheCallerRunsItsOwnPartsFrontToBack) {
+  int ran_part_zero = 0;
   for (int threads : {2, 3}) {
     ThreadPool pool(threads);
+    // 16 parts of 100 (kPartsPerThread 8 a thread, at most one part a grain): the caller's run is
+    // the first 16 / threads of them.
+    const size_t own_end = size_t(16 / threads) * 100;
     for (int call = 0; call < 50; ++call) {
       std::mutex mu;
       std::vector<std::pair<size_t, size_t>> mine;
@@ -751,20 +756,22 @@ TEST(ThreadPoolTest, TheCallerRunsItsOwnPartsFrontToBack) {
             mine.emplace_back(b, e);
           },
           100);
-      ASSERT_FALSE(mine.empty());
-      EXPECT_EQ(mine[0].first, 0u) << threads << " threads, call " << call;
-      size_t own = 1;
-      while (own < mine.size() && mine[own].first == mine[own - 1].second) ++own;
-      // The rest was stolen from the back of the workers' runs, which lie past the caller's: parts
-      // in descending order within a run, so at most one rise for each further run.
+      size_t own = 0;
+      while (own < mine.size() && mine[own].first < own_end) {
+        EXPECT_EQ(mine[own].first, 100 * own) << threads << " threads, call " << call;
+        ++own;
+      }
+      ran_part_zero += own > 0;
+      // Parts in descending order within each worker's run: at most one rise for each further run.
       int rises = 0;
       for (size_t i = own; i < mine.size(); ++i) {
-        EXPECT_GE(mine[i].first, mine[own - 1].second);
+        EXPECT_GE(mine[i].first, own_end) << threads << " threads, call " << call;
         if (i > own && mine[i].first > mine[i - 1].first) ++rises;
       }
       EXPECT_LE(rises, threads - 2);
     }
   }
+  EXPECT_GT(ran_part_zero, 0);  // the caller is never slower than every worker 100 times over
 }
 
 TEST(ThreadPoolTest, ManyCallsAndSleepingWorkersWakeUp) {
