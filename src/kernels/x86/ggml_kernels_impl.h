@@ -457,18 +457,11 @@ PTLLM_GGML_TARGET void dot_q6k_zmm(const uint8_t* row, int nb, const GgmlActs& a
 // ---- Q4_0, Q8_0, Q4_K and Q6_K packed (ggml.h, kGgmlPackRows) -----------------------------------------
 
 constexpr int kQ4KPacked = kGgmlPackRows * 148, kQ6KPacked = kGgmlPackRows * 210;
-
+// The first pass over a group (the only one in decode) asks for its stream ask_ahead's 4 KiB ahead,
+// a block's bytes spread over its steps: with the hardware prefetchers alone a thread streamed Q4_K
+// at about 2/3 of Q4_0's bytes a second (Llama-3.2-1B Q4_K_M, 2 threads: 1.2x decode with it).
 
 #if PTLLM_GGML_ZMM && PTLLM_GGML_VNNI
-// The first pass over a group (the only one in decode) asks for the lines of the block kAhead blocks
-// on, kLines at each of its kSteps steps: with the hardware prefetchers alone a thread streamed Q4_K
-// at about 2/3 of Q4_0's bytes a second (Llama-3.2-1B Q4_K_M, 2 threads: 1.2x decode with it).
-template <int kAhead, int kBlockBytes, int kSteps, int kLines>
-PTLLM_GGML_TARGET inline void ask_block_ahead(const uint8_t* blk, int step) {
-  const char* p = reinterpret_cast<const char*>(blk) + size_t(kAhead * kBlockBytes + step * (kBlockBytes / kSteps));
-  PTLLM_GGML_UNROLL for (int i = 0; i < kLines; ++i) _mm_prefetch(p + 64 * i, _MM_HINT_T0);
-}
-
 // 4 bytes of x in every lane, broadcast from memory: a load, where a value taken through a general
 // register costs a vector shuffle beside the vpdpbusd it feeds.
 PTLLM_GGML_TARGET inline Z bcast4(const int8_t* p) { return _mm512_broadcastd_epi32(_mm_loadu_si32(p)); }
@@ -500,7 +493,7 @@ PTLLM_GGML_TARGET void q4k_packed_group(const uint8_t* grp, int nb, const GgmlAc
     Z isum[NT];
     PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
     PTLLM_GGML_UNROLL for (int j = 0; j < 8; ++j) {
-      if (t0 == 0) ask_block_ahead<2, kQ4KPacked, 8, 5>(blk, j);  // 296 bytes a step
+      if (t0 == 0) ask_ahead<kQ4KPacked / 8>(blk + kQ4KPacked / 8 * j);
       Z lo[NT], hi[NT];
       PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) lo[t] = hi[t] = _mm512_setzero_si512();
       PTLLM_GGML_UNROLL for (int c = 0; c < 4; ++c) {
@@ -541,7 +534,7 @@ PTLLM_GGML_TARGET void q6k_packed_group(const uint8_t* grp, int nb, const GgmlAc
       isum[t] = _mm512_setzero_si512();
     }
     PTLLM_GGML_UNROLL for (int g = 0; g < 16; ++g) {
-      if (t0 == 0) ask_block_ahead<1, kQ6KPacked, 16, 4>(blk, g);  // 210 bytes a step
+      if (t0 == 0) ask_ahead<kQ6KPacked / 16>(blk + kQ6KPacked / 16 * g);
       const uint8_t* c = blk + 288 + 192 * g;
       const Z A = _mm512_loadu_si512(c), B = _mm512_loadu_si512(c + 64), H = _mm512_loadu_si512(c + 128);
       const Z w[4] = {
