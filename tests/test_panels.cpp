@@ -239,6 +239,36 @@ TEST(PanelsBf16XTest, TheModeIsInTheKernelsName) {
   EXPECT_NE(active_kernels_name().find("+panels-bf16x"), std::string::npos) << active_kernels_name();
 }
 
+// Prefill takes rows of more than 2048 columns (float32 x; 4096 for bf16 x) in slices, the
+// accumulators kept between them: each row still gets the bits it gets alone, and the products match
+// the reference. 4160 columns: two whole slices and a short one with float32 x, one and a short one
+// with bf16 x; 70 rows: a chunk of 64 and one of 6, through tiles of 8, 4, 2 and 1 rows; 3 panels:
+// a pair and one alone.
+TEST(PanelsSlicesTest, LongRowsKeepEachRowsBitsAndMatchTheReference) {
+  ThreadPool one(1), two(2);
+  const int N = 48, K = 4160, T = 70;
+  const Packed m(N, K, 71, two);
+  const auto x = normal(size_t(T) * size_t(K), 1.f, 72);
+  const auto bias = normal(size_t(N), 0.1f, 73);
+  for (bool bf16x : {false, true}) {
+    set_panels_bf16_x(bf16x);
+    const char* mode = bf16x ? "bf16 x" : "float32 x";
+    std::vector<float> batch(size_t(T) * N), single(batch.size()), alone(N), want(batch.size());
+    panels_matmul(x.data(), T, m.panels, bias.data(), batch.data(), two);
+    panels_matmul(x.data(), T, m.panels, bias.data(), single.data(), one);
+    EXPECT_EQ(std::memcmp(batch.data(), single.data(), batch.size() * sizeof(float)), 0) << mode;
+    for (int t = 0; t < T; ++t) {
+      panels_matmul(x.data() + size_t(t) * K, 1, m.panels, bias.data(), alone.data(), two);
+      ASSERT_EQ(std::memcmp(alone.data(), batch.data() + size_t(t) * N, alone.size() * sizeof(float)), 0)
+          << mode << ", row " << t;
+    }
+    matmul_ref((bf16x ? rounded_to_bf16(x) : x).data(), T, m.dense, bias.data(), want.data());
+    for (size_t i = 0; i < want.size(); ++i)
+      ASSERT_NEAR(batch[i], want[i], 1e-5 * std::sqrt(double(K)) + 1e-6 * std::fabs(want[i])) << mode << " at " << i;
+  }
+  set_panels_bf16_x(false);
+}
+
 // A checkpoint of BF16 weights (make-model's tiny shape) loaded with and without panels: the same
 // greedy ids and logits within float noise; with panels a sequence's logits in a batch of six are
 // the bits it gets alone (the products add a row in one order whatever the batch; the row-major

@@ -45,7 +45,6 @@ constexpr int kChunkPanels = 16, kChunkRows = 64;
 // Column pairs (64-byte lines of a panel) the weights are asked for ahead of their use: 4 KiB, as
 // the row-major gemv.
 constexpr int kPrefetchPairs = 64;
-
 const uint16_t* panel_at(const WeightMatrix& w, int p) {
   return static_cast<const uint16_t*>(w.data) + size_t(p) * size_t(w.cols) * kPanelRows;
 }
@@ -112,23 +111,56 @@ void round_pairs_portable(const float* x, int T, int K, uint32_t* xb) {
 }
 
 #if defined(__x86_64__)
+// Every pair of panels reads a chunk's rows of x again. Where those rows hold more bytes than this
+// (half of a 1 MiB L2), they are taken in slices of columns, every panel of the chunk over one slice
+// before the next: the slice stays in L2 while the panels pass, where whole rows (kChunkRows x 8192
+// columns of float32: 2 MiB) came back from L3 for each pair.
+constexpr size_t kSliceXBytes = 512 * 1024;
+
+// Where a tile's columns end and its sums go between slices. Whole rows: k0 = 0, k1 = the row and
+// no state. A slice that is not the last leaves the accumulators in st (panel p's row t at
+// st + p * ld + t * the tile's floats a row and panel) and the next slice takes them back, so each
+// output is the same operations in the same order as in one pass: the same bits.
+struct Slice {
+  int k0, k1;
+  float* st = nullptr;
+  size_t ld = 0;
+};
+
+// The column slices of T rows of x, `bytes_per_col` bytes a value: whole rows where a chunk of them
+// fits kSliceXBytes (and for decode), else slices of `cols` columns, with room for the accumulators
+// of kChunkPanels x kChunkRows outputs (`floats_per_output` each).
+struct Slices {
+  int cols;
+  float* st;
+  Slices(int K, size_t bytes_per_col, int T, size_t floats_per_output) {
+    const size_t rows = size_t(std::min(T, kChunkRows));
+    const size_t fit = std::max<size_t>(64, kSliceXBytes / (rows * bytes_per_col) / 64 * 64);
+    cols = T <= 2 || size_t(K) <= fit ? K : int(fit);
+    thread_local Scratch state;
+    st = cols < K ? state.get(size_t(kChunkPanels) * size_t(kChunkRows) * floats_per_output) : nullptr;
+  }
+};
+
 #define PTLLM_PANELS_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 
 // MT rows of x (row t at x + t * K) against NP consecutive panels from wp; outputs to y + t * ldy
 // (the panels' first row's column), bias from the same first row.
 // The weights are asked for ahead of use: the lines kPrefetchPairs ahead (kNext false: decode), or
 // the same lines of the next panels, from pf (kNext: several tiles over these panels).
-template <int NP, int MT, bool kNext>
+template <int NP, int MT, bool kNext, bool kSliced>
 PTLLM_PANELS_TARGET void tile(const float* x, int K, const uint16_t* wp, const float* bias, float* y, size_t ldy,
-                              const uint16_t* pf) {
+                              const uint16_t* pf, Slice sl) {
+  if constexpr (!kSliced) sl = Slice{0, K};  // whole rows: the loop's bounds known to the compiler
   __m512 ae[NP][MT], ao[NP][MT];
   PTLLM_PANELS_UNROLL for (int p = 0; p < NP; ++p) PTLLM_PANELS_UNROLL for (int t = 0; t < MT; ++t) {
-    ae[p][t] = _mm512_setzero_ps();
-    ao[p][t] = _mm512_setzero_ps();
+    const bool resume = kSliced && sl.k0 > 0;
+    ae[p][t] = resume ? _mm512_load_ps(sl.st + size_t(p) * sl.ld + size_t(t) * 32) : _mm512_setzero_ps();
+    ao[p][t] = resume ? _mm512_load_ps(sl.st + size_t(p) * sl.ld + size_t(t) * 32 + 16) : _mm512_setzero_ps();
   }
   const size_t stride = size_t(K) * kPanelRows;  // uint16 values a panel
   const __m512i high = _mm512_set1_epi32(int(0xffff0000u));
-  for (int k = 0; k < K; k += 2) {
+  for (int k = sl.k0; k < sl.k1; k += 2) {
     __m512 we[NP], wo[NP];
     PTLLM_PANELS_UNROLL for (int p = 0; p < NP; ++p) {
       const uint16_t* line = wp + size_t(p) * stride + size_t(k) * kPanelRows;
@@ -149,6 +181,13 @@ PTLLM_PANELS_TARGET void tile(const float* x, int K, const uint16_t* wp, const f
       }
     }
   }
+  if (kSliced && sl.k1 < K) {
+    PTLLM_PANELS_UNROLL for (int p = 0; p < NP; ++p) PTLLM_PANELS_UNROLL for (int t = 0; t < MT; ++t) {
+      _mm512_store_ps(sl.st + size_t(p) * sl.ld + size_t(t) * 32, ae[p][t]);
+      _mm512_store_ps(sl.st + size_t(p) * sl.ld + size_t(t) * 32 + 16, ao[p][t]);
+    }
+    return;
+  }
   PTLLM_PANELS_UNROLL for (int p = 0; p < NP; ++p) {
     const __m512 b = bias ? _mm512_loadu_ps(bias + p * kPanelRows) : _mm512_setzero_ps();
     PTLLM_PANELS_UNROLL for (int t = 0; t < MT; ++t) {
@@ -164,7 +203,7 @@ PTLLM_PANELS_TARGET void tile(const float* x, int K, const uint16_t* wp, const f
 // panels' weights: the last ones over these panels leave them in L2 for the next call.
 template <int NP>
 PTLLM_PANELS_TARGET void panels_rows(const float* x, int t0, int t1, const WeightMatrix& w, const float* bias,
-                                     float* y, int p) {
+                                     float* y, int p, Slice sl) {
   const int K = w.cols;
   const size_t ldy = size_t(w.rows);
   const uint16_t* wp = panel_at(w, p);
@@ -173,29 +212,42 @@ PTLLM_PANELS_TARGET void panels_rows(const float* x, int t0, int t1, const Weigh
                                                                          : nullptr;
   const auto at = [&](int t) { return x + size_t(t) * size_t(K); };
   const auto out = [&](int t) { return y + size_t(t) * ldy + size_t(p) * kPanelRows; };
-  const auto rows = [&]<bool kNext>() {
+  const auto rows = [&]<bool kNext, bool kSliced>() {
+    const auto state = [&](int t) { return Slice{sl.k0, sl.k1, sl.st ? sl.st + size_t(t - t0) * 32 : nullptr, sl.ld}; };
     int t = t0;
-    for (; t + 4 <= t1; t += 4) tile<NP, 4, kNext>(at(t), K, wp, b, out(t), ldy, pf);
-    for (; t + 2 <= t1; t += 2) tile<NP, 2, kNext>(at(t), K, wp, b, out(t), ldy, pf);
-    for (; t < t1; ++t) tile<NP, 1, kNext>(at(t), K, wp, b, out(t), ldy, pf);
+    for (; t + 4 <= t1; t += 4) tile<NP, 4, kNext, kSliced>(at(t), K, wp, b, out(t), ldy, pf, state(t));
+    for (; t + 2 <= t1; t += 2) tile<NP, 2, kNext, kSliced>(at(t), K, wp, b, out(t), ldy, pf, state(t));
+    for (; t < t1; ++t) tile<NP, 1, kNext, kSliced>(at(t), K, wp, b, out(t), ldy, pf, state(t));
   };
-  if (pf)
-    rows.template operator()<true>();
+  if (pf && sl.st)
+    rows.template operator()<true, true>();
+  else if (pf)
+    rows.template operator()<true, false>();
+  else if (sl.st)
+    rows.template operator()<false, true>();
   else
-    rows.template operator()<false>();
+    rows.template operator()<false, false>();
 }
 
 PTLLM_PANELS_TARGET void part_avx512(const float* x, int T, const WeightMatrix& w, const float* bias, float* y,
                                      int p0, int p1) {
+  const int K = w.cols;
+  const Slices slices(K, sizeof(float), T, 32);
   for (int c0 = p0; c0 < p1; c0 += kChunkPanels) {
     const int c1 = std::min(p1, c0 + kChunkPanels);
     for (int t0 = 0; t0 < T; t0 += kChunkRows) {
       const int t1 = std::min(T, t0 + kChunkRows);
-      int p = c0;
-      if (t1 - t0 <= 2)  // decode: one weight stream, its lines asked for ahead (faster than 2 or 4 at once)
-        for (; p < c1; ++p) panels_rows<1>(x, t0, t1, w, bias, y, p);
-      for (; p + 2 <= c1; p += 2) panels_rows<2>(x, t0, t1, w, bias, y, p);
-      for (; p < c1; ++p) panels_rows<1>(x, t0, t1, w, bias, y, p);
+      const size_t ld = size_t(t1 - t0) * 32;  // state floats a panel
+      for (int k0 = 0; k0 < K; k0 += slices.cols) {
+        const auto sl = [&](int p) {
+          return Slice{k0, std::min(K, k0 + slices.cols), slices.st ? slices.st + size_t(p - c0) * ld : nullptr, ld};
+        };
+        int p = c0;
+        if (t1 - t0 <= 2)  // decode: one weight stream, its lines asked for ahead (faster than 2 or 4 at once)
+          for (; p < c1; ++p) panels_rows<1>(x, t0, t1, w, bias, y, p, sl(p));
+        for (; p + 2 <= c1; p += 2) panels_rows<2>(x, t0, t1, w, bias, y, p, sl(p));
+        for (; p < c1; ++p) panels_rows<1>(x, t0, t1, w, bias, y, p, sl(p));
+      }
     }
   }
 }
@@ -207,15 +259,16 @@ PTLLM_PANELS_TARGET void part_avx512(const float* x, int T, const WeightMatrix& 
 // tile's twin for x rounded to bf16: one vdpbf16ps per panel, row of x and column pair (twice the
 // multiply-adds of an FMA in one instruction, and no widening of the weights). Without AVX512_BF16
 // (kDp false) the same sums from fused multiply-adds, odd column first: the same bits.
-template <bool kDp, int NP, int MT, bool kNext>
+template <bool kDp, int NP, int MT, bool kNext, bool kSliced>
 PTLLM_PANELS_BF16_TARGET void tile_bx(const uint32_t* xb, int J, const uint16_t* wp, const float* bias, float* y,
-                                      size_t ldy, const uint16_t* pf) {
+                                      size_t ldy, const uint16_t* pf, Slice sl) {
+  if constexpr (!kSliced) sl = Slice{0, 2 * J};
   __m512 acc[NP][MT];
   PTLLM_PANELS_UNROLL for (int p = 0; p < NP; ++p) PTLLM_PANELS_UNROLL for (int t = 0; t < MT; ++t)
-      acc[p][t] = _mm512_setzero_ps();
+      acc[p][t] = kSliced && sl.k0 > 0 ? _mm512_load_ps(sl.st + size_t(p) * sl.ld + size_t(t) * 16) : _mm512_setzero_ps();
   const size_t stride = size_t(J) * 2 * kPanelRows;  // uint16 values a panel
   const __m512i high = _mm512_set1_epi32(int(0xffff0000u));
-  for (int j = 0; j < J; ++j) {
+  for (int j = sl.k0 / 2; j < sl.k1 / 2; ++j) {
     __m512i wv[NP];
     PTLLM_PANELS_UNROLL for (int p = 0; p < NP; ++p) {
       const uint16_t* line = wp + size_t(p) * stride + size_t(j) * 2 * kPanelRows;
@@ -240,6 +293,11 @@ PTLLM_PANELS_BF16_TARGET void tile_bx(const uint32_t* xb, int J, const uint16_t*
       }
     }
   }
+  if (kSliced && sl.k1 < 2 * J) {
+    PTLLM_PANELS_UNROLL for (int p = 0; p < NP; ++p) PTLLM_PANELS_UNROLL for (int t = 0; t < MT; ++t)
+        _mm512_store_ps(sl.st + size_t(p) * sl.ld + size_t(t) * 16, acc[p][t]);
+    return;
+  }
   PTLLM_PANELS_UNROLL for (int p = 0; p < NP; ++p) {
     const __m512 b = bias ? _mm512_loadu_ps(bias + p * kPanelRows) : _mm512_setzero_ps();
     PTLLM_PANELS_UNROLL for (int t = 0; t < MT; ++t)
@@ -250,7 +308,7 @@ PTLLM_PANELS_BF16_TARGET void tile_bx(const uint32_t* xb, int J, const uint16_t*
 // panels_rows for bf16 x: one accumulator an output, so tiles of 8 rows of x against 2 panels.
 template <bool kDp, int NP>
 PTLLM_PANELS_BF16_TARGET void panels_rows_bx(const uint32_t* xb, int t0, int t1, const WeightMatrix& w,
-                                             const float* bias, float* y, int p) {
+                                             const float* bias, float* y, int p, Slice sl) {
   const int J = w.cols / 2;
   const size_t ldy = size_t(w.rows);
   const uint16_t* wp = panel_at(w, p);
@@ -259,31 +317,44 @@ PTLLM_PANELS_BF16_TARGET void panels_rows_bx(const uint32_t* xb, int t0, int t1,
                                                                          : nullptr;
   const auto at = [&](int t) { return xb + size_t(t) * size_t(J); };
   const auto out = [&](int t) { return y + size_t(t) * ldy + size_t(p) * kPanelRows; };
-  const auto rows = [&]<bool kNext>() {
+  const auto rows = [&]<bool kNext, bool kSliced>() {
+    const auto state = [&](int t) { return Slice{sl.k0, sl.k1, sl.st ? sl.st + size_t(t - t0) * 16 : nullptr, sl.ld}; };
     int t = t0;
-    for (; t + 8 <= t1; t += 8) tile_bx<kDp, NP, 8, kNext>(at(t), J, wp, b, out(t), ldy, pf);
-    for (; t + 4 <= t1; t += 4) tile_bx<kDp, NP, 4, kNext>(at(t), J, wp, b, out(t), ldy, pf);
-    for (; t + 2 <= t1; t += 2) tile_bx<kDp, NP, 2, kNext>(at(t), J, wp, b, out(t), ldy, pf);
-    for (; t < t1; ++t) tile_bx<kDp, NP, 1, kNext>(at(t), J, wp, b, out(t), ldy, pf);
+    for (; t + 8 <= t1; t += 8) tile_bx<kDp, NP, 8, kNext, kSliced>(at(t), J, wp, b, out(t), ldy, pf, state(t));
+    for (; t + 4 <= t1; t += 4) tile_bx<kDp, NP, 4, kNext, kSliced>(at(t), J, wp, b, out(t), ldy, pf, state(t));
+    for (; t + 2 <= t1; t += 2) tile_bx<kDp, NP, 2, kNext, kSliced>(at(t), J, wp, b, out(t), ldy, pf, state(t));
+    for (; t < t1; ++t) tile_bx<kDp, NP, 1, kNext, kSliced>(at(t), J, wp, b, out(t), ldy, pf, state(t));
   };
-  if (pf)
-    rows.template operator()<true>();
+  if (pf && sl.st)
+    rows.template operator()<true, true>();
+  else if (pf)
+    rows.template operator()<true, false>();
+  else if (sl.st)
+    rows.template operator()<false, true>();
   else
-    rows.template operator()<false>();
+    rows.template operator()<false, false>();
 }
 
 template <bool kDp>
 PTLLM_PANELS_BF16_TARGET void part_avx512_bx(const uint32_t* xb, int T, const WeightMatrix& w, const float* bias,
                                              float* y, int p0, int p1) {
+  const int K = w.cols;
+  const Slices slices(K, sizeof(uint16_t), T, 16);
   for (int c0 = p0; c0 < p1; c0 += kChunkPanels) {
     const int c1 = std::min(p1, c0 + kChunkPanels);
     for (int t0 = 0; t0 < T; t0 += kChunkRows) {
       const int t1 = std::min(T, t0 + kChunkRows);
-      int p = c0;
-      if (t1 - t0 <= 2)
-        for (; p < c1; ++p) panels_rows_bx<kDp, 1>(xb, t0, t1, w, bias, y, p);
-      for (; p + 2 <= c1; p += 2) panels_rows_bx<kDp, 2>(xb, t0, t1, w, bias, y, p);
-      for (; p < c1; ++p) panels_rows_bx<kDp, 1>(xb, t0, t1, w, bias, y, p);
+      const size_t ld = size_t(t1 - t0) * 16;  // state floats a panel
+      for (int k0 = 0; k0 < K; k0 += slices.cols) {
+        const auto sl = [&](int p) {
+          return Slice{k0, std::min(K, k0 + slices.cols), slices.st ? slices.st + size_t(p - c0) * ld : nullptr, ld};
+        };
+        int p = c0;
+        if (t1 - t0 <= 2)
+          for (; p < c1; ++p) panels_rows_bx<kDp, 1>(xb, t0, t1, w, bias, y, p, sl(p));
+        for (; p + 2 <= c1; p += 2) panels_rows_bx<kDp, 2>(xb, t0, t1, w, bias, y, p, sl(p));
+        for (; p < c1; ++p) panels_rows_bx<kDp, 1>(xb, t0, t1, w, bias, y, p, sl(p));
+      }
     }
   }
 }
