@@ -42,16 +42,22 @@ constexpr size_t kMinWeightsPerPart = 32 * 1024;
 // A part's panels are taken this many at a time (their weights stay in L2) against rows of x this
 // many at a time (prefill: x is read from L2 once per pair of panels, not from memory).
 constexpr int kChunkPanels = 16, kChunkRows = 64;
-// Column pairs (64-byte lines of a panel) the weights are asked for ahead of their use: 4 KiB, as
+// Column pairs (64-byte lines of a panel) decode asks for its weights ahead of their use: 4 KiB, as
 // the row-major gemv.
 constexpr int kPrefetchPairs = 64;
+// With float32 x, decode asks for them so only in products of fewer weight bytes than this: there
+// (kjv-small's matrices) it measured faster, while over a 1B model's matrices the hardware
+// prefetchers alone gave 8-12% more tokens a second (Zen 5). bf16 x measured the same either way at
+// 1B and keeps asking.
+constexpr size_t kAheadMaxBytes = size_t(4) << 20;
 const uint16_t* panel_at(const WeightMatrix& w, int p) {
   return static_cast<const uint16_t*>(w.data) + size_t(p) * size_t(w.cols) * kPanelRows;
 }
 
 // Any target: one output at a time, in the AVX-512 kernel's order (the even columns' fused sum plus
 // the odd columns'), so both give the same bits.
-void part_portable(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, int p0, int p1) {
+void part_portable(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, int p0, int p1,
+                   bool /*ahead*/) {
   const int K = w.cols;
   for (int p = p0; p < p1; ++p) {
     const uint16_t* wp = panel_at(w, p);
@@ -144,11 +150,13 @@ struct Slices {
 
 #define PTLLM_PANELS_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 
+// What a tile asks for ahead of use: nothing, the lines kPrefetchPairs ahead (decode), or the same
+// lines of the next panels, from pf (several tiles over these panels).
+enum Prefetch { kNone, kAhead, kNextPanels };
+
 // MT rows of x (row t at x + t * K) against NP consecutive panels from wp; outputs to y + t * ldy
 // (the panels' first row's column), bias from the same first row.
-// The weights are asked for ahead of use: the lines kPrefetchPairs ahead (kNext false: decode), or
-// the same lines of the next panels, from pf (kNext: several tiles over these panels).
-template <int NP, int MT, bool kNext, bool kSliced>
+template <int NP, int MT, Prefetch kPf, bool kSliced>
 PTLLM_PANELS_TARGET void tile(const float* x, int K, const uint16_t* wp, const float* bias, float* y, size_t ldy,
                               const uint16_t* pf, Slice sl) {
   if constexpr (!kSliced) sl = Slice{0, K};  // whole rows: the loop's bounds known to the compiler
@@ -164,9 +172,9 @@ PTLLM_PANELS_TARGET void tile(const float* x, int K, const uint16_t* wp, const f
     __m512 we[NP], wo[NP];
     PTLLM_PANELS_UNROLL for (int p = 0; p < NP; ++p) {
       const uint16_t* line = wp + size_t(p) * stride + size_t(k) * kPanelRows;
-      if constexpr (kNext)
+      if constexpr (kPf == kNextPanels)
         _mm_prefetch(reinterpret_cast<const char*>(pf + size_t(p) * stride + size_t(k) * kPanelRows), _MM_HINT_T1);
-      else
+      else if constexpr (kPf == kAhead)
         _mm_prefetch(reinterpret_cast<const char*>(line + kPrefetchPairs * 2 * kPanelRows), _MM_HINT_T0);
       const __m512i v = _mm512_loadu_si512(line);
       we[p] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
@@ -200,10 +208,11 @@ PTLLM_PANELS_TARGET void tile(const float* x, int K, const uint16_t* wp, const f
 
 // Rows [t0, t1) of x against panels [p, p + NP): tiles of 4 rows (16 accumulators with 2 panels),
 // then the rows left. With several tiles (batched decode, prefill) every tile asks for the next
-// panels' weights: the last ones over these panels leave them in L2 for the next call.
+// panels' weights: the last ones over these panels leave them in L2 for the next call. Otherwise the
+// lines ahead where `ahead`.
 template <int NP>
 PTLLM_PANELS_TARGET void panels_rows(const float* x, int t0, int t1, const WeightMatrix& w, const float* bias,
-                                     float* y, int p, Slice sl) {
+                                     float* y, int p, Slice sl, bool ahead) {
   const int K = w.cols;
   const size_t ldy = size_t(w.rows);
   const uint16_t* wp = panel_at(w, p);
@@ -212,25 +221,29 @@ PTLLM_PANELS_TARGET void panels_rows(const float* x, int t0, int t1, const Weigh
                                                                          : nullptr;
   const auto at = [&](int t) { return x + size_t(t) * size_t(K); };
   const auto out = [&](int t) { return y + size_t(t) * ldy + size_t(p) * kPanelRows; };
-  const auto rows = [&]<bool kNext, bool kSliced>() {
+  const auto rows = [&]<Prefetch kPf, bool kSliced>() {
     const auto state = [&](int t) { return Slice{sl.k0, sl.k1, sl.st ? sl.st + size_t(t - t0) * 32 : nullptr, sl.ld}; };
     int t = t0;
-    for (; t + 4 <= t1; t += 4) tile<NP, 4, kNext, kSliced>(at(t), K, wp, b, out(t), ldy, pf, state(t));
-    for (; t + 2 <= t1; t += 2) tile<NP, 2, kNext, kSliced>(at(t), K, wp, b, out(t), ldy, pf, state(t));
-    for (; t < t1; ++t) tile<NP, 1, kNext, kSliced>(at(t), K, wp, b, out(t), ldy, pf, state(t));
+    for (; t + 4 <= t1; t += 4) tile<NP, 4, kPf, kSliced>(at(t), K, wp, b, out(t), ldy, pf, state(t));
+    for (; t + 2 <= t1; t += 2) tile<NP, 2, kPf, kSliced>(at(t), K, wp, b, out(t), ldy, pf, state(t));
+    for (; t < t1; ++t) tile<NP, 1, kPf, kSliced>(at(t), K, wp, b, out(t), ldy, pf, state(t));
   };
-  if (pf && sl.st)
-    rows.template operator()<true, true>();
-  else if (pf)
-    rows.template operator()<true, false>();
-  else if (sl.st)
-    rows.template operator()<false, true>();
+  const auto sliced = [&]<bool kSliced>() {
+    if (pf)
+      rows.template operator()<kNextPanels, kSliced>();
+    else if (ahead)
+      rows.template operator()<kAhead, kSliced>();
+    else
+      rows.template operator()<kNone, kSliced>();
+  };
+  if (sl.st)
+    sliced.template operator()<true>();
   else
-    rows.template operator()<false, false>();
+    sliced.template operator()<false>();
 }
 
 PTLLM_PANELS_TARGET void part_avx512(const float* x, int T, const WeightMatrix& w, const float* bias, float* y,
-                                     int p0, int p1) {
+                                     int p0, int p1, bool ahead) {
   const int K = w.cols;
   const Slices slices(K, sizeof(float), T, 32);
   for (int c0 = p0; c0 < p1; c0 += kChunkPanels) {
@@ -243,10 +256,10 @@ PTLLM_PANELS_TARGET void part_avx512(const float* x, int T, const WeightMatrix& 
           return Slice{k0, std::min(K, k0 + slices.cols), slices.st ? slices.st + size_t(p - c0) * ld : nullptr, ld};
         };
         int p = c0;
-        if (t1 - t0 <= 2)  // decode: one weight stream, its lines asked for ahead (faster than 2 or 4 at once)
-          for (; p < c1; ++p) panels_rows<1>(x, t0, t1, w, bias, y, p, sl(p));
-        for (; p + 2 <= c1; p += 2) panels_rows<2>(x, t0, t1, w, bias, y, p, sl(p));
-        for (; p < c1; ++p) panels_rows<1>(x, t0, t1, w, bias, y, p, sl(p));
+        if (t1 - t0 <= 2)  // decode: one weight stream (faster than 2 or 4 at once)
+          for (; p < c1; ++p) panels_rows<1>(x, t0, t1, w, bias, y, p, sl(p), ahead);
+        for (; p + 2 <= c1; p += 2) panels_rows<2>(x, t0, t1, w, bias, y, p, sl(p), ahead);
+        for (; p < c1; ++p) panels_rows<1>(x, t0, t1, w, bias, y, p, sl(p), ahead);
       }
     }
   }
@@ -509,11 +522,12 @@ void panels_matmul(const float* x, int T, std::span<const MatmulOutput> outs, Th
 #if defined(__x86_64__)
   if (active_kernels().target == SimdTarget::AVX512) part = &part_avx512;
 #endif
+  const bool ahead = panels * per_panel * sizeof(uint16_t) < kAheadMaxBytes;
   pool.parallel_for(
       panels,
       [&](size_t b, size_t e) {
         for_each_share(outs, kPanelRows, b, e, [&](const MatmulOutput& o, int p0, int p1) {
-          part(x, T, *o.w, o.bias, o.y, p0, p1);
+          part(x, T, *o.w, o.bias, o.y, p0, p1, ahead);
         });
       },
       grain);
