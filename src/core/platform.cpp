@@ -82,9 +82,9 @@ bool env_switch(const char* name) {
   return e && *e && std::string_view(e) != "0";
 }
 
-void* huge_page_alloc(size_t n) {
+void* huge_page_alloc(size_t n, size_t huge_from) {
   const size_t huge = size_t(2) << 20;
-  const size_t align = n >= 2 * huge ? huge : 64, rounded = (std::max<size_t>(n, 1) + align - 1) / align * align;
+  const size_t align = n >= huge_from ? huge : 64, rounded = (std::max<size_t>(n, 1) + align - 1) / align * align;
   void* p = std::aligned_alloc(align, rounded);
 #ifdef MADV_HUGEPAGE
   if (p && align == huge) madvise(p, rounded, MADV_HUGEPAGE);

@@ -536,7 +536,8 @@ std::string Model::weight_format() const {
 namespace {
 const float* bias_or_null(const std::vector<float>& b) { return b.empty() ? nullptr : b.data(); }
 
-void ensure(std::vector<float>& v, size_t n) {
+template <class V>
+void ensure(V& v, size_t n) {
   if (v.size() < n) v.resize(n);
 }
 }  // namespace
@@ -591,7 +592,7 @@ void Model::forward(std::span<const SequenceBatch> batch, ForwardState& st, Thre
 
   // The observer's view of a matrix input (a calibration run); false: the caller wants no more.
   ForwardObserver* const obs = st.observer;
-  auto seen = [&](int li, MatmulInput site, const std::vector<float>& x, int width) {
+  auto seen = [&](int li, MatmulInput site, const auto& x, int width) {
     return !obs || obs->observe(li, site, x.data(), T, width);
   };
 
@@ -806,7 +807,7 @@ void Model::append_kv(int layer, std::span<const SequenceBatch> batch, const Row
 // last ones, which is what attend() takes as queries. Rows move towards the front only, in order.
 int Model::keep_wanted_rows(std::span<const SequenceBatch> batch, Rows& rows, int T, ForwardState& st) const {
   const size_t H = size_t(cfg_.hidden_size), half = size_t(cfg_.head_dim / 2);
-  auto move_row = [](std::vector<float>& buf, size_t width, size_t from, size_t to) {
+  auto move_row = [](auto& buf, size_t width, size_t from, size_t to) {
     if (from != to) std::copy_n(buf.data() + from * width, width, buf.data() + to * width);
   };
   size_t src0 = 0, dst = 0;
