@@ -59,9 +59,9 @@ TEXT=${TEXT:-$(dirname "$MODEL")/../corpus/val.txt}
 mkdir -p "$WORK"
 RES=$WORK/results.jsonl
 TABLE="python3 scripts/figures_table.py"
-KEPT=""  # with --only: the previous run's date and commit, whose other areas are kept
+KEPT="{}"  # with --only: the run (date, commit) of every area kept, {area: run}
 if [ -n "$ONLY" ] && [ -s "$RES" ]; then
-  KEPT=$($TABLE run-of "$RES")
+  KEPT=$($TABLE run-of "$RES" "$ONLY")
   $TABLE keep "$RES" "$ONLY" >"$RES.kept"
   mv "$RES.kept" "$RES"
 else
@@ -381,10 +381,10 @@ jq -nc --arg cpu "$CPU" --arg flags "$FLAGS" --argjson cores "$(nproc)" --argjso
   --arg date "$(date -u '+%Y-%m-%d %H:%M')" --arg commit "$(git rev-parse --short HEAD)" --argjson t "$T" \
   --arg load "$LOAD0 / $(cut -d' ' -f1-3 /proc/loadavg)" --arg llama "${LVER:-not found}" --argjson quick "$QUICK" \
   --argjson mem "$(awk '/MemTotal/ {printf "%.1f", $2 / 1048576}' /proc/meminfo)" --arg note "${NOTE:-}" \
-  --arg only "${ONLY//,/, }" --arg kept "$KEPT" \
+  --arg only "${ONLY//,/, }" --argjson kept "$KEPT" \
   '{kind: "machine", cpu: $cpu, flags: $flags, cores: $cores, bandwidth_gb_s: $bw, date: $date, commit: $commit,
     threads: $t, load: $load, llama_cpp: $llama, quick: ($quick == 1), memory_gib: $mem}
    + (if $note == "" then {} else {note: $note} end)
-   + (if $only == "" then {} else {only: $only} end) + (if $kept == "" then {} else {kept_from: $kept} end)' >>"$RES"
+   + (if $only == "" then {} else {only: $only} end) + (if $kept == {} then {} else {kept_from: $kept} end)' >>"$RES"
 $TABLE table "$RES" >"$OUT"
 echo "wrote $OUT (measurements: $RES)"

@@ -10,11 +10,13 @@
                                               error unless every reply completed)
   figures_table.py keep RESULTS.jsonl AREAS   (figures.sh --only) the values and commands of every area not
                                               in AREAS (comma-separated) on stdout, the machine line dropped
-  figures_table.py run-of RESULTS.jsonl       the date and commit of the run that wrote RESULTS.jsonl
+  figures_table.py run-of RESULTS.jsonl AREAS (figures.sh --only) a JSON object: for every area of RESULTS.jsonl
+                                              not in AREAS, the date and commit of the run that measured it
 
 RESULTS.jsonl holds one JSON object a line:
   {"kind": "machine", ...}                   the machine (cpu, flags, cores, bandwidth_gb_s, date, ...; with
-                                             --only, "only": the areas measured, "kept_from": the earlier run)
+                                             --only, "only": the areas measured, "kept_from": each other
+                                             area's run, {area: "date, commit"})
   {"kind": "command", "area", "command"}     a command an area ran (listed under its table)
   {"kind": "value", "area", "row", "metric", "unit", "side": "ours"|"llama.cpp", "round", "value"}
 A row measured by both sides gets the ratio ours / llama.cpp of each round (the two run one after the
@@ -98,11 +100,19 @@ def table(path):
                        ("bandwidth_gb_s", "measured read bandwidth (GB/s)"), ("memory_gib", "memory (GiB)"),
                        ("date", "date (UTC)"), ("commit", "commit"), ("threads", "threads"),
                        ("load", "load average before / after"), ("llama_cpp", "llama.cpp"), ("note", "note"),
-                       ("only", "areas measured on this date (--only)"),
-                       ("kept_from", "the other areas kept from the run of")):
+                       ("only", "areas measured on this date (--only)")):
         if key in machine:
             v = machine[key]
             out.append(f"- {label}: {fmt(v) if isinstance(v, float) else v}")
+    kept_from = machine.get("kept_from")
+    if isinstance(kept_from, dict) and kept_from:
+        by_run = {}
+        for area, run in kept_from.items():
+            by_run.setdefault(run, []).append(area)
+        out.append("- the other areas kept from earlier runs: " +
+                   "; ".join(f"{', '.join(areas)} ({run})" for run, areas in by_run.items()))
+    elif kept_from:
+        out.append(f"- the other areas kept from the run of: {kept_from}")
     out.append("")
 
     known = [a for a, _ in AREAS]
@@ -209,17 +219,31 @@ def keep(path, areas):
             print(json.dumps(r))
 
 
-def run_of(path):
-    machines = [r for r in records(path) if r.get("kind") == "machine"]
+def run_of(path, areas):
+    """Where each area kept by an --only run was measured: by the run that wrote RESULTS.jsonl, or,
+    for an area that run kept in turn, by the run it named (a chain of --only runs)."""
+    rs = list(records(path))
+    machines = [r for r in rs if r.get("kind") == "machine"]
     m = machines[-1] if machines else {}
-    print(f"{m.get('date', 'an earlier run')}, commit {m.get('commit', 'unknown')}")
+    own = f"{m.get('date', 'an earlier run')}, commit {m.get('commit', 'unknown')}"
+    measured = set(m["only"].split(", ")) if "only" in m else None
+    kept_from = m.get("kept_from", {})
+    runs = {}
+    for area in sorted({r["area"] for r in rs if r.get("kind") != "machine"} - set(areas.split(","))):
+        if measured is None or area in measured:
+            runs[area] = own
+        elif isinstance(kept_from, dict):
+            runs[area] = kept_from.get(area, "an earlier run")
+        else:  # a page written before areas carried their own runs
+            runs[area] = kept_from or "an earlier run"
+    print(json.dumps(runs))
 
 
 def main(argv):
     cmds = {"table": lambda p: print(table(p)), "llama-bench": llama_bench, "batched-bench": batched_bench,
-            "perplexity": perplexity, "node-ttft": node_ttft, "serve-load": serve_load, "run-of": run_of}
-    if len(argv) == 4 and argv[1] == "keep":
-        keep(argv[2], argv[3])
+            "perplexity": perplexity, "node-ttft": node_ttft, "serve-load": serve_load}
+    if len(argv) == 4 and argv[1] in ("keep", "run-of"):
+        (keep if argv[1] == "keep" else run_of)(argv[2], argv[3])
         return
     if len(argv) != 3 or argv[1] not in cmds:
         sys.exit(__doc__)

@@ -121,21 +121,25 @@ class Only(unittest.TestCase):
         self.assertEqual(len(kept), len([r for r in original if r.get("area") in ("quantized", "store")]))
 
     def test_run_of_and_a_page_of_kept_and_new_areas(self):
+        import json
         import tempfile
-        code, out, _ = run("run-of", os.path.join(DATA, "results.jsonl"))
+        code, out, _ = run("run-of", os.path.join(DATA, "results.jsonl"), "context")
         self.assertEqual(code, 0)
-        self.assertEqual(out.strip(), "2026-12-05 02:00, commit abc1234")
+        runs = json.loads(out)  # every other area, from the full run that wrote the file
+        self.assertEqual(runs, {a: "2026-12-05 02:00, commit abc1234" for a in ("quantized", "server", "store")})
         _, kept, _ = run("keep", os.path.join(DATA, "results.jsonl"), "context")
         new = [
             '{"kind": "value", "area": "context", "row": "context 0, KV fp16", "metric": "decode", "unit": "tok/s", '
             '"side": "ours", "round": 1, "value": 300}',
             '{"kind": "command", "area": "context", "command": "build/posttrainllm bench M --decode-at-context"}',
-            '{"kind": "machine", "cpu": "Test CPU", "date": "2026-12-05 20:00", "commit": "def5678", '
-            '"only": "context", "kept_from": "' + out.strip() + '"}',
+            json.dumps({"kind": "machine", "cpu": "Test CPU", "date": "2026-12-05 20:00", "commit": "def5678",
+                        "only": "context", "kept_from": runs}),
         ]
         with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
             f.write(kept + "\n".join(new) + "\n")
         code, page, err = run("table", f.name)
+        # A second --only run (store): context comes from the first, the others still from the full run.
+        code2, out2, _ = run("run-of", f.name, "store")
         os.unlink(f.name)
         self.assertEqual(code, 0, err)
         self.assertIn("| context 0, KV fp16 | decode | 300.0 |  |  |", page)  # the new value alone
@@ -143,7 +147,12 @@ class Only(unittest.TestCase):
         self.assertNotIn("--kv-quantize fp16 -r 1 -t 2 --json", page)  # the old command of the area is gone
         self.assertIn("| q4 default vs Q4_K_M | PPL increase over bf16 (%) | 0.4170 |  |  |", page)  # kept
         self.assertIn("- areas measured on this date (--only): context", page)
-        self.assertIn("- the other areas kept from the run of: 2026-12-05 02:00, commit abc1234", page)
+        self.assertIn("- the other areas kept from earlier runs: quantized, server, store (2026-12-05 02:00, commit "
+                      "abc1234)", page)
+        self.assertEqual(code2, 0)
+        self.assertEqual(json.loads(out2), {"context": "2026-12-05 20:00, commit def5678",
+                                            "quantized": "2026-12-05 02:00, commit abc1234",
+                                            "server": "2026-12-05 02:00, commit abc1234"})
 
 
 if __name__ == "__main__":
