@@ -33,7 +33,7 @@ void* huge_page_alloc(size_t n, size_t huge_from = size_t(4) << 20);
 
 // A std::vector allocator for activations (ForwardState): buffers of 1 MiB and more on huge pages
 // (huge_page_alloc), so a session's first prompt faults its activations in 2 MiB at a time instead
-// of 4 KiB (kjv-small's 512-token prefill spent about a fifth of its time in those faults).
+// of 4 KiB (a quarter of kjv-small's 512-token prefill went to those faults).
 template <class T>
 struct HugePageAllocator {
   using value_type = T;

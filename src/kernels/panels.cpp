@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
+#include <type_traits>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -50,6 +51,7 @@ constexpr int kPrefetchPairs = 64;
 // prefetchers alone gave 8-12% more tokens a second (Zen 5). bf16 x measured the same either way at
 // 1B and keeps asking.
 constexpr size_t kAheadMaxBytes = size_t(4) << 20;
+
 const uint16_t* panel_at(const WeightMatrix& w, int p) {
   return static_cast<const uint16_t*>(w.data) + size_t(p) * size_t(w.cols) * kPanelRows;
 }
@@ -133,20 +135,47 @@ struct Slice {
   size_t ld = 0;
 };
 
-// The column slices of T rows of x, `bytes_per_col` bytes a value: whole rows where a chunk of them
-// fits kSliceXBytes (and for decode), else slices of `cols` columns, with room for the accumulators
-// of kChunkPanels x kChunkRows outputs (`floats_per_output` each).
-struct Slices {
-  int cols;
-  float* st;
-  Slices(int K, size_t bytes_per_col, int T, size_t floats_per_output) {
-    const size_t rows = size_t(std::min(T, kChunkRows));
-    const size_t fit = std::max<size_t>(64, kSliceXBytes / (rows * bytes_per_col) / 64 * 64);
-    cols = T <= 2 || size_t(K) <= fit ? K : int(fit);
-    thread_local Scratch state;
-    st = cols < K ? state.get(size_t(kChunkPanels) * size_t(kChunkRows) * floats_per_output) : nullptr;
+// This thread's buffer for the accumulators of a chunk's outputs between slices.
+float* slice_state(size_t floats) {
+  thread_local Scratch state;
+  return state.get(floats);
+}
+
+// Panels [p0, p1) of a K-column matrix against T rows of x (`bytes_per_col` bytes a value), chunk
+// by chunk: rows(np, t0, t1, p, sl) for np = 1 or 2 panels from p, one at a time in decode (one
+// weight stream: faster than 2 or 4 at once). Where a chunk's rows of x exceed kSliceXBytes, each
+// slice of columns goes over every panel of the chunk before the next, the accumulators
+// (`floats_per_output` an output) waiting in slice_state.
+template <class Rows>
+void walk_chunks(int T, int K, size_t bytes_per_col, size_t floats_per_output, int p0, int p1, Rows&& rows) {
+  int cols = K;
+  float* st = nullptr;
+  if (T > 2) {
+    const size_t n = size_t(std::min(T, kChunkRows));
+    const int fit = int(std::max<size_t>(64, kSliceXBytes / (n * bytes_per_col) / 64 * 64));
+    if (K > fit) {
+      cols = fit;
+      st = slice_state(size_t(kChunkPanels) * size_t(kChunkRows) * floats_per_output);
+    }
   }
-};
+  const std::integral_constant<int, 1> one;
+  const std::integral_constant<int, 2> two;
+  for (int c0 = p0; c0 < p1; c0 += kChunkPanels) {
+    const int c1 = std::min(p1, c0 + kChunkPanels);
+    for (int t0 = 0; t0 < T; t0 += kChunkRows) {
+      const int t1 = std::min(T, t0 + kChunkRows);
+      const size_t ld = size_t(t1 - t0) * floats_per_output;  // state floats a panel
+      for (int k0 = 0; k0 < K; k0 += cols) {
+        const auto sl = [&](int p) { return Slice{k0, std::min(K, k0 + cols), st ? st + size_t(p - c0) * ld : nullptr, ld}; };
+        int p = c0;
+        if (t1 - t0 <= 2)
+          for (; p < c1; ++p) rows(one, t0, t1, p, sl(p));
+        for (; p + 2 <= c1; p += 2) rows(two, t0, t1, p, sl(p));
+        for (; p < c1; ++p) rows(one, t0, t1, p, sl(p));
+      }
+    }
+  }
+}
 
 #define PTLLM_PANELS_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 
@@ -244,25 +273,9 @@ PTLLM_PANELS_TARGET void panels_rows(const float* x, int t0, int t1, const Weigh
 
 PTLLM_PANELS_TARGET void part_avx512(const float* x, int T, const WeightMatrix& w, const float* bias, float* y,
                                      int p0, int p1, bool ahead) {
-  const int K = w.cols;
-  const Slices slices(K, sizeof(float), T, 32);
-  for (int c0 = p0; c0 < p1; c0 += kChunkPanels) {
-    const int c1 = std::min(p1, c0 + kChunkPanels);
-    for (int t0 = 0; t0 < T; t0 += kChunkRows) {
-      const int t1 = std::min(T, t0 + kChunkRows);
-      const size_t ld = size_t(t1 - t0) * 32;  // state floats a panel
-      for (int k0 = 0; k0 < K; k0 += slices.cols) {
-        const auto sl = [&](int p) {
-          return Slice{k0, std::min(K, k0 + slices.cols), slices.st ? slices.st + size_t(p - c0) * ld : nullptr, ld};
-        };
-        int p = c0;
-        if (t1 - t0 <= 2)  // decode: one weight stream (faster than 2 or 4 at once)
-          for (; p < c1; ++p) panels_rows<1>(x, t0, t1, w, bias, y, p, sl(p), ahead);
-        for (; p + 2 <= c1; p += 2) panels_rows<2>(x, t0, t1, w, bias, y, p, sl(p), ahead);
-        for (; p < c1; ++p) panels_rows<1>(x, t0, t1, w, bias, y, p, sl(p), ahead);
-      }
-    }
-  }
+  walk_chunks(T, w.cols, sizeof(float), 32, p0, p1, [&](auto np, int t0, int t1, int p, Slice sl) {
+    panels_rows<decltype(np)::value>(x, t0, t1, w, bias, y, p, sl, ahead);
+  });
 }
 
 #define PTLLM_PANELS_BF16_TARGET \
@@ -338,38 +351,24 @@ PTLLM_PANELS_BF16_TARGET void panels_rows_bx(const uint32_t* xb, int t0, int t1,
     for (; t + 2 <= t1; t += 2) tile_bx<kDp, NP, 2, kNext, kSliced>(at(t), J, wp, b, out(t), ldy, pf, state(t));
     for (; t < t1; ++t) tile_bx<kDp, NP, 1, kNext, kSliced>(at(t), J, wp, b, out(t), ldy, pf, state(t));
   };
-  if (pf && sl.st)
-    rows.template operator()<true, true>();
-  else if (pf)
-    rows.template operator()<true, false>();
-  else if (sl.st)
-    rows.template operator()<false, true>();
+  const auto sliced = [&]<bool kSliced>() {
+    if (pf)
+      rows.template operator()<true, kSliced>();
+    else
+      rows.template operator()<false, kSliced>();
+  };
+  if (sl.st)
+    sliced.template operator()<true>();
   else
-    rows.template operator()<false, false>();
+    sliced.template operator()<false>();
 }
 
 template <bool kDp>
 PTLLM_PANELS_BF16_TARGET void part_avx512_bx(const uint32_t* xb, int T, const WeightMatrix& w, const float* bias,
                                              float* y, int p0, int p1) {
-  const int K = w.cols;
-  const Slices slices(K, sizeof(uint16_t), T, 16);
-  for (int c0 = p0; c0 < p1; c0 += kChunkPanels) {
-    const int c1 = std::min(p1, c0 + kChunkPanels);
-    for (int t0 = 0; t0 < T; t0 += kChunkRows) {
-      const int t1 = std::min(T, t0 + kChunkRows);
-      const size_t ld = size_t(t1 - t0) * 16;  // state floats a panel
-      for (int k0 = 0; k0 < K; k0 += slices.cols) {
-        const auto sl = [&](int p) {
-          return Slice{k0, std::min(K, k0 + slices.cols), slices.st ? slices.st + size_t(p - c0) * ld : nullptr, ld};
-        };
-        int p = c0;
-        if (t1 - t0 <= 2)
-          for (; p < c1; ++p) panels_rows_bx<kDp, 1>(xb, t0, t1, w, bias, y, p, sl(p));
-        for (; p + 2 <= c1; p += 2) panels_rows_bx<kDp, 2>(xb, t0, t1, w, bias, y, p, sl(p));
-        for (; p < c1; ++p) panels_rows_bx<kDp, 1>(xb, t0, t1, w, bias, y, p, sl(p));
-      }
-    }
-  }
+  walk_chunks(T, w.cols, sizeof(uint16_t), 16, p0, p1, [&](auto np, int t0, int t1, int p, Slice sl) {
+    panels_rows_bx<kDp, decltype(np)::value>(xb, t0, t1, w, bias, y, p, sl);
+  });
 }
 
 // round_pairs_portable with vcvtne2ps2bf16, 32 values at a time.

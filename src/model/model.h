@@ -68,15 +68,15 @@ class ForwardObserver {
 // Activations of one forward call over T rows (the tokens of every sequence of the batch, one after
 // another), sized for the largest T seen; reused so that decode allocates nothing once warmed up.
 struct ForwardState {
-  using Rows = std::vector<float, HugePageAllocator<float>>;
+  using Activations = std::vector<float, HugePageAllocator<float>>;
   int capacity = 0;
   int logit_capacity = 0;
-  Rows x;        // [T][hidden] residual stream
-  Rows xn;       // [T][hidden] normalized
-  Rows q;        // [T][q_dim]
-  Rows k, v;     // [T][kv_dim]
-  Rows att;      // [T][q_dim]
-  Rows gate, up;  // [T][inter]
+  Activations x;         // [T][hidden] residual stream
+  Activations xn;        // [T][hidden] normalized
+  Activations q;         // [T][q_dim]
+  Activations k, v;      // [T][kv_dim]
+  Activations att;       // [T][q_dim]
+  Activations gate, up;  // [T][inter]
   std::vector<float> cos, sin;  // [T][head_dim/2] the main RoPE's tables of each row's position
   std::vector<float> cos_local, sin_local;  // [T][head_dim/2] Gemma 3's local RoPE (else unused)
   std::vector<float> logits;    // [rows wanted][vocab], batches of more than one sequence
