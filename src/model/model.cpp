@@ -325,87 +325,92 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
 }
 
 namespace {
-// A fresh buffer of n bytes for a packed matrix, on huge pages (Llama-3.2-1B's packing spent most of
-// its time in the kernel clearing 4 KB pages).
-void* packed_alloc(size_t n) {
-  void* p = huge_page_alloc(n);
-  if (!p) throw Error("out of memory: " + std::to_string(n) + " bytes for a packed weight matrix");
-  return p;
-}
+// How a matrix is repacked at load, if it is.
+enum class Repack { None, Ggml, Affine, Panels };
 }  // namespace
 
 void Model::pack_panels() {
-  if (ggml_pack_wanted()) {  // Q4_0, Q8_0, Q4_K and Q6_K in 16-row groups (kernels/ggml.h)
-    // Where AMX takes prefill, it reads Q4_0 and Q8_0 matrices row by row (amx_takes_dequantized).
-    const auto fit = [](const WeightMatrix& w) {
-      return ggml_pack_fit(w) && !((w.ggml == GgmlType::Q4_0 || w.ggml == GgmlType::Q8_0) && amx_active());
-    };
-    std::vector<WeightMatrix*> todo;
-    for (LayerWeights& lw : layers_)
-      for (WeightMatrix* w : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down})
-        if (fit(*w)) todo.push_back(w);
-    const bool tied = lm_head_.data == embed_.data;
-    if (fit(lm_head_)) todo.push_back(&lm_head_);
-    std::optional<ThreadPool> pool;
-    if (!todo.empty()) pool.emplace(ThreadPool::default_threads());
-    for (WeightMatrix* w : todo) {
-      void* p = packed_alloc(ggml_packed_bytes(*w));
-      ggml_bytes_.emplace_back(static_cast<uint8_t*>(p));
-      pool->parallel_for(size_t(w->rows / kGgmlPackRows),
-                        [&](size_t b, size_t e) { ggml_pack(*w, p, int(b), int(e)); });
-      if (gguf_) gguf_->release(w->data, w->nbytes());  // the file's blocks are not read again
-      *w = ggml_packed_matrix(w->ggml, p, w->rows, w->cols);
-    }
-    if (tied && !todo.empty() && todo.back() == &lm_head_) embed_ = lm_head_;
-  }
-  if (affine_pack_wanted()) {  // MLX affine 2/4/6/8 bits in 16-row groups (kernels/affine.h)
-    std::vector<WeightMatrix*> todo;
-    for (LayerWeights& lw : layers_)
-      for (WeightMatrix* w : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down})
-        if (affine_pack_fit(*w)) todo.push_back(w);
-    // Tied: the embedding keeps reading its rows from the file's layout (a page faulted in again when
-    // a lookup touches it).
-    if (affine_pack_fit(lm_head_)) {
-      head_repacked_ = head_tied();
-      todo.push_back(&lm_head_);
-    }
-    std::optional<ThreadPool> pool;
-    if (!todo.empty()) pool.emplace(ThreadPool::default_threads());
-    for (WeightMatrix* w : todo) {
-      void* p = packed_alloc(w->nbytes());
-      affine_bytes_.emplace_back(static_cast<uint8_t*>(p));
-      pool->parallel_for(size_t(w->rows / kAffinePackRows),
-                         [&](size_t b, size_t e) { affine_pack(*w, p, int(b), int(e)); });
-      const size_t gbytes = size_t(w->rows) * size_t(w->cols / w->group_size) * dtype_size(w->dtype);
-      for (const auto& f : files_.files()) {  // the file's pages of the matrix: dropped from memory
-        f->release(w->data, size_t(w->rows) * w->row_bytes());
-        f->release(w->scales, gbytes);
-        f->release(w->biases, gbytes);
-      }
-      *w = affine_packed_matrix(*w, p);
-    }
-  }
-  if (!panels_wanted()) return;
-  std::vector<WeightMatrix*> todo;
+  // Which matrices are repacked, chosen before any is (the three formats are disjoint): Q4_0, Q8_0,
+  // Q4_K and Q6_K in 16-row groups (kernels/ggml.h; where AMX takes prefill it reads Q4_0 and Q8_0
+  // row by row, amx_takes_dequantized), MLX affine in 16-row groups (kernels/affine.h), BF16 in
+  // panels (kernels/panels.h).
+  const bool ggml = ggml_pack_wanted(), affine = affine_pack_wanted(), panels = panels_wanted();
+  const auto kind = [&](const WeightMatrix& w) {
+    if (ggml && ggml_pack_fit(w) && !((w.ggml == GgmlType::Q4_0 || w.ggml == GgmlType::Q8_0) && amx_active()))
+      return Repack::Ggml;
+    if (affine && affine_pack_fit(w)) return Repack::Affine;
+    if (panels && panels_fit(w)) return Repack::Panels;
+    return Repack::None;
+  };
+  const auto bytes = [](const WeightMatrix& w, Repack k) {
+    return k == Repack::Ggml ? ggml_packed_bytes(w) : k == Repack::Panels ? panels_bytes(w) : w.nbytes();
+  };
+  struct Job {
+    WeightMatrix* w;
+    Repack kind;
+    size_t offset;
+  };
+  // One buffer on huge pages for all of them, in the order a forward pass reads them: a decode step
+  // streams it front to back, and the matrices under 4 MiB (a 1B model's q, k, v and o) get huge
+  // pages too without rounding each up to 2 MiB. Each starts on a 4 KiB boundary.
+  std::vector<Job> jobs;
+  size_t total = 0;
+  const auto add = [&](WeightMatrix* w) {
+    const Repack k = kind(*w);
+    if (k == Repack::None) return;
+    jobs.push_back({w, k, total});
+    total += (bytes(*w, k) + 4095) / 4096 * 4096;
+  };
   for (LayerWeights& lw : layers_)
-    for (WeightMatrix* w : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down})
-      if (panels_fit(*w)) todo.push_back(w);
+    for (WeightMatrix* w : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down}) add(w);
   const bool tied = lm_head_.data == embed_.data;
-  if (panels_fit(lm_head_)) todo.push_back(&lm_head_);  // the embedding's rows are read from it when tied
-  if (todo.empty()) return;
+  add(&lm_head_);  // the embedding's rows are read from it when tied (an affine one keeps the file's)
+  if (jobs.empty()) return;
+  // Llama-3.2-1B's packing spent most of its time in the kernel clearing 4 KiB pages.
+  uint8_t* const arena = static_cast<uint8_t*>(huge_page_alloc(total, 0));
+  if (!arena) throw Error("out of memory: " + std::to_string(total) + " bytes for the packed weight matrices");
+  packed_bytes_.reset(arena);
   ThreadPool pool(ThreadPool::default_threads());
-  for (WeightMatrix* w : todo) {
-    const size_t n = panels_bytes(*w);
-    void* p = packed_alloc(n);
-    panel_bytes_.emplace_back(static_cast<uint8_t*>(p));
-    ptllm::pack_panels(*w, p, pool);
-    // The file's pages of the matrix are not read again: dropped from this process's memory (a
-    // later read, by a quantizer, maps them in again).
-    for (const auto& f : files_.files()) f->release(w->data, n);
-    if (gguf_) gguf_->release(w->data, n);
-    *w = panels_matrix(p, w->rows, w->cols);
+  for (const Job& j : jobs) {
+    WeightMatrix& w = *j.w;
+    uint8_t* const p = arena + j.offset;
+    const size_t n = bytes(w, j.kind);
+    switch (j.kind) {
+      case Repack::Ggml:
+        pool.parallel_for(size_t(w.rows / kGgmlPackRows), [&](size_t b, size_t e) { ggml_pack(w, p, int(b), int(e)); });
+        if (gguf_) gguf_->release(w.data, w.nbytes());  // the file's blocks are not read again
+        w = ggml_packed_matrix(w.ggml, p, w.rows, w.cols);
+        ++ggml_packed_;
+        break;
+      case Repack::Affine: {
+        pool.parallel_for(size_t(w.rows / kAffinePackRows), [&](size_t b, size_t e) { affine_pack(w, p, int(b), int(e)); });
+        const size_t gbytes = size_t(w.rows) * size_t(w.cols / w.group_size) * dtype_size(w.dtype);
+        for (const auto& f : files_.files()) {  // the file's pages of the matrix: dropped from memory
+          f->release(w.data, size_t(w.rows) * w.row_bytes());
+          f->release(w.scales, gbytes);
+          f->release(w.biases, gbytes);
+        }
+        // Tied: the embedding keeps reading its rows from the file's layout (a page faulted in again
+        // when a lookup touches it).
+        if (&w == &lm_head_) head_repacked_ = head_tied();
+        w = affine_packed_matrix(w, p);
+        ++affine_packed_;
+        break;
+      }
+      case Repack::Panels:
+        ptllm::pack_panels(w, p, pool);
+        // The file's pages of the matrix are not read again: dropped from this process's memory (a
+        // later read, by a quantizer, maps them in again).
+        for (const auto& f : files_.files()) f->release(w.data, n);
+        if (gguf_) gguf_->release(w.data, n);
+        w = panels_matrix(p, w.rows, w.cols);
+        ++panel_packed_;
+        break;
+      case Repack::None:
+        break;
+    }
   }
-  if (tied) embed_ = lm_head_;
+  if (tied && jobs.back().w == &lm_head_ && jobs.back().kind != Repack::Affine) embed_ = lm_head_;
 }
 
 void Model::replace_matrix(const std::string& module, const WeightMatrix& w) {

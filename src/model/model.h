@@ -118,11 +118,11 @@ class Model {
 
   // How many weight matrices load packed into panels (kernels/panels.h); 0 where the CPU's kernels
   // keep the row-major layout.
-  size_t panel_matrices() const { return panel_bytes_.size(); }
+  size_t panel_matrices() const { return panel_packed_; }
   // How many Q4_0/Q4_K/Q6_K matrices load repacked in 16-row groups (kernels/ggml.h, ggml_pack).
-  size_t ggml_packed_matrices() const { return ggml_bytes_.size(); }
+  size_t ggml_packed_matrices() const { return ggml_packed_; }
   // How many MLX affine matrices load repacked in 16-row groups (kernels/affine.h, affine_pack).
-  size_t affine_packed_matrices() const { return affine_bytes_.size(); }
+  size_t affine_packed_matrices() const { return affine_packed_; }
 
   // Runs tokens at positions pos0, pos0+1, ... through the model, appending their K/V to `cache`.
   // logits: [T][vocab] when all_logits, else [vocab] for the last token only; null: not computed.
@@ -158,15 +158,15 @@ class Model {
   std::vector<float> q_scale_, k_scale_;
   void init_rope();  // the three above, from the config (model.cpp)
   std::vector<std::unique_ptr<float[]>> aligned_copies_;  // misaligned tensors, copied (rare)
-  // BF16 matrices copied into panels for the AVX-512 products (kernels/panels.h), when the CPU
-  // takes them: every layer's and the LM head (with the embedding when tied).
+  // Copies the matrices the CPU's kernels read faster in their own layout (GGUF blocks and MLX affine
+  // in 16-row groups, BF16 in panels) into packed_bytes_: every layer's and the LM head (with the
+  // embedding when tied).
   void pack_panels();
   struct FreeBytes {
     void operator()(uint8_t* p) const { std::free(p); }
   };
-  std::vector<std::unique_ptr<uint8_t[], FreeBytes>> panel_bytes_;
-  std::vector<std::unique_ptr<uint8_t[], FreeBytes>> ggml_bytes_;
-  std::vector<std::unique_ptr<uint8_t[], FreeBytes>> affine_bytes_;  // affine matrices packed at load
+  std::unique_ptr<uint8_t[], FreeBytes> packed_bytes_;  // every matrix repacked at load (pack_panels)
+  size_t panel_packed_ = 0, ggml_packed_ = 0, affine_packed_ = 0;
   std::shared_ptr<const GgufFile> gguf_;  // a GGUF model's file: the weights point into its mapping
   bool qk_permuted_ = false;  // q/k rows in llama.cpp's order (gguf_qk_permuted): undone after the matmul
 
