@@ -15,6 +15,7 @@
 #include "kernels/cpu/features.h"
 #include "kernels/scratch.h"
 #include "kernels/simd.h"
+#include "kernels/stream.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -44,13 +45,10 @@ constexpr size_t kMinWeightsPerPart = 32 * 1024;
 // many at a time (prefill: x is read from L2 once per pair of panels, not from memory).
 constexpr int kChunkPanels = 16, kChunkRows = 64;
 // Column pairs (64-byte lines of a panel) decode asks for its weights ahead of their use: 4 KiB, as
-// the row-major gemv.
+// the row-major gemv. It also touches the page past those every kTouchPairs pairs (kernels/stream.h):
+// over a 1B model's matrices, 1.2-1.4x the tokens a second of either alone (Zen 5).
 constexpr int kPrefetchPairs = 64;
-// With float32 x, decode asks for them so only in products of fewer weight bytes than this: there
-// (kjv-small's matrices) it measured faster, while over a 1B model's matrices the hardware
-// prefetchers alone gave 8-12% more tokens a second (Zen 5). bf16 x measured the same either way at
-// 1B and keeps asking.
-constexpr size_t kAheadMaxBytes = size_t(4) << 20;
+constexpr int kTouchPairs = touch_every(2 * kPanelRows * sizeof(uint16_t));
 
 const uint16_t* panel_at(const WeightMatrix& w, int p) {
   return static_cast<const uint16_t*>(w.data) + size_t(p) * size_t(w.cols) * kPanelRows;
@@ -58,8 +56,7 @@ const uint16_t* panel_at(const WeightMatrix& w, int p) {
 
 // Any target: one output at a time, in the AVX-512 kernel's order (the even columns' fused sum plus
 // the odd columns'), so both give the same bits.
-void part_portable(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, int p0, int p1,
-                   bool /*ahead*/) {
+void part_portable(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, int p0, int p1) {
   const int K = w.cols;
   for (int p = p0; p < p1; ++p) {
     const uint16_t* wp = panel_at(w, p);
@@ -179,9 +176,9 @@ void walk_chunks(int T, int K, size_t bytes_per_col, size_t floats_per_output, i
 
 #define PTLLM_PANELS_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 
-// What a tile asks for ahead of use: nothing, the lines kPrefetchPairs ahead (decode), or the same
-// lines of the next panels, from pf (several tiles over these panels).
-enum Prefetch { kNone, kAhead, kNextPanels };
+// What a tile asks for ahead of use: its own stream's lines (decode: kPrefetchPairs ahead, and a
+// touch past them), or the same lines of the next panels, from pf (several tiles over these panels).
+enum Prefetch { kAhead, kNextPanels };
 
 // MT rows of x (row t at x + t * K) against NP consecutive panels from wp; outputs to y + t * ldy
 // (the panels' first row's column), bias from the same first row.
@@ -201,10 +198,12 @@ PTLLM_PANELS_TARGET void tile(const float* x, int K, const uint16_t* wp, const f
     __m512 we[NP], wo[NP];
     PTLLM_PANELS_UNROLL for (int p = 0; p < NP; ++p) {
       const uint16_t* line = wp + size_t(p) * stride + size_t(k) * kPanelRows;
-      if constexpr (kPf == kNextPanels)
+      if constexpr (kPf == kNextPanels) {
         _mm_prefetch(reinterpret_cast<const char*>(pf + size_t(p) * stride + size_t(k) * kPanelRows), _MM_HINT_T1);
-      else if constexpr (kPf == kAhead)
+      } else {
         _mm_prefetch(reinterpret_cast<const char*>(line + kPrefetchPairs * 2 * kPanelRows), _MM_HINT_T0);
+        if ((k / 2) % kTouchPairs == 0) touch_ahead(line + kPrefetchPairs * 2 * kPanelRows);
+      }
       const __m512i v = _mm512_loadu_si512(line);
       we[p] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
       wo[p] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
@@ -237,11 +236,11 @@ PTLLM_PANELS_TARGET void tile(const float* x, int K, const uint16_t* wp, const f
 
 // Rows [t0, t1) of x against panels [p, p + NP): tiles of 4 rows (16 accumulators with 2 panels),
 // then the rows left. With several tiles (batched decode, prefill) every tile asks for the next
-// panels' weights: the last ones over these panels leave them in L2 for the next call. Otherwise the
-// lines ahead where `ahead`.
+// panels' weights: the last ones over these panels leave them in L2 for the next call. Otherwise its
+// own lines ahead.
 template <int NP>
 PTLLM_PANELS_TARGET void panels_rows(const float* x, int t0, int t1, const WeightMatrix& w, const float* bias,
-                                     float* y, int p, Slice sl, bool ahead) {
+                                     float* y, int p, Slice sl) {
   const int K = w.cols;
   const size_t ldy = size_t(w.rows);
   const uint16_t* wp = panel_at(w, p);
@@ -260,10 +259,8 @@ PTLLM_PANELS_TARGET void panels_rows(const float* x, int t0, int t1, const Weigh
   const auto sliced = [&]<bool kSliced>() {
     if (pf)
       rows.template operator()<kNextPanels, kSliced>();
-    else if (ahead)
-      rows.template operator()<kAhead, kSliced>();
     else
-      rows.template operator()<kNone, kSliced>();
+      rows.template operator()<kAhead, kSliced>();
   };
   if (sl.st)
     sliced.template operator()<true>();
@@ -272,9 +269,9 @@ PTLLM_PANELS_TARGET void panels_rows(const float* x, int t0, int t1, const Weigh
 }
 
 PTLLM_PANELS_TARGET void part_avx512(const float* x, int T, const WeightMatrix& w, const float* bias, float* y,
-                                     int p0, int p1, bool ahead) {
+                                     int p0, int p1) {
   walk_chunks(T, w.cols, sizeof(float), 32, p0, p1, [&](auto np, int t0, int t1, int p, Slice sl) {
-    panels_rows<decltype(np)::value>(x, t0, t1, w, bias, y, p, sl, ahead);
+    panels_rows<decltype(np)::value>(x, t0, t1, w, bias, y, p, sl);
   });
 }
 
@@ -285,7 +282,7 @@ PTLLM_PANELS_TARGET void part_avx512(const float* x, int T, const WeightMatrix& 
 // tile's twin for x rounded to bf16: one vdpbf16ps per panel, row of x and column pair (twice the
 // multiply-adds of an FMA in one instruction, and no widening of the weights). Without AVX512_BF16
 // (kDp false) the same sums from fused multiply-adds, odd column first: the same bits.
-template <bool kDp, int NP, int MT, bool kNext, bool kSliced>
+template <bool kDp, int NP, int MT, Prefetch kPf, bool kSliced>
 PTLLM_PANELS_BF16_TARGET void tile_bx(const uint32_t* xb, int J, const uint16_t* wp, const float* bias, float* y,
                                       size_t ldy, const uint16_t* pf, Slice sl) {
   if constexpr (!kSliced) sl = Slice{0, 2 * J};
@@ -298,10 +295,12 @@ PTLLM_PANELS_BF16_TARGET void tile_bx(const uint32_t* xb, int J, const uint16_t*
     __m512i wv[NP];
     PTLLM_PANELS_UNROLL for (int p = 0; p < NP; ++p) {
       const uint16_t* line = wp + size_t(p) * stride + size_t(j) * 2 * kPanelRows;
-      if constexpr (kNext)
+      if constexpr (kPf == kNextPanels) {
         _mm_prefetch(reinterpret_cast<const char*>(pf + size_t(p) * stride + size_t(j) * 2 * kPanelRows), _MM_HINT_T1);
-      else
+      } else {
         _mm_prefetch(reinterpret_cast<const char*>(line + kPrefetchPairs * 2 * kPanelRows), _MM_HINT_T0);
+        if (j % kTouchPairs == 0) touch_ahead(line + kPrefetchPairs * 2 * kPanelRows);
+      }
       wv[p] = _mm512_loadu_si512(line);
     }
     PTLLM_PANELS_UNROLL for (int t = 0; t < MT; ++t) {
@@ -343,19 +342,19 @@ PTLLM_PANELS_BF16_TARGET void panels_rows_bx(const uint32_t* xb, int t0, int t1,
                                                                          : nullptr;
   const auto at = [&](int t) { return xb + size_t(t) * size_t(J); };
   const auto out = [&](int t) { return y + size_t(t) * ldy + size_t(p) * kPanelRows; };
-  const auto rows = [&]<bool kNext, bool kSliced>() {
+  const auto rows = [&]<Prefetch kPf, bool kSliced>() {
     const auto state = [&](int t) { return Slice{sl.k0, sl.k1, sl.st ? sl.st + size_t(t - t0) * 16 : nullptr, sl.ld}; };
     int t = t0;
-    for (; t + 8 <= t1; t += 8) tile_bx<kDp, NP, 8, kNext, kSliced>(at(t), J, wp, b, out(t), ldy, pf, state(t));
-    for (; t + 4 <= t1; t += 4) tile_bx<kDp, NP, 4, kNext, kSliced>(at(t), J, wp, b, out(t), ldy, pf, state(t));
-    for (; t + 2 <= t1; t += 2) tile_bx<kDp, NP, 2, kNext, kSliced>(at(t), J, wp, b, out(t), ldy, pf, state(t));
-    for (; t < t1; ++t) tile_bx<kDp, NP, 1, kNext, kSliced>(at(t), J, wp, b, out(t), ldy, pf, state(t));
+    for (; t + 8 <= t1; t += 8) tile_bx<kDp, NP, 8, kPf, kSliced>(at(t), J, wp, b, out(t), ldy, pf, state(t));
+    for (; t + 4 <= t1; t += 4) tile_bx<kDp, NP, 4, kPf, kSliced>(at(t), J, wp, b, out(t), ldy, pf, state(t));
+    for (; t + 2 <= t1; t += 2) tile_bx<kDp, NP, 2, kPf, kSliced>(at(t), J, wp, b, out(t), ldy, pf, state(t));
+    for (; t < t1; ++t) tile_bx<kDp, NP, 1, kPf, kSliced>(at(t), J, wp, b, out(t), ldy, pf, state(t));
   };
   const auto sliced = [&]<bool kSliced>() {
     if (pf)
-      rows.template operator()<true, kSliced>();
+      rows.template operator()<kNextPanels, kSliced>();
     else
-      rows.template operator()<false, kSliced>();
+      rows.template operator()<kAhead, kSliced>();
   };
   if (sl.st)
     sliced.template operator()<true>();
@@ -521,12 +520,11 @@ void panels_matmul(const float* x, int T, std::span<const MatmulOutput> outs, Th
 #if defined(__x86_64__)
   if (active_kernels().target == SimdTarget::AVX512) part = &part_avx512;
 #endif
-  const bool ahead = panels * per_panel * sizeof(uint16_t) < kAheadMaxBytes;
   pool.parallel_for(
       panels,
       [&](size_t b, size_t e) {
         for_each_share(outs, kPanelRows, b, e, [&](const MatmulOutput& o, int p0, int p1) {
-          part(x, T, *o.w, o.bias, o.y, p0, p1, ahead);
+          part(x, T, *o.w, o.bias, o.y, p0, p1);
         });
       },
       grain);

@@ -22,6 +22,7 @@
 #include "core/dtype.h"
 #include "kernels/affine.h"
 #include "kernels/affine_q8.h"
+#include "kernels/stream.h"
 
 namespace ptllm {
 namespace {
@@ -346,10 +347,9 @@ struct AffineKernels {
   // Rows [t0, t0 + TT) of x against the 16 rows of the packed group at rg, the chunks of KC columns
   // from k0 to k1 (whole groups): each chunk's sum, from zero, is added to y's 16 columns from r (the
   // first chunk's to the bias). Several chunks a call (decode) keep that running sum in registers:
-  // the same float operations, in the order affine_packed_rows_scalar repeats. No software prefetch:
-  // a 16-row group is one sequential stream, which the hardware prefetchers follow (as the packed
-  // Q4_0 and Q8_0 products, kernels/x86/ggml_kernels_impl.h); asking for the groups 2 to 8 ahead
-  // measured slower decode of the Llama-3.2-1B-shaped 4- and 8-bit copies.
+  // the same float operations, in the order affine_packed_rows_scalar repeats. One row of x (decode)
+  // streams the groups front to back, touched ahead (kernels/stream.h); asking for every line of the
+  // groups 2 to 8 ahead measured slower.
   template <int BITS, class Ld, int TT>
   PTLLM_AFFINE_TARGET static void packed_block(const uint8_t* rg, size_t gb, const AffineX& x, int t0,
                                                const WeightMatrix& w, const float* bias, float* y, int r, int k0,
@@ -368,11 +368,13 @@ struct AffineKernels {
                : bias ? V::load_f(bias + r)
                       : V::zero_f();
     }
+    const int touch = touch_every(gb);
     for (int c0 = k0; c0 < k1; c0 += KC) {
       F acc[TT];
       PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) acc[t] = V::zero_f();
       for (int g = c0 >> gsh; g < std::min(c0 + KC, k1) >> gsh; ++g) {
         const uint8_t* p = rg + size_t(g) * gb;
+        if (TT == 1 && g % touch == 0) touch_ahead(p);
         const F sv = Ld::load_n(p, 0, L), bv = Ld::load_n(p + L * es, 0, L);
         const uint8_t* codes = p + 2 * L * es;
         if (nbg == 2)  // groups of 64, mlx's default: both blocks unrolled

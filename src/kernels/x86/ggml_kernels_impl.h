@@ -34,6 +34,7 @@
 
 #include "kernels/ggml.h"
 #include "kernels/ops.h"
+#include "kernels/stream.h"
 
 namespace ptllm {
 namespace {
@@ -459,7 +460,8 @@ PTLLM_GGML_TARGET void dot_q6k_zmm(const uint8_t* row, int nb, const GgmlActs& a
 constexpr int kQ4KPacked = kGgmlPackRows * 148, kQ6KPacked = kGgmlPackRows * 210;
 // The first pass over a group (the only one in decode) asks for its stream ask_ahead's 4 KiB ahead,
 // a block's bytes spread over its steps: with the hardware prefetchers alone a thread streamed Q4_K
-// at about 2/3 of Q4_0's bytes a second (Llama-3.2-1B Q4_K_M, 2 threads: 1.2x decode with it).
+// at about 2/3 of Q4_0's bytes a second (Llama-3.2-1B Q4_K_M, 2 threads: 1.2x decode with it). Each
+// block also touches the page past those (kernels/stream.h): 1.02-1.15x decode again.
 
 #if PTLLM_GGML_ZMM && PTLLM_GGML_VNNI
 // 4 bytes of x in every lane, broadcast from memory: a load, where a value taken through a general
@@ -478,6 +480,7 @@ PTLLM_GGML_TARGET void q4k_packed_group(const uint8_t* grp, int nb, const GgmlAc
   const Z lo4 = _mm512_set1_epi8(0x0f);
   for (int b = 0; b < nb; ++b) {
     const uint8_t* blk = grp + size_t(b) * size_t(kQ4KPacked);
+    if (t0 == 0) touch_ahead(blk + kAheadBytes);
     const FZ dv = _mm512_cvtph_ps(load(blk)), dmv = _mm512_cvtph_ps(load(blk + 32));
     Z mp[4];
     PTLLM_GGML_UNROLL for (int p = 0; p < 4; ++p) mp[p] = _mm512_cvtepu8_epi16(load(blk + 192 + 32 * p));
@@ -528,6 +531,7 @@ PTLLM_GGML_TARGET void q6k_packed_group(const uint8_t* grp, int nb, const GgmlAc
   const Z lo4 = _mm512_set1_epi8(0x0f), hi2 = _mm512_set1_epi8(0x30);
   for (int b = 0; b < nb; ++b) {
     const uint8_t* blk = grp + size_t(b) * size_t(kQ6KPacked);
+    if (t0 == 0) touch_ahead(blk + kAheadBytes);
     Z off[NT], isum[NT];  // 32 x x's sums of 16, one a lane
     PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
       off[t] = _mm512_slli_epi32(_mm512_cvtepi16_epi32(load(x.s[t] + 16 * b)), 5);
@@ -584,9 +588,12 @@ PTLLM_GGML_TARGET void packed32_tile(const uint8_t* grp, size_t gb, int nb, cons
   }
   const Z lo4 = _mm512_set1_epi8(0x0f);
   const size_t T = size_t(a.T);
+  // One group at a time (decode): one stream a thread, touched ahead (kernels/stream.h).
+  constexpr int kTouch = touch_every(kUnit / 2);
   for (int b = 0; b < nb; ++b) {
     const uint8_t* unit = grp + size_t(b / 2) * kUnit;
     const uint8_t* codes = unit + 64 + kBlockCodes * size_t(b % 2);
+    if (NP == 1 && b % kTouch == 0) touch_ahead(unit);
     const int32_t* cb = corr + size_t(b) * T + size_t(t0);
     const float* db = xs + size_t(b) * T + size_t(t0);
     Z is[NP][NT], hs[NP][NT];
