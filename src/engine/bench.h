@@ -93,7 +93,9 @@ ParallelBenchResult run_parallel_bench(const Model& model, const SessionOptions&
 size_t decode_weight_bytes(const Model& model);
 
 struct Bandwidth {
-  double read_gb_s = 0;  // a SIMD sum over the buffer, split over the pool (what decode does)
+  // A SIMD sum over the buffer, split over the pool, each thread's stream touched ahead as the
+  // products touch their weights (kernels/stream.h): what decode does.
+  double read_gb_s = 0;
   double copy_gb_s = 0;  // memcpy, counted as bytes read plus bytes written (STREAM's convention)
 };
 // STREAM-style: best of `trials` passes over `bytes` of memory (read) and bytes/2 -> bytes/2 (copy).
