@@ -46,7 +46,7 @@ constexpr size_t kMinWeightsPerPart = 32 * 1024;
 constexpr int kChunkPanels = 16, kChunkRows = 64;
 // Column pairs (64-byte lines of a panel) decode asks for its weights ahead of their use: 4 KiB, as
 // the row-major gemv. It also touches the page past those every kTouchPairs pairs (kernels/stream.h):
-// over a 1B model's matrices, 1.2-1.4x the tokens a second of either alone (Zen 5).
+// over a 1B model's matrices, 1.2-1.5x the tokens a second of what decode asked before (Zen 5).
 constexpr int kPrefetchPairs = 64;
 constexpr int kTouchPairs = touch_every(2 * kPanelRows * sizeof(uint16_t));
 
@@ -180,6 +180,16 @@ void walk_chunks(int T, int K, size_t bytes_per_col, size_t floats_per_output, i
 // touch past them), or the same lines of the next panels, from pf (several tiles over these panels).
 enum Prefetch { kAhead, kNextPanels };
 
+// Calls rows.operator()<kPf, kSliced>() for a tile's modes: the next panels' lines where pf is set,
+// else its own ahead; sliced where the accumulators wait in sl.st between slices.
+template <class Rows>
+void with_modes(const uint16_t* pf, const Slice& sl, const Rows& rows) {
+  if (pf)
+    sl.st ? rows.template operator()<kNextPanels, true>() : rows.template operator()<kNextPanels, false>();
+  else
+    sl.st ? rows.template operator()<kAhead, true>() : rows.template operator()<kAhead, false>();
+}
+
 // MT rows of x (row t at x + t * K) against NP consecutive panels from wp; outputs to y + t * ldy
 // (the panels' first row's column), bias from the same first row.
 template <int NP, int MT, Prefetch kPf, bool kSliced>
@@ -256,16 +266,7 @@ PTLLM_PANELS_TARGET void panels_rows(const float* x, int t0, int t1, const Weigh
     for (; t + 2 <= t1; t += 2) tile<NP, 2, kPf, kSliced>(at(t), K, wp, b, out(t), ldy, pf, state(t));
     for (; t < t1; ++t) tile<NP, 1, kPf, kSliced>(at(t), K, wp, b, out(t), ldy, pf, state(t));
   };
-  const auto sliced = [&]<bool kSliced>() {
-    if (pf)
-      rows.template operator()<kNextPanels, kSliced>();
-    else
-      rows.template operator()<kAhead, kSliced>();
-  };
-  if (sl.st)
-    sliced.template operator()<true>();
-  else
-    sliced.template operator()<false>();
+  with_modes(pf, sl, rows);
 }
 
 PTLLM_PANELS_TARGET void part_avx512(const float* x, int T, const WeightMatrix& w, const float* bias, float* y,
@@ -350,16 +351,7 @@ PTLLM_PANELS_BF16_TARGET void panels_rows_bx(const uint32_t* xb, int t0, int t1,
     for (; t + 2 <= t1; t += 2) tile_bx<kDp, NP, 2, kPf, kSliced>(at(t), J, wp, b, out(t), ldy, pf, state(t));
     for (; t < t1; ++t) tile_bx<kDp, NP, 1, kPf, kSliced>(at(t), J, wp, b, out(t), ldy, pf, state(t));
   };
-  const auto sliced = [&]<bool kSliced>() {
-    if (pf)
-      rows.template operator()<kNextPanels, kSliced>();
-    else
-      rows.template operator()<kAhead, kSliced>();
-  };
-  if (sl.st)
-    sliced.template operator()<true>();
-  else
-    sliced.template operator()<false>();
+  with_modes(pf, sl, rows);
 }
 
 template <bool kDp>

@@ -369,12 +369,16 @@ struct AffineKernels {
                       : V::zero_f();
     }
     const int touch = touch_every(gb);
+    int until_touch = 0;  // groups before the next touch (a count: no division a group)
     for (int c0 = k0; c0 < k1; c0 += KC) {
       F acc[TT];
       PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) acc[t] = V::zero_f();
       for (int g = c0 >> gsh; g < std::min(c0 + KC, k1) >> gsh; ++g) {
         const uint8_t* p = rg + size_t(g) * gb;
-        if (TT == 1 && g % touch == 0) touch_ahead(p);
+        if (TT == 1 && --until_touch < 0) {
+          touch_ahead(p);
+          until_touch = touch - 1;
+        }
         const F sv = Ld::load_n(p, 0, L), bv = Ld::load_n(p + L * es, 0, L);
         const uint8_t* codes = p + 2 * L * es;
         if (nbg == 2)  // groups of 64, mlx's default: both blocks unrolled
