@@ -202,7 +202,8 @@ TEST(AffineKernelTest, OtherGroupSizesTakeTheGenericProduct) {
 }
 
 // The unpacking products: bits 3, 5, 6 with power-of-two groups; 6-bit codes unpacked by VBMI
-// wherever the CPU has it (the twin test above then runs that kernel as avx512-vnni).
+// wherever the CPU has it (the twin test above then runs that kernel as avx512-vnni), else by AVX2
+// (the x86 kernels).
 TEST(AffineKernelTest, StraddlingBitsTakeTheIntegerProducts) {
   std::vector<uint32_t> codes(size_t(4) * 64 * 6 / 32);
   std::vector<uint16_t> sc(8), bi(8);
@@ -214,6 +215,7 @@ TEST(AffineKernelTest, StraddlingBitsTakeTheIntegerProducts) {
   const auto& f = cpu_features();
   EXPECT_EQ(affine_unpacked_rows_avx512vbmi() != nullptr,
             f.avx512vnni && f.avx512vbmi && kernel_table(SimdTarget::AVX512) != nullptr);
+  EXPECT_EQ(affine_unpacked_rows_avx2() != nullptr, kernel_table(SimdTarget::AVX2) != nullptr);
 }
 
 // ---- matrices repacked in 16-row groups (affine.h, affine_pack) -----------------------------------

@@ -450,7 +450,12 @@ void affine_matmul(const float* x, int T, const WeightMatrix& w, const float* bi
   }
   if (affine_unpacked(w)) {
     AffineUnpackedRows rows = affine_unpacked_rows_portable;
-    if (k == AffineKernel::AVX512Vnni && affine_unpacked_rows_avx512vbmi()) rows = affine_unpacked_rows_avx512vbmi();
+    const bool x86 = k == AffineKernel::AVX2 || k == AffineKernel::AVX2Vnni || k == AffineKernel::AVX512 ||
+                     k == AffineKernel::AVX512Vnni;
+    if (k == AffineKernel::AVX512Vnni && affine_unpacked_rows_avx512vbmi())
+      rows = affine_unpacked_rows_avx512vbmi();
+    else if (x86 && affine_unpacked_rows_avx2())
+      rows = affine_unpacked_rows_avx2();
     thread_local AffineXBuffers buf;
     const AffineX ax = quantize_affine_x(x, T, w.cols, w.bits, w.group_size, 0, buf, &pool);
     const size_t min_rows = kGemvMinWeightsPerThread / size_t(std::max(1, w.cols));
@@ -459,7 +464,7 @@ void affine_matmul(const float* x, int T, const WeightMatrix& w, const float* bi
     return;
   }
   if (!affine_fast(w)) return generic_matmul(x, T, w, bias, y, pool);
-  static_assert(kAffineGemvMaxT <= kMatmulSmallRows);  // ops.h
+  static_assert(kAffineGemvMaxT == kMatmulSmallRows);  // ops.h
   const bool gemv = path == AffinePath::Gemv || (path == AffinePath::Auto && T <= kAffineGemvMaxT);
   // x rounded once per call, shared by the threads.
   thread_local AffineXBuffers buf;

@@ -49,8 +49,9 @@ std::string_view affine_kernel_name(AffineKernel k);
 std::vector<AffineKernel> available_affine_kernels();
 // The kernel affine_matmul takes by default (follows set_simd_target).
 AffineKernel affine_active_kernel();
-// Rows of x up to which Auto takes the gemv.
-constexpr int kAffineGemvMaxT = 8;
+// Rows of x up to which Auto takes the gemv: ops.h's kMatmulSmallRows, so that a speculative
+// verification's rows equal the lone rows of plain decoding where matrices stay in the file's layout.
+constexpr int kAffineGemvMaxT = 17;
 // affine_matmul through kernel k and the given path (tests, benchmarks). Throws ptllm::Error if k
 // is not available.
 void affine_matmul(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool,

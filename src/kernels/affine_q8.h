@@ -92,6 +92,8 @@ using AffineUnpackedRows = void (*)(const AffineX& x, const WeightMatrix& w, con
 void affine_unpacked_rows_portable(const AffineX& x, const WeightMatrix& w, const float* bias, float* y, int r0, int r1);
 // AVX-512 VNNI with VBMI (vpmultishiftqb unpacks 6-bit codes): nullptr where the CPU lacks them.
 AffineUnpackedRows affine_unpacked_rows_avx512vbmi();
+// AVX2 (the x86 kernels without VBMI): nullptr where the CPU lacks it.
+AffineUnpackedRows affine_unpacked_rows_avx2();
 // Row r's codes, one a byte: out[w.cols].
 void affine_unpack_codes(const WeightMatrix& w, int r, uint8_t* out);
 

@@ -46,17 +46,31 @@ struct AffineKernels {
     PTLLM_AFFINE_TARGET static F load_n(const void* p, size_t i, int n) {
       return V::load_f_n(static_cast<const float*>(p) + i, n);
     }
+    static float at(const void* p, size_t i) { return affine_param(p, DType::F32, i); }
   };
   struct LdBF16 {
     PTLLM_AFFINE_TARGET static F load_n(const void* p, size_t i, int n) {
       return V::load_bf16_n(static_cast<const uint16_t*>(p) + i, n);
     }
+    static float at(const void* p, size_t i) { return affine_param(p, DType::BF16, i); }
   };
   struct LdF16 {
     PTLLM_AFFINE_TARGET static F load_n(const void* p, size_t i, int n) {
       return V::load_f16_n(static_cast<const uint16_t*>(p) + i, n);
     }
+    static float at(const void* p, size_t i) { return affine_param(p, DType::F16, i); }
   };
+  // A row's scales and biases (G groups from index o) as float32 into s and b, each followed by L
+  // zeros: the gemv then loads L of them from any group with one plain load. Converting them in the
+  // chunk loop went through a small copy on the stack each time, whose reload waited on the stores.
+  template <class Ld>
+  PTLLM_AFFINE_TARGET static void row_params(const WeightMatrix& w, size_t o, int G, float* s, float* b) {
+    for (int g = 0; g < G; ++g) {
+      s[g] = Ld::at(w.scales, o + size_t(g));
+      b[g] = Ld::at(w.biases, o + size_t(g));
+    }
+    for (int g = G; g < G + L; ++g) s[g] = b[g] = 0.f;
+  }
 
   template <int BITS>
   PTLLM_AFFINE_TARGET static I dot(I acc, I codes, I q) {
@@ -64,6 +78,22 @@ struct AffineKernels {
       return V::dot8(acc, codes, q);
     else
       return V::dot4(acc, codes, q);
+  }
+  // Whether the gemv sums 8-bit codes minus m = 128 (V::dot8c, where V's unsigned-times-signed byte
+  // products would take two steps for codes to 255): its group terms then add s_g m xs_g in place of
+  // s_g xc_g, the same sum (affine_q8.h: xc_g = m (xs_g - sum_b d_b qsum_b)).
+  static constexpr bool centred8() {
+    if constexpr (requires { V::kCentred8; })
+      return V::kCentred8;
+    else
+      return false;
+  }
+  template <int BITS>
+  PTLLM_AFFINE_TARGET static I gemv_dot(I acc, I codes, I q) {
+    if constexpr (BITS == 8 && centred8())
+      return V::dot8c(acc, codes, q);
+    else
+      return dot<BITS>(acc, codes, q);
   }
   // A register of packed codes -> KPB registers of one code a byte: u[s] holds the codes at bits
   // [s * BITS, (s + 1) * BITS) of each byte (affine_q8.h, "split order").
@@ -77,14 +107,13 @@ struct AffineKernels {
     }
   }
   // sum_g s_g xc_g + b_g xs_g over the row's groups, added lane-wise to acc (affine_q8.h).
-  template <class Ld>
-  PTLLM_AFFINE_TARGET static F group_terms(const WeightMatrix& w, int G, int r, const float* xs, const float* xc,
-                                           F acc) {
+  // s, b: the row's (row_params); xc null: codes centred, m xs_g in its place.
+  PTLLM_AFFINE_TARGET static F group_terms(int G, const float* s, const float* b, const float* xs, const float* xc,
+                                           float m, F acc) {
     for (int g = 0; g < G; g += L) {
       const int n = std::min(L, G - g);
-      const size_t i = size_t(r) * size_t(G) + size_t(g);
-      acc = V::fma(Ld::load_n(w.scales, i, n), V::load_f_n(xc + g, n),
-                   V::fma(Ld::load_n(w.biases, i, n), V::load_f_n(xs + g, n), acc));
+      const F xsv = V::load_f_n(xs + g, n), xcv = xc ? V::load_f_n(xc + g, n) : V::mul(V::set1_f(m), xsv);
+      acc = V::fma(V::load_f(s + g), xcv, V::fma(V::load_f(b + g), xsv, acc));
     }
     return acc;
   }
@@ -94,17 +123,17 @@ struct AffineKernels {
   // KPB registers, each dotted with its RB bytes of x; lane l then holds the sum of one block of x
   // (didx) within one group (sidx), scaled by both. NR weight rows are taken at a time (4 for one row
   // of x: decode), so each chunk of x's codes and block scales is loaded once for them; a row's sum
-  // is taken in the same order whatever NR. gemv_chunk: chunk c of rows i < NR (codes z[i], n
-  // scales of sc[i] from group c * C / gs on), acc[i * TT + t].
-  template <int BITS, class Ld, int TT, int NR>
-  PTLLM_AFFINE_TARGET static void gemv_chunk(const AffineX& x, int t0, const I* z, const char* const* sc, int c,
-                                             int gsh, int n, I didx, I sidx, F* acc) {
+  // is taken in the same order whatever NR. gemv_chunk: chunk c of rows i < NR (codes z[i], the
+  // float scales sc[i] of row_params), acc[i * TT + t].
+  template <int BITS, int TT, int NR>
+  PTLLM_AFFINE_TARGET static void gemv_chunk(const AffineX& x, int t0, const I* z, const float* const* sc, int c,
+                                             int gsh, I didx, I sidx, F* acc) {
     constexpr int KPB = 8 / BITS, C = RB * KPB;
     I u[NR][KPB];
     F sl[NR];
     PTLLM_AFFINE_UNROLL for (int i = 0; i < NR; ++i) {
       unpack<BITS>(z[i], u[i]);
-      sl[i] = V::perm(Ld::load_n(sc[i], size_t(c * C) >> gsh, n), sidx);
+      sl[i] = V::perm(V::load_f(sc[i] + ((c * C) >> gsh)), sidx);
     }
     PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
       const int8_t* q = x.q + size_t(t0 + t) * x.ldq + size_t(c) * C;
@@ -113,7 +142,7 @@ struct AffineKernels {
       const F dl = V::perm(V::load_f(x.d + size_t(t0 + t) * x.ldd + size_t(c * C / kQ8Block)), didx);
       PTLLM_AFFINE_UNROLL for (int i = 0; i < NR; ++i) {
         I ai = V::zero_i();
-        PTLLM_AFFINE_UNROLL for (int s = 0; s < KPB; ++s) ai = dot<BITS>(ai, u[i][s], xq[s]);
+        PTLLM_AFFINE_UNROLL for (int s = 0; s < KPB; ++s) ai = gemv_dot<BITS>(ai, u[i][s], xq[s]);
         acc[i * TT + t] = V::fma(V::cvt(ai), V::mul(dl, sl[i]), acc[i * TT + t]);
       }
     }
@@ -122,22 +151,28 @@ struct AffineKernels {
   template <int BITS, class Ld, int TT, int NR = 1>
   PTLLM_AFFINE_TARGET static void gemv_rows(const AffineX& x, int t0, const WeightMatrix& w, const float* bias,
                                             float* y, int r0, int r1) {
-    constexpr int KPB = 8 / BITS, C = RB * KPB;
+    constexpr int KPB = 8 / BITS;
     const size_t rb = w.row_bytes();
     const int full = int(rb / RB), gs = w.group_size, gsh = __builtin_ctz(unsigned(gs)), G = w.cols >> gsh;
-    const size_t sb = size_t(G) * dtype_size(w.dtype);  // a row's scale bytes
     alignas(64) int32_t di[L], si[L];
     for (int l = 0; l < L; ++l) di[l] = 4 * KPB * l / kQ8Block, si[l] = (4 * KPB * l) >> gsh;
     const I didx = V::load_i(di), sidx = V::load_i(si);
-    const int ng = std::max(1, C >> gsh);  // groups a chunk spans
     const int tail = int(rb - size_t(full) * RB);  // bytes of a last, narrower chunk
+    const size_t pn = size_t(G + L);  // a row's floats in params: scales, then biases
+    thread_local std::vector<float> params;
+    if (params.size() < 2 * NR * pn) params.resize(2 * NR * pn);
+    // NR rows are read side by side, so each row's stream goes on in the row NR further: asked for
+    // there (at least kAhead on), not in the next rows, which are being read.
+    const size_t ahead = std::max(kAhead, NR * rb);
     int r = r0;
     for (; r + NR <= r1; r += NR) {
       const uint8_t* row[NR];
-      const char* sc[NR];
+      const float* sc[NR];
       PTLLM_AFFINE_UNROLL for (int i = 0; i < NR; ++i) {
         row[i] = static_cast<const uint8_t*>(w.data) + size_t(r + i) * rb;
-        sc[i] = static_cast<const char*>(w.scales) + size_t(r + i) * sb;
+        float* p = params.data() + 2 * size_t(i) * pn;
+        row_params<Ld>(w, size_t(r + i) * size_t(G), G, p, p + pn);
+        sc[i] = p;
       }
       F acc[NR * TT];
       PTLLM_AFFINE_UNROLL for (int j = 0; j < NR * TT; ++j) acc[j] = V::zero_f();
@@ -145,18 +180,19 @@ struct AffineKernels {
       for (int c = 0; c < full; ++c) {
         PTLLM_AFFINE_UNROLL for (int i = 0; i < NR; ++i) {
           const uint8_t* p = row[i] + size_t(c) * RB;
-          PTLLM_AFFINE_UNROLL for (int b = 0; b < RB; b += 64) __builtin_prefetch(p + b + kAhead);
+          PTLLM_AFFINE_UNROLL for (int b = 0; b < RB; b += 64) __builtin_prefetch(p + b + ahead);
           z[i] = V::load_i(p);
         }
-        gemv_chunk<BITS, Ld, TT, NR>(x, t0, z, sc, c, gsh, ng, didx, sidx, acc);
+        gemv_chunk<BITS, TT, NR>(x, t0, z, sc, c, gsh, didx, sidx, acc);
       }
       if (tail > 0) {
         PTLLM_AFFINE_UNROLL for (int i = 0; i < NR; ++i) z[i] = V::load_i_n(row[i] + size_t(full) * RB, tail);
-        gemv_chunk<BITS, Ld, TT, NR>(x, t0, z, sc, full, gsh, std::min(ng, G - ((full * C) >> gsh)), didx, sidx, acc);
+        gemv_chunk<BITS, TT, NR>(x, t0, z, sc, full, gsh, didx, sidx, acc);
       }
       PTLLM_AFFINE_UNROLL for (int i = 0; i < NR; ++i) PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
         const size_t xt = size_t(t0 + t) * x.ldg;
-        const F a = group_terms<Ld>(w, G, r + i, x.xs + xt, x.xc + xt, acc[i * TT + t]);
+        constexpr bool kC = BITS == 8 && centred8();
+        const F a = group_terms(G, sc[i], sc[i] + pn, x.xs + xt, kC ? nullptr : x.xc + xt, 128.f, acc[i * TT + t]);
         y[size_t(t0 + t) * size_t(w.rows) + size_t(r + i)] = V::reduce_add(a) + (bias ? bias[r + i] : 0.f);
       }
     }
@@ -167,10 +203,15 @@ struct AffineKernels {
   PTLLM_AFFINE_TARGET static void gemv_t(const AffineX& x, const WeightMatrix& w, const float* bias, float* y, int r0,
                                          int r1) {
     if (x.T == 1) return gemv_rows<BITS, Ld, 1, 4>(x, 0, w, bias, y, r0, r1);
-    int t = 0;
-    for (; t + GTT <= x.T; t += GTT) gemv_rows<BITS, Ld, GTT>(x, t, w, bias, y, r0, r1);
-    for (; t + 2 <= x.T; t += 2) gemv_rows<BITS, Ld, 2>(x, t, w, bias, y, r0, r1);
-    if (t < x.T) gemv_rows<BITS, Ld, 1>(x, t, w, bias, y, r0, r1);
+    // A few rows of x: every tile of x over kGemvBlockRows weight rows before the next ones, so the
+    // weights are read from memory once (a row's sum does not depend on the tiling).
+    for (int rb = r0; rb < r1; rb += kGemvBlockRows) {
+      const int re = std::min(r1, rb + kGemvBlockRows);
+      int t = 0;
+      for (; t + GTT <= x.T; t += GTT) gemv_rows<BITS, Ld, GTT>(x, t, w, bias, y, rb, re);
+      for (; t + 2 <= x.T; t += 2) gemv_rows<BITS, Ld, 2>(x, t, w, bias, y, rb, re);
+      if (t < x.T) gemv_rows<BITS, Ld, 1>(x, t, w, bias, y, rb, re);
+    }
   }
 
   // ---- gemm: tiles of L weight rows x KC columns, one row a lane, reused by every row of x -------
@@ -480,6 +521,7 @@ struct AffineKernels {
   }
 
   static constexpr size_t kAhead = 4096;  // the weight stream asked for this far ahead (as the bf16 gemv)
+  static constexpr int kGemvBlockRows = 16;
 };
 
 #undef PTLLM_AFFINE_UNROLL

@@ -52,6 +52,15 @@ struct Avx2Affine {
                                    _mm256_set1_epi16(1));
     return _mm256_add_epi32(acc, _mm256_add_epi32(lo, _mm256_slli_epi32(hi, 4)));
   }
+  // The gemv's 8-bit codes centred: acc + the products of u - 128 (a signed byte whose sign moves
+  // onto s, |u - 128| <= 128 the unsigned operand: pairs at most 2 * 128 * 127, no saturation), one
+  // product where dot8 takes two (affine_impl.h, kCentred8).
+  static constexpr bool kCentred8 = true;
+  PTLLM_AFFINE_TARGET static I dot8c(I acc, I u, I s) {
+    const I c = _mm256_xor_si256(u, _mm256_set1_epi8(char(0x80)));
+    return _mm256_add_epi32(
+        acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(c, c), _mm256_sign_epi8(s, c)), _mm256_set1_epi16(1)));
+  }
 #endif
   PTLLM_AFFINE_TARGET static F cvt(I v) { return _mm256_cvtepi32_ps(v); }
   PTLLM_AFFINE_TARGET static F zero_f() { return _mm256_setzero_ps(); }
