@@ -837,8 +837,9 @@ TEST(GgmlPack, RowsRoundTripBitForBit) {
   EXPECT_FALSE(ggml_pack_fit(ggml_matrix(GgmlType::Q5_0, q50.data(), 16, 128)));
 }
 
-// Packed Q4_0 and Q8_0 take the unpacked panels' operations in their order: under the variant with
-// the packed kernels, each output is the same bits as from the file's layout, for T = 1..15 (every
+// Packed Q4_0 and Q8_0 take the unpacked panels' operations in their order: under the variants with
+// packed kernels (AVX-512 VNNI: both; AVX2: Q4_0, its 8-row panels), each output is the same bits as
+// from the file's layout, for T = 1..15 (every
 // tile and tail of 1 and 2 groups) and up to 20, ranges ending mid-group and an odd number of groups.
 // The file's Q8_0 takes the panels only above kMatmulSmallRows rows of x (one-row kernels below):
 // packed, every row of x gets the bits those panels give it, whatever the count of rows. (The other
@@ -846,15 +847,19 @@ TEST(GgmlPack, RowsRoundTripBitForBit) {
 TEST(GgmlPack, Q4_0AndQ8_0PackedAreBitForBitTheFilesPanels) {
   int n = 0;
   const GgmlKernel* const* all = ggml_kernels(&n);
-  const GgmlKernel* vnni = nullptr;
-  for (int i = 0; i < n; ++i)
-    if (std::string(all[i]->name) == "avx512vnni") vnni = all[i];
-  if (!vnni) GTEST_SKIP() << "no AVX-512 VNNI: no packed kernels on this CPU";
+  std::vector<std::pair<const GgmlKernel*, GgmlType>> cases;
+  for (int i = 0; i < n; ++i) {
+    const std::string name = all[i]->name;
+    if (name == "avx512vnni") cases.insert(cases.end(), {{all[i], GgmlType::Q4_0}, {all[i], GgmlType::Q8_0}});
+    if (name == "avx2") cases.push_back({all[i], GgmlType::Q4_0});
+  }
+  if (cases.empty()) GTEST_SKIP() << "no AVX2: no packed kernels on this CPU";
   std::mt19937 rng(41);
   std::normal_distribution<float> g(0.f, 1.f);
   const int rows = 80, cols = 640, most = 20;
   static_assert(most > kMatmulSmallRows);
-  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q8_0}) {
+  for (auto [k, type] : cases) {
+    SCOPED_TRACE(k->name);
     const auto blocks = random_matrix(type, rows, cols, false, 43);
     const WeightMatrix w = ggml_matrix(type, blocks.data(), rows, cols);
     const Packed p(w);
@@ -868,16 +873,16 @@ TEST(GgmlPack, Q4_0AndQ8_0PackedAreBitForBitTheFilesPanels) {
     ggml_quantize_acts(x.data(), cols, 32, 0, most, q.data(), d.data(), sums.data());
     // Q8_0's panels: all `most` rows at once (its reference); Q4_0's: at each T.
     std::vector<float> panels(size_t(most) * size_t(rows));
-    vnni->rows(w, GgmlActs{most, cols, 32, q.data(), d.data(), sums.data()}, bias.data(), panels.data(), 0, rows);
+    k->rows(w, GgmlActs{most, cols, 32, q.data(), d.data(), sums.data()}, bias.data(), panels.data(), 0, rows);
     for (int T = 1; T <= most; ++T) {
       const GgmlActs a{T, cols, 32, q.data(), d.data(), sums.data()};
       std::vector<float> want(size_t(T) * size_t(rows)), got(want.size());
       if (type == GgmlType::Q8_0)
         std::copy_n(panels.begin(), want.size(), want.begin());
       else
-        vnni->rows(w, a, bias.data(), want.data(), 0, rows);
+        k->rows(w, a, bias.data(), want.data(), 0, rows);
       std::fill(got.begin(), got.end(), NAN);
-      for (auto [r0, r1] : {std::pair{0, 21}, {21, 48}, {48, rows}}) vnni->rows(p.w, a, bias.data(), got.data(), r0, r1);
+      for (auto [r0, r1] : {std::pair{0, 21}, {21, 48}, {48, rows}}) k->rows(p.w, a, bias.data(), got.data(), r0, r1);
       for (size_t j = 0; j < got.size(); ++j)
         ASSERT_EQ(got[j], want[j]) << ggml_type_info(type).name << " T " << T << " at " << j;
     }

@@ -900,7 +900,7 @@ void expect_packed_answers_alike(const fs::path& path) {
 TEST(GgufPackedModel, Q4_K_MAnswersAsTheFilesLayout) {
   const fs::path path = test::shared_model("gguf") / "kjv-small-Q4_K_M.gguf";
   if (!fs::exists(path)) GTEST_SKIP() << "no " << path;
-  if (!ggml_pack_wanted()) GTEST_SKIP() << "this CPU's kernels read the file's layout (no AVX-512 VNNI)";
+  if (!ggml_pack_wanted(GgmlType::Q4_K)) GTEST_SKIP() << "this CPU's kernels read Q4_K in the file's layout";
   expect_packed_answers_alike(path);
 }
 
@@ -908,7 +908,7 @@ TEST(GgufPackedModel, Q4_K_MAnswersAsTheFilesLayout) {
 // both) are packed, the down projection (352 columns, not whole 64-value units) stays in the file's
 // layout.
 TEST(GgufPackedModel, Q4_0AndQ8_0AnswerAsTheFilesLayout) {
-  if (!ggml_pack_wanted()) GTEST_SKIP() << "this CPU's kernels read the file's layout (no AVX-512 VNNI)";
+  if (!ggml_pack_wanted(GgmlType::Q8_0)) GTEST_SKIP() << "this CPU's kernels read Q8_0 in the file's layout";
   if (amx_active()) GTEST_SKIP() << "AMX takes Q4_0 and Q8_0 prefill: their matrices load in the file's layout";
   for (GgufMix mix : {GgufMix::Q4_0, GgufMix::Q8_0}) {
     SCOPED_TRACE(std::string(gguf_mix_name(mix)));
@@ -917,6 +917,42 @@ TEST(GgufPackedModel, Q4_0AndQ8_0AnswerAsTheFilesLayout) {
     write_gguf_from_hf(test::repo_model("kjv-tiny"), out, mix);
     expect_packed_answers_alike(out);
   }
+}
+
+// Under the AVX2 kernels only Q4_0 is packed, and its product reads the groups as the file layout's
+// 8-row panels: a Q4_0 file answers the same bits packed and in the file's layout, prompt and decode
+// steps alike.
+TEST(GgufPackedModel, Q4_0UnderAvx2IsBitForBitTheFilesLayout) {
+  const auto targets = available_simd_targets();
+  if (std::find(targets.begin(), targets.end(), SimdTarget::AVX2) == targets.end()) GTEST_SKIP() << "no AVX2";
+  if (amx_active()) GTEST_SKIP() << "AMX takes Q4_0 prefill: its matrices load in the file's layout";
+  test::TempDir tmp;
+  const fs::path path = tmp.path / "kjv-tiny.gguf";
+  write_gguf_from_hf(test::repo_model("kjv-tiny"), path, GgufMix::Q4_0);
+  const SimdTarget saved = active_simd_target();
+  set_simd_target(SimdTarget::AVX2);
+  ASSERT_TRUE(ggml_pack_wanted(GgmlType::Q4_0));
+  EXPECT_FALSE(ggml_pack_wanted(GgmlType::Q8_0));
+  const auto packed = Model::load(path);
+  set_ggml_pack_enabled(false);
+  const auto plain = Model::load(path);
+  set_ggml_pack_enabled(true);
+  EXPECT_GT(packed->ggml_packed_matrices(), 0u);
+  EXPECT_EQ(plain->ggml_packed_matrices(), 0u);
+  ThreadPool pool(2);
+  Session a(*packed, f32_opts(), pool), b(*plain, f32_opts(), pool);
+  std::vector<int32_t> prompt(40);
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int32_t> id(3, packed->config().vocab_size - 1);
+  for (auto& t : prompt) t = id(rng);
+  for (int step = 0; step < 8; ++step) {
+    const auto sa = a.feed(prompt);
+    const std::vector<float> la(sa.begin(), sa.end());
+    const auto sb = b.feed(prompt);
+    ASSERT_TRUE(std::equal(la.begin(), la.end(), sb.begin(), sb.end())) << "step " << step;
+    prompt.assign(1, int32_t(std::max_element(la.begin(), la.end()) - la.begin()));
+  }
+  set_simd_target(saved);
 }
 
 }  // namespace

@@ -328,10 +328,13 @@ bool ggml_pack_fit(const WeightMatrix& w) {
          w.rows % kGgmlPackRows == 0 && w.cols > 0 && w.cols % ggml_pack_block_elems(w.ggml) == 0;
 }
 
-bool ggml_pack_wanted() {
-  return ggml_pack_flag() && active_simd_target() == SimdTarget::AVX512 && cpu_has_vnni() &&
-         detail::ggml_avx512vnni_kernel() != nullptr;
+bool ggml_pack_wanted(GgmlType t) {
+  if (!ggml_pack_flag() || ggml_pack_block_bytes(t) == 0) return false;
+  const GgmlKernel& k = ggml_active_kernel();
+  return &k == detail::ggml_avx512vnni_kernel() || (&k == detail::ggml_avx2_kernel() && t == GgmlType::Q4_0);
 }
+
+bool ggml_pack_wanted() { return ggml_pack_wanted(GgmlType::Q4_0); }
 
 void set_ggml_pack_enabled(bool on) { ggml_pack_flag() = on; }
 

@@ -334,9 +334,10 @@ void Model::pack_panels() {
   // Q4_K and Q6_K in 16-row groups (kernels/ggml.h; where AMX takes prefill it reads Q4_0 and Q8_0
   // row by row, amx_takes_dequantized), MLX affine in 16-row groups (kernels/affine.h), BF16 in
   // panels (kernels/panels.h).
-  const bool ggml = ggml_pack_wanted(), affine = affine_pack_wanted(), panels = panels_wanted();
+  const bool affine = affine_pack_wanted(), panels = panels_wanted();
   const auto kind = [&](const WeightMatrix& w) {
-    if (ggml && ggml_pack_fit(w) && !((w.ggml == GgmlType::Q4_0 || w.ggml == GgmlType::Q8_0) && amx_active()))
+    if (ggml_pack_fit(w) && ggml_pack_wanted(w.ggml) &&
+        !((w.ggml == GgmlType::Q4_0 || w.ggml == GgmlType::Q8_0) && amx_active()))
       return Repack::Ggml;
     if (affine && affine_pack_fit(w)) return Repack::Affine;
     if (panels && panels_fit(w)) return Repack::Panels;

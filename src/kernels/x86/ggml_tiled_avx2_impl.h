@@ -114,3 +114,84 @@ PTLLM_GGML_TARGET void tiled_rows(const WeightMatrix& w, const GgmlActs& a, cons
     }
   }
 }
+
+// ---- Q4_0 packed in 16-row groups (ggml.h, ggml_pack) -------------------------------------------
+// A group's 64-byte line c holds 16 rows' dwords: each 32-byte half is 8 rows' bytes 4c .. 4c + 3, so
+// one load, a mask and a shift give pack_panel8's vectors c and 4 + c, and each half's 8 scales are
+// 16 consecutive bytes of f16. A decode step streams the matrix once, front to back, each line asked
+// for kAheadBytes ahead (as the K-quants; a touch every few KiB, kernels/stream.h, measured slower
+// here). The products of a block (at most 8 x 2 x 15 x 127 in an int16 lane) are
+// summed in int16, then once into int32: exact, so the integer sums and panel8_tile's float
+// operations per block are unchanged, and packed and file layouts give the same bits at every count
+// of rows of x. Rows [base + lo, base + hi) of the group are stored.
+template <int NT>
+PTLLM_GGML_TARGET void packed_q4_0_tile(const uint8_t* grp, int nb, const GgmlActs& a, const float* xs,
+                                        const int32_t* corr, int t0, const float* bias, float* y, int ldy, int base,
+                                        int lo, int hi) {
+  constexpr size_t kUnit = 2 * 16 * 18;  // ggml_pack_block_bytes(Q4_0): two blocks of 16 rows
+  const int8_t* xq[NT];
+  F acc[2][NT];
+  PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
+    xq[t] = a.q + size_t(t0 + t) * size_t(a.K);
+    acc[0][t] = acc[1][t] = _mm256_setzero_ps();
+  }
+  const size_t T = size_t(a.T);
+  const I lo4 = bytes(0x0f), ones = _mm256_set1_epi16(1);
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* unit = grp + size_t(b / 2) * kUnit;
+    const uint8_t* codes = unit + 64 + 256 * size_t(b % 2);
+    if (NT == 1) ask_ahead<kUnit / 2>(unit + 64 + kUnit / 2 * size_t(b % 2));
+    I s16[2][NT];
+    PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) s16[0][t] = s16[1][t] = _mm256_setzero_si256();
+    PTLLM_GGML_UNROLL for (int c = 0; c < 4; ++c) {
+      I wl[2], wh[2];
+      PTLLM_GGML_UNROLL for (int h = 0; h < 2; ++h) {
+        const I v = load(codes + 64 * c + 32 * h);
+        wl[h] = _mm256_and_si256(v, lo4);
+        wh[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+      }
+      PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
+        int32_t xl, xh;
+        std::memcpy(&xl, xq[t] + 32 * b + 4 * c, 4);
+        std::memcpy(&xh, xq[t] + 32 * b + 16 + 4 * c, 4);
+        const I bl = _mm256_set1_epi32(xl), bh = _mm256_set1_epi32(xh);
+        PTLLM_GGML_UNROLL for (int h = 0; h < 2; ++h)
+          s16[h][t] = _mm256_add_epi16(s16[h][t], _mm256_add_epi16(_mm256_maddubs_epi16(wl[h], bl),
+                                                                   _mm256_maddubs_epi16(wh[h], bh)));
+      }
+    }
+    const int32_t* cb = corr + size_t(b) * T + size_t(t0);
+    const float* db = xs + size_t(b) * T + size_t(t0);
+    PTLLM_GGML_UNROLL for (int h = 0; h < 2; ++h) {
+      const F s = _mm256_cvtph_ps(load128(unit + 32 * (b % 2) + 16 * h));
+      PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
+        const I is = _mm256_add_epi32(_mm256_set1_epi32(cb[t]), _mm256_madd_epi16(s16[h][t], ones));
+        acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(s, _mm256_set1_ps(db[t])), acc[h][t]);
+      }
+    }
+  }
+  alignas(32) float out[kPanelRows8];
+  PTLLM_GGML_UNROLL for (int h = 0; h < 2; ++h) PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
+    _mm256_store_ps(out, acc[h][t]);
+    float* yt = y + size_t(t0 + t) * size_t(ldy) + size_t(base);
+    for (int i = std::max(lo, 8 * h); i < std::min(hi, 8 * h + 8); ++i) yt[i] = out[i - 8 * h] + (bias ? bias[base + i] : 0.f);
+  }
+}
+
+// Rows [r0, r1) of a packed Q4_0 matrix: a group at a time against pairs of rows of x (the group's
+// bytes, 16 x 18 a block, read from memory once and then from L1/L2).
+PTLLM_GGML_TARGET void packed_q4_0_rows(const WeightMatrix& w, const GgmlActs& a, const float* bias, float* y, int r0,
+                                        int r1) {
+  const int nb = w.cols / 32;
+  const size_t gb = size_t(nb) * 16 * 18;
+  const BlockTerms bt = block_terms(a, nb, 8);
+  for (int g = r0 / kGgmlPackRows; g * kGgmlPackRows < r1; ++g) {
+    const int base = g * kGgmlPackRows;
+    const int lo = std::max(r0, base) - base, hi = std::min(r1, base + kGgmlPackRows) - base;
+    const uint8_t* grp = static_cast<const uint8_t*>(w.data) + size_t(g) * gb;
+    int t0 = 0;
+    for (; t0 + 2 <= a.T; t0 += 2)
+      packed_q4_0_tile<2>(grp, nb, a, bt.xs, bt.corr, t0, bias, y, w.rows, base, lo, hi);
+    if (t0 < a.T) packed_q4_0_tile<1>(grp, nb, a, bt.xs, bt.corr, t0, bias, y, w.rows, base, lo, hi);
+  }
+}
