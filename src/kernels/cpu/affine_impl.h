@@ -79,9 +79,9 @@ struct AffineKernels {
     else
       return V::dot4(acc, codes, q);
   }
-  // Whether the gemv sums 8-bit codes minus m = 128 (V::dot8c, where V's unsigned-times-signed byte
-  // products would take two steps for codes to 255): its group terms then add s_g m xs_g in place of
-  // s_g xc_g, the same sum (affine_q8.h: xc_g = m (xs_g - sum_b d_b qsum_b)).
+  // Whether the gemv and gemm sum 8-bit codes minus m = 128 (V::dot8c, where V's unsigned-times-
+  // signed byte products would take two steps for codes to 255): their group terms then add
+  // s_g m xs_g in place of s_g xc_g, the same sum (affine_q8.h: xc_g = m (xs_g - sum_b d_b qsum_b)).
   static constexpr bool centred8() {
     if constexpr (requires { V::kCentred8; })
       return V::kCentred8;
@@ -89,7 +89,7 @@ struct AffineKernels {
       return false;
   }
   template <int BITS>
-  PTLLM_AFFINE_TARGET static I gemv_dot(I acc, I codes, I q) {
+  PTLLM_AFFINE_TARGET static I dot_c(I acc, I codes, I q) {
     if constexpr (BITS == 8 && centred8())
       return V::dot8c(acc, codes, q);
     else
@@ -142,7 +142,7 @@ struct AffineKernels {
       const F dl = V::perm(V::load_f(x.d + size_t(t0 + t) * x.ldd + size_t(c * C / kQ8Block)), didx);
       PTLLM_AFFINE_UNROLL for (int i = 0; i < NR; ++i) {
         I ai = V::zero_i();
-        PTLLM_AFFINE_UNROLL for (int s = 0; s < KPB; ++s) ai = gemv_dot<BITS>(ai, u[i][s], xq[s]);
+        PTLLM_AFFINE_UNROLL for (int s = 0; s < KPB; ++s) ai = dot_c<BITS>(ai, u[i][s], xq[s]);
         acc[i * TT + t] = V::fma(V::cvt(ai), V::mul(dl, sl[i]), acc[i * TT + t]);
       }
     }
@@ -299,8 +299,8 @@ struct AffineKernels {
         const int8_t* q = x.q + size_t(t0 + t) * x.ldq + size_t(k0 + b * kQ8Block);
         I a0 = V::zero_i(), a1 = V::zero_i();  // two chains of 4
         PTLLM_AFFINE_UNROLL for (int j = 0; j < KPB * DPB; j += 2) {
-          a0 = dot<BITS>(a0, u[j], V::bcst32(q + 4 * j));
-          a1 = dot<BITS>(a1, u[j + 1], V::bcst32(q + 4 * j + 4));
+          a0 = dot_c<BITS>(a0, u[j], V::bcst32(q + 4 * j));
+          a1 = dot_c<BITS>(a1, u[j + 1], V::bcst32(q + 4 * j + 4));
         }
         const I ai = V::add_i(a0, a1);
         const float d = x.d[size_t(t0 + t) * x.ldd + size_t(k0 / kQ8Block + b)];
@@ -312,7 +312,8 @@ struct AffineKernels {
       const F sv = V::load_f(tile.scale[g]), bv = V::load_f(tile.bias[g]);
       PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
         const size_t xt = size_t(t0 + t) * x.ldg + size_t(g0 + g);
-        acc[t] = V::fma(sv, V::set1_f(x.xc[xt]), V::fma(bv, V::set1_f(x.xs[xt]), acc[t]));
+        const float xc = BITS == 8 && centred8() ? 128.f * x.xs[xt] : x.xc[xt];
+        acc[t] = V::fma(sv, V::set1_f(xc), V::fma(bv, V::set1_f(x.xs[xt]), acc[t]));
       }
     }
     PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
