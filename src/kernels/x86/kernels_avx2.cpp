@@ -16,6 +16,7 @@ struct Avx2 {
   static constexpr int N = 8;
   static constexpr int MR = 6, NRV = 2;  // 12 accumulators of the 16 registers
   static constexpr int GT = 2;
+  static constexpr size_t kGemvAhead = 2048;  // the gemv's weight stream asked for this far ahead
 
   PTLLM_TARGET static __m256i mask(int n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
