@@ -862,7 +862,7 @@ struct Kernels {
   // Called once per step of Span bytes of a row stream (byte: the step's offset from w), it asks for
   // each line kGemvAhead bytes on once: every line of the step, or (steps shorter than a line) the
   // line the step starts. A target may ask nearer (V::kGemvAhead: AVX2, whose BF16 decode on a Zen 3
-  // read 62-65% of the floor 4 KiB ahead, 70-79% 2 KiB ahead).
+  // read 55-71% of the floor 4 KiB ahead, 70-79% 2 KiB ahead).
   static constexpr size_t gemv_ahead_bytes() {
     if constexpr (requires { V::kGemvAhead; })
       return V::kGemvAhead;
