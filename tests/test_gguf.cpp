@@ -860,18 +860,29 @@ namespace {
 // are rounded to int8 per block, so a float difference can flip a code and moves the logits further
 // than float noise; the yardstick is another float order of the same layout (the AVX2 kernels against
 // the AVX-512 ones), and a wrong row would be far outside it.
+// The file loaded with packing on and off, and a prompt of 40 random ids.
+struct PackedAndPlain {
+  std::unique_ptr<Model> packed, plain;
+  std::vector<int32_t> prompt;
+  PackedAndPlain(const fs::path& path, unsigned seed) : packed(Model::load(path)) {
+    set_ggml_pack_enabled(false);
+    plain = Model::load(path);
+    set_ggml_pack_enabled(true);
+    EXPECT_GT(packed->ggml_packed_matrices(), 0u);
+    EXPECT_EQ(plain->ggml_packed_matrices(), 0u);
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int32_t> id(3, packed->config().vocab_size - 1);
+    prompt.resize(40);
+    for (auto& t : prompt) t = id(rng);
+  }
+};
+
 void expect_packed_answers_alike(const fs::path& path) {
   ThreadPool pool(2);
-  const auto packed = Model::load(path);
-  set_ggml_pack_enabled(false);
-  const auto plain = Model::load(path);
-  set_ggml_pack_enabled(true);
-  EXPECT_GT(packed->ggml_packed_matrices(), 0u);
-  EXPECT_EQ(plain->ggml_packed_matrices(), 0u);
-  std::mt19937 rng(5);
-  std::uniform_int_distribution<int32_t> id(3, packed->config().vocab_size - 1);
-  std::vector<int32_t> prompt(40);
-  for (auto& t : prompt) t = id(rng);
+  PackedAndPlain m(path, 5);
+  const auto& packed = m.packed;
+  const auto& plain = m.plain;
+  std::vector<int32_t> prompt = m.prompt;
   const SimdTarget saved = active_simd_target();
   Session a(*packed, f32_opts(), pool), b(*plain, f32_opts(), pool), c(*plain, f32_opts(), pool);
   const auto worst = [](std::span<const float> x, std::span<const float> y) {
@@ -933,18 +944,10 @@ TEST(GgufPackedModel, Q4_0UnderAvx2IsBitForBitTheFilesLayout) {
   set_simd_target(SimdTarget::AVX2);
   ASSERT_TRUE(ggml_pack_wanted(GgmlType::Q4_0));
   EXPECT_FALSE(ggml_pack_wanted(GgmlType::Q8_0));
-  const auto packed = Model::load(path);
-  set_ggml_pack_enabled(false);
-  const auto plain = Model::load(path);
-  set_ggml_pack_enabled(true);
-  EXPECT_GT(packed->ggml_packed_matrices(), 0u);
-  EXPECT_EQ(plain->ggml_packed_matrices(), 0u);
+  PackedAndPlain m(path, 7);
   ThreadPool pool(2);
-  Session a(*packed, f32_opts(), pool), b(*plain, f32_opts(), pool);
-  std::vector<int32_t> prompt(40);
-  std::mt19937 rng(7);
-  std::uniform_int_distribution<int32_t> id(3, packed->config().vocab_size - 1);
-  for (auto& t : prompt) t = id(rng);
+  Session a(*m.packed, f32_opts(), pool), b(*m.plain, f32_opts(), pool);
+  std::vector<int32_t> prompt = m.prompt;
   for (int step = 0; step < 8; ++step) {
     const auto sa = a.feed(prompt);
     const std::vector<float> la(sa.begin(), sa.end());

@@ -450,11 +450,9 @@ void affine_matmul(const float* x, int T, const WeightMatrix& w, const float* bi
   }
   if (affine_unpacked(w)) {
     AffineUnpackedRows rows = affine_unpacked_rows_portable;
-    const bool x86 = k == AffineKernel::AVX2 || k == AffineKernel::AVX2Vnni || k == AffineKernel::AVX512 ||
-                     k == AffineKernel::AVX512Vnni;
     if (k == AffineKernel::AVX512Vnni && affine_unpacked_rows_avx512vbmi())
       rows = affine_unpacked_rows_avx512vbmi();
-    else if (x86 && affine_unpacked_rows_avx2())
+    else if (k != AffineKernel::Portable && affine_unpacked_rows_avx2())  // null off x86
       rows = affine_unpacked_rows_avx2();
     thread_local AffineXBuffers buf;
     const AffineX ax = quantize_affine_x(x, T, w.cols, w.bits, w.group_size, 0, buf, &pool);

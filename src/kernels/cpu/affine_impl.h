@@ -46,30 +46,26 @@ struct AffineKernels {
     PTLLM_AFFINE_TARGET static F load_n(const void* p, size_t i, int n) {
       return V::load_f_n(static_cast<const float*>(p) + i, n);
     }
-    static float at(const void* p, size_t i) { return affine_param(p, DType::F32, i); }
   };
   struct LdBF16 {
     PTLLM_AFFINE_TARGET static F load_n(const void* p, size_t i, int n) {
       return V::load_bf16_n(static_cast<const uint16_t*>(p) + i, n);
     }
-    static float at(const void* p, size_t i) { return affine_param(p, DType::BF16, i); }
   };
   struct LdF16 {
     PTLLM_AFFINE_TARGET static F load_n(const void* p, size_t i, int n) {
       return V::load_f16_n(static_cast<const uint16_t*>(p) + i, n);
     }
-    static float at(const void* p, size_t i) { return affine_param(p, DType::F16, i); }
   };
   // A row's scales and biases (G groups from index o) as float32 into s and b, each followed by L
   // zeros: the gemv then loads L of them from any group with one plain load. Converting them in the
   // chunk loop went through a small copy on the stack each time, whose reload waited on the stores.
-  template <class Ld>
-  PTLLM_AFFINE_TARGET static void row_params(const WeightMatrix& w, size_t o, int G, float* s, float* b) {
-    for (int g = 0; g < G; ++g) {
-      s[g] = Ld::at(w.scales, o + size_t(g));
-      b[g] = Ld::at(w.biases, o + size_t(g));
-    }
-    for (int g = G; g < G + L; ++g) s[g] = b[g] = 0.f;
+  static void row_params(const WeightMatrix& w, size_t o, int G, float* s, float* b) {
+    const size_t es = dtype_size(w.dtype);
+    convert_to_f32(w.dtype, static_cast<const uint8_t*>(w.scales) + o * es, s, size_t(G));
+    convert_to_f32(w.dtype, static_cast<const uint8_t*>(w.biases) + o * es, b, size_t(G));
+    std::fill_n(s + G, L, 0.f);
+    std::fill_n(b + G, L, 0.f);
   }
 
   template <int BITS>
@@ -88,6 +84,7 @@ struct AffineKernels {
     else
       return false;
   }
+  static constexpr float kMid8 = 128.f;  // m of 8-bit codes
   template <int BITS>
   PTLLM_AFFINE_TARGET static I dot_c(I acc, I codes, I q) {
     if constexpr (BITS == 8 && centred8())
@@ -107,12 +104,14 @@ struct AffineKernels {
     }
   }
   // sum_g s_g xc_g + b_g xs_g over the row's groups, added lane-wise to acc (affine_q8.h).
-  // s, b: the row's (row_params); xc null: codes centred, m xs_g in its place.
+  // s, b: the row's (row_params); kCentred: codes centred, kMid8 xs_g in xc_g's place.
+  template <bool kCentred>
   PTLLM_AFFINE_TARGET static F group_terms(int G, const float* s, const float* b, const float* xs, const float* xc,
-                                           float m, F acc) {
+                                           F acc) {
     for (int g = 0; g < G; g += L) {
       const int n = std::min(L, G - g);
-      const F xsv = V::load_f_n(xs + g, n), xcv = xc ? V::load_f_n(xc + g, n) : V::mul(V::set1_f(m), xsv);
+      const F xsv = V::load_f_n(xs + g, n);
+      const F xcv = kCentred ? V::mul(V::set1_f(kMid8), xsv) : V::load_f_n(xc + g, n);
       acc = V::fma(V::load_f(s + g), xcv, V::fma(V::load_f(b + g), xsv, acc));
     }
     return acc;
@@ -148,7 +147,7 @@ struct AffineKernels {
     }
   }
   // Rows [r0, r1) in steps of NR, the rows left one at a time.
-  template <int BITS, class Ld, int TT, int NR = 1>
+  template <int BITS, int TT, int NR = 1>
   PTLLM_AFFINE_TARGET static void gemv_rows(const AffineX& x, int t0, const WeightMatrix& w, const float* bias,
                                             float* y, int r0, int r1) {
     constexpr int KPB = 8 / BITS;
@@ -171,7 +170,7 @@ struct AffineKernels {
       PTLLM_AFFINE_UNROLL for (int i = 0; i < NR; ++i) {
         row[i] = static_cast<const uint8_t*>(w.data) + size_t(r + i) * rb;
         float* p = params.data() + 2 * size_t(i) * pn;
-        row_params<Ld>(w, size_t(r + i) * size_t(G), G, p, p + pn);
+        row_params(w, size_t(r + i) * size_t(G), G, p, p + pn);
         sc[i] = p;
       }
       F acc[NR * TT];
@@ -191,26 +190,25 @@ struct AffineKernels {
       }
       PTLLM_AFFINE_UNROLL for (int i = 0; i < NR; ++i) PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
         const size_t xt = size_t(t0 + t) * x.ldg;
-        constexpr bool kC = BITS == 8 && centred8();
-        const F a = group_terms(G, sc[i], sc[i] + pn, x.xs + xt, kC ? nullptr : x.xc + xt, 128.f, acc[i * TT + t]);
+        const F a = group_terms<BITS == 8 && centred8()>(G, sc[i], sc[i] + pn, x.xs + xt, x.xc + xt, acc[i * TT + t]);
         y[size_t(t0 + t) * size_t(w.rows) + size_t(r + i)] = V::reduce_add(a) + (bias ? bias[r + i] : 0.f);
       }
     }
     if constexpr (NR > 1)
-      if (r < r1) gemv_rows<BITS, Ld, TT, 1>(x, t0, w, bias, y, r, r1);
+      if (r < r1) gemv_rows<BITS, TT, 1>(x, t0, w, bias, y, r, r1);
   }
-  template <int BITS, class Ld>
+  template <int BITS>
   PTLLM_AFFINE_TARGET static void gemv_t(const AffineX& x, const WeightMatrix& w, const float* bias, float* y, int r0,
                                          int r1) {
-    if (x.T == 1) return gemv_rows<BITS, Ld, 1, 4>(x, 0, w, bias, y, r0, r1);
+    if (x.T == 1) return gemv_rows<BITS, 1, 4>(x, 0, w, bias, y, r0, r1);
     // A few rows of x: every tile of x over kGemvBlockRows weight rows before the next ones, so the
     // weights are read from memory once (a row's sum does not depend on the tiling).
     for (int rb = r0; rb < r1; rb += kGemvBlockRows) {
       const int re = std::min(r1, rb + kGemvBlockRows);
       int t = 0;
-      for (; t + GTT <= x.T; t += GTT) gemv_rows<BITS, Ld, GTT>(x, t, w, bias, y, rb, re);
-      for (; t + 2 <= x.T; t += 2) gemv_rows<BITS, Ld, 2>(x, t, w, bias, y, rb, re);
-      if (t < x.T) gemv_rows<BITS, Ld, 1>(x, t, w, bias, y, rb, re);
+      for (; t + GTT <= x.T; t += GTT) gemv_rows<BITS, GTT>(x, t, w, bias, y, rb, re);
+      for (; t + 2 <= x.T; t += 2) gemv_rows<BITS, 2>(x, t, w, bias, y, rb, re);
+      if (t < x.T) gemv_rows<BITS, 1>(x, t, w, bias, y, rb, re);
     }
   }
 
@@ -312,7 +310,7 @@ struct AffineKernels {
       const F sv = V::load_f(tile.scale[g]), bv = V::load_f(tile.bias[g]);
       PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
         const size_t xt = size_t(t0 + t) * x.ldg + size_t(g0 + g);
-        const float xc = BITS == 8 && centred8() ? 128.f * x.xs[xt] : x.xc[xt];
+        const float xc = BITS == 8 && centred8() ? kMid8 * x.xs[xt] : x.xc[xt];
         acc[t] = V::fma(sv, V::set1_f(xc), V::fma(bv, V::set1_f(x.xs[xt]), acc[t]));
       }
     }
@@ -483,7 +481,7 @@ struct AffineKernels {
   struct Gemv {
     PTLLM_AFFINE_TARGET static void run(const AffineX& x, const WeightMatrix& w, const float* bias, float* y, int r0,
                                         int r1) {
-      gemv_t<BITS, Ld>(x, w, bias, y, r0, r1);
+      gemv_t<BITS>(x, w, bias, y, r0, r1);
     }
   };
   template <int BITS, class Ld>

@@ -54,17 +54,6 @@ PTLLM_UNPACKED_TARGET __m256i first(int n) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-// n scales or biases from p as float32 (BF16 ones 8 at a time: a shift each).
-PTLLM_UNPACKED_TARGET void to_f32(DType t, const uint8_t* p, float* out, int n) {
-  if (t != DType::BF16) return convert_to_f32(t, p, out, size_t(n));
-  int i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i));
-    _mm256_storeu_ps(out + i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
-  }
-  for (; i < n; ++i) out[i] = affine_param(p, t, size_t(i));
-}
-
 PTLLM_UNPACKED_TARGET void rows_avx2(const AffineX& ax, const WeightMatrix& w, const float* bias, float* y, int r0,
                                      int r1) {
   const int gs = w.group_size, G = w.cols / gs, K = w.cols, gshift = __builtin_ctz(unsigned(gs));
@@ -86,8 +75,8 @@ PTLLM_UNPACKED_TARGET void rows_avx2(const AffineX& ax, const WeightMatrix& w, c
       affine_unpack_codes(w, r, codes.data());
     }
     const size_t g0 = size_t(r) * size_t(G), es = dtype_size(w.dtype);
-    to_f32(w.dtype, static_cast<const uint8_t*>(w.scales) + g0 * es, sc, G);
-    to_f32(w.dtype, static_cast<const uint8_t*>(w.biases) + g0 * es, bi, G);
+    convert_to_f32(w.dtype, static_cast<const uint8_t*>(w.scales) + g0 * es, sc, size_t(G));
+    convert_to_f32(w.dtype, static_cast<const uint8_t*>(w.biases) + g0 * es, bi, size_t(G));
     for (int t = 0; t < ax.T; ++t) {
       const int8_t* q = ax.q + size_t(t) * ax.ldq;
       const float* d = ax.d + size_t(t) * ax.ldd;

@@ -128,7 +128,7 @@ template <int NT>
 PTLLM_GGML_TARGET void packed_q4_0_tile(const uint8_t* grp, int nb, const GgmlActs& a, const float* xs,
                                         const int32_t* corr, int t0, const float* bias, float* y, int ldy, int base,
                                         int lo, int hi) {
-  constexpr size_t kUnit = 2 * 16 * 18;  // ggml_pack_block_bytes(Q4_0): two blocks of 16 rows
+  constexpr size_t kUnit = 2 * kGgmlPackRows * 18;  // ggml_pack_block_bytes(Q4_0): two blocks of 16 rows
   const int8_t* xq[NT];
   F acc[2][NT];
   PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
@@ -183,7 +183,7 @@ PTLLM_GGML_TARGET void packed_q4_0_tile(const uint8_t* grp, int nb, const GgmlAc
 PTLLM_GGML_TARGET void packed_q4_0_rows(const WeightMatrix& w, const GgmlActs& a, const float* bias, float* y, int r0,
                                         int r1) {
   const int nb = w.cols / 32;
-  const size_t gb = size_t(nb) * 16 * 18;
+  const size_t gb = size_t(nb) * kGgmlPackRows * 18;
   const BlockTerms bt = block_terms(a, nb, 8);
   for (int g = r0 / kGgmlPackRows; g * kGgmlPackRows < r1; ++g) {
     const int base = g * kGgmlPackRows;
