@@ -267,7 +267,10 @@ TEST(AffinePack, FitsOnlyWholeGroupsOfThePackedFormats) {
   set_affine_pack_enabled(false);
   EXPECT_FALSE(affine_pack_wanted());
   set_affine_pack_enabled(true);
-  EXPECT_EQ(affine_pack_wanted(), affine_active_kernel() == AffineKernel::AVX512Vnni);
+  const AffineKernel k = affine_active_kernel();
+  EXPECT_EQ(affine_pack_wanted(),
+            k == AffineKernel::AVX512Vnni || k == AffineKernel::AVX2 || k == AffineKernel::AVX2Vnni);
+  EXPECT_EQ(affine_packed_centred8(k), k == AffineKernel::AVX2) << "centred where bytes multiply by vpmaddubsw";
   EXPECT_EQ(was, affine_pack_wanted());
 }
 
@@ -288,24 +291,29 @@ TEST(AffinePack, EveryKernelEqualsTheScalarTwinBitForBit) {
           for (size_t i = 0; i < bias.size(); ++i) bias[i] = 0.1f * float(i % 7) - 0.3f;
           const int maxT = 11;
           const auto x = random_x(maxT, cols, seed);
-          // Each row of x alone (T = 1): what every batch must give, bit for bit.
-          std::vector<float> alone(size_t(maxT) * size_t(rows));
+          // Each row of x alone (T = 1): what every batch must give, bit for bit (centred: 8-bit codes
+          // summed as c - 128, as AVX2's product without VNNI does).
+          std::vector<float> alone(size_t(maxT) * size_t(rows)), centred(alone.size());
           for (int t = 0; t < maxT; ++t) {
             AffineXBuffers buf;
             const AffineX ax = quantize_affine_x(x.data() + size_t(t) * cols, 1, cols, bits, gs, kQ8Block, buf, nullptr);
             affine_packed_rows_scalar(ax, p.w, bias.data(), alone.data() + size_t(t) * rows, 0, rows);
+            affine_packed_rows_scalar(ax, p.w, bias.data(), centred.data() + size_t(t) * rows, 0, rows, true);
           }
           for (int T : {1, 2, 5, 9, 11}) {
             std::vector<float> want(size_t(T) * size_t(rows)), y(want.size());
             affine_matmul_q8_ref(x.data(), T, a.w, bias.data(), want.data());
             const auto mag = magnitude(x.data(), T, a.w);
-            for (size_t i = 0; i < want.size(); ++i)
+            for (size_t i = 0; i < want.size(); ++i) {
               ASSERT_NEAR(alone[i], want[i], 2e-6 * (mag[i] + 1.0)) << name_of(a.w, T) << " against the row-major twin";
+              ASSERT_NEAR(centred[i], want[i], 2e-6 * (mag[i] + 1.0)) << name_of(a.w, T) << " centred";
+            }
             for (AffineKernel k : available_affine_kernels())
               for (AffinePath path : {AffinePath::Gemv, AffinePath::Gemm}) {
                 std::fill(y.begin(), y.end(), NAN);
                 affine_matmul(x.data(), T, p.w, bias.data(), y.data(), pool, k, path);
-                ASSERT_EQ(0, std::memcmp(y.data(), alone.data(), y.size() * 4))
+                const auto& twin = affine_packed_centred8(k) && bits == 8 ? centred : alone;
+                ASSERT_EQ(0, std::memcmp(y.data(), twin.data(), y.size() * 4))
                     << name_of(a.w, T) << " packed, " << affine_kernel_name(k);
               }
           }

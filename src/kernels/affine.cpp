@@ -63,7 +63,8 @@ bool affine_pack_fit(const WeightMatrix& w) {
 }
 
 bool affine_pack_wanted() {
-  return affine_pack_flag() && affine_active_kernel() == AffineKernel::AVX512Vnni &&
+  const AffineKernel k = affine_active_kernel();
+  return affine_pack_flag() && (k == AffineKernel::AVX512Vnni || k == AffineKernel::AVX2 || k == AffineKernel::AVX2Vnni) &&
          affine_active_table().packed != nullptr;
 }
 
@@ -71,37 +72,48 @@ void set_affine_pack_enabled(bool on) { affine_pack_flag() = on; }
 
 void affine_pack(const WeightMatrix& w, void* out, int g0, int g1) {
   PTLLM_CHECK(affine_pack_fit(w) && g0 >= 0 && g1 <= w.rows / kAffinePackRows);
-  const WeightMatrix p = affine_packed_matrix(w, out);
-  const int G = w.cols / w.group_size, nbg = w.group_size / kQ8Block;
-  const size_t es = dtype_size(w.dtype), rb = w.row_bytes(), block = size_t(kQ8Block) * size_t(w.bits) / 8;
-  std::vector<uint8_t> codes(w.bits == 6 ? size_t(w.cols) : 0);
-  for (int rg = g0; rg < g1; ++rg)
-    for (int i = 0; i < kAffinePackRows; ++i) {
-      const size_t r = size_t(rg * kAffinePackRows + i);
-      const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * rb;
-      if (w.bits == 6) affine_unpack_codes(w, int(r), codes.data());
-      for (int g = 0; g < G; ++g) {
-        auto* o = const_cast<uint8_t*>(packed_group(p, rg * kAffinePackRows, g));
-        const size_t at = r * size_t(G) + size_t(g);
-        std::memcpy(o + size_t(i) * es, static_cast<const uint8_t*>(w.scales) + at * es, es);
-        std::memcpy(o + size_t(kAffinePackRows + i) * es, static_cast<const uint8_t*>(w.biases) + at * es, es);
-        for (int b = 0; b < nbg; ++b) {
-          if (w.bits != 6) {
-            for (int q = 0; q < w.bits; ++q)
-              std::memcpy(o + packed_dword(p, i, b, q), row + size_t(g * nbg + b) * block + 4 * size_t(q), 4);
-            continue;
-          }
-          for (int q = 0; q < 6; ++q) std::memset(o + packed_dword(p, i, b, q), 0, 4);
-          const uint8_t* c = codes.data() + size_t(g * nbg + b) * kQ8Block;
+  constexpr int R = kAffinePackRows;
+  const int G = w.cols / w.group_size, nbg = w.group_size / kQ8Block, bits = w.bits;
+  const size_t es = dtype_size(w.dtype), rb = w.row_bytes(), block = size_t(kQ8Block) * size_t(bits) / 8;
+  const size_t gb = packed_group_bytes(w), head = 2 * size_t(R) * es;  // head: the scales and biases
+  const auto* scales = static_cast<const uint8_t*>(w.scales);
+  const auto* biases = static_cast<const uint8_t*>(w.biases);
+  // 6 bits: the group's 16 rows unpacked to a byte a code first.
+  std::vector<uint8_t> codes(bits == 6 ? size_t(R) * size_t(w.cols) : 0);
+  for (int rg = g0; rg < g1; ++rg) {
+    const size_t r0 = size_t(rg) * R;
+    const uint8_t* rows = static_cast<const uint8_t*>(w.data) + r0 * rb;
+    if (bits == 6)
+      for (int i = 0; i < R; ++i) affine_unpack_codes(w, int(r0) + i, codes.data() + size_t(i) * size_t(w.cols));
+    uint8_t* o = static_cast<uint8_t*>(out) + size_t(rg) * size_t(G) * gb;
+    for (int g = 0; g < G; ++g, o += gb) {
+      for (int i = 0; i < R; ++i) {
+        const size_t at = (r0 + size_t(i)) * size_t(G) + size_t(g);
+        std::memcpy(o + size_t(i) * es, scales + at * es, es);
+        std::memcpy(o + size_t(R + i) * es, biases + at * es, es);
+      }
+      for (int b = 0; b < nbg; ++b) {
+        uint8_t* ob = o + head + size_t(64) * size_t(b * bits);  // dword q of row i at 64 q + 4 i
+        if (bits != 6) {
+          const uint8_t* src = rows + size_t(g * nbg + b) * block;
+          for (int q = 0; q < bits; ++q)
+            for (int i = 0; i < R; ++i) std::memcpy(ob + 64 * q + 4 * i, src + size_t(i) * rb + 4 * size_t(q), 4);
+          continue;
+        }
+        for (int i = 0; i < R; ++i) {
+          const uint8_t* c = codes.data() + size_t(i) * size_t(w.cols) + size_t(g * nbg + b) * kQ8Block;
+          uint8_t d[6][4] = {};  // the row's 6 dwords, built in registers (no aliasing stores)
           for (int n = 0; n < 8; ++n)
             for (int k = 0; k < 4; ++k) {
               const unsigned v = c[packed6_col(n, k)];
-              o[packed_dword(p, i, b, n % 4) + size_t(k)] |= uint8_t(n < 4 ? v & 15u : (v >> 2) << 4);
-              o[packed_dword(p, i, b, 4 + n % 4 / 2) + size_t(k)] |= uint8_t((n < 4 ? v >> 4 : v & 3u) << packed6_shift(n));
+              d[n % 4][k] |= uint8_t(n < 4 ? v & 15u : (v >> 2) << 4);
+              d[4 + n % 4 / 2][k] |= uint8_t((n < 4 ? v >> 4 : v & 3u) << packed6_shift(n));
             }
+          for (int q = 0; q < 6; ++q) std::memcpy(ob + 64 * q + 4 * i, d[q], 4);
         }
       }
     }
+  }
 }
 
 WeightMatrix affine_packed_matrix(const WeightMatrix& w, const void* data) {
@@ -114,13 +126,15 @@ WeightMatrix affine_packed_matrix(const WeightMatrix& w, const void* data) {
 }
 
 void affine_packed_rows_scalar(const AffineX& x, const WeightMatrix& w, const float* bias, float* y, int r0,
-                               int r1) {
+                               int r1, bool centred8) {
   PTLLM_CHECK(w.affine_pack == kAffinePackRows && x.chunk == kQ8Block && r0 % kAffinePackRows == 0 &&
               r1 % kAffinePackRows == 0);
   constexpr int KC = 512, L = kAffinePackRows;  // as affine_impl.h's packed_block
   const int K = w.cols, gs = w.group_size, nbg = gs / kQ8Block, kpb = 8 / w.bits;
   const size_t es = dtype_size(w.dtype);
   const unsigned mask = (1u << w.bits) - 1u;
+  const bool centred = centred8 && w.bits == 8;
+  const int mid = centred ? 128 : 0;
   for (int r = r0; r < r1; r += L)
     for (int k0 = 0; k0 < K; k0 += KC) {
       const int kc = std::min(KC, K - k0);
@@ -142,7 +156,7 @@ void affine_packed_rows_scalar(const AffineX& x, const WeightMatrix& w, const fl
                   for (int k = 0; k < 4; ++k) {
                     const unsigned byte = p[packed_dword(w, i, b, dw) + size_t(k)];
                     for (int sc = 0; sc < kpb; ++sc)  // x's split order: bytes 4 (s * bits + q) + k
-                      isum += int((byte >> (sc * w.bits)) & mask) * int(q[4 * (sc * w.bits + dw) + k]);
+                      isum += (int((byte >> (sc * w.bits)) & mask) - mid) * int(q[4 * (sc * w.bits + dw) + k]);
                   }
               const float s = affine_param(p, w.dtype, size_t(i));
               acc[i] = std::fma(float(isum), s * d, acc[i]);
@@ -151,7 +165,7 @@ void affine_packed_rows_scalar(const AffineX& x, const WeightMatrix& w, const fl
           const size_t xt = size_t(t) * x.ldg + size_t(g);
           for (int i = 0; i < L; ++i) {
             const float s = affine_param(p, w.dtype, size_t(i)), bi = affine_param(p + L * es, w.dtype, size_t(i));
-            acc[i] = std::fma(s, x.xc[xt], std::fma(bi, x.xs[xt], acc[i]));
+            acc[i] = std::fma(s, centred ? 128.f * x.xs[xt] : x.xc[xt], std::fma(bi, x.xs[xt], acc[i]));
           }
         }
         float* yt = y + size_t(t) * size_t(w.rows) + size_t(r);
@@ -395,6 +409,11 @@ AffineKernel affine_active_kernel() { return default_kernel(); }
 
 const AffineKernelTable& affine_active_table() { return *affine_table(default_kernel()); }
 
+bool affine_packed_centred8(AffineKernel k) {
+  const AffineKernelTable* kt = affine_table(k);
+  return kt && kt->packed && kt->packed_centred8;
+}
+
 namespace {
 bool integer_groups(const WeightMatrix& w) {
   const bool pow2 = w.group_size > 0 && (w.group_size & (w.group_size - 1)) == 0;  // mlx: 32, 64, 128
@@ -414,7 +433,10 @@ void packed_matmul(const float* x, int T, std::span<const MatmulOutput> outs, Th
   const WeightMatrix& w0 = *outs[0].w;
   thread_local AffineXBuffers buf;
   const AffineX ax = quantize_affine_x(x, T, w0.cols, w0.bits, w0.group_size, kQ8Block, buf, &pool);
-  const auto rows = kt.packed ? kt.packed : affine_packed_rows_scalar;
+  const auto rows = [&kt](const AffineX& x, const WeightMatrix& w, const float* bias, float* y, int r0, int r1) {
+    if (kt.packed) return kt.packed(x, w, bias, y, r0, r1);
+    affine_packed_rows_scalar(x, w, bias, y, r0, r1);
+  };
   const size_t min_groups = kGemvMinWeightsPerThread / size_t(std::max(1, w0.cols)) / kAffinePackRows;
   pool.parallel_for(
       groups_of(outs, kAffinePackRows),

@@ -89,28 +89,34 @@ const AffineKernelTable& affine_active_table();
 // shifted and each 2-bit dword once either way: no shuffle. The same codes as the file's, rearranged; for 2,
 // 4 and 8 bits the same bytes, only moved. The product (every T, prefill and decode alike) takes x in
 // the per-block split order (affine_q8.h, chunk 32): the codes at bit s * bits of dword q meet x's
-// bytes 4 (s * bits + q) .. + 3, broadcast, one vpdpbusd for 16 rows. Per chunk of 512
-// columns and x row, lane i sums d_b s_g times each block's integer sum, then s_g xc_g + b_g xs_g per
-// group, in that order whatever T and the thread split: a row's result does not depend on the
-// batch. Against the row-major products only the float summation order differs (same integer sums).
+// bytes 4 (s * bits + q) .. + 3, broadcast, one vpdpbusd for 16 rows (AVX2: each 64-byte line as two
+// registers of 8 rows). Per chunk of 512 columns and x row, lane i sums d_b s_g times each block's
+// integer sum, then s_g xc_g + b_g xs_g per group, in that order whatever T and the thread split: a
+// row's result does not depend on the batch. Against the row-major products only the float summation
+// order differs (same integer sums). AVX2 without VNNI sums 8-bit codes centred, c - 128 (one
+// vpmaddubsw where unsigned codes take two), and adds s_g 128 xs_g for s_g xc_g: the same sum.
 inline constexpr int kAffinePackRows = 16;
 // Whether w can be packed: bits 2, 4, 6 or 8, groups a power of two from 32 to 512 columns, rows a
 // multiple of kAffinePackRows.
 bool affine_pack_fit(const WeightMatrix& w);
-// Whether this process packs such matrices at load: the active kernel is AVX-512 VNNI and neither
-// PTLLM_NO_AFFINE_PACK=1 nor set_affine_pack_enabled(false) says otherwise. Packed matrices run on
-// every kernel (without a 16-lane product: affine_packed_rows_scalar, slowly), so tests can switch.
+// Whether this process packs such matrices at load: the active kernel is AVX-512 VNNI or AVX2 and
+// neither PTLLM_NO_AFFINE_PACK=1 nor set_affine_pack_enabled(false) says otherwise. Packed matrices
+// run on every kernel (without an 8- or 16-lane product: affine_packed_rows_scalar, slowly), so tests
+// can switch.
 bool affine_pack_wanted();
 void set_affine_pack_enabled(bool on);
 // Row groups [g0, g1) of w (row-major) into out (w.nbytes() bytes for all of them).
 void affine_pack(const WeightMatrix& w, void* out, int g0, int g1);
 // The packed matrix of w's shape and format over `data`.
 WeightMatrix affine_packed_matrix(const WeightMatrix& w, const void* data);
-// The scalar twin of the packed product (and the product of targets without a 16-lane one): the
-// same float operations in the same order as the SIMD kernel, so the results are equal bit for bit.
-// x: quantize_affine_x with chunk 32. Rows [r0, r1), multiples of kAffinePackRows.
+// The scalar twin of the packed product (and the product of targets without an 8- or 16-lane one):
+// the same float operations in the same order as the SIMD kernel, so the results are equal bit for
+// bit. x: quantize_affine_x with chunk 32. Rows [r0, r1), multiples of kAffinePackRows. centred8:
+// 8-bit codes summed as c - 128 (as affine_packed_centred8(k) says kernel k does).
 struct AffineX;
-void affine_packed_rows_scalar(const AffineX& x, const WeightMatrix& w, const float* bias, float* y, int r0, int r1);
+void affine_packed_rows_scalar(const AffineX& x, const WeightMatrix& w, const float* bias, float* y, int r0, int r1,
+                               bool centred8 = false);
+bool affine_packed_centred8(AffineKernel k);
 
 // Scalar twin of the fast products (plain loops, double sums): the same int8 x and integer sums.
 void affine_matmul_q8_ref(const float* x, int T, const WeightMatrix& w, const float* bias, float* y);

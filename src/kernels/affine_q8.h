@@ -72,8 +72,10 @@ struct AffineKernelTable {
   void (*gemv)(const AffineX& x, const WeightMatrix& w, const float* bias, float* y, int r0, int r1);
   void (*gemm)(const AffineX& x, const WeightMatrix& w, const float* bias, float* y, int r0, int r1);
   // Packed matrices (kernels/affine.h, affine_pack), x in chunk 32, rows [r0, r1) whole 16-row
-  // groups; nullptr where the registers do not hold 16 lanes.
+  // groups; nullptr where the registers hold fewer than 8 lanes.
   void (*packed)(const AffineX& x, const WeightMatrix& w, const float* bias, float* y, int r0, int r1);
+  // Whether `packed` sums 8-bit codes centred (affine_packed_rows_scalar's centred8).
+  bool packed_centred8;
 };
 // nullptr where the target is not compiled in or this CPU lacks it.
 const AffineKernelTable* affine_portable_kernels();

@@ -5,8 +5,8 @@
 // V provides: I (an integer register of RB bytes, L = RB / 4 int32 lanes), F (L floats); zero_i,
 // load_i (any address), load_i_n (the first n bytes, zeros after), bcst32 (one dword to every lane),
 // srl32 (shift right each lane), and_i, add_i, set1_u8; dot4 / dot8 (acc[l] += sum of the 4 byte
-// products of lane l, unsigned codes below 64 / 256 times signed int8); with 16 lanes (the packed
-// product) also sll32, sra32 (arithmetic) and or_i; cvt (int32 to float), zero_f,
+// products of lane l, unsigned codes below 64 / 256 times signed int8); with 8 or 16 lanes (the
+// packed product) also sll32, sra32 (arithmetic) and or_i; cvt (int32 to float), zero_f,
 // load_f(_n), store_f(_n), set1_f, mul, fma (a * b + c), perm (lanes of a picked by idx),
 // reduce_add; load_bf16_n / load_f16_n (the first n of 16-bit floats, as float32); GTT (rows of x
 // sharing each unpacked weight register); optionally transpose_dwords (the gemm's tile packing).
@@ -40,6 +40,18 @@ struct AffineKernels {
   static constexpr int RB = V::RB, L = RB / 4, GTT = V::GTT;
   // gemm: columns of a packed weight tile (a tile: L weight rows, one a lane).
   static constexpr int KC = 512;
+  // The packed product (kernels/affine.h): a 16-row group's dwords q of its rows are a line of
+  // kLine bytes, read in H registers of L rows (16 or 8 lanes; narrower registers take none).
+  static constexpr int kLine = kAffinePackRows * 4, H = kAffinePackRows / L;
+  static constexpr bool kPacked = L == kAffinePackRows || 2 * L == kAffinePackRows;
+  // Decode's packed stream: each line asked for this far ahead (V::kPackedLineAhead), or, with 0,
+  // touched a few times a page (kernels/stream.h).
+  static constexpr size_t kPackedLineAhead = [] {
+    if constexpr (requires { V::kPackedLineAhead; })
+      return size_t(V::kPackedLineAhead);
+    else
+      return size_t(0);
+  }();
 
   // Scales and biases of a row by group index, as float32.
   struct LdF32 {
@@ -85,6 +97,11 @@ struct AffineKernels {
       return false;
   }
   static constexpr float kMid8 = 128.f;  // m of 8-bit codes
+  // Whether V multiplies bytes into 16-bit sums of pairs (V::mul_pairs, add16, widen16; targets
+  // without a byte dot product into 32 bits), so that several products are added before widening.
+  static constexpr bool i16_sums() {
+    return requires(I a) { V::widen16(V::add16(V::mul_pairs(a, a), a)); };
+  }
   template <int BITS>
   PTLLM_AFFINE_TARGET static I dot_c(I acc, I codes, I q) {
     if constexpr (BITS == 8 && centred8())
@@ -333,19 +350,19 @@ struct AffineKernels {
   PTLLM_AFFINE_TARGET static void unpack6(const uint8_t* cb, I* u) {
     const I m_lo = V::set1_u8(0x0f), m_hi = V::set1_u8(0xf0), m45 = V::set1_u8(0x30), m23 = V::set1_u8(0x0c);
     PTLLM_AFFINE_UNROLL for (int h = 0; h < 2; ++h) {
-      const I t = V::load_i(cb + (4 + h) * RB);
+      const I t = V::load_i(cb + (4 + h) * kLine);
       const I t_up = V::sll32(t, 4), t_down = V::srl32(t, 4);  // bits 0-1 to 4-5, bits 6-7 to 2-3
       PTLLM_AFFINE_UNROLL for (int e = 0; e < 2; ++e) {
         const int j = 2 * h + e;
-        const I lo = V::load_i(cb + j * RB);
+        const I lo = V::load_i(cb + j * kLine);
         u[j] = V::or_i(V::and_i(lo, m_lo), V::and_i(e ? t_up : t, m45));
         u[4 + j] = V::or_i(V::and_i(lo, m_hi), V::and_i(e ? t_down : t, m23));
       }
     }
   }
   // Blocks b0 .. b0 + NB - 1 of 32 columns of one group of a packed 16-row group (codes: its first
-  // block) against rows qt / dt of x (pointers at the group's first block): acc[t] += d_b s_g
-  // (codes . q) a block.
+  // block, plus RB h for the rows [L h, L h + L) of registers narrower than the group) against rows
+  // qt / dt of x (pointers at the group's first block): acc[t] += d_b s_g (codes . q) a block.
   template <int BITS, int TT, int NB>
   [[gnu::always_inline]] PTLLM_AFFINE_TARGET static inline void packed_group_blocks(const uint8_t* codes, int b0,
                                                                                     const int8_t* const* qt,
@@ -354,26 +371,56 @@ struct AffineKernels {
     // NU registers of one code a byte per block, DPB dwords a row.
     constexpr int KPB = BITS == 6 ? 2 : 8 / BITS, DPB = BITS, NU = BITS == 6 ? 8 : KPB * DPB;
     PTLLM_AFFINE_UNROLL for (int b = b0; b < b0 + NB; ++b) {
-      const uint8_t* cb = codes + size_t(b) * DPB * RB;
+      const uint8_t* cb = codes + size_t(b) * DPB * kLine;
+      if constexpr (BITS == 8 && centred8()) {
+        // Codes centred (V::dot8c; the group terms take kMid8 xs_g for xc_g), a dword of codes at a
+        // time for every row of x: one int32 sum a row of x live.
+        I a[TT];
+        PTLLM_AFFINE_UNROLL for (int q = 0; q < DPB; ++q) {
+          const I c = V::load_i(cb + q * kLine);
+          PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t)
+            a[t] = V::dot8c(q == 0 ? V::zero_i() : a[t], c, V::bcst32(qt[t] + b * kQ8Block + 4 * q));
+        }
+        PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t)
+          acc[t] = V::fma(V::cvt(a[t]), V::mul(sv, V::set1_f(dt[t][b])), acc[t]);
+        continue;
+      }
       I u[NU];  // u[s * DPB + q]: dword q of the block, the codes at bit s * BITS of each byte (or unpack6)
       if constexpr (BITS == 6) {
         unpack6(cb, u);
       } else {
         PTLLM_AFFINE_UNROLL for (int q = 0; q < DPB; ++q) {
           I v[KPB];
-          unpack<BITS>(V::load_i(cb + q * RB), v);
+          unpack<BITS>(V::load_i(cb + q * kLine), v);
           PTLLM_AFFINE_UNROLL for (int s = 0; s < KPB; ++s) u[s * DPB + q] = v[s];
         }
       }
       PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
         const int8_t* q = qt[t] + b * kQ8Block;
         I a0 = V::zero_i(), a1 = V::zero_i();
-        if constexpr (BITS == 6) {  // a1 sums 4 c q (codes times 4, below 256): exact after >> 2
+        if constexpr (BITS == 6 && i16_sums()) {
+          // 4 c shifted back to c (below 64): two products of pairs at most 2 * 2 * 63 * 127 < 2^15.
+          PTLLM_AFFINE_UNROLL for (int j = 0; j < 4; j += 2) {
+            a0 = V::add_i(a0, V::widen16(V::add16(V::mul_pairs(u[j], V::bcst32(q + 4 * j)),
+                                                  V::mul_pairs(V::srl32(u[4 + j], 2), V::bcst32(q + 16 + 4 * j)))));
+            a1 = V::add_i(a1, V::widen16(V::add16(V::mul_pairs(u[j + 1], V::bcst32(q + 4 * j + 4)),
+                                                  V::mul_pairs(V::srl32(u[5 + j], 2), V::bcst32(q + 20 + 4 * j)))));
+          }
+        } else if constexpr (BITS == 6) {  // a1 sums 4 c q (codes times 4, below 256): exact after >> 2
           PTLLM_AFFINE_UNROLL for (int j = 0; j < 4; ++j) {
             a0 = V::dot4(a0, u[j], V::bcst32(q + 4 * j));
             a1 = V::dot8(a1, u[4 + j], V::bcst32(q + 16 + 4 * j));
           }
           a1 = V::sra32(a1, 2);
+        } else if constexpr (BITS != 8 && i16_sums()) {
+          // Codes below 16: a lane's NU products of pairs at most NU * 2 * 15 * 127 < 2^15 (2 bits:
+          // 16 * 2 * 3 * 127), summed in 16 bits and widened once.
+          I s0 = V::mul_pairs(u[0], V::bcst32(q)), s1 = V::mul_pairs(u[1], V::bcst32(q + 4));
+          PTLLM_AFFINE_UNROLL for (int j = 2; j < NU; j += 2) {
+            s0 = V::add16(s0, V::mul_pairs(u[j], V::bcst32(q + 4 * j)));
+            s1 = V::add16(s1, V::mul_pairs(u[j + 1], V::bcst32(q + 4 * j + 4)));
+          }
+          a0 = V::widen16(V::add16(s0, s1));
         } else {
           PTLLM_AFFINE_UNROLL for (int j = 0; j < NU; j += 2) {
             a0 = dot<BITS>(a0, u[j], V::bcst32(q + 4 * j));
@@ -386,10 +433,11 @@ struct AffineKernels {
   }
   // Rows [t0, t0 + TT) of x against the 16 rows of the packed group at rg, the chunks of KC columns
   // from k0 to k1 (whole groups): each chunk's sum, from zero, is added to y's 16 columns from r (the
-  // first chunk's to the bias). Several chunks a call (decode) keep that running sum in registers:
-  // the same float operations, in the order affine_packed_rows_scalar repeats. One row of x (decode)
-  // streams the groups front to back, touched ahead (kernels/stream.h); asking for every line of the
-  // groups 2 to 8 ahead measured slower.
+  // first chunk's to the bias). Registers of 8 lanes take the group as H = 2 halves of 8 rows, each
+  // block's lines read by halves in turn. Several chunks a call (decode) keep that running sum in
+  // registers: the same float operations a lane, in the order affine_packed_rows_scalar repeats. One
+  // row of x (decode) streams the groups front to back, touched ahead (kernels/stream.h); asking for
+  // every line of the groups 2 to 8 ahead measured slower.
   template <int BITS, class Ld, int TT>
   PTLLM_AFFINE_TARGET static void packed_block(const uint8_t* rg, size_t gb, const AffineX& x, int t0,
                                                const WeightMatrix& w, const float* bias, float* y, int r, int k0,
@@ -398,52 +446,63 @@ struct AffineKernels {
     const size_t es = dtype_size(w.dtype);
     const int8_t* qt[TT];
     const float *dt[TT], *xs[TT], *xc[TT];
-    F sum[TT];
+    F sum[H * TT];  // sum[h * TT + t]
     PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
       qt[t] = x.q + size_t(t0 + t) * x.ldq + size_t(k0);
       dt[t] = x.d + size_t(t0 + t) * x.ldd + size_t(k0 / kQ8Block);
       xs[t] = x.xs + size_t(t0 + t) * x.ldg;
       xc[t] = x.xc + size_t(t0 + t) * x.ldg;
-      sum[t] = k0 > 0 ? V::load_f(y + size_t(t0 + t) * size_t(w.rows) + size_t(r))
-               : bias ? V::load_f(bias + r)
-                      : V::zero_f();
+      PTLLM_AFFINE_UNROLL for (int h = 0; h < H; ++h) {
+        const int rh = r + h * L;
+        sum[h * TT + t] = k0 > 0 ? V::load_f(y + size_t(t0 + t) * size_t(w.rows) + size_t(rh))
+                          : bias ? V::load_f(bias + rh)
+                                 : V::zero_f();
+      }
     }
     const int touch = touch_every(gb);
     int until_touch = 0;  // groups before the next touch (a count: no division a group)
     for (int c0 = k0; c0 < k1; c0 += KC) {
-      F acc[TT];
-      PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) acc[t] = V::zero_f();
+      F acc[H * TT];
+      PTLLM_AFFINE_UNROLL for (int j = 0; j < H * TT; ++j) acc[j] = V::zero_f();
       for (int g = c0 >> gsh; g < std::min(c0 + KC, k1) >> gsh; ++g) {
         const uint8_t* p = rg + size_t(g) * gb;
-        if (TT == 1 && --until_touch < 0) {
+        if constexpr (TT == 1 && kPackedLineAhead > 0) {
+          for (size_t o = 0; o < gb; o += 64) __builtin_prefetch(p + kPackedLineAhead + o);
+        } else if (TT == 1 && --until_touch < 0) {
           touch_ahead(p);
           until_touch = touch - 1;
         }
-        const F sv = Ld::load_n(p, 0, L), bv = Ld::load_n(p + L * es, 0, L);
-        const uint8_t* codes = p + 2 * L * es;
-        if (nbg == 2)  // groups of 64, mlx's default: both blocks unrolled
-          packed_group_blocks<BITS, TT, 2>(codes, 0, qt, dt, sv, acc);
-        else
-          for (int b = 0; b < nbg; ++b) packed_group_blocks<BITS, TT, 1>(codes, b, qt, dt, sv, acc);
+        PTLLM_AFFINE_UNROLL for (int h = 0; h < H; ++h) {
+          const F sv = Ld::load_n(p, size_t(h * L), L), bv = Ld::load_n(p + kAffinePackRows * es, size_t(h * L), L);
+          const uint8_t* codes = p + 2 * kAffinePackRows * es + h * RB;
+          F* ah = acc + h * TT;
+          if (nbg == 2)  // groups of 64, mlx's default: both blocks unrolled
+            packed_group_blocks<BITS, TT, 2>(codes, 0, qt, dt, sv, ah);
+          else
+            for (int b = 0; b < nbg; ++b) packed_group_blocks<BITS, TT, 1>(codes, b, qt, dt, sv, ah);
+          PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
+            const float c = BITS == 8 && centred8() ? kMid8 * xs[t][g] : xc[t][g];
+            ah[t] = V::fma(sv, V::set1_f(c), V::fma(bv, V::set1_f(xs[t][g]), ah[t]));
+          }
+        }
         PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
-          acc[t] = V::fma(sv, V::set1_f(xc[t][g]), V::fma(bv, V::set1_f(xs[t][g]), acc[t]));
           qt[t] += w.group_size;
           dt[t] += nbg;
         }
       }
-      PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) sum[t] = V::add(acc[t], sum[t]);
+      PTLLM_AFFINE_UNROLL for (int j = 0; j < H * TT; ++j) sum[j] = V::add(acc[j], sum[j]);
     }
-    PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t)
-      V::store_f(y + size_t(t0 + t) * size_t(w.rows) + size_t(r), sum[t]);
+    PTLLM_AFFINE_UNROLL for (int h = 0; h < H; ++h) PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t)
+      V::store_f(y + size_t(t0 + t) * size_t(w.rows) + size_t(r + h * L), sum[h * TT + t]);
   }
   template <int BITS, class Ld>
   PTLLM_AFFINE_TARGET static void packed_t(const AffineX& x, const WeightMatrix& w, const float* bias, float* y,
                                            int r0, int r1) {
-    if constexpr (L == kAffinePackRows) {
+    if constexpr (kPacked) {
       const int K = w.cols, G = K / w.group_size;
-      const size_t gb = 2 * size_t(L) * dtype_size(w.dtype) + size_t(w.group_size) * BITS * 2;
-      for (int r = r0; r < r1; r += L) {
-        const uint8_t* rg = static_cast<const uint8_t*>(w.data) + size_t(r / L) * size_t(G) * gb;
+      const size_t gb = 2 * size_t(kAffinePackRows) * dtype_size(w.dtype) + size_t(w.group_size) * BITS * 2;
+      for (int r = r0; r < r1; r += kAffinePackRows) {
+        const uint8_t* rg = static_cast<const uint8_t*>(w.data) + size_t(r / kAffinePackRows) * size_t(G) * gb;
         if (x.T < GTT) {  // decode: each row of x over all of K at once, its sum in registers
           for (int t = 0; t < x.T; ++t) packed_block<BITS, Ld, 1>(rg, gb, x, t, w, bias, y, r, 0, K);
           continue;
@@ -516,7 +575,7 @@ struct AffineKernels {
     by_format<Gemm>(x, w, bias, y, r0, r1);
   }
   static constexpr AffineKernelTable table(const char* name) {
-    return AffineKernelTable{name, RB, L, gemv, gemm, L == kAffinePackRows ? packed : nullptr};
+    return AffineKernelTable{name, RB, L, gemv, gemm, kPacked ? packed : nullptr, kPacked && centred8()};
   }
 
   static constexpr size_t kAhead = 4096;  // the weight stream asked for this far ahead (as the bf16 gemv)

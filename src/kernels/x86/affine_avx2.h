@@ -19,6 +19,7 @@ struct Avx2Affine {
   using I = __m256i;
   using F = __m256;
   static constexpr int RB = 32, GTT = 2;  // 16 registers
+  static constexpr int kPackedLineAhead = 4096;
 
   PTLLM_AFFINE_TARGET static I zero_i() { return _mm256_setzero_si256(); }
   PTLLM_AFFINE_TARGET static I load_i(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
@@ -33,7 +34,10 @@ struct Avx2Affine {
     return _mm256_set1_epi32(v);
   }
   PTLLM_AFFINE_TARGET static I srl32(I v, int n) { return _mm256_srli_epi32(v, n); }
+  PTLLM_AFFINE_TARGET static I sll32(I v, int n) { return _mm256_slli_epi32(v, n); }
+  PTLLM_AFFINE_TARGET static I sra32(I v, int n) { return _mm256_srai_epi32(v, n); }
   PTLLM_AFFINE_TARGET static I and_i(I a, I b) { return _mm256_and_si256(a, b); }
+  PTLLM_AFFINE_TARGET static I or_i(I a, I b) { return _mm256_or_si256(a, b); }
   PTLLM_AFFINE_TARGET static I add_i(I a, I b) { return _mm256_add_epi32(a, b); }
   PTLLM_AFFINE_TARGET static I set1_u8(uint8_t v) { return _mm256_set1_epi8(char(v)); }
 #if PTLLM_AFFINE_AVXVNNI
@@ -52,6 +56,11 @@ struct Avx2Affine {
                                    _mm256_set1_epi16(1));
     return _mm256_add_epi32(acc, _mm256_add_epi32(lo, _mm256_slli_epi32(hi, 4)));
   }
+  // Byte products summed in 16-bit lanes (the packed product adds several before widening: with
+  // codes below 16, eight products of pairs stay below 2^15): vpmaddubsw, vpaddw, vpmaddwd by ones.
+  PTLLM_AFFINE_TARGET static I mul_pairs(I u, I s) { return _mm256_maddubs_epi16(u, s); }
+  PTLLM_AFFINE_TARGET static I add16(I a, I b) { return _mm256_add_epi16(a, b); }
+  PTLLM_AFFINE_TARGET static I widen16(I v) { return _mm256_madd_epi16(v, _mm256_set1_epi16(1)); }
   // The gemv's 8-bit codes centred: acc + the products of u - 128 (a signed byte whose sign moves
   // onto s, |u - 128| <= 128 the unsigned operand: pairs at most 2 * 128 * 127, no saturation), one
   // product where dot8 takes two (affine_impl.h, kCentred8).
@@ -83,6 +92,7 @@ struct Avx2Affine {
     return _mm_cvtss_f32(s);
   }
   PTLLM_AFFINE_TARGET static __m128i load16_n(const uint16_t* p, int n) {
+    if (n >= 8) return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));  // no stack copy to wait on
     alignas(16) uint16_t h[8] = {};
     std::memcpy(h, p, size_t(std::min(n, 8)) * 2);
     return _mm_load_si128(reinterpret_cast<const __m128i*>(h));
