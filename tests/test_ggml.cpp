@@ -842,16 +842,19 @@ TEST(GgmlPack, RowsRoundTripBitForBit) {
 // from the file's layout, for T = 1..15 (every
 // tile and tail of 1 and 2 groups) and up to 20, ranges ending mid-group and an odd number of groups.
 // The file's Q8_0 takes the panels only above kMatmulSmallRows rows of x (one-row kernels below):
-// packed, every row of x gets the bits those panels give it, whatever the count of rows. (The other
-// variants unpack the rows for their one-row kernels: EveryVariantMatchesTheScalarTwin.)
+// packed, every row of x gets the bits those panels give it, whatever the count of rows. AVX2 has no
+// Q8_0 panels: its packed Q8_0 gives every row the bits of all rows at once, and the AVX-512 VNNI
+// packed product's where the CPU has both. (The other variants unpack the rows for their one-row
+// kernels: EveryVariantMatchesTheScalarTwin.)
 TEST(GgmlPack, Q4_0AndQ8_0PackedAreBitForBitTheFilesPanels) {
   int n = 0;
   const GgmlKernel* const* all = ggml_kernels(&n);
   std::vector<std::pair<const GgmlKernel*, GgmlType>> cases;
+  const GgmlKernel* vnni = nullptr;
   for (int i = 0; i < n; ++i) {
     const std::string name = all[i]->name;
-    if (name == "avx512vnni") cases.insert(cases.end(), {{all[i], GgmlType::Q4_0}, {all[i], GgmlType::Q8_0}});
-    if (name == "avx2") cases.push_back({all[i], GgmlType::Q4_0});
+    if (name == "avx512vnni") cases.insert(cases.end(), {{all[i], GgmlType::Q4_0}, {all[i], GgmlType::Q8_0}}), vnni = all[i];
+    if (name == "avx2") cases.insert(cases.end(), {{all[i], GgmlType::Q4_0}, {all[i], GgmlType::Q8_0}});
   }
   if (cases.empty()) GTEST_SKIP() << "no AVX2: no packed kernels on this CPU";
   std::mt19937 rng(41);
@@ -871,9 +874,14 @@ TEST(GgmlPack, Q4_0AndQ8_0PackedAreBitForBitTheFilesPanels) {
     std::vector<float> d(size_t(most) * size_t(cols / 32));
     std::vector<int16_t> sums(size_t(most) * size_t(cols / 16));
     ggml_quantize_acts(x.data(), cols, 32, 0, most, q.data(), d.data(), sums.data());
-    // Q8_0's panels: all `most` rows at once (its reference); Q4_0's: at each T.
+    // Q8_0's panels: all `most` rows at once (its reference; AVX2: packed, by the AVX-512 VNNI kernel
+    // where there is one); Q4_0's: at each T.
     std::vector<float> panels(size_t(most) * size_t(rows));
-    k->rows(w, GgmlActs{most, cols, 32, q.data(), d.data(), sums.data()}, bias.data(), panels.data(), 0, rows);
+    const GgmlActs all_rows{most, cols, 32, q.data(), d.data(), sums.data()};
+    if (type == GgmlType::Q8_0 && std::string(k->name) == "avx2")
+      (vnni ? vnni : k)->rows(p.w, all_rows, bias.data(), panels.data(), 0, rows);
+    else
+      k->rows(w, all_rows, bias.data(), panels.data(), 0, rows);
     for (int T = 1; T <= most; ++T) {
       const GgmlActs a{T, cols, 32, q.data(), d.data(), sums.data()};
       std::vector<float> want(size_t(T) * size_t(rows)), got(want.size());

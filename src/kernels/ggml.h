@@ -84,8 +84,9 @@ GgmlScaleMin ggml_k_scale_min(const uint8_t* scales12, int j);
 // broadcast (vpdpbusd with the 16 outputs in the lanes: no horizontal sums). A row's integer sums
 // are those of the file's blocks, so the products equal the row-major ones up to float rounding
 // (Q4_0, Q8_0: bit for bit, the same operations in the same order as the unpacked panels; for Q8_0
-// those are the file layout's prefill, at every count of rows of x). AVX2 reads Q4_0's 64-byte lines
-// as two halves of 8 rows, the same bits as its file-layout panels.
+// those are the file layout's prefill, at every count of rows of x). AVX2 reads the 64-byte lines as
+// two halves of 8 rows: for Q4_0 the same bits as its file-layout panels; for Q8_0 (codes made signed
+// again, vpmaddubsw with the sign moved onto x) those of the AVX-512 VNNI packed product.
 inline constexpr int kGgmlPackRows = 16;
 int ggml_pack_block_bytes(GgmlType t);  // 0: a type that is not packed
 int ggml_pack_block_elems(GgmlType t);  // values of a row in one unit: 64 (Q4_0, Q8_0) or 256
@@ -93,7 +94,7 @@ int ggml_pack_block_elems(GgmlType t);  // values of a row in one unit: 64 (Q4_0
 // columns of ggml_pack_block_elems.
 bool ggml_pack_fit(const WeightMatrix& w);
 // Whether this process packs matrices of type t: the active kernels have its packed product (AVX-512
-// VNNI: all four types; AVX2: Q4_0) and neither PTLLM_NO_GGML_PACK=1 nor set_ggml_pack_enabled(false)
+// VNNI: all four types; AVX2: Q4_0 and Q8_0) and neither PTLLM_NO_GGML_PACK=1 nor set_ggml_pack_enabled(false)
 // says otherwise. Other kernels still compute packed matrices (a row at a time, slowly), so tests can
 // switch. Without a type: whether any is packed.
 bool ggml_pack_wanted(GgmlType t);

@@ -768,6 +768,7 @@ PTLLM_GGML_TARGET void ggml_rows(const WeightMatrix& w, const GgmlActs& a, const
                                  int r1) {
 #if !PTLLM_GGML_ZMM
   if (w.ggml_pack && w.ggml == GgmlType::Q4_0) return packed_q4_0_rows(w, a, bias, y, r0, r1);
+  if (w.ggml_pack && w.ggml == GgmlType::Q8_0) return packed_q8_0_rows(w, a, bias, y, r0, r1);
 #endif
   if (w.ggml_pack) return packed_rows(w, a, bias, y, r0, r1);
   if (tiled_takes(w.ggml, a.T)) return tiled_rows(w, a, bias, y, r0, r1);

@@ -3,7 +3,7 @@
 // block (8 vectors, lane r = codes 4k .. 4k + 3 of row r, the stored nibbles) and the same integer
 // start (-8 sum x). Without VNNI a product is vpmaddubsw (nibble x int8 pairs: at most
 // 2 * 15 * 127, no saturation) then vpmaddwd by ones; Q8_0's codes + 128 would saturate the pairs,
-// so Q8_0 keeps the row-at-a-time kernel here. It takes one row of x too, though the row-at-a-time
+// so Q8_0 in the file's layout keeps the row-at-a-time kernel (packed: packed_q8_0_tile below). It takes one row of x too, though the row-at-a-time
 // kernel is as fast below 5 rows (one core of a Zen 4 under the AVX2 target, 2048 x 2048: 0.51
 // against 0.49 ms at T = 4, 0.56 against 0.67 at T = 5, 31 against 64 ms at T = 512): each
 // y[t][r] comes from the same operations whatever the batch, its tile or its thread, so a
@@ -193,5 +193,81 @@ PTLLM_GGML_TARGET void packed_q4_0_rows(const WeightMatrix& w, const GgmlActs& a
     for (; t0 + 2 <= a.T; t0 += 2)
       packed_q4_0_tile<2>(grp, nb, a, bt.xs, bt.corr, t0, bias, y, w.rows, base, lo, hi);
     if (t0 < a.T) packed_q4_0_tile<1>(grp, nb, a, bt.xs, bt.corr, t0, bias, y, w.rows, base, lo, hi);
+  }
+}
+
+// ---- Q8_0 packed in 16-row groups --------------------------------------------------------------
+// The same 64-byte lines (ggml.h: a block's line k holds the 16 rows' values 4k .. 4k + 3, stored
+// + 128), read as two halves of 8 rows. The codes turn signed again (xor 0x80) and meet x as
+// llama.cpp's AVX2 Q8_0 product does: |c| times x with c's sign, vpmaddubsw (pairs at most
+// 2 * 128 * 127), vpmaddwd by ones. A block's integer sum is the AVX-512 packed product's (there:
+// corr + the sum of the stored codes times x), and so are its float operations: the same bits.
+template <int NT>
+PTLLM_GGML_TARGET void packed_q8_0_tile(const uint8_t* grp, int nb, const GgmlActs& a, const float* xs, int t0,
+                                        const float* bias, float* y, int ldy, int base, int lo, int hi) {
+  constexpr size_t kUnit = 2 * kGgmlPackRows * 34;  // ggml_pack_block_bytes(Q8_0): two blocks of 16 rows
+  const int8_t* xq[NT];
+  F acc[2][NT];
+  PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
+    xq[t] = a.q + size_t(t0 + t) * size_t(a.K);
+    acc[0][t] = acc[1][t] = _mm256_setzero_ps();
+  }
+  const size_t T = size_t(a.T);
+  const I flip = bytes(char(0x80)), ones = _mm256_set1_epi16(1);
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* unit = grp + size_t(b / 2) * kUnit;
+    const uint8_t* codes = unit + 64 + 512 * size_t(b % 2);
+    if (NT == 1) ask_ahead<512>(codes);
+    I is[2][NT];
+    PTLLM_GGML_UNROLL for (int k = 0; k < 8; ++k) {
+      I c[2], ac[2];
+      PTLLM_GGML_UNROLL for (int h = 0; h < 2; ++h) {
+        c[h] = _mm256_xor_si256(load(codes + 64 * k + 32 * h), flip);
+        ac[h] = _mm256_sign_epi8(c[h], c[h]);
+      }
+      PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
+        int32_t x4;
+        std::memcpy(&x4, xq[t] + 32 * b + 4 * k, 4);
+        const I xb = _mm256_set1_epi32(x4);
+        PTLLM_GGML_UNROLL for (int h = 0; h < 2; ++h) {
+          const I p = _mm256_madd_epi16(_mm256_maddubs_epi16(ac[h], _mm256_sign_epi8(xb, c[h])), ones);
+          is[h][t] = k == 0 ? p : _mm256_add_epi32(is[h][t], p);
+        }
+      }
+    }
+    const float* db = xs + size_t(b) * T + size_t(t0);
+    PTLLM_GGML_UNROLL for (int h = 0; h < 2; ++h) {
+      const F s = _mm256_cvtph_ps(load128(unit + 32 * (b % 2) + 16 * h));
+      PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t)
+        acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[h][t]), _mm256_mul_ps(s, _mm256_set1_ps(db[t])), acc[h][t]);
+    }
+  }
+  alignas(32) float out[kPanelRows8];
+  PTLLM_GGML_UNROLL for (int h = 0; h < 2; ++h) PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
+    _mm256_store_ps(out, acc[h][t]);
+    float* yt = y + size_t(t0 + t) * size_t(ldy) + size_t(base);
+    for (int i = std::max(lo, 8 * h); i < std::min(hi, 8 * h + 8); ++i) yt[i] = out[i - 8 * h] + (bias ? bias[base + i] : 0.f);
+  }
+}
+
+// Rows [r0, r1) of a packed Q8_0 matrix: a group at a time against tiles of 4 rows of x (the group's
+// bytes, 16 x 34 a block, read from memory once and then from L1/L2).
+PTLLM_GGML_TARGET void packed_q8_0_rows(const WeightMatrix& w, const GgmlActs& a, const float* bias, float* y, int r0,
+                                        int r1) {
+  const int nb = w.cols / 32;
+  const size_t gb = size_t(nb) * kGgmlPackRows * 34;
+  const BlockTerms bt = block_terms(a, nb, 0);
+  for (int g = r0 / kGgmlPackRows; g * kGgmlPackRows < r1; ++g) {
+    const int base = g * kGgmlPackRows;
+    const int lo = std::max(r0, base) - base, hi = std::min(r1, base + kGgmlPackRows) - base;
+    const uint8_t* grp = static_cast<const uint8_t*>(w.data) + size_t(g) * gb;
+    int t0 = 0;
+    for (; t0 + 4 <= a.T; t0 += 4) packed_q8_0_tile<4>(grp, nb, a, bt.xs, t0, bias, y, w.rows, base, lo, hi);
+    switch (a.T - t0) {
+      case 3: packed_q8_0_tile<3>(grp, nb, a, bt.xs, t0, bias, y, w.rows, base, lo, hi); break;
+      case 2: packed_q8_0_tile<2>(grp, nb, a, bt.xs, t0, bias, y, w.rows, base, lo, hi); break;
+      case 1: packed_q8_0_tile<1>(grp, nb, a, bt.xs, t0, bias, y, w.rows, base, lo, hi); break;
+      default: break;
+    }
   }
 }
