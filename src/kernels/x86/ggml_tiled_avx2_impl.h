@@ -217,7 +217,7 @@ PTLLM_GGML_TARGET void packed_q8_0_tile(const uint8_t* grp, int nb, const GgmlAc
   for (int b = 0; b < nb; ++b) {
     const uint8_t* unit = grp + size_t(b / 2) * kUnit;
     const uint8_t* codes = unit + 64 + 512 * size_t(b % 2);
-    if (NT == 1) ask_ahead<512>(codes);
+    if (NT == 1) ask_ahead<kUnit / 2>(unit + kUnit / 2 * size_t(b % 2));  // the whole unit, in halves
     I is[2][NT];
     PTLLM_GGML_UNROLL for (int k = 0; k < 8; ++k) {
       I c[2], ac[2];
