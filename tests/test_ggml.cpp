@@ -838,7 +838,7 @@ TEST(GgmlPack, RowsRoundTripBitForBit) {
 }
 
 // Packed Q4_0 and Q8_0 take the unpacked panels' operations in their order: under the variants with
-// packed kernels (AVX-512 VNNI: both; AVX2: Q4_0, its 8-row panels), each output is the same bits as
+// packed kernels (AVX-512 VNNI: both; AVX2: Q4_0, against its 8-row panels), each output is the same bits as
 // from the file's layout, for T = 1..15 (every
 // tile and tail of 1 and 2 groups) and up to 20, ranges ending mid-group and an odd number of groups.
 // The file's Q8_0 takes the panels only above kMatmulSmallRows rows of x (one-row kernels below):

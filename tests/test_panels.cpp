@@ -70,7 +70,7 @@ TEST(PanelsTest, OnlyBf16MatricesOfWholePanelsAndEvenColumnsFit) {
 // The products' layout is in the kernels' name (and so in the prompt cache's key): a cache written
 // with one layout is not read by a process computing with the other.
 TEST(PanelsTest, TheLayoutIsInTheKernelsName) {
-  if (!panels_wanted()) GTEST_SKIP() << "this CPU's kernels keep the row-major layout (no AVX-512)";
+  if (!panels_wanted()) GTEST_SKIP() << "this CPU's kernels keep the row-major layout (no AVX-512 or AVX2)";
   EXPECT_NE(active_kernels_name().find("+panels"), std::string::npos) << active_kernels_name();
   set_panels_enabled(false);
   EXPECT_EQ(active_kernels_name().find("panels"), std::string::npos) << active_kernels_name();
@@ -144,7 +144,8 @@ TEST(PanelsTest, SeveralMatricesInOneCallGetTheirOwnBits) {
 }
 
 // A model packed under one target still runs after a switch: every target computes the same bits
-// from the panels (the others a row at a time, with fused multiply-adds as AVX-512's).
+// from the panels (AVX2 by halves of 8 rows, the others a row at a time, with fused multiply-adds as
+// AVX-512's).
 TEST(PanelsTest, EveryKernelTargetGivesTheSameBits) {
   ThreadPool pool(2);
   const Packed m(48, 70, 31, pool);
@@ -233,7 +234,7 @@ TEST(PanelsBf16XTest, EachRowGetsTheSameBitsAloneInABatchOnEveryTarget) {
 }
 
 TEST(PanelsBf16XTest, TheModeIsInTheKernelsName) {
-  if (!panels_wanted()) GTEST_SKIP() << "this CPU's kernels keep the row-major layout (no AVX-512)";
+  if (!panels_wanted()) GTEST_SKIP() << "this CPU's kernels keep the row-major layout (no AVX-512 or AVX2)";
   EXPECT_EQ(active_kernels_name().find("bf16x"), std::string::npos) << active_kernels_name();
   const Bf16X on;
   EXPECT_NE(active_kernels_name().find("+panels-bf16x"), std::string::npos) << active_kernels_name();
@@ -276,7 +277,7 @@ TEST(PanelsSlicesTest, LongRowsKeepEachRowsBitsAndMatchTheReference) {
 class PanelsModelTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!panels_wanted()) GTEST_SKIP() << "this CPU's kernels keep the row-major layout (no AVX-512)";
+    if (!panels_wanted()) GTEST_SKIP() << "this CPU's kernels keep the row-major layout (no AVX-512 or AVX2)";
     auto r = test::run_command(test::binary() + " make-model --shape tiny --dtype bf16 --threads 1 " +
                                dir_.path.string());
     ASSERT_EQ(r.code, 0) << r.err;

@@ -189,8 +189,8 @@ void add_runtime_options(CLI::App& app, RuntimeOptions& o) {
   app.add_flag("--bf16-activations", o.bf16_activations,
                "Round activations to bf16 in products with BF16 weights, as llama.cpp does (the default for GGUF "
                "files): about 2x faster prefill and batched decode on CPUs with AVX512_BF16; logits no longer match "
-               "a float32 run within 1e-3. Only BF16 weights in panels (AVX-512 CPUs) are affected: not quantized "
-               "weights, nor other CPUs, nor PTLLM_NO_PANELS=1");
+               "a float32 run within 1e-3. Only BF16 weights in panels (AVX-512 and AVX2 CPUs) are affected: not "
+               "quantized weights, nor other CPUs, nor PTLLM_NO_PANELS=1");
   app.add_flag("--no-bf16-activations", o.no_bf16_activations,
                "Keep activations float32 in products with BF16 weights, also for a GGUF file");
 }
@@ -210,7 +210,7 @@ SessionOptions make_session_options(const RuntimeOptions& o, const ModelConfig& 
     else if (o.bf16_activations)
       std::fprintf(stderr,
                    "warning: --bf16-activations has no effect here: activations are rounded to bf16 only in the "
-                   "AVX-512 panel products of BF16 weights (this CPU has no AVX-512, or PTLLM_NO_PANELS=1)\n");
+                   "panel products of BF16 weights (this CPU has neither AVX-512 nor AVX2, or PTLLM_NO_PANELS=1)\n");
   }
   // Positions past max_position_embeddings are outside what the model was trained for: said, not
   // refused (as llama.cpp; measuring attention past the trained length is a use). The capacity is

@@ -371,6 +371,211 @@ PTLLM_PANELS_BF16_TARGET void round_pairs_avx512(const float* x, int T, int K, u
   if (i < n) round_pairs_portable(x + i, 1, int(n - i), xb + i / 2);
 }
 
+#define PTLLM_PANELS_AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
+
+// tile and tile_bx for AVX2: a panel's 64-byte line read as two registers of 8 rows (h = 0, 1), each
+// lane the AVX-512 kernels' operations in their order, so every target gives the same bits. One
+// panel at a time (16 registers: 2 rows of x hold 8 accumulators with float32 x, 4 rows with bf16 x).
+template <int MT, Prefetch kPf, bool kSliced>
+PTLLM_PANELS_AVX2_TARGET void tile_avx2(const float* x, int K, const uint16_t* wp, const float* bias, float* y,
+                                        size_t ldy, const uint16_t* pf, Slice sl) {
+  if constexpr (!kSliced) sl = Slice{0, K};
+  __m256 ae[2][MT], ao[2][MT];  // state of row t: ae at t * 32 + 8 h, ao at t * 32 + 16 + 8 h
+  PTLLM_PANELS_UNROLL for (int h = 0; h < 2; ++h) PTLLM_PANELS_UNROLL for (int t = 0; t < MT; ++t) {
+    const bool resume = kSliced && sl.k0 > 0;
+    ae[h][t] = resume ? _mm256_load_ps(sl.st + size_t(t) * 32 + 8 * h) : _mm256_setzero_ps();
+    ao[h][t] = resume ? _mm256_load_ps(sl.st + size_t(t) * 32 + 16 + 8 * h) : _mm256_setzero_ps();
+  }
+  const __m256i high = _mm256_set1_epi32(int(0xffff0000u));
+  for (int k = sl.k0; k < sl.k1; k += 2) {
+    const uint16_t* line = wp + size_t(k) * kPanelRows;
+    if constexpr (kPf == kNextPanels) {
+      _mm_prefetch(reinterpret_cast<const char*>(pf + size_t(k) * kPanelRows), _MM_HINT_T1);
+    } else {
+      _mm_prefetch(reinterpret_cast<const char*>(line + kPrefetchPairs * 2 * kPanelRows), _MM_HINT_T0);
+      if ((k / 2) % kTouchPairs == 0) touch_ahead(line + kPrefetchPairs * 2 * kPanelRows);
+    }
+    __m256 we[2], wo[2];
+    PTLLM_PANELS_UNROLL for (int h = 0; h < 2; ++h) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line + 16 * h));
+      we[h] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+      wo[h] = _mm256_castsi256_ps(_mm256_and_si256(v, high));
+    }
+    PTLLM_PANELS_UNROLL for (int t = 0; t < MT; ++t) {
+      const __m256 xe = _mm256_set1_ps(x[size_t(t) * size_t(K) + size_t(k)]);
+      const __m256 xo = _mm256_set1_ps(x[size_t(t) * size_t(K) + size_t(k) + 1]);
+      PTLLM_PANELS_UNROLL for (int h = 0; h < 2; ++h) {
+        ae[h][t] = _mm256_fmadd_ps(we[h], xe, ae[h][t]);
+        ao[h][t] = _mm256_fmadd_ps(wo[h], xo, ao[h][t]);
+      }
+    }
+  }
+  if (kSliced && sl.k1 < K) {
+    PTLLM_PANELS_UNROLL for (int h = 0; h < 2; ++h) PTLLM_PANELS_UNROLL for (int t = 0; t < MT; ++t) {
+      _mm256_store_ps(sl.st + size_t(t) * 32 + 8 * h, ae[h][t]);
+      _mm256_store_ps(sl.st + size_t(t) * 32 + 16 + 8 * h, ao[h][t]);
+    }
+    return;
+  }
+  PTLLM_PANELS_UNROLL for (int h = 0; h < 2; ++h) {
+    const __m256 b = bias ? _mm256_loadu_ps(bias + 8 * h) : _mm256_setzero_ps();
+    PTLLM_PANELS_UNROLL for (int t = 0; t < MT; ++t) {
+      __m256 s = _mm256_add_ps(ae[h][t], ao[h][t]);
+      if (bias) s = _mm256_add_ps(s, b);
+      _mm256_storeu_ps(y + size_t(t) * ldy + 8 * h, s);
+    }
+  }
+}
+
+template <int NP, int MT, Prefetch kPf, bool kSliced>
+PTLLM_PANELS_AVX2_TARGET void tile_bx_avx2(const uint32_t* xb, int J, const uint16_t* wp, const float* bias, float* y,
+                                           size_t ldy, const uint16_t* pf, Slice sl) {
+  if constexpr (!kSliced) sl = Slice{0, 2 * J};
+  __m256 acc[NP][2][MT];  // state of panel p's row t at p * ld + t * 16 + 8 h
+  PTLLM_PANELS_UNROLL for (int p = 0; p < NP; ++p) PTLLM_PANELS_UNROLL for (int h = 0; h < 2; ++h)
+      PTLLM_PANELS_UNROLL for (int t = 0; t < MT; ++t) acc[p][h][t] = kSliced && sl.k0 > 0
+          ? _mm256_load_ps(sl.st + size_t(p) * sl.ld + size_t(t) * 16 + 8 * h) : _mm256_setzero_ps();
+  const size_t stride = size_t(J) * 2 * kPanelRows;  // uint16 values a panel
+  const __m256i high = _mm256_set1_epi32(int(0xffff0000u));
+  for (int j = sl.k0 / 2; j < sl.k1 / 2; ++j) {
+    __m256 we[NP][2], wo[NP][2];
+    PTLLM_PANELS_UNROLL for (int p = 0; p < NP; ++p) {
+      const uint16_t* line = wp + size_t(p) * stride + size_t(j) * 2 * kPanelRows;
+      if constexpr (kPf == kNextPanels) {
+        _mm_prefetch(reinterpret_cast<const char*>(pf + size_t(p) * stride + size_t(j) * 2 * kPanelRows), _MM_HINT_T1);
+      } else {
+        _mm_prefetch(reinterpret_cast<const char*>(line + kPrefetchPairs * 2 * kPanelRows), _MM_HINT_T0);
+        if (j % kTouchPairs == 0) touch_ahead(line + kPrefetchPairs * 2 * kPanelRows);
+      }
+      PTLLM_PANELS_UNROLL for (int h = 0; h < 2; ++h) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line + 16 * h));
+        we[p][h] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+        wo[p][h] = _mm256_castsi256_ps(_mm256_and_si256(v, high));
+      }
+    }
+    PTLLM_PANELS_UNROLL for (int t = 0; t < MT; ++t) {
+      const __m256i xv = _mm256_set1_epi32(int(xb[size_t(t) * size_t(J) + size_t(j)]));
+      const __m256 xe = _mm256_castsi256_ps(_mm256_slli_epi32(xv, 16));
+      const __m256 xo = _mm256_castsi256_ps(_mm256_and_si256(xv, high));
+      PTLLM_PANELS_UNROLL for (int p = 0; p < NP; ++p) PTLLM_PANELS_UNROLL for (int h = 0; h < 2; ++h) {
+        acc[p][h][t] = _mm256_fmadd_ps(wo[p][h], xo, acc[p][h][t]);
+        acc[p][h][t] = _mm256_fmadd_ps(we[p][h], xe, acc[p][h][t]);
+      }
+    }
+  }
+  if (kSliced && sl.k1 < 2 * J) {
+    PTLLM_PANELS_UNROLL for (int p = 0; p < NP; ++p) PTLLM_PANELS_UNROLL for (int h = 0; h < 2; ++h)
+        PTLLM_PANELS_UNROLL for (int t = 0; t < MT; ++t)
+            _mm256_store_ps(sl.st + size_t(p) * sl.ld + size_t(t) * 16 + 8 * h, acc[p][h][t]);
+    return;
+  }
+  PTLLM_PANELS_UNROLL for (int p = 0; p < NP; ++p) PTLLM_PANELS_UNROLL for (int h = 0; h < 2; ++h) {
+    const __m256 b = bias ? _mm256_loadu_ps(bias + p * kPanelRows + 8 * h) : _mm256_setzero_ps();
+    PTLLM_PANELS_UNROLL for (int t = 0; t < MT; ++t)
+      _mm256_storeu_ps(y + size_t(t) * ldy + size_t(p) * kPanelRows + 8 * h,
+                       bias ? _mm256_add_ps(acc[p][h][t], b) : acc[p][h][t]);
+  }
+}
+
+// Rows [t0, t1) of x against panel p (the AVX2 tiles; walk_chunks hands one or two panels, each
+// taken alone), float32 x or (kBx) bf16 pairs.
+template <bool kBx>
+PTLLM_PANELS_AVX2_TARGET void panel_rows_avx2(const void* xv, int t0, int t1, const WeightMatrix& w, const float* bias,
+                                              float* y, int p, Slice sl) {
+  const int K = w.cols;
+  const size_t ldy = size_t(w.rows), xl = kBx ? size_t(K) / 2 : size_t(K);  // x's elements a row
+  const uint16_t* wp = panel_at(w, p);
+  const float* b = bias ? bias + p * kPanelRows : nullptr;
+  const uint16_t* pf = t1 - t0 > 2 && p + 2 <= w.rows / kPanelRows ? wp + size_t(K) * kPanelRows : nullptr;
+  const auto out = [&](int t) { return y + size_t(t) * ldy + size_t(p) * kPanelRows; };
+  const auto rows = [&]<Prefetch kPf, bool kSliced>() {
+    constexpr size_t kState = kBx ? 16 : 32;  // floats a row of x in the slice state
+    const auto state = [&](int t) {
+      return Slice{sl.k0, sl.k1, sl.st ? sl.st + size_t(t - t0) * kState : nullptr, sl.ld};
+    };
+    int t = t0;
+    if constexpr (kBx) {
+      const auto at = [&](int t) { return static_cast<const uint32_t*>(xv) + size_t(t) * xl; };
+      for (; t + 4 <= t1; t += 4) tile_bx_avx2<1, 4, kPf, kSliced>(at(t), K / 2, wp, b, out(t), ldy, pf, state(t));
+      for (; t + 2 <= t1; t += 2) tile_bx_avx2<1, 2, kPf, kSliced>(at(t), K / 2, wp, b, out(t), ldy, pf, state(t));
+      for (; t < t1; ++t) tile_bx_avx2<1, 1, kPf, kSliced>(at(t), K / 2, wp, b, out(t), ldy, pf, state(t));
+    } else {
+      const auto at = [&](int t) { return static_cast<const float*>(xv) + size_t(t) * xl; };
+      for (; t + 2 <= t1; t += 2) tile_avx2<2, kPf, kSliced>(at(t), K, wp, b, out(t), ldy, pf, state(t));
+      for (; t < t1; ++t) tile_avx2<1, kPf, kSliced>(at(t), K, wp, b, out(t), ldy, pf, state(t));
+    }
+  };
+  with_modes(pf, sl, rows);
+}
+
+PTLLM_PANELS_AVX2_TARGET void part_avx2(const float* x, int T, const WeightMatrix& w, const float* bias, float* y,
+                                        int p0, int p1) {
+  walk_chunks(T, w.cols, sizeof(float), 32, p0, p1, [&](auto np, int t0, int t1, int p, Slice sl) {
+    for (int q = 0; q < decltype(np)::value; ++q) {
+      Slice s = sl;
+      if (s.st) s.st += size_t(q) * s.ld;
+      panel_rows_avx2<false>(x, t0, t1, w, bias, y, p + q, s);
+    }
+  });
+}
+
+PTLLM_PANELS_AVX2_TARGET void part_avx2_bx(const uint32_t* xb, int T, const WeightMatrix& w, const float* bias,
+                                           float* y, int p0, int p1) {
+  if (T <= 2) {  // decode: two panels at a time, each lane's chain of FMAs beside three others
+    const int J = w.cols / 2;
+    const size_t ldy = size_t(w.rows);
+    for (int p = p0; p < p1; p += 2) {
+      const float* b = bias ? bias + p * kPanelRows : nullptr;
+      for (int t = 0; t < T; ++t) {
+        float* out = y + size_t(t) * ldy + size_t(p) * kPanelRows;
+        if (p + 2 <= p1)
+          tile_bx_avx2<2, 1, kAhead, false>(xb + size_t(t) * J, J, panel_at(w, p), b, out, ldy, nullptr, Slice{});
+        else
+          tile_bx_avx2<1, 1, kAhead, false>(xb + size_t(t) * J, J, panel_at(w, p), b, out, ldy, nullptr, Slice{});
+      }
+    }
+    return;
+  }
+  walk_chunks(T, w.cols, sizeof(uint16_t), 16, p0, p1, [&](auto np, int t0, int t1, int p, Slice sl) {
+    for (int q = 0; q < decltype(np)::value; ++q) {
+      Slice s = sl;
+      if (s.st) s.st += size_t(q) * s.ld;
+      panel_rows_avx2<true>(xb, t0, t1, w, bias, y, p + q, s);
+    }
+  });
+}
+
+// pack_words_avx512 for AVX2: 8 x 8 blocks of words from each half of the panel's rows, transposed,
+// stored as the halves of 8 lines. Returns the pairs done.
+PTLLM_PANELS_AVX2_TARGET size_t pack_words_avx2(const uint8_t* rows, size_t row_bytes, size_t pairs, uint8_t* dst) {
+  size_t j = 0;
+  for (; j + 8 <= pairs; j += 8)
+    for (int h = 0; h < 2; ++h) {
+      __m256i r[8];
+      PTLLM_PANELS_UNROLL for (int i = 0; i < 8; ++i)
+        r[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows + size_t(8 * h + i) * row_bytes + j * 4));
+      __m256i a[8], b[8];
+      PTLLM_PANELS_UNROLL for (int i = 0; i < 8; i += 2) {
+        a[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);
+        a[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
+      }
+      PTLLM_PANELS_UNROLL for (int i = 0; i < 8; i += 4) {
+        b[i] = _mm256_unpacklo_epi64(a[i], a[i + 2]);
+        b[i + 1] = _mm256_unpackhi_epi64(a[i], a[i + 2]);
+        b[i + 2] = _mm256_unpacklo_epi64(a[i + 1], a[i + 3]);
+        b[i + 3] = _mm256_unpackhi_epi64(a[i + 1], a[i + 3]);
+      }
+      // b[c] (c < 4): words c and 4 + c of rows 0-3 (low lane) / ... of rows 4-7 in b[4 + c].
+      PTLLM_PANELS_UNROLL for (int c = 0; c < 4; ++c) {
+        const __m256i lo = _mm256_permute2x128_si256(b[c], b[4 + c], 0x20);  // word c of rows 0-7
+        const __m256i hi = _mm256_permute2x128_si256(b[c], b[4 + c], 0x31);  // word 4 + c
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + (j + size_t(c)) * kPanelRows * 4 + 32 * size_t(h)), lo);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + (j + 4 + size_t(c)) * kPanelRows * 4 + 32 * size_t(h)), hi);
+      }
+    }
+  return j;
+}
+
 // Pairs [0, 16 * (pairs / 16)) of a panel: 16 x 16 blocks of 32-bit words (column pairs) loaded from
 // its 16 rows, transposed, stored as 16 lines. Returns the pairs done.
 PTLLM_PANELS_TARGET size_t pack_words_avx512(const uint8_t* rows, size_t row_bytes, size_t pairs, uint8_t* dst) {
@@ -406,6 +611,7 @@ void pack_panel(const void* rows, size_t row_bytes, int cols, uint16_t* out) {
   size_t j = 0;
 #if defined(__x86_64__)
   if (active_kernels().target == SimdTarget::AVX512) j = pack_words_avx512(src, row_bytes, pairs, dst);
+  if (active_kernels().target == SimdTarget::AVX2) j = pack_words_avx2(src, row_bytes, pairs, dst);
 #endif
   for (; j < pairs; ++j)
     for (int i = 0; i < kPanelRows; ++i)
@@ -444,7 +650,8 @@ void detail::set_panels_bf16_dp(bool on) { g_bf16_dp = on; }
 bool detail::g_bf16_dp_on() { return g_bf16_dp; }
 
 bool panels_wanted() {
-  return panels_enabled_flag() && active_kernels().target == SimdTarget::AVX512;
+  return panels_enabled_flag() &&
+         (active_kernels().target == SimdTarget::AVX512 || active_kernels().target == SimdTarget::AVX2);
 }
 
 size_t panels_bytes(const WeightMatrix& w) { return size_t(w.rows) * size_t(w.cols) * sizeof(uint16_t); }
@@ -495,6 +702,8 @@ void panels_matmul(const float* x, int T, std::span<const MatmulOutput> outs, Th
       part = &part_avx512_bx<true>;
     } else if (active_kernels().target == SimdTarget::AVX512) {
       part = &part_avx512_bx<false>;
+    } else if (active_kernels().target == SimdTarget::AVX2) {
+      part = &part_avx2_bx;
     }
 #endif
     round(x, T, K, xb);
@@ -511,6 +720,7 @@ void panels_matmul(const float* x, int T, std::span<const MatmulOutput> outs, Th
   auto part = &part_portable;
 #if defined(__x86_64__)
   if (active_kernels().target == SimdTarget::AVX512) part = &part_avx512;
+  if (active_kernels().target == SimdTarget::AVX2) part = &part_avx2;
 #endif
   pool.parallel_for(
       panels,

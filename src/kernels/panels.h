@@ -10,7 +10,8 @@
 // call). Each output is the sum over its even columns plus the sum over its odd ones, each in column
 // order, whatever the rows of x and the tile: a row of x gets the same bits alone or in any batch.
 //
-// Taken on AVX-512 CPUs, for BF16 matrices of rows % 16 == 0 and even cols. Where AMX is there too,
+// Taken on AVX-512 and AVX2 CPUs (AVX2: each line as two registers of 8 rows, the same operations a
+// lane), for BF16 matrices of rows % 16 == 0 and even cols. Where AMX is there too,
 // its tile products read the same panels from 8 rows of x (kernels/amx.h: 32 columns of a panel are
 // one 1 KiB tile, its second operand); this file's products take fewer rows. Other kernel targets
 // compute the same products from the panels (slowly: a row at a time), so a model packed under one

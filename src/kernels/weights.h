@@ -10,7 +10,7 @@
 // - Ggml (llama.cpp's block formats): each row cols / block_elems blocks of block_bytes bytes, as
 //   ggml-quants defines them (kernels/ggml.h).
 // - Panels: BF16 values copied at load time into panels of 16 rows with column pairs interleaved
-//   (kernels/panels.h), for the AVX-512 products; not in any file.
+//   (kernels/panels.h), for the AVX-512 and AVX2 products; not in any file.
 #include <cstddef>
 #include <cstdint>
 #include <string>
