@@ -938,9 +938,7 @@ TEST(GgufPackedModel, Q4_K_MAnswersAsTheFilesLayout) {
 // kjv-tiny written as Q4_0 and as Q8_0: the attention, gate and up matrices and the output (Q8_0 in
 // both) are packed, the down projection (352 columns, not whole 64-value units) stays in the file's
 // layout.
-TEST(GgufPackedModel, Q4_0AndQ8_0AnswerAsTheFilesLayout) {
-  if (!ggml_pack_wanted(GgmlType::Q8_0)) GTEST_SKIP() << "this CPU's kernels read Q8_0 in the file's layout";
-  if (amx_active()) GTEST_SKIP() << "AMX takes Q4_0 and Q8_0 prefill: their matrices load in the file's layout";
+void expect_q4_0_and_q8_0_answer_alike() {
   for (GgufMix mix : {GgufMix::Q4_0, GgufMix::Q8_0}) {
     SCOPED_TRACE(std::string(gguf_mix_name(mix)));
     test::TempDir tmp;
@@ -948,6 +946,12 @@ TEST(GgufPackedModel, Q4_0AndQ8_0AnswerAsTheFilesLayout) {
     write_gguf_from_hf(test::repo_model("kjv-tiny"), out, mix);
     expect_packed_answers_alike(out, test::repo_model("kjv-tiny"));
   }
+}
+
+TEST(GgufPackedModel, Q4_0AndQ8_0AnswerAsTheFilesLayout) {
+  if (!ggml_pack_wanted(GgmlType::Q8_0)) GTEST_SKIP() << "this CPU's kernels read Q8_0 in the file's layout";
+  if (amx_active()) GTEST_SKIP() << "AMX takes Q4_0 and Q8_0 prefill: their matrices load in the file's layout";
+  expect_q4_0_and_q8_0_answer_alike();
 }
 
 // The same under the AVX2 kernels (on any x86 CPU): there Q4_0 and Q8_0 are packed too, Q4_0 read as
@@ -961,13 +965,7 @@ TEST(GgufPackedModel, Q4_0AndQ8_0UnderAvx2AnswerAsTheFilesLayout) {
   EXPECT_TRUE(ggml_pack_wanted(GgmlType::Q4_0));
   EXPECT_TRUE(ggml_pack_wanted(GgmlType::Q8_0));
   EXPECT_FALSE(ggml_pack_wanted(GgmlType::Q4_K));
-  for (GgufMix mix : {GgufMix::Q4_0, GgufMix::Q8_0}) {
-    SCOPED_TRACE(std::string(gguf_mix_name(mix)));
-    test::TempDir tmp;
-    const fs::path out = tmp.path / "kjv-tiny.gguf";
-    write_gguf_from_hf(test::repo_model("kjv-tiny"), out, mix);
-    expect_packed_answers_alike(out, test::repo_model("kjv-tiny"));
-  }
+  expect_q4_0_and_q8_0_answer_alike();
   set_simd_target(saved);
 }
 

@@ -180,6 +180,18 @@ void walk_chunks(int T, int K, size_t bytes_per_col, size_t floats_per_output, i
 // touch past them), or the same lines of the next panels, from pf (several tiles over these panels).
 enum Prefetch { kAhead, kNextPanels };
 
+// A tile's request for its panel's line of column pair `pair` (at `line`; the next panels' line at
+// pf + at, pf null in kAhead mode): by the mode above.
+template <Prefetch kPf>
+inline void ask_for(const uint16_t* line, const uint16_t* pf, size_t at, int pair) {
+  if constexpr (kPf == kNextPanels) {
+    _mm_prefetch(reinterpret_cast<const char*>(pf + at), _MM_HINT_T1);
+  } else {
+    _mm_prefetch(reinterpret_cast<const char*>(line + kPrefetchPairs * 2 * kPanelRows), _MM_HINT_T0);
+    if (pair % kTouchPairs == 0) touch_ahead(line + kPrefetchPairs * 2 * kPanelRows);
+  }
+}
+
 // Calls rows.operator()<kPf, kSliced>() for a tile's modes: the next panels' lines where pf is set,
 // else its own ahead; sliced where the accumulators wait in sl.st between slices.
 template <class Rows>
@@ -208,12 +220,7 @@ PTLLM_PANELS_TARGET void tile(const float* x, int K, const uint16_t* wp, const f
     __m512 we[NP], wo[NP];
     PTLLM_PANELS_UNROLL for (int p = 0; p < NP; ++p) {
       const uint16_t* line = wp + size_t(p) * stride + size_t(k) * kPanelRows;
-      if constexpr (kPf == kNextPanels) {
-        _mm_prefetch(reinterpret_cast<const char*>(pf + size_t(p) * stride + size_t(k) * kPanelRows), _MM_HINT_T1);
-      } else {
-        _mm_prefetch(reinterpret_cast<const char*>(line + kPrefetchPairs * 2 * kPanelRows), _MM_HINT_T0);
-        if ((k / 2) % kTouchPairs == 0) touch_ahead(line + kPrefetchPairs * 2 * kPanelRows);
-      }
+      ask_for<kPf>(line, pf, size_t(p) * stride + size_t(k) * kPanelRows, k / 2);
       const __m512i v = _mm512_loadu_si512(line);
       we[p] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
       wo[p] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
@@ -296,12 +303,7 @@ PTLLM_PANELS_BF16_TARGET void tile_bx(const uint32_t* xb, int J, const uint16_t*
     __m512i wv[NP];
     PTLLM_PANELS_UNROLL for (int p = 0; p < NP; ++p) {
       const uint16_t* line = wp + size_t(p) * stride + size_t(j) * 2 * kPanelRows;
-      if constexpr (kPf == kNextPanels) {
-        _mm_prefetch(reinterpret_cast<const char*>(pf + size_t(p) * stride + size_t(j) * 2 * kPanelRows), _MM_HINT_T1);
-      } else {
-        _mm_prefetch(reinterpret_cast<const char*>(line + kPrefetchPairs * 2 * kPanelRows), _MM_HINT_T0);
-        if (j % kTouchPairs == 0) touch_ahead(line + kPrefetchPairs * 2 * kPanelRows);
-      }
+      ask_for<kPf>(line, pf, size_t(p) * stride + size_t(j) * 2 * kPanelRows, j);
       wv[p] = _mm512_loadu_si512(line);
     }
     PTLLM_PANELS_UNROLL for (int t = 0; t < MT; ++t) {
@@ -389,12 +391,7 @@ PTLLM_PANELS_AVX2_TARGET void tile_avx2(const float* x, int K, const uint16_t* w
   const __m256i high = _mm256_set1_epi32(int(0xffff0000u));
   for (int k = sl.k0; k < sl.k1; k += 2) {
     const uint16_t* line = wp + size_t(k) * kPanelRows;
-    if constexpr (kPf == kNextPanels) {
-      _mm_prefetch(reinterpret_cast<const char*>(pf + size_t(k) * kPanelRows), _MM_HINT_T1);
-    } else {
-      _mm_prefetch(reinterpret_cast<const char*>(line + kPrefetchPairs * 2 * kPanelRows), _MM_HINT_T0);
-      if ((k / 2) % kTouchPairs == 0) touch_ahead(line + kPrefetchPairs * 2 * kPanelRows);
-    }
+    ask_for<kPf>(line, pf, size_t(k) * kPanelRows, k / 2);
     __m256 we[2], wo[2];
     PTLLM_PANELS_UNROLL for (int h = 0; h < 2; ++h) {
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line + 16 * h));
@@ -441,12 +438,7 @@ PTLLM_PANELS_AVX2_TARGET void tile_bx_avx2(const uint32_t* xb, int J, const uint
     __m256 we[NP][2], wo[NP][2];
     PTLLM_PANELS_UNROLL for (int p = 0; p < NP; ++p) {
       const uint16_t* line = wp + size_t(p) * stride + size_t(j) * 2 * kPanelRows;
-      if constexpr (kPf == kNextPanels) {
-        _mm_prefetch(reinterpret_cast<const char*>(pf + size_t(p) * stride + size_t(j) * 2 * kPanelRows), _MM_HINT_T1);
-      } else {
-        _mm_prefetch(reinterpret_cast<const char*>(line + kPrefetchPairs * 2 * kPanelRows), _MM_HINT_T0);
-        if (j % kTouchPairs == 0) touch_ahead(line + kPrefetchPairs * 2 * kPanelRows);
-      }
+      ask_for<kPf>(line, pf, size_t(p) * stride + size_t(j) * 2 * kPanelRows, j);
       PTLLM_PANELS_UNROLL for (int h = 0; h < 2; ++h) {
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line + 16 * h));
         we[p][h] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));

@@ -124,6 +124,30 @@ PTLLM_GGML_TARGET void tiled_rows(const WeightMatrix& w, const GgmlActs& a, cons
 // summed in int16, then once into int32: exact, so the integer sums and panel8_tile's float
 // operations per block are unchanged, and packed and file layouts give the same bits at every count
 // of rows of x. Rows [base + lo, base + hi) of the group are stored.
+// A packed group's outputs from NT rows of x in two halves of 8 rows (acc[h][t]): y's rows
+// [base + lo, base + hi), plus the bias.
+template <int NT>
+PTLLM_GGML_TARGET inline void store_halves(const F (&acc)[2][NT], float* y, int ldy, const float* bias, int t0, int base,
+                                           int lo, int hi) {
+  alignas(32) float out[kPanelRows8];
+  PTLLM_GGML_UNROLL for (int h = 0; h < 2; ++h) PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
+    _mm256_store_ps(out, acc[h][t]);
+    float* yt = y + size_t(t0 + t) * size_t(ldy) + size_t(base);
+    for (int i = std::max(lo, 8 * h); i < std::min(hi, 8 * h + 8); ++i) yt[i] = out[i - 8 * h] + (bias ? bias[base + i] : 0.f);
+  }
+}
+
+// tile(grp, base, lo, hi) for each 16-row group of a packed matrix (gb bytes a group) that meets rows
+// [r0, r1): its rows [base + lo, base + hi) are those.
+template <class Tile>
+PTLLM_GGML_TARGET inline void for_packed_groups(const WeightMatrix& w, size_t gb, int r0, int r1, Tile&& tile) {
+  for (int g = r0 / kGgmlPackRows; g * kGgmlPackRows < r1; ++g) {
+    const int base = g * kGgmlPackRows;
+    tile(static_cast<const uint8_t*>(w.data) + size_t(g) * gb, base, std::max(r0, base) - base,
+         std::min(r1, base + kGgmlPackRows) - base);
+  }
+}
+
 template <int NT>
 PTLLM_GGML_TARGET void packed_q4_0_tile(const uint8_t* grp, int nb, const GgmlActs& a, const float* xs,
                                         const int32_t* corr, int t0, const float* bias, float* y, int ldy, int base,
@@ -170,12 +194,7 @@ PTLLM_GGML_TARGET void packed_q4_0_tile(const uint8_t* grp, int nb, const GgmlAc
       }
     }
   }
-  alignas(32) float out[kPanelRows8];
-  PTLLM_GGML_UNROLL for (int h = 0; h < 2; ++h) PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
-    _mm256_store_ps(out, acc[h][t]);
-    float* yt = y + size_t(t0 + t) * size_t(ldy) + size_t(base);
-    for (int i = std::max(lo, 8 * h); i < std::min(hi, 8 * h + 8); ++i) yt[i] = out[i - 8 * h] + (bias ? bias[base + i] : 0.f);
-  }
+  store_halves<NT>(acc, y, ldy, bias, t0, base, lo, hi);
 }
 
 // Rows [r0, r1) of a packed Q4_0 matrix: a group at a time against pairs of rows of x (the group's
@@ -185,15 +204,12 @@ PTLLM_GGML_TARGET void packed_q4_0_rows(const WeightMatrix& w, const GgmlActs& a
   const int nb = w.cols / 32;
   const size_t gb = size_t(nb) * kGgmlPackRows * 18;
   const BlockTerms bt = block_terms(a, nb, 8);
-  for (int g = r0 / kGgmlPackRows; g * kGgmlPackRows < r1; ++g) {
-    const int base = g * kGgmlPackRows;
-    const int lo = std::max(r0, base) - base, hi = std::min(r1, base + kGgmlPackRows) - base;
-    const uint8_t* grp = static_cast<const uint8_t*>(w.data) + size_t(g) * gb;
+  for_packed_groups(w, gb, r0, r1, [&](const uint8_t* grp, int base, int lo, int hi) {
     int t0 = 0;
     for (; t0 + 2 <= a.T; t0 += 2)
       packed_q4_0_tile<2>(grp, nb, a, bt.xs, bt.corr, t0, bias, y, w.rows, base, lo, hi);
     if (t0 < a.T) packed_q4_0_tile<1>(grp, nb, a, bt.xs, bt.corr, t0, bias, y, w.rows, base, lo, hi);
-  }
+  });
 }
 
 // ---- Q8_0 packed in 16-row groups --------------------------------------------------------------
@@ -242,12 +258,7 @@ PTLLM_GGML_TARGET void packed_q8_0_tile(const uint8_t* grp, int nb, const GgmlAc
         acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[h][t]), _mm256_mul_ps(s, _mm256_set1_ps(db[t])), acc[h][t]);
     }
   }
-  alignas(32) float out[kPanelRows8];
-  PTLLM_GGML_UNROLL for (int h = 0; h < 2; ++h) PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
-    _mm256_store_ps(out, acc[h][t]);
-    float* yt = y + size_t(t0 + t) * size_t(ldy) + size_t(base);
-    for (int i = std::max(lo, 8 * h); i < std::min(hi, 8 * h + 8); ++i) yt[i] = out[i - 8 * h] + (bias ? bias[base + i] : 0.f);
-  }
+  store_halves<NT>(acc, y, ldy, bias, t0, base, lo, hi);
 }
 
 // Rows [r0, r1) of a packed Q8_0 matrix: a group at a time against tiles of 4 rows of x (the group's
@@ -257,10 +268,7 @@ PTLLM_GGML_TARGET void packed_q8_0_rows(const WeightMatrix& w, const GgmlActs& a
   const int nb = w.cols / 32;
   const size_t gb = size_t(nb) * kGgmlPackRows * 34;
   const BlockTerms bt = block_terms(a, nb, 0);
-  for (int g = r0 / kGgmlPackRows; g * kGgmlPackRows < r1; ++g) {
-    const int base = g * kGgmlPackRows;
-    const int lo = std::max(r0, base) - base, hi = std::min(r1, base + kGgmlPackRows) - base;
-    const uint8_t* grp = static_cast<const uint8_t*>(w.data) + size_t(g) * gb;
+  for_packed_groups(w, gb, r0, r1, [&](const uint8_t* grp, int base, int lo, int hi) {
     int t0 = 0;
     for (; t0 + 4 <= a.T; t0 += 4) packed_q8_0_tile<4>(grp, nb, a, bt.xs, t0, bias, y, w.rows, base, lo, hi);
     switch (a.T - t0) {
@@ -269,5 +277,5 @@ PTLLM_GGML_TARGET void packed_q8_0_rows(const WeightMatrix& w, const GgmlActs& a
       case 1: packed_q8_0_tile<1>(grp, nb, a, bt.xs, t0, bias, y, w.rows, base, lo, hi); break;
       default: break;
     }
-  }
+  });
 }
