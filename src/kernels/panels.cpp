@@ -500,41 +500,44 @@ PTLLM_PANELS_AVX2_TARGET void panel_rows_avx2(const void* xv, int t0, int t1, co
   with_modes(pf, sl, rows);
 }
 
-PTLLM_PANELS_AVX2_TARGET void part_avx2(const float* x, int T, const WeightMatrix& w, const float* bias, float* y,
-                                        int p0, int p1) {
-  walk_chunks(T, w.cols, sizeof(float), 32, p0, p1, [&](auto np, int t0, int t1, int p, Slice sl) {
-    for (int q = 0; q < decltype(np)::value; ++q) {
-      Slice s = sl;
-      if (s.st) s.st += size_t(q) * s.ld;
-      panel_rows_avx2<false>(x, t0, t1, w, bias, y, p + q, s);
-    }
-  });
-}
-
-PTLLM_PANELS_AVX2_TARGET void part_avx2_bx(const uint32_t* xb, int T, const WeightMatrix& w, const float* bias,
-                                           float* y, int p0, int p1) {
-  if (T <= 2) {  // decode: two panels at a time, each lane's chain of FMAs beside three others
-    const int J = w.cols / 2;
-    const size_t ldy = size_t(w.rows);
-    for (int p = p0; p < p1; p += 2) {
-      const float* b = bias ? bias + p * kPanelRows : nullptr;
-      for (int t = 0; t < T; ++t) {
-        float* out = y + size_t(t) * ldy + size_t(p) * kPanelRows;
-        if (p + 2 <= p1)
-          tile_bx_avx2<2, 1, kAhead, false>(xb + size_t(t) * J, J, panel_at(w, p), b, out, ldy, nullptr, Slice{});
-        else
-          tile_bx_avx2<1, 1, kAhead, false>(xb + size_t(t) * J, J, panel_at(w, p), b, out, ldy, nullptr, Slice{});
+// Panels [p0, p1): float32 x (part_avx2) or bf16 pairs (part_avx2_bx), chunk by chunk (walk_chunks
+// hands one or two panels; each taken alone). Decode with bf16 x takes two panels at a time instead:
+// each lane's chain of FMAs beside three others.
+template <bool kBx>
+PTLLM_PANELS_AVX2_TARGET void part_avx2_t(const void* x, int T, const WeightMatrix& w, const float* bias, float* y,
+                                          int p0, int p1) {
+  if constexpr (kBx) {
+    if (T <= 2) {
+      const int J = w.cols / 2;
+      const size_t ldy = size_t(w.rows);
+      const auto* xb = static_cast<const uint32_t*>(x);
+      for (int p = p0; p < p1; p += 2) {
+        const float* b = bias ? bias + p * kPanelRows : nullptr;
+        for (int t = 0; t < T; ++t) {
+          float* out = y + size_t(t) * ldy + size_t(p) * kPanelRows;
+          if (p + 2 <= p1)
+            tile_bx_avx2<2, 1, kAhead, false>(xb + size_t(t) * J, J, panel_at(w, p), b, out, ldy, nullptr, Slice{});
+          else
+            tile_bx_avx2<1, 1, kAhead, false>(xb + size_t(t) * J, J, panel_at(w, p), b, out, ldy, nullptr, Slice{});
+        }
       }
+      return;
     }
-    return;
   }
-  walk_chunks(T, w.cols, sizeof(uint16_t), 16, p0, p1, [&](auto np, int t0, int t1, int p, Slice sl) {
-    for (int q = 0; q < decltype(np)::value; ++q) {
-      Slice s = sl;
-      if (s.st) s.st += size_t(q) * s.ld;
-      panel_rows_avx2<true>(xb, t0, t1, w, bias, y, p + q, s);
-    }
-  });
+  walk_chunks(T, w.cols, kBx ? sizeof(uint16_t) : sizeof(float), kBx ? 16 : 32, p0, p1,
+              [&](auto np, int t0, int t1, int p, Slice sl) {
+                for (int q = 0; q < decltype(np)::value; ++q) {
+                  Slice s = sl;
+                  if (s.st) s.st += size_t(q) * s.ld;
+                  panel_rows_avx2<kBx>(x, t0, t1, w, bias, y, p + q, s);
+                }
+              });
+}
+void part_avx2(const float* x, int T, const WeightMatrix& w, const float* bias, float* y, int p0, int p1) {
+  part_avx2_t<false>(x, T, w, bias, y, p0, p1);
+}
+void part_avx2_bx(const uint32_t* xb, int T, const WeightMatrix& w, const float* bias, float* y, int p0, int p1) {
+  part_avx2_t<true>(xb, T, w, bias, y, p0, p1);
 }
 
 // pack_words_avx512 for AVX2: 8 x 8 blocks of words from each half of the panel's rows, transposed,

@@ -137,6 +137,17 @@ PTLLM_GGML_TARGET inline void store_halves(const F (&acc)[2][NT], float* y, int 
   }
 }
 
+// acc[h][t] += the block's integer sums is[h][t] times its 8 rows' f16 scales (s16: 16 of them,
+// half h from s16 + 8 h) times x's block scale dx[t]: a packed block's one FMA.
+template <int NT>
+PTLLM_GGML_TARGET inline void scale_halves(F (&acc)[2][NT], const I (&is)[2][NT], const uint8_t* s16, const float* dx) {
+  PTLLM_GGML_UNROLL for (int h = 0; h < 2; ++h) {
+    const F s = _mm256_cvtph_ps(load128(s16 + 16 * h));
+    PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t)
+      acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[h][t]), _mm256_mul_ps(s, _mm256_set1_ps(dx[t])), acc[h][t]);
+  }
+}
+
 // tile(grp, base, lo, hi) for each 16-row group of a packed matrix (gb bytes a group) that meets rows
 // [r0, r1): its rows [base + lo, base + hi) are those.
 template <class Tile>
@@ -185,14 +196,10 @@ PTLLM_GGML_TARGET void packed_q4_0_tile(const uint8_t* grp, int nb, const GgmlAc
       }
     }
     const int32_t* cb = corr + size_t(b) * T + size_t(t0);
-    const float* db = xs + size_t(b) * T + size_t(t0);
-    PTLLM_GGML_UNROLL for (int h = 0; h < 2; ++h) {
-      const F s = _mm256_cvtph_ps(load128(unit + 32 * (b % 2) + 16 * h));
-      PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
-        const I is = _mm256_add_epi32(_mm256_set1_epi32(cb[t]), _mm256_madd_epi16(s16[h][t], ones));
-        acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(s, _mm256_set1_ps(db[t])), acc[h][t]);
-      }
-    }
+    I is[2][NT];
+    PTLLM_GGML_UNROLL for (int h = 0; h < 2; ++h) PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t)
+      is[h][t] = _mm256_add_epi32(_mm256_set1_epi32(cb[t]), _mm256_madd_epi16(s16[h][t], ones));
+    scale_halves<NT>(acc, is, unit + 32 * (b % 2), xs + size_t(b) * T + size_t(t0));
   }
   store_halves<NT>(acc, y, ldy, bias, t0, base, lo, hi);
 }
@@ -219,16 +226,12 @@ PTLLM_GGML_TARGET void packed_q4_0_rows(const WeightMatrix& w, const GgmlActs& a
 // 2 * 128 * 127), vpmaddwd by ones. A block's integer sum is the AVX-512 packed product's (there:
 // corr + the sum of the stored codes times x), and so are its float operations: the same bits.
 template <int NT>
-PTLLM_GGML_TARGET void packed_q8_0_tile(const uint8_t* grp, int nb, const GgmlActs& a, const float* xs, int t0,
-                                        const float* bias, float* y, int ldy, int base, int lo, int hi) {
+PTLLM_GGML_TARGET void packed_q8_0_tile(const uint8_t* grp, int nb, const GgmlActs& a, int t0, const float* bias,
+                                        float* y, int ldy, int base, int lo, int hi) {
   constexpr size_t kUnit = 2 * kGgmlPackRows * 34;  // ggml_pack_block_bytes(Q8_0): two blocks of 16 rows
-  const int8_t* xq[NT];
+  const Rows<NT> x(a, t0);  // x's codes x.q[t], block scales x.d[t][b]
   F acc[2][NT];
-  PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
-    xq[t] = a.q + size_t(t0 + t) * size_t(a.K);
-    acc[0][t] = acc[1][t] = _mm256_setzero_ps();
-  }
-  const size_t T = size_t(a.T);
+  PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) acc[0][t] = acc[1][t] = _mm256_setzero_ps();
   const I flip = bytes(char(0x80)), ones = _mm256_set1_epi16(1);
   for (int b = 0; b < nb; ++b) {
     const uint8_t* unit = grp + size_t(b / 2) * kUnit;
@@ -243,7 +246,7 @@ PTLLM_GGML_TARGET void packed_q8_0_tile(const uint8_t* grp, int nb, const GgmlAc
       }
       PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
         int32_t x4;
-        std::memcpy(&x4, xq[t] + 32 * b + 4 * k, 4);
+        std::memcpy(&x4, x.q[t] + 32 * b + 4 * k, 4);
         const I xb = _mm256_set1_epi32(x4);
         PTLLM_GGML_UNROLL for (int h = 0; h < 2; ++h) {
           const I p = _mm256_madd_epi16(_mm256_maddubs_epi16(ac[h], _mm256_sign_epi8(xb, c[h])), ones);
@@ -251,12 +254,9 @@ PTLLM_GGML_TARGET void packed_q8_0_tile(const uint8_t* grp, int nb, const GgmlAc
         }
       }
     }
-    const float* db = xs + size_t(b) * T + size_t(t0);
-    PTLLM_GGML_UNROLL for (int h = 0; h < 2; ++h) {
-      const F s = _mm256_cvtph_ps(load128(unit + 32 * (b % 2) + 16 * h));
-      PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t)
-        acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[h][t]), _mm256_mul_ps(s, _mm256_set1_ps(db[t])), acc[h][t]);
-    }
+    float dx[NT];
+    PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) dx[t] = x.d[t][b];
+    scale_halves<NT>(acc, is, unit + 32 * (b % 2), dx);
   }
   store_halves<NT>(acc, y, ldy, bias, t0, base, lo, hi);
 }
@@ -267,14 +267,13 @@ PTLLM_GGML_TARGET void packed_q8_0_rows(const WeightMatrix& w, const GgmlActs& a
                                         int r1) {
   const int nb = w.cols / 32;
   const size_t gb = size_t(nb) * kGgmlPackRows * 34;
-  const BlockTerms bt = block_terms(a, nb, 0);
   for_packed_groups(w, gb, r0, r1, [&](const uint8_t* grp, int base, int lo, int hi) {
     int t0 = 0;
-    for (; t0 + 4 <= a.T; t0 += 4) packed_q8_0_tile<4>(grp, nb, a, bt.xs, t0, bias, y, w.rows, base, lo, hi);
+    for (; t0 + 4 <= a.T; t0 += 4) packed_q8_0_tile<4>(grp, nb, a, t0, bias, y, w.rows, base, lo, hi);
     switch (a.T - t0) {
-      case 3: packed_q8_0_tile<3>(grp, nb, a, bt.xs, t0, bias, y, w.rows, base, lo, hi); break;
-      case 2: packed_q8_0_tile<2>(grp, nb, a, bt.xs, t0, bias, y, w.rows, base, lo, hi); break;
-      case 1: packed_q8_0_tile<1>(grp, nb, a, bt.xs, t0, bias, y, w.rows, base, lo, hi); break;
+      case 3: packed_q8_0_tile<3>(grp, nb, a, t0, bias, y, w.rows, base, lo, hi); break;
+      case 2: packed_q8_0_tile<2>(grp, nb, a, t0, bias, y, w.rows, base, lo, hi); break;
+      case 1: packed_q8_0_tile<1>(grp, nb, a, t0, bias, y, w.rows, base, lo, hi); break;
       default: break;
     }
   });
