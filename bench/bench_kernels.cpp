@@ -482,16 +482,27 @@ void register_ggml_products() {
   // Llama-like 2048 / 5632 shapes, and kjv-small's (the GGUF speed target): its MLP up/gate
   // 1376x512 and its tied Q6_K output 8192x512.
   const std::pair<int, int> shapes[] = {{2048, 2048}, {5632, 2048}, {1376, 512}, {8192, 512}};
-  for (const char* fmt : {"bf16", "ggml_Q4_K", "ggml_Q6_K", "ggml_Q8_0", "ggml_Q4_0"})
+  // "_packed": the 16-row groups a model load makes where ggml_pack_wanted (kernels/ggml.h).
+  for (const char* fmt : {"bf16", "ggml_Q4_K", "ggml_Q6_K", "ggml_Q8_0", "ggml_Q4_0", "ggml_Q4_K_packed",
+                          "ggml_Q6_K_packed", "ggml_Q8_0_packed", "ggml_Q4_0_packed"})
     for (const auto& [N, K] : shapes)
       for (int T : {1, 8, 64, 256}) {
         const std::string kind = T <= 8 ? "gemv" : "gemm";
         const std::string name = std::string("product/") + fmt + "/" + kind + "/" + std::to_string(T) + "/" +
                                  std::to_string(N) + "x" + std::to_string(K);
         benchmark::RegisterBenchmark(name.c_str(), [fmt = std::string(fmt), N, K, T](benchmark::State& st) {
-          const std::vector<uint8_t>& w = bench_weights(fmt, N, K);
-          const WeightMatrix m = fmt == "bf16" ? WeightMatrix{DType::BF16, w.data(), N, K}
-                                               : ggml_matrix(ggml_type_by_name(fmt.substr(5)), w.data(), N, K);
+          const bool packed = fmt.ends_with("_packed");
+          const std::string file_fmt = packed ? fmt.substr(0, fmt.size() - 7) : fmt;
+          const std::vector<uint8_t>& w = bench_weights(file_fmt, N, K);
+          WeightMatrix m = fmt == "bf16" ? WeightMatrix{DType::BF16, w.data(), N, K}
+                                         : ggml_matrix(ggml_type_by_name(file_fmt.substr(5)), w.data(), N, K);
+          std::vector<uint8_t> pb;
+          if (packed) {
+            if (!ggml_pack_wanted(m.ggml)) return st.SkipWithError("this CPU's kernels read it in the file's layout");
+            pb.resize(ggml_packed_bytes(m));
+            ggml_pack(m, pb.data(), 0, m.rows / kGgmlPackRows);
+            m = ggml_packed_matrix(m.ggml, pb.data(), N, K);
+          }
           auto x = random_floats(size_t(T) * size_t(K));
           std::vector<float> y(size_t(T) * size_t(N));
           for (auto _ : st) {

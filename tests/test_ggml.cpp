@@ -839,14 +839,14 @@ TEST(GgmlPack, RowsRoundTripBitForBit) {
 
 // Packed Q4_0 and Q8_0 take the unpacked panels' operations in their order: under the variants with
 // packed kernels (AVX-512 VNNI: both; AVX2: Q4_0, against its 8-row panels), each output is the same bits as
-// from the file's layout, for T = 1..15 (every
-// tile and tail of 1 and 2 groups) and up to 20, ranges ending mid-group and an odd number of groups.
-// The file's Q8_0 takes the panels only above kMatmulSmallRows rows of x (one-row kernels below):
-// packed, every row of x gets the bits those panels give it, whatever the count of rows. AVX2 has no
-// Q8_0 panels: its packed Q8_0 gives every row the bits of all rows at once, and the AVX-512 VNNI
-// packed product's where the CPU has both. (The other variants unpack the rows for their one-row
-// kernels: EveryVariantMatchesTheScalarTwin.)
-TEST(GgmlPack, Q4_0AndQ8_0PackedAreBitForBitTheFilesPanels) {
+// from the file's layout, for T = 1..15 (every tile and tail of 1 and 2 groups) and up to 20, ranges
+// ending mid-group and an odd number of groups. The file's Q8_0 takes the panels only above
+// kMatmulSmallRows rows of x (one-row kernels below): packed, every row of x gets the bits those
+// panels give it, whatever the count of rows. The packed products without a panel twin (AVX2's Q8_0,
+// Q4_K and Q6_K) give every row the bits of all rows at once, and the AVX-512 VNNI packed product's
+// where the CPU has both. (The other variants unpack the rows for their one-row kernels:
+// EveryVariantMatchesTheScalarTwin.)
+TEST(GgmlPack, PackedProductsAreBitForBitTheirPanelsOrAllRowsAtOnce) {
   int n = 0;
   const GgmlKernel* const* all = ggml_kernels(&n);
   std::vector<std::pair<const GgmlKernel*, GgmlType>> cases;
@@ -854,15 +854,18 @@ TEST(GgmlPack, Q4_0AndQ8_0PackedAreBitForBitTheFilesPanels) {
   for (int i = 0; i < n; ++i) {
     const std::string name = all[i]->name;
     if (name == "avx512vnni") cases.insert(cases.end(), {{all[i], GgmlType::Q4_0}, {all[i], GgmlType::Q8_0}}), vnni = all[i];
-    if (name == "avx2") cases.insert(cases.end(), {{all[i], GgmlType::Q4_0}, {all[i], GgmlType::Q8_0}});
+    if (name == "avx2")
+      for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K}) cases.push_back({all[i], t});
   }
   if (cases.empty()) GTEST_SKIP() << "no AVX2: no packed kernels on this CPU";
   std::mt19937 rng(41);
   std::normal_distribution<float> g(0.f, 1.f);
-  const int rows = 80, cols = 640, most = 20;
+  const int rows = 80, cols = 768, most = 20;
   static_assert(most > kMatmulSmallRows);
   for (auto [k, type] : cases) {
-    SCOPED_TRACE(k->name);
+    SCOPED_TRACE(std::string(k->name) + " " + std::string(ggml_type_info(type).name));
+    const bool avx2 = std::string(k->name) == "avx2", with_panels = type == GgmlType::Q4_0 || (!avx2 && type == GgmlType::Q8_0);
+    const int block = ggml_act_block(type);
     const auto blocks = random_matrix(type, rows, cols, false, 43);
     const WeightMatrix w = ggml_matrix(type, blocks.data(), rows, cols);
     const Packed p(w);
@@ -871,28 +874,27 @@ TEST(GgmlPack, Q4_0AndQ8_0PackedAreBitForBitTheFilesPanels) {
     std::vector<float> x(size_t(most) * size_t(cols));
     for (auto& v : x) v = g(rng);
     std::vector<int8_t> q(x.size());
-    std::vector<float> d(size_t(most) * size_t(cols / 32));
+    std::vector<float> d(size_t(most) * size_t(cols / block));
     std::vector<int16_t> sums(size_t(most) * size_t(cols / 16));
-    ggml_quantize_acts(x.data(), cols, 32, 0, most, q.data(), d.data(), sums.data());
-    // Q8_0's panels: all `most` rows at once (its reference; AVX2: packed, by the AVX-512 VNNI kernel
-    // where there is one); Q4_0's: at each T.
-    std::vector<float> panels(size_t(most) * size_t(rows));
-    const GgmlActs all_rows{most, cols, 32, q.data(), d.data(), sums.data()};
-    if (type == GgmlType::Q8_0 && std::string(k->name) == "avx2")
-      (vnni ? vnni : k)->rows(p.w, all_rows, bias.data(), panels.data(), 0, rows);
+    ggml_quantize_acts(x.data(), cols, block, 0, most, q.data(), d.data(), sums.data());
+    // All `most` rows at once: Q8_0's panels (AVX-512 VNNI), or the packed product (by the AVX-512
+    // VNNI kernel where there is one); Q4_0's panels are its reference at each T.
+    std::vector<float> at_once(size_t(most) * size_t(rows));
+    const GgmlActs all_rows{most, cols, block, q.data(), d.data(), sums.data()};
+    if (!with_panels)
+      (vnni ? vnni : k)->rows(p.w, all_rows, bias.data(), at_once.data(), 0, rows);
     else
-      k->rows(w, all_rows, bias.data(), panels.data(), 0, rows);
+      k->rows(w, all_rows, bias.data(), at_once.data(), 0, rows);
     for (int T = 1; T <= most; ++T) {
-      const GgmlActs a{T, cols, 32, q.data(), d.data(), sums.data()};
+      const GgmlActs a{T, cols, block, q.data(), d.data(), sums.data()};
       std::vector<float> want(size_t(T) * size_t(rows)), got(want.size());
-      if (type == GgmlType::Q8_0)
-        std::copy_n(panels.begin(), want.size(), want.begin());
-      else
+      if (type == GgmlType::Q4_0)
         k->rows(w, a, bias.data(), want.data(), 0, rows);
+      else
+        std::copy_n(at_once.begin(), want.size(), want.begin());
       std::fill(got.begin(), got.end(), NAN);
       for (auto [r0, r1] : {std::pair{0, 21}, {21, 48}, {48, rows}}) k->rows(p.w, a, bias.data(), got.data(), r0, r1);
-      for (size_t j = 0; j < got.size(); ++j)
-        ASSERT_EQ(got[j], want[j]) << ggml_type_info(type).name << " T " << T << " at " << j;
+      for (size_t j = 0; j < got.size(); ++j) ASSERT_EQ(got[j], want[j]) << "T " << T << " at " << j;
     }
   }
 }

@@ -954,18 +954,20 @@ TEST(GgufPackedModel, Q4_0AndQ8_0AnswerAsTheFilesLayout) {
   expect_q4_0_and_q8_0_answer_alike();
 }
 
-// The same under the AVX2 kernels (on any x86 CPU): there Q4_0 and Q8_0 are packed too, Q4_0 read as
-// the file layout's 8-row panels (the same bits: the GgmlPack tests), Q8_0 by halves of 8 rows.
-TEST(GgufPackedModel, Q4_0AndQ8_0UnderAvx2AnswerAsTheFilesLayout) {
+// The same under the AVX2 kernels (on any x86 CPU): there every packed type is read by halves of
+// 8 rows (Q4_0 as the file layout's 8-row panels: the same bits, the GgmlPack tests), kjv-small's
+// Q4_K_M (Q4_K and Q6_K) too where ../shared has it.
+TEST(GgufPackedModel, UnderAvx2AnswerAsTheFilesLayout) {
   const auto targets = available_simd_targets();
   if (std::find(targets.begin(), targets.end(), SimdTarget::AVX2) == targets.end()) GTEST_SKIP() << "no AVX2";
   if (amx_active()) GTEST_SKIP() << "AMX takes Q4_0 and Q8_0 prefill: their matrices load in the file's layout";
   const SimdTarget saved = active_simd_target();
   set_simd_target(SimdTarget::AVX2);
-  EXPECT_TRUE(ggml_pack_wanted(GgmlType::Q4_0));
-  EXPECT_TRUE(ggml_pack_wanted(GgmlType::Q8_0));
-  EXPECT_FALSE(ggml_pack_wanted(GgmlType::Q4_K));
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K})
+    EXPECT_TRUE(ggml_pack_wanted(t)) << ggml_type_info(t).name;
   expect_q4_0_and_q8_0_answer_alike();
+  const fs::path q4_k_m = test::shared_model("gguf") / "kjv-small-Q4_K_M.gguf";
+  if (fs::exists(q4_k_m)) expect_packed_answers_alike(q4_k_m);
   set_simd_target(saved);
 }
 

@@ -331,8 +331,7 @@ bool ggml_pack_fit(const WeightMatrix& w) {
 bool ggml_pack_wanted(GgmlType t) {
   if (!ggml_pack_flag() || ggml_pack_block_bytes(t) == 0) return false;
   const GgmlKernel& k = ggml_active_kernel();
-  return &k == detail::ggml_avx512vnni_kernel() ||
-         (&k == detail::ggml_avx2_kernel() && (t == GgmlType::Q4_0 || t == GgmlType::Q8_0));
+  return &k == detail::ggml_avx512vnni_kernel() || &k == detail::ggml_avx2_kernel();
 }
 
 bool ggml_pack_wanted() { return ggml_pack_wanted(GgmlType::Q4_0); }

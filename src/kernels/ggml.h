@@ -94,7 +94,7 @@ int ggml_pack_block_elems(GgmlType t);  // values of a row in one unit: 64 (Q4_0
 // columns of ggml_pack_block_elems.
 bool ggml_pack_fit(const WeightMatrix& w);
 // Whether this process packs matrices of type t: the active kernels have its packed product (AVX-512
-// VNNI: all four types; AVX2: Q4_0 and Q8_0) and neither PTLLM_NO_GGML_PACK=1 nor set_ggml_pack_enabled(false)
+// VNNI and AVX2: all four types) and neither PTLLM_NO_GGML_PACK=1 nor set_ggml_pack_enabled(false)
 // says otherwise. Other kernels still compute packed matrices (a row at a time, slowly), so tests can
 // switch. Without a type: whether any is packed.
 bool ggml_pack_wanted(GgmlType t);

@@ -455,14 +455,19 @@ PTLLM_GGML_TARGET void dot_q6k_zmm(const uint8_t* row, int nb, const GgmlActs& a
   PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) out[t] = _mm512_reduce_add_ps(acc[t]);
 }
 
+#endif  // PTLLM_GGML_ZMM
+
+// A packed K-quant block's bytes (ggml_pack_block_bytes: 16 rows).
+constexpr int kQ4KPacked = kGgmlPackRows * 148, kQ6KPacked = kGgmlPackRows * 210;
+
+#if PTLLM_GGML_ZMM
 #include "kernels/x86/ggml_tiled_impl.h"  // Q4_0 / Q8_0 against many rows of x
 #else
-#include "kernels/x86/ggml_tiled_avx2_impl.h"  // Q4_0 against many rows of x
-#endif  // PTLLM_GGML_ZMM
+#include "kernels/x86/ggml_tiled_avx2_impl.h"  // Q4_0 against many rows of x; packed Q8_0, Q4_K, Q6_K
+#endif
 
 // ---- Q4_0, Q8_0, Q4_K and Q6_K packed (ggml.h, kGgmlPackRows) -----------------------------------------
 
-constexpr int kQ4KPacked = kGgmlPackRows * 148, kQ6KPacked = kGgmlPackRows * 210;
 // The first pass over a group (the only one in decode) asks for its stream ask_ahead's 4 KiB ahead,
 // a block's bytes spread over its steps: with the hardware prefetchers alone a thread streamed Q4_K
 // at about 2/3 of Q4_0's bytes a second (Llama-3.2-1B Q4_K_M, 2 threads: 1.2x decode with it). Each
@@ -769,6 +774,8 @@ PTLLM_GGML_TARGET void ggml_rows(const WeightMatrix& w, const GgmlActs& a, const
 #if !PTLLM_GGML_ZMM
   if (w.ggml_pack && w.ggml == GgmlType::Q4_0) return packed_q4_0_rows(w, a, bias, y, r0, r1);
   if (w.ggml_pack && w.ggml == GgmlType::Q8_0) return packed_q8_0_rows(w, a, bias, y, r0, r1);
+  if (w.ggml_pack && w.ggml == GgmlType::Q4_K) return packed_k_rows<GgmlType::Q4_K>(w, a, bias, y, r0, r1);
+  if (w.ggml_pack && w.ggml == GgmlType::Q6_K) return packed_k_rows<GgmlType::Q6_K>(w, a, bias, y, r0, r1);
 #endif
   if (w.ggml_pack) return packed_rows(w, a, bias, y, r0, r1);
   if (tiled_takes(w.ggml, a.T)) return tiled_rows(w, a, bias, y, r0, r1);

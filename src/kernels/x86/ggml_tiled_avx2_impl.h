@@ -3,9 +3,10 @@
 // block (8 vectors, lane r = codes 4k .. 4k + 3 of row r, the stored nibbles) and the same integer
 // start (-8 sum x). Without VNNI a product is vpmaddubsw (nibble x int8 pairs: at most
 // 2 * 15 * 127, no saturation) then vpmaddwd by ones; Q8_0's codes + 128 would saturate the pairs,
-// so Q8_0 in the file's layout keeps the row-at-a-time kernel (packed: packed_q8_0_tile below). It takes one row of x too, though the row-at-a-time
-// kernel is as fast below 5 rows (one core of a Zen 4 under the AVX2 target, 2048 x 2048: 0.51
-// against 0.49 ms at T = 4, 0.56 against 0.67 at T = 5, 31 against 64 ms at T = 512): each
+// so Q8_0 in the file's layout keeps the row-at-a-time kernel (packed: packed_q8_0_tile below). It
+// takes one row of x too, though the row-at-a-time kernel is as fast below 5 rows (one core of a
+// Zen 4 under the AVX2 target, 2048 x 2048: 0.51 against 0.49 ms at T = 4, 0.56 against 0.67 at
+// T = 5, 31 against 64 ms at T = 512): each
 // y[t][r] comes from the same operations whatever the batch, its tile or its thread, so a
 // speculative verification's rows equal the plain steps' bit for bit.
 // Included inside ggml_kernels_impl.h's namespace, after its 256-bit helpers (I, F, load128).
@@ -126,12 +127,14 @@ PTLLM_GGML_TARGET void tiled_rows(const WeightMatrix& w, const GgmlActs& a, cons
 // of rows of x. Rows [base + lo, base + hi) of the group are stored.
 // A packed group's outputs from NT rows of x in two halves of 8 rows (acc[h][t]): y's rows
 // [base + lo, base + hi), plus the bias.
-template <int NT>
-PTLLM_GGML_TARGET inline void store_halves(const F (&acc)[2][NT], float* y, int ldy, const float* bias, int t0, int base,
-                                           int lo, int hi) {
+// NH < 2: the halves h0 .. h0 + NH - 1 alone.
+template <int NT, int NH = 2>
+PTLLM_GGML_TARGET inline void store_halves(const F (&acc)[NH][NT], float* y, int ldy, const float* bias, int t0, int base,
+                                           int lo, int hi, int h0 = 0) {
   alignas(32) float out[kPanelRows8];
-  PTLLM_GGML_UNROLL for (int h = 0; h < 2; ++h) PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
-    _mm256_store_ps(out, acc[h][t]);
+  PTLLM_GGML_UNROLL for (int hh = 0; hh < NH; ++hh) PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
+    const int h = h0 + hh;
+    _mm256_store_ps(out, acc[hh][t]);
     float* yt = y + size_t(t0 + t) * size_t(ldy) + size_t(base);
     for (int i = std::max(lo, 8 * h); i < std::min(hi, 8 * h + 8); ++i) yt[i] = out[i - 8 * h] + (bias ? bias[base + i] : 0.f);
   }
@@ -275,6 +278,193 @@ PTLLM_GGML_TARGET void packed_q8_0_rows(const WeightMatrix& w, const GgmlActs& a
       case 2: packed_q8_0_tile<2>(grp, nb, a, t0, bias, y, w.rows, base, lo, hi); break;
       case 1: packed_q8_0_tile<1>(grp, nb, a, t0, bias, y, w.rows, base, lo, hi); break;
       default: break;
+    }
+  });
+}
+
+// ---- Q4_K packed in 16-row groups --------------------------------------------------------------
+// The AVX-512 VNNI packed layout (ggml.h: per block the 16 rows' d, dmin, sub-block scales, mins in
+// pairs, then per sub-block j four 64-byte lines, line c holding in row i's dword the nibbles of
+// values 32j + 8c .. + 7) read by halves of 8 rows. Without VNNI the nibble x int8 products of a
+// sub-block are summed in int16 (8 vpmaddubsw pairs of at most 2 * 15 * 127: 30480), then once
+// into int32 times the sub-block's scale (vpmaddwd). The integer sums per block are the AVX-512
+// kernel's (mins first, then codes), and so are its float operations: the same bits, whatever the
+// count of rows of x. NH halves per pass from h0: decode streams both, prefill one at a time against
+// more rows of x (the registers of a tile: 3 NH NT sums and 2 NH code vectors).
+template <int NT, int NH>
+PTLLM_GGML_TARGET void packed_q4k_tile(const uint8_t* grp, int nb, const GgmlActs& a, int t0, int h0,
+                                       const float* bias, float* y, int ldy, int base, int lo, int hi) {
+  const Rows<NT> x(a, t0);
+  F acc[NH][NT];
+  PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t)
+    acc[h][t] = _mm256_setzero_ps();
+  const I lo4 = bytes(0x0f);
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* blk = grp + size_t(b) * size_t(kQ4KPacked);
+    // - dmin d8 sum_j m_j sum_j(x): x's sums of 32 as int16 pairs (sub-blocks 2p, 2p + 1) in dword
+    // p (p < 2) or 2 + p (vphaddw keeps 128-bit lanes), against each row's pair of mins.
+    I s32[NT];
+    PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
+      const I s = load(x.s[t] + 16 * b);
+      s32[t] = _mm256_hadd_epi16(s, s);
+    }
+    PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) {
+      I mp[4];
+      PTLLM_GGML_UNROLL for (int p = 0; p < 4; ++p) mp[p] = _mm256_cvtepu8_epi16(load128(blk + 192 + 32 * p + 16 * (h0 + h)));
+      const F dm = _mm256_cvtph_ps(load128(blk + 32 + 16 * (h0 + h)));
+      PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
+        I m = _mm256_setzero_si256();
+        PTLLM_GGML_UNROLL for (int p = 0; p < 4; ++p)
+          m = _mm256_add_epi32(m, _mm256_madd_epi16(mp[p], _mm256_permutevar8x32_epi32(s32[t], _mm256_set1_epi32(p % 2 + 4 * (p / 2)))));
+        acc[h][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(dm, _mm256_set1_ps(x.d[t][b])), acc[h][t]);
+      }
+    }
+    I isum[NH][NT];
+    PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t)
+      isum[h][t] = _mm256_setzero_si256();
+    // Not unrolled: a block's whole code (32 lines) spilled the sums to the stack.
+    _Pragma("GCC unroll 1") for (int j = 0; j < 8; ++j) {
+      if (NT == 1) ask_ahead<kQ4KPacked / 8>(blk + kQ4KPacked / 8 * j);
+      I s16[NH][NT];
+      PTLLM_GGML_UNROLL for (int c = 0; c < 4; ++c) {
+        I c0[NH], c1[NH];
+        PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) {
+          const I w = load(blk + 320 + 256 * j + 64 * c + 32 * (h0 + h));
+          c0[h] = _mm256_and_si256(w, lo4);
+          c1[h] = _mm256_and_si256(_mm256_srli_epi16(w, 4), lo4);
+        }
+        PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
+          int32_t q0, q1;
+          std::memcpy(&q0, x.q[t] + 256 * b + 32 * j + 8 * c, 4);
+          std::memcpy(&q1, x.q[t] + 256 * b + 32 * j + 8 * c + 4, 4);
+          const I x0 = _mm256_set1_epi32(q0), x1 = _mm256_set1_epi32(q1);
+          PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) {
+            // Saturating adds that never saturate: GCC cannot reassociate them, where plain adds became
+            // a tree over all 32 products of a sub-block, spilled to the stack.
+            const I p = _mm256_maddubs_epi16(c0[h], x0);
+            s16[h][t] = _mm256_adds_epi16(c == 0 ? p : _mm256_adds_epi16(s16[h][t], p), _mm256_maddubs_epi16(c1[h], x1));
+          }
+        }
+      }
+      PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) {
+        const I sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 64 + 16 * j + 8 * (h0 + h))));
+        const I scp = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16));  // the scale in both int16 halves
+        PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
+          isum[h][t] = _mm256_add_epi32(isum[h][t], _mm256_madd_epi16(s16[h][t], scp));
+        }
+      }
+    }
+    PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) {
+      const F dv = _mm256_cvtph_ps(load128(blk + 16 * (h0 + h)));
+      PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t)
+        acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[h][t]), _mm256_mul_ps(dv, _mm256_set1_ps(x.d[t][b])), acc[h][t]);
+    }
+  }
+  store_halves<NT, NH>(acc, y, ldy, bias, t0, base, lo, hi, h0);
+}
+
+
+// ---- Q6_K packed in 16-row groups --------------------------------------------------------------
+// The AVX-512 VNNI packed layout (ggml.h: per block the 16 rows' d and 16 scales, then per 16-value
+// group three 64-byte lines: the low nibbles of values 0-3 and 4-7, of 8-11 and 12-15, and their
+// top two bits) read by halves of 8 rows. Codes 0..63 times x in int16 pairs (at most
+// 2 * 63 * 127), two pairs summed (32004) before vpmaddwd by the group's scale; the -32 offset from
+// x's sums of 16, in integers. The integer sum per block is the AVX-512 kernel's, and so are its
+// float operations: the same bits, whatever the count of rows of x.
+// 8 rows' int8 scales from p and from q as int16 pairs (p[i], q[i]), one a dword.
+PTLLM_GGML_TARGET inline I scale_pairs(const uint8_t* p, const uint8_t* q) {
+  const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(v, _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))));
+}
+
+template <int NT, int NH>
+PTLLM_GGML_TARGET void packed_q6k_tile(const uint8_t* grp, int nb, const GgmlActs& a, int t0, int h0,
+                                       const float* bias, float* y, int ldy, int base, int lo, int hi) {
+  const Rows<NT> x(a, t0);
+  F acc[NH][NT];
+  PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t)
+    acc[h][t] = _mm256_setzero_ps();
+  const I lo4 = bytes(0x0f), hi2 = bytes(0x30);
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* blk = grp + size_t(b) * size_t(kQ6KPacked);
+    I isum[NH][NT];  // - 32 sum_g sc_g sum_g(x), groups by pairs
+    PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t)
+      isum[h][t] = _mm256_setzero_si256();
+    PTLLM_GGML_UNROLL for (int p = 0; p < 8; ++p) PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) {
+      const uint8_t* sc = blk + 32 + 32 * p + 8 * (h0 + h);
+      const I sp = scale_pairs(sc, sc + 16);
+      PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
+        int32_t s2;
+        std::memcpy(&s2, x.s[t] + 16 * b + 2 * p, 4);
+        isum[h][t] = _mm256_add_epi32(isum[h][t], _mm256_madd_epi16(sp, _mm256_set1_epi32(s2)));
+      }
+    }
+    PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t)
+      isum[h][t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(isum[h][t], 5));
+    _Pragma("GCC unroll 1") for (int g = 0; g < 16; ++g) {
+      if (NT == 1) ask_ahead<kQ6KPacked / 16>(blk + kQ6KPacked / 16 * g);
+      I w[NH][4], scp[NH];
+      PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) {
+        const uint8_t* c = blk + 288 + 192 * g + 32 * (h0 + h);
+        const I A = load(c), B = load(c + 64), H = load(c + 128);
+        w[h][0] = _mm256_or_si256(_mm256_and_si256(A, lo4), _mm256_and_si256(_mm256_slli_epi16(H, 4), hi2));
+        w[h][1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(A, 4), lo4), _mm256_and_si256(_mm256_slli_epi16(H, 2), hi2));
+        w[h][2] = _mm256_or_si256(_mm256_and_si256(B, lo4), _mm256_and_si256(H, hi2));
+        w[h][3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(B, 4), lo4), _mm256_and_si256(_mm256_srli_epi16(H, 2), hi2));
+        const uint8_t* sc = blk + 32 + 16 * g + 8 * (h0 + h);
+        scp[h] = scale_pairs(sc, sc);
+      }
+      PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
+        I xb[4];
+        PTLLM_GGML_UNROLL for (int k = 0; k < 4; ++k) {
+          int32_t x4;
+          std::memcpy(&x4, x.q[t] + 256 * b + 16 * g + 4 * k, 4);
+          xb[k] = _mm256_set1_epi32(x4);
+        }
+        PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) {
+          const I p01 = _mm256_adds_epi16(_mm256_maddubs_epi16(w[h][0], xb[0]), _mm256_maddubs_epi16(w[h][1], xb[1]));
+          const I p23 = _mm256_adds_epi16(_mm256_maddubs_epi16(w[h][2], xb[2]), _mm256_maddubs_epi16(w[h][3], xb[3]));
+          isum[h][t] = _mm256_add_epi32(_mm256_add_epi32(isum[h][t], _mm256_madd_epi16(p01, scp[h])),
+                                        _mm256_madd_epi16(p23, scp[h]));
+        }
+      }
+    }
+    PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) {
+      const F dv = _mm256_cvtph_ps(load128(blk + 16 * (h0 + h)));
+      PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t)
+        acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[h][t]), _mm256_mul_ps(dv, _mm256_set1_ps(x.d[t][b])), acc[h][t]);
+    }
+  }
+  store_halves<NT, NH>(acc, y, ldy, bias, t0, base, lo, hi, h0);
+}
+
+// Rows [r0, r1) of a packed Q4_K or Q6_K matrix: decode reads a group's two halves in one pass (one
+// stream), prefill each half against tiles of 4 rows of x (a group's blocks read from memory once,
+// then from L1/L2).
+template <GgmlType Ty, int NT, int NH>
+PTLLM_GGML_TARGET void packed_k_tile(const uint8_t* grp, int nb, const GgmlActs& a, int t0, int h0, const float* bias,
+                                     float* y, int ldy, int base, int lo, int hi) {
+  if constexpr (Ty == GgmlType::Q6_K)
+    packed_q6k_tile<NT, NH>(grp, nb, a, t0, h0, bias, y, ldy, base, lo, hi);
+  else
+    packed_q4k_tile<NT, NH>(grp, nb, a, t0, h0, bias, y, ldy, base, lo, hi);
+}
+template <GgmlType Ty>
+PTLLM_GGML_TARGET void packed_k_rows(const WeightMatrix& w, const GgmlActs& a, const float* bias, float* y, int r0,
+                                     int r1) {
+  const int nb = w.cols / 256;
+  const size_t gb = size_t(nb) * size_t(Ty == GgmlType::Q6_K ? kQ6KPacked : kQ4KPacked);
+  for_packed_groups(w, gb, r0, r1, [&](const uint8_t* grp, int base, int lo, int hi) {
+    if (a.T == 1) return packed_k_tile<Ty, 1, 2>(grp, nb, a, 0, 0, bias, y, w.rows, base, lo, hi);
+    for (int h = lo / 8; h < (hi + 7) / 8; ++h) {
+      int t0 = 0;
+      for (; t0 + 4 <= a.T; t0 += 4) packed_k_tile<Ty, 4, 1>(grp, nb, a, t0, h, bias, y, w.rows, base, lo, hi);
+      switch (a.T - t0) {
+        case 3: packed_k_tile<Ty, 3, 1>(grp, nb, a, t0, h, bias, y, w.rows, base, lo, hi); break;
+        case 2: packed_k_tile<Ty, 2, 1>(grp, nb, a, t0, h, bias, y, w.rows, base, lo, hi); break;
+        case 1: packed_k_tile<Ty, 1, 1>(grp, nb, a, t0, h, bias, y, w.rows, base, lo, hi); break;
+        default: break;
+      }
     }
   });
 }
