@@ -431,6 +431,43 @@ struct AffineKernels {
       }
     }
   }
+  // Both halves of a 16-row group at once where registers hold 8 rows (H = 2), 2-, 4- and centred
+  // 8-bit codes: each broadcast of x serves 16 rows (half h of a line at + RB h). Each half's integer
+  // sums and float operations are packed_group_blocks', so the same bits.
+  template <int BITS, int TT, int NB>
+  [[gnu::always_inline]] PTLLM_AFFINE_TARGET static inline void packed_group_blocks_both(const uint8_t* codes, int b0,
+                                                                                         const int8_t* const* qt,
+                                                                                         const float* const* dt,
+                                                                                         const F* sv, F* acc) {
+    static_assert(H == 2 && BITS != 6);
+    constexpr int KPB = 8 / BITS, DPB = BITS;
+    PTLLM_AFFINE_UNROLL for (int b = b0; b < b0 + NB; ++b) {
+      const uint8_t* cb = codes + size_t(b) * DPB * kLine;
+      I a[H][TT];  // 8 bits: int32 sums; 2, 4 bits: int16 sums of pairs (at most 8 * 2 * 15 * 127)
+      PTLLM_AFFINE_UNROLL for (int q = 0; q < DPB; ++q) {
+        I u[H][KPB];
+        PTLLM_AFFINE_UNROLL for (int h = 0; h < H; ++h) unpack<BITS>(V::load_i(cb + q * kLine + h * RB), u[h]);
+        PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
+          const int8_t* x = qt[t] + b * kQ8Block;
+          PTLLM_AFFINE_UNROLL for (int k = 0; k < KPB; ++k) {
+            const I xb = V::bcst32(x + 4 * (k * DPB + q));
+            PTLLM_AFFINE_UNROLL for (int h = 0; h < H; ++h) {
+              if constexpr (BITS == 8) {
+                a[h][t] = V::dot8c(q == 0 ? V::zero_i() : a[h][t], u[h][0], xb);
+              } else {
+                const I p = V::mul_pairs(u[h][k], xb);
+                a[h][t] = q == 0 && k == 0 ? p : V::add16(a[h][t], p);
+              }
+            }
+          }
+        }
+      }
+      PTLLM_AFFINE_UNROLL for (int h = 0; h < H; ++h) PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
+        const I sum = BITS == 8 ? a[h][t] : V::widen16(a[h][t]);
+        acc[h * TT + t] = V::fma(V::cvt(sum), V::mul(sv[h], V::set1_f(dt[t][b])), acc[h * TT + t]);
+      }
+    }
+  }
   // Rows [t0, t0 + TT) of x against the 16 rows of the packed group at rg, the chunks of KC columns
   // from k0 to k1 (whole groups): each chunk's sum, from zero, is added to y's 16 columns from r (the
   // first chunk's to the bias). Registers of 8 lanes take the group as H = 2 halves of 8 rows, each
@@ -438,6 +475,9 @@ struct AffineKernels {
   // registers: the same float operations a lane, in the order affine_packed_rows_scalar repeats. One
   // row of x (decode) streams the groups front to back, touched ahead (kernels/stream.h); asking for
   // every line of the groups 2 to 8 ahead measured slower.
+  // Whether packed_block reads both halves of a group at once (packed_group_blocks_both).
+  template <int BITS>
+  static constexpr bool kBoth = H == 2 && BITS != 6 && (BITS == 8 ? centred8() : i16_sums());
   template <int BITS, class Ld, int TT>
   PTLLM_AFFINE_TARGET static void packed_block(const uint8_t* rg, size_t gb, const AffineX& x, int t0,
                                                const WeightMatrix& w, const float* bias, float* y, int r, int k0,
@@ -472,17 +512,34 @@ struct AffineKernels {
           touch_ahead(p);
           until_touch = touch - 1;
         }
-        PTLLM_AFFINE_UNROLL for (int h = 0; h < H; ++h) {
-          const F sv = Ld::load_n(p, size_t(h * L), L), bv = Ld::load_n(p + kAffinePackRows * es, size_t(h * L), L);
-          const uint8_t* codes = p + 2 * kAffinePackRows * es + h * RB;
-          F* ah = acc + h * TT;
-          if (nbg == 2)  // groups of 64, mlx's default: both blocks unrolled
-            packed_group_blocks<BITS, TT, 2>(codes, 0, qt, dt, sv, ah);
+        if constexpr (kBoth<BITS>) {
+          F sv[H], bv[H];
+          PTLLM_AFFINE_UNROLL for (int h = 0; h < H; ++h) {
+            sv[h] = Ld::load_n(p, size_t(h * L), L);
+            bv[h] = Ld::load_n(p + kAffinePackRows * es, size_t(h * L), L);
+          }
+          const uint8_t* codes = p + 2 * kAffinePackRows * es;
+          if (nbg == 2)
+            packed_group_blocks_both<BITS, TT, 2>(codes, 0, qt, dt, sv, acc);
           else
-            for (int b = 0; b < nbg; ++b) packed_group_blocks<BITS, TT, 1>(codes, b, qt, dt, sv, ah);
-          PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
-            const float c = BITS == 8 && centred8() ? kMid8 * xs[t][g] : xc[t][g];
-            ah[t] = V::fma(sv, V::set1_f(c), V::fma(bv, V::set1_f(xs[t][g]), ah[t]));
+            for (int b = 0; b < nbg; ++b) packed_group_blocks_both<BITS, TT, 1>(codes, b, qt, dt, sv, acc);
+          PTLLM_AFFINE_UNROLL for (int h = 0; h < H; ++h) PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
+            const float c = BITS == 8 ? kMid8 * xs[t][g] : xc[t][g];
+            acc[h * TT + t] = V::fma(sv[h], V::set1_f(c), V::fma(bv[h], V::set1_f(xs[t][g]), acc[h * TT + t]));
+          }
+        } else {
+          PTLLM_AFFINE_UNROLL for (int h = 0; h < H; ++h) {
+            const F sv = Ld::load_n(p, size_t(h * L), L), bv = Ld::load_n(p + kAffinePackRows * es, size_t(h * L), L);
+            const uint8_t* codes = p + 2 * kAffinePackRows * es + h * RB;
+            F* ah = acc + h * TT;
+            if (nbg == 2)  // groups of 64, mlx's default: both blocks unrolled
+              packed_group_blocks<BITS, TT, 2>(codes, 0, qt, dt, sv, ah);
+            else
+              for (int b = 0; b < nbg; ++b) packed_group_blocks<BITS, TT, 1>(codes, b, qt, dt, sv, ah);
+            PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
+              const float c = BITS == 8 && centred8() ? kMid8 * xs[t][g] : xc[t][g];
+              ah[t] = V::fma(sv, V::set1_f(c), V::fma(bv, V::set1_f(xs[t][g]), ah[t]));
+            }
           }
         }
         PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {

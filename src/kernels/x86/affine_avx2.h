@@ -59,7 +59,9 @@ struct Avx2Affine {
   // Byte products summed in 16-bit lanes (the packed product adds several before widening: with
   // codes below 16, eight products of pairs stay below 2^15): vpmaddubsw, vpaddw, vpmaddwd by ones.
   PTLLM_AFFINE_TARGET static I mul_pairs(I u, I s) { return _mm256_maddubs_epi16(u, s); }
-  PTLLM_AFFINE_TARGET static I add16(I a, I b) { return _mm256_add_epi16(a, b); }
+  // Saturating, though the sums never reach 2^15: GCC does not reassociate these, where plain adds
+  // became a tree over all of a block's products, spilled to the stack.
+  PTLLM_AFFINE_TARGET static I add16(I a, I b) { return _mm256_adds_epi16(a, b); }
   PTLLM_AFFINE_TARGET static I widen16(I v) { return _mm256_madd_epi16(v, _mm256_set1_epi16(1)); }
   // The gemv's 8-bit codes centred: acc + the products of u - 128 (a signed byte whose sign moves
   // onto s, |u - 128| <= 128 the unsigned operand: pairs at most 2 * 128 * 127, no saturation), one
@@ -67,8 +69,10 @@ struct Avx2Affine {
   static constexpr bool kCentred8 = true;
   PTLLM_AFFINE_TARGET static I dot8c(I acc, I u, I s) {
     const I c = _mm256_xor_si256(u, _mm256_set1_epi8(char(0x80)));
-    return _mm256_add_epi32(
+    I sum = _mm256_add_epi32(
         acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(c, c), _mm256_sign_epi8(s, c)), _mm256_set1_epi16(1)));
+    asm("" : "+x"(sum));  // a chain kept in order (as add16: reassociated, its products were spilled)
+    return sum;
   }
 #endif
   PTLLM_AFFINE_TARGET static F cvt(I v) { return _mm256_cvtepi32_ps(v); }
