@@ -127,6 +127,13 @@ PTLLM_GGML_TARGET void tiled_rows(const WeightMatrix& w, const GgmlActs& a, cons
 // of rows of x. Rows [base + lo, base + hi) of the group are stored.
 // A packed group's outputs from NT rows of x in two halves of 8 rows (acc[h][t]): y's rows
 // [base + lo, base + hi), plus the bias.
+// v, opaque to the compiler: a chain of integer adds kept in order. GCC otherwise reassociates a
+// block's chains into a tree over all its products, which spills them to the stack.
+PTLLM_GGML_TARGET inline I in_order(I v) {
+  asm("" : "+x"(v));
+  return v;
+}
+
 // NH < 2: the halves h0 .. h0 + NH - 1 alone.
 template <int NT, int NH = 2>
 PTLLM_GGML_TARGET inline void store_halves(const F (&acc)[NH][NT], float* y, int ldy, const float* bias, int t0, int base,
@@ -194,8 +201,8 @@ PTLLM_GGML_TARGET void packed_q4_0_tile(const uint8_t* grp, int nb, const GgmlAc
         std::memcpy(&xh, xq[t] + 32 * b + 16 + 4 * c, 4);
         const I bl = _mm256_set1_epi32(xl), bh = _mm256_set1_epi32(xh);
         PTLLM_GGML_UNROLL for (int h = 0; h < 2; ++h)
-          s16[h][t] = _mm256_add_epi16(s16[h][t], _mm256_add_epi16(_mm256_maddubs_epi16(wl[h], bl),
-                                                                   _mm256_maddubs_epi16(wh[h], bh)));
+          s16[h][t] = _mm256_adds_epi16(s16[h][t], _mm256_adds_epi16(_mm256_maddubs_epi16(wl[h], bl),
+                                                                     _mm256_maddubs_epi16(wh[h], bh)));
       }
     }
     const int32_t* cb = corr + size_t(b) * T + size_t(t0);
@@ -253,7 +260,7 @@ PTLLM_GGML_TARGET void packed_q8_0_tile(const uint8_t* grp, int nb, const GgmlAc
         const I xb = _mm256_set1_epi32(x4);
         PTLLM_GGML_UNROLL for (int h = 0; h < 2; ++h) {
           const I p = _mm256_madd_epi16(_mm256_maddubs_epi16(ac[h], _mm256_sign_epi8(xb, c[h])), ones);
-          is[h][t] = k == 0 ? p : _mm256_add_epi32(is[h][t], p);
+          is[h][t] = k == 0 ? p : in_order(_mm256_add_epi32(is[h][t], p));
         }
       }
     }
@@ -339,10 +346,9 @@ PTLLM_GGML_TARGET void packed_q4k_tile(const uint8_t* grp, int nb, const GgmlAct
           std::memcpy(&q1, x.q[t] + 256 * b + 32 * j + 8 * c + 4, 4);
           const I x0 = _mm256_set1_epi32(q0), x1 = _mm256_set1_epi32(q1);
           PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) {
-            // Saturating adds that never saturate: GCC cannot reassociate them, where plain adds became
-            // a tree over all 32 products of a sub-block, spilled to the stack.
-            const I p = _mm256_maddubs_epi16(c0[h], x0);
-            s16[h][t] = _mm256_adds_epi16(c == 0 ? p : _mm256_adds_epi16(s16[h][t], p), _mm256_maddubs_epi16(c1[h], x1));
+            // Saturating adds (the sums stay below 2^15) are not reassociated: kept in order, as in_order's.
+            const I p = _mm256_adds_epi16(_mm256_maddubs_epi16(c0[h], x0), _mm256_maddubs_epi16(c1[h], x1));
+            s16[h][t] = c == 0 ? p : _mm256_adds_epi16(s16[h][t], p);
           }
         }
       }
