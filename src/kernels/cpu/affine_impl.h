@@ -475,9 +475,20 @@ struct AffineKernels {
   // registers: the same float operations a lane, in the order affine_packed_rows_scalar repeats. One
   // row of x (decode) streams the groups front to back, touched ahead (kernels/stream.h); asking for
   // every line of the groups 2 to 8 ahead measured slower.
-  // Whether packed_block reads both halves of a group at once (packed_group_blocks_both).
-  template <int BITS>
-  static constexpr bool kBoth = H == 2 && BITS != 6 && (BITS == 8 ? centred8() : i16_sums());
+  // Blocks b0 .. b0 + NB - 1 of a group's H halves (sv[h], acc + h TT): both at once where
+  // packed_group_blocks_both takes the codes, else half after half.
+  template <int BITS, int TT, int NB>
+  [[gnu::always_inline]] PTLLM_AFFINE_TARGET static inline void group_blocks(const uint8_t* codes, int b0,
+                                                                             const int8_t* const* qt,
+                                                                             const float* const* dt, const F* sv,
+                                                                             F* acc) {
+    if constexpr (H == 2 && BITS != 6 && (BITS == 8 ? centred8() : i16_sums()))
+      packed_group_blocks_both<BITS, TT, NB>(codes, b0, qt, dt, sv, acc);
+    else {
+      PTLLM_AFFINE_UNROLL for (int h = 0; h < H; ++h)
+        packed_group_blocks<BITS, TT, NB>(codes + h * RB, b0, qt, dt, sv[h], acc + h * TT);
+    }
+  }
   template <int BITS, class Ld, int TT>
   PTLLM_AFFINE_TARGET static void packed_block(const uint8_t* rg, size_t gb, const AffineX& x, int t0,
                                                const WeightMatrix& w, const float* bias, float* y, int r, int k0,
@@ -512,35 +523,19 @@ struct AffineKernels {
           touch_ahead(p);
           until_touch = touch - 1;
         }
-        if constexpr (kBoth<BITS>) {
-          F sv[H], bv[H];
-          PTLLM_AFFINE_UNROLL for (int h = 0; h < H; ++h) {
-            sv[h] = Ld::load_n(p, size_t(h * L), L);
-            bv[h] = Ld::load_n(p + kAffinePackRows * es, size_t(h * L), L);
-          }
-          const uint8_t* codes = p + 2 * kAffinePackRows * es;
-          if (nbg == 2)
-            packed_group_blocks_both<BITS, TT, 2>(codes, 0, qt, dt, sv, acc);
-          else
-            for (int b = 0; b < nbg; ++b) packed_group_blocks_both<BITS, TT, 1>(codes, b, qt, dt, sv, acc);
-          PTLLM_AFFINE_UNROLL for (int h = 0; h < H; ++h) PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
-            const float c = BITS == 8 ? kMid8 * xs[t][g] : xc[t][g];
-            acc[h * TT + t] = V::fma(sv[h], V::set1_f(c), V::fma(bv[h], V::set1_f(xs[t][g]), acc[h * TT + t]));
-          }
-        } else {
-          PTLLM_AFFINE_UNROLL for (int h = 0; h < H; ++h) {
-            const F sv = Ld::load_n(p, size_t(h * L), L), bv = Ld::load_n(p + kAffinePackRows * es, size_t(h * L), L);
-            const uint8_t* codes = p + 2 * kAffinePackRows * es + h * RB;
-            F* ah = acc + h * TT;
-            if (nbg == 2)  // groups of 64, mlx's default: both blocks unrolled
-              packed_group_blocks<BITS, TT, 2>(codes, 0, qt, dt, sv, ah);
-            else
-              for (int b = 0; b < nbg; ++b) packed_group_blocks<BITS, TT, 1>(codes, b, qt, dt, sv, ah);
-            PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
-              const float c = BITS == 8 && centred8() ? kMid8 * xs[t][g] : xc[t][g];
-              ah[t] = V::fma(sv, V::set1_f(c), V::fma(bv, V::set1_f(xs[t][g]), ah[t]));
-            }
-          }
+        F sv[H], bv[H];
+        PTLLM_AFFINE_UNROLL for (int h = 0; h < H; ++h) {
+          sv[h] = Ld::load_n(p, size_t(h * L), L);
+          bv[h] = Ld::load_n(p + kAffinePackRows * es, size_t(h * L), L);
+        }
+        const uint8_t* codes = p + 2 * kAffinePackRows * es;
+        if (nbg == 2)  // groups of 64, mlx's default: both blocks unrolled
+          group_blocks<BITS, TT, 2>(codes, 0, qt, dt, sv, acc);
+        else
+          for (int b = 0; b < nbg; ++b) group_blocks<BITS, TT, 1>(codes, b, qt, dt, sv, acc);
+        PTLLM_AFFINE_UNROLL for (int h = 0; h < H; ++h) PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
+          const float c = BITS == 8 && centred8() ? kMid8 * xs[t][g] : xc[t][g];
+          acc[h * TT + t] = V::fma(sv[h], V::set1_f(c), V::fma(bv[h], V::set1_f(xs[t][g]), acc[h * TT + t]));
         }
         PTLLM_AFFINE_UNROLL for (int t = 0; t < TT; ++t) {
           qt[t] += w.group_size;

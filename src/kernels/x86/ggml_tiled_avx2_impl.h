@@ -289,152 +289,145 @@ PTLLM_GGML_TARGET void packed_q8_0_rows(const WeightMatrix& w, const GgmlActs& a
   });
 }
 
-// ---- Q4_K packed in 16-row groups --------------------------------------------------------------
-// The AVX-512 VNNI packed layout (ggml.h: per block the 16 rows' d, dmin, sub-block scales, mins in
-// pairs, then per sub-block j four 64-byte lines, line c holding in row i's dword the nibbles of
-// values 32j + 8c .. + 7) read by halves of 8 rows. Without VNNI the nibble x int8 products of a
-// sub-block are summed in int16 (8 vpmaddubsw pairs of at most 2 * 15 * 127: 30480), then once
-// into int32 times the sub-block's scale (vpmaddwd). The integer sums per block are the AVX-512
-// kernel's (mins first, then codes), and so are its float operations: the same bits, whatever the
-// count of rows of x. NH halves per pass from h0: decode streams both, prefill one at a time against
-// more rows of x (the registers of a tile: 3 NH NT sums and 2 NH code vectors).
+// ---- Q4_K and Q6_K packed in 16-row groups -----------------------------------------------------
+// The AVX-512 VNNI packed layouts (ggml.h) read by halves of 8 rows. Each block's integer sums are
+// the AVX-512 kernels' (exact, in another order) and so are its float operations: the same bits,
+// whatever the count of rows of x. NH halves per pass from h0: decode streams both, prefill one at a
+// time against more rows of x (16 registers). Sub-block and group loops are not unrolled: a block's
+// whole code spilled the sums to the stack. Saturating int16 adds (the sums stay below 2^15) are
+// not reassociated: kept in order, as in_order's.
+
+// Q4_K (per block the 16 rows' d, dmin, sub-block scales, mins in pairs, then per sub-block j four
+// 64-byte lines, line c holding in row i's dword the nibbles of values 32j + 8c .. + 7): acc gets
+// - dmin d8 sum_j m_j sum_j(x) first (as the AVX-512 kernel), isum the codes' sums. A sub-block's
+// nibble x int8 products are summed in int16 (8 vpmaddubsw pairs of at most 2 * 15 * 127: 30480),
+// then once into int32 times its scale (vpmaddwd).
 template <int NT, int NH>
-PTLLM_GGML_TARGET void packed_q4k_tile(const uint8_t* grp, int nb, const GgmlActs& a, int t0, int h0,
-                                       const float* bias, float* y, int ldy, int base, int lo, int hi) {
-  const Rows<NT> x(a, t0);
-  F acc[NH][NT];
-  PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t)
-    acc[h][t] = _mm256_setzero_ps();
+[[gnu::always_inline]] PTLLM_GGML_TARGET inline void q4k_block(const uint8_t* blk, const Rows<NT>& x, int b, int h0,
+                                                               F (&acc)[NH][NT], I (&isum)[NH][NT]) {
   const I lo4 = bytes(0x0f);
-  for (int b = 0; b < nb; ++b) {
-    const uint8_t* blk = grp + size_t(b) * size_t(kQ4KPacked);
-    // - dmin d8 sum_j m_j sum_j(x): x's sums of 32 as int16 pairs (sub-blocks 2p, 2p + 1) in dword
-    // p (p < 2) or 2 + p (vphaddw keeps 128-bit lanes), against each row's pair of mins.
-    I s32[NT];
+  // x's sums of 32 as int16 pairs (sub-blocks 2p, 2p + 1) in dword p (p < 2) or 2 + p (vphaddw keeps
+  // 128-bit lanes), against each row's pair of mins.
+  I s32[NT];
+  PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
+    const I s = load(x.s[t] + 16 * b);
+    s32[t] = _mm256_hadd_epi16(s, s);
+  }
+  PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) {
+    I mp[4];
+    PTLLM_GGML_UNROLL for (int p = 0; p < 4; ++p) mp[p] = _mm256_cvtepu8_epi16(load128(blk + 192 + 32 * p + 16 * (h0 + h)));
+    const F dm = _mm256_cvtph_ps(load128(blk + 32 + 16 * (h0 + h)));
     PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
-      const I s = load(x.s[t] + 16 * b);
-      s32[t] = _mm256_hadd_epi16(s, s);
-    }
-    PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) {
-      I mp[4];
-      PTLLM_GGML_UNROLL for (int p = 0; p < 4; ++p) mp[p] = _mm256_cvtepu8_epi16(load128(blk + 192 + 32 * p + 16 * (h0 + h)));
-      const F dm = _mm256_cvtph_ps(load128(blk + 32 + 16 * (h0 + h)));
-      PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
-        I m = _mm256_setzero_si256();
-        PTLLM_GGML_UNROLL for (int p = 0; p < 4; ++p)
-          m = _mm256_add_epi32(m, _mm256_madd_epi16(mp[p], _mm256_permutevar8x32_epi32(s32[t], _mm256_set1_epi32(p % 2 + 4 * (p / 2)))));
-        acc[h][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(dm, _mm256_set1_ps(x.d[t][b])), acc[h][t]);
-      }
-    }
-    I isum[NH][NT];
-    PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t)
+      I m = _mm256_setzero_si256();
+      PTLLM_GGML_UNROLL for (int p = 0; p < 4; ++p)
+        m = _mm256_add_epi32(m, _mm256_madd_epi16(mp[p], _mm256_permutevar8x32_epi32(s32[t], _mm256_set1_epi32(p % 2 + 4 * (p / 2)))));
+      acc[h][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(dm, _mm256_set1_ps(x.d[t][b])), acc[h][t]);
       isum[h][t] = _mm256_setzero_si256();
-    // Not unrolled: a block's whole code (32 lines) spilled the sums to the stack.
-    _Pragma("GCC unroll 1") for (int j = 0; j < 8; ++j) {
-      if (NT == 1) ask_ahead<kQ4KPacked / 8>(blk + kQ4KPacked / 8 * j);
-      I s16[NH][NT];
-      PTLLM_GGML_UNROLL for (int c = 0; c < 4; ++c) {
-        I c0[NH], c1[NH];
-        PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) {
-          const I w = load(blk + 320 + 256 * j + 64 * c + 32 * (h0 + h));
-          c0[h] = _mm256_and_si256(w, lo4);
-          c1[h] = _mm256_and_si256(_mm256_srli_epi16(w, 4), lo4);
-        }
-        PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
-          int32_t q0, q1;
-          std::memcpy(&q0, x.q[t] + 256 * b + 32 * j + 8 * c, 4);
-          std::memcpy(&q1, x.q[t] + 256 * b + 32 * j + 8 * c + 4, 4);
-          const I x0 = _mm256_set1_epi32(q0), x1 = _mm256_set1_epi32(q1);
-          PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) {
-            // Saturating adds (the sums stay below 2^15) are not reassociated: kept in order, as in_order's.
-            const I p = _mm256_adds_epi16(_mm256_maddubs_epi16(c0[h], x0), _mm256_maddubs_epi16(c1[h], x1));
-            s16[h][t] = c == 0 ? p : _mm256_adds_epi16(s16[h][t], p);
-          }
-        }
-      }
-      PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) {
-        const I sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 64 + 16 * j + 8 * (h0 + h))));
-        const I scp = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16));  // the scale in both int16 halves
-        PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
-          isum[h][t] = _mm256_add_epi32(isum[h][t], _mm256_madd_epi16(s16[h][t], scp));
-        }
-      }
-    }
-    PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) {
-      const F dv = _mm256_cvtph_ps(load128(blk + 16 * (h0 + h)));
-      PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t)
-        acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[h][t]), _mm256_mul_ps(dv, _mm256_set1_ps(x.d[t][b])), acc[h][t]);
     }
   }
-  store_halves<NT, NH>(acc, y, ldy, bias, t0, base, lo, hi, h0);
+  _Pragma("GCC unroll 1") for (int j = 0; j < 8; ++j) {
+    if (NT == 1) ask_ahead<kQ4KPacked / 8>(blk + kQ4KPacked / 8 * j);
+    I s16[NH][NT];
+    PTLLM_GGML_UNROLL for (int c = 0; c < 4; ++c) {
+      I c0[NH], c1[NH];
+      PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) {
+        const I w = load(blk + 320 + 256 * j + 64 * c + 32 * (h0 + h));
+        c0[h] = _mm256_and_si256(w, lo4);
+        c1[h] = _mm256_and_si256(_mm256_srli_epi16(w, 4), lo4);
+      }
+      PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
+        int32_t q0, q1;
+        std::memcpy(&q0, x.q[t] + 256 * b + 32 * j + 8 * c, 4);
+        std::memcpy(&q1, x.q[t] + 256 * b + 32 * j + 8 * c + 4, 4);
+        const I x0 = _mm256_set1_epi32(q0), x1 = _mm256_set1_epi32(q1);
+        PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) {
+          const I p = _mm256_adds_epi16(_mm256_maddubs_epi16(c0[h], x0), _mm256_maddubs_epi16(c1[h], x1));
+          s16[h][t] = c == 0 ? p : _mm256_adds_epi16(s16[h][t], p);
+        }
+      }
+    }
+    PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) {
+      const I sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 64 + 16 * j + 8 * (h0 + h))));
+      const I scp = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16));  // the scale in both int16 halves
+      PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t)
+        isum[h][t] = _mm256_add_epi32(isum[h][t], _mm256_madd_epi16(s16[h][t], scp));
+    }
+  }
 }
 
-
-// ---- Q6_K packed in 16-row groups --------------------------------------------------------------
-// The AVX-512 VNNI packed layout (ggml.h: per block the 16 rows' d and 16 scales, then per 16-value
-// group three 64-byte lines: the low nibbles of values 0-3 and 4-7, of 8-11 and 12-15, and their
-// top two bits) read by halves of 8 rows. Codes 0..63 times x in int16 pairs (at most
-// 2 * 63 * 127), two pairs summed (32004) before vpmaddwd by the group's scale; the -32 offset from
-// x's sums of 16, in integers. The integer sum per block is the AVX-512 kernel's, and so are its
-// float operations: the same bits, whatever the count of rows of x.
 // 8 rows' int8 scales from p and from q as int16 pairs (p[i], q[i]), one a dword.
 PTLLM_GGML_TARGET inline I scale_pairs(const uint8_t* p, const uint8_t* q) {
   const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
   return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(v, _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))));
 }
 
+// Q6_K (per block the 16 rows' d and 16 scales, then per 16-value group three 64-byte lines: the
+// low nibbles of values 0-3 and 4-7, of 8-11 and 12-15, and their top two bits): isum gets the
+// block's sum. Codes 0..63 times x in int16 pairs (at most 2 * 63 * 127), two pairs summed (32004)
+// before vpmaddwd by the group's scale; the -32 offset from x's sums of 16, groups by pairs.
 template <int NT, int NH>
-PTLLM_GGML_TARGET void packed_q6k_tile(const uint8_t* grp, int nb, const GgmlActs& a, int t0, int h0,
-                                       const float* bias, float* y, int ldy, int base, int lo, int hi) {
+[[gnu::always_inline]] PTLLM_GGML_TARGET inline void q6k_block(const uint8_t* blk, const Rows<NT>& x, int b, int h0,
+                                                               I (&isum)[NH][NT]) {
+  const I lo4 = bytes(0x0f), hi2 = bytes(0x30);
+  PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t)
+    isum[h][t] = _mm256_setzero_si256();
+  PTLLM_GGML_UNROLL for (int p = 0; p < 8; ++p) PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) {
+    const uint8_t* sc = blk + 32 + 32 * p + 8 * (h0 + h);
+    const I sp = scale_pairs(sc, sc + 16);
+    PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
+      int32_t s2;
+      std::memcpy(&s2, x.s[t] + 16 * b + 2 * p, 4);
+      isum[h][t] = _mm256_add_epi32(isum[h][t], _mm256_madd_epi16(sp, _mm256_set1_epi32(s2)));
+    }
+  }
+  PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t)
+    isum[h][t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(isum[h][t], 5));
+  _Pragma("GCC unroll 1") for (int g = 0; g < 16; ++g) {
+    if (NT == 1) ask_ahead<kQ6KPacked / 16>(blk + kQ6KPacked / 16 * g);
+    I w[NH][4], scp[NH];
+    PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) {
+      const uint8_t* c = blk + 288 + 192 * g + 32 * (h0 + h);
+      const I A = load(c), B = load(c + 64), H = load(c + 128);
+      w[h][0] = _mm256_or_si256(_mm256_and_si256(A, lo4), _mm256_and_si256(_mm256_slli_epi16(H, 4), hi2));
+      w[h][1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(A, 4), lo4), _mm256_and_si256(_mm256_slli_epi16(H, 2), hi2));
+      w[h][2] = _mm256_or_si256(_mm256_and_si256(B, lo4), _mm256_and_si256(H, hi2));
+      w[h][3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(B, 4), lo4), _mm256_and_si256(_mm256_srli_epi16(H, 2), hi2));
+      const uint8_t* sc = blk + 32 + 16 * g + 8 * (h0 + h);
+      scp[h] = scale_pairs(sc, sc);
+    }
+    PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
+      I xb[4];
+      PTLLM_GGML_UNROLL for (int k = 0; k < 4; ++k) {
+        int32_t x4;
+        std::memcpy(&x4, x.q[t] + 256 * b + 16 * g + 4 * k, 4);
+        xb[k] = _mm256_set1_epi32(x4);
+      }
+      PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) {
+        const I p01 = _mm256_adds_epi16(_mm256_maddubs_epi16(w[h][0], xb[0]), _mm256_maddubs_epi16(w[h][1], xb[1]));
+        const I p23 = _mm256_adds_epi16(_mm256_maddubs_epi16(w[h][2], xb[2]), _mm256_maddubs_epi16(w[h][3], xb[3]));
+        isum[h][t] = _mm256_add_epi32(_mm256_add_epi32(isum[h][t], _mm256_madd_epi16(p01, scp[h])),
+                                      _mm256_madd_epi16(p23, scp[h]));
+      }
+    }
+  }
+}
+
+// A packed Q4_K or Q6_K group against NT rows of x from t0: per block the type's integer sums, then
+// one FMA by the rows' d (the first 32 bytes of either block) and x's block scale.
+template <GgmlType Ty, int NT, int NH>
+PTLLM_GGML_TARGET void packed_k_tile(const uint8_t* grp, int nb, const GgmlActs& a, int t0, int h0, const float* bias,
+                                     float* y, int ldy, int base, int lo, int hi) {
   const Rows<NT> x(a, t0);
   F acc[NH][NT];
   PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t)
     acc[h][t] = _mm256_setzero_ps();
-  const I lo4 = bytes(0x0f), hi2 = bytes(0x30);
   for (int b = 0; b < nb; ++b) {
-    const uint8_t* blk = grp + size_t(b) * size_t(kQ6KPacked);
-    I isum[NH][NT];  // - 32 sum_g sc_g sum_g(x), groups by pairs
-    PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t)
-      isum[h][t] = _mm256_setzero_si256();
-    PTLLM_GGML_UNROLL for (int p = 0; p < 8; ++p) PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) {
-      const uint8_t* sc = blk + 32 + 32 * p + 8 * (h0 + h);
-      const I sp = scale_pairs(sc, sc + 16);
-      PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
-        int32_t s2;
-        std::memcpy(&s2, x.s[t] + 16 * b + 2 * p, 4);
-        isum[h][t] = _mm256_add_epi32(isum[h][t], _mm256_madd_epi16(sp, _mm256_set1_epi32(s2)));
-      }
-    }
-    PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t)
-      isum[h][t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(isum[h][t], 5));
-    _Pragma("GCC unroll 1") for (int g = 0; g < 16; ++g) {
-      if (NT == 1) ask_ahead<kQ6KPacked / 16>(blk + kQ6KPacked / 16 * g);
-      I w[NH][4], scp[NH];
-      PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) {
-        const uint8_t* c = blk + 288 + 192 * g + 32 * (h0 + h);
-        const I A = load(c), B = load(c + 64), H = load(c + 128);
-        w[h][0] = _mm256_or_si256(_mm256_and_si256(A, lo4), _mm256_and_si256(_mm256_slli_epi16(H, 4), hi2));
-        w[h][1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(A, 4), lo4), _mm256_and_si256(_mm256_slli_epi16(H, 2), hi2));
-        w[h][2] = _mm256_or_si256(_mm256_and_si256(B, lo4), _mm256_and_si256(H, hi2));
-        w[h][3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(B, 4), lo4), _mm256_and_si256(_mm256_srli_epi16(H, 2), hi2));
-        const uint8_t* sc = blk + 32 + 16 * g + 8 * (h0 + h);
-        scp[h] = scale_pairs(sc, sc);
-      }
-      PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
-        I xb[4];
-        PTLLM_GGML_UNROLL for (int k = 0; k < 4; ++k) {
-          int32_t x4;
-          std::memcpy(&x4, x.q[t] + 256 * b + 16 * g + 4 * k, 4);
-          xb[k] = _mm256_set1_epi32(x4);
-        }
-        PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) {
-          const I p01 = _mm256_adds_epi16(_mm256_maddubs_epi16(w[h][0], xb[0]), _mm256_maddubs_epi16(w[h][1], xb[1]));
-          const I p23 = _mm256_adds_epi16(_mm256_maddubs_epi16(w[h][2], xb[2]), _mm256_maddubs_epi16(w[h][3], xb[3]));
-          isum[h][t] = _mm256_add_epi32(_mm256_add_epi32(isum[h][t], _mm256_madd_epi16(p01, scp[h])),
-                                        _mm256_madd_epi16(p23, scp[h]));
-        }
-      }
-    }
+    const uint8_t* blk = grp + size_t(b) * size_t(Ty == GgmlType::Q6_K ? kQ6KPacked : kQ4KPacked);
+    I isum[NH][NT];
+    if constexpr (Ty == GgmlType::Q6_K)
+      q6k_block<NT, NH>(blk, x, b, h0, isum);
+    else
+      q4k_block<NT, NH>(blk, x, b, h0, acc, isum);
     PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) {
       const F dv = _mm256_cvtph_ps(load128(blk + 16 * (h0 + h)));
       PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t)
@@ -447,14 +440,6 @@ PTLLM_GGML_TARGET void packed_q6k_tile(const uint8_t* grp, int nb, const GgmlAct
 // Rows [r0, r1) of a packed Q4_K or Q6_K matrix: decode reads a group's two halves in one pass (one
 // stream), prefill each half against tiles of 4 rows of x (a group's blocks read from memory once,
 // then from L1/L2).
-template <GgmlType Ty, int NT, int NH>
-PTLLM_GGML_TARGET void packed_k_tile(const uint8_t* grp, int nb, const GgmlActs& a, int t0, int h0, const float* bias,
-                                     float* y, int ldy, int base, int lo, int hi) {
-  if constexpr (Ty == GgmlType::Q6_K)
-    packed_q6k_tile<NT, NH>(grp, nb, a, t0, h0, bias, y, ldy, base, lo, hi);
-  else
-    packed_q4k_tile<NT, NH>(grp, nb, a, t0, h0, bias, y, ldy, base, lo, hi);
-}
 template <GgmlType Ty>
 PTLLM_GGML_TARGET void packed_k_rows(const WeightMatrix& w, const GgmlActs& a, const float* bias, float* y, int r0,
                                      int r1) {
