@@ -653,10 +653,10 @@ void register_decode() {
     for (bool packed : {false, true}) {
       const std::string name = "decode/gemv_affine" + std::to_string(bits) + (packed ? "p" : "");
       benchmark::RegisterBenchmark(name.c_str(), [bits, packed](benchmark::State& st) {
-        // decode/gemv_bf16's 16 matrices of 8192 x 2048, as codes (group 64, bf16 scales).
-        const int N = 8192, K = 2048, count = int(kStreamBytes / (size_t(N) * K * 2));
+        // Matrices of 8192 x 2048 codes (group 64, bf16 scales) filling kStreamBytes.
+        const int N = 8192, K = 2048;
         std::vector<std::unique_ptr<AffineBench>> ms;
-        for (int i = 0; i < count; ++i) {
+        for (size_t n = 0; n < kStreamBytes; n += ms.back()->w.nbytes()) {
           ms.push_back(std::make_unique<AffineBench>(bits, N, K));
           if (packed) ms.back()->pack();
         }
@@ -666,7 +666,35 @@ void register_decode() {
           for (const auto& m : ms) matmul(x.data(), 1, m->w, nullptr, y.data(), pool());
           benchmark::ClobberMemory();
         }
-        st.SetBytesProcessed(int64_t(st.iterations()) * int64_t(count) * int64_t(ms[0]->w.nbytes()));
+        st.SetBytesProcessed(int64_t(st.iterations()) * int64_t(ms.size()) * int64_t(ms[0]->w.nbytes()));
+      })->UseRealTime()->Unit(benchmark::kMillisecond);
+    }
+  // decode/gemv_ggml_<type>[p]: 8192 x 2048 matrices of llama.cpp's blocks, copies of one (the
+  // K-quant reference quantizers are slow) filling kStreamBytes; "p": packed as a load packs them.
+  for (const char* type : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"})
+    for (bool packed : {false, true}) {
+      const std::string name = std::string("decode/gemv_ggml_") + type + (packed ? "p" : "");
+      benchmark::RegisterBenchmark(name.c_str(), [type = std::string(type), packed](benchmark::State& st) {
+        const int N = 8192, K = 2048;
+        WeightMatrix m = ggml_matrix(ggml_type_by_name(type), bench_weights("ggml_" + type, N, K).data(), N, K);
+        if (packed && !ggml_pack_wanted(m.ggml)) return st.SkipWithError("this CPU's kernels read it in the file's layout");
+        const size_t bytes = packed ? ggml_packed_bytes(m) : m.nbytes();
+        const int count = int(kStreamBytes / bytes);
+        auto w = aligned_buffer<uint8_t>(size_t(count) * bytes, 0);
+        if (packed) ggml_pack(m, w.get(), 0, N / kGgmlPackRows);
+        else std::memcpy(w.get(), m.data, bytes);
+        for (int i = 1; i < count; ++i) std::memcpy(w.get() + size_t(i) * bytes, w.get(), bytes);
+        auto x = random_floats(K);
+        std::vector<float> y(N);
+        for (auto _ : st) {
+          for (int i = 0; i < count; ++i) {
+            const uint8_t* p = w.get() + size_t(i) * bytes;
+            matmul(x.data(), 1, packed ? ggml_packed_matrix(m.ggml, p, N, K) : ggml_matrix(m.ggml, p, N, K), nullptr,
+                   y.data(), pool());
+          }
+          benchmark::ClobberMemory();
+        }
+        st.SetBytesProcessed(int64_t(st.iterations()) * int64_t(count) * int64_t(bytes));
       })->UseRealTime()->Unit(benchmark::kMillisecond);
     }
   benchmark::RegisterBenchmark("decode/read", [](benchmark::State& st) {
