@@ -2,8 +2,8 @@
 // Streaming weights from memory. A decode step reads every matrix once, each thread its own run front
 // to back. The hardware prefetchers stop at each 4 KiB page, and the first read of the next page then
 // waits for its translation and for memory. One software prefetch every few KiB of the stream, 8 KiB
-// ahead, starts the next pages early. Prefetching every line instead fills the core's miss buffers
-// and was slower.
+// ahead, starts the next pages early. Prefetching every line instead of it was slower on a Zen 5;
+// the x86 packed products do both (kernels/x86/ggml_kernels_impl.h, kAheadBytes).
 #include <cstddef>
 
 namespace ptllm {

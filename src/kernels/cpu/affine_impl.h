@@ -44,13 +44,20 @@ struct AffineKernels {
   // kLine bytes, read in H registers of L rows (16 or 8 lanes; narrower registers take none).
   static constexpr int kLine = kAffinePackRows * 4, H = kAffinePackRows / L;
   static constexpr bool kPacked = L == kAffinePackRows || 2 * L == kAffinePackRows;
-  // Decode's packed stream: each line asked for this far ahead (V::kPackedLineAhead), or, with 0,
-  // touched a few times a page (kernels/stream.h).
+  // Decode's packed stream: each line asked for this far ahead (V::kPackedLineAhead: x86, where the
+  // touch alone left the 4-bit stream well below the read rate), and touched a few times a page
+  // (kernels/stream.h) where there is no such distance or V::kPackedTouch.
   static constexpr size_t kPackedLineAhead = [] {
     if constexpr (requires { V::kPackedLineAhead; })
       return size_t(V::kPackedLineAhead);
     else
       return size_t(0);
+  }();
+  static constexpr bool kPackedTouch = [] {
+    if constexpr (requires { V::kPackedTouch; })
+      return V::kPackedTouch;
+    else
+      return kPackedLineAhead == 0;
   }();
 
   // Scales and biases of a row by group index, as float32.
@@ -517,10 +524,10 @@ struct AffineKernels {
       PTLLM_AFFINE_UNROLL for (int j = 0; j < H * TT; ++j) acc[j] = V::zero_f();
       for (int g = c0 >> gsh; g < std::min(c0 + KC, k1) >> gsh; ++g) {
         const uint8_t* p = rg + size_t(g) * gb;
-        if constexpr (TT == 1 && kPackedLineAhead > 0) {
+        if constexpr (TT == 1 && kPackedLineAhead > 0)
           for (size_t o = 0; o < gb; o += 64) __builtin_prefetch(p + kPackedLineAhead + o);
-        } else if (TT == 1 && --until_touch < 0) {
-          touch_ahead(p);
+        if (TT == 1 && kPackedTouch && --until_touch < 0) {
+          touch_ahead(p + kPackedLineAhead);
           until_touch = touch - 1;
         }
         F sv[H], bv[H];

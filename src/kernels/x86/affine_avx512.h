@@ -27,6 +27,8 @@ struct Avx512Affine {
   using I = __m512i;
   using F = __m512;
   static constexpr int RB = 64, GTT = 4;
+  static constexpr int kPackedLineAhead = 4096;
+  static constexpr bool kPackedTouch = true;
 
   PTLLM_AFFINE_TARGET static I zero_i() { return _mm512_setzero_si512(); }
   PTLLM_AFFINE_TARGET static I load_i(const void* p) { return _mm512_loadu_si512(p); }

@@ -82,11 +82,12 @@ PTLLM_GGML_TARGET inline float hsum(F v) {
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
-// The K-quants' weight stream is asked for this far ahead of the block being read: the hardware
+// A decode stream is asked for this far ahead of the block being read, every line: the hardware
 // prefetchers stop at every 4 KiB page, and a decode step (one row of x) otherwise waits on misses
-// at each one, as the BF16 gemv measured (Q4_K_M decode: 15% less CPU time). The 32-value blocks
-// take it under AVX2 (Q8_0 decode 1.1-1.2x on a Zen 3, Q4_0 packed more), not under AVX-512 (Q8_0
-// about 5% slower there). `n` bytes from p + kAheadBytes.
+// at each one, as the BF16 gemv measured (Q4_K_M decode: 15% less CPU time). The packed products
+// take it (with a touch a few times a page alone, kernels/stream.h, an AVX-512 Xeon streamed the
+// packed Q4_0 matrices well below its read rate), and the file's Q8_0 rows under AVX2, not under
+// AVX-512 (about 5% slower there). `n` bytes from p + kAheadBytes.
 constexpr size_t kAheadBytes = 4096;
 template <int n>
 PTLLM_GGML_TARGET inline void ask_ahead(const uint8_t* p) {
@@ -598,12 +599,16 @@ PTLLM_GGML_TARGET void packed32_tile(const uint8_t* grp, size_t gb, int nb, cons
   }
   const Z lo4 = _mm512_set1_epi8(0x0f);
   const size_t T = size_t(a.T);
-  // One group at a time (decode): one stream a thread, touched ahead (kernels/stream.h).
+  // One group at a time (decode): one stream a thread, each line asked for ahead (see kAheadBytes)
+  // and the page past those touched (kernels/stream.h), as the packed K-quants'.
   constexpr int kTouch = touch_every(kUnit / 2);
   for (int b = 0; b < nb; ++b) {
     const uint8_t* unit = grp + size_t(b / 2) * kUnit;
     const uint8_t* codes = unit + 64 + kBlockCodes * size_t(b % 2);
-    if (NP == 1 && b % kTouch == 0) touch_ahead(unit);
+    if (NP == 1) {
+      ask_ahead<kUnit / 2>(unit + kUnit / 2 * size_t(b % 2));
+      if (b % kTouch == 0) touch_ahead(unit + kAheadBytes);
+    }
     const int32_t* cb = corr + size_t(b) * T + size_t(t0);
     const float* db = xs + size_t(b) * T + size_t(t0);
     Z is[NP][NT], hs[NP][NT];
