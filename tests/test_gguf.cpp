@@ -18,7 +18,6 @@
 #include "engine/prompt_cache.h"
 #include "engine/runtime.h"
 #include "engine/session.h"
-#include "kernels/amx.h"
 #include "kernels/ggml.h"
 #include "kernels/ops.h"
 #include "kernels/simd.h"
@@ -950,7 +949,6 @@ void expect_q4_0_and_q8_0_answer_alike() {
 
 TEST(GgufPackedModel, Q4_0AndQ8_0AnswerAsTheFilesLayout) {
   if (!ggml_pack_wanted(GgmlType::Q8_0)) GTEST_SKIP() << "this CPU's kernels read Q8_0 in the file's layout";
-  if (amx_active()) GTEST_SKIP() << "AMX takes Q4_0 and Q8_0 prefill: their matrices load in the file's layout";
   expect_q4_0_and_q8_0_answer_alike();
 }
 
@@ -960,7 +958,6 @@ TEST(GgufPackedModel, Q4_0AndQ8_0AnswerAsTheFilesLayout) {
 TEST(GgufPackedModel, UnderAvx2AnswerAsTheFilesLayout) {
   const auto targets = available_simd_targets();
   if (std::find(targets.begin(), targets.end(), SimdTarget::AVX2) == targets.end()) GTEST_SKIP() << "no AVX2";
-  if (amx_active()) GTEST_SKIP() << "AMX takes Q4_0 and Q8_0 prefill: their matrices load in the file's layout";
   const SimdTarget saved = active_simd_target();
   set_simd_target(SimdTarget::AVX2);
   for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K})

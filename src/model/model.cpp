@@ -14,7 +14,6 @@
 #include "core/platform.h"
 #include "core/thread_pool.h"
 #include "kernels/affine.h"
-#include "kernels/amx.h"
 #include "kernels/ggml.h"
 #include "kernels/panels.h"
 #include "kv/kv_cache.h"
@@ -331,14 +330,12 @@ enum class Repack { None, Ggml, Affine, Panels };
 
 void Model::pack_panels() {
   // Which matrices are repacked, chosen before any is (the three formats are disjoint): Q4_0, Q8_0,
-  // Q4_K and Q6_K in 16-row groups (kernels/ggml.h; where AMX takes prefill it reads Q4_0 and Q8_0
-  // row by row, amx_takes_dequantized), MLX affine in 16-row groups (kernels/affine.h), BF16 in
-  // panels (kernels/panels.h).
+  // Q4_K and Q6_K in 16-row groups (kernels/ggml.h; with AMX too, whose bf16 copies of their rows
+  // made prefill slower than the packed products), MLX affine in 16-row groups (kernels/affine.h),
+  // BF16 in panels (kernels/panels.h).
   const bool affine = affine_pack_wanted(), panels = panels_wanted();
   const auto kind = [&](const WeightMatrix& w) {
-    if (ggml_pack_fit(w) && ggml_pack_wanted(w.ggml) &&
-        !((w.ggml == GgmlType::Q4_0 || w.ggml == GgmlType::Q8_0) && amx_active()))
-      return Repack::Ggml;
+    if (ggml_pack_fit(w) && ggml_pack_wanted(w.ggml)) return Repack::Ggml;
     if (affine && affine_pack_fit(w)) return Repack::Affine;
     if (panels && panels_fit(w)) return Repack::Panels;
     return Repack::None;
