@@ -2,7 +2,7 @@
 // BF16 weights times float32 activations on Intel AMX (Sapphire Rapids and later: AMX-TILE and
 // AMX-BF16, the tile state granted by the OS). ops.h matmul takes it for BF16 matrices in panels
 // from 8 rows of x (batched decode and prefill; fewer rows take the panels' own product) and for
-// llama.cpp's block formats above kMatmulSmallRows rows (prefill).
+// llama.cpp's block matrices in the file's layout above kMatmulSmallRows rows (prefill).
 //
 // A tile product (tdpbf16ps) adds A B into 16 x 16 float32 sums, A 16 rows x 32 bf16 columns, B the
 // same 32 columns as 16 pairs x 16 outputs x 2: exactly 32 columns of a panel (kernels/panels.h), 1
@@ -39,8 +39,8 @@ void set_amx_enabled(bool on);
 bool amx_active();
 // Whether amx_matmul reads w in place: BF16 in panels, cols a multiple of 32, and AMX active.
 bool amx_takes(const WeightMatrix& w);
-// Whether amx_matmul takes w through bf16 copies of its rows: llama.cpp's block formats and MLX's
-// affine codes (cols a multiple of 32, AMX available). Each group of 16 rows is dequantized once per
+// Whether amx_matmul takes w through bf16 copies of its rows: llama.cpp's block formats in the
+// file's layout, not packed at load (kernels/ggml.h; cols a multiple of 32, AMX active). Each group of 16 rows is dequantized once per
 // call (weight_row) and each weight split as x is (hi + lo: 16 significant bits, so the product is
 // as close to the float32 one as for bf16 weights, at twice the tile products), so it pays where
 // many rows of x share the rows: prefill, not decode.
