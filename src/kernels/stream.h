@@ -3,7 +3,8 @@
 // to back. The hardware prefetchers stop at each 4 KiB page, and the first read of the next page then
 // waits for its translation and for memory. One software prefetch every few KiB of the stream, 8 KiB
 // ahead, starts the next pages early. Prefetching every line instead of it was slower on a Zen 5;
-// the x86 packed products do both (kernels/x86/ggml_kernels_impl.h, kAheadBytes).
+// the AVX-512 packed products do both, the AVX2 ones every line alone (kernels/x86/ggml_kernels_impl.h,
+// kAheadBytes).
 #include <cstddef>
 
 namespace ptllm {

@@ -475,13 +475,6 @@ struct AffineKernels {
       }
     }
   }
-  // Rows [t0, t0 + TT) of x against the 16 rows of the packed group at rg, the chunks of KC columns
-  // from k0 to k1 (whole groups): each chunk's sum, from zero, is added to y's 16 columns from r (the
-  // first chunk's to the bias). Registers of 8 lanes take the group as H = 2 halves of 8 rows, each
-  // block's lines read by halves in turn. Several chunks a call (decode) keep that running sum in
-  // registers: the same float operations a lane, in the order affine_packed_rows_scalar repeats. One
-  // row of x (decode) streams the groups front to back, touched ahead (kernels/stream.h); asking for
-  // every line of the groups 2 to 8 ahead measured slower.
   // Blocks b0 .. b0 + NB - 1 of a group's H halves (sv[h], acc + h TT): both at once where
   // packed_group_blocks_both takes the codes, else half after half.
   template <int BITS, int TT, int NB>
@@ -496,6 +489,13 @@ struct AffineKernels {
         packed_group_blocks<BITS, TT, NB>(codes + h * RB, b0, qt, dt, sv[h], acc + h * TT);
     }
   }
+  // Rows [t0, t0 + TT) of x against the 16 rows of the packed group at rg, the chunks of KC columns
+  // from k0 to k1 (whole groups): each chunk's sum, from zero, is added to y's 16 columns from r (the
+  // first chunk's to the bias). Registers of 8 lanes take the group as H = 2 halves of 8 rows (both
+  // at once where group_blocks can). Several chunks a call (decode) keep that running sum in
+  // registers: the same float operations a lane, in the order affine_packed_rows_scalar repeats. One
+  // row of x (decode) streams the groups front to back, asked for ahead (kPackedLineAhead,
+  // kPackedTouch).
   template <int BITS, class Ld, int TT>
   PTLLM_AFFINE_TARGET static void packed_block(const uint8_t* rg, size_t gb, const AffineX& x, int t0,
                                                const WeightMatrix& w, const float* bias, float* y, int r, int k0,
