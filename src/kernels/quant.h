@@ -102,8 +102,9 @@ void kivi_k_spans(const float* q, int nq, const KiviSpan* s, int ns, int G, floa
                   float* out, int ld_out);
 void kivi_v_spans(const float* p, int ld_p, int nq, const KiviSpan* s, int ns, int D, int bits, float* acc,
                   float* zacc);
-// Asks for the cache lines of n f16 values (scales or zeros read soon); nothing for null.
-inline void prefetch_f16(const uint16_t* p, int n) {
+// Asks for the cache lines of n f16 values (scales or zeros read soon); nothing for null. Always
+// inlined (kernels/stream.h, touch_ahead).
+[[gnu::always_inline]] inline void prefetch_f16(const uint16_t* p, int n) {
   if (p)
     for (int j = 0; j < n; j += 32) __builtin_prefetch(p + j);  // 32 f16 a cache line
 }

@@ -98,7 +98,7 @@ struct Kernels {
   // Asks for the cache lines of `next` (the rows the attention reads after these, laid out the same;
   // null: none) that start within bytes [lo, hi): called for each stretch of rows as it is read, it
   // asks for every line once, a few at a time (kv/kv_cache.cpp says why).
-  PTLLM_TARGET static void prefetch_lines(const void* next, size_t lo, size_t hi) {
+  [[gnu::always_inline]] PTLLM_TARGET static void prefetch_lines(const void* next, size_t lo, size_t hi) {
     if (!next) return;
     const char* p = static_cast<const char*>(next);
     for (size_t o = (lo + 63) / 64 * 64; o < hi; o += 64) __builtin_prefetch(p + o);
@@ -871,7 +871,7 @@ struct Kernels {
   }
   static constexpr size_t kGemvAhead = gemv_ahead_bytes();
   template <size_t Span>
-  PTLLM_TARGET static void gemv_ahead(const void* w, size_t byte) {
+  [[gnu::always_inline]] PTLLM_TARGET static void gemv_ahead(const void* w, size_t byte) {
     const char* p = static_cast<const char*>(w) + byte + kGemvAhead;
     if constexpr (Span >= 64)
       PTLLM_UNROLL for (size_t b = 0; b < Span; b += 64) __builtin_prefetch(p + b);

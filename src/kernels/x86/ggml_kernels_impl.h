@@ -87,10 +87,11 @@ PTLLM_GGML_TARGET inline float hsum(F v) {
 // at each one, as the BF16 gemv measured (Q4_K_M decode: 15% less CPU time). The packed products
 // take it (with a touch a few times a page alone, kernels/stream.h, an AVX-512 Xeon streamed the
 // packed Q4_0 matrices well below its read rate), and the file's Q8_0 rows under AVX2, not under
-// AVX-512 (about 5% slower there). `n` bytes from p + kAheadBytes.
+// AVX-512 (about 5% slower there). `n` bytes from p + kAheadBytes. Always inlined: GCC finds a copy
+// left out of line `const` (a prefetch changes nothing it tracks) and deletes the calls to it.
 constexpr size_t kAheadBytes = 4096;
 template <int n>
-PTLLM_GGML_TARGET inline void ask_ahead(const uint8_t* p) {
+[[gnu::always_inline]] PTLLM_GGML_TARGET inline void ask_ahead(const uint8_t* p) {
   PTLLM_GGML_UNROLL for (int o = 0; o < n; o += 64)
     _mm_prefetch(reinterpret_cast<const char*>(p + kAheadBytes + o), _MM_HINT_T0);
 }
