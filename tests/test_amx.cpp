@@ -208,10 +208,10 @@ TEST(AmxTest, SharedXGivesEachMatrixItsOwnBits) {
 
 // Block formats and affine codes go through bf16 copies of their rows, each weight split into hi and
 // lo: as close to the product with the exact rows as bf16 weights are, and a row of y the same in
-// any batch that takes AMX.
+// any batch that takes AMX (more than kMatmulSmallRows rows).
 void expect_rows_independent_of_the_batch(const WeightMatrix& q, const float* x, int T, const float* y,
                                           ThreadPool& pool, const char* what) {
-  for (int n : {17, 24}) {
+  for (int n : {kMatmulSmallRows + 1, 24}) {
     std::vector<float> part(size_t(n) * size_t(q.rows));
     matmul(x + size_t(T - n) * size_t(q.cols), n, q, nullptr, part.data(), pool);
     for (size_t i = 0; i < part.size(); ++i)
