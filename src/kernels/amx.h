@@ -40,10 +40,10 @@ bool amx_active();
 // Whether amx_matmul reads w in place: BF16 in panels, cols a multiple of 32, and AMX active.
 bool amx_takes(const WeightMatrix& w);
 // Whether amx_matmul takes w through bf16 copies of its rows: llama.cpp's block formats in the
-// file's layout, not packed at load (kernels/ggml.h; cols a multiple of 32, AMX active). Each group of 16 rows is dequantized once per
-// call (weight_row) and each weight split as x is (hi + lo: 16 significant bits, so the product is
-// as close to the float32 one as for bf16 weights, at twice the tile products), so it pays where
-// many rows of x share the rows: prefill, not decode.
+// file's layout, not packed at load (kernels/ggml.h; cols a multiple of 32, AMX active). Each group
+// of 16 rows is dequantized once per call (weight_row) and each weight split as x is (hi + lo: 16
+// significant bits, so the product is as close to the float32 one as for bf16 weights, at twice the
+// tile products), so it pays where many rows of x share the rows: prefill, not decode.
 bool amx_takes_dequantized(const WeightMatrix& w);
 
 // y[t][r] = sum_k x[t][k] * W[r][k] + bias[r], as ops.h matmul, for a matrix amx_takes or

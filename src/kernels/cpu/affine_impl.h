@@ -44,9 +44,9 @@ struct AffineKernels {
   // kLine bytes, read in H registers of L rows (16 or 8 lanes; narrower registers take none).
   static constexpr int kLine = kAffinePackRows * 4, H = kAffinePackRows / L;
   static constexpr bool kPacked = L == kAffinePackRows || 2 * L == kAffinePackRows;
-  // Decode's packed stream: each line asked for this far ahead (V::kPackedLineAhead: x86, where the
-  // touch alone left the 4-bit stream well below the read rate), and touched a few times a page
-  // (kernels/stream.h) where there is no such distance or V::kPackedTouch.
+  // Decode's packed stream: each line asked for this far ahead (V::kPackedLineAhead; the targets
+  // with packed products, AVX2 and AVX-512, set it: a touch alone left the 4-bit stream well below
+  // the read rate), and with V::kPackedTouch the page past those touched too (kernels/stream.h).
   static constexpr size_t kPackedLineAhead = [] {
     if constexpr (requires { V::kPackedLineAhead; })
       return size_t(V::kPackedLineAhead);
@@ -57,8 +57,9 @@ struct AffineKernels {
     if constexpr (requires { V::kPackedTouch; })
       return V::kPackedTouch;
     else
-      return kPackedLineAhead == 0;
+      return false;
   }();
+  static_assert(!kPacked || kPackedLineAhead > 0, "a packed product asks for its stream ahead");
 
   // Scales and biases of a row by group index, as float32.
   struct LdF32 {
