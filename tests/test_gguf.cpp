@@ -853,7 +853,7 @@ TEST(GgufPromptCache, KeyCoversTheFile) {
 namespace ptllm {
 namespace {
 
-// A quantized file loaded with its Q4_0, Q8_0, Q4_K and Q6_K matrices repacked (kernels/ggml.h,
+// A quantized file loaded with its Q4_0, Q5_0, Q8_0, Q4_K and Q6_K matrices repacked (kernels/ggml.h,
 // ggml_pack) and in the file's layout answers alike: the integer sums are the same, only the float
 // order of adding blocks differs (Q4_K, Q6_K; Q8_0 against the file's one-row kernels, which the
 // logits of the last token take; packed Q4_0 and Q8_0 keep the panels' order, bit for bit: the
@@ -934,11 +934,12 @@ TEST(GgufPackedModel, Q4_K_MAnswersAsTheFilesLayout) {
   expect_packed_answers_alike(path);
 }
 
-// kjv-tiny written as Q4_0 and as Q8_0: the attention, gate and up matrices and the output (Q8_0 in
-// both) are packed, the down projection (352 columns, not whole 64-value units) stays in the file's
-// layout.
-void expect_q4_0_and_q8_0_answer_alike() {
-  for (GgufMix mix : {GgufMix::Q4_0, GgufMix::Q8_0}) {
+// kjv-tiny written as Q4_0, as Q8_0 and as Q4_K_M (whose rows of 128 values take Q5_0, as
+// llama-quantize falls back below a K-quant block): the attention, gate and up matrices and the
+// output (Q8_0 in all three) are packed, the down projection (352 columns, not whole 64-value units)
+// stays in the file's layout.
+void expect_small_mixes_answer_alike() {
+  for (GgufMix mix : {GgufMix::Q4_0, GgufMix::Q8_0, GgufMix::Q4_K_M}) {
     SCOPED_TRACE(std::string(gguf_mix_name(mix)));
     test::TempDir tmp;
     const fs::path out = tmp.path / "kjv-tiny.gguf";
@@ -947,9 +948,9 @@ void expect_q4_0_and_q8_0_answer_alike() {
   }
 }
 
-TEST(GgufPackedModel, Q4_0AndQ8_0AnswerAsTheFilesLayout) {
+TEST(GgufPackedModel, Q4_0Q5_0AndQ8_0AnswerAsTheFilesLayout) {
   if (!ggml_pack_wanted(GgmlType::Q8_0)) GTEST_SKIP() << "this CPU's kernels read Q8_0 in the file's layout";
-  expect_q4_0_and_q8_0_answer_alike();
+  expect_small_mixes_answer_alike();
 }
 
 // The same under the AVX2 kernels (on any x86 CPU): there every packed type is read by halves of
@@ -960,9 +961,9 @@ TEST(GgufPackedModel, UnderAvx2AnswerAsTheFilesLayout) {
   if (std::find(targets.begin(), targets.end(), SimdTarget::AVX2) == targets.end()) GTEST_SKIP() << "no AVX2";
   const SimdTarget saved = active_simd_target();
   set_simd_target(SimdTarget::AVX2);
-  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K})
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K})
     EXPECT_TRUE(ggml_pack_wanted(t)) << ggml_type_info(t).name;
-  expect_q4_0_and_q8_0_answer_alike();
+  expect_small_mixes_answer_alike();
   const fs::path q4_k_m = test::shared_model("gguf") / "kjv-small-Q4_K_M.gguf";
   if (fs::exists(q4_k_m)) expect_packed_answers_alike(q4_k_m);
   set_simd_target(saved);

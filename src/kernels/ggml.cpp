@@ -282,7 +282,7 @@ GgmlRowsFn ggml_panel_rows(GgmlType t) {
 
 bool ggml_int_kernel(GgmlType t) { return has_int_kernel(t); }
 
-// ---- Q4_0, Q8_0, Q4_K and Q6_K packed ------------------------------------------------------------------
+// ---- Q4_0, Q5_0, Q8_0, Q4_K and Q6_K packed --------------------------------------------------------------
 
 namespace {
 // Q4_K: value v is sub-block j = v / 32's code l = v % 32, the low (even j) or high (odd j)
@@ -305,6 +305,57 @@ std::atomic<bool>& ggml_pack_flag() {
   static std::atomic<bool> on{!env_switch("PTLLM_NO_GGML_PACK")};
   return on;
 }
+// A 32-value block's place in a packed unit (ggml.h): h of its two blocks, row i of the 16. The
+// code bytes hold 4 values of a row a lane: Q4_0/Q5_0 a 64-byte line per 8 values (qs[4c + k]: the
+// nibbles of values 4c + k and 16 + 4c + k), Q8_0 one per 4 values (stored + 128). Q5_0's fifth bits
+// of the values of line c go to bits c (low nibble's value) and 4 + c (high one's) of byte 4i + k
+// of the 64 bytes before its lines.
+struct Unit32 {
+  int lines, codes;  // code lines a block; the block's first code byte from the unit's start
+  uint32_t flip;
+};
+Unit32 unit32(GgmlType t, int h) {
+  if (t == GgmlType::Q8_0) return {8, 64 + 512 * h, 0x80808080u};
+  if (t == GgmlType::Q5_0) return {4, 64 + 320 * h + 64, 0};
+  return {4, 64 + 256 * h, 0};
+}
+void pack32_block(GgmlType t, const uint8_t* blk, uint8_t* o, int h, int i) {
+  const Unit32 u = unit32(t, h);
+  std::memcpy(o + 32 * h + 2 * i, blk, 2);
+  const uint8_t* qs = blk + (t == GgmlType::Q5_0 ? 6 : 2);
+  for (int k = 0; k < u.lines; ++k) {
+    uint32_t v;
+    std::memcpy(&v, qs + 4 * k, 4);
+    v ^= u.flip;
+    std::memcpy(o + u.codes + 64 * k + 4 * i, &v, 4);
+  }
+  if (t != GgmlType::Q5_0) return;
+  uint32_t qh;
+  std::memcpy(&qh, blk + 2, 4);
+  for (int k = 0; k < 4; ++k) {
+    uint8_t b = 0;
+    for (int c = 0; c < 4; ++c) b |= uint8_t(((qh >> (4 * c + k)) & 1) << c | ((qh >> (16 + 4 * c + k)) & 1) << (4 + c));
+    o[u.codes - 64 + 4 * i + k] = b;
+  }
+}
+void unpack32_block(GgmlType t, const uint8_t* o, int h, int i, uint8_t* blk) {
+  const Unit32 u = unit32(t, h);
+  std::memcpy(blk, o + 32 * h + 2 * i, 2);
+  uint8_t* qs = blk + (t == GgmlType::Q5_0 ? 6 : 2);
+  for (int k = 0; k < u.lines; ++k) {
+    uint32_t v;
+    std::memcpy(&v, o + u.codes + 64 * k + 4 * i, 4);
+    v ^= u.flip;
+    std::memcpy(qs + 4 * k, &v, 4);
+  }
+  if (t != GgmlType::Q5_0) return;
+  uint32_t qh = 0;
+  for (int k = 0; k < 4; ++k) {
+    const uint8_t b = o[u.codes - 64 + 4 * i + k];
+    for (int c = 0; c < 4; ++c) qh |= uint32_t((b >> c) & 1) << (4 * c + k) | uint32_t((b >> (4 + c)) & 1) << (16 + 4 * c + k);
+  }
+  std::memcpy(blk + 2, &qh, 4);
+}
 const uint8_t* packed_block(const WeightMatrix& w, int g, int b) {
   return static_cast<const uint8_t*>(w.data) +
          (size_t(g) * size_t(w.cols / ggml_pack_block_elems(w.ggml)) + size_t(b)) * size_t(ggml_pack_block_bytes(w.ggml));
@@ -314,6 +365,7 @@ const uint8_t* packed_block(const WeightMatrix& w, int g, int b) {
 int ggml_pack_block_bytes(GgmlType t) {
   switch (t) {
     case GgmlType::Q4_0: return kGgmlPackRows * 2 * 18;
+    case GgmlType::Q5_0: return kGgmlPackRows * 2 * 22;
     case GgmlType::Q8_0: return kGgmlPackRows * 2 * 34;
     case GgmlType::Q4_K: return kGgmlPackRows * (144 + 4);
     case GgmlType::Q6_K: return kGgmlPackRows * 210;
@@ -321,7 +373,9 @@ int ggml_pack_block_bytes(GgmlType t) {
   }
 }
 
-int ggml_pack_block_elems(GgmlType t) { return t == GgmlType::Q4_0 || t == GgmlType::Q8_0 ? 64 : 256; }
+int ggml_pack_block_elems(GgmlType t) {
+  return t == GgmlType::Q4_0 || t == GgmlType::Q5_0 || t == GgmlType::Q8_0 ? 64 : 256;
+}
 
 bool ggml_pack_fit(const WeightMatrix& w) {
   return w.format == WeightFormat::Ggml && ggml_pack_block_bytes(w.ggml) > 0 && !w.ggml_pack && w.rows > 0 &&
@@ -346,26 +400,18 @@ size_t ggml_packed_bytes(const WeightMatrix& w) {
 void ggml_pack(const WeightMatrix& w, void* out, int g0, int g1) {
   PTLLM_CHECK(ggml_pack_fit(w) && g0 >= 0 && g1 <= w.rows / kGgmlPackRows);
   const size_t rb = w.row_bytes();
-  if (w.ggml == GgmlType::Q4_0 || w.ggml == GgmlType::Q8_0) {
-    // Two blocks of 16 rows: their d, then their code bytes 4 a lane (Q8_0's + 128).
-    const bool q8 = w.ggml == GgmlType::Q8_0;
-    const int nu = w.cols / 64, in_bytes = ggml_type_info(w.ggml).block_bytes, lines = q8 ? 8 : 4;
-    const uint32_t flip = q8 ? 0x80808080u : 0;
+  if (ggml_pack_block_elems(w.ggml) == 64) {
+    // Two blocks of 16 rows: their d, then per block its code bytes 4 a lane (Q8_0's + 128), after
+    // Q5_0's fifth bits (ggml.h).
+    const int nu = w.cols / 64, in_bytes = ggml_type_info(w.ggml).block_bytes;
     const size_t unit = size_t(ggml_pack_block_bytes(w.ggml));
     for (int g = g0; g < g1; ++g)
       for (int u = 0; u < nu; ++u) {
         uint8_t* o = static_cast<uint8_t*>(out) + (size_t(g) * size_t(nu) + size_t(u)) * unit;
         for (int i = 0; i < kGgmlPackRows; ++i)
           for (int h = 0; h < 2; ++h) {
-            const uint8_t* blk =
-                static_cast<const uint8_t*>(w.data) + size_t(16 * g + i) * rb + size_t(2 * u + h) * size_t(in_bytes);
-            std::memcpy(o + 32 * h + 2 * i, blk, 2);
-            for (int k = 0; k < lines; ++k) {
-              uint32_t v;
-              std::memcpy(&v, blk + 2 + 4 * k, 4);
-              v ^= flip;
-              std::memcpy(o + 64 + 64 * lines * h + 64 * k + 4 * i, &v, 4);
-            }
+            const uint8_t* row = static_cast<const uint8_t*>(w.data) + size_t(16 * g + i) * rb;
+            pack32_block(w.ggml, row + size_t(2 * u + h) * size_t(in_bytes), o, h, i);
           }
       }
     return;
@@ -434,23 +480,10 @@ void ggml_unpack_row(const WeightMatrix& w, int r, uint8_t* blocks) {
   PTLLM_CHECK(w.ggml_pack == kGgmlPackRows && ggml_pack_block_bytes(w.ggml) > 0 && r >= 0 && r < w.rows);
   const int g = r / kGgmlPackRows, i = r % kGgmlPackRows;
   const int out_bytes = ggml_type_info(w.ggml).block_bytes;
-  if (w.ggml == GgmlType::Q4_0 || w.ggml == GgmlType::Q8_0) {
-    const bool q8 = w.ggml == GgmlType::Q8_0;
-    const int lines = q8 ? 8 : 4;
-    const uint32_t flip = q8 ? 0x80808080u : 0;
-    for (int u = 0; u < w.cols / 64; ++u) {
-      const uint8_t* o = packed_block(w, g, u);
-      for (int h = 0; h < 2; ++h) {
-        uint8_t* blk = blocks + size_t(2 * u + h) * size_t(out_bytes);
-        std::memcpy(blk, o + 32 * h + 2 * i, 2);
-        for (int k = 0; k < lines; ++k) {
-          uint32_t v;
-          std::memcpy(&v, o + 64 + 64 * lines * h + 64 * k + 4 * i, 4);
-          v ^= flip;
-          std::memcpy(blk + 2 + 4 * k, &v, 4);
-        }
-      }
-    }
+  if (ggml_pack_block_elems(w.ggml) == 64) {
+    for (int u = 0; u < w.cols / 64; ++u)
+      for (int h = 0; h < 2; ++h)
+        unpack32_block(w.ggml, packed_block(w, g, u), h, i, blocks + size_t(2 * u + h) * size_t(out_bytes));
     return;
   }
   const int nb = w.cols / 256;

@@ -465,10 +465,10 @@ constexpr int kQ4KPacked = kGgmlPackRows * 148, kQ6KPacked = kGgmlPackRows * 210
 #if PTLLM_GGML_ZMM
 #include "kernels/x86/ggml_tiled_impl.h"  // Q4_0 / Q8_0 against many rows of x
 #else
-#include "kernels/x86/ggml_tiled_avx2_impl.h"  // Q4_0 against many rows of x; packed Q8_0, Q4_K, Q6_K
+#include "kernels/x86/ggml_tiled_avx2_impl.h"  // Q4_0 against many rows of x; packed Q5_0, Q8_0, Q4_K, Q6_K
 #endif
 
-// ---- Q4_0, Q8_0, Q4_K and Q6_K packed (ggml.h, kGgmlPackRows) -----------------------------------------
+// ---- Q4_0, Q5_0, Q8_0, Q4_K and Q6_K packed (ggml.h, kGgmlPackRows) -----------------------------------
 
 // The first pass over a group (the only one in decode) asks for its stream ask_ahead's 4 KiB ahead,
 // a block's bytes spread over its steps: with the hardware prefetchers alone a thread streamed Q4_K
@@ -578,34 +578,38 @@ PTLLM_GGML_TARGET void q6k_packed_group(const uint8_t* grp, int nb, const GgmlAc
 }
 
 // A packed unit's bytes (ggml_pack_block_bytes: two blocks of 16 rows).
-constexpr size_t packed32_unit_bytes(GgmlType t) { return kGgmlPackRows * (t == GgmlType::Q8_0 ? 68 : 36); }
+constexpr size_t packed32_unit_bytes(GgmlType t) {
+  return kGgmlPackRows * (t == GgmlType::Q8_0 ? 68 : t == GgmlType::Q5_0 ? 44 : 36);
+}
 
-// Q4_0 and Q8_0 packed: NP consecutive groups (gb bytes apart) against NT rows of x, the unpacked
-// panels' operations in their order (panel_tile: -o sum x, then the 8 four-value products of each
-// block into int32 lanes, one FMA a block), so a row's result is the same bits as from the panels.
-// The codes come straight from the unit (Q4_0: from its nibbles in registers; Q8_0: stored + 128):
-// no panel to build. With few rows of x (decode) each lane's sum is split between two chains of
-// integer adds instead of one (exact, so the same sums).
+// Q4_0, Q5_0 and Q8_0 packed: NP consecutive groups (gb bytes apart) against NT rows of x, the
+// unpacked panels' operations in their order (panel_tile: -o sum x, then the 8 four-value products
+// of each block into int32 lanes, one FMA a block), so a row's result is the same bits as from the
+// panels. The codes come straight from the unit (Q4_0: from its nibbles in registers; Q5_0: those
+// and the bit of each (ggml.h) at bit 4; Q8_0: stored + 128): no panel to build. With few rows of x
+// (decode) each lane's sum is split between two chains of integer adds instead of one (exact, so the
+// same sums).
 template <GgmlType Ty, int NP, int NT>
 PTLLM_GGML_TARGET void packed32_tile(const uint8_t* grp, size_t gb, int nb, const GgmlActs& a, const float* xs,
                                      const int32_t* corr, int t0, const float* bias, float* y, int ldy, int r,
                                      const __mmask16* keep) {
-  constexpr bool kSplit = NP * NT <= 2, kQ8 = Ty == GgmlType::Q8_0;
-  constexpr size_t kUnit = packed32_unit_bytes(Ty), kBlockCodes = kQ8 ? 512 : 256;
+  constexpr bool kSplit = NP * NT <= 2, kQ8 = Ty == GgmlType::Q8_0, kQ5 = Ty == GgmlType::Q5_0;
+  constexpr size_t kUnit = packed32_unit_bytes(Ty), kBlockBytes = kQ8 ? 512 : kQ5 ? 320 : 256;
   const int8_t* xq[NT];
   FZ acc[NP][NT];
   PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
     xq[t] = a.q + size_t(t0 + t) * size_t(a.K);
     PTLLM_GGML_UNROLL for (int p = 0; p < NP; ++p) acc[p][t] = _mm512_setzero_ps();
   }
-  const Z lo4 = _mm512_set1_epi8(0x0f);
+  const Z lo4 = _mm512_set1_epi8(0x0f), b4 = _mm512_set1_epi8(0x10);
   const size_t T = size_t(a.T);
   // One group at a time (decode): one stream a thread, each line asked for ahead (see kAheadBytes)
   // and the page past those touched (kernels/stream.h), as the packed K-quants'.
   constexpr int kTouch = touch_every(kUnit / 2);
   for (int b = 0; b < nb; ++b) {
     const uint8_t* unit = grp + size_t(b / 2) * kUnit;
-    const uint8_t* codes = unit + 64 + kBlockCodes * size_t(b % 2);
+    const uint8_t* fifth = unit + 64 + kBlockBytes * size_t(b % 2);  // Q5_0's fifth bits
+    const uint8_t* codes = kQ5 ? fifth + 64 : fifth;
     if (NP == 1) {
       ask_ahead<kUnit / 2>(unit + kUnit / 2 * size_t(b % 2));
       if (b % kTouch == 0) touch_ahead(unit + kAheadBytes);
@@ -617,13 +621,17 @@ PTLLM_GGML_TARGET void packed32_tile(const uint8_t* grp, size_t gb, int nb, cons
       const Z c = _mm512_set1_epi32(cb[t]);
       PTLLM_GGML_UNROLL for (int p = 0; p < NP; ++p) is[p][t] = c, hs[p][t] = _mm512_setzero_si512();
     }
-    // Line k of 8 (Q8_0) or half h of line c (Q4_0): values 4k .. 4k + 3 or 16h + 4c .., two chains.
+    // Line k of 8 (Q8_0) or half h of line c (Q4_0, Q5_0): values 4k .. 4k + 3 or 16h + 4c .., two chains.
     PTLLM_GGML_UNROLL for (int k = 0; k < 8; ++k) {
       const int c = kQ8 ? k : k / 2, h = k % 2, xo = kQ8 ? 4 * k : 16 * h + 4 * c;
       Z wk[NP];
       PTLLM_GGML_UNROLL for (int p = 0; p < NP; ++p) {
         const Z v = _mm512_loadu_si512(codes + size_t(p) * gb + 64 * c);
         wk[p] = kQ8 ? v : _mm512_and_si512(h ? _mm512_srli_epi16(v, 4) : v, lo4);
+        if constexpr (kQ5) {
+          const Z f = _mm512_loadu_si512(fifth + size_t(p) * gb);
+          wk[p] = _mm512_or_si512(wk[p], _mm512_and_si512(h ? _mm512_srli_epi16(f, c) : _mm512_slli_epi16(f, 4 - c), b4));
+        }
       }
       PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
         int32_t x4;
@@ -664,7 +672,7 @@ PTLLM_GGML_TARGET void packed32_tail(int n, const uint8_t* grp, size_t gb, int n
   }
 }
 
-// Rows [r0, r1) of a packed Q4_0 or Q8_0 matrix: groups two at a time against tiles of x's rows (as
+// Rows [r0, r1) of a packed Q4_0, Q5_0 or Q8_0 matrix: groups two at a time against tiles of x's rows (as
 // tiled_rows_t's panels), a group's bytes read once from memory and reused from L1/L2 by the tiles.
 // Up to kPacked32OneGroupMaxT rows of x (decode) a group at a time: one sequential stream a thread,
 // which the hardware prefetchers follow better than two 18-73 KiB apart (Llama-3.2-1B shapes, Q4_0,
@@ -675,7 +683,7 @@ PTLLM_GGML_TARGET void packed32_rows(const WeightMatrix& w, const GgmlActs& a, c
                                      int r1) {
   const int nb = w.cols / 32;
   const size_t gb = size_t(nb / 2) * packed32_unit_bytes(Ty);
-  const BlockTerms bt = block_terms(a, nb, Ty == GgmlType::Q8_0 ? 128 : 8);
+  const BlockTerms bt = block_terms(a, nb, Ty == GgmlType::Q8_0 ? 128 : Ty == GgmlType::Q5_0 ? 16 : 8);
   const int g1 = (r1 + kGgmlPackRows - 1) / kGgmlPackRows;
   for (int g = r0 / kGgmlPackRows, np = 1; g < g1; g += np) {
     np = g + 1 < g1 && a.T > kPacked32OneGroupMaxT ? 2 : 1;
@@ -713,6 +721,7 @@ PTLLM_GGML_TARGET void packed_group(GgmlType type, const uint8_t* grp, int nb, c
 PTLLM_GGML_TARGET void packed_rows(const WeightMatrix& w, const GgmlActs& a, const float* bias, float* y, int r0,
                                    int r1) {
   if (w.ggml == GgmlType::Q4_0) return packed32_rows<GgmlType::Q4_0>(w, a, bias, y, r0, r1);
+  if (w.ggml == GgmlType::Q5_0) return packed32_rows<GgmlType::Q5_0>(w, a, bias, y, r0, r1);
   if (w.ggml == GgmlType::Q8_0) return packed32_rows<GgmlType::Q8_0>(w, a, bias, y, r0, r1);
   const int nb = w.cols / 256;
   const size_t gb = size_t(nb) * size_t(w.ggml == GgmlType::Q6_K ? kQ6KPacked : kQ4KPacked);
@@ -779,6 +788,7 @@ PTLLM_GGML_TARGET void ggml_rows(const WeightMatrix& w, const GgmlActs& a, const
                                  int r1) {
 #if !PTLLM_GGML_ZMM
   if (w.ggml_pack && w.ggml == GgmlType::Q4_0) return packed_q4_0_rows(w, a, bias, y, r0, r1);
+  if (w.ggml_pack && w.ggml == GgmlType::Q5_0) return packed_q5_0_rows(w, a, bias, y, r0, r1);
   if (w.ggml_pack && w.ggml == GgmlType::Q8_0) return packed_q8_0_rows(w, a, bias, y, r0, r1);
   if (w.ggml_pack && w.ggml == GgmlType::Q4_K) return packed_k_rows<GgmlType::Q4_K>(w, a, bias, y, r0, r1);
   if (w.ggml_pack && w.ggml == GgmlType::Q6_K) return packed_k_rows<GgmlType::Q6_K>(w, a, bias, y, r0, r1);
