@@ -4,11 +4,13 @@
 #   scripts/figures.sh [--quick] [--real-size] [--only AREA[,AREA...]] [--llama-cpp DIR] [--model DIR] [--threads N]
 #                      [--rounds N] [--out FILE]
 #     --quick        about ten minutes: fewer rows, one context length, fewer chunks and rounds
-#     --real-size    also a random-weight Llama-3.2-1B-shaped model (make-model; 9 GiB of files in $WORK):
-#                    GGUF BF16/Q8_0/Q4_0/Q4_K_M and MLX q8/q4, prefill 512 and decode at depth 0 and 4096
-#                    (about an hour with llama.cpp's tools; REAL_LAYERS=N makes a smaller model of that width)
-#     --only A[,A]   measure only these areas (context, batched, quantized, gguf, real-size, yoco, prompt-cache,
-#                    store, server, kv-quality; real-size implies --real-size) and keep every other area's values
+#     --real-size    also random-weight Llama-3.2-1B- and Qwen2.5-0.5B-shaped models (make-model; 13 GiB of
+#                    files in $WORK): GGUF BF16/Q8_0/Q4_0/Q4_K_M and MLX q8/q4, prefill 512 and decode at depth
+#                    0 and 4096 (about 90 minutes with llama.cpp's tools; REAL_LAYERS=N makes smaller models of
+#                    those widths)
+#     --only A[,A]   measure only these areas (context, batched, quantized, gguf, real-size, real-size-qwen, yoco,
+#                    prompt-cache, store, server, kv-quality; real-size* implies --real-size) and keep every other
+#                    area's values
 #                    and commands from the previous $WORK/results.jsonl, so that the page still comes out whole
 #     --llama-cpp D  llama.cpp's build/bin (else llama-bench, llama-batched-bench, llama-perplexity and
 #                    llama-server are looked up on PATH; a tool not found leaves its column empty)
@@ -27,7 +29,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 QUICK=0 REAL=0 LLAMA="" MODEL=../shared/models/kjv-small T=2 ROUNDS="" OUT=docs/figures.md ONLY=""
-AREAS="context batched quantized gguf real-size yoco prompt-cache store server kv-quality"
+AREAS="context batched quantized gguf real-size real-size-qwen yoco prompt-cache store server kv-quality"
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1 ;;
@@ -46,7 +48,7 @@ done
 [ -n "$ROUNDS" ] || ROUNDS=$([ $QUICK = 1 ] && echo 2 || echo 3)
 for a in ${ONLY//,/ }; do
   [[ " $AREAS " == *" $a "* ]] || { echo "figures.sh: --only: unknown area '$a' (areas: $AREAS)" >&2; exit 2; }
-  [ "$a" = real-size ] && REAL=1
+  [[ $a == real-size* ]] && REAL=1
 done
 want() {  # want AREA: whether this run measures AREA
   [ -z "$ONLY" ] || [[ ",$ONLY," == *",$1,"* ]]
@@ -238,49 +240,54 @@ if want gguf; then
   done
 fi
 
-# 4b. Real size: the Llama-3.2-1B shape (random weights: speed only), the files llama.cpp reads and our
-# MLX-layout copies against the GGUF type of the same bits; decode at depth 0 (KV fp16 / f16) and at
-# depth 4096 (fp16 / f16 and int4 / q4_0).
-if [ $REAL = 1 ] && want real-size; then
-  L1B=$WORK/l1b${REAL_LAYERS:+-$REAL_LAYERS}
-  [ -f "$L1B/model.safetensors" ] || "$BIN" make-model --shape llama-3.2-1b ${REAL_LAYERS:+--layers "$REAL_LAYERS"} "$L1B" >/dev/null
+# 4b. Real size: the Llama-3.2-1B and Qwen2.5-0.5B shapes (random weights: speed only), the files
+# llama.cpp reads and our MLX-layout copies against the GGUF type of the same bits; decode at depth 0
+# (KV fp16 / f16) and at depth 4096 (fp16 / f16 and int4 / q4_0). Qwen2.5-0.5B's rows of 896 values
+# are narrower than a K-quant block: its Q4_K_M holds Q5_0 and Q8_0 where Llama's holds Q4_K and Q6_K.
+real_size() {  # real_size AREA SHAPE NAME: the rows of AREA, files $WORK/NAME*
+  local area=$1 base=$WORK/$3${REAL_LAYERS:+-$REAL_LAYERS} ty b r spec row ours theirs run d kv metric j np ng ts
+  [ -f "$base/model.safetensors" ] || "$BIN" make-model --shape "$2" ${REAL_LAYERS:+--layers "$REAL_LAYERS"} "$base" >/dev/null
   for ty in BF16 Q8_0 Q4_0 Q4_K_M; do
-    [ -f "$L1B-$ty.gguf" ] || "$BIN" quantize "$L1B" "$L1B-$ty.gguf" --format gguf --type "$ty" >/dev/null
+    [ -f "$base-$ty.gguf" ] || "$BIN" quantize "$base" "$base-$ty.gguf" --format gguf --type "$ty" >/dev/null
   done
   # Random weights: the rounding method changes no byte count or kernel, so the fast one.
   for b in 8 4; do
-    [ -f "$L1B-q$b/config.json" ] || "$BIN" quantize "$L1B" "$L1B-q$b" --bits "$b" --method rtn >/dev/null
+    [ -f "$base-q$b/config.json" ] || "$BIN" quantize "$base" "$base-q$b" --bits "$b" --method rtn >/dev/null
   done
   # row, our file, llama.cpp's file
-  REALROWS=("BF16|$L1B-BF16.gguf|$L1B-BF16.gguf" "BF16, --no-bf16-activations|$L1B-BF16.gguf|$L1B-BF16.gguf"
-            "Q8_0|$L1B-Q8_0.gguf|$L1B-Q8_0.gguf" "Q4_0|$L1B-Q4_0.gguf|$L1B-Q4_0.gguf"
-            "Q4_K_M|$L1B-Q4_K_M.gguf|$L1B-Q4_K_M.gguf" "MLX q8 vs Q8_0|$L1B-q8|$L1B-Q8_0.gguf"
-            "MLX q4 vs Q4_0|$L1B-q4|$L1B-Q4_0.gguf")
+  local rows=("BF16|$base-BF16.gguf|$base-BF16.gguf" "BF16, --no-bf16-activations|$base-BF16.gguf|$base-BF16.gguf"
+              "Q8_0|$base-Q8_0.gguf|$base-Q8_0.gguf" "Q4_0|$base-Q4_0.gguf|$base-Q4_0.gguf"
+              "Q4_K_M|$base-Q4_K_M.gguf|$base-Q4_K_M.gguf" "MLX q8 vs Q8_0|$base-q8|$base-Q8_0.gguf"
+              "MLX q4 vs Q4_0|$base-q4|$base-Q4_0.gguf")
   declare -A RKV=([fp16]=f16 [int4]=q4_0)
   for r in $(seq 1 "$ROUNDS"); do
-    for spec in "${REALROWS[@]}"; do
+    for spec in "${rows[@]}"; do
       IFS='|' read -r row ours theirs <<<"$spec"
-      flag=(); [[ $row == *", --"* ]] && flag=("${row##*, }")
+      local flag=(); [[ $row == *", --"* ]] && flag=("${row##*, }")
       for run in "0 fp16" "4096 fp16" "4096 int4"; do
         read -r d kv <<<"$run"
         metric="decode, depth $d, KV $kv"
-        j=$(cmd real-size "$BIN" bench "$ours" -p 512 -n 32 --context "$d" --decode-at-context --kv-quantize "$kv" -r 1 \
+        j=$(cmd "$area" "$BIN" bench "$ours" -p 512 -n 32 --context "$d" --decode-at-context --kv-quantize "$kv" -r 1 \
           -t "$T" "${flag[@]}" --json)
-        [ "$d" = 0 ] && val real-size "$row" "prefill 512" tok/s ours "$r" "$(jq .prefill_tok_s <<<"$j")"
-        val real-size "$row" "$metric" tok/s ours "$r" "$(jq .decode_tok_s <<<"$j")"
-        [ "$d" = 0 ] && val real-size "$row" "decode, share of the bandwidth floor" "%" ours "$r" \
+        [ "$d" = 0 ] && val "$area" "$row" "prefill 512" tok/s ours "$r" "$(jq .prefill_tok_s <<<"$j")"
+        val "$area" "$row" "$metric" tok/s ours "$r" "$(jq .decode_tok_s <<<"$j")"
+        [ "$d" = 0 ] && val "$area" "$row" "decode, share of the bandwidth floor" "%" ours "$r" \
           "$(jq '100 * .decode_floor_fraction' <<<"$j")"
         if [ -n "$LBENCH" ]; then
-          cmd real-size "$LBENCH" -m "$theirs" -p 512 -n 32 -d "$d" -ctk "${RKV[$kv]}" -ctv "${RKV[$kv]}" -t "$T" -r 1 \
+          cmd "$area" "$LBENCH" -m "$theirs" -p 512 -n 32 -d "$d" -ctk "${RKV[$kv]}" -ctv "${RKV[$kv]}" -t "$T" -r 1 \
             -o jsonl >"$WORK/lb.jsonl" 2>/dev/null
           while read -r np ng _ ts; do
-            [ "$np" -gt 0 ] && [ "$d" = 0 ] && val real-size "$row" "prefill 512" tok/s llama.cpp "$r" "$ts"
-            [ "$ng" -gt 0 ] && val real-size "$row" "$metric" tok/s llama.cpp "$r" "$ts"
+            [ "$np" -gt 0 ] && [ "$d" = 0 ] && val "$area" "$row" "prefill 512" tok/s llama.cpp "$r" "$ts"
+            [ "$ng" -gt 0 ] && val "$area" "$row" "$metric" tok/s llama.cpp "$r" "$ts"
           done < <($TABLE llama-bench "$WORK/lb.jsonl")
         fi
       done
     done
   done
+}
+if [ $REAL = 1 ]; then
+  want real-size && real_size real-size llama-3.2-1b l1b
+  want real-size-qwen && real_size real-size-qwen qwen2.5-0.5b q05
 fi
 
 # 5. YOCO: kjv-yoco against kjv-small, time to first token of 2,000 tokens and decode at 2K context.

@@ -33,6 +33,7 @@ AREAS = [
     ("quantized", "Quantized weights (MLX layout)"),
     ("gguf", "GGUF files"),
     ("real-size", "Real size: the Llama-3.2-1B shape"),
+    ("real-size-qwen", "Real size: the Qwen2.5-0.5B shape"),
     ("yoco", "YOCO (KV shared across layers)"),
     ("prompt-cache", "Prompt cache and server time to first token"),
     ("store", "Prefix store (Redis) time to first token"),

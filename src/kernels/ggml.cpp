@@ -282,7 +282,7 @@ GgmlRowsFn ggml_panel_rows(GgmlType t) {
 
 bool ggml_int_kernel(GgmlType t) { return has_int_kernel(t); }
 
-// ---- Q4_0, Q5_0, Q8_0, Q4_K and Q6_K packed --------------------------------------------------------------
+// ---- Q4_0, Q5_0, Q8_0, Q4_K and Q6_K packed ------------------------------------------------------------
 
 namespace {
 // Q4_K: value v is sub-block j = v / 32's code l = v % 32, the low (even j) or high (odd j)
