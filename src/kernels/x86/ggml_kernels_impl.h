@@ -787,8 +787,8 @@ PTLLM_GGML_TARGET inline void store_rows(float* y, int ldy, const float* bias, i
 PTLLM_GGML_TARGET void ggml_rows(const WeightMatrix& w, const GgmlActs& a, const float* bias, float* y, int r0,
                                  int r1) {
 #if !PTLLM_GGML_ZMM
-  if (w.ggml_pack && w.ggml == GgmlType::Q4_0) return packed_q4_0_rows(w, a, bias, y, r0, r1);
-  if (w.ggml_pack && w.ggml == GgmlType::Q5_0) return packed_q5_0_rows(w, a, bias, y, r0, r1);
+  if (w.ggml_pack && w.ggml == GgmlType::Q4_0) return packed_nibble_rows<GgmlType::Q4_0>(w, a, bias, y, r0, r1);
+  if (w.ggml_pack && w.ggml == GgmlType::Q5_0) return packed_nibble_rows<GgmlType::Q5_0>(w, a, bias, y, r0, r1);
   if (w.ggml_pack && w.ggml == GgmlType::Q8_0) return packed_q8_0_rows(w, a, bias, y, r0, r1);
   if (w.ggml_pack && w.ggml == GgmlType::Q4_K) return packed_k_rows<GgmlType::Q4_K>(w, a, bias, y, r0, r1);
   if (w.ggml_pack && w.ggml == GgmlType::Q6_K) return packed_k_rows<GgmlType::Q6_K>(w, a, bias, y, r0, r1);

@@ -116,7 +116,7 @@ PTLLM_GGML_TARGET void tiled_rows(const WeightMatrix& w, const GgmlActs& a, cons
   }
 }
 
-// ---- Q4_0 packed in 16-row groups (ggml.h, ggml_pack) -------------------------------------------
+// ---- Q4_0 and Q5_0 packed in 16-row groups (ggml.h, ggml_pack) -------------------------------------
 // A group's 64-byte line c holds 16 rows' dwords: each 32-byte half is 8 rows' bytes 4c .. 4c + 3, so
 // one load, a mask and a shift give pack_panel8's vectors c and 4 + c, and each half's 8 scales are
 // 16 consecutive bytes of f16. A decode step streams the matrix once, front to back, each line asked
@@ -169,77 +169,18 @@ PTLLM_GGML_TARGET inline void for_packed_groups(const WeightMatrix& w, size_t gb
   }
 }
 
-template <int NT>
-PTLLM_GGML_TARGET void packed_q4_0_tile(const uint8_t* grp, int nb, const GgmlActs& a, const float* xs,
-                                        const int32_t* corr, int t0, const float* bias, float* y, int ldy, int base,
-                                        int lo, int hi) {
-  constexpr size_t kUnit = 2 * kGgmlPackRows * 18;  // ggml_pack_block_bytes(Q4_0): two blocks of 16 rows
-  const int8_t* xq[NT];
-  F acc[2][NT];
-  PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
-    xq[t] = a.q + size_t(t0 + t) * size_t(a.K);
-    acc[0][t] = acc[1][t] = _mm256_setzero_ps();
-  }
-  const size_t T = size_t(a.T);
-  const I lo4 = bytes(0x0f), ones = _mm256_set1_epi16(1);
-  for (int b = 0; b < nb; ++b) {
-    const uint8_t* unit = grp + size_t(b / 2) * kUnit;
-    const uint8_t* codes = unit + 64 + 256 * size_t(b % 2);
-    if (NT == 1) ask_ahead<kUnit / 2>(unit + 64 + kUnit / 2 * size_t(b % 2));
-    I s16[2][NT];
-    PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) s16[0][t] = s16[1][t] = _mm256_setzero_si256();
-    PTLLM_GGML_UNROLL for (int c = 0; c < 4; ++c) {
-      I wl[2], wh[2];
-      PTLLM_GGML_UNROLL for (int h = 0; h < 2; ++h) {
-        const I v = load(codes + 64 * c + 32 * h);
-        wl[h] = _mm256_and_si256(v, lo4);
-        wh[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
-      }
-      PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
-        int32_t xl, xh;
-        std::memcpy(&xl, xq[t] + 32 * b + 4 * c, 4);
-        std::memcpy(&xh, xq[t] + 32 * b + 16 + 4 * c, 4);
-        const I bl = _mm256_set1_epi32(xl), bh = _mm256_set1_epi32(xh);
-        PTLLM_GGML_UNROLL for (int h = 0; h < 2; ++h)
-          s16[h][t] = _mm256_adds_epi16(s16[h][t], _mm256_adds_epi16(_mm256_maddubs_epi16(wl[h], bl),
-                                                                     _mm256_maddubs_epi16(wh[h], bh)));
-      }
-    }
-    const int32_t* cb = corr + size_t(b) * T + size_t(t0);
-    I is[2][NT];
-    PTLLM_GGML_UNROLL for (int h = 0; h < 2; ++h) PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t)
-      is[h][t] = _mm256_add_epi32(_mm256_set1_epi32(cb[t]), _mm256_madd_epi16(s16[h][t], ones));
-    scale_halves<NT>(acc, is, unit + 32 * (b % 2), xs + size_t(b) * T + size_t(t0));
-  }
-  store_halves<NT>(acc, y, ldy, bias, t0, base, lo, hi);
-}
-
-// Rows [r0, r1) of a packed Q4_0 matrix: a group at a time against pairs of rows of x (the group's
-// bytes, 16 x 18 a block, read from memory once and then from L1/L2).
-PTLLM_GGML_TARGET void packed_q4_0_rows(const WeightMatrix& w, const GgmlActs& a, const float* bias, float* y, int r0,
-                                        int r1) {
-  const int nb = w.cols / 32;
-  const size_t gb = size_t(nb) * kGgmlPackRows * 18;
-  const BlockTerms bt = block_terms(a, nb, 8);
-  for_packed_groups(w, gb, r0, r1, [&](const uint8_t* grp, int base, int lo, int hi) {
-    int t0 = 0;
-    for (; t0 + 2 <= a.T; t0 += 2)
-      packed_q4_0_tile<2>(grp, nb, a, bt.xs, bt.corr, t0, bias, y, w.rows, base, lo, hi);
-    if (t0 < a.T) packed_q4_0_tile<1>(grp, nb, a, bt.xs, bt.corr, t0, bias, y, w.rows, base, lo, hi);
-  });
-}
-
-// ---- Q5_0 packed in 16-row groups --------------------------------------------------------------
-// Q4_0's lines with each block's fifth bits before them (ggml.h): line c's low nibbles take bit c of
-// the bits' byte at bit 4, its high nibbles bit 4 + c (16-bit shifts: the bit moved stays in its
-// byte). Codes 0..31 times x in int16 pairs (at most 2 * 31 * 127), two lines summed (31496) before
-// vpmaddwd; -16 sum x from block_terms. A block's integer sum is the AVX-512 VNNI packed product's,
-// and so are its float operations: the same bits.
-template <int NT>
-PTLLM_GGML_TARGET void packed_q5_0_tile(const uint8_t* grp, int nb, const GgmlActs& a, const float* xs,
-                                        const int32_t* corr, int t0, const float* bias, float* y, int ldy, int base,
-                                        int lo, int hi) {
-  constexpr size_t kUnit = 2 * kGgmlPackRows * 22;  // ggml_pack_block_bytes(Q5_0): two blocks of 16 rows
+// Q5_0: Q4_0's lines with each block's fifth bits before them (ggml.h). Line c's
+// low nibbles take bit c of the bits' byte at bit 4, its high nibbles bit 4 + c (16-bit shifts: the
+// bit moved stays in its byte). Codes 0..31 times x in int16 pairs (at most 2 * 31 * 127), two
+// lines summed (31496) before vpmaddwd, where Q4_0 sums all four; -16 sum x from block_terms. A
+// block's integer sum is the AVX-512 VNNI packed product's, and so are its float operations: the
+// same bits.
+template <GgmlType Ty, int NT>
+PTLLM_GGML_TARGET void packed_nibble_tile(const uint8_t* grp, int nb, const GgmlActs& a, const BlockTerms& bt, int t0,
+                                          const float* bias, float* y, int ldy, int base, int lo, int hi) {
+  constexpr bool kQ5 = Ty == GgmlType::Q5_0;
+  constexpr int kLines = kQ5 ? 2 : 4;  // lines summed in int16
+  constexpr size_t kUnit = 2 * kGgmlPackRows * (kQ5 ? 22 : 18);  // ggml_pack_block_bytes: two blocks of 16 rows
   const int8_t* xq[NT];
   F acc[2][NT];
   PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
@@ -250,21 +191,26 @@ PTLLM_GGML_TARGET void packed_q5_0_tile(const uint8_t* grp, int nb, const GgmlAc
   const I lo4 = bytes(0x0f), b4 = bytes(0x10), ones = _mm256_set1_epi16(1);
   for (int b = 0; b < nb; ++b) {
     const uint8_t* unit = grp + size_t(b / 2) * kUnit;
-    const uint8_t* fifth = unit + 64 + 320 * size_t(b % 2);
-    const uint8_t* codes = fifth + 64;
+    const uint8_t* fifth = unit + 64 + (kQ5 ? 320 : 256) * size_t(b % 2);  // Q5_0's fifth bits
+    const uint8_t* codes = kQ5 ? fifth + 64 : fifth;
     if (NT == 1) ask_ahead<kUnit / 2>(unit + 64 + kUnit / 2 * size_t(b % 2));
-    const int32_t* cb = corr + size_t(b) * T + size_t(t0);
+    const int32_t* cb = bt.corr + size_t(b) * T + size_t(t0);
     I is[2][NT];
     PTLLM_GGML_UNROLL for (int h = 0; h < 2; ++h) PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t)
       is[h][t] = _mm256_set1_epi32(cb[t]);
-    PTLLM_GGML_UNROLL for (int c2 = 0; c2 < 4; c2 += 2) {
+    PTLLM_GGML_UNROLL for (int c0 = 0; c0 < 4; c0 += kLines) {
       I s16[2][NT];
-      PTLLM_GGML_UNROLL for (int c = c2; c < c2 + 2; ++c) {
+      PTLLM_GGML_UNROLL for (int c = c0; c < c0 + kLines; ++c) {
         I wl[2], wh[2];
         PTLLM_GGML_UNROLL for (int h = 0; h < 2; ++h) {
-          const I v = load(codes + 64 * c + 32 * h), f = load(fifth + 32 * h);
-          wl[h] = _mm256_or_si256(_mm256_and_si256(v, lo4), _mm256_and_si256(_mm256_slli_epi16(f, 4 - c), b4));
-          wh[h] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), lo4), _mm256_and_si256(_mm256_srli_epi16(f, c), b4));
+          const I v = load(codes + 64 * c + 32 * h);
+          wl[h] = _mm256_and_si256(v, lo4);
+          wh[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+          if constexpr (kQ5) {
+            const I f = load(fifth + 32 * h);
+            wl[h] = _mm256_or_si256(wl[h], _mm256_and_si256(_mm256_slli_epi16(f, 4 - c), b4));
+            wh[h] = _mm256_or_si256(wh[h], _mm256_and_si256(_mm256_srli_epi16(f, c), b4));
+          }
         }
         PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
           int32_t xl, xh;
@@ -273,29 +219,31 @@ PTLLM_GGML_TARGET void packed_q5_0_tile(const uint8_t* grp, int nb, const GgmlAc
           const I bl = _mm256_set1_epi32(xl), bh = _mm256_set1_epi32(xh);
           PTLLM_GGML_UNROLL for (int h = 0; h < 2; ++h) {
             const I p = _mm256_adds_epi16(_mm256_maddubs_epi16(wl[h], bl), _mm256_maddubs_epi16(wh[h], bh));
-            s16[h][t] = c == c2 ? p : _mm256_adds_epi16(s16[h][t], p);
+            s16[h][t] = c == c0 ? p : _mm256_adds_epi16(s16[h][t], p);
           }
         }
       }
       PTLLM_GGML_UNROLL for (int h = 0; h < 2; ++h) PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t)
         is[h][t] = _mm256_add_epi32(is[h][t], _mm256_madd_epi16(s16[h][t], ones));
     }
-    scale_halves<NT>(acc, is, unit + 32 * (b % 2), xs + size_t(b) * T + size_t(t0));
+    scale_halves<NT>(acc, is, unit + 32 * (b % 2), bt.xs + size_t(b) * T + size_t(t0));
   }
   store_halves<NT>(acc, y, ldy, bias, t0, base, lo, hi);
 }
 
-// Rows [r0, r1) of a packed Q5_0 matrix: a group at a time against pairs of rows of x.
-PTLLM_GGML_TARGET void packed_q5_0_rows(const WeightMatrix& w, const GgmlActs& a, const float* bias, float* y, int r0,
-                                        int r1) {
+// Rows [r0, r1) of a packed Q4_0 or Q5_0 matrix: a group at a time against pairs of rows of x (the
+// group's bytes, 16 x 18 or 22 a block, read from memory once and then from L1/L2).
+template <GgmlType Ty>
+PTLLM_GGML_TARGET void packed_nibble_rows(const WeightMatrix& w, const GgmlActs& a, const float* bias, float* y, int r0,
+                                          int r1) {
+  constexpr bool kQ5 = Ty == GgmlType::Q5_0;
   const int nb = w.cols / 32;
-  const size_t gb = size_t(nb) * kGgmlPackRows * 22;
-  const BlockTerms bt = block_terms(a, nb, 16);
+  const size_t gb = size_t(nb) * kGgmlPackRows * (kQ5 ? 22 : 18);
+  const BlockTerms bt = block_terms(a, nb, kQ5 ? 16 : 8);
   for_packed_groups(w, gb, r0, r1, [&](const uint8_t* grp, int base, int lo, int hi) {
     int t0 = 0;
-    for (; t0 + 2 <= a.T; t0 += 2)
-      packed_q5_0_tile<2>(grp, nb, a, bt.xs, bt.corr, t0, bias, y, w.rows, base, lo, hi);
-    if (t0 < a.T) packed_q5_0_tile<1>(grp, nb, a, bt.xs, bt.corr, t0, bias, y, w.rows, base, lo, hi);
+    for (; t0 + 2 <= a.T; t0 += 2) packed_nibble_tile<Ty, 2>(grp, nb, a, bt, t0, bias, y, w.rows, base, lo, hi);
+    if (t0 < a.T) packed_nibble_tile<Ty, 1>(grp, nb, a, bt, t0, bias, y, w.rows, base, lo, hi);
   });
 }
 
