@@ -461,6 +461,18 @@ PTLLM_GGML_TARGET void dot_q6k_zmm(const uint8_t* row, int nb, const GgmlActs& a
 
 // A packed K-quant block's bytes (ggml_pack_block_bytes: 16 rows).
 constexpr int kQ4KPacked = kGgmlPackRows * 148, kQ6KPacked = kGgmlPackRows * 210;
+// A packed unit of the 32-value types (ggml.h): its bytes (ggml_pack_block_bytes: two blocks of 16
+// rows), one block's bytes after the 64 of d (Q5_0: its fifth bits, then its codes), and the offset
+// o of the codes the products take (-o sum x per block: block_terms).
+constexpr size_t packed32_unit_bytes(GgmlType t) {
+  return kGgmlPackRows * (t == GgmlType::Q8_0 ? 68 : t == GgmlType::Q5_0 ? 44 : 36);
+}
+constexpr size_t packed32_block_bytes(GgmlType t) { return (packed32_unit_bytes(t) - 64) / 2; }
+constexpr int32_t packed32_code_offset(GgmlType t) {
+  return t == GgmlType::Q8_0 ? 128 : t == GgmlType::Q5_0 ? 16 : 8;
+}
+static_assert(packed32_block_bytes(GgmlType::Q4_0) == 256 && packed32_block_bytes(GgmlType::Q5_0) == 320 &&
+              packed32_block_bytes(GgmlType::Q8_0) == 512);
 
 #if PTLLM_GGML_ZMM
 #include "kernels/x86/ggml_tiled_impl.h"  // Q4_0 / Q8_0 against many rows of x
@@ -577,11 +589,6 @@ PTLLM_GGML_TARGET void q6k_packed_group(const uint8_t* grp, int nb, const GgmlAc
   PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) out[t] = acc[t];
 }
 
-// A packed unit's bytes (ggml_pack_block_bytes: two blocks of 16 rows).
-constexpr size_t packed32_unit_bytes(GgmlType t) {
-  return kGgmlPackRows * (t == GgmlType::Q8_0 ? 68 : t == GgmlType::Q5_0 ? 44 : 36);
-}
-
 // Q4_0, Q5_0 and Q8_0 packed: NP consecutive groups (gb bytes apart) against NT rows of x, the
 // unpacked panels' operations in their order (panel_tile: -o sum x, then the 8 four-value products
 // of each block into int32 lanes, one FMA a block), so a row's result is the same bits as from the
@@ -594,7 +601,7 @@ PTLLM_GGML_TARGET void packed32_tile(const uint8_t* grp, size_t gb, int nb, cons
                                      const int32_t* corr, int t0, const float* bias, float* y, int ldy, int r,
                                      const __mmask16* keep) {
   constexpr bool kSplit = NP * NT <= 2, kQ8 = Ty == GgmlType::Q8_0, kQ5 = Ty == GgmlType::Q5_0;
-  constexpr size_t kUnit = packed32_unit_bytes(Ty), kBlockBytes = kQ8 ? 512 : kQ5 ? 320 : 256;
+  constexpr size_t kUnit = packed32_unit_bytes(Ty), kBlockBytes = packed32_block_bytes(Ty);
   const int8_t* xq[NT];
   FZ acc[NP][NT];
   PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
@@ -683,7 +690,7 @@ PTLLM_GGML_TARGET void packed32_rows(const WeightMatrix& w, const GgmlActs& a, c
                                      int r1) {
   const int nb = w.cols / 32;
   const size_t gb = size_t(nb / 2) * packed32_unit_bytes(Ty);
-  const BlockTerms bt = block_terms(a, nb, Ty == GgmlType::Q8_0 ? 128 : Ty == GgmlType::Q5_0 ? 16 : 8);
+  const BlockTerms bt = block_terms(a, nb, packed32_code_offset(Ty));
   const int g1 = (r1 + kGgmlPackRows - 1) / kGgmlPackRows;
   for (int g = r0 / kGgmlPackRows, np = 1; g < g1; g += np) {
     np = g + 1 < g1 && a.T > kPacked32OneGroupMaxT ? 2 : 1;

@@ -180,7 +180,7 @@ PTLLM_GGML_TARGET void packed_nibble_tile(const uint8_t* grp, int nb, const Ggml
                                           const float* bias, float* y, int ldy, int base, int lo, int hi) {
   constexpr bool kQ5 = Ty == GgmlType::Q5_0;
   constexpr int kLines = kQ5 ? 2 : 4;  // lines summed in int16
-  constexpr size_t kUnit = 2 * kGgmlPackRows * (kQ5 ? 22 : 18);  // ggml_pack_block_bytes: two blocks of 16 rows
+  constexpr size_t kUnit = packed32_unit_bytes(Ty);
   const int8_t* xq[NT];
   F acc[2][NT];
   PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
@@ -191,7 +191,7 @@ PTLLM_GGML_TARGET void packed_nibble_tile(const uint8_t* grp, int nb, const Ggml
   const I lo4 = bytes(0x0f), b4 = bytes(0x10), ones = _mm256_set1_epi16(1);
   for (int b = 0; b < nb; ++b) {
     const uint8_t* unit = grp + size_t(b / 2) * kUnit;
-    const uint8_t* fifth = unit + 64 + (kQ5 ? 320 : 256) * size_t(b % 2);  // Q5_0's fifth bits
+    const uint8_t* fifth = unit + 64 + packed32_block_bytes(Ty) * size_t(b % 2);  // Q5_0's fifth bits
     const uint8_t* codes = kQ5 ? fifth + 64 : fifth;
     if (NT == 1) ask_ahead<kUnit / 2>(unit + 64 + kUnit / 2 * size_t(b % 2));
     const int32_t* cb = bt.corr + size_t(b) * T + size_t(t0);
@@ -236,10 +236,9 @@ PTLLM_GGML_TARGET void packed_nibble_tile(const uint8_t* grp, int nb, const Ggml
 template <GgmlType Ty>
 PTLLM_GGML_TARGET void packed_nibble_rows(const WeightMatrix& w, const GgmlActs& a, const float* bias, float* y, int r0,
                                           int r1) {
-  constexpr bool kQ5 = Ty == GgmlType::Q5_0;
   const int nb = w.cols / 32;
-  const size_t gb = size_t(nb) * kGgmlPackRows * (kQ5 ? 22 : 18);
-  const BlockTerms bt = block_terms(a, nb, kQ5 ? 16 : 8);
+  const size_t gb = size_t(nb / 2) * packed32_unit_bytes(Ty);
+  const BlockTerms bt = block_terms(a, nb, packed32_code_offset(Ty));
   for_packed_groups(w, gb, r0, r1, [&](const uint8_t* grp, int base, int lo, int hi) {
     int t0 = 0;
     for (; t0 + 2 <= a.T; t0 += 2) packed_nibble_tile<Ty, 2>(grp, nb, a, bt, t0, bias, y, w.rows, base, lo, hi);
@@ -256,7 +255,7 @@ PTLLM_GGML_TARGET void packed_nibble_rows(const WeightMatrix& w, const GgmlActs&
 template <int NT>
 PTLLM_GGML_TARGET void packed_q8_0_tile(const uint8_t* grp, int nb, const GgmlActs& a, int t0, const float* bias,
                                         float* y, int ldy, int base, int lo, int hi) {
-  constexpr size_t kUnit = 2 * kGgmlPackRows * 34;  // ggml_pack_block_bytes(Q8_0): two blocks of 16 rows
+  constexpr size_t kUnit = packed32_unit_bytes(GgmlType::Q8_0);
   const Rows<NT> x(a, t0);  // x's codes x.q[t], block scales x.d[t][b]
   F acc[2][NT];
   PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) acc[0][t] = acc[1][t] = _mm256_setzero_ps();
@@ -294,7 +293,7 @@ PTLLM_GGML_TARGET void packed_q8_0_tile(const uint8_t* grp, int nb, const GgmlAc
 PTLLM_GGML_TARGET void packed_q8_0_rows(const WeightMatrix& w, const GgmlActs& a, const float* bias, float* y, int r0,
                                         int r1) {
   const int nb = w.cols / 32;
-  const size_t gb = size_t(nb) * kGgmlPackRows * 34;
+  const size_t gb = size_t(nb / 2) * packed32_unit_bytes(GgmlType::Q8_0);
   for_packed_groups(w, gb, r0, r1, [&](const uint8_t* grp, int base, int lo, int hi) {
     int t0 = 0;
     for (; t0 + 4 <= a.T; t0 += 4) packed_q8_0_tile<4>(grp, nb, a, t0, bias, y, w.rows, base, lo, hi);
