@@ -785,9 +785,9 @@ TEST(GgmlProductReal, KjvSmallQ4_K_MTensors) {
   }
 }
 
-// ---- Q4_0, Q5_0, Q8_0, Q4_K and Q6_K packed in 16-row groups (ggml.h, ggml_pack) ---------------
+// ---- Q4_0, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K packed in 16-row groups (ggml.h, ggml_pack) ---------
 
-// A packed copy of a row-major Q4_0/Q5_0/Q8_0/Q4_K/Q6_K matrix, with its bytes.
+// A packed copy of a row-major Q4_0/Q5_0/Q8_0/Q4_K/Q5_K/Q6_K matrix, with its bytes.
 struct Packed {
   std::vector<uint8_t> bytes;
   WeightMatrix w;
@@ -799,18 +799,19 @@ struct Packed {
   }
 };
 
-// Every row comes back as the file's bytes (Q4_K's 6-bit scale packing, Q5_0's fifth bits, Q6_K's
-// ql/qh split included), on raw random blocks (every bit pattern) and quantizer output; packed Q4_K is
-// 4 bytes a block larger, Q4_0, Q5_0, Q8_0 and Q6_K the same size.
+// Every row comes back as the file's bytes (Q4_K's 6-bit scale packing, Q5_0's and Q5_K's fifth bits,
+// Q6_K's ql/qh split included), on raw random blocks (every bit pattern) and quantizer output; packed
+// Q4_K and Q5_K are 4 bytes a block larger, Q4_0, Q5_0, Q8_0 and Q6_K the same size.
 TEST(GgmlPack, RowsRoundTripBitForBit) {
-  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K})
+  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K})
     for (bool raw : {true, false}) {
       const int rows = 48, cols = 768;
       const auto blocks = random_matrix(type, rows, cols, raw, 7);
       const WeightMatrix w = ggml_matrix(type, blocks.data(), rows, cols);
       ASSERT_TRUE(ggml_pack_fit(w));
       const Packed p(w);
-      EXPECT_EQ(p.bytes.size(), type == GgmlType::Q4_K ? size_t(rows) * (cols / 256) * 148u : w.nbytes());
+      const bool k45 = type == GgmlType::Q4_K || type == GgmlType::Q5_K;
+      EXPECT_EQ(p.bytes.size(), k45 ? w.nbytes() + size_t(rows) * (cols / 256) * 4u : w.nbytes());
       EXPECT_EQ(p.w.nbytes(), p.bytes.size());
       EXPECT_FALSE(ggml_pack_fit(p.w));  // packed once
       std::vector<uint8_t> row(w.row_bytes());
@@ -824,10 +825,12 @@ TEST(GgmlPack, RowsRoundTripBitForBit) {
         ASSERT_EQ(a, b) << ggml_type_info(type).name << " row " << r;
       }
     }
-  // Only Q4_0, Q5_0, Q8_0, Q4_K and Q6_K matrices of whole groups and whole units (Q4_0, Q5_0, Q8_0: 64
-  // values).
-  const auto q5 = random_matrix(GgmlType::Q5_K, 16, 256, true, 1);
-  EXPECT_FALSE(ggml_pack_fit(ggml_matrix(GgmlType::Q5_K, q5.data(), 16, 256)));
+  // Only Q4_0, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K matrices of whole groups and whole units (Q4_0, Q5_0,
+  // Q8_0: 64 values).
+  const auto q5 = random_matrix(GgmlType::Q5_K, 24, 256, true, 1);
+  EXPECT_FALSE(ggml_pack_fit(ggml_matrix(GgmlType::Q5_K, q5.data(), 24, 256)));
+  const auto q41 = random_matrix(GgmlType::Q4_1, 16, 128, true, 1);
+  EXPECT_FALSE(ggml_pack_fit(ggml_matrix(GgmlType::Q4_1, q41.data(), 16, 128)));
   const auto q4 = random_matrix(GgmlType::Q4_K, 24, 256, true, 1);
   EXPECT_FALSE(ggml_pack_fit(ggml_matrix(GgmlType::Q4_K, q4.data(), 24, 256)));
   const auto q40 = random_matrix(GgmlType::Q4_0, 16, 96, true, 1);
@@ -846,7 +849,7 @@ TEST(GgmlPack, RowsRoundTripBitForBit) {
 // ending mid-group and an odd number of groups. The file's Q8_0 takes the panels only above
 // kMatmulSmallRows rows of x (one-row kernels below): packed, every row of x gets the bits those
 // panels give it, whatever the count of rows. The packed products without a panel twin (Q5_0, AVX2's
-// Q8_0, Q4_K and Q6_K) give every row the bits of all rows at once, and the AVX-512 VNNI packed
+// Q8_0, Q4_K, Q5_K and Q6_K) give every row the bits of all rows at once, and the AVX-512 VNNI packed
 // product's where the CPU has both. (The other variants unpack the rows for their one-row kernels:
 // EveryVariantMatchesTheScalarTwin.)
 TEST(GgmlPack, PackedProductsAreBitForBitTheirPanelsOrAllRowsAtOnce) {
@@ -859,7 +862,7 @@ TEST(GgmlPack, PackedProductsAreBitForBitTheirPanelsOrAllRowsAtOnce) {
     if (name == "avx512vnni")
       cases.insert(cases.end(), {{all[i], GgmlType::Q4_0}, {all[i], GgmlType::Q5_0}, {all[i], GgmlType::Q8_0}}), vnni = all[i];
     if (name == "avx2")
-      for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K}) cases.push_back({all[i], t});
+      for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) cases.push_back({all[i], t});
   }
   if (cases.empty()) GTEST_SKIP() << "no AVX2: no packed kernels on this CPU";
   std::mt19937 rng(41);
@@ -910,7 +913,7 @@ TEST(GgmlPack, EveryVariantMatchesTheScalarTwin) {
   std::normal_distribution<float> g(0.f, 1.f);
   int nk = 0;
   const GgmlKernel* const* ks = ggml_kernels(&nk);
-  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K})
+  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K})
   for (bool raw : {false, true}) {
     const int rows = 64, cols = 1024, block = ggml_act_block(type);
     const auto blocks = random_matrix(type, rows, cols, raw, 3);
@@ -962,7 +965,7 @@ TEST(GgmlPack, MatmulUnderEverySimdTarget) {
   const int rows = 80, cols = 512;
   ThreadPool pool(3);
   const SimdTarget saved = active_simd_target();
-  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K})
+  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K})
   for (int T : {1, 6, 17}) {
     const auto blocks = random_matrix(type, rows, cols, false, 29);
     const WeightMatrix w = ggml_matrix(type, blocks.data(), rows, cols);

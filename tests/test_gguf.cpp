@@ -853,9 +853,9 @@ TEST(GgufPromptCache, KeyCoversTheFile) {
 namespace ptllm {
 namespace {
 
-// A quantized file loaded with its Q4_0, Q5_0, Q8_0, Q4_K and Q6_K matrices repacked (kernels/ggml.h,
+// A quantized file loaded with its Q4_0, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K matrices repacked (kernels/ggml.h,
 // ggml_pack) and in the file's layout answers alike: the integer sums are the same, only the float
-// order of adding blocks differs (Q4_K, Q6_K; Q8_0 against the file's one-row kernels, which the
+// order of adding blocks differs (Q4_K, Q5_K, Q6_K; Q8_0 against the file's one-row kernels, which the
 // logits of the last token take; packed Q4_0 and Q8_0 keep the panels' order, bit for bit: the
 // GgmlPack tests). The activations
 // are rounded to int8 per block, so a float difference can flip a code and moves the logits further
@@ -934,6 +934,23 @@ TEST(GgufPackedModel, Q4_K_MAnswersAsTheFilesLayout) {
   expect_packed_answers_alike(path);
 }
 
+// kjv-small written as Q5_K_M: Q5_K where its rows hold whole super-blocks (512 columns), Q6_K and
+// the fallbacks of 1376-wide rows beside it.
+void expect_q5_k_m_answers_alike(const fs::path& source) {
+  test::TempDir tmp;
+  const fs::path out = tmp.path / "kjv-small-Q5_K_M.gguf";
+  const GgufWriteResult r = write_gguf_from_hf(source, out, GgufMix::Q5_K_M);
+  EXPECT_GT(r.by_type.count("Q5_K") ? r.by_type.at("Q5_K") : 0, 0);
+  expect_packed_answers_alike(out, source);
+}
+
+TEST(GgufPackedModel, Q5_K_MAnswersAsTheFilesLayout) {
+  const fs::path source = test::shared_model("kjv-small");
+  if (!fs::exists(source / "model.safetensors")) GTEST_SKIP() << "no " << source;
+  if (!ggml_pack_wanted(GgmlType::Q5_K)) GTEST_SKIP() << "this CPU's kernels read Q5_K in the file's layout";
+  expect_q5_k_m_answers_alike(source);
+}
+
 // kjv-tiny written as Q4_0, as Q8_0 and as Q4_K_M (whose rows of 128 values take Q5_0, as
 // llama-quantize falls back below a K-quant block): the attention, gate and up matrices and the
 // output (Q8_0 in all three) are packed, the down projection (352 columns, not whole 64-value units)
@@ -955,17 +972,19 @@ TEST(GgufPackedModel, Q4_0Q5_0AndQ8_0AnswerAsTheFilesLayout) {
 
 // The same under the AVX2 kernels (on any x86 CPU): there every packed type is read by halves of
 // 8 rows (Q4_0 as the file layout's 8-row panels: the same bits, the GgmlPack tests), kjv-small's
-// Q4_K_M (Q4_K and Q6_K) too where ../shared has it.
+// Q4_K_M (Q4_K and Q6_K) and Q5_K_M too where ../shared has them.
 TEST(GgufPackedModel, UnderAvx2AnswerAsTheFilesLayout) {
   const auto targets = available_simd_targets();
   if (std::find(targets.begin(), targets.end(), SimdTarget::AVX2) == targets.end()) GTEST_SKIP() << "no AVX2";
   const SimdTarget saved = active_simd_target();
   set_simd_target(SimdTarget::AVX2);
-  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K})
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K})
     EXPECT_TRUE(ggml_pack_wanted(t)) << ggml_type_info(t).name;
   expect_small_mixes_answer_alike();
   const fs::path q4_k_m = test::shared_model("gguf") / "kjv-small-Q4_K_M.gguf";
   if (fs::exists(q4_k_m)) expect_packed_answers_alike(q4_k_m);
+  const fs::path small = test::shared_model("kjv-small");
+  if (fs::exists(small / "model.safetensors")) expect_q5_k_m_answers_alike(small);
   set_simd_target(saved);
 }
 

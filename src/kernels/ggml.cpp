@@ -282,15 +282,21 @@ GgmlRowsFn ggml_panel_rows(GgmlType t) {
 
 bool ggml_int_kernel(GgmlType t) { return has_int_kernel(t); }
 
-// ---- Q4_0, Q5_0, Q8_0, Q4_K and Q6_K packed ------------------------------------------------------------
+// ---- Q4_0, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K packed -------------------------------------------------------
 
 namespace {
 // Q4_K: value v is sub-block j = v / 32's code l = v % 32, the low (even j) or high (odd j)
-// nibble of qs[32 (j / 2) + l].
-void q4k_set_code(uint8_t* blk, int v, int code) {
+// nibble of qs[32 (j / 2) + l]; Q5_K (qs at 48): bit j of qh[l] (at 16) its fifth bit.
+void k45_set_code(uint8_t* blk, bool five, int v, int code) {
   const int j = v / 32, l = v % 32;
-  uint8_t& b = blk[16 + 32 * (j / 2) + l];
-  b = j % 2 == 0 ? uint8_t((b & 0xf0) | code) : uint8_t((b & 0x0f) | code << 4);
+  uint8_t& b = blk[(five ? 48 : 16) + 32 * (j / 2) + l];
+  b = j % 2 == 0 ? uint8_t((b & 0xf0) | (code & 0xf)) : uint8_t((b & 0x0f) | (code & 0xf) << 4);
+  if (five) blk[16 + l] = uint8_t((blk[16 + l] & ~(1 << j)) | (code >> 4) << j);
+}
+int k45_code(const uint8_t* blk, bool five, int v) {
+  const int j = v / 32, l = v % 32;
+  const uint8_t q = blk[(five ? 48 : 16) + 32 * (j / 2) + l];
+  return (j % 2 == 0 ? q & 0xf : q >> 4) | (five ? ((blk[16 + l] >> j) & 1) << 4 : 0);
 }
 // Q6_K: value v = 128 h + 32 s + l takes ql[64 h + 32 (s % 2) + l]'s low (s < 2) or high nibble and
 // bits 2s, 2s + 1 of qh[32 h + l] (as dot_q6k above reads them).
@@ -356,6 +362,9 @@ void unpack32_block(GgmlType t, const uint8_t* o, int h, int i, uint8_t* blk) {
   }
   std::memcpy(blk + 2, &qh, 4);
 }
+// Sub-block j's bytes in a packed Q4_K / Q5_K block: Q4_K's four code lines, Q5_K's 64 bytes of
+// fifth bits before them (ggml.h).
+int k45_sub_block(bool five, int j) { return 320 + (five ? 320 : 256) * j; }
 const uint8_t* packed_block(const WeightMatrix& w, int g, int b) {
   return static_cast<const uint8_t*>(w.data) +
          (size_t(g) * size_t(w.cols / ggml_pack_block_elems(w.ggml)) + size_t(b)) * size_t(ggml_pack_block_bytes(w.ggml));
@@ -368,6 +377,7 @@ int ggml_pack_block_bytes(GgmlType t) {
     case GgmlType::Q5_0: return kGgmlPackRows * 2 * 22;
     case GgmlType::Q8_0: return kGgmlPackRows * 2 * 34;
     case GgmlType::Q4_K: return kGgmlPackRows * (144 + 4);
+    case GgmlType::Q5_K: return kGgmlPackRows * (176 + 4);
     case GgmlType::Q6_K: return kGgmlPackRows * 210;
     default: return 0;
   }
@@ -447,11 +457,8 @@ void ggml_pack(const WeightMatrix& w, void* out, int g0, int g1) {
           }
           continue;
         }
-        for (int j = 0; j < 8; ++j)
-          for (int l = 0; l < 32; ++l) {
-            const uint8_t q = blk[16 + 32 * (j / 2) + l];
-            codes[32 * j + l] = j % 2 == 0 ? q & 0xf : q >> 4;
-          }
+        const bool five = w.ggml == GgmlType::Q5_K;
+        for (int v = 0; v < 256; ++v) codes[v] = uint8_t(k45_code(blk, five, v));
         std::memcpy(o + 2 * i, blk, 2);
         std::memcpy(o + 32 + 2 * i, blk + 2, 2);
         for (int j = 0; j < 8; ++j) {
@@ -459,12 +466,19 @@ void ggml_pack(const WeightMatrix& w, void* out, int g0, int g1) {
           o[64 + 16 * j + i] = sm.scale;
           o[192 + 32 * (j / 2) + 2 * i + j % 2] = sm.min;
         }
-        for (int j = 0; j < 8; ++j)
+        for (int j = 0; j < 8; ++j) {
+          uint8_t* sub = o + k45_sub_block(five, j);
+          uint8_t fifth[4] = {};
           for (int c = 0; c < 4; ++c) {
             const uint8_t* v = codes + 32 * j + 8 * c;
-            uint8_t* dst = o + 320 + 256 * j + 64 * c + 4 * i;
-            for (int k = 0; k < 4; ++k) dst[k] = uint8_t(v[k] | v[k + 4] << 4);
+            uint8_t* dst = sub + (five ? 64 : 0) + 64 * c + 4 * i;
+            for (int k = 0; k < 4; ++k) {
+              dst[k] = uint8_t((v[k] & 0xf) | (v[k + 4] & 0xf) << 4);
+              fifth[k] |= uint8_t((v[k] >> 4) << c | (v[k + 4] >> 4) << (4 + c));
+            }
           }
+          if (five) std::memcpy(sub + 4 * i, fifth, 4);
+        }
       }
     }
 }
@@ -514,12 +528,16 @@ void ggml_unpack_row(const WeightMatrix& w, int r, uint8_t* blocks) {
       s12[j + 4] = uint8_t((mn[j] & 0x3f) | (mn[j + 4] >> 4) << 6);
       s12[j + 8] = uint8_t((sc[j + 4] & 0xf) | (mn[j + 4] & 0xf) << 4);
     }
-    for (int j = 0; j < 8; ++j)
+    const bool five = w.ggml == GgmlType::Q5_K;
+    for (int j = 0; j < 8; ++j) {
+      const uint8_t* sub = o + k45_sub_block(five, j);
       for (int c = 0; c < 4; ++c)
         for (int k = 0; k < 8; ++k) {
-          const uint8_t byte = o[320 + 256 * j + 64 * c + 4 * i + k % 4];
-          q4k_set_code(blk, 32 * j + 8 * c + k, k < 4 ? byte & 0xf : byte >> 4);
+          const uint8_t byte = sub[(five ? 64 : 0) + 64 * c + 4 * i + k % 4];
+          const int fifth = five ? (sub[4 * i + k % 4] >> (k < 4 ? c : 4 + c)) & 1 : 0;
+          k45_set_code(blk, five, 32 * j + 8 * c + k, (k < 4 ? byte & 0xf : byte >> 4) | fifth << 4);
         }
+    }
   }
 }
 

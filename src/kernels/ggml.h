@@ -55,7 +55,7 @@ struct GgmlScaleMin {
 };
 GgmlScaleMin ggml_k_scale_min(const uint8_t* scales12, int j);
 
-// ---- Q4_0, Q5_0, Q8_0, Q4_K and Q6_K repacked at load time ----------------------------------------
+// ---- Q4_0, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K repacked at load time ----------------------------------
 // The products stream such a matrix faster as one sequential run of 16-row groups (the idea of
 // llama.cpp's interleaved "repack" buffers; this layout is our own). For each group and each unit of
 // ggml_pack_block_elems(type) values (two 32-value blocks for Q4_0, Q5_0, Q8_0, one 256-value block
@@ -79,6 +79,11 @@ GgmlScaleMin ggml_k_scale_min(const uint8_t* scales12, int j);
 //   [192, 320)   min j of row i at 192 + 32 (j / 2) + 2 i + j % 2 (pairs for 16-bit products)
 //   [320, 2368)  byte 320 + 256 j + 64 c + 4 i + k: the code of value 32 j + 8 c + k in its low
 //                nibble, of value 32 j + 8 c + 4 + k in its high one
+// Q5_K (2880 bytes: 4 more a row than the file, as Q4_K's)
+//   [0, 320)     as Q4_K's
+//   [320, 2880)  per sub-block j, 320 bytes from 320 + 320 j: first the fifth bits, byte 4 i + k
+//                holding that of value 32 j + 8 c + k at bit c and that of 32 j + 8 c + 4 + k at bit
+//                4 + c (c < 4), then Q4_K's four lines of sub-block j (codes 0..31)
 // Q6_K (3360 bytes, the file's size)
 //   [0, 32)      d (f16);  [32, 288) scale g (of values 16 g ..) of row i at 32 + 16 g + i (int8)
 //   [288, 3360)  per g, 192 bytes from 288 + 192 g: bytes 4 i + k of the first 64 hold the low four
@@ -95,11 +100,11 @@ GgmlScaleMin ggml_k_scale_min(const uint8_t* scales12, int j);
 inline constexpr int kGgmlPackRows = 16;
 int ggml_pack_block_bytes(GgmlType t);  // 0: a type that is not packed
 int ggml_pack_block_elems(GgmlType t);  // values of a row in one unit: 64 (Q4_0, Q5_0, Q8_0) or 256
-// Whether w (row-major) can be packed: Q4_0, Q5_0, Q8_0, Q4_K or Q6_K, rows a multiple of kGgmlPackRows,
+// Whether w (row-major) can be packed: Q4_0, Q5_0, Q8_0, Q4_K, Q5_K or Q6_K, rows a multiple of kGgmlPackRows,
 // columns of ggml_pack_block_elems.
 bool ggml_pack_fit(const WeightMatrix& w);
 // Whether this process packs matrices of type t: the active kernels have its packed product (AVX-512
-// VNNI and AVX2: all five types) and neither PTLLM_NO_GGML_PACK=1 nor set_ggml_pack_enabled(false)
+// VNNI and AVX2: all six types) and neither PTLLM_NO_GGML_PACK=1 nor set_ggml_pack_enabled(false)
 // says otherwise. Other kernels still compute packed matrices (a row at a time, slowly), so tests can
 // switch. Without a type: whether any is packed.
 bool ggml_pack_wanted(GgmlType t);

@@ -1,5 +1,5 @@
-// The product of a matrix packed for AVX-512 VNNI (kernels/ggml.h: Q4_0, Q5_0, Q8_0, Q4_K and Q6_K in groups
-// of 16 rows) on a variant without the packed kernels, so that tests can switch targets: each row back in
+// The product of a matrix packed for AVX-512 VNNI (kernels/ggml.h: Q4_0, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K in
+// groups of 16 rows) on a variant without the packed kernels, so that tests can switch targets: each row back in
 // the file's layout (ggml_unpack_row), then the variant's one-row kernels. Slow; only tests reach it.
 // Included inside a variant's namespace, where dot_rows is declared.
 

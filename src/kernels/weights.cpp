@@ -32,8 +32,8 @@ size_t WeightMatrix::row_bytes() const {
     case WeightFormat::Affine: return size_t(cols) * size_t(bits) / 32 * sizeof(uint32_t);
     case WeightFormat::Ggml: {
       const GgmlTypeInfo i = ggml_type_info(ggml);
-      // Packed Q4_K keeps a block's scales unpacked to a byte each: 4 more bytes (kernels/ggml.h).
-      const int extra = ggml_pack && ggml == GgmlType::Q4_K ? 4 : 0;
+      // Packed Q4_K and Q5_K keep a block's scales unpacked to a byte each: 4 more bytes (kernels/ggml.h).
+      const int extra = ggml_pack && (ggml == GgmlType::Q4_K || ggml == GgmlType::Q5_K) ? 4 : 0;
       return size_t(cols) / size_t(i.block_elems) * size_t(i.block_bytes + extra);
     }
   }

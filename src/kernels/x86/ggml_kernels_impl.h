@@ -460,7 +460,13 @@ PTLLM_GGML_TARGET void dot_q6k_zmm(const uint8_t* row, int nb, const GgmlActs& a
 #endif  // PTLLM_GGML_ZMM
 
 // A packed K-quant block's bytes (ggml_pack_block_bytes: 16 rows).
-constexpr int kQ4KPacked = kGgmlPackRows * 148, kQ6KPacked = kGgmlPackRows * 210;
+constexpr int kQ4KPacked = kGgmlPackRows * 148, kQ5KPacked = kGgmlPackRows * 180, kQ6KPacked = kGgmlPackRows * 210;
+constexpr int packed_k_bytes(GgmlType t) {
+  return t == GgmlType::Q6_K ? kQ6KPacked : t == GgmlType::Q5_K ? kQ5KPacked : kQ4KPacked;
+}
+// Sub-block j's four code lines in a packed Q4_K or Q5_K block; Q5_K's fifth bits are the 64 bytes
+// before them (ggml.h).
+constexpr int k45_lines(bool five, int j) { return five ? 320 + 320 * j + 64 : 320 + 256 * j; }
 // A packed unit of the 32-value types (ggml.h): its bytes (ggml_pack_block_bytes: two blocks of 16
 // rows), one block's bytes after the 64 of d (Q5_0: its fifth bits, then its codes), and the offset
 // o of the codes the products take (-o sum x per block: block_terms).
@@ -477,10 +483,10 @@ static_assert(packed32_block_bytes(GgmlType::Q4_0) == 256 && packed32_block_byte
 #if PTLLM_GGML_ZMM
 #include "kernels/x86/ggml_tiled_impl.h"  // Q4_0 / Q8_0 against many rows of x
 #else
-#include "kernels/x86/ggml_tiled_avx2_impl.h"  // Q4_0 against many rows of x; packed Q5_0, Q8_0, Q4_K, Q6_K
+#include "kernels/x86/ggml_tiled_avx2_impl.h"  // Q4_0 against many rows of x; the packed products
 #endif
 
-// ---- Q4_0, Q5_0, Q8_0, Q4_K and Q6_K packed (ggml.h, kGgmlPackRows) -----------------------------------
+// ---- Q4_0, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K packed (ggml.h, kGgmlPackRows) -----------------------------
 
 // The first pass over a group (the only one in decode) asks for its stream ask_ahead's 4 KiB ahead,
 // a block's bytes spread over its steps: with the hardware prefetchers alone a thread streamed Q4_K
@@ -495,15 +501,17 @@ PTLLM_GGML_TARGET inline Z bcast4(const int8_t* p) { return _mm512_broadcastd_ep
 // One 16-row group against NT rows of x: out[t] holds the group's 16 products in its lanes. Per
 // sub-block j, each row's 32 codes meet x in integers (vpdpbusd: unsigned codes x signed x, four a
 // lane), two chains (low and high nibbles) that the sub-block's scales then multiply (vpmulld);
-// mins against x's sums of 32 by vpdpwssd; one float FMA per block for each.
-template <int NT>
-PTLLM_GGML_TARGET void q4k_packed_group(const uint8_t* grp, int nb, const GgmlActs& a, int t0, FZ* out) {
+// mins against x's sums of 32 by vpdpwssd; one float FMA per block for each. Q5_K: each line's
+// fifth bits (the 64 bytes before the sub-block's lines) ORed in at bit 4.
+template <bool kFive, int NT>
+PTLLM_GGML_TARGET void k45_packed_group(const uint8_t* grp, int nb, const GgmlActs& a, int t0, FZ* out) {
+  constexpr int kBytes = kFive ? kQ5KPacked : kQ4KPacked;
   const Rows<NT> x(a, t0);
   FZ acc[NT];
   PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
-  const Z lo4 = _mm512_set1_epi8(0x0f);
+  const Z lo4 = _mm512_set1_epi8(0x0f), b4 = _mm512_set1_epi8(0x10);
   for (int b = 0; b < nb; ++b) {
-    const uint8_t* blk = grp + size_t(b) * size_t(kQ4KPacked);
+    const uint8_t* blk = grp + size_t(b) * size_t(kBytes);
     if (t0 == 0) touch_ahead(blk + kAheadBytes);
     const FZ dv = _mm512_cvtph_ps(load(blk)), dmv = _mm512_cvtph_ps(load(blk + 32));
     Z mp[4];
@@ -520,12 +528,18 @@ PTLLM_GGML_TARGET void q4k_packed_group(const uint8_t* grp, int nb, const GgmlAc
     Z isum[NT];
     PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
     PTLLM_GGML_UNROLL for (int j = 0; j < 8; ++j) {
-      if (t0 == 0) ask_ahead<kQ4KPacked / 8>(blk + kQ4KPacked / 8 * j);
+      if (t0 == 0) ask_ahead<kBytes / 8>(blk + kBytes / 8 * j);
+      const uint8_t* lines = blk + k45_lines(kFive, j);
       Z lo[NT], hi[NT];
       PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) lo[t] = hi[t] = _mm512_setzero_si512();
       PTLLM_GGML_UNROLL for (int c = 0; c < 4; ++c) {
-        const Z w = _mm512_loadu_si512(blk + 320 + 256 * j + 64 * c);
-        const Z c0 = _mm512_and_si512(w, lo4), c1 = _mm512_and_si512(_mm512_srli_epi16(w, 4), lo4);
+        const Z w = _mm512_loadu_si512(lines + 64 * c);
+        Z c0 = _mm512_and_si512(w, lo4), c1 = _mm512_and_si512(_mm512_srli_epi16(w, 4), lo4);
+        if constexpr (kFive) {
+          const Z f = _mm512_loadu_si512(lines - 64);
+          c0 = _mm512_or_si512(c0, _mm512_and_si512(_mm512_slli_epi16(f, 4 - c), b4));
+          c1 = _mm512_or_si512(c1, _mm512_and_si512(_mm512_srli_epi16(f, c), b4));
+        }
         PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
           const int8_t* q = x.q[t] + 256 * b + 32 * j + 8 * c;
           int32_t q0, q1;
@@ -720,7 +734,8 @@ PTLLM_GGML_TARGET void packed32_rows(const WeightMatrix& w, const GgmlActs& a, c
 template <int NT>
 PTLLM_GGML_TARGET void packed_group(GgmlType type, const uint8_t* grp, int nb, const GgmlActs& a, int t0, FZ* out) {
   if (type == GgmlType::Q6_K) return q6k_packed_group<NT>(grp, nb, a, t0, out);
-  return q4k_packed_group<NT>(grp, nb, a, t0, out);
+  if (type == GgmlType::Q5_K) return k45_packed_group<true, NT>(grp, nb, a, t0, out);
+  return k45_packed_group<false, NT>(grp, nb, a, t0, out);
 }
 
 // Rows [r0, r1) of a packed matrix: whole groups, each against every row of x four at a time (a
@@ -731,7 +746,7 @@ PTLLM_GGML_TARGET void packed_rows(const WeightMatrix& w, const GgmlActs& a, con
   if (w.ggml == GgmlType::Q5_0) return packed32_rows<GgmlType::Q5_0>(w, a, bias, y, r0, r1);
   if (w.ggml == GgmlType::Q8_0) return packed32_rows<GgmlType::Q8_0>(w, a, bias, y, r0, r1);
   const int nb = w.cols / 256;
-  const size_t gb = size_t(nb) * size_t(w.ggml == GgmlType::Q6_K ? kQ6KPacked : kQ4KPacked);
+  const size_t gb = size_t(nb) * size_t(packed_k_bytes(w.ggml));
   FZ out[4];
   for (int g = r0 / kGgmlPackRows; g * kGgmlPackRows < r1; ++g) {
     const int base = g * kGgmlPackRows;
@@ -798,6 +813,7 @@ PTLLM_GGML_TARGET void ggml_rows(const WeightMatrix& w, const GgmlActs& a, const
   if (w.ggml_pack && w.ggml == GgmlType::Q5_0) return packed_nibble_rows<GgmlType::Q5_0>(w, a, bias, y, r0, r1);
   if (w.ggml_pack && w.ggml == GgmlType::Q8_0) return packed_q8_0_rows(w, a, bias, y, r0, r1);
   if (w.ggml_pack && w.ggml == GgmlType::Q4_K) return packed_k_rows<GgmlType::Q4_K>(w, a, bias, y, r0, r1);
+  if (w.ggml_pack && w.ggml == GgmlType::Q5_K) return packed_k_rows<GgmlType::Q5_K>(w, a, bias, y, r0, r1);
   if (w.ggml_pack && w.ggml == GgmlType::Q6_K) return packed_k_rows<GgmlType::Q6_K>(w, a, bias, y, r0, r1);
 #endif
   if (w.ggml_pack) return packed_rows(w, a, bias, y, r0, r1);

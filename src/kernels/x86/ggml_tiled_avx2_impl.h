@@ -306,7 +306,7 @@ PTLLM_GGML_TARGET void packed_q8_0_rows(const WeightMatrix& w, const GgmlActs& a
   });
 }
 
-// ---- Q4_K and Q6_K packed in 16-row groups -----------------------------------------------------
+// ---- Q4_K, Q5_K and Q6_K packed in 16-row groups --------------------------------------------------
 // The AVX-512 VNNI packed layouts (ggml.h) read by halves of 8 rows. Each block's integer sums are
 // the AVX-512 kernels' (exact, in another order) and so are its float operations: the same bits,
 // whatever the count of rows of x. NH halves per pass from h0: decode streams both, prefill one at a
@@ -318,11 +318,13 @@ PTLLM_GGML_TARGET void packed_q8_0_rows(const WeightMatrix& w, const GgmlActs& a
 // 64-byte lines, line c holding in row i's dword the nibbles of values 32j + 8c .. + 7): acc gets
 // - dmin d8 sum_j m_j sum_j(x) first (as the AVX-512 kernel), isum the codes' sums. A sub-block's
 // nibble x int8 products are summed in int16 (8 vpmaddubsw pairs of at most 2 * 15 * 127: 30480),
-// then once into int32 times its scale (vpmaddwd).
-template <int NT, int NH>
-[[gnu::always_inline]] PTLLM_GGML_TARGET inline void q4k_block(const uint8_t* blk, const Rows<NT>& x, int b, int h0,
+// then once into int32 times its scale (vpmaddwd). Q5_K: each line's fifth bits (the 64 bytes before
+// the sub-block's lines) ORed in at bit 4, codes 0..31: two lines' pairs (at most 31496) a vpmaddwd.
+template <bool kFive, int NT, int NH>
+[[gnu::always_inline]] PTLLM_GGML_TARGET inline void k45_block(const uint8_t* blk, const Rows<NT>& x, int b, int h0,
                                                                F (&acc)[NH][NT], I (&isum)[NH][NT]) {
-  const I lo4 = bytes(0x0f);
+  constexpr int kBytes = kFive ? kQ5KPacked : kQ4KPacked, kLines = kFive ? 2 : 4;
+  const I lo4 = bytes(0x0f), b4 = bytes(0x10);
   // x's sums of 32 as int16 pairs (sub-blocks 2p, 2p + 1) in dword p (p < 2) or 2 + p (vphaddw keeps
   // 128-bit lanes), against each row's pair of mins.
   I s32[NT];
@@ -343,31 +345,40 @@ template <int NT, int NH>
     }
   }
   _Pragma("GCC unroll 1") for (int j = 0; j < 8; ++j) {
-    if (NT == 1) ask_ahead<kQ4KPacked / 8>(blk + kQ4KPacked / 8 * j);
-    I s16[NH][NT];
-    PTLLM_GGML_UNROLL for (int c = 0; c < 4; ++c) {
-      I c0[NH], c1[NH];
-      PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) {
-        const I w = load(blk + 320 + 256 * j + 64 * c + 32 * (h0 + h));
-        c0[h] = _mm256_and_si256(w, lo4);
-        c1[h] = _mm256_and_si256(_mm256_srli_epi16(w, 4), lo4);
-      }
-      PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
-        int32_t q0, q1;
-        std::memcpy(&q0, x.q[t] + 256 * b + 32 * j + 8 * c, 4);
-        std::memcpy(&q1, x.q[t] + 256 * b + 32 * j + 8 * c + 4, 4);
-        const I x0 = _mm256_set1_epi32(q0), x1 = _mm256_set1_epi32(q1);
-        PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) {
-          const I p = _mm256_adds_epi16(_mm256_maddubs_epi16(c0[h], x0), _mm256_maddubs_epi16(c1[h], x1));
-          s16[h][t] = c == 0 ? p : _mm256_adds_epi16(s16[h][t], p);
-        }
-      }
-    }
+    if (NT == 1) ask_ahead<kBytes / 8>(blk + kBytes / 8 * j);
+    const uint8_t* lines = blk + k45_lines(kFive, j);
+    I scp[NH];
     PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) {
       const I sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 64 + 16 * j + 8 * (h0 + h))));
-      const I scp = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16));  // the scale in both int16 halves
-      PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t)
-        isum[h][t] = _mm256_add_epi32(isum[h][t], _mm256_madd_epi16(s16[h][t], scp));
+      scp[h] = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16));  // the scale in both int16 halves
+    }
+    PTLLM_GGML_UNROLL for (int c0 = 0; c0 < 4; c0 += kLines) {
+      I s16[NH][NT];
+      PTLLM_GGML_UNROLL for (int c = c0; c < c0 + kLines; ++c) {
+        I w0[NH], w1[NH];
+        PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) {
+          const I w = load(lines + 64 * c + 32 * (h0 + h));
+          w0[h] = _mm256_and_si256(w, lo4);
+          w1[h] = _mm256_and_si256(_mm256_srli_epi16(w, 4), lo4);
+          if constexpr (kFive) {
+            const I f = load(lines - 64 + 32 * (h0 + h));
+            w0[h] = _mm256_or_si256(w0[h], _mm256_and_si256(_mm256_slli_epi16(f, 4 - c), b4));
+            w1[h] = _mm256_or_si256(w1[h], _mm256_and_si256(_mm256_srli_epi16(f, c), b4));
+          }
+        }
+        PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
+          int32_t q0, q1;
+          std::memcpy(&q0, x.q[t] + 256 * b + 32 * j + 8 * c, 4);
+          std::memcpy(&q1, x.q[t] + 256 * b + 32 * j + 8 * c + 4, 4);
+          const I x0 = _mm256_set1_epi32(q0), x1 = _mm256_set1_epi32(q1);
+          PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) {
+            const I p = _mm256_adds_epi16(_mm256_maddubs_epi16(w0[h], x0), _mm256_maddubs_epi16(w1[h], x1));
+            s16[h][t] = c == c0 ? p : _mm256_adds_epi16(s16[h][t], p);
+          }
+        }
+      }
+      PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t)
+        isum[h][t] = _mm256_add_epi32(isum[h][t], _mm256_madd_epi16(s16[h][t], scp[h]));
     }
   }
 }
@@ -429,7 +440,7 @@ template <int NT, int NH>
   }
 }
 
-// A packed Q4_K or Q6_K group against NT rows of x from t0: per block the type's integer sums, then
+// A packed Q4_K, Q5_K or Q6_K group against NT rows of x from t0: per block the type's integer sums, then
 // one FMA by the rows' d (the first 32 bytes of either block) and x's block scale.
 template <GgmlType Ty, int NT, int NH>
 PTLLM_GGML_TARGET void packed_k_tile(const uint8_t* grp, int nb, const GgmlActs& a, int t0, int h0, const float* bias,
@@ -439,12 +450,12 @@ PTLLM_GGML_TARGET void packed_k_tile(const uint8_t* grp, int nb, const GgmlActs&
   PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t)
     acc[h][t] = _mm256_setzero_ps();
   for (int b = 0; b < nb; ++b) {
-    const uint8_t* blk = grp + size_t(b) * size_t(Ty == GgmlType::Q6_K ? kQ6KPacked : kQ4KPacked);
+    const uint8_t* blk = grp + size_t(b) * size_t(packed_k_bytes(Ty));
     I isum[NH][NT];
     if constexpr (Ty == GgmlType::Q6_K)
       q6k_block<NT, NH>(blk, x, b, h0, isum);
     else
-      q4k_block<NT, NH>(blk, x, b, h0, acc, isum);
+      k45_block<Ty == GgmlType::Q5_K, NT, NH>(blk, x, b, h0, acc, isum);
     PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) {
       const F dv = _mm256_cvtph_ps(load128(blk + 16 * (h0 + h)));
       PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t)
@@ -454,14 +465,14 @@ PTLLM_GGML_TARGET void packed_k_tile(const uint8_t* grp, int nb, const GgmlActs&
   store_halves<NT, NH>(acc, y, ldy, bias, t0, base, lo, hi, h0);
 }
 
-// Rows [r0, r1) of a packed Q4_K or Q6_K matrix: decode reads a group's two halves in one pass (one
+// Rows [r0, r1) of a packed Q4_K, Q5_K or Q6_K matrix: decode reads a group's two halves in one pass (one
 // stream), prefill each half against tiles of 4 rows of x (a group's blocks read from memory once,
 // then from L1/L2).
 template <GgmlType Ty>
 PTLLM_GGML_TARGET void packed_k_rows(const WeightMatrix& w, const GgmlActs& a, const float* bias, float* y, int r0,
                                      int r1) {
   const int nb = w.cols / 256;
-  const size_t gb = size_t(nb) * size_t(Ty == GgmlType::Q6_K ? kQ6KPacked : kQ4KPacked);
+  const size_t gb = size_t(nb) * size_t(packed_k_bytes(Ty));
   for_packed_groups(w, gb, r0, r1, [&](const uint8_t* grp, int base, int lo, int hi) {
     if (a.T == 1) return packed_k_tile<Ty, 1, 2>(grp, nb, a, 0, 0, bias, y, w.rows, base, lo, hi);
     for (int h = lo / 8; h < (hi + 7) / 8; ++h) {
