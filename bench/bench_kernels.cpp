@@ -671,7 +671,7 @@ void register_decode() {
     }
   // decode/gemv_ggml_<type>[p]: 8192 x 2048 matrices of llama.cpp's blocks, copies of one (the
   // K-quant reference quantizers are slow) filling kStreamBytes; "p": packed as a load packs them.
-  for (const char* type : {"Q4_0", "Q8_0", "Q4_K", "Q6_K", "Q5_0", "Q5_K"})
+  for (const char* type : {"Q4_0", "Q8_0", "Q4_K", "Q6_K", "Q5_0", "Q5_K", "Q4_1", "Q5_1"})
     for (bool packed : {false, true}) {
       const std::string name = std::string("decode/gemv_ggml_") + type + (packed ? "p" : "");
       benchmark::RegisterBenchmark(name.c_str(), [type = std::string(type), packed](benchmark::State& st) {

@@ -785,9 +785,12 @@ TEST(GgmlProductReal, KjvSmallQ4_K_MTensors) {
   }
 }
 
-// ---- Q4_0, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K packed in 16-row groups (ggml.h, ggml_pack) ---------
+// ---- the 32-value types, Q4_K, Q5_K and Q6_K packed in 16-row groups (ggml.h, ggml_pack) --------
 
-// A packed copy of a row-major Q4_0/Q5_0/Q8_0/Q4_K/Q5_K/Q6_K matrix, with its bytes.
+constexpr GgmlType kPackedTypes[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
+                                     GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+
+// A packed copy of a row-major matrix of one of kPackedTypes, with its bytes.
 struct Packed {
   std::vector<uint8_t> bytes;
   WeightMatrix w;
@@ -799,11 +802,11 @@ struct Packed {
   }
 };
 
-// Every row comes back as the file's bytes (Q4_K's 6-bit scale packing, Q5_0's and Q5_K's fifth bits,
-// Q6_K's ql/qh split included), on raw random blocks (every bit pattern) and quantizer output; packed
-// Q4_K and Q5_K are 4 bytes a block larger, Q4_0, Q5_0, Q8_0 and Q6_K the same size.
+// Every row comes back as the file's bytes (Q4_K's 6-bit scale packing, the Q5 types' fifth bits,
+// Q4_1's and Q5_1's m, Q6_K's ql/qh split included), on raw random blocks (every bit pattern) and
+// quantizer output; packed Q4_K and Q5_K are 4 bytes a block larger, the others the same size.
 TEST(GgmlPack, RowsRoundTripBitForBit) {
-  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K})
+  for (GgmlType type : kPackedTypes)
     for (bool raw : {true, false}) {
       const int rows = 48, cols = 768;
       const auto blocks = random_matrix(type, rows, cols, raw, 7);
@@ -825,12 +828,13 @@ TEST(GgmlPack, RowsRoundTripBitForBit) {
         ASSERT_EQ(a, b) << ggml_type_info(type).name << " row " << r;
       }
     }
-  // Only Q4_0, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K matrices of whole groups and whole units (Q4_0, Q5_0,
-  // Q8_0: 64 values).
+  // Only matrices of whole groups and whole units (the 32-value types: 64 values), not Q2_K/Q3_K.
   const auto q5 = random_matrix(GgmlType::Q5_K, 24, 256, true, 1);
   EXPECT_FALSE(ggml_pack_fit(ggml_matrix(GgmlType::Q5_K, q5.data(), 24, 256)));
-  const auto q41 = random_matrix(GgmlType::Q4_1, 16, 128, true, 1);
-  EXPECT_FALSE(ggml_pack_fit(ggml_matrix(GgmlType::Q4_1, q41.data(), 16, 128)));
+  const auto q41 = random_matrix(GgmlType::Q4_1, 16, 96, true, 1);
+  EXPECT_FALSE(ggml_pack_fit(ggml_matrix(GgmlType::Q4_1, q41.data(), 16, 96)));
+  const auto q3k = random_matrix(GgmlType::Q3_K, 16, 256, true, 1);
+  EXPECT_FALSE(ggml_pack_fit(ggml_matrix(GgmlType::Q3_K, q3k.data(), 16, 256)));
   const auto q4 = random_matrix(GgmlType::Q4_K, 24, 256, true, 1);
   EXPECT_FALSE(ggml_pack_fit(ggml_matrix(GgmlType::Q4_K, q4.data(), 24, 256)));
   const auto q40 = random_matrix(GgmlType::Q4_0, 16, 96, true, 1);
@@ -839,8 +843,8 @@ TEST(GgmlPack, RowsRoundTripBitForBit) {
   EXPECT_FALSE(ggml_pack_fit(ggml_matrix(GgmlType::Q8_0, q80.data(), 16, 96)));
   const auto q50 = random_matrix(GgmlType::Q5_0, 16, 96, true, 1);
   EXPECT_FALSE(ggml_pack_fit(ggml_matrix(GgmlType::Q5_0, q50.data(), 16, 96)));
-  const auto q51 = random_matrix(GgmlType::Q5_1, 16, 128, true, 1);
-  EXPECT_FALSE(ggml_pack_fit(ggml_matrix(GgmlType::Q5_1, q51.data(), 16, 128)));
+  const auto q51 = random_matrix(GgmlType::Q5_1, 16, 96, true, 1);
+  EXPECT_FALSE(ggml_pack_fit(ggml_matrix(GgmlType::Q5_1, q51.data(), 16, 96)));
 }
 
 // Packed Q4_0 and Q8_0 take the unpacked panels' operations in their order: under the variants with
@@ -848,10 +852,10 @@ TEST(GgmlPack, RowsRoundTripBitForBit) {
 // from the file's layout, for T = 1..15 (every tile and tail of 1 and 2 groups) and up to 20, ranges
 // ending mid-group and an odd number of groups. The file's Q8_0 takes the panels only above
 // kMatmulSmallRows rows of x (one-row kernels below): packed, every row of x gets the bits those
-// panels give it, whatever the count of rows. The packed products without a panel twin (Q5_0, AVX2's
-// Q8_0, Q4_K, Q5_K and Q6_K) give every row the bits of all rows at once, and the AVX-512 VNNI packed
-// product's where the CPU has both. (The other variants unpack the rows for their one-row kernels:
-// EveryVariantMatchesTheScalarTwin.)
+// panels give it, whatever the count of rows. The packed products without a panel twin (Q4_1, Q5_0,
+// Q5_1, AVX2's Q8_0 and the K-quants) give every row the bits of all rows at once, and the AVX-512
+// VNNI packed product's where the CPU has both. (The other variants unpack the rows for their one-row
+// kernels: EveryVariantMatchesTheScalarTwin.)
 TEST(GgmlPack, PackedProductsAreBitForBitTheirPanelsOrAllRowsAtOnce) {
   int n = 0;
   const GgmlKernel* const* all = ggml_kernels(&n);
@@ -860,9 +864,10 @@ TEST(GgmlPack, PackedProductsAreBitForBitTheirPanelsOrAllRowsAtOnce) {
   for (int i = 0; i < n; ++i) {
     const std::string name = all[i]->name;
     if (name == "avx512vnni")
-      cases.insert(cases.end(), {{all[i], GgmlType::Q4_0}, {all[i], GgmlType::Q5_0}, {all[i], GgmlType::Q8_0}}), vnni = all[i];
+      for (GgmlType t : kPackedTypes)
+        if (ggml_type_info(t).block_elems == 32) cases.push_back({all[i], t}), vnni = all[i];
     if (name == "avx2")
-      for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) cases.push_back({all[i], t});
+      for (GgmlType t : kPackedTypes) cases.push_back({all[i], t});
   }
   if (cases.empty()) GTEST_SKIP() << "no AVX2: no packed kernels on this CPU";
   std::mt19937 rng(41);
@@ -913,7 +918,7 @@ TEST(GgmlPack, EveryVariantMatchesTheScalarTwin) {
   std::normal_distribution<float> g(0.f, 1.f);
   int nk = 0;
   const GgmlKernel* const* ks = ggml_kernels(&nk);
-  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K})
+  for (GgmlType type : kPackedTypes)
   for (bool raw : {false, true}) {
     const int rows = 64, cols = 1024, block = ggml_act_block(type);
     const auto blocks = random_matrix(type, rows, cols, raw, 3);
@@ -965,7 +970,7 @@ TEST(GgmlPack, MatmulUnderEverySimdTarget) {
   const int rows = 80, cols = 512;
   ThreadPool pool(3);
   const SimdTarget saved = active_simd_target();
-  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K})
+  for (GgmlType type : kPackedTypes)
   for (int T : {1, 6, 17}) {
     const auto blocks = random_matrix(type, rows, cols, false, 29);
     const WeightMatrix w = ggml_matrix(type, blocks.data(), rows, cols);

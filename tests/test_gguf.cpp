@@ -951,12 +951,12 @@ TEST(GgufPackedModel, Q5_K_MAnswersAsTheFilesLayout) {
   expect_q5_k_m_answers_alike(source);
 }
 
-// kjv-tiny written as Q4_0, as Q8_0 and as Q4_K_M (whose rows of 128 values take Q5_0, as
-// llama-quantize falls back below a K-quant block): the attention, gate and up matrices and the
-// output (Q8_0 in all three) are packed, the down projection (352 columns, not whole 64-value units)
-// stays in the file's layout.
+// kjv-tiny written as Q4_0, as Q8_0, as Q4_K_M and as Q5_K_M (whose rows of 128 values take Q5_0 and
+// Q5_1, as llama-quantize falls back below a K-quant block): the attention, gate and up matrices and
+// the output (Q8_0 in all four) are packed, the down projection (352 columns, not whole 64-value
+// units) stays in the file's layout.
 void expect_small_mixes_answer_alike() {
-  for (GgufMix mix : {GgufMix::Q4_0, GgufMix::Q8_0, GgufMix::Q4_K_M}) {
+  for (GgufMix mix : {GgufMix::Q4_0, GgufMix::Q8_0, GgufMix::Q4_K_M, GgufMix::Q5_K_M}) {
     SCOPED_TRACE(std::string(gguf_mix_name(mix)));
     test::TempDir tmp;
     const fs::path out = tmp.path / "kjv-tiny.gguf";
@@ -965,7 +965,7 @@ void expect_small_mixes_answer_alike() {
   }
 }
 
-TEST(GgufPackedModel, Q4_0Q5_0AndQ8_0AnswerAsTheFilesLayout) {
+TEST(GgufPackedModel, KjvTinyMixesAnswerAsTheFilesLayout) {
   if (!ggml_pack_wanted(GgmlType::Q8_0)) GTEST_SKIP() << "this CPU's kernels read Q8_0 in the file's layout";
   expect_small_mixes_answer_alike();
 }

@@ -282,7 +282,7 @@ GgmlRowsFn ggml_panel_rows(GgmlType t) {
 
 bool ggml_int_kernel(GgmlType t) { return has_int_kernel(t); }
 
-// ---- Q4_0, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K packed -------------------------------------------------------
+// ---- the 32-value types, Q4_K, Q5_K and Q6_K packed ------------------------------------------------------
 
 namespace {
 // Q4_K: value v is sub-block j = v / 32's code l = v % 32, the low (even j) or high (odd j)
@@ -312,32 +312,36 @@ std::atomic<bool>& ggml_pack_flag() {
   return on;
 }
 // A 32-value block's place in a packed unit (ggml.h): h of its two blocks, row i of the 16. The
-// code bytes hold 4 values of a row a lane: Q4_0/Q5_0 a 64-byte line per 8 values (qs[4c + k]: the
-// nibbles of values 4c + k and 16 + 4c + k), Q8_0 one per 4 values (stored + 128). Q5_0's fifth bits
-// of the values of line c go to bits c (low nibble's value) and 4 + c (high one's) of byte 4i + k
-// of the 64 bytes before its lines.
+// code bytes hold 4 values of a row a lane: Q4_0/Q5_0/Q4_1/Q5_1 a 64-byte line per 8 values
+// (qs[4c + k]: the nibbles of values 4c + k and 16 + 4c + k), Q8_0 one per 4 values (stored + 128).
+// The fifth bits of the values of line c go to bits c (low nibble's value) and 4 + c (high one's) of
+// byte 4i + k of the 64 bytes before its lines. Q4_1/Q5_1 keep m after the unit's d.
 struct Unit32 {
   int lines, codes;  // code lines a block; the block's first code byte from the unit's start
   uint32_t flip;
+  bool min, fifth;
+  int qh, qs;  // the file block's fifth bits and nibbles
 };
 Unit32 unit32(GgmlType t, int h) {
-  if (t == GgmlType::Q8_0) return {8, 64 + 512 * h, 0x80808080u};
-  if (t == GgmlType::Q5_0) return {4, 64 + 320 * h + 64, 0};
-  return {4, 64 + 256 * h, 0};
+  if (t == GgmlType::Q8_0) return {8, 64 + 512 * h, 0x80808080u, false, false, 0, 2};
+  const bool min = t == GgmlType::Q4_1 || t == GgmlType::Q5_1, fifth = t == GgmlType::Q5_0 || t == GgmlType::Q5_1;
+  const int head = min ? 128 : 64, scales = min ? 4 : 2;
+  return {4, head + (fifth ? 320 : 256) * h + (fifth ? 64 : 0), 0, min, fifth, scales, scales + (fifth ? 4 : 0)};
 }
 void pack32_block(GgmlType t, const uint8_t* blk, uint8_t* o, int h, int i) {
   const Unit32 u = unit32(t, h);
   std::memcpy(o + 32 * h + 2 * i, blk, 2);
-  const uint8_t* qs = blk + (t == GgmlType::Q5_0 ? 6 : 2);
+  if (u.min) std::memcpy(o + 64 + 32 * h + 2 * i, blk + 2, 2);
+  const uint8_t* qs = blk + u.qs;
   for (int k = 0; k < u.lines; ++k) {
     uint32_t v;
     std::memcpy(&v, qs + 4 * k, 4);
     v ^= u.flip;
     std::memcpy(o + u.codes + 64 * k + 4 * i, &v, 4);
   }
-  if (t != GgmlType::Q5_0) return;
+  if (!u.fifth) return;
   uint32_t qh;
-  std::memcpy(&qh, blk + 2, 4);
+  std::memcpy(&qh, blk + u.qh, 4);
   for (int k = 0; k < 4; ++k) {
     uint8_t b = 0;
     for (int c = 0; c < 4; ++c) b |= uint8_t(((qh >> (4 * c + k)) & 1) << c | ((qh >> (16 + 4 * c + k)) & 1) << (4 + c));
@@ -347,20 +351,21 @@ void pack32_block(GgmlType t, const uint8_t* blk, uint8_t* o, int h, int i) {
 void unpack32_block(GgmlType t, const uint8_t* o, int h, int i, uint8_t* blk) {
   const Unit32 u = unit32(t, h);
   std::memcpy(blk, o + 32 * h + 2 * i, 2);
-  uint8_t* qs = blk + (t == GgmlType::Q5_0 ? 6 : 2);
+  if (u.min) std::memcpy(blk + 2, o + 64 + 32 * h + 2 * i, 2);
+  uint8_t* qs = blk + u.qs;
   for (int k = 0; k < u.lines; ++k) {
     uint32_t v;
     std::memcpy(&v, o + u.codes + 64 * k + 4 * i, 4);
     v ^= u.flip;
     std::memcpy(qs + 4 * k, &v, 4);
   }
-  if (t != GgmlType::Q5_0) return;
+  if (!u.fifth) return;
   uint32_t qh = 0;
   for (int k = 0; k < 4; ++k) {
     const uint8_t b = o[u.codes - 64 + 4 * i + k];
     for (int c = 0; c < 4; ++c) qh |= uint32_t((b >> c) & 1) << (4 * c + k) | uint32_t((b >> (4 + c)) & 1) << (16 + 4 * c + k);
   }
-  std::memcpy(blk + 2, &qh, 4);
+  std::memcpy(blk + u.qh, &qh, 4);
 }
 // Sub-block j's bytes in a packed Q4_K / Q5_K block: Q4_K's four code lines, Q5_K's 64 bytes of
 // fifth bits before them (ggml.h).
@@ -376,6 +381,8 @@ int ggml_pack_block_bytes(GgmlType t) {
     case GgmlType::Q4_0: return kGgmlPackRows * 2 * 18;
     case GgmlType::Q5_0: return kGgmlPackRows * 2 * 22;
     case GgmlType::Q8_0: return kGgmlPackRows * 2 * 34;
+    case GgmlType::Q4_1: return kGgmlPackRows * 2 * 20;
+    case GgmlType::Q5_1: return kGgmlPackRows * 2 * 24;
     case GgmlType::Q4_K: return kGgmlPackRows * (144 + 4);
     case GgmlType::Q5_K: return kGgmlPackRows * (176 + 4);
     case GgmlType::Q6_K: return kGgmlPackRows * 210;
@@ -384,7 +391,7 @@ int ggml_pack_block_bytes(GgmlType t) {
 }
 
 int ggml_pack_block_elems(GgmlType t) {
-  return t == GgmlType::Q4_0 || t == GgmlType::Q5_0 || t == GgmlType::Q8_0 ? 64 : 256;
+  return ggml_type_info(t).block_elems == 32 ? 64 : 256;
 }
 
 bool ggml_pack_fit(const WeightMatrix& w) {
@@ -411,8 +418,8 @@ void ggml_pack(const WeightMatrix& w, void* out, int g0, int g1) {
   PTLLM_CHECK(ggml_pack_fit(w) && g0 >= 0 && g1 <= w.rows / kGgmlPackRows);
   const size_t rb = w.row_bytes();
   if (ggml_pack_block_elems(w.ggml) == 64) {
-    // Two blocks of 16 rows: their d, then per block its code bytes 4 a lane (Q8_0's + 128), after
-    // Q5_0's fifth bits (ggml.h).
+    // Two blocks of 16 rows: their d (and m), then per block its code bytes 4 a lane (Q8_0's + 128),
+    // after the Q5 types' fifth bits (ggml.h).
     const int nu = w.cols / 64, in_bytes = ggml_type_info(w.ggml).block_bytes;
     const size_t unit = size_t(ggml_pack_block_bytes(w.ggml));
     for (int g = g0; g < g1; ++g)

@@ -55,11 +55,11 @@ struct GgmlScaleMin {
 };
 GgmlScaleMin ggml_k_scale_min(const uint8_t* scales12, int j);
 
-// ---- Q4_0, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K repacked at load time ----------------------------------
+// ---- the 32-value types, Q4_K, Q5_K and Q6_K repacked at load time --------------------------------
 // The products stream such a matrix faster as one sequential run of 16-row groups (the idea of
 // llama.cpp's interleaved "repack" buffers; this layout is our own). For each group and each unit of
-// ggml_pack_block_elems(type) values (two 32-value blocks for Q4_0, Q5_0, Q8_0, one 256-value block
-// for the K-quants), ggml_pack_block_bytes(type) bytes; i is the row in the group:
+// ggml_pack_block_elems(type) values (two 32-value blocks for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, one
+// 256-value block for the K-quants), ggml_pack_block_bytes(type) bytes; i is the row in the group:
 // Q4_0 (576 bytes, the file's size)
 //   [0, 64)      d (f16) of row i: the first block's at 2 i, the second's at 32 + 2 i
 //   [64, 576)    per block h (0, 1), 256 bytes from 64 + 256 h: byte 64 c + 4 i + k holds the nibbles of
@@ -69,6 +69,10 @@ GgmlScaleMin ggml_k_scale_min(const uint8_t* scales12, int j);
 //   [64, 704)    per block h (0, 1), 320 bytes from 64 + 320 h: first the fifth bits, byte 4 i + k
 //                holding that of value 4 c + k at bit c and that of 16 + 4 c + k at bit 4 + c
 //                (c < 4), then the 256 bytes of nibbles as Q4_0's (codes 0..31, offset 16)
+// Q4_1, Q5_1 (640 and 768 bytes, the file's sizes)
+//   [0, 64)      d (f16) as Q4_0's;  [64, 128) m (f16), the first block's at 64 + 2 i
+//   [128, ...)   per block h, as Q4_0's (256 bytes) and Q5_0's (320) from 128 + 256 h or 128 + 320 h
+//                (codes 0..15 and 0..31, no offset)
 // Q8_0 (1088 bytes, the file's size)
 //   [0, 64)      d (f16) as Q4_0's
 //   [64, 1088)   per block h (0, 1), 512 bytes from 64 + 512 h: byte 64 k + 4 i + j holds the code of
@@ -95,16 +99,16 @@ GgmlScaleMin ggml_k_scale_min(const uint8_t* scales12, int j);
 // are those of the file's blocks, so the products equal the row-major ones up to float rounding
 // (Q4_0, Q8_0: bit for bit, the same operations in the same order as the unpacked panels; for Q8_0
 // those are the file layout's prefill, at every count of rows of x). AVX2 reads the 64-byte lines as
-// two halves of 8 rows: for Q4_0 the same bits as its file-layout panels; for Q5_0 and for Q8_0 (codes
+// two halves of 8 rows: for Q4_0 the same bits as its file-layout panels; for the others (Q8_0's codes
 // made signed again, vpmaddubsw with the sign moved onto x) those of the AVX-512 VNNI packed product.
 inline constexpr int kGgmlPackRows = 16;
 int ggml_pack_block_bytes(GgmlType t);  // 0: a type that is not packed
-int ggml_pack_block_elems(GgmlType t);  // values of a row in one unit: 64 (Q4_0, Q5_0, Q8_0) or 256
-// Whether w (row-major) can be packed: Q4_0, Q5_0, Q8_0, Q4_K, Q5_K or Q6_K, rows a multiple of kGgmlPackRows,
-// columns of ggml_pack_block_elems.
+int ggml_pack_block_elems(GgmlType t);  // values of a row in one unit: 64 (32-value types) or 256
+// Whether w (row-major) can be packed: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K, rows a
+// multiple of kGgmlPackRows, columns of ggml_pack_block_elems.
 bool ggml_pack_fit(const WeightMatrix& w);
 // Whether this process packs matrices of type t: the active kernels have its packed product (AVX-512
-// VNNI and AVX2: all six types) and neither PTLLM_NO_GGML_PACK=1 nor set_ggml_pack_enabled(false)
+// VNNI and AVX2: all eight types) and neither PTLLM_NO_GGML_PACK=1 nor set_ggml_pack_enabled(false)
 // says otherwise. Other kernels still compute packed matrices (a row at a time, slowly), so tests can
 // switch. Without a type: whether any is packed.
 bool ggml_pack_wanted(GgmlType t);

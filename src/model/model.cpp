@@ -329,9 +329,9 @@ enum class Repack { None, Ggml, Affine, Panels };
 }  // namespace
 
 void Model::pack_panels() {
-  // Which matrices are repacked, chosen before any is (the three formats are disjoint): Q4_0, Q5_0,
-  // Q8_0, Q4_K, Q5_K and Q6_K in 16-row groups (kernels/ggml.h; with AMX too, whose bf16 copies of
-  // their rows made prefill slower than the packed products), MLX affine in 16-row groups
+  // Which matrices are repacked, chosen before any is (the three formats are disjoint): llama.cpp's
+  // block types but Q2_K and Q3_K in 16-row groups (kernels/ggml.h; with AMX too, whose bf16 copies
+  // of their rows made prefill slower than the packed products), MLX affine in 16-row groups
   // (kernels/affine.h), BF16 in panels (kernels/panels.h).
   const bool affine = affine_pack_wanted(), panels = panels_wanted();
   const auto kind = [&](const WeightMatrix& w) {

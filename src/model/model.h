@@ -119,7 +119,7 @@ class Model {
   // How many weight matrices load packed into panels (kernels/panels.h); 0 where the CPU's kernels
   // keep the row-major layout.
   size_t panel_matrices() const { return panel_packed_; }
-  // How many Q4_0/Q5_0/Q8_0/Q4_K/Q5_K/Q6_K matrices load repacked in 16-row groups (kernels/ggml.h, ggml_pack).
+  // How many block matrices load repacked in 16-row groups (kernels/ggml.h, ggml_pack).
   size_t ggml_packed_matrices() const { return ggml_packed_; }
   // How many MLX affine matrices load repacked in 16-row groups (kernels/affine.h, affine_pack).
   size_t affine_packed_matrices() const { return affine_packed_; }

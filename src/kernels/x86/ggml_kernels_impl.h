@@ -282,23 +282,29 @@ PTLLM_GGML_TARGET void dot_q6k(const uint8_t* row, int nb, const GgmlActs& a, in
 // The 32-value panel products' per-block terms of x, block-major ([nb][T]: a tile's values side by
 // side): corr = -o sum x over the block (o: the codes' offset, 8 for Q4_0's nibbles, 128 for Q8_0's
 // codes + 128) and x's scale. Buffers of this thread, reused across calls.
+// xm: x's block scale times the sum of its codes, which a block's m multiplies (Q4_1, Q5_1).
 struct BlockTerms {
   const int32_t* corr;
   const float* xs;
+  const float* xm;
 };
 PTLLM_GGML_TARGET inline BlockTerms block_terms(const GgmlActs& a, int nb, int32_t o) {
   thread_local std::vector<int32_t> corr;
-  thread_local std::vector<float> xs;
-  if (corr.size() < size_t(a.T) * size_t(nb)) corr.resize(size_t(a.T) * size_t(nb)), xs.resize(corr.size());
+  thread_local std::vector<float> xs, xm;
+  if (corr.size() < size_t(a.T) * size_t(nb))
+    corr.resize(size_t(a.T) * size_t(nb)), xs.resize(corr.size()), xm.resize(corr.size());
   for (int t = 0; t < a.T; ++t) {
     const int16_t* s = a.sums + size_t(t) * size_t(a.K / 16);
     const float* d = a.d + size_t(t) * size_t(nb);
     for (int b = 0; b < nb; ++b) {
-      corr[size_t(b) * size_t(a.T) + size_t(t)] = -o * (int32_t(s[2 * b]) + int32_t(s[2 * b + 1]));
-      xs[size_t(b) * size_t(a.T) + size_t(t)] = d[b];
+      const int32_t sum = int32_t(s[2 * b]) + int32_t(s[2 * b + 1]);
+      const size_t i = size_t(b) * size_t(a.T) + size_t(t);
+      corr[i] = -o * sum;
+      xs[i] = d[b];
+      xm[i] = d[b] * float(sum);
     }
   }
-  return {corr.data(), xs.data()};
+  return {corr.data(), xs.data(), xm.data()};
 }
 
 #if PTLLM_GGML_ZMM
@@ -468,17 +474,22 @@ constexpr int packed_k_bytes(GgmlType t) {
 // before them (ggml.h).
 constexpr int k45_lines(bool five, int j) { return five ? 320 + 320 * j + 64 : 320 + 256 * j; }
 // A packed unit of the 32-value types (ggml.h): its bytes (ggml_pack_block_bytes: two blocks of 16
-// rows), one block's bytes after the 64 of d (Q5_0: its fifth bits, then its codes), and the offset
-// o of the codes the products take (-o sum x per block: block_terms).
+// rows), the bytes of its scales (d; Q4_1, Q5_1: then m), one block's bytes after those (Q5_0,
+// Q5_1: its fifth bits, then its codes), and the offset o of the codes the products take (-o sum x
+// per block: block_terms).
+constexpr bool packed32_min(GgmlType t) { return t == GgmlType::Q4_1 || t == GgmlType::Q5_1; }
+constexpr bool packed32_fifth(GgmlType t) { return t == GgmlType::Q5_0 || t == GgmlType::Q5_1; }
 constexpr size_t packed32_unit_bytes(GgmlType t) {
-  return kGgmlPackRows * (t == GgmlType::Q8_0 ? 68 : t == GgmlType::Q5_0 ? 44 : 36);
+  return kGgmlPackRows * 2 * (t == GgmlType::Q8_0 ? 34 : 18 + (packed32_min(t) ? 2 : 0) + (packed32_fifth(t) ? 4 : 0));
 }
-constexpr size_t packed32_block_bytes(GgmlType t) { return (packed32_unit_bytes(t) - 64) / 2; }
+constexpr size_t packed32_head_bytes(GgmlType t) { return packed32_min(t) ? 128 : 64; }
+constexpr size_t packed32_block_bytes(GgmlType t) { return (packed32_unit_bytes(t) - packed32_head_bytes(t)) / 2; }
 constexpr int32_t packed32_code_offset(GgmlType t) {
-  return t == GgmlType::Q8_0 ? 128 : t == GgmlType::Q5_0 ? 16 : 8;
+  return t == GgmlType::Q8_0 ? 128 : t == GgmlType::Q5_0 ? 16 : t == GgmlType::Q4_0 ? 8 : 0;
 }
 static_assert(packed32_block_bytes(GgmlType::Q4_0) == 256 && packed32_block_bytes(GgmlType::Q5_0) == 320 &&
-              packed32_block_bytes(GgmlType::Q8_0) == 512);
+              packed32_block_bytes(GgmlType::Q8_0) == 512 && packed32_block_bytes(GgmlType::Q4_1) == 256 &&
+              packed32_block_bytes(GgmlType::Q5_1) == 320 && packed32_unit_bytes(GgmlType::Q5_1) == 768);
 
 #if PTLLM_GGML_ZMM
 #include "kernels/x86/ggml_tiled_impl.h"  // Q4_0 / Q8_0 against many rows of x
@@ -611,10 +622,9 @@ PTLLM_GGML_TARGET void q6k_packed_group(const uint8_t* grp, int nb, const GgmlAc
 // (decode) each lane's sum is split between two chains of integer adds instead of one (exact, so the
 // same sums).
 template <GgmlType Ty, int NP, int NT>
-PTLLM_GGML_TARGET void packed32_tile(const uint8_t* grp, size_t gb, int nb, const GgmlActs& a, const float* xs,
-                                     const int32_t* corr, int t0, const float* bias, float* y, int ldy, int r,
-                                     const __mmask16* keep) {
-  constexpr bool kSplit = NP * NT <= 2, kQ8 = Ty == GgmlType::Q8_0, kQ5 = Ty == GgmlType::Q5_0;
+PTLLM_GGML_TARGET void packed32_tile(const uint8_t* grp, size_t gb, int nb, const GgmlActs& a, const BlockTerms& bt,
+                                     int t0, const float* bias, float* y, int ldy, int r, const __mmask16* keep) {
+  constexpr bool kSplit = NP * NT <= 2, kQ8 = Ty == GgmlType::Q8_0, kQ5 = packed32_fifth(Ty), kMin = packed32_min(Ty);
   constexpr size_t kUnit = packed32_unit_bytes(Ty), kBlockBytes = packed32_block_bytes(Ty);
   const int8_t* xq[NT];
   FZ acc[NP][NT];
@@ -629,14 +639,15 @@ PTLLM_GGML_TARGET void packed32_tile(const uint8_t* grp, size_t gb, int nb, cons
   constexpr int kTouch = touch_every(kUnit / 2);
   for (int b = 0; b < nb; ++b) {
     const uint8_t* unit = grp + size_t(b / 2) * kUnit;
-    const uint8_t* fifth = unit + 64 + kBlockBytes * size_t(b % 2);  // Q5_0's fifth bits
+    const uint8_t* fifth = unit + packed32_head_bytes(Ty) + kBlockBytes * size_t(b % 2);  // Q5's fifth bits
     const uint8_t* codes = kQ5 ? fifth + 64 : fifth;
     if (NP == 1) {
       ask_ahead<kUnit / 2>(unit + kUnit / 2 * size_t(b % 2));
       if (b % kTouch == 0) touch_ahead(unit + kAheadBytes);
     }
-    const int32_t* cb = corr + size_t(b) * T + size_t(t0);
-    const float* db = xs + size_t(b) * T + size_t(t0);
+    const int32_t* cb = bt.corr + size_t(b) * T + size_t(t0);
+    const float* db = bt.xs + size_t(b) * T + size_t(t0);
+    const float* mb = bt.xm + size_t(b) * T + size_t(t0);
     Z is[NP][NT], hs[NP][NT];
     PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
       const Z c = _mm512_set1_epi32(cb[t]);
@@ -672,6 +683,10 @@ PTLLM_GGML_TARGET void packed32_tile(const uint8_t* grp, size_t gb, int nb, cons
         const Z sum = kSplit ? _mm512_add_epi32(is[p][t], hs[p][t]) : is[p][t];
         acc[p][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(s, _mm512_set1_ps(db[t])), acc[p][t]);
       }
+      if constexpr (kMin) {
+        const FZ m = _mm512_cvtph_ps(load(unit + size_t(p) * gb + 64 + 32 * (b % 2)));
+        PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) acc[p][t] = _mm512_fmadd_ps(m, _mm512_set1_ps(mb[t]), acc[p][t]);
+      }
     }
   }
   PTLLM_GGML_UNROLL for (int p = 0; p < NP; ++p) {
@@ -685,11 +700,11 @@ PTLLM_GGML_TARGET void packed32_tile(const uint8_t* grp, size_t gb, int nb, cons
 // The last n < N rows of x from t0 on (n >= 1).
 template <GgmlType Ty, int NP, int N>
 PTLLM_GGML_TARGET void packed32_tail(int n, const uint8_t* grp, size_t gb, int nb, const GgmlActs& a,
-                                     const float* xs, const int32_t* corr, int t0, const float* bias, float* y,
-                                     int ldy, int r, const __mmask16* keep) {
+                                     const BlockTerms& bt, int t0, const float* bias, float* y, int ldy, int r,
+                                     const __mmask16* keep) {
   if constexpr (N > 1) {
-    if (n == N - 1) return packed32_tile<Ty, NP, N - 1>(grp, gb, nb, a, xs, corr, t0, bias, y, ldy, r, keep);
-    return packed32_tail<Ty, NP, N - 1>(n, grp, gb, nb, a, xs, corr, t0, bias, y, ldy, r, keep);
+    if (n == N - 1) return packed32_tile<Ty, NP, N - 1>(grp, gb, nb, a, bt, t0, bias, y, ldy, r, keep);
+    return packed32_tail<Ty, NP, N - 1>(n, grp, gb, nb, a, bt, t0, bias, y, ldy, r, keep);
   }
 }
 
@@ -720,9 +735,9 @@ PTLLM_GGML_TARGET void packed32_rows(const WeightMatrix& w, const GgmlActs& a, c
       constexpr int NP = decltype(np_tag)::value, NT = kTileX[NP - 1];
       int t0 = 0;
       for (; t0 + NT <= a.T; t0 += NT)
-        packed32_tile<Ty, NP, NT>(grp, gb, nb, a, bt.xs, bt.corr, t0, bias, y, w.rows, r, keep);
+        packed32_tile<Ty, NP, NT>(grp, gb, nb, a, bt, t0, bias, y, w.rows, r, keep);
       if (t0 < a.T)
-        packed32_tail<Ty, NP, NT>(a.T - t0, grp, gb, nb, a, bt.xs, bt.corr, t0, bias, y, w.rows, r, keep);
+        packed32_tail<Ty, NP, NT>(a.T - t0, grp, gb, nb, a, bt, t0, bias, y, w.rows, r, keep);
     };
     if (np == 2)
       run(std::integral_constant<int, 2>{});
@@ -745,6 +760,8 @@ PTLLM_GGML_TARGET void packed_rows(const WeightMatrix& w, const GgmlActs& a, con
   if (w.ggml == GgmlType::Q4_0) return packed32_rows<GgmlType::Q4_0>(w, a, bias, y, r0, r1);
   if (w.ggml == GgmlType::Q5_0) return packed32_rows<GgmlType::Q5_0>(w, a, bias, y, r0, r1);
   if (w.ggml == GgmlType::Q8_0) return packed32_rows<GgmlType::Q8_0>(w, a, bias, y, r0, r1);
+  if (w.ggml == GgmlType::Q4_1) return packed32_rows<GgmlType::Q4_1>(w, a, bias, y, r0, r1);
+  if (w.ggml == GgmlType::Q5_1) return packed32_rows<GgmlType::Q5_1>(w, a, bias, y, r0, r1);
   const int nb = w.cols / 256;
   const size_t gb = size_t(nb) * size_t(packed_k_bytes(w.ggml));
   FZ out[4];
@@ -811,6 +828,8 @@ PTLLM_GGML_TARGET void ggml_rows(const WeightMatrix& w, const GgmlActs& a, const
 #if !PTLLM_GGML_ZMM
   if (w.ggml_pack && w.ggml == GgmlType::Q4_0) return packed_nibble_rows<GgmlType::Q4_0>(w, a, bias, y, r0, r1);
   if (w.ggml_pack && w.ggml == GgmlType::Q5_0) return packed_nibble_rows<GgmlType::Q5_0>(w, a, bias, y, r0, r1);
+  if (w.ggml_pack && w.ggml == GgmlType::Q4_1) return packed_nibble_rows<GgmlType::Q4_1>(w, a, bias, y, r0, r1);
+  if (w.ggml_pack && w.ggml == GgmlType::Q5_1) return packed_nibble_rows<GgmlType::Q5_1>(w, a, bias, y, r0, r1);
   if (w.ggml_pack && w.ggml == GgmlType::Q8_0) return packed_q8_0_rows(w, a, bias, y, r0, r1);
   if (w.ggml_pack && w.ggml == GgmlType::Q4_K) return packed_k_rows<GgmlType::Q4_K>(w, a, bias, y, r0, r1);
   if (w.ggml_pack && w.ggml == GgmlType::Q5_K) return packed_k_rows<GgmlType::Q5_K>(w, a, bias, y, r0, r1);

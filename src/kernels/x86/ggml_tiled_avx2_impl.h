@@ -116,7 +116,7 @@ PTLLM_GGML_TARGET void tiled_rows(const WeightMatrix& w, const GgmlActs& a, cons
   }
 }
 
-// ---- Q4_0 and Q5_0 packed in 16-row groups (ggml.h, ggml_pack) -------------------------------------
+// ---- Q4_0, Q5_0, Q4_1 and Q5_1 packed in 16-row groups (ggml.h, ggml_pack) -------------------------
 // A group's 64-byte line c holds 16 rows' dwords: each 32-byte half is 8 rows' bytes 4c .. 4c + 3, so
 // one load, a mask and a shift give pack_panel8's vectors c and 4 + c, and each half's 8 scales are
 // 16 consecutive bytes of f16. A decode step streams the matrix once, front to back, each line asked
@@ -172,13 +172,14 @@ PTLLM_GGML_TARGET inline void for_packed_groups(const WeightMatrix& w, size_t gb
 // Q5_0: Q4_0's lines with each block's fifth bits before them (ggml.h). Line c's
 // low nibbles take bit c of the bits' byte at bit 4, its high nibbles bit 4 + c (16-bit shifts: the
 // bit moved stays in its byte). Codes 0..31 times x in int16 pairs (at most 2 * 31 * 127), two
-// lines summed (31496) before vpmaddwd, where Q4_0 sums all four; -16 sum x from block_terms. A
-// block's integer sum is the AVX-512 VNNI packed product's, and so are its float operations: the
-// same bits.
+// lines summed (31496) before vpmaddwd, where Q4_0 sums all four; -16 sum x from block_terms.
+// Q4_1 and Q5_1: Q4_0's and Q5_0's codes without an offset, and the rows' m times x's block scale
+// and sum (block_terms' xm) in a second FMA. A block's integer sum is the AVX-512 VNNI packed
+// product's, and so are its float operations: the same bits.
 template <GgmlType Ty, int NT>
 PTLLM_GGML_TARGET void packed_nibble_tile(const uint8_t* grp, int nb, const GgmlActs& a, const BlockTerms& bt, int t0,
                                           const float* bias, float* y, int ldy, int base, int lo, int hi) {
-  constexpr bool kQ5 = Ty == GgmlType::Q5_0;
+  constexpr bool kQ5 = packed32_fifth(Ty), kMin = packed32_min(Ty);
   constexpr int kLines = kQ5 ? 2 : 4;  // lines summed in int16
   constexpr size_t kUnit = packed32_unit_bytes(Ty);
   const int8_t* xq[NT];
@@ -191,7 +192,7 @@ PTLLM_GGML_TARGET void packed_nibble_tile(const uint8_t* grp, int nb, const Ggml
   const I lo4 = bytes(0x0f), b4 = bytes(0x10), ones = _mm256_set1_epi16(1);
   for (int b = 0; b < nb; ++b) {
     const uint8_t* unit = grp + size_t(b / 2) * kUnit;
-    const uint8_t* fifth = unit + 64 + packed32_block_bytes(Ty) * size_t(b % 2);  // Q5_0's fifth bits
+    const uint8_t* fifth = unit + packed32_head_bytes(Ty) + packed32_block_bytes(Ty) * size_t(b % 2);  // Q5's fifth bits
     const uint8_t* codes = kQ5 ? fifth + 64 : fifth;
     if (NT == 1) ask_ahead<kUnit / 2>(unit + 64 + kUnit / 2 * size_t(b % 2));
     const int32_t* cb = bt.corr + size_t(b) * T + size_t(t0);
@@ -227,11 +228,18 @@ PTLLM_GGML_TARGET void packed_nibble_tile(const uint8_t* grp, int nb, const Ggml
         is[h][t] = _mm256_add_epi32(is[h][t], _mm256_madd_epi16(s16[h][t], ones));
     }
     scale_halves<NT>(acc, is, unit + 32 * (b % 2), bt.xs + size_t(b) * T + size_t(t0));
+    if constexpr (kMin) {
+      const float* mb = bt.xm + size_t(b) * T + size_t(t0);
+      PTLLM_GGML_UNROLL for (int h = 0; h < 2; ++h) {
+        const F m = _mm256_cvtph_ps(load128(unit + 64 + 32 * (b % 2) + 16 * h));
+        PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) acc[h][t] = _mm256_fmadd_ps(m, _mm256_set1_ps(mb[t]), acc[h][t]);
+      }
+    }
   }
   store_halves<NT>(acc, y, ldy, bias, t0, base, lo, hi);
 }
 
-// Rows [r0, r1) of a packed Q4_0 or Q5_0 matrix: a group at a time against pairs of rows of x (the
+// Rows [r0, r1) of a packed Q4_0, Q5_0, Q4_1 or Q5_1 matrix: a group at a time against pairs of rows of x (the
 // group's bytes, 16 x 18 or 22 a block, read from memory once and then from L1/L2).
 template <GgmlType Ty>
 PTLLM_GGML_TARGET void packed_nibble_rows(const WeightMatrix& w, const GgmlActs& a, const float* bias, float* y, int r0,
