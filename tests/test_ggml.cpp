@@ -829,22 +829,16 @@ TEST(GgmlPack, RowsRoundTripBitForBit) {
       }
     }
   // Only matrices of whole groups and whole units (the 32-value types: 64 values), not Q2_K/Q3_K.
-  const auto q5 = random_matrix(GgmlType::Q5_K, 24, 256, true, 1);
-  EXPECT_FALSE(ggml_pack_fit(ggml_matrix(GgmlType::Q5_K, q5.data(), 24, 256)));
-  const auto q41 = random_matrix(GgmlType::Q4_1, 16, 96, true, 1);
-  EXPECT_FALSE(ggml_pack_fit(ggml_matrix(GgmlType::Q4_1, q41.data(), 16, 96)));
-  const auto q3k = random_matrix(GgmlType::Q3_K, 16, 256, true, 1);
-  EXPECT_FALSE(ggml_pack_fit(ggml_matrix(GgmlType::Q3_K, q3k.data(), 16, 256)));
-  const auto q4 = random_matrix(GgmlType::Q4_K, 24, 256, true, 1);
-  EXPECT_FALSE(ggml_pack_fit(ggml_matrix(GgmlType::Q4_K, q4.data(), 24, 256)));
-  const auto q40 = random_matrix(GgmlType::Q4_0, 16, 96, true, 1);
-  EXPECT_FALSE(ggml_pack_fit(ggml_matrix(GgmlType::Q4_0, q40.data(), 16, 96)));
-  const auto q80 = random_matrix(GgmlType::Q8_0, 16, 96, true, 1);
-  EXPECT_FALSE(ggml_pack_fit(ggml_matrix(GgmlType::Q8_0, q80.data(), 16, 96)));
-  const auto q50 = random_matrix(GgmlType::Q5_0, 16, 96, true, 1);
-  EXPECT_FALSE(ggml_pack_fit(ggml_matrix(GgmlType::Q5_0, q50.data(), 16, 96)));
-  const auto q51 = random_matrix(GgmlType::Q5_1, 16, 96, true, 1);
-  EXPECT_FALSE(ggml_pack_fit(ggml_matrix(GgmlType::Q5_1, q51.data(), 16, 96)));
+  struct Unfit {
+    GgmlType type;
+    int rows, cols;
+  };
+  for (Unfit u : {Unfit{GgmlType::Q4_K, 24, 256}, {GgmlType::Q5_K, 24, 256}, {GgmlType::Q3_K, 16, 256},
+                  {GgmlType::Q4_0, 16, 96}, {GgmlType::Q4_1, 16, 96}, {GgmlType::Q5_0, 16, 96},
+                  {GgmlType::Q5_1, 16, 96}, {GgmlType::Q8_0, 16, 96}}) {
+    const auto blocks = random_matrix(u.type, u.rows, u.cols, true, 1);
+    EXPECT_FALSE(ggml_pack_fit(ggml_matrix(u.type, blocks.data(), u.rows, u.cols))) << ggml_type_info(u.type).name;
+  }
 }
 
 // Packed Q4_0 and Q8_0 take the unpacked panels' operations in their order: under the variants with
