@@ -4,9 +4,9 @@
 #   scripts/figures.sh [--quick] [--real-size] [--only AREA[,AREA...]] [--llama-cpp DIR] [--model DIR] [--threads N]
 #                      [--rounds N] [--out FILE]
 #     --quick        about ten minutes: fewer rows, one context length, fewer chunks and rounds
-#     --real-size    also random-weight Llama-3.2-1B- and Qwen2.5-0.5B-shaped models (make-model; 13 GiB of
-#                    files in $WORK): GGUF BF16/Q8_0/Q4_0/Q4_K_M and MLX q8/q4, prefill 512 and decode at depth
-#                    0 and 4096 (about 90 minutes with llama.cpp's tools; REAL_LAYERS=N makes smaller models of
+#     --real-size    also random-weight Llama-3.2-1B- and Qwen2.5-0.5B-shaped models (make-model; 14 GiB of
+#                    files in $WORK): GGUF BF16/Q8_0/Q4_0/Q4_K_M/Q5_K_M and MLX q8/q4, prefill 512 and decode at depth
+#                    0 and 4096 (over 90 minutes with llama.cpp's tools; REAL_LAYERS=N makes smaller models of
 #                    those widths)
 #     --only A[,A]   measure only these areas (context, batched, quantized, gguf, real-size, real-size-qwen, yoco,
 #                    prompt-cache, store, server, kv-quality; real-size* implies --real-size) and keep every other
@@ -243,11 +243,12 @@ fi
 # 4b. Real size: the Llama-3.2-1B and Qwen2.5-0.5B shapes (random weights: speed only), the files
 # llama.cpp reads and our MLX-layout copies against the GGUF type of the same bits; decode at depth 0
 # (KV fp16 / f16) and at depth 4096 (fp16 / f16 and int4 / q4_0). Qwen2.5-0.5B's rows of 896 values
-# are narrower than a K-quant block: its Q4_K_M holds Q5_0 and Q8_0 where Llama's holds Q4_K and Q6_K.
+# are narrower than a K-quant block: its Q4_K_M holds Q5_0 and Q8_0 where Llama's holds Q4_K and Q6_K,
+# its Q5_K_M mostly Q5_1 where Llama's holds Q5_K and Q6_K.
 real_size() {  # real_size AREA SHAPE NAME: the rows of AREA, files $WORK/NAME*
   local area=$1 base=$WORK/$3${REAL_LAYERS:+-$REAL_LAYERS} ty b r spec row ours theirs run d kv metric j np ng ts
   [ -f "$base/model.safetensors" ] || "$BIN" make-model --shape "$2" ${REAL_LAYERS:+--layers "$REAL_LAYERS"} "$base" >/dev/null
-  for ty in BF16 Q8_0 Q4_0 Q4_K_M; do
+  for ty in BF16 Q8_0 Q4_0 Q4_K_M Q5_K_M; do
     [ -f "$base-$ty.gguf" ] || "$BIN" quantize "$base" "$base-$ty.gguf" --format gguf --type "$ty" >/dev/null
   done
   # Random weights: the rounding method changes no byte count or kernel, so the fast one.
@@ -257,7 +258,8 @@ real_size() {  # real_size AREA SHAPE NAME: the rows of AREA, files $WORK/NAME*
   # row, our file, llama.cpp's file
   local rows=("BF16|$base-BF16.gguf|$base-BF16.gguf" "BF16, --no-bf16-activations|$base-BF16.gguf|$base-BF16.gguf"
               "Q8_0|$base-Q8_0.gguf|$base-Q8_0.gguf" "Q4_0|$base-Q4_0.gguf|$base-Q4_0.gguf"
-              "Q4_K_M|$base-Q4_K_M.gguf|$base-Q4_K_M.gguf" "MLX q8 vs Q8_0|$base-q8|$base-Q8_0.gguf"
+              "Q4_K_M|$base-Q4_K_M.gguf|$base-Q4_K_M.gguf" "Q5_K_M|$base-Q5_K_M.gguf|$base-Q5_K_M.gguf"
+              "MLX q8 vs Q8_0|$base-q8|$base-Q8_0.gguf"
               "MLX q4 vs Q4_0|$base-q4|$base-Q4_0.gguf")
   declare -A RKV=([fp16]=f16 [int4]=q4_0)
   for r in $(seq 1 "$ROUNDS"); do
