@@ -3,6 +3,7 @@
 // variant, the reference twin of the SIMD ones (ggml_kernels_impl.h): the same integer sums, per
 // block, scaled in float in the same places.
 #include "kernels/ggml.h"
+#include "kernels/ggml_pack_layout.h"
 
 #include <algorithm>
 #include <atomic>
@@ -323,10 +324,12 @@ struct Unit32 {
   int qh, qs;  // the file block's fifth bits and nibbles
 };
 Unit32 unit32(GgmlType t, int h) {
-  if (t == GgmlType::Q8_0) return {8, 64 + 512 * h, 0x80808080u, false, false, 0, 2};
-  const bool min = t == GgmlType::Q4_1 || t == GgmlType::Q5_1, fifth = t == GgmlType::Q5_0 || t == GgmlType::Q5_1;
-  const int head = min ? 128 : 64, scales = min ? 4 : 2;
-  return {4, head + (fifth ? 320 : 256) * h + (fifth ? 64 : 0), 0, min, fifth, scales, scales + (fifth ? 4 : 0)};
+  using namespace ggml_layout;
+  const int codes = head32_bytes(t) + block32_bytes(t) * h + (with_fifth(t) ? 64 : 0);
+  if (t == GgmlType::Q8_0) return {8, codes, 0x80808080u, false, false, 0, 2};
+  const bool min = with_min(t), fifth = with_fifth(t);
+  const int scales = min ? 4 : 2;
+  return {4, codes, 0, min, fifth, scales, scales + (fifth ? 4 : 0)};
 }
 void pack32_block(GgmlType t, const uint8_t* blk, uint8_t* o, int h, int i) {
   const Unit32 u = unit32(t, h);
@@ -369,7 +372,7 @@ void unpack32_block(GgmlType t, const uint8_t* o, int h, int i, uint8_t* blk) {
 }
 // Sub-block j's bytes in a packed Q4_K / Q5_K block: Q4_K's four code lines, Q5_K's 64 bytes of
 // fifth bits before them (ggml.h).
-int k45_sub_block(bool five, int j) { return 320 + (five ? 320 : 256) * j; }
+int k45_sub_block(bool five, int j) { return ggml_layout::k45_lines(five, j) - (five ? 64 : 0); }
 const uint8_t* packed_block(const WeightMatrix& w, int g, int b) {
   return static_cast<const uint8_t*>(w.data) +
          (size_t(g) * size_t(w.cols / ggml_pack_block_elems(w.ggml)) + size_t(b)) * size_t(ggml_pack_block_bytes(w.ggml));
@@ -378,14 +381,9 @@ const uint8_t* packed_block(const WeightMatrix& w, int g, int b) {
 
 int ggml_pack_block_bytes(GgmlType t) {
   switch (t) {
-    case GgmlType::Q4_0: return kGgmlPackRows * 2 * 18;
-    case GgmlType::Q5_0: return kGgmlPackRows * 2 * 22;
-    case GgmlType::Q8_0: return kGgmlPackRows * 2 * 34;
-    case GgmlType::Q4_1: return kGgmlPackRows * 2 * 20;
-    case GgmlType::Q5_1: return kGgmlPackRows * 2 * 24;
-    case GgmlType::Q4_K: return kGgmlPackRows * (144 + 4);
-    case GgmlType::Q5_K: return kGgmlPackRows * (176 + 4);
-    case GgmlType::Q6_K: return kGgmlPackRows * 210;
+    case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1: case GgmlType::Q8_0:
+      return ggml_layout::unit32_bytes(t);
+    case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K: return ggml_layout::k_block_bytes(t);
     default: return 0;
   }
 }

@@ -1,6 +1,7 @@
 #include "kernels/weights.h"
 
 #include "core/error.h"
+#include "kernels/ggml.h"
 
 namespace ptllm {
 
@@ -31,10 +32,12 @@ size_t WeightMatrix::row_bytes() const {
     case WeightFormat::Panels: return size_t(cols) * dtype_size(dtype);
     case WeightFormat::Affine: return size_t(cols) * size_t(bits) / 32 * sizeof(uint32_t);
     case WeightFormat::Ggml: {
+      // Packed: a row's share of its groups' units (Q4_K and Q5_K keep their scales a byte each:
+      // 4 bytes a block more than the file; kernels/ggml.h).
+      if (ggml_pack)
+        return size_t(cols) / size_t(ggml_pack_block_elems(ggml)) * size_t(ggml_pack_block_bytes(ggml)) / kGgmlPackRows;
       const GgmlTypeInfo i = ggml_type_info(ggml);
-      // Packed Q4_K and Q5_K keep a block's scales unpacked to a byte each: 4 more bytes (kernels/ggml.h).
-      const int extra = ggml_pack && (ggml == GgmlType::Q4_K || ggml == GgmlType::Q5_K) ? 4 : 0;
-      return size_t(cols) / size_t(i.block_elems) * size_t(i.block_bytes + extra);
+      return size_t(cols) / size_t(i.block_elems) * size_t(i.block_bytes);
     }
   }
   return 0;

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "kernels/ggml.h"
+#include "kernels/ggml_pack_layout.h"
 #include "kernels/ops.h"
 #include "kernels/stream.h"
 
@@ -282,13 +283,14 @@ PTLLM_GGML_TARGET void dot_q6k(const uint8_t* row, int nb, const GgmlActs& a, in
 // The 32-value panel products' per-block terms of x, block-major ([nb][T]: a tile's values side by
 // side): corr = -o sum x over the block (o: the codes' offset, 8 for Q4_0's nibbles, 128 for Q8_0's
 // codes + 128) and x's scale. Buffers of this thread, reused across calls.
-// xm: x's block scale times the sum of its codes, which a block's m multiplies (Q4_1, Q5_1).
+// With `min` (Q4_1, Q5_1) also xm: x's block scale times the sum of its codes, which a block's m
+// multiplies.
 struct BlockTerms {
   const int32_t* corr;
   const float* xs;
   const float* xm;
 };
-PTLLM_GGML_TARGET inline BlockTerms block_terms(const GgmlActs& a, int nb, int32_t o) {
+PTLLM_GGML_TARGET inline BlockTerms block_terms(const GgmlActs& a, int nb, int32_t o, bool min = false) {
   thread_local std::vector<int32_t> corr;
   thread_local std::vector<float> xs, xm;
   if (corr.size() < size_t(a.T) * size_t(nb))
@@ -301,7 +303,7 @@ PTLLM_GGML_TARGET inline BlockTerms block_terms(const GgmlActs& a, int nb, int32
       const size_t i = size_t(b) * size_t(a.T) + size_t(t);
       corr[i] = -o * sum;
       xs[i] = d[b];
-      xm[i] = d[b] * float(sum);
+      if (min) xm[i] = d[b] * float(sum);
     }
   }
   return {corr.data(), xs.data(), xm.data()};
@@ -465,31 +467,10 @@ PTLLM_GGML_TARGET void dot_q6k_zmm(const uint8_t* row, int nb, const GgmlActs& a
 
 #endif  // PTLLM_GGML_ZMM
 
-// A packed K-quant block's bytes (ggml_pack_block_bytes: 16 rows).
-constexpr int kQ4KPacked = kGgmlPackRows * 148, kQ5KPacked = kGgmlPackRows * 180, kQ6KPacked = kGgmlPackRows * 210;
-constexpr int packed_k_bytes(GgmlType t) {
-  return t == GgmlType::Q6_K ? kQ6KPacked : t == GgmlType::Q5_K ? kQ5KPacked : kQ4KPacked;
-}
-// Sub-block j's four code lines in a packed Q4_K or Q5_K block; Q5_K's fifth bits are the 64 bytes
-// before them (ggml.h).
-constexpr int k45_lines(bool five, int j) { return five ? 320 + 320 * j + 64 : 320 + 256 * j; }
-// A packed unit of the 32-value types (ggml.h): its bytes (ggml_pack_block_bytes: two blocks of 16
-// rows), the bytes of its scales (d; Q4_1, Q5_1: then m), one block's bytes after those (Q5_0,
-// Q5_1: its fifth bits, then its codes), and the offset o of the codes the products take (-o sum x
-// per block: block_terms).
-constexpr bool packed32_min(GgmlType t) { return t == GgmlType::Q4_1 || t == GgmlType::Q5_1; }
-constexpr bool packed32_fifth(GgmlType t) { return t == GgmlType::Q5_0 || t == GgmlType::Q5_1; }
-constexpr size_t packed32_unit_bytes(GgmlType t) {
-  return kGgmlPackRows * 2 * (t == GgmlType::Q8_0 ? 34 : 18 + (packed32_min(t) ? 2 : 0) + (packed32_fifth(t) ? 4 : 0));
-}
-constexpr size_t packed32_head_bytes(GgmlType t) { return packed32_min(t) ? 128 : 64; }
-constexpr size_t packed32_block_bytes(GgmlType t) { return (packed32_unit_bytes(t) - packed32_head_bytes(t)) / 2; }
-constexpr int32_t packed32_code_offset(GgmlType t) {
-  return t == GgmlType::Q8_0 ? 128 : t == GgmlType::Q5_0 ? 16 : t == GgmlType::Q4_0 ? 8 : 0;
-}
-static_assert(packed32_block_bytes(GgmlType::Q4_0) == 256 && packed32_block_bytes(GgmlType::Q5_0) == 320 &&
-              packed32_block_bytes(GgmlType::Q8_0) == 512 && packed32_block_bytes(GgmlType::Q4_1) == 256 &&
-              packed32_block_bytes(GgmlType::Q5_1) == 320 && packed32_unit_bytes(GgmlType::Q5_1) == 768);
+// The packed layouts' sizes and offsets (kernels/ggml_pack_layout.h).
+using namespace ggml_layout;
+constexpr int kQ4KPacked = k_block_bytes(GgmlType::Q4_K), kQ5KPacked = k_block_bytes(GgmlType::Q5_K),
+              kQ6KPacked = k_block_bytes(GgmlType::Q6_K);
 
 #if PTLLM_GGML_ZMM
 #include "kernels/x86/ggml_tiled_impl.h"  // Q4_0 / Q8_0 against many rows of x
@@ -497,7 +478,7 @@ static_assert(packed32_block_bytes(GgmlType::Q4_0) == 256 && packed32_block_byte
 #include "kernels/x86/ggml_tiled_avx2_impl.h"  // Q4_0 against many rows of x; the packed products
 #endif
 
-// ---- Q4_0, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K packed (ggml.h, kGgmlPackRows) -----------------------------
+// ---- the 32-value types, Q4_K, Q5_K and Q6_K packed (ggml.h, kGgmlPackRows) -----------------------------
 
 // The first pass over a group (the only one in decode) asks for its stream ask_ahead's 4 KiB ahead,
 // a block's bytes spread over its steps: with the hardware prefetchers alone a thread streamed Q4_K
@@ -614,7 +595,7 @@ PTLLM_GGML_TARGET void q6k_packed_group(const uint8_t* grp, int nb, const GgmlAc
   PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) out[t] = acc[t];
 }
 
-// Q4_0, Q5_0 and Q8_0 packed: NP consecutive groups (gb bytes apart) against NT rows of x, the
+// The 32-value types packed: NP consecutive groups (gb bytes apart) against NT rows of x, the
 // unpacked panels' operations in their order (panel_tile: -o sum x, then the 8 four-value products
 // of each block into int32 lanes, one FMA a block), so a row's result is the same bits as from the
 // panels. The codes come straight from the unit (Q4_0: from its nibbles in registers; Q5_0: those
@@ -624,8 +605,8 @@ PTLLM_GGML_TARGET void q6k_packed_group(const uint8_t* grp, int nb, const GgmlAc
 template <GgmlType Ty, int NP, int NT>
 PTLLM_GGML_TARGET void packed32_tile(const uint8_t* grp, size_t gb, int nb, const GgmlActs& a, const BlockTerms& bt,
                                      int t0, const float* bias, float* y, int ldy, int r, const __mmask16* keep) {
-  constexpr bool kSplit = NP * NT <= 2, kQ8 = Ty == GgmlType::Q8_0, kQ5 = packed32_fifth(Ty), kMin = packed32_min(Ty);
-  constexpr size_t kUnit = packed32_unit_bytes(Ty), kBlockBytes = packed32_block_bytes(Ty);
+  constexpr bool kSplit = NP * NT <= 2, kQ8 = Ty == GgmlType::Q8_0, kQ5 = with_fifth(Ty), kMin = with_min(Ty);
+  constexpr size_t kUnit = unit32_bytes(Ty), kBlockBytes = block32_bytes(Ty);
   const int8_t* xq[NT];
   FZ acc[NP][NT];
   PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
@@ -639,7 +620,7 @@ PTLLM_GGML_TARGET void packed32_tile(const uint8_t* grp, size_t gb, int nb, cons
   constexpr int kTouch = touch_every(kUnit / 2);
   for (int b = 0; b < nb; ++b) {
     const uint8_t* unit = grp + size_t(b / 2) * kUnit;
-    const uint8_t* fifth = unit + packed32_head_bytes(Ty) + kBlockBytes * size_t(b % 2);  // Q5's fifth bits
+    const uint8_t* fifth = unit + head32_bytes(Ty) + kBlockBytes * size_t(b % 2);  // Q5's fifth bits
     const uint8_t* codes = kQ5 ? fifth + 64 : fifth;
     if (NP == 1) {
       ask_ahead<kUnit / 2>(unit + kUnit / 2 * size_t(b % 2));
@@ -708,7 +689,7 @@ PTLLM_GGML_TARGET void packed32_tail(int n, const uint8_t* grp, size_t gb, int n
   }
 }
 
-// Rows [r0, r1) of a packed Q4_0, Q5_0 or Q8_0 matrix: groups two at a time against tiles of x's rows (as
+// Rows [r0, r1) of a packed matrix of a 32-value type: groups two at a time against tiles of x's rows (as
 // tiled_rows_t's panels), a group's bytes read once from memory and reused from L1/L2 by the tiles.
 // Up to kPacked32OneGroupMaxT rows of x (decode) a group at a time: one sequential stream a thread,
 // which the hardware prefetchers follow better than two 18-73 KiB apart (Llama-3.2-1B shapes, Q4_0,
@@ -718,8 +699,8 @@ template <GgmlType Ty>
 PTLLM_GGML_TARGET void packed32_rows(const WeightMatrix& w, const GgmlActs& a, const float* bias, float* y, int r0,
                                      int r1) {
   const int nb = w.cols / 32;
-  const size_t gb = size_t(nb / 2) * packed32_unit_bytes(Ty);
-  const BlockTerms bt = block_terms(a, nb, packed32_code_offset(Ty));
+  const size_t gb = size_t(nb / 2) * unit32_bytes(Ty);
+  const BlockTerms bt = block_terms(a, nb, code_offset(Ty), with_min(Ty));
   const int g1 = (r1 + kGgmlPackRows - 1) / kGgmlPackRows;
   for (int g = r0 / kGgmlPackRows, np = 1; g < g1; g += np) {
     np = g + 1 < g1 && a.T > kPacked32OneGroupMaxT ? 2 : 1;
@@ -763,7 +744,7 @@ PTLLM_GGML_TARGET void packed_rows(const WeightMatrix& w, const GgmlActs& a, con
   if (w.ggml == GgmlType::Q4_1) return packed32_rows<GgmlType::Q4_1>(w, a, bias, y, r0, r1);
   if (w.ggml == GgmlType::Q5_1) return packed32_rows<GgmlType::Q5_1>(w, a, bias, y, r0, r1);
   const int nb = w.cols / 256;
-  const size_t gb = size_t(nb) * size_t(packed_k_bytes(w.ggml));
+  const size_t gb = size_t(nb) * size_t(k_block_bytes(w.ggml));
   FZ out[4];
   for (int g = r0 / kGgmlPackRows; g * kGgmlPackRows < r1; ++g) {
     const int base = g * kGgmlPackRows;

@@ -179,9 +179,9 @@ PTLLM_GGML_TARGET inline void for_packed_groups(const WeightMatrix& w, size_t gb
 template <GgmlType Ty, int NT>
 PTLLM_GGML_TARGET void packed_nibble_tile(const uint8_t* grp, int nb, const GgmlActs& a, const BlockTerms& bt, int t0,
                                           const float* bias, float* y, int ldy, int base, int lo, int hi) {
-  constexpr bool kQ5 = packed32_fifth(Ty), kMin = packed32_min(Ty);
+  constexpr bool kQ5 = with_fifth(Ty), kMin = with_min(Ty);
   constexpr int kLines = kQ5 ? 2 : 4;  // lines summed in int16
-  constexpr size_t kUnit = packed32_unit_bytes(Ty);
+  constexpr size_t kUnit = unit32_bytes(Ty);
   const int8_t* xq[NT];
   F acc[2][NT];
   PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) {
@@ -192,9 +192,9 @@ PTLLM_GGML_TARGET void packed_nibble_tile(const uint8_t* grp, int nb, const Ggml
   const I lo4 = bytes(0x0f), b4 = bytes(0x10), ones = _mm256_set1_epi16(1);
   for (int b = 0; b < nb; ++b) {
     const uint8_t* unit = grp + size_t(b / 2) * kUnit;
-    const uint8_t* fifth = unit + packed32_head_bytes(Ty) + packed32_block_bytes(Ty) * size_t(b % 2);  // Q5's fifth bits
+    const uint8_t* fifth = unit + head32_bytes(Ty) + block32_bytes(Ty) * size_t(b % 2);  // Q5's fifth bits
     const uint8_t* codes = kQ5 ? fifth + 64 : fifth;
-    if (NT == 1) ask_ahead<kUnit / 2>(unit + 64 + kUnit / 2 * size_t(b % 2));
+    if (NT == 1) ask_ahead<kUnit / 2>(unit + head32_bytes(Ty) + kUnit / 2 * size_t(b % 2));
     const int32_t* cb = bt.corr + size_t(b) * T + size_t(t0);
     I is[2][NT];
     PTLLM_GGML_UNROLL for (int h = 0; h < 2; ++h) PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t)
@@ -239,14 +239,14 @@ PTLLM_GGML_TARGET void packed_nibble_tile(const uint8_t* grp, int nb, const Ggml
   store_halves<NT>(acc, y, ldy, bias, t0, base, lo, hi);
 }
 
-// Rows [r0, r1) of a packed Q4_0, Q5_0, Q4_1 or Q5_1 matrix: a group at a time against pairs of rows of x (the
-// group's bytes, 16 x 18 or 22 a block, read from memory once and then from L1/L2).
+// Rows [r0, r1) of a packed Q4_0, Q5_0, Q4_1 or Q5_1 matrix: a group at a time against pairs of rows
+// of x (the group's bytes, 16 x 18 to 24 a block, read from memory once and then from L1/L2).
 template <GgmlType Ty>
 PTLLM_GGML_TARGET void packed_nibble_rows(const WeightMatrix& w, const GgmlActs& a, const float* bias, float* y, int r0,
                                           int r1) {
   const int nb = w.cols / 32;
-  const size_t gb = size_t(nb / 2) * packed32_unit_bytes(Ty);
-  const BlockTerms bt = block_terms(a, nb, packed32_code_offset(Ty));
+  const size_t gb = size_t(nb / 2) * unit32_bytes(Ty);
+  const BlockTerms bt = block_terms(a, nb, code_offset(Ty), with_min(Ty));
   for_packed_groups(w, gb, r0, r1, [&](const uint8_t* grp, int base, int lo, int hi) {
     int t0 = 0;
     for (; t0 + 2 <= a.T; t0 += 2) packed_nibble_tile<Ty, 2>(grp, nb, a, bt, t0, bias, y, w.rows, base, lo, hi);
@@ -263,7 +263,7 @@ PTLLM_GGML_TARGET void packed_nibble_rows(const WeightMatrix& w, const GgmlActs&
 template <int NT>
 PTLLM_GGML_TARGET void packed_q8_0_tile(const uint8_t* grp, int nb, const GgmlActs& a, int t0, const float* bias,
                                         float* y, int ldy, int base, int lo, int hi) {
-  constexpr size_t kUnit = packed32_unit_bytes(GgmlType::Q8_0);
+  constexpr size_t kUnit = unit32_bytes(GgmlType::Q8_0);
   const Rows<NT> x(a, t0);  // x's codes x.q[t], block scales x.d[t][b]
   F acc[2][NT];
   PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t) acc[0][t] = acc[1][t] = _mm256_setzero_ps();
@@ -301,7 +301,7 @@ PTLLM_GGML_TARGET void packed_q8_0_tile(const uint8_t* grp, int nb, const GgmlAc
 PTLLM_GGML_TARGET void packed_q8_0_rows(const WeightMatrix& w, const GgmlActs& a, const float* bias, float* y, int r0,
                                         int r1) {
   const int nb = w.cols / 32;
-  const size_t gb = size_t(nb / 2) * packed32_unit_bytes(GgmlType::Q8_0);
+  const size_t gb = size_t(nb / 2) * unit32_bytes(GgmlType::Q8_0);
   for_packed_groups(w, gb, r0, r1, [&](const uint8_t* grp, int base, int lo, int hi) {
     int t0 = 0;
     for (; t0 + 4 <= a.T; t0 += 4) packed_q8_0_tile<4>(grp, nb, a, t0, bias, y, w.rows, base, lo, hi);
@@ -458,7 +458,7 @@ PTLLM_GGML_TARGET void packed_k_tile(const uint8_t* grp, int nb, const GgmlActs&
   PTLLM_GGML_UNROLL for (int h = 0; h < NH; ++h) PTLLM_GGML_UNROLL for (int t = 0; t < NT; ++t)
     acc[h][t] = _mm256_setzero_ps();
   for (int b = 0; b < nb; ++b) {
-    const uint8_t* blk = grp + size_t(b) * size_t(packed_k_bytes(Ty));
+    const uint8_t* blk = grp + size_t(b) * size_t(k_block_bytes(Ty));
     I isum[NH][NT];
     if constexpr (Ty == GgmlType::Q6_K)
       q6k_block<NT, NH>(blk, x, b, h0, isum);
@@ -480,7 +480,7 @@ template <GgmlType Ty>
 PTLLM_GGML_TARGET void packed_k_rows(const WeightMatrix& w, const GgmlActs& a, const float* bias, float* y, int r0,
                                      int r1) {
   const int nb = w.cols / 256;
-  const size_t gb = size_t(nb) * size_t(packed_k_bytes(Ty));
+  const size_t gb = size_t(nb) * size_t(k_block_bytes(Ty));
   for_packed_groups(w, gb, r0, r1, [&](const uint8_t* grp, int base, int lo, int hi) {
     if (a.T == 1) return packed_k_tile<Ty, 1, 2>(grp, nb, a, 0, 0, bias, y, w.rows, base, lo, hi);
     for (int h = lo / 8; h < (hi + 7) / 8; ++h) {
