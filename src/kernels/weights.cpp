@@ -1,7 +1,7 @@
 #include "kernels/weights.h"
 
 #include "core/error.h"
-#include "kernels/ggml.h"
+#include "kernels/ggml_pack_layout.h"
 
 namespace ptllm {
 
@@ -34,9 +34,12 @@ size_t WeightMatrix::row_bytes() const {
     case WeightFormat::Ggml: {
       // Packed: a row's share of its groups' units (Q4_K and Q5_K keep their scales a byte each:
       // 4 bytes a block more than the file; kernels/ggml.h).
-      if (ggml_pack)
-        return size_t(cols) / size_t(ggml_pack_block_elems(ggml)) * size_t(ggml_pack_block_bytes(ggml)) / kGgmlPackRows;
       const GgmlTypeInfo i = ggml_type_info(ggml);
+      if (ggml_pack) {
+        const bool k = i.block_elems == 256;
+        return size_t(cols) / (k ? 256u : 64u) *
+               size_t(k ? ggml_layout::k_block_bytes(ggml) : ggml_layout::unit32_bytes(ggml)) / kGgmlPackRows;
+      }
       return size_t(cols) / size_t(i.block_elems) * size_t(i.block_bytes);
     }
   }
