@@ -541,6 +541,13 @@ struct AffineBench {
   }
 };
 
+// Sets the panel products' x mode (kernels/panels.h) for one benchmark and puts it back after.
+struct PanelsBf16X {
+  bool before = panels_bf16_x();
+  explicit PanelsBf16X(bool on) { set_panels_bf16_x(on); }
+  ~PanelsBf16X() { set_panels_bf16_x(before); }
+};
+
 void register_panel_products() {
   // Llama-3.2-1B's square and MLP shapes (prefill, batched decode, decode), kjv-small's (batched decode).
   const std::tuple<int, int, int> runs[] = {{2048, 2048, 1},   {2048, 2048, 16}, {2048, 2048, 512},
@@ -560,13 +567,11 @@ void register_panel_products() {
         const WeightMatrix m = panels_matrix(p, N, K);
         auto x = random_floats(size_t(T) * size_t(K));
         std::vector<float> y(size_t(T) * size_t(N));
-        const bool before = panels_bf16_x();
-        set_panels_bf16_x(bf16x);
+        const PanelsBf16X mode(bf16x);
         for (auto _ : st) {
           panels_matmul(x.data(), T, m, nullptr, y.data(), pool());
           benchmark::ClobberMemory();
         }
-        set_panels_bf16_x(before);
         st.counters["tok/s"] = benchmark::Counter(double(T) * double(st.iterations()), benchmark::Counter::kIsRate);
         st.counters["GMAC/s"] = benchmark::Counter(double(T) * double(N) * double(K) * double(st.iterations()) / 1e9,
                                                    benchmark::Counter::kIsRate);
@@ -662,14 +667,12 @@ void register_decode() {
         pack_panels(WeightMatrix{DType::BF16, src.data(), N, K}, w.get() + size_t(i) * N * K, pool());
       auto x = random_floats(K);
       std::vector<float> y(N);
-      const bool before = panels_bf16_x();
-      set_panels_bf16_x(bf16x);
+      const PanelsBf16X mode(bf16x);
       for (auto _ : st) {
         for (int i = 0; i < count; ++i)
           panels_matmul(x.data(), 1, panels_matrix(w.get() + size_t(i) * N * K, N, K), nullptr, y.data(), pool());
         benchmark::ClobberMemory();
       }
-      set_panels_bf16_x(before);
       st.SetBytesProcessed(int64_t(st.iterations()) * int64_t(count) * int64_t(N) * K * 2);
     })->UseRealTime()->Unit(benchmark::kMillisecond);
   // decode/gemv_affine{4,6,8}p: the load's packed copies (kernels/affine.h, affine_pack).
