@@ -11,7 +11,7 @@
 //   product/{bf16,affine4,affine6,affine8}/{gemv,gemm}/<T>/<N>x<K>   matmul over bf16 weights next to the
 //       MLX-layout 4-, 6- and 8-bit products (group 64, bf16 scales; kernels/affine.h) on the same shapes
 //   product/affine{4,6,8}p/...        the same, the packed copies a load makes (kernels/affine.h)
-//   decode/gemv_panels_{f32x,bf16x}   decode/gemv_bf16's matrices in panels, x float32 or bf16
+//   decode/gemv_panels_{f32x,bf16x}   decode/gemv_bf16's stream of BF16 matrices in panels, x float32 or bf16
 //   decode/gemv_affine{4,6,8}[p]      decode/gemv_bf16's matrices, 4-, 6- and 8-bit (p: packed)
 //   product/panels/{f32x,bf16x}/<T>/<N>x<K>   BF16 weights in panels (kernels/panels.h) with x in
 //       float32 and rounded to bf16 (PTLLM_PANELS_BF16_X); the CPU time column is the one to read
@@ -654,14 +654,15 @@ void register_decode() {
     }
     st.SetBytesProcessed(int64_t(st.iterations()) * int64_t(kStreamBytes));
   })->UseRealTime()->Unit(benchmark::kMillisecond);
-  // decode/gemv_panels_{f32x,bf16x}: decode/gemv_bf16's matrices in panels, as a load packs BF16
-  // weights on AVX-512 and AVX2 (kernels/panels.h), x in float32 and rounded to bf16.
+  // decode/gemv_panels_{f32x,bf16x}: decode/gemv_bf16's stream (as many 8192 x 2048 matrices) in
+  // panels, as a load packs BF16 weights on AVX-512 and AVX2 (kernels/panels.h), x in float32 and
+  // rounded to bf16.
   for (const char* mode : {"f32x", "bf16x"})
     benchmark::RegisterBenchmark((std::string("decode/gemv_panels_") + mode).c_str(),
                                  [bf16x = std::string(mode) == "bf16x"](benchmark::State& st) {
+      if (!panels_wanted()) return st.SkipWithError("this CPU's kernels keep BF16 rows");
       const int N = 8192, K = 2048, count = int(kStreamBytes / (size_t(N) * K * 2));
       const std::vector<uint8_t>& src = bench_weights("bf16", N, K);
-      if (!panels_wanted()) return st.SkipWithError("this CPU's kernels keep BF16 rows");
       auto w = aligned_buffer<uint16_t>(size_t(count) * N * K, 0);
       for (int i = 0; i < count; ++i)
         pack_panels(WeightMatrix{DType::BF16, src.data(), N, K}, w.get() + size_t(i) * N * K, pool());
